@@ -1,0 +1,296 @@
+"""What is kept of a module call, and how: the retention policy and the per-call records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from ._tree import tree_map
+from .core.guard import Slot, _guardable, protect
+from .errors import RecordError, did_you_mean
+from .selection import strip_prefix
+
+__all__ = ["Retention", "CallRecord", "LayerRecord", "Recording"]
+
+CopyPolicy = Literal["auto", "always", "never"]
+NOT_KEPT: Any = object()  # the capture was not asked to keep this field
+RAISED: Any = object()  # kept, but the call raised before it returned
+
+
+class Hole:
+    """Marks where a tensor was in an input or output whose values were not kept."""
+
+    __slots__ = ()
+
+
+HOLE = Hole()
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How a recorded tensor is kept.
+
+    Args:
+        copy: ``"auto"`` (default) keeps a reference and copies only if something is about to
+            write into that memory (``ReLU(inplace=True)``, ``out += identity``); ``"always"``
+            copies at once; ``"never"`` never copies, and reading a record whose memory was
+            overwritten raises :class:`~hookscope.MutationError`.
+        detach: drop the autograd graph (default). ``False`` keeps it, so the record can be
+            differentiated, at the price of keeping the graph alive.
+        device: move kept tensors there (``"cpu"`` frees accelerator memory). ``None`` keeps them
+            where they are, with no host synchronisation.
+        dtype: cast kept floating-point tensors (``torch.float16`` halves the memory).
+
+    Example:
+        >>> Retention(copy="always", device="cpu").copy
+        'always'
+    """
+
+    copy: CopyPolicy = "auto"
+    detach: bool = True
+    device: torch.device | str | None = None
+    dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy not in ("auto", "always", "never"):
+            raise RecordError(f"copy={self.copy!r} is not a copy policy; use 'auto', 'always' or 'never'")
+
+    def keep(self, t: torch.Tensor, where: Any) -> tuple[Slot, torch.Tensor]:
+        """Keep ``t``; return its slot and the tensor the model should go on with."""
+        v = t.detach() if self.detach else t
+        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(v):
+            slot = Slot(v, "auto", where)  # the hot path: no copy, guarded alias
+            return slot, protect(t, slot)
+        if self.device is not None or self.dtype is not None:
+            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
+            moved = v.to(device=self.device, dtype=dtype)
+            if moved is not v:  # a copy was made: nothing can overwrite it
+                return Slot(moved, "copied", where), t
+        if self.copy == "always" or not _guardable(v):
+            return Slot(v.clone() if v.numel() else v, "copied", where), t
+        slot = Slot(v, self.copy, where)
+        if self.copy == "auto" or v.is_inference():  # inference tensors have no version counter
+            return slot, protect(t, slot)
+        return slot, t
+
+
+    def keep_grad(self, g: torch.Tensor, where: Any) -> Slot:
+        """Keep a gradient (never aliased back into autograd; overwritten memory raises on read)."""
+        v = g.detach()
+        if self.device is not None or self.dtype is not None:
+            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
+            moved = v.to(device=self.device, dtype=dtype)
+            if moved is not v:
+                return Slot(moved, "copied", where)
+        if self.copy == "always":
+            return Slot(v.clone(), "copied", where)
+        return Slot(v, "never", where)
+
+
+def _read(obj: Any) -> Any:
+    return tree_map(lambda s: s.get(), obj, leaf=Slot)
+
+
+class CallRecord:
+    """What one call of one module produced (``rec["layer"].calls[i]``).
+
+    Fields hold what the capture was asked to keep; asking for something else raises
+    :class:`~hookscope.RecordError` naming the ``keep=`` value that records it.
+    """
+
+    __slots__ = ("name", "index", "_args", "_kwargs", "_output", "_grads_out", "_grads_in",
+                 "_skel_out", "_skel_in", "_watched", "note")
+
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        self.index = index  # position among all calls of the capture, in the order they started
+        self._args: Any = NOT_KEPT
+        self._kwargs: Any = NOT_KEPT
+        self._output: Any = NOT_KEPT
+        self._grads_out: list[Slot | None] | None = None  # one per output tensor, flattened
+        self._grads_in: list[Slot | None] | None = None  # one per positional input tensor
+        self._skel_out: Any = None  # output structure with Hole where tensors were
+        self._skel_in: Any = None  # positional inputs likewise
+        self._watched: list[tuple[torch.Tensor, int]] = []  # input aliases and their versions
+        self.note = ""  # why a gradient is missing, when we know
+
+    def _need(self, value: Any, keep: str) -> Any:
+        if value is NOT_KEPT:
+            raise RecordError(f"the {keep} of {self.name!r} was not recorded; capture with keep=({keep!r}, ...)")
+        if value is RAISED:
+            raise RecordError(f"call {self.index} of {self.name!r} raised before returning, so it has no {keep}")
+        return value
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """The positional inputs, as the module received them."""
+        return tuple(_read(self._need(self._args, "input")))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword inputs."""
+        return dict(_read(self._need(self._kwargs, "input")))
+
+    @property
+    def input(self) -> Any:
+        """The first positional input (``args[0]``)."""
+        args = self.args
+        if not args:
+            raise RecordError(f"{self.name!r} was called with keyword arguments only; read .kwargs")
+        return args[0]
+
+    @property
+    def output(self) -> Any:
+        """The output, with its structure (tensor, tuple, dict, dataclass, ModelOutput...)."""
+        return _read(self._need(self._output, "output"))
+
+    def _fill(self, grads: list[Slot | None] | None, skel: Any, keep: str) -> Any:
+        if grads is None or skel is None:
+            raise RecordError(f"gradients of {self.name!r} were not recorded; capture with keep=({keep!r}, ...)")
+        it = iter(grads)
+
+        def take(_: Any) -> Any:
+            g = next(it)
+            return None if g is None else g.get()
+
+        return tree_map(take, skel, leaf=Hole)
+
+    @property
+    def grad_output(self) -> Any:
+        """Gradient w.r.t. the output, in the output's structure.
+
+        ``None`` where no gradient arrived (no backward yet, or that output does not reach the loss).
+        """
+        return self._fill(self._grads_out, self._skel_out, "grad_output")
+
+    @property
+    def grad_args(self) -> tuple[Any, ...]:
+        """Gradient w.r.t. each positional input (``None`` where there is none)."""
+        return tuple(self._fill(self._grads_in, self._skel_in, "grad_input"))
+
+    @property
+    def grad_input(self) -> Any:
+        """Gradient w.r.t. the first positional input: what flowed back through this module."""
+        grads = self.grad_args
+        if not grads:
+            raise RecordError(f"{self.name!r} has no positional input; read .grad_args")
+        if grads[0] is None and self.note:
+            raise RecordError(f"no input gradient for {self.name!r}: {self.note}")
+        return grads[0]
+
+    def __repr__(self) -> str:
+        return f"CallRecord({self.name!r}, index={self.index})"
+
+
+def _only(name: str, calls: list[CallRecord], what: str) -> CallRecord:
+    if len(calls) == 1:
+        return calls[0]
+    if not calls:
+        raise RecordError(f"{name!r} was selected but never called; check that the forward pass reaches it")
+    raise RecordError(
+        f"{name!r} was called {len(calls)} times, so .{what} is ambiguous; "
+        f"read rec[{name!r}].calls[i].{what} or rec[{name!r}].{what}s"
+    )
+
+
+class LayerRecord:
+    """Every call of one module, in order. Shortcuts read the only call; several calls must be indexed.
+
+    Example:
+        >>> # rec["encoder.layer.0"].output        (one call)
+        >>> # rec["shared"].calls[2].output         (third call of a module used three times)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[CallRecord] = []
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def __iter__(self) -> Iterator[CallRecord]:
+        return iter(self.calls)
+
+    def __getitem__(self, i: int) -> CallRecord:
+        return self.calls[i]
+
+    output = property(lambda self: _only(self.name, self.calls, "output").output)
+    input = property(lambda self: _only(self.name, self.calls, "input").input)
+    args = property(lambda self: _only(self.name, self.calls, "args").args)
+    kwargs = property(lambda self: _only(self.name, self.calls, "kwargs").kwargs)
+    grad_output = property(lambda self: _only(self.name, self.calls, "grad_output").grad_output)
+    grad_input = property(lambda self: _only(self.name, self.calls, "grad_input").grad_input)
+    outputs = property(lambda self: [c.output for c in self.calls])
+    inputs = property(lambda self: [c.input for c in self.calls])
+    grad_outputs = property(lambda self: [c.grad_output for c in self.calls])
+    grad_inputs = property(lambda self: [c.grad_input for c in self.calls])
+
+    def __repr__(self) -> str:
+        return f"LayerRecord({self.name!r}, calls={len(self.calls)})"
+
+
+class Recording(Mapping[str, LayerRecord]):
+    """Records of a capture, keyed by qualified name (wrapper prefixes such as ``module.`` accepted).
+
+    ``rec.calls`` lists every call of every selected module in the order the calls started.
+    """
+
+    def __init__(self, selected: list[str]) -> None:
+        self.selected = tuple(selected)
+        self._layers = {n: LayerRecord(n) for n in selected}
+        self.calls: list[CallRecord] = []
+
+    def _add(self, name: str) -> CallRecord:
+        call = CallRecord(name, len(self.calls))
+        self.calls.append(call)  # list.append is atomic: safe from DataParallel's threads
+        self._layers[name].calls.append(call)
+        return call
+
+    def __getitem__(self, name: str) -> LayerRecord:
+        if not isinstance(name, str):
+            raise RecordError(f"records are keyed by layer name (str), not {type(name).__name__}")
+        key = strip_prefix(name, self._layers)
+        if key not in self._layers:
+            raise RecordError(
+                f"{name!r} was not selected in this capture.{did_you_mean(key, self.selected)}"
+                f" Selected: {', '.join(repr(s) for s in self.selected[:6])}{', ...' if len(self.selected) > 6 else ''}"
+            )
+        layer = self._layers[key]
+        if not layer.calls:
+            raise RecordError(f"{key!r} was selected but never called; check that the forward pass reaches it")
+        return layer
+
+    def __iter__(self) -> Iterator[str]:
+        """Names of the modules that were called, in the order of their first call."""
+        return iter(dict.fromkeys(c.name for c in self.calls))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and bool(self._layers.get(strip_prefix(name, self._layers), LayerRecord("")).calls)
+
+    def to_dict(self, field: str = "output", *, all_calls: bool = False) -> dict[str, Any]:
+        """A plain ``{name: value}`` dict of one field (``output``, ``input``, ``grad_output``...).
+
+        A module called several times raises unless ``all_calls=True``, which gives every value as a
+        list of its calls.
+
+        Example:
+            >>> # feats = rec.to_dict()            -> {"layer1": tensor, "layer2": tensor}
+        """
+        if all_calls:
+            return {n: [getattr(c, field) for c in self._layers[n].calls] for n in self}
+        return {n: getattr(_only(n, self._layers[n].calls, field), field) for n in self}
+
+    def clear(self) -> None:
+        """Forget every record (to reuse one capture over many batches without growing)."""
+        self.calls.clear()
+        for layer in self._layers.values():
+            layer.calls.clear()
+
+    def __repr__(self) -> str:
+        return f"Recording({len(self.selected)} selected, {len(self.calls)} calls)"

@@ -1,0 +1,180 @@
+"""Turn selectors into an ordered list of ``(qualified_name, module)``; see through model wrappers.
+
+Pure: nothing here registers a hook. Names are those of the *unwrapped* model, exactly as its
+``named_modules()`` gives them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Union
+
+import torch
+from torch import nn
+
+from .errors import HookscopeError, SelectionError, did_you_mean
+
+__all__ = ["Selector", "layers", "unwrap", "strip_prefix"]
+
+Predicate = Callable[[str, nn.Module], bool]
+Selector = Union[str, "re.Pattern[str]", type, tuple, nn.Module, Predicate]
+
+# Wrapper class name -> attribute holding the wrapped model. The attribute name is also the prefix
+# the wrapper adds to every qualified name ("module.features.0", "_orig_mod.features.0").
+_WRAPPERS = {
+    "DataParallel": "module",
+    "DistributedDataParallel": "module",
+    "OptimizedModule": "_orig_mod",  # torch.compile
+}
+_GLOB_CHARS = set("*?[")
+
+
+def unwrap(model: nn.Module) -> tuple[nn.Module, str]:
+    """The model inside DataParallel / DDP / ``torch.compile`` wrappers, and the prefix they add.
+
+    Example:
+        >>> inner, prefix = unwrap(nn.DataParallel(nn.Linear(2, 2)))
+        >>> prefix
+        'module.'
+    """
+    if not isinstance(model, nn.Module):
+        raise HookscopeError(
+            f"expected a torch.nn.Module, got {type(model).__name__}; pass the model itself"
+        )
+    prefix = ""
+    while True:
+        attr = _WRAPPERS.get(type(model).__name__)
+        inner = getattr(model, attr, None) if attr else None
+        if not isinstance(inner, nn.Module):
+            break
+        prefix += attr + "."
+        model = inner
+    if isinstance(model, torch.jit.ScriptModule):
+        raise HookscopeError(
+            "hooks do not run on TorchScript modules (torch.jit.ScriptModule); "
+            "pass the eager nn.Module you scripted instead"
+        )
+    return model, prefix
+
+
+def strip_prefix(name: str, known: Iterable[str] | None = None) -> str:
+    """Drop leading wrapper prefixes (``module.``, ``_orig_mod.``) unless ``name`` is itself known."""
+    known_set = set(known) if known is not None else set()
+    prefixes = tuple(a + "." for a in set(_WRAPPERS.values()))
+    while name not in known_set and name.startswith(prefixes):
+        name = name.split(".", 1)[1]
+    return name
+
+
+def _describe(sel: object) -> str:
+    if isinstance(sel, str):
+        return repr(sel)
+    if isinstance(sel, re.Pattern):
+        return f"re.compile({sel.pattern!r})"
+    if isinstance(sel, type):
+        return sel.__name__
+    return repr(sel)
+
+
+def _matcher(sel: object) -> Callable[[str, nn.Module], bool]:
+    if isinstance(sel, str):
+        if sel.startswith("re:"):
+            rx = re.compile(sel[3:])
+            return lambda n, m: rx.fullmatch(n) is not None
+        if _GLOB_CHARS & set(sel):
+            return lambda n, m: fnmatch.fnmatchcase(n, sel)
+        return lambda n, m: n == sel
+    if isinstance(sel, re.Pattern):
+        return lambda n, m: sel.fullmatch(n) is not None
+    if isinstance(sel, type) and issubclass(sel, nn.Module):
+        return lambda n, m: isinstance(m, sel)
+    if isinstance(sel, tuple) and sel and all(isinstance(t, type) for t in sel):
+        return lambda n, m: isinstance(m, sel)
+    if isinstance(sel, nn.Module):
+        return lambda n, m: m is sel
+    if callable(sel):
+        return lambda n, m: bool(sel(n, m))
+    raise SelectionError(
+        f"{sel!r} ({type(sel).__name__}) is not a selector; use a layer name, a glob such as "
+        "'layer*.conv1', 're:<regex>', an nn.Module type, a module, or a function (name, module) -> bool"
+    )
+
+
+def _flatten(selectors: Sequence[object]) -> list[object]:
+    out: list[object] = []
+    for s in selectors:
+        if isinstance(s, (list, set, frozenset)) or (
+            isinstance(s, tuple) and not all(isinstance(t, type) for t in s)
+        ):
+            out.extend(_flatten(list(s)))
+        else:
+            out.append(s)
+    return out
+
+
+def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]]:
+    """Resolve selectors to ``[(qualified_name, module)]`` in ``named_modules()`` order.
+
+    A selector is an exact name (``"features.0"``; the wrapper spelling ``"module.features.0"`` works
+    too), a glob (``"layer*.conv1"``), a regular expression (``"re:layer[12]\\..*"`` or a compiled
+    pattern), an ``nn.Module`` type or tuple of types, a module object, or a predicate
+    ``(name, module) -> bool``. Lists of selectors are flattened. With no selector, every module but
+    the root is selected. Every selector must match something, or :class:`SelectionError` names it
+    and the closest real names.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
+        >>> [name for name, _ in layers(net, nn.Conv2d)]
+        ['0', '2']
+    """
+    inner, _ = unwrap(model)
+    named = list(inner.named_modules(remove_duplicate=False))
+    names = [n for n, _ in named]
+    canonical: dict[int, str] = {}
+    for n, m in named:
+        canonical.setdefault(id(m), n)
+    flat = _flatten(list(selectors))
+    if not flat:
+        return [(n, m) for n, m in _dedupe(named) if n]
+    chosen: dict[str, nn.Module] = {}
+    for sel in flat:
+        if isinstance(sel, str) and not sel.startswith("re:") and not (_GLOB_CHARS & set(sel)):
+            sel = strip_prefix(sel, names)
+        match = _matcher(sel)
+        hits = [(n, m) for n, m in named if match(n, m)]
+        if not hits:
+            hint = did_you_mean(sel, names) if isinstance(sel, str) else ""
+            if not hint:
+                shown = ", ".join(repr(n) for n in names[1:6])
+                hint = f" Some real names: {shown}{', ...' if len(names) > 6 else ''}."
+            raise SelectionError(
+                f"selector {_describe(sel)} matches no module of {type(inner).__name__}.{hint} "
+                "List them all with hookscope.names(model)"
+            )
+        for _, m in hits:  # a module reachable under two names is keyed by its first name
+            chosen.setdefault(canonical[id(m)], m)
+    order = {n: i for i, n in enumerate(names)}
+    return sorted(chosen.items(), key=lambda item: order[item[0]])
+
+
+def _dedupe(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    seen: set[int] = set()
+    out = []
+    for n, m in named:
+        if id(m) not in seen:
+            seen.add(id(m))
+            out.append((n, m))
+    return out
+
+
+def names(model: nn.Module) -> list[str]:
+    """Every qualified module name of the unwrapped model, root (``""``) excluded.
+
+    Example:
+        >>> names(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+        ['0', '1']
+    """
+    inner, _ = unwrap(model)
+    return [n for n, _ in inner.named_modules() if n]
