@@ -10,6 +10,8 @@ Example:
 """
 
 from .capture import Capture, capture
+from .edit import Edit, ablate, edit, scale
+from .grads import GradRecord, GradWatch, grads
 from .errors import HookscopeError, MutationError, RecordError, SelectionError
 from .records import CallRecord, LayerRecord, Recording, Retention
 from .selection import layers, names, unwrap
@@ -19,6 +21,9 @@ __version__ = "0.1.0"
 __all__ = [
     "CallRecord",
     "Capture",
+    "Edit",
+    "GradRecord",
+    "GradWatch",
     "HookscopeError",
     "LayerRecord",
     "MutationError",
@@ -26,8 +31,12 @@ __all__ = [
     "Recording",
     "Retention",
     "SelectionError",
+    "ablate",
     "capture",
+    "edit",
+    "grads",
     "layers",
     "names",
+    "scale",
     "unwrap",
 ]

@@ -148,7 +148,8 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
             hint = did_you_mean(sel, names) if isinstance(sel, str) else ""
             if not hint:
                 shown = ", ".join(repr(n) for n in names[1:6])
-                hint = f" Some real names: {shown}{', ...' if len(names) > 6 else ''}."
+                more = f" (and {len(names) - 6} more)" if len(names) > 6 else ""
+                hint = f" Some real names: {shown}{more}."
             raise SelectionError(
                 f"selector {_describe(sel)} matches no module of {type(inner).__name__}.{hint} "
                 "List them all with hookscope.names(model)"

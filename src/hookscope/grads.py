@@ -1,0 +1,160 @@
+"""Read, and optionally change, the gradient flowing through any tensor: no ``retain_grad()`` plumbing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .core.hooks import HookGroup
+from .errors import HookscopeError, RecordError, did_you_mean
+
+__all__ = ["grads", "GradWatch", "GradRecord"]
+
+GradFn = Callable[[torch.Tensor], "torch.Tensor | None"]
+
+
+class GradRecord:
+    """The gradient(s) that reached one watched tensor.
+
+    Attributes:
+        grads: every gradient that arrived, in order (one per backward pass), after ``fn``.
+        originals: the gradients as they arrived, before ``fn`` (only when an ``fn`` was given).
+        changes: for each arrival, whether ``fn`` changed the gradient (in place or by returning a
+            different value), or only looked at it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.grads: list[torch.Tensor] = []
+        self.originals: list[torch.Tensor] = []
+        self.changes: list[bool] = []
+
+    @property
+    def grad(self) -> torch.Tensor:
+        """The latest gradient (after ``fn``)."""
+        if not self.grads:
+            raise RecordError(
+                f"no gradient reached {self.name!r}; run backward inside the block, from a loss "
+                "that depends on it"
+            )
+        return self.grads[-1]
+
+    @property
+    def original(self) -> torch.Tensor:
+        """The latest gradient as it arrived, before ``fn``."""
+        self.grad  # noqa: B018 - same error when nothing arrived
+        if not self.originals:
+            raise RecordError(f"{self.name!r} was watched without fn=, so grad is the original")
+        return self.originals[-1]
+
+    @property
+    def changed(self) -> bool:
+        """Whether ``fn`` changed the latest gradient."""
+        self.grad  # noqa: B018
+        return self.changes[-1] if self.changes else False
+
+    def __repr__(self) -> str:
+        return f"GradRecord({self.name!r}, arrivals={len(self.grads)})"
+
+
+class GradWatch(Mapping[str, GradRecord]):
+    """Context that records (and with ``fn`` rewrites) the gradient of chosen tensors.
+
+    Build it with :func:`grads`.
+    """
+
+    def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None) -> None:
+        self._tensors: dict[str, torch.Tensor] | None = named
+        self._fns = fn if isinstance(fn, Mapping) else {k: fn for k in named}
+        unknown = [k for k in self._fns if k not in named]
+        if unknown:
+            raise HookscopeError(
+                f"fn names {unknown[0]!r}, which is not watched.{did_you_mean(unknown[0], named)}"
+            )
+        self._records = {k: GradRecord(k) for k in named}
+        self._group = HookGroup()
+
+    def __enter__(self) -> GradWatch:
+        assert self._tensors is not None, "a GradWatch runs once"
+        for name, t in self._tensors.items():
+            self._group.add(t.register_hook(self._hook(name, self._fns.get(name))))
+        self._tensors = None  # hold no graph after the block
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._group.remove()
+
+    def remove(self) -> None:
+        """Remove the hooks now (the context does it by itself). Idempotent."""
+        self._group.remove()
+
+    def _hook(self, name: str, fn: GradFn | None) -> Callable[[torch.Tensor], Any]:
+        rec = self._records[name]
+        if fn is None:
+            def observe(g: torch.Tensor) -> None:
+                rec.grads.append(g.detach())
+            return observe
+
+        def apply(g: torch.Tensor) -> torch.Tensor | None:
+            original = g.detach().clone()
+            out = fn(g)
+            final = g if out is None else out
+            rec.originals.append(original)
+            rec.grads.append(final.detach())
+            rec.changes.append(
+                final.shape != original.shape or not torch.equal(final.detach(), original)
+            )
+            return out
+
+        return apply
+
+    def __getitem__(self, name: str) -> GradRecord:
+        if name not in self._records:
+            raise RecordError(f"{name!r} is not watched.{did_you_mean(name, self._records)}")
+        return self._records[name]
+
+    def __iter__(self) -> Any:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+def grads(
+    *tensors: torch.Tensor,
+    fn: GradFn | Mapping[str, GradFn] | None = None,
+    **named: torch.Tensor,
+) -> GradWatch:
+    """Watch the gradient of intermediate (or leaf) tensors during the backward passes in the block.
+
+    Args:
+        *tensors: tensors to watch, keyed ``"0"``, ``"1"``, ... in order.
+        fn: optional ``grad -> new grad | None`` run on each arriving gradient, like a PyTorch tensor
+            hook: return a tensor to replace the gradient, or change it in place, or just look.
+            A mapping gives one function per name. Whether it changed the gradient is recorded.
+        **named: tensors to watch under a name.
+
+    Example:
+        >>> import torch, hookscope
+        >>> w = torch.tensor([1.], requires_grad=True); x = torch.tensor([2.], requires_grad=True)
+        >>> a = w + x; b = w + 1; y = a * b
+        >>> with hookscope.grads(a=a) as g:
+        ...     y.backward()
+        >>> g["a"].grad
+        tensor([2.])
+    """
+    watched = {str(i): t for i, t in enumerate(tensors)}
+    watched.update(named)
+    if not watched:
+        raise HookscopeError("grads() needs at least one tensor to watch")
+    for name, t in watched.items():
+        if not isinstance(t, torch.Tensor):
+            raise HookscopeError(f"{name!r} is a {type(t).__name__}, not a tensor; pass the tensor itself")
+        if not t.requires_grad:
+            raise HookscopeError(
+                f"tensor {name!r} does not require grad, so no gradient will reach it; compute it "
+                "from inputs or parameters with requires_grad=True, outside torch.no_grad()"
+            )
+    return GradWatch(watched, fn)
