@@ -5,25 +5,24 @@ Run:  .venv/bin/python bench/bench_capture.py            (about 4 minutes on 2 C
 
 Timing: the methods run interleaved, round after round, in one process (the order alternates), and
 each figure is the median over rounds; ratios are to the plain forward's median of the same run.
-Memory: each method runs once more in a fresh subprocess; the figure is the peak resident set
-during the forward (the kernel's VmHWM, reset just before) minus the resident set before it, and
-"extra" is that minus the plain forward's, compared with the bytes the method keeps.
+Memory: each method runs once more under a dispatch mode that reads malloc's bytes in use
+(glibc mallinfo2) after every aten op; the figure is the peak above the start of the call. The
+resident set is not used: glibc returns and re-faults freed memory in ways that hide the tensors.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import ctypes
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any, Callable
 
 import torch
 import torchvision
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hookscope
 
@@ -100,46 +99,53 @@ def timing(name: str, batch: int, rounds: int) -> dict[str, float]:
     return {m: statistics.median(v) for m, v in times.items()}
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    return 0
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 
 
-def memory_child(name: str, batch: int, method: str) -> None:
-    model, x, convs = build(name, batch)
-    run = runner(method, model, x, convs)
-    with torch.no_grad():
-        run()  # warm up (lazy initialisations), then measure a second call
-        before = _rss_kib("VmRSS")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak (VmHWM) to the current resident set
-        kept = run()
-        peak = _rss_kib("VmHWM")
-    print(json.dumps({"peak_mib": (peak - before) / 1024, "kept_mib": kept_bytes(kept) / 2**20}))
+def _malloc_in_use() -> int:
+    """Bytes malloc has handed out and not had back (heap + mmapped), whatever the RSS does."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+class _PeakMemory(TorchDispatchMode):
+    """Samples malloc's bytes in use after every aten op (measurement runs only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, _malloc_in_use())
+        return out
 
 
 def memory(name: str, batch: int) -> dict[str, dict[str, float]]:
+    """Peak bytes in use above the start, per method, and the bytes each method keeps."""
+    model, x, convs = build(name, batch)
     out = {}
-    for m in METHODS:
-        res = subprocess.run(
-            [sys.executable, __file__, "--memory-child", name, str(batch), m],
-            capture_output=True, text=True, check=True,
-        )
-        out[m] = json.loads(res.stdout.strip().splitlines()[-1])
+    with torch.no_grad():
+        for m in METHODS:
+            run = runner(m, model, x, convs)
+            run()  # warm up (lazy initialisations)
+            base = _malloc_in_use()
+            probe = _PeakMemory()
+            with probe:
+                kept = run()
+            out[m] = {"peak_mib": (probe.peak - base) / 2**20, "kept_mib": kept_bytes(kept) / 2**20}
+            del kept
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--memory-child", nargs=3)
     a = ap.parse_args()
-    if a.memory_child:
-        memory_child(a.memory_child[0], int(a.memory_child[1]), a.memory_child[2])
-        return
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}")
     for name, batch in CASES:
@@ -148,13 +154,12 @@ def main() -> None:
         mem = memory(name, batch)
         base = mem["plain"]["peak_mib"]
         print(f"\n## {name}, batch {batch} ({rounds} rounds)")
-        print("| method | median ms | ratio to plain | peak extra MiB | kept MiB | extra / kept |")
+        print("| method | median ms | ratio to plain | peak MiB | kept MiB | peak / (plain peak + kept) |")
         print("|---|---|---|---|---|---|")
         for m in METHODS:
-            extra = mem[m]["peak_mib"] - base
-            kept = mem[m]["kept_mib"]
-            frac = f"{extra / kept:.2f}" if kept else "-"
-            print(f"| {m} | {t[m] * 1e3:.1f} | {t[m] / t['plain']:.3f}x | {extra:.0f} | {kept:.0f} | {frac} |")
+            peak, kept = mem[m]["peak_mib"], mem[m]["kept_mib"]
+            frac = f"{peak / (base + kept):.3f}" if kept else "-"
+            print(f"| {m} | {t[m] * 1e3:.1f} | {t[m] / t['plain']:.3f}x | {peak:.1f} | {kept:.1f} | {frac} |")
 
 
 if __name__ == "__main__":

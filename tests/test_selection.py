@@ -96,3 +96,11 @@ def test_a_module_reachable_under_two_names_is_keyed_by_its_first_name():
     m.b = act
     assert names(layers(m, "b")) == ["a"]
     assert hookscope.names(m) == ["a"]
+
+
+def test_empty_selections_are_refused():
+    with pytest.raises(SelectionError, match="selection is empty"):
+        layers(tree(), [])
+    with pytest.raises(SelectionError, match="no submodules.*''"):
+        hookscope.capture(nn.Linear(2, 2))
+    assert names(layers(nn.Linear(2, 2), "")) == [""]

@@ -61,7 +61,7 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, str]:
 
 def strip_prefix(name: str, known: Iterable[str] | None = None) -> str:
     """Drop leading wrapper prefixes (``module.``, ``_orig_mod.``) unless ``name`` is itself known."""
-    known_set = set(known) if known is not None else set()
+    known_set = known if isinstance(known, (set, frozenset, dict)) else set(known or ())
     prefixes = tuple(a + "." for a in set(_WRAPPERS.values()))
     while name not in known_set and name.startswith(prefixes):
         name = name.split(".", 1)[1]
@@ -136,8 +136,18 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
     for n, m in named:
         canonical.setdefault(id(m), n)
     flat = _flatten(list(selectors))
+    if selectors and not flat:
+        raise SelectionError(
+            "the selection is empty (an empty list of selectors was given); pass at least one "
+            "selector, or none at all to select every module"
+        )
     if not flat:
-        return [(n, m) for n, m in _dedupe(named) if n]
+        every = [(n, m) for n, m in _dedupe(named) if n]
+        if not every:
+            raise SelectionError(
+                f"{type(inner).__name__} has no submodules to select; select the model itself with ''"
+            )
+        return every
     chosen: dict[str, nn.Module] = {}
     for sel in flat:
         if isinstance(sel, str) and not sel.startswith("re:") and not (_GLOB_CHARS & set(sel)):
