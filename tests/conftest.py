@@ -87,3 +87,9 @@ class Structured(nn.Module):
         if self.kind == "namedtuple":
             return torch.max(y, dim=1)
         return y
+
+
+@pytest.fixture(autouse=True)
+def _watch_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests use small tensors; watch them all so the copy-on-write guard is what they exercise."""
+    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)

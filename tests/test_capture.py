@@ -406,3 +406,16 @@ def test_story10_find_the_first_layer_that_goes_non_finite():
         m(torch.ones(2, 4))
     first = next(c for c in rec.calls if not torch.isfinite(c.output).all())
     assert first.name == "2" and torch.isfinite(first.input).all()
+
+
+def test_auto_copies_small_tensors_at_once_and_watches_large_ones(monkeypatch):
+    monkeypatch.setattr("hookscope.records.COPY_BELOW", 1 << 20)
+    small, large = nn.Linear(4, 4), nn.Linear(4, 1 << 16)  # 64 B and 256 KiB x 4 rows = 1 MiB
+    m = nn.Sequential(small, large)
+    x = torch.randn(4, 4)
+    with hookscope.capture(m, "0", "1") as rec:
+        m(x)
+    s, big = rec["0"].output, rec["1"].output
+    assert torch.equal(s, small(x)) and torch.equal(big, large(small(x)))
+    slots = {c.name: c._output for c in rec.calls}
+    assert slots["0"].policy == "copied" and slots["1"].policy == "auto"

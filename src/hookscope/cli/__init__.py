@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from ..errors import HookscopeError
-from . import demo
 
-COMMANDS = {"demo": demo}
+# Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
+COMMAND_NAMES = ("demo", "summary", "trace", "watch", "diff", "cam")
+
+
+def _commands() -> dict[str, ModuleType]:
+    found = {}
+    for name in COMMAND_NAMES:
+        try:
+            found[name] = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":  # a real missing dependency, not a missing command
+                raise
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,14 +34,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"hookscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    commands = _commands()
+    for module in commands.values():
         module.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     try:
-        return int(COMMANDS[args.command].run(args) or 0)
+        return int(commands[args.command].run(args) or 0)
     except HookscopeError as e:
         print(f"hookscope {args.command}: error: {e}", file=sys.stderr)
         return 2
