@@ -57,10 +57,10 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] =
         changed = {k: tree_map(fn, v, leaf) for k, v in values.items()}
         if all(changed[k] is v for k, v in values.items()):
             return obj
-        new = copy.copy(obj)
+        replaced: Any = copy.copy(obj)
         for k, v in changed.items():
-            object.__setattr__(new, k, v)  # frozen dataclasses too
-        return new
+            object.__setattr__(replaced, k, v)  # frozen dataclasses too
+        return replaced
     return obj
 
 

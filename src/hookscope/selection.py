@@ -19,7 +19,7 @@ from .errors import HookscopeError, SelectionError, did_you_mean
 __all__ = ["Selector", "layers", "unwrap", "strip_prefix"]
 
 Predicate = Callable[[str, nn.Module], bool]
-Selector = Union[str, "re.Pattern[str]", type, tuple, nn.Module, Predicate]
+Selector = Union[str, "re.Pattern[str]", type, "tuple[type, ...]", nn.Module, Predicate]
 
 # Wrapper class name -> attribute holding the wrapped model. The attribute name is also the prefix
 # the wrapper adds to every qualified name ("module.features.0", "_orig_mod.features.0").
@@ -47,7 +47,7 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, str]:
     while True:
         attr = _WRAPPERS.get(type(model).__name__)
         inner = getattr(model, attr, None) if attr else None
-        if not isinstance(inner, nn.Module):
+        if attr is None or not isinstance(inner, nn.Module):
             break
         prefix += attr + "."
         model = inner

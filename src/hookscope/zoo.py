@@ -47,7 +47,7 @@ class TinyResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(2 * width, num_classes)
         for m in self.modules():  # as if trained a little: batch norms that do something
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None and m.running_var is not None:
                 nn.init.uniform_(m.weight, 0.5, 1.5)
                 nn.init.normal_(m.bias, 0.0, 0.2)
                 m.running_mean.normal_(0.0, 0.2)

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<20} {kind:<12} {str(tuple(out.shape)):<18} {out.min().item():8.3f} "
               f"{out.max().item():8.3f} {gnorm}  {verdict}")
     print(f"\n{rewritten} of {len(rec)} layers read back wrong through a hook that keeps references;")
-    print("hookscope returned what each layer really produced, copying only the tensors that were")
-    print(f"about to be overwritten. Hooks left on the model: {hook_count(model)}.")
+    print("hookscope returned what each layer really produced (tensors under 1 MiB are copied at once,")
+    print("larger ones only just before something overwrites them).")
+    print(f"Hooks left on the model: {hook_count(model)}.")
     return 0

@@ -187,5 +187,5 @@ class Guarded(torch.Tensor):
                 ret = ret.as_subclass(Guarded)
         return ret
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return repr(plain(self))
