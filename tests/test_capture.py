@@ -419,3 +419,30 @@ def test_auto_copies_small_tensors_at_once_and_watches_large_ones(monkeypatch):
     assert torch.equal(s, small(x)) and torch.equal(big, large(small(x)))
     slots = {c.name: c._output for c in rec.calls}
     assert slots["0"].policy == "copied" and slots["1"].policy == "auto"
+
+
+def test_aten_overloads_that_write_are_caught_by_their_schema():
+    class AtenWriter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 6)
+
+        def forward(self, x):
+            y = self.lin(x)
+            torch.ops.aten.relu_.default(y)
+            return y
+
+    m = AtenWriter()
+    x = torch.randn(3, 4)
+    with hookscope.capture(m, "lin") as rec:
+        m(x)
+    assert torch.equal(rec["lin"].output, m.lin(x))
+
+
+def test_a_write_the_guard_cannot_see_is_an_error_naming_the_fix():
+    net = Net()
+    with hookscope.capture(net, "l1") as rec:
+        net(torch.randn(2, 2))
+    rec.calls[0]._output.value.add_(1)  # a plain alias: no guard sees it, as with a C++ extension
+    with pytest.raises(MutationError, match="copy='always'$"):
+        rec["l1"].output

@@ -64,10 +64,10 @@ class Slot:
         if self.mutated_by is None and self.version is not None and self.value._version != self.version:
             self.mutated_by = "an in-place operation outside hookscope's view"
         if self.mutated_by is not None:
+            fix = "copy='always'" if self.policy == "auto" else "copy='auto' (the default) or copy='always'"
             raise MutationError(
                 f"the recorded {self.where} was overwritten in place by {self.mutated_by} after it "
-                "was recorded, so its values are gone; record it with copy='auto' (the default) "
-                "or copy='always'"
+                f"was recorded, so its values are gone; record it with {fix}"
             )
         return self.value
 
@@ -127,10 +127,14 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 def _op_writes(func: Any, kwargs: dict[str, Any]) -> bool:
     writes = _writes.get(func)
     if writes is None:
-        name = getattr(func, "__name__", "")
-        writes = name in _INPLACE_DUNDERS or (
-            name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITING
-        )
+        schema = getattr(func, "_schema", None)  # torch.ops.aten.relu_.default and friends
+        if schema is not None:
+            writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        else:
+            name = getattr(func, "__name__", "")
+            writes = name in _INPLACE_DUNDERS or (
+                name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITING
+            )
         _writes[func] = writes
     return writes or bool(kwargs.get("inplace")) or kwargs.get("out") is not None
 
