@@ -82,13 +82,17 @@ class Capture(Recording):
     def __enter__(self) -> Capture:
         if self._targets is None:
             raise HookscopeError("this capture has already run; call hookscope.capture(...) again")
+        assert self._model is not None
+        # Under torch.compile, hooks run eagerly between graph pieces instead of being traced:
+        # they keep Python state (per-thread call stacks, records) that dynamo cannot trace.
+        eager = torch.compiler.disable if "_orig_mod." in unwrap(self._model)[1] else (lambda f: f)
         try:
             for name, module in self._targets:
                 (pre, with_kwargs), post = self._hooks(name)
+                pre, post = eager(pre), eager(post)
                 self._group.add(module.register_forward_pre_hook(pre, with_kwargs=with_kwargs))
                 self._group.add(module.register_forward_hook(post))
             if self.retention.copy != "always":
-                assert self._model is not None
                 self._group.add(self._model.register_forward_hook(_hand_back_plain))
         except BaseException:
             self._close()
