@@ -446,3 +446,13 @@ def test_a_write_the_guard_cannot_see_is_an_error_naming_the_fix():
     rec.calls[0]._output.value.add_(1)  # a plain alias: no guard sees it, as with a C++ extension
     with pytest.raises(MutationError, match="copy='always'$"):
         rec["l1"].output
+
+
+@pytest.mark.slow
+def test_capture_of_a_compiled_model_whose_record_feeds_a_matmul():
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = torch.compile(net)
+    x = torch.randn(64, 8)
+    with torch.no_grad(), hookscope.capture(compiled, "1") as rec:
+        compiled(x)
+    assert torch.allclose(rec["1"].output, net[1](net[0](x))) and no_hooks(net)

@@ -9,6 +9,12 @@ Example:
     torch.Size([2, 8])
 """
 
+from .analysis.cam import CamResult, cam
+from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
+from .analysis.gradflow import GradientFlow, gradient_flow
+from .analysis.stats import ForwardError, StatRow, Trace, trace
+from .analysis.summary import Summary, summary
+from .analysis.watch import NonFiniteError, Watch, watch
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
 from .grads import GradRecord, GradWatch, grads
@@ -19,6 +25,25 @@ from .selection import layers, names, unwrap
 __version__ = "0.1.0"
 
 __all__ = [
+    "CamResult",
+    "cam",
+    "Diff",
+    "DiffRow",
+    "Settings",
+    "Unmatched",
+    "diff",
+    "settings",
+    "GradientFlow",
+    "gradient_flow",
+    "ForwardError",
+    "StatRow",
+    "Trace",
+    "trace",
+    "Summary",
+    "summary",
+    "NonFiniteError",
+    "Watch",
+    "watch",
     "CallRecord",
     "Capture",
     "Edit",

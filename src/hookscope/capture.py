@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -85,7 +86,11 @@ class Capture(Recording):
         assert self._model is not None
         # Under torch.compile, hooks run eagerly between graph pieces instead of being traced:
         # they keep Python state (per-thread call stacks, records) that dynamo cannot trace.
-        eager = torch.compiler.disable if "_orig_mod." in unwrap(self._model)[1] else (lambda f: f)
+        compiled = "_orig_mod." in unwrap(self._model)[1]
+        eager = torch.compiler.disable if compiled else (lambda f: f)
+        if compiled and self.retention.copy == "auto":
+            # a guarded alias must not reach compiled graph pieces (their out= ops refuse subclasses)
+            self.retention = dataclasses.replace(self.retention, copy="always")
         try:
             for name, module in self._targets:
                 (pre, with_kwargs), post = self._hooks(name)

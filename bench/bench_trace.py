@@ -1,0 +1,76 @@
+"""Trace every module of resnet50 (forward statistics) against the plain forward.
+
+Run:  .venv/bin/python bench/bench_trace.py            (about 2 minutes on 2 CPU cores)
+      .venv/bin/python bench/bench_trace.py --quick    (fewer rounds)
+
+torchvision resnet50, weights=None, eval(), torch.no_grad(), batch 8, 3x224x224, CPU. The methods
+run interleaved, round after round, in one process (the order alternates), and each figure is the
+median over rounds; ratios are to the plain forward's median of the same run. Each traced round
+includes reading the rows back (the one device-to-host gather), so it is the full cost of a trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torchvision
+from torch import nn
+
+from hookscope.analysis.stats import trace
+
+
+def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    def traced(inputs: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            with trace(model, inputs=inputs) as t:
+                model(x)
+            return t.rows
+        return run
+
+    return {
+        "plain forward": lambda: model(x),
+        "trace, outputs only": traced(False),
+        "trace, inputs and outputs (default)": traced(True),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batch", type=int, default=8)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None).eval()
+    x = torch.randn(a.batch, 3, 224, 224)
+    runs = runners(model, x)
+    names = list(runs)
+    rounds = 6 if a.quick else 15
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with torch.no_grad():
+        rows = len(runs[names[-1]]())  # warm-up, and the size of a trace
+        for n in names:
+            runs[n]()
+        for r in range(rounds):
+            for n in names if r % 2 == 0 else reversed(names):
+                t0 = time.perf_counter()
+                runs[n]()
+                times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    modules = sum(1 for _ in model.modules()) - 1
+    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, torchvision {torchvision.__version__}")
+    print(f"\n## resnet50, batch {a.batch}, every module ({modules} modules, {rows} rows with inputs), "
+          f"{rounds} rounds")
+    print("| method | median ms | ratio to plain |")
+    print("|---|---|---|")
+    for n in names:
+        print(f"| {n} | {med[n] * 1e3:.1f} | {med[n] / med[names[0]]:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()

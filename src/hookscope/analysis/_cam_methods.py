@@ -1,0 +1,216 @@
+"""The per-method formulas of :func:`hookscope.analysis.cam.cam`: activations (and gradients) in, a raw map out.
+
+Pure tensor code: no hook, no model state. ``A`` is a ``B x K x h x w`` activation, ``G`` the gradient
+of each sample's score with respect to it, the same shape. Every function returns a ``B x h x w`` map.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["GRADIENT_METHODS", "gradient_map", "cam_map", "eigen_map", "score_weights", "weighted_sum"]
+
+GRADIENT_METHODS = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam")
+
+
+def weighted_sum(weights: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """``sum_k weights[b, k] * A[b, k]``: ``B x K`` and ``B x K x h x w`` -> ``B x h x w``."""
+    return torch.einsum("bk,bkhw->bhw", weights, A)
+
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` where ``den != 0``, else 0 (no eps that would shift small values)."""
+    nonzero = den != 0
+    return torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """The raw map of a gradient method, after its ReLU.
+
+    - ``gradcam`` (Selvaraju et al. 2017): ``w_k = mean_ij G_kij``; ``relu(sum_k w_k A_k)``.
+    - ``gradcam++`` (Chattopadhay et al. 2018, eq. 19 with the exponential-score closed form):
+      ``alpha_kij = G_kij^2 / (2 G_kij^2 + (sum_ab A_kab) G_kij^3)`` (0 where the denominator is 0),
+      ``w_k = sum_ij alpha_kij relu(G_kij)``; ``relu(sum_k w_k A_k)``. The paper's ``exp(S)`` factor is
+      a positive constant per image, dropped here (min-max normalisation removes it).
+    - ``xgradcam`` (Fu et al. 2020): ``w_k = sum_ij A_kij G_kij / sum_ij A_kij`` (0 where the sum
+      is 0); ``relu(sum_k w_k A_k)``.
+    - ``hirescam`` (Draelos & Carin 2020): ``relu(sum_k G_k * A_k)``, element-wise.
+    - ``layercam`` (Jiang et al. 2021): ``relu(sum_k relu(G_k) * A_k)``.
+
+    Example:
+        >>> A = torch.ones(1, 2, 2, 2); G = torch.tensor([1., -1.]).view(1, 2, 1, 1).expand(1, 2, 2, 2)
+        >>> gradient_map("layercam", A, G)
+        tensor([[[1., 1.],
+                 [1., 1.]]])
+    """
+    if method == "gradcam":
+        m = weighted_sum(G.mean((2, 3)), A)
+    elif method == "gradcam++":
+        g2 = G * G
+        denom = 2 * g2 + A.sum((2, 3), keepdim=True) * g2 * G
+        alpha = _safe_div(g2, denom)
+        m = weighted_sum((alpha * G.clamp(min=0)).sum((2, 3)), A)
+    elif method == "xgradcam":
+        m = weighted_sum(_safe_div((A * G).sum((2, 3)), A.sum((2, 3))), A)
+    elif method == "hirescam":
+        m = (G * A).sum(1)
+    elif method == "layercam":
+        m = (G.clamp(min=0) * A).sum(1)
+    else:  # pragma: no cover - cam() checks the name first
+        raise ValueError(method)
+    return m.clamp(min=0)
+
+
+def cam_map(fc_rows: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """CAM (Zhou et al. 2016): ``M = sum_k W[c, k] A_k`` with ``W[c]`` the head's row of class ``c``.
+
+    No ReLU, as in the paper. ``fc_rows`` is ``B x K`` (one row per sample's target).
+
+    Example:
+        >>> cam_map(torch.tensor([[2., -1.]]), torch.ones(1, 2, 1, 1))
+        tensor([[[1.]]])
+    """
+    return weighted_sum(fc_rows.to(A.dtype), A)
+
+
+def eigen_map(A: torch.Tensor) -> torch.Tensor:
+    """Eigen-CAM (Muhammad & Yeasin 2020): the activations projected on their first principal component.
+
+    Per image, ``X`` is the ``hw x K`` matrix of activations with each channel centred over the
+    pixels (a principal component is that of centred data; pytorch-grad-cam centres too, the paper's
+    text does not say). ``v`` is the first right singular vector of ``X``; the map is ``relu(X v)``.
+    An SVD's sign is arbitrary, so ``v`` is oriented so that its loadings sum to >= 0, which is the
+    same as the map correlating positively with the sum of the channels (``X^T X v = s^2 v``). Peers
+    leave the sign to LAPACK, so their maps can be the negative of this one (then all zero after
+    their ReLU). Needs no gradient and no target.
+
+    Example:
+        >>> eigen_map(torch.tensor([[[[0., 1.]], [[0., 2.]]]]))
+        tensor([[[0.0000, 1.1180]]])
+    """
+    B, K, h, w = A.shape
+    X = A.flatten(2).transpose(1, 2).to(torch.float64 if A.dtype == torch.float64 else torch.float32)
+    X = X - X.mean(1, keepdim=True)
+    _, _, Vh = torch.linalg.svd(X, full_matrices=False)
+    v = Vh[:, 0, :]
+    v = torch.where(v.sum(1, keepdim=True) < 0, -v, v)
+    proj = (X @ v.unsqueeze(2)).squeeze(2)
+    return proj.clamp(min=0).view(B, h, w).to(A.dtype)
+
+
+def _masks(acts: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``n x h x w`` activations -> ``n x 1 x H x W`` masks: upsampled, then min-max normalised each."""
+    # align_corners=True as pytorch-grad-cam's UpsamplingBilinear2d, so masks (and maps) match it
+    up = F.interpolate(acts.unsqueeze(1), size=size, mode="bilinear", align_corners=True)
+    flat = up.flatten(1)
+    lo, hi = flat.amin(1), flat.amax(1)
+    return (up - lo.view(-1, 1, 1, 1)) / (hi - lo).view(-1, 1, 1, 1)
+
+
+def _distinct_channels(A: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """One (sample, channel) per distinct non-constant mask, and each channel's index into that list.
+
+    Masks are affine in the activation, so two channels whose activations are equal after min-max
+    normalisation at their own resolution give equal masks; constant channels (all zero after a
+    ReLU, say) all give the zero mask and get index -1.
+    """
+    B, K = A.shape[:2]
+    flat = A.flatten(2)
+    lo, hi = flat.amin(2, keepdim=True), flat.amax(2, keepdim=True)
+    varying = (hi > lo).squeeze(2)
+    unit = (flat - lo) / torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    owner = torch.full((B, K), -1, dtype=torch.long)
+    jobs: list[tuple[int, int]] = []
+    for b in range(B):
+        idx = varying[b].nonzero().flatten().cpu()
+        if idx.numel() == 0:
+            continue
+        rows, inverse = torch.unique(unit[b, idx.to(A.device)], dim=0, return_inverse=True)
+        inverse = inverse.cpu()
+        first = torch.full((rows.shape[0],), K, dtype=torch.long)
+        first.scatter_reduce_(0, inverse, torch.arange(idx.numel()), reduce="amin")
+        start = len(jobs)
+        jobs.extend((b, int(k)) for k in idx[first])
+        owner[b, idx] = start + inverse
+    return jobs, owner
+
+
+def _progress(total: int, show: bool) -> Callable[[Iterable[int]], Iterator[int]]:
+    def plain(it: Iterable[int]) -> Iterator[int]:
+        yield from it
+
+    if not show:
+        return plain
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm is optional: a one-line counter on stderr instead
+        def counter(it: Iterable[int]) -> Iterator[int]:
+            for i, v in enumerate(it, 1):
+                yield v
+                print(f"\rscorecam: {i}/{total} batches", end="" if i < total else "\n", file=sys.stderr)
+
+        return counter
+    return lambda it: iter(tqdm(it, total=total, desc="scorecam", unit="batch"))
+
+
+def score_weights(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    inputs: torch.Tensor,
+    A: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    batch_size: int,
+    progress: bool | None,
+) -> tuple[torch.Tensor, int]:
+    """Score-CAM (Wang et al. 2020) channel weights ``B x K`` and the number of forwards run.
+
+    ``H_k = minmax(up(A_k))`` (bilinear upsampling to the input size, then min-max to [0, 1]);
+    ``s_k = logit_c(X * H_k)``; ``w = softmax_k(s)`` (the paper's Algorithm 1, and pytorch-grad-cam;
+    the paper's baseline term ``- f(X_b)`` is the same for every channel, so the softmax ignores it).
+    Channels with equal masks share one forward; constant channels give the zero mask, whose input
+    ``X * 0`` is the same for every image, so they cost one forward of a single zero image in all.
+    ``forward`` maps a batch of inputs to ``n x classes`` logits (no grad, no hooks).
+
+    Example:
+        >>> lin = torch.nn.Linear(4, 2)
+        >>> fwd = lambda x: lin(x.flatten(1))
+        >>> w, runs = score_weights(fwd, torch.ones(1, 1, 2, 2), torch.zeros(1, 3, 2, 2), torch.tensor([0]),
+        ...                         batch_size=8, progress=False)
+        >>> w, runs   # three constant channels: equal weights, one forward of the zero image
+        (tensor([[0.3333, 0.3333, 0.3333]]), 1)
+    """
+    with torch.no_grad():
+        return _score_weights(forward, inputs, A, targets, batch_size, progress)
+
+
+def _score_weights(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, A: torch.Tensor,
+                   targets: torch.Tensor, batch_size: int, progress: bool | None) -> tuple[torch.Tensor, int]:
+    B, K = A.shape[:2]
+    size = (inputs.shape[-2], inputs.shape[-1])
+    jobs, owner = _distinct_channels(A)
+    job_scores = torch.empty(len(jobs), device=A.device, dtype=torch.float32)
+    n_batches = math.ceil(len(jobs) / batch_size)
+    show = progress if progress is not None else n_batches > 50
+    for i in _progress(n_batches, show)(range(n_batches)):
+        chunk = jobs[i * batch_size:(i + 1) * batch_size]
+        jb = torch.tensor([b for b, _ in chunk], device=A.device)
+        jk = torch.tensor([k for _, k in chunk], device=A.device)
+        masks = _masks(A[jb, jk], size).to(inputs.dtype)
+        logits = forward(inputs[jb] * masks)
+        job_scores[i * batch_size:i * batch_size + len(chunk)] = logits.gather(1, targets[jb].unsqueeze(1)).squeeze(1)
+    runs = len(jobs)
+    scores = torch.empty(B, K, device=A.device, dtype=torch.float32)
+    owner = owner.to(A.device)
+    known = owner >= 0
+    if len(jobs):
+        scores[known] = job_scores[owner[known]]
+    if not bool(known.all()):
+        zero_logits = forward(torch.zeros_like(inputs[:1]))[0]
+        scores = torch.where(known, scores, zero_logits[targets].unsqueeze(1).to(scores.dtype))
+        runs += 1
+    return torch.softmax(scores, dim=1).to(A.dtype), runs

@@ -1,0 +1,424 @@
+"""How faithful a saliency map is: deletion / insertion curves and the (energy-based) pointing game.
+
+Maps are plain tensors (``B x H x W``), so any saliency method can be scored, not only
+:mod:`hookscope.analysis.cam`. Nothing here registers a hook: the curves only call the model,
+under ``torch.no_grad()``, in eval mode (every submodule's flag is restored afterwards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._tree import tree_map
+from ..errors import HookscopeError, did_you_mean
+
+__all__ = [
+    "Curve",
+    "deletion",
+    "insertion",
+    "pointing_game",
+    "energy_pointing_game",
+    "box_mask",
+    "blur",
+    "BASELINES",
+    "SCORES",
+]
+
+BASELINES = ("zeros", "blur", "mean")
+SCORES = ("prob", "logit")
+_BLUR_SIZE, _BLUR_SIGMA = 11, 5.0  # RISE's insertion substrate: an 11 x 11 Gaussian, sigma 5
+
+Target = Union[int, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor], None]
+Baseline = Union[str, float, torch.Tensor, None]
+
+
+@dataclass
+class Curve:
+    """A deletion or insertion curve per image, and its area.
+
+    Attributes:
+        kind: ``"deletion"`` or ``"insertion"``.
+        fractions: ``steps + 1`` fractions of the pixels removed (deletion) or inserted (insertion),
+            from 0 to 1.
+        scores: ``B x (steps + 1)`` score of the target at each fraction.
+        auc: ``B`` areas under the curves (trapezoid rule over ``fractions``). Lower is better for
+            deletion, higher for insertion.
+        targets: ``B`` class indices scored, or ``None`` when the target was a callable.
+    """
+
+    kind: str
+    fractions: torch.Tensor
+    scores: torch.Tensor
+    auc: torch.Tensor
+    targets: torch.Tensor | None
+
+
+def deletion(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    maps: torch.Tensor,
+    *,
+    target: Target = None,
+    output: Callable[[Any], torch.Tensor] | None = None,
+    steps: int = 100,
+    baseline: Baseline = "zeros",
+    score: str = "prob",
+    batch_size: int = 64,
+) -> Curve:
+    """Deletion curve (RISE, Petsiuk et al. 2018): remove the most salient pixels first.
+
+    At step ``i`` of ``steps``, the ``floor(i * H * W / steps)`` pixels with the highest map values
+    (all channels; ties in row-major order) are replaced by the baseline, and the target's score is
+    read. A faithful map makes the score fall fast: ``auc = trapezoid(scores, fractions)`` is low.
+
+    Args:
+        model: the classifier. It is run in eval mode under ``torch.no_grad()``; every submodule's
+            training flag is restored afterwards.
+        inputs: ``B x C x H x W`` images, on the model's device.
+        maps: ``B x H x W`` (or ``B x 1 x H x W``) saliency maps, larger = more important. Maps of
+            another size are upsampled bilinearly to ``H x W``.
+        target: class index for every image, one index per image (sequence or tensor), ``None``
+            for the class the model predicts on ``inputs`` (one extra forward), or a callable that
+            gets the model's output for the ``B`` images of one step and returns ``B`` scores
+            (``score=`` is then not applied).
+        output: how to get ``N x classes`` logits from the model's output (tuples, dicts, Hugging
+            Face ``ModelOutput``), for example ``lambda out: out.logits``.
+        steps: number of deletion steps; the curve has ``steps + 1`` points.
+        baseline: what replaces a deleted pixel: ``"zeros"`` (RISE's choice for deletion),
+            ``"blur"`` (the image blurred by an 11 x 11 Gaussian of sigma 5), ``"mean"`` (each
+            image's per-channel mean), a number, or a tensor broadcastable to ``inputs``.
+        score: ``"prob"`` (softmax probability of the target, as in RISE) or ``"logit"``.
+        batch_size: how many modified images go through the model at once.
+
+    Returns:
+        A :class:`Curve`.
+
+    Example:
+        >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+        >>> x = torch.rand(1, 1, 2, 2)
+        >>> curve = deletion(net, x, x[:, 0], steps=4, score="logit")
+        >>> curve.scores.shape, curve.fractions.tolist()
+        (torch.Size([1, 5]), [0.0, 0.25, 0.5, 0.75, 1.0])
+    """
+    return _curve("deletion", model, inputs, maps, target, output, steps, baseline, score, batch_size)
+
+
+def insertion(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    maps: torch.Tensor,
+    *,
+    target: Target = None,
+    output: Callable[[Any], torch.Tensor] | None = None,
+    steps: int = 100,
+    baseline: Baseline = "blur",
+    score: str = "prob",
+    batch_size: int = 64,
+) -> Curve:
+    """Insertion curve (RISE, Petsiuk et al. 2018): put the most salient pixels back first.
+
+    Starts from the baseline (by default the blurred image, as in RISE) and, at step ``i`` of
+    ``steps``, restores the ``floor(i * H * W / steps)`` pixels with the highest map values. A
+    faithful map makes the score rise fast: ``auc = trapezoid(scores, fractions)`` is high.
+    Arguments as in :func:`deletion`.
+
+    Example:
+        >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+        >>> x = torch.rand(2, 1, 2, 2)
+        >>> insertion(net, x, x[:, 0], target=[0, 1], steps=2, baseline="zeros").auc.shape
+        torch.Size([2])
+    """
+    return _curve("insertion", model, inputs, maps, target, output, steps, baseline, score, batch_size)
+
+
+def _curve(
+    kind: str,
+    model: nn.Module,
+    inputs: torch.Tensor,
+    maps: torch.Tensor,
+    target: Target,
+    output: Callable[[Any], torch.Tensor] | None,
+    steps: int,
+    baseline: Baseline,
+    score: str,
+    batch_size: int,
+) -> Curve:
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
+        shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+        raise HookscopeError(
+            f"{kind} needs images of shape B x C x H x W, got {shape}; add the missing dimensions"
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise HookscopeError(f"steps={steps!r} must be a positive integer, for example steps=100")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise HookscopeError(f"batch_size={batch_size!r} must be a positive integer")
+    if score not in SCORES:
+        raise HookscopeError(f"score={score!r} is not a score.{did_you_mean(str(score), SCORES)} Use 'prob' or 'logit'")
+    b, _, h, w = inputs.shape
+    saliency = _fit_maps(maps, b, h, w, inputs.device)
+    substrate = _substrate(baseline, inputs)
+    read = _reader(output)
+    # rank[b, p]: position of pixel p in decreasing saliency (stable, so ties go in row-major order)
+    order = torch.argsort(saliency.reshape(b, h * w), dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(h * w, device=inputs.device).expand(b, h * w))
+    counts = torch.tensor([(i * h * w) // steps for i in range(steps + 1)], device=inputs.device)
+    fractions = counts.to(torch.float32) / (h * w)
+
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            targets = None if callable(target) else _targets(model, inputs, target, read)
+            rows = (steps + 1) * b  # row r: step r // b of image r % b
+            chunk = batch_size if targets is not None else max(1, batch_size // b) * b
+            parts = []
+            for start in range(0, rows, chunk):
+                r = torch.arange(start, min(start + chunk, rows), device=inputs.device)
+                step, img = r // b, r % b
+                removed = (rank[img] < counts[step].unsqueeze(1)).view(-1, 1, h, w)
+                x, base = inputs[img], substrate[img]
+                batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
+                out = model(batch)
+                if targets is None:
+                    parts.append(_call_target(target, out, len(r) // b, b))  # type: ignore[arg-type]
+                else:
+                    logits = read(out)
+                    if start == 0:  # once, before any score is read
+                        _check_range(targets, logits.shape[1])
+                    parts.append(_score(logits, targets[img], score))
+            scores = torch.cat(parts).reshape(steps + 1, b).t().to(torch.float32)
+    finally:
+        for m, flag in modes:
+            m.training = flag
+    auc = torch.trapezoid(scores, fractions.to(scores.device), dim=1)
+    return Curve(kind=kind, fractions=fractions, scores=scores, auc=auc, targets=targets)
+
+
+def _fit_maps(maps: torch.Tensor, b: int, h: int, w: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(maps, torch.Tensor):
+        raise HookscopeError(f"maps must be a B x H x W tensor, got {type(maps).__name__}")
+    if maps.dim() == 4 and maps.shape[1] == 1:
+        maps = maps[:, 0]
+    if maps.dim() != 3 or maps.shape[0] != b:
+        raise HookscopeError(
+            f"maps of shape {tuple(maps.shape)} do not fit {b} images; pass one map per image, "
+            f"B x H x W = {b} x {h} x {w}"
+        )
+    maps = maps.detach().to(device=device, dtype=torch.float32)
+    if maps.shape[1:] != (h, w):
+        maps = F.interpolate(maps[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+    return maps
+
+
+def _substrate(baseline: Baseline, inputs: torch.Tensor) -> torch.Tensor:
+    if isinstance(baseline, torch.Tensor):
+        try:
+            return baseline.to(device=inputs.device, dtype=inputs.dtype).expand_as(inputs)
+        except RuntimeError:
+            raise HookscopeError(
+                f"baseline of shape {tuple(baseline.shape)} does not broadcast to the inputs "
+                f"{tuple(inputs.shape)}; pass a tensor of shape C x 1 x 1, C x H x W or B x C x H x W"
+            ) from None
+    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        return torch.full_like(inputs, float(baseline))
+    if baseline == "zeros":
+        return torch.zeros_like(inputs)
+    if baseline == "mean":
+        return inputs.mean(dim=(2, 3), keepdim=True).expand_as(inputs)
+    if baseline == "blur":
+        return blur(inputs)
+    hint = did_you_mean(baseline, BASELINES) if isinstance(baseline, str) else ""
+    raise HookscopeError(
+        f"baseline={baseline!r} is not a baseline.{hint} Use 'zeros', 'blur', 'mean', a number or a tensor"
+    )
+
+
+def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_SIGMA) -> torch.Tensor:
+    """Blur ``B x C x H x W`` images with a ``size x size`` Gaussian (borders replicated).
+
+    Example:
+        >>> blur(torch.ones(1, 3, 8, 8)).allclose(torch.ones(1, 3, 8, 8))
+        True
+    """
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = (g / g.sum()).to(device=images.device, dtype=images.dtype)
+    c, half = images.shape[1], size // 2
+    padded = F.pad(images, (half, half, half, half), mode="replicate")
+    rows = F.conv2d(padded, g.view(1, 1, size, 1).expand(c, 1, size, 1), groups=c)
+    return F.conv2d(rows, g.view(1, 1, 1, size).expand(c, 1, 1, size), groups=c)
+
+
+def _reader(output: Callable[[Any], torch.Tensor] | None) -> Callable[[Any], torch.Tensor]:
+    def read(out: Any) -> torch.Tensor:
+        logits = output(out) if output is not None else out
+        if not isinstance(logits, torch.Tensor):
+            raise HookscopeError(
+                f"the model returns a {type(out).__name__}, not a tensor of logits; pass output= a "
+                "function that returns them, for example output=lambda out: out.logits"
+            )
+        if logits.dim() != 2:
+            raise HookscopeError(
+                f"the logits have shape {tuple(logits.shape)}, not N x classes; pass output= a "
+                "function that returns N x classes logits, or target= a function that returns N scores"
+            )
+        return logits
+
+    return read
+
+
+def _targets(model: nn.Module, inputs: torch.Tensor, target: Target, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+    b = inputs.shape[0]
+    if target is None:
+        return read(model(inputs)).argmax(dim=1)
+    if isinstance(target, (bool, str)) or not isinstance(target, (int, Sequence, torch.Tensor)):
+        raise HookscopeError(
+            f"target={target!r} is not a class index; pass an int, one int per image, a callable "
+            "returning B scores, or None for the predicted class"
+        )
+    t = torch.as_tensor(target, device=inputs.device)
+    if t.is_floating_point() or t.dim() > 1 or (t.dim() == 1 and t.numel() != b):
+        raise HookscopeError(
+            f"target of shape {tuple(t.shape)} ({t.dtype}) does not fit {b} images; pass one int "
+            "for all, or one integer class index per image"
+        )
+    return t.long().expand(b).clone()
+
+
+def _check_range(targets: torch.Tensor, classes: int) -> None:
+    bad = ((targets < 0) | (targets >= classes)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise HookscopeError(
+            f"target class {int(targets[i])} (image {i}) is out of range: the model has {classes} "
+            f"classes (0 to {classes - 1})"
+        )
+
+
+def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:
+    if logits.shape[0] != len(targets):
+        raise HookscopeError(
+            f"the logits have {logits.shape[0]} rows for {len(targets)} images; output= must keep "
+            "the batch dimension first"
+        )
+    values = logits.float().softmax(dim=1) if score == "prob" else logits.float()
+    return values.gather(1, targets.unsqueeze(1)).squeeze(1)
+
+
+def _call_target(fn: Callable[[Any], torch.Tensor], out: Any, copies: int, b: int) -> torch.Tensor:
+    """Call the user's target once per step, each time on the output rows of the ``b`` images."""
+    values = []
+    for j in range(copies):
+        part = tree_map(lambda t: t[j * b : (j + 1) * b] if t.dim() and t.shape[0] == copies * b else t, out)
+        v = fn(part)
+        if not isinstance(v, torch.Tensor) or v.shape != (b,):
+            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise HookscopeError(
+                f"target= returned {shape} for a batch of {b} images; it must return one score per "
+                f"image, a tensor of shape ({b},)"
+            )
+        values.append(v.float())
+    return torch.cat(values)
+
+
+def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(maps, torch.Tensor) or not isinstance(masks, torch.Tensor):
+        raise HookscopeError(f"{what} takes maps and masks as tensors of shape B x H x W")
+    if maps.dim() == 2:
+        maps = maps[None]
+    if masks.dim() == 2:
+        masks = masks[None]
+    if maps.dim() != 3 or maps.shape != masks.shape:
+        raise HookscopeError(
+            f"{what}: maps {tuple(maps.shape)} and masks {tuple(masks.shape)} differ; pass both as "
+            "B x H x W at the same resolution (upsample the maps to the masks' size)"
+        )
+    return maps.detach(), masks.to(device=maps.device, dtype=torch.bool)
+
+
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 0) -> torch.Tensor:
+    """Pointing game (Zhang et al. 2018): does each map's maximum fall on the object?
+
+    A hit when the map's maximum (the first in row-major order if several pixels share it) lies
+    within ``tolerance`` pixels (Euclidean) of a ground-truth pixel. The paper uses 15 pixels.
+
+    Args:
+        maps: ``B x H x W`` saliency maps.
+        masks: ``B x H x W`` ground truth (bool or 0/1), same size as the maps; :func:`box_mask`
+            makes them from boxes.
+        tolerance: distance in pixels within which a miss still counts as a hit.
+
+    Returns:
+        ``B`` booleans; ``hits.float().mean()`` is the accuracy.
+
+    Example:
+        >>> m = torch.zeros(1, 4, 4); m[0, 1, 2] = 1
+        >>> pointing_game(m, box_mask([[2, 0, 4, 2]], 4, 4)).tolist()
+        [True]
+    """
+    maps, masks = _masks(maps, masks, "pointing_game")
+    if tolerance < 0:
+        raise HookscopeError(f"tolerance={tolerance!r} must be 0 or a positive number of pixels")
+    b, h, w = maps.shape
+    peak = maps.reshape(b, -1).argmax(dim=1)
+    py, px = (peak // w).view(b, 1, 1), (peak % w).view(b, 1, 1)
+    yy = torch.arange(h, device=maps.device).view(1, h, 1)
+    xx = torch.arange(w, device=maps.device).view(1, 1, w)
+    near = (yy - py) ** 2 + (xx - px) ** 2 <= tolerance**2
+    return (near & masks).flatten(1).any(dim=1)
+
+
+def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Energy-based pointing game (Wang et al. 2020, Score-CAM): share of the map inside the object.
+
+    ``sum(map * mask) / sum(map)`` per image, for non-negative maps; an all-zero map scores 0.
+
+    Args:
+        maps: ``B x H x W`` non-negative saliency maps (CAM maps are).
+        masks: ``B x H x W`` ground-truth masks or boxes (bool or 0/1), same size as the maps.
+
+    Returns:
+        ``B`` proportions in ``[0, 1]``.
+
+    Example:
+        >>> m = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]])
+        >>> energy_pointing_game(m, torch.tensor([[[1, 1], [0, 0]]])).tolist()
+        [0.30000001192092896]
+    """
+    maps, masks = _masks(maps, masks, "energy_pointing_game")
+    if bool((maps < 0).any()):
+        raise HookscopeError(
+            "energy_pointing_game needs non-negative maps; min-max normalise them (CAM maps already are)"
+        )
+    maps = maps.float()
+    total = maps.flatten(1).sum(dim=1)
+    inside = (maps * masks).flatten(1).sum(dim=1)
+    return torch.where(total > 0, inside / total.clamp_min(torch.finfo(maps.dtype).tiny), torch.zeros_like(total))
+
+
+def box_mask(
+    boxes: Sequence[Sequence[float]] | torch.Tensor, height: int, width: int, *, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """``B x H x W`` masks from ``B`` boxes ``(x0, y0, x1, y1)`` in pixels, ends exclusive.
+
+    Example:
+        >>> box_mask([[1, 0, 3, 1]], 2, 4).int().tolist()
+        [[[0, 1, 1, 0], [0, 0, 0, 0]]]
+    """
+    bx = torch.as_tensor(boxes, dtype=torch.float32, device=device)
+    if bx.dim() != 2 or bx.shape[1] != 4:
+        raise HookscopeError(
+            f"boxes of shape {tuple(bx.shape)} are not B x 4; pass one (x0, y0, x1, y1) per image"
+        )
+    yy = torch.arange(height, device=bx.device).view(1, height, 1)
+    xx = torch.arange(width, device=bx.device).view(1, 1, width)
+    x0, y0, x1, y1 = (bx[:, i].view(-1, 1, 1) for i in range(4))
+    return (xx >= x0) & (xx < x1) & (yy >= y0) & (yy < y1)
+

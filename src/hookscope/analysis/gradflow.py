@@ -1,0 +1,185 @@
+"""Gradient flow after a backward pass: per-layer gradient norms, with vanishing and exploding flags.
+
+Reads ``p.grad`` of each module's own parameters (no hook needed), and optionally the activation
+gradient norms a ``hookscope.trace(..., grads=True)`` recorded. Norms are reduced on each device
+and read back with one copy per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from ..errors import HookscopeError
+from ..selection import Selector, layers, unwrap
+
+__all__ = ["FlowRow", "GradientFlow", "gradient_flow"]
+
+
+class _TraceRow(Protocol):
+    module: str
+    which: str
+    numel: int
+    mean: float
+    std: float
+
+
+class _Traced(Protocol):
+    @property
+    def rows(self) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class FlowRow:
+    """Gradient norms of one module.
+
+    ``param_norm`` is the L2 norm of the gradients of the module's own trainable parameters
+    together (``None`` if it has none, or none got a gradient); ``act_norm`` the L2 norm of every
+    gradient that reached its outputs (from a trace; ``None`` without). ``flag`` is ``"ok"``,
+    ``"vanishing"``, ``"exploding"``, ``"non-finite"`` or ``"no grad"``.
+    """
+
+    module: str
+    type: str
+    params: int
+    param_norm: float | None
+    act_norm: float | None
+    flag: str
+
+
+class GradientFlow:
+    """Per-layer gradient norms in ``named_modules()`` order; build it with :func:`gradient_flow`."""
+
+    def __init__(self, rows: list[FlowRow], vanish: float, explode: float) -> None:
+        self.rows = rows
+        self.vanish, self.explode = vanish, explode
+
+    @property
+    def vanishing(self) -> list[str]:
+        """Names of the layers whose gradient norm is below ``vanish``."""
+        return [r.module for r in self.rows if r.flag == "vanishing"]
+
+    @property
+    def exploding(self) -> list[str]:
+        """Names of the layers whose gradient norm is above ``explode`` (or NaN / Inf)."""
+        return [r.module for r in self.rows if r.flag in ("exploding", "non-finite")]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts."""
+        return [dataclasses.asdict(r) for r in self.rows]
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """JSON with the thresholds and the rows; NaN and infinities as strings."""
+        def clean(v: Any) -> Any:
+            return str(v) if isinstance(v, float) and not math.isfinite(v) else v
+
+        rows = [{k: clean(v) for k, v in d.items()} for d in self.to_dicts()]
+        return json.dumps({"vanish": self.vanish, "explode": self.explode, "layers": rows},
+                          indent=indent, allow_nan=False)
+
+    def table(self) -> str:
+        """A text table for people."""
+        def num(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4g}"
+
+        head = ["module", "type", "params", "|grad params|", "|grad output|", "flag"]
+        body = [[r.module or "(root)", r.type, str(r.params), num(r.param_norm), num(r.act_norm),
+                 r.flag] for r in self.rows]
+        widths = [max(len(c) for c in col) for col in zip(head, *body)]
+        lines = ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+                 for line in [head, *body]]
+        lines.insert(1, "-" * len(lines[0]))
+        lines.append(f"vanishing (< {self.vanish:g}): {', '.join(self.vanishing) or 'none'}; "
+                     f"exploding (> {self.explode:g}): {', '.join(self.exploding) or 'none'}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"GradientFlow({len(self.rows)} layers, {len(self.vanishing)} vanishing, {len(self.exploding)} exploding)"
+
+
+def _flag(norms: list[float], vanish: float, explode: float) -> str:
+    if not norms:
+        return "no grad"
+    if any(not math.isfinite(n) for n in norms):
+        return "non-finite"
+    if any(n > explode for n in norms):
+        return "exploding"
+    return "vanishing" if all(n < vanish for n in norms) else "ok"
+
+
+def _activation_norms(traced: _Traced) -> dict[str, float]:
+    squares: dict[str, float] = {}
+    for r in traced.rows:
+        if r.which == "grad_output":  # the norm from mean and population std: sum x^2 = n (s^2 + m^2)
+            squares[r.module] = squares.get(r.module, 0.0) + r.numel * (r.std**2 + r.mean**2)
+    return {k: math.sqrt(v) for k, v in squares.items()}
+
+
+def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None = None,
+                  vanish: float = 1e-7, explode: float = 1e3) -> GradientFlow:
+    """Per-layer gradient norms after a backward pass, flagging vanishing and exploding layers.
+
+    A layer's parameter norm is the L2 norm of the ``.grad`` of its own trainable parameters taken
+    together (children not included; a weight shared by two modules counts in both). With
+    ``trace=`` (a ``hookscope.trace(..., grads=True)`` run over the same backward pass), each
+    layer also gets the norm of the gradients that reached its outputs, over all its calls.
+
+    Args:
+        model: the model, after ``loss.backward()``; names are the inner model's, through wrappers.
+        *selectors: as for :func:`hookscope.layers`; none means every module (the root included)
+            that owns a parameter or, with ``trace=``, has an activation gradient.
+        trace: a finished trace with ``grads=True`` (optional).
+        vanish: a layer whose norms are all below this is ``"vanishing"`` (default 1e-7).
+        explode: a layer with a norm above this is ``"exploding"`` (default 1e3).
+
+    Example:
+        >>> import torch, hookscope
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> net(torch.ones(1, 2)).sum().backward()
+        >>> [r.flag for r in hookscope.gradient_flow(net).rows]
+        ['ok', 'ok']
+    """
+    if not (0 <= vanish < explode):
+        raise HookscopeError(f"need 0 <= vanish < explode, got vanish={vanish}, explode={explode}")
+    inner, _ = unwrap(model)
+    acts = _activation_norms(trace) if trace is not None else {}
+    if selectors:
+        chosen = layers(model, *selectors)
+    else:
+        seen: set[int] = set()
+        chosen = []
+        for name, m in inner.named_modules():
+            if id(m) not in seen and (any(True for _ in m.parameters(recurse=False)) or name in acts):
+                seen.add(id(m))
+                chosen.append((name, m))
+    own = [[p for p in dict.fromkeys(m.parameters(recurse=False)) if p.requires_grad] for _, m in chosen]
+    if not any(p.grad is not None for ps in own for p in ps) and not acts:
+        raise HookscopeError(
+            f"no parameter of {type(inner).__name__} has a gradient; call loss.backward() first "
+            "(gradient_flow reads p.grad after a backward pass), outside torch.no_grad()"
+        )
+    # one norm per module, on each device, then one copy per device
+    per_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, ps in enumerate(own):
+        grads = [p.grad.detach() for p in ps if p.grad is not None]
+        if grads:
+            acc = torch.float32 if grads[0].device.type == "mps" else torch.float64
+            each = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+            per_device.setdefault(each.device, []).append((i, torch.linalg.vector_norm(each.to(acc))))
+    norms: dict[int, float] = {}
+    for items in per_device.values():
+        host = torch.stack([n.to(items[0][1].dtype) for _, n in items]).cpu().tolist()
+        norms.update({i: v for (i, _), v in zip(items, host)})
+    rows = []
+    for i, (name, m) in enumerate(chosen):
+        pn, an = norms.get(i), acts.get(name)
+        flag = _flag([n for n in (pn, an) if n is not None], vanish, explode)
+        rows.append(FlowRow(name, type(m).__name__, sum(p.numel() for p in own[i]), pn, an, flag))
+    return GradientFlow(rows, vanish, explode)

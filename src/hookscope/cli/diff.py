@@ -1,0 +1,67 @@
+"""``hookscope diff A [B]``: run one input through two models (or one model under two settings) and
+compare every layer's output; exit status 0 when they agree, 1 when they differ (as diff(1))."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+from ..analysis.diff import ATOL, RTOL, Settings, diff, settings
+from ..errors import HookscopeError
+from ._load import add_model_arguments, example_input, load_model
+
+_AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="compare two runs layer by layer and name the first layer where they differ",
+        description="Runs the same seeded input through model A and model B (B defaults to A itself, "
+        "under the --b-* settings), compares every module both have, call by call (max abs error, "
+        "relative error, cosine similarity), and names the first output beyond tolerance. "
+        "Exit status: 0 same, 1 different (or names in one model only), 2 error.",
+    )
+    add_model_arguments(p)
+    p.add_argument("model_b", nargs="?", metavar="B", default=None,
+                   help="second MODEL, same spellings as A (default: A itself)")
+    p.add_argument("--b-seed", type=int, default=None,
+                   help="build B with this seed instead of --seed (e.g. two differently initialised models)")
+    p.add_argument("--layers", nargs="+", metavar="LAYER", default=None,
+                   help="names or globs of the modules to compare (default: every module)")
+    p.add_argument("--rtol", type=float, default=RTOL, help=f"relative tolerance (default {RTOL:g})")
+    p.add_argument("--atol", type=float, default=ATOL, help=f"absolute tolerance (default {ATOL:g})")
+    for side in ("a", "b"):
+        up = side.upper()
+        p.add_argument(f"--{side}-train", action="store_true", help=f"run {up} in training mode")
+        p.add_argument(f"--{side}-autocast", choices=sorted(_AUTOCAST), default=None,
+                       help=f"run {up} under torch.autocast with this dtype")
+    p.add_argument("--b-compile", action="store_true", help="run B through torch.compile")
+    p.add_argument("--only-diverging", action="store_true", help="print only the rows beyond tolerance")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _setting(args: argparse.Namespace, side: str) -> Settings:
+    dtype = getattr(args, f"{side}_autocast")
+    return settings(train=True if getattr(args, f"{side}_train") else None,
+                    autocast=_AUTOCAST[dtype] if dtype else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_a = load_model(args.model, args.seed)
+    if args.model_b is None and args.b_seed is None:
+        model_b = model_a
+    else:
+        model_b = load_model(args.model_b or args.model, args.seed if args.b_seed is None else args.b_seed)
+    if args.b_compile:
+        if not hasattr(torch, "compile"):
+            raise HookscopeError("--b-compile needs torch.compile (PyTorch 2.0 or later)")
+        model_b = torch.compile(model_b)  # type: ignore[assignment]
+    x = example_input(args.model, args.input, args.seed)
+    result = diff(model_a, model_b, x, layers=args.layers, a=_setting(args, "a"), b=_setting(args, "b"),
+                  rtol=args.rtol, atol=args.atol, seed=args.seed)
+    print(result.to_json() if args.json else result.table(only_diverging=args.only_diverging))
+    same = result.first is None and not (result.unmatched.a_only or result.unmatched.b_only)
+    return 0 if same else 1

@@ -1,0 +1,34 @@
+"""``hookscope summary MODEL``: the module tree with shapes, parameters, buffers, mult-adds and modes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..analysis.summary import summary
+from ..errors import HookscopeError
+from ._load import add_model_arguments, example_input, load_model
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "summary",
+        help="run the model once and print its module tree with shapes, parameters and mult-adds",
+        description="Runs one forward pass on a seeded random input and prints, per module call in "
+        "execution order, the output shapes, own and total parameters (shared tensors counted "
+        "once), buffers, multiply-adds and train/eval mode, then the totals.",
+    )
+    add_model_arguments(p)
+    p.add_argument("--depth", type=int, default=None, metavar="N",
+                   help="show modules down to this depth of the tree (0: the model only; default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.depth is not None and args.depth < 0:
+        raise HookscopeError(f"--depth {args.depth} is negative; pass 0 or more")
+    model = load_model(args.model, seed=args.seed)
+    x = example_input(args.model, args.input, seed=args.seed)
+    result = summary(model, x, depth=args.depth)
+    print(result.to_json() if args.json else result.to_text(), end="" if not args.json else "\n")
+    return 0

@@ -1,0 +1,442 @@
+"""Class activation maps (hookscope.analysis.cam): hand-computed maps, batch = per image, no side effects."""
+
+import doctest
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FakeModelOutput, no_hooks
+from torch import nn
+
+import hookscope
+from hookscope import HookscopeError
+from hookscope.analysis import _cam_methods, cam as cam_module
+from hookscope.analysis.cam import METHODS, cam
+from hookscope.zoo import TinyResNet
+
+GRADIENT = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam")
+
+
+class GapNet(nn.Module):
+    """conv 1x1 (weights +1, -1) -> ReLU -> global average pool -> Linear(2, 3) with hand-set rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 1, bias=False)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2, 3, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+            self.fc.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, -1.0]]))
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.relu(self.conv(x))), 1))
+
+
+class FlatNet(nn.Module):
+    """conv 1x1 (A0 = x, A1 = 1 - x) -> flatten -> Linear(8, 1): the gradient varies over space."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 1)
+        self.fc = nn.Linear(8, 1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.tensor([1.0, -1.0]).view(2, 1, 1, 1))
+            self.conv.bias.copy_(torch.tensor([0.0, 1.0]))
+            self.fc.weight.copy_(torch.tensor([[1.0, 0.0, 2.0, -1.0, 0.5, 1.0, -1.0, 0.0]]))
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.conv(x), 1))
+
+
+class ConvInplace(nn.Module):
+    """A target conv followed by ReLU(inplace=True), then GAP and a head."""
+
+    def __init__(self, channels: int = 6) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, channels, 3, padding=1)
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(channels, 4)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(self.conv0(x))).mean((2, 3)))
+
+
+X_HAND = torch.tensor([[[[1.0, -2.0], [3.0, 0.0]]]])
+
+
+# --- maps worked out by hand ---------------------------------------------------------------------
+def test_cam_and_gradcam_by_hand_on_a_gap_linear_model():
+    net = GapNet().eval()
+    # A0 = relu(x) = [[1, 0], [3, 0]], A1 = relu(-x) = [[0, 2], [0, 0]]; logits (1, 0.5, 1.5) -> class 2
+    res = cam(net, X_HAND, layer="relu", method="cam")
+    assert res.targets.tolist() == [2] and torch.allclose(res.scores, torch.tensor([1.5]))
+    assert torch.allclose(res.raw["relu"], torch.tensor([[[2.0, -2.0], [6.0, 0.0]]]))  # 2 A0 - A1
+    assert torch.allclose(res.maps, torch.tensor([[[0.5, 0.0], [1.0, 0.25]]]))  # (m + 2) / 8
+    # d score / d A = W[2] / 4 = (0.5, -0.25) everywhere: relu(0.5 A0 - 0.25 A1)
+    res = cam(net, X_HAND, layer="relu", method="gradcam")
+    assert torch.allclose(res.raw["relu"], torch.tensor([[[0.5, 0.0], [1.5, 0.0]]]))
+    assert torch.allclose(res.maps, torch.tensor([[[1 / 3, 0.0], [1.0, 0.0]]]))
+    # class 1 reads channel 1 only
+    res = cam(net, X_HAND, layer="relu", method="cam", target=1)
+    assert torch.allclose(res.raw["relu"], torch.tensor([[[0.0, 2.0], [0.0, 0.0]]]))
+    assert no_hooks(net)
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("gradcam", [[0.5, 0.875], [0.125, 0.0]]),   # w = mean g = (0.5, 0.125)
+    ("gradcam++", [[7 / 12, 9 / 12], [5 / 12, 3 / 12]]),  # w = (7/12, 5/12), worked out pixel by pixel
+    ("xgradcam", [[1.0, 3.0], [0.0, 0.0]]),      # w = (2/2, -2/2): relu(A0 - A1)
+    ("hirescam", [[1.0, 0.0], [0.0, 1.0]]),      # relu(sum g * A) = relu([[1, -1], [-1, 1]])
+    ("layercam", [[1.0, 0.0], [0.0, 0.0]]),      # relu(sum relu(g) * A) = relu([[1, -1], [0, 0]])
+])
+def test_gradient_methods_by_hand(method, expected):
+    net = FlatNet().eval()
+    x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]])  # A0 = x, A1 = 1 - x; g = fc row viewed 2x2x2
+    res = cam(net, x, layer="conv", method=method)
+    assert torch.allclose(res.raw["conv"], torch.tensor([expected]), atol=1e-6)
+    assert res.targets.tolist() == [0] and res.layers == ["conv"] and res.method == method
+    assert no_hooks(net)
+
+
+def test_eigencam_matches_an_independent_svd():
+    torch.manual_seed(0)
+    A = torch.rand(3, 5, 4, 3)
+    got = _cam_methods.eigen_map(A)
+    for b in range(3):
+        X = A[b].reshape(5, -1).T.double().numpy()
+        X = X - X.mean(0)
+        v = np.linalg.svd(X)[2][0]
+        v = -v if v.sum() < 0 else v
+        want = np.maximum(X @ v, 0).reshape(4, 3)
+        assert np.allclose(got[b].numpy(), want, atol=1e-5)
+    net = TinyResNet().eval()
+    res = cam(net, torch.randn(2, 3, 32, 32), layer="layer2", method="eigencam")
+    assert res.maps.shape == (2, 32, 32) and float(res.maps.amax()) == 1.0
+    assert no_hooks(net)
+
+
+def test_normalisation_and_upsampling_of_maps():
+    net = TinyResNet().eval()
+    x = torch.randn(3, 3, 32, 32)
+    res = cam(net, x, layer="layer2")
+    up = F.interpolate(res.raw["layer2"][:, None], size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
+    lo = up.flatten(1).min(1).values[:, None, None]
+    hi = up.flatten(1).max(1).values[:, None, None]
+    assert torch.allclose(res.maps, (up - lo) / (hi - lo), atol=1e-6)
+    # several layers: each upsampled and normalised, fused by mean (or max), normalised again
+    res2 = cam(net, x, layer=["layer1", "layer2"], fuse="max")
+    parts = []
+    for name in ("layer1", "layer2"):
+        u = F.interpolate(res2.raw[name][:, None], size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
+        parts.append((u - u.flatten(1).min(1).values[:, None, None])
+                     / (u.flatten(1).max(1).values - u.flatten(1).min(1).values)[:, None, None])
+    fused = torch.maximum(parts[0], parts[1])
+    lo, hi = fused.flatten(1).min(1).values[:, None, None], fused.flatten(1).max(1).values[:, None, None]
+    assert res2.layers == ["layer1", "layer2"] and torch.allclose(res2.maps, (fused - lo) / (hi - lo), atol=1e-6)
+    # a constant map becomes all zeros
+    flat = cam(GapNet().eval(), torch.zeros(1, 1, 2, 2), layer="relu", method="cam", target=0)
+    assert torch.equal(flat.maps, torch.zeros(1, 2, 2))
+    assert no_hooks(net)
+
+
+# --- batch = per image ---------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_batch_result_equals_per_image_results(method):
+    net = TinyResNet().eval()
+    torch.manual_seed(1)
+    x = torch.randn(3, 3, 16, 16)
+    targets = [1, 7, 3]
+    batch = cam(net, x, layer="layer2", method=method, target=targets)
+    for i in range(3):
+        one = cam(net, x[i:i + 1], layer="layer2", method=method, target=targets[i])
+        assert torch.allclose(batch.maps[i], one.maps[0], atol=1e-5), method
+        assert torch.allclose(batch.raw["layer2"][i], one.raw["layer2"][0], atol=1e-5, rtol=1e-4)
+        assert torch.allclose(batch.scores[i], one.scores[0], atol=1e-5)
+    assert batch.targets.tolist() == targets
+    assert no_hooks(net)
+
+
+# --- side-effect freedom -------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_no_grad_written_no_hook_left_modes_and_outputs_unchanged(method):
+    net = TinyResNet().eval()
+    net.fc.train()  # a mixed set of flags must come back exactly as it was
+    flags = {n: m.training for n, m in net.named_modules()}
+    x = torch.randn(2, 3, 16, 16)
+    before = net(x).detach()
+    res = cam(net, x, layer="layer2", method=method)
+    assert all(p.grad is None for p in net.parameters())
+    assert all(p.requires_grad for p in net.parameters())
+    assert {n: m.training for n, m in net.named_modules()} == flags
+    assert not x.requires_grad and x.grad is None
+    assert torch.equal(net(x), before) and no_hooks(net)
+    assert torch.equal(res.targets, before.argmax(1))
+    assert torch.allclose(res.scores, before.gather(1, res.targets[:, None])[:, 0])
+    assert not res.scores.requires_grad and not res.maps.requires_grad
+
+
+def test_works_under_no_grad_inference_mode_and_on_a_frozen_model():
+    net = TinyResNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    ref = cam(net, x, layer="layer2.0.bn2", method="gradcam++")
+    with torch.no_grad():
+        assert torch.allclose(cam(net, x, layer="layer2.0.bn2", method="gradcam++").maps, ref.maps)
+    with torch.inference_mode():
+        xi = x.clone()
+        got = cam(net, xi, layer="layer2.0.bn2", method="gradcam++")
+    assert torch.allclose(got.maps, ref.maps)
+    for p in net.parameters():
+        p.requires_grad_(False)
+    frozen = cam(net, x, layer="layer2.0.bn2", method="gradcam++")
+    assert torch.allclose(frozen.maps, ref.maps) and torch.allclose(frozen.raw["layer2.0.bn2"], ref.raw["layer2.0.bn2"])
+    assert all(p.grad is None and not p.requires_grad for p in net.parameters()) and no_hooks(net)
+
+
+def _reference_gradcam(model, module, x, cls=None):
+    """Grad-CAM computed independently: a hand-written hook that keeps the output and returns a clone."""
+    kept = []
+
+    def hook(m, i, o):
+        kept.append(o)
+        return o.clone()
+
+    h = module.register_forward_hook(hook)
+    try:
+        logits = model(x)
+    finally:
+        h.remove()
+    cls = logits.argmax(1) if cls is None else cls
+    (g,) = torch.autograd.grad(logits.gather(1, cls[:, None]).sum(), kept[0])
+    m = (g.mean((2, 3))[:, :, None, None] * kept[0]).sum(1).relu().detach()
+    m = F.interpolate(m[:, None], size=x.shape[-2:], mode="bilinear", align_corners=False)[:, 0]
+    lo, hi = m.flatten(1).min(1).values[:, None, None], m.flatten(1).max(1).values[:, None, None]
+    return (m - lo) / (hi - lo)
+
+
+def test_inplace_relu_after_the_target_layer():
+    net = ConvInplace().eval()
+    x = torch.randn(2, 3, 8, 8)
+    res = cam(net, x, layer="conv")
+    assert (cam_module.cam(net, x, layer="conv", method="eigencam").raw["conv"] >= 0).all()
+    assert torch.allclose(res.maps, _reference_gradcam(net, net.conv, x), atol=1e-5)
+    # found automatically: the last conv is rewritten in place, so it is run again with a copy
+    auto = cam(net, x)
+    assert auto.layers == ["conv"] and auto.forwards == 2 and torch.allclose(auto.maps, res.maps, atol=1e-6)
+    assert no_hooks(net) and all(p.grad is None for p in net.parameters())
+
+
+def test_auto_layer_is_the_last_conv_and_cam_finds_the_pooled_layer():
+    net = TinyResNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    auto = cam(net, x)
+    assert auto.layers == ["layer2.0.conv2"] and auto.forwards == 1
+    assert torch.allclose(auto.maps, cam(net, x, layer="layer2.0.conv2").maps, atol=1e-6)
+    c = cam(net, x, method="cam")
+    assert c.layers == ["layer2"]
+    # for a GAP + linear head, CAM = (h w) x Grad-CAM before its ReLU, so after normalisation they agree
+    g = cam(net, x, layer="layer2", method="hirescam")
+    pos = c.raw["layer2"].clamp(min=0)
+    assert torch.allclose(pos / pos.amax((1, 2), keepdim=True), g.raw["layer2"] / g.raw["layer2"].amax((1, 2), keepdim=True), atol=1e-5)
+    assert no_hooks(net)
+
+
+@pytest.mark.slow
+def test_gradcam_matches_reference_on_resnet18_including_an_inplace_target():
+    tv = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = tv.models.resnet18(weights=None).eval()
+    x = torch.randn(2, 3, 224, 224)
+    res = cam(net, x, layer="layer4")
+    assert (res.maps - _reference_gradcam(net, net.layer4, x)).abs().max() < 1e-5
+    # layer4.1.bn2 is followed by `out += identity` and an in-place ReLU
+    x = torch.randn(2, 3, 64, 64)
+    res = cam(net, x, layer="layer4.1.bn2")
+    assert (res.maps - _reference_gradcam(net, net.layer4[1].bn2, x)).abs().max() < 1e-5
+    assert no_hooks(net) and all(p.grad is None for p in net.parameters())
+
+
+# --- targets and outputs -------------------------------------------------------------------------
+def test_callable_target_structured_output_and_reshape():
+    net = TinyResNet().eval()
+    x = torch.randn(2, 3, 16, 16)
+    by_index = cam(net, x, layer="layer2", target=3)
+    by_fn = cam(net, x, layer="layer2", target=lambda logits: logits[:, 3])
+    assert by_fn.targets is None and torch.allclose(by_fn.maps, by_index.maps)
+    by_numpy = cam(net, x, layer="layer2", target=np.array([3, 3]))
+    assert by_numpy.targets.tolist() == [3, 3] and torch.equal(by_numpy.maps, by_index.maps)
+
+    class Dicty(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return FakeModelOutput(logits=self.net(x), hidden=x)
+
+    wrapped = Dicty().eval()
+    with pytest.raises(HookscopeError, match="returns a FakeModelOutput.*output="):
+        cam(wrapped, x, layer="net.layer2", target=3)
+    got = cam(wrapped, x, layer="net.layer2", target=3, output=lambda o: o.logits)
+    assert torch.allclose(got.maps, by_index.maps) and no_hooks(wrapped)
+
+    class Tokens(nn.Module):  # a ViT-like layer: B x tokens x channels
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Conv2d(3, 8, 4, stride=4)
+            self.block = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 5)
+
+        def forward(self, x):
+            t = self.embed(x).flatten(2).transpose(1, 2)
+            return self.head(self.block(t).relu().mean(1))
+
+    vit = Tokens().eval()
+    with pytest.raises(HookscopeError, match=r"'block'.*\(2, 16, 8\).*reshape="):
+        cam(vit, x, layer="block")
+    assert no_hooks(vit)
+    res = cam(vit, x, layer="block", reshape=lambda t: t.transpose(1, 2).reshape(t.shape[0], -1, 4, 4))
+    # reference: Grad-CAM on the same tokens laid out as a 4 x 4 grid
+    kept = []
+    h = vit.block.register_forward_hook(lambda m, i, o: kept.append(o))
+    logits = vit(x)
+    h.remove()
+    (g,) = torch.autograd.grad(logits.gather(1, res.targets[:, None]).sum(), kept[0])
+    A, G = (t.detach().transpose(1, 2).reshape(2, 8, 4, 4) for t in (kept[0], g))
+    assert torch.allclose(res.raw["block"], (G.mean((2, 3))[:, :, None, None] * A).sum(1).relu(), atol=1e-6)
+
+
+# --- Score-CAM -----------------------------------------------------------------------------------
+class DeadChannels(nn.Module):
+    """Channels 0-2 are dead after the ReLU (constant zero); channel 4 = 2 x channel 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.conv.bias[:3] = -100.0
+            self.conv.weight[4] = 2 * self.conv.weight[3]
+            self.conv.bias[4] = 2 * self.conv.bias[3]
+
+    def forward(self, x):
+        return self.fc(self.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_scorecam_sharing_masks_gives_the_map_of_one_forward_per_channel():
+    net = DeadChannels().eval()
+    x = torch.randn(2, 3, 8, 8)
+    res = cam(net, x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
+    # independently: one forward per (image, channel), masks upsampled then min-max normalised
+    with torch.no_grad():
+        A = net.relu(net.conv(x))
+        for b, c in enumerate([1, 2]):
+            scores = []
+            for k in range(8):
+                up = F.interpolate(A[b, k][None, None], size=(8, 8), mode="bilinear", align_corners=True)[0, 0]
+                span = up.max() - up.min()
+                mask = (up - up.min()) / span if span > 0 else torch.zeros_like(up)
+                scores.append(net(x[b:b + 1] * mask)[0, c])
+            w = torch.softmax(torch.stack(scores), 0)
+            want = (w[:, None, None] * A[b]).sum(0).relu()
+            assert torch.allclose(res.raw["relu"][b], want, atol=1e-5)
+    # 1 plain forward + 4 distinct live masks per image + 1 zero image shared by the 6 dead channels
+    assert res.forwards == 1 + 2 * 4 + 1
+    assert no_hooks(net)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.const = Const()
+        self.side = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.side(x)  # computed, never used
+        return self.fc((self.conv(x) + self.const(x)).mean((2, 3)))
+
+
+class Const(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(1, 4, 6, 6))
+
+    def forward(self, x):
+        return self.p.expand(x.shape[0], -1, -1, -1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"layer": "conv", "target": 3}, r"target class 3 is out of range: the model has 3 classes \(0..2\)"),
+    ({"layer": "conv", "target": [0, -1]}, r"target class -1 is out of range"),
+    ({"layer": "conv", "target": [0]}, r"1 class indices for a batch of 2"),
+    ({"layer": "conv", "target": "cat"}, r"target='cat' is not a class index"),
+    ({"layer": "conv", "target": [0.5, 1.0]}, r"integer class indices, got dtype torch.float32"),
+    ({"layer": "const"}, r"'const'.*does not depend on the input"),
+    ({"layer": "side"}, r"'side'.*does not reach the target score"),
+    ({"layer": "conv", "method": "gradcamm"}, r"'gradcamm' is not a CAM method\. Did you mean 'gradcam'"),
+    ({"layer": "conv", "method": "cam"}, r"head 'fc' to read the global average of layer 'conv'"),
+    ({"layer": "conv", "method": "scorecam", "target": lambda o: o[:, 0]}, r"needs class-index targets"),
+    ({"layer": "convv"}, r"Did you mean 'conv'"),
+    ({"layer": "conv", "fuse": "sum"}, r"fuse='sum'"),
+    ({"layer": "conv", "target": lambda o: o}, r"one score per sample, shape \(2,\)"),
+])
+def test_bad_input_is_one_line_naming_it_and_leaves_no_hook(kwargs, match):
+    net = Branchy().eval()
+    with pytest.raises(HookscopeError, match=match) as e:
+        cam(net, torch.randn(2, 3, 6, 6), **kwargs)
+    assert "\n" not in str(e.value)
+    assert no_hooks(net) and all(p.grad is None for p in net.parameters())
+
+
+def test_cam_refuses_models_without_a_gap_head_and_training_batchnorm():
+    flat = FlatNet().eval()
+    with pytest.raises(HookscopeError, match="not the spatial mean of any layer"):
+        cam(flat, torch.randn(1, 1, 2, 2), method="cam")
+    net = TinyResNet()  # training mode
+    with pytest.raises(HookscopeError, match=r"batch norm 'stem.1' is in training mode.*model.eval\(\)"):
+        cam(net, torch.randn(1, 3, 16, 16))
+    assert net.training and no_hooks(net) and no_hooks(flat)
+    with pytest.raises(HookscopeError, match="TorchScript"):
+        cam(torch.jit.script(GapNet().eval()), X_HAND)
+
+
+def test_docstring_examples_run():
+    for module in (cam_module, _cam_methods):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted > 0
+
+
+def test_wrapped_model_keeps_inner_names():
+    net = TinyResNet().eval()
+    x = torch.randn(1, 3, 16, 16)
+    res = cam(nn.DataParallel(net), x, layer="module.layer2")
+    assert res.layers == ["layer2"] and torch.allclose(res.maps, cam(net, x, layer="layer2").maps)
+    assert no_hooks(net) and hookscope.names(net)
+
+
+def test_errors_inside_the_forward_pass_leave_no_hook():
+    class Boom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            self.conv(x)
+            raise RuntimeError("boom")
+
+    net = Boom().eval()
+    with pytest.raises(RuntimeError, match="boom"):
+        cam(net, torch.randn(1, 3, 8, 8), layer="conv")
+    assert no_hooks(net)
+    gap = GapNet().eval()
+    with pytest.raises(HookscopeError, match=r"output= could not read the model's Tensor output \(IndexError"):
+        cam(gap, X_HAND, layer="relu", output=lambda o: o[5])
+    assert no_hooks(gap)

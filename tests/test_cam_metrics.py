@@ -1,0 +1,221 @@
+"""Deletion / insertion curves and the pointing games, on maps and models whose numbers are known."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FakeModelOutput, no_hooks
+from torch import nn
+
+from hookscope import HookscopeError
+from hookscope.analysis.cam_metrics import (
+    blur,
+    box_mask,
+    deletion,
+    energy_pointing_game,
+    insertion,
+    pointing_game,
+)
+from hookscope.zoo import TinyResNet
+
+
+class PixelSum(nn.Module):
+    """logits = [sum of the pixels, 0]: the score after each step is a sum worked out by hand."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.flatten(1).sum(dim=1)
+        return torch.stack([s, torch.zeros_like(s)], dim=1)
+
+
+class DictPixelSum(PixelSum):
+    def forward(self, x: torch.Tensor) -> FakeModelOutput:
+        return FakeModelOutput(logits=super().forward(x), hidden=x)
+
+
+# image [[4, 3], [2, 1]]; its map is itself, so pixels go in the order 4, 3, 2, 1
+X = torch.tensor([[[[4.0, 3.0], [2.0, 1.0]]]])
+MAP = X[:, 0]
+
+
+# --- deletion and insertion: hand-worked curves ------------------------------------------------
+def test_deletion_curve_and_area_by_hand():
+    model = PixelSum()
+    curve = deletion(model, X, MAP, target=0, steps=4, score="logit")
+    assert curve.fractions.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert curve.scores.tolist() == [[10.0, 6.0, 3.0, 1.0, 0.0]]
+    # trapezoids: 0.25 * (8 + 4.5 + 2 + 0.5)
+    assert curve.auc.tolist() == [pytest.approx(3.75)]
+    assert curve.kind == "deletion" and curve.targets.tolist() == [0]
+    assert no_hooks(model)
+
+
+def test_insertion_curve_and_area_by_hand():
+    curve = insertion(PixelSum(), X, MAP, target=0, steps=4, baseline="zeros", score="logit")
+    assert curve.scores.tolist() == [[0.0, 4.0, 7.0, 9.0, 10.0]]
+    assert curve.auc.tolist() == [pytest.approx(0.25 * (2 + 5.5 + 8 + 9.5))]
+
+
+def test_fewer_steps_than_pixels_remove_floor_of_i_hw_over_steps():
+    # 4 pixels in 3 steps: 0, 1, 2, 4 pixels removed (floor(i * 4 / 3))
+    curve = deletion(PixelSum(), X, MAP, target=0, steps=3, score="logit")
+    assert curve.fractions.tolist() == [0.0, 0.25, 0.5, 1.0]
+    assert curve.scores.tolist() == [[10.0, 6.0, 3.0, 0.0]]
+
+
+def test_probability_score_is_the_softmax_of_the_target():
+    # logits [s, 0] -> p(class 0) = sigmoid(s), p(class 1) = 1 - sigmoid(s)
+    curve = deletion(PixelSum(), X, MAP, target=1, steps=2)  # 10, 3, 0 left
+    expected = [1 - torch.sigmoid(torch.tensor(s)).item() for s in (10.0, 3.0, 0.0)]
+    assert curve.scores[0].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_ties_go_in_row_major_order_and_map_size_is_fitted():
+    flat = torch.ones(1, 2, 2)  # every pixel ties: removed in the order 4, 3, 2, 1
+    assert deletion(PixelSum(), X, flat, target=0, steps=4, score="logit").scores.tolist() == [
+        [10.0, 6.0, 3.0, 1.0, 0.0]
+    ]
+    # a 1 x 1 map upsampled to 2 x 2 is constant: same order
+    small = torch.ones(1, 1, 1)
+    assert deletion(PixelSum(), X, small, target=0, steps=4, score="logit").scores[0, 1].item() == 6.0
+
+
+def test_baselines_mean_number_and_tensor():
+    model = PixelSum()
+    # mean of the image is 2.5: deleting the 4 first leaves 2.5 + 3 + 2 + 1
+    mean = deletion(model, X, MAP, target=0, steps=4, baseline="mean", score="logit")
+    assert mean.scores.tolist() == [[10.0, 8.5, 8.0, 8.5, 10.0]]
+    num = deletion(model, X, MAP, target=0, steps=4, baseline=1.0, score="logit")
+    assert num.scores.tolist() == [[10.0, 7.0, 5.0, 4.0, 4.0]]
+    ten = deletion(model, X, MAP, target=0, steps=2, baseline=torch.full((1, 1, 1), -1.0), score="logit")
+    assert ten.scores.tolist() == [[10.0, 1.0, -4.0]]
+
+
+def test_blur_is_an_11x11_gaussian_of_sigma_5_with_replicated_borders():
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 9, 12)
+    k1 = torch.exp(-torch.arange(-5.0, 6.0) ** 2 / 50)
+    k2 = torch.outer(k1, k1) / k1.sum() ** 2
+    padded = F.pad(x, (5, 5, 5, 5), mode="replicate")
+    ref = torch.zeros_like(x)
+    for dy in range(11):
+        for dx in range(11):
+            ref += k2[dy, dx] * padded[:, :, dy : dy + 9, dx : dx + 12]
+    assert torch.allclose(blur(x), ref, atol=1e-6)
+    assert torch.allclose(blur(torch.full((1, 3, 4, 4), 0.7)), torch.full((1, 3, 4, 4), 0.7))
+
+
+def test_predicted_class_per_image_and_per_image_targets():
+    model = PixelSum()
+    x = torch.cat([X, -X])  # image 0 predicts class 0 (sum 10 > 0), image 1 class 1
+    maps = torch.cat([MAP, MAP])
+    curve = deletion(model, x, maps, steps=4, score="logit")
+    assert curve.targets.tolist() == [0, 1]
+    assert curve.scores.tolist() == [[10.0, 6.0, 3.0, 1.0, 0.0], [0.0] * 5]
+    given = deletion(model, x, maps, target=torch.tensor([0, 0]), steps=4, score="logit")
+    assert given.scores[1].tolist() == [-10.0, -6.0, -3.0, -1.0, 0.0]
+
+
+def test_batch_equals_images_one_by_one_whatever_the_chunk():
+    model = TinyResNet(seed=0).eval()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 3, 32, 32, generator=gen)
+    maps = torch.rand(3, 32, 32, generator=gen)
+    whole = insertion(model, x, maps, steps=5, batch_size=4)
+    for i in range(3):
+        one = insertion(model, x[i : i + 1], maps[i : i + 1], target=whole.targets[i : i + 1], steps=5, batch_size=64)
+        assert torch.allclose(whole.scores[i], one.scores[0], atol=1e-5)
+        assert torch.allclose(whole.auc[i], one.auc[0], atol=1e-5)
+    assert no_hooks(model)
+
+
+def test_output_and_callable_target_on_a_dict_model():
+    model = DictPixelSum()
+    x = torch.cat([X, 2 * X])
+    maps = torch.cat([MAP, MAP])
+    by_index = deletion(model, x, maps, target=0, steps=4, score="logit", output=lambda o: o["logits"])
+    # the callable sees the output of the 2 images of a step, whatever batch_size packs together
+    for bs in (1, 2, 3, 64):
+        by_fn = deletion(model, x, maps, target=lambda o: o["logits"][:, 0], steps=4, batch_size=bs)
+        assert by_fn.targets is None
+        assert torch.equal(by_fn.scores, by_index.scores)
+    assert by_index.scores[1].tolist() == [20.0, 12.0, 6.0, 2.0, 0.0]
+
+
+def test_model_modes_are_restored_and_batch_norm_untouched():
+    model = TinyResNet(seed=0).train()
+    model.layer1[0].bn1.eval()  # a mixed state, to be restored module by module
+    before = {n: m.training for n, m in model.named_modules()}
+    stats = model.layer1[0].bn2.running_mean.clone()
+    x = torch.randn(2, 3, 32, 32)
+    curve = deletion(model, x, torch.rand(2, 32, 32), steps=3)
+    assert {n: m.training for n, m in model.named_modules()} == before
+    assert torch.equal(model.layer1[0].bn2.running_mean, stats)  # ran in eval mode
+    assert all(p.grad is None for p in model.parameters())
+    assert not curve.scores.requires_grad
+
+
+# --- mistakes: one line naming the culprit and the fix ----------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"target": 2}, r"target class 2 \(image 0\) is out of range: the model has 2 classes"),
+        ({"target": [0, 1]}, r"does not fit 1 images"),
+        ({"target": "cat"}, r"not a class index"),
+        ({"baseline": "blurr"}, r"Did you mean 'blur'"),
+        ({"baseline": torch.zeros(2, 2, 2)}, r"does not broadcast"),
+        ({"score": "probs"}, r"Did you mean 'prob'"),
+        ({"steps": 0}, r"steps=0 must be a positive integer"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(kwargs, match):
+    with pytest.raises(HookscopeError, match=match) as e:
+        deletion(PixelSum(), X, MAP, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_model_output_the_target_cannot_read():
+    model = DictPixelSum()
+    with pytest.raises(HookscopeError, match=r"returns a FakeModelOutput.*output=lambda out: out.logits"):
+        deletion(model, X, MAP, target=0)
+    with pytest.raises(HookscopeError, match=r"target= returned \(1, 2\).*shape \(1,\)"):
+        deletion(model, X, MAP, target=lambda o: o["logits"])
+    with pytest.raises(HookscopeError, match=r"maps of shape \(2, 2, 2\) do not fit 1 images"):
+        deletion(PixelSum(), X, torch.zeros(2, 2, 2))
+    with pytest.raises(HookscopeError, match=r"B x C x H x W"):
+        deletion(PixelSum(), X[0], MAP)
+
+
+# --- pointing games ----------------------------------------------------------------------------
+def test_pointing_game_hit_miss_and_tolerance():
+    maps = torch.zeros(1, 6, 6)
+    maps[0, 1, 4] = 1.0  # the peak, at row 1 column 4
+    inside = box_mask([[3, 0, 6, 3]], 6, 6)  # columns 3-5, rows 0-2
+    assert pointing_game(maps, inside).tolist() == [True]
+    far = box_mask([[0, 3, 3, 6]], 6, 6)  # nearest pixel (row 3, col 2): distance sqrt(8) = 2.83
+    assert pointing_game(maps, far).tolist() == [False]
+    assert pointing_game(maps, far, tolerance=2.8).tolist() == [False]
+    assert pointing_game(maps, far, tolerance=2.9).tolist() == [True]
+
+
+def test_pointing_game_batch_and_ties_take_the_first_peak():
+    maps = torch.zeros(2, 3, 3)
+    maps[0, 0, 0] = maps[0, 2, 2] = 1.0  # tie: the first in row-major order, (0, 0), counts
+    maps[1, 2, 2] = 1.0
+    masks = torch.zeros(2, 3, 3, dtype=torch.bool)
+    masks[:, 2, 2] = True
+    assert pointing_game(maps, masks).tolist() == [False, True]
+
+
+def test_energy_pointing_game_by_hand():
+    maps = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    masks = torch.tensor([[[1, 1], [0, 0]], [[1, 1], [1, 1]]])
+    assert energy_pointing_game(maps, masks).tolist() == pytest.approx([0.3, 0.0])
+    with pytest.raises(HookscopeError, match="non-negative"):
+        energy_pointing_game(-maps, masks)
+    with pytest.raises(HookscopeError, match=r"maps \(2, 2, 2\) and masks \(2, 3, 3\) differ"):
+        energy_pointing_game(maps, torch.ones(2, 3, 3))
+
+
+def test_box_mask_ends_are_exclusive():
+    assert box_mask([[1, 0, 3, 1]], 2, 4).int().tolist() == [[[0, 1, 1, 0], [0, 0, 0, 0]]]
+    with pytest.raises(HookscopeError, match="not B x 4"):
+        box_mask([1, 2, 3, 4], 2, 2)

@@ -1,0 +1,363 @@
+import copy
+import json
+import math
+import subprocess
+import sys
+from collections import OrderedDict
+
+import pytest
+import torch
+from conftest import Net, Structured, no_hooks
+from torch import nn
+
+from hookscope import HookscopeError
+from hookscope.analysis.diff import diff, settings
+from hookscope.cli import main
+from hookscope.zoo import TinyResNet
+
+
+def ten_linear() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(6, 6) for _ in range(10)])
+
+
+class Twice(nn.Module):
+    """``lin`` is called twice, with ``mid`` between the calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.mid = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.mid(self.lin(x)))
+
+
+# --- the first divergence -----------------------------------------------------------------------
+@pytest.mark.parametrize("k", [0, 4, 9])
+def test_single_perturbed_weight_in_layer_k_is_the_first_divergence(k):
+    a = ten_linear()
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b[k].weight[2, 4] += 0.5
+    x = torch.randn(3, 6)
+    d = diff(a, b, x)
+    assert [r.name for r in d.rows] == [str(i) for i in range(10)] + [""]
+    assert d.first is not None and d.first.name == str(k)
+    for r in d.rows[:k]:
+        assert r.max_abs == 0 and r.max_rel == 0 and r.cosine == 1 and r.status == "ok"
+    # by hand: only output column 2 moves, by 0.5 * (the input's column 4)
+    with torch.no_grad():
+        h = a[:k](x) if k else x
+    row = d[str(k)][0]
+    assert math.isclose(row.max_abs, 0.5 * h[:, 4].abs().max().item(), rel_tol=1e-5)
+    assert row.mismatched == 3 and row.numel == 18 and row.status == "differs"
+    assert all(r.diverges for r in d.rows[k:])
+    assert d.unmatched.a_only == () and d.unmatched.b_only == ()
+    assert no_hooks(a) and no_hooks(b)
+
+
+def test_identical_models_give_all_zero_errors():
+    a = ten_linear()
+    d = diff(a, copy.deepcopy(a), torch.randn(4, 6))
+    assert d.first is None and len(d) == 11
+    assert all(r.max_abs == 0 and r.max_rel == 0 and r.cosine == 1 and r.mismatched == 0 for r in d)
+    assert "no divergence" in d.table()
+    assert no_hooks(a)
+
+
+def test_relative_error_and_cosine_worked_out_by_hand():
+    a = nn.Sequential(nn.Linear(2, 2))
+    with torch.no_grad():
+        a[0].weight.copy_(torch.eye(2))
+        a[0].bias.zero_()
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b[0].bias.copy_(torch.tensor([1.0, 0.0]))
+    d = diff(a, b, torch.tensor([[1.0, 2.0]]))
+    row = d["0"][0]
+    # a = [1, 2], b = [2, 2]: max|a-b| = 1, max|b| = 2, cos = 6 / (sqrt(5) sqrt(8))
+    assert row.max_abs == 1 and row.max_rel == 0.5
+    assert math.isclose(row.cosine, 6 / math.sqrt(40), rel_tol=1e-7)
+    assert row.mismatched == 1 and row.shape_a == (1, 2) and row.dtype_b == "float32"
+    expected = "\n".join([
+        "run A: Sequential, as given",
+        "run B: Sequential, as given",
+        "2 outputs compared; tolerance |a - b| <= 1e-05 + 1.3e-06 * |b|",
+        "",
+        "layer    shape  dtype     max abs   max rel    cosine  status",
+        "-------  -----  -------  --------  --------  --------  -------------",
+        "0        1x2    float32  1.00e+00  5.00e-01  0.948683  DIFFERS (1/2)",
+        "(model)  1x2    float32  1.00e+00  5.00e-01  0.948683  DIFFERS (1/2)",
+        "",
+        "first divergence: 0 (call 0): 1 of 2 elements beyond tolerance, max abs 1.000e+00",
+    ])
+    assert d.table() == expected
+
+
+def test_zero_reference_gives_infinite_relative_error_and_json_says_so():
+    a = nn.Sequential(nn.Linear(2, 2))
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        a[0].weight.zero_(), a[0].bias.fill_(1.0)
+        b[0].weight.zero_(), b[0].bias.zero_()
+    d = diff(a, b, torch.ones(1, 2))
+    row = d["0"][0]
+    assert row.max_abs == 1 and row.max_rel == math.inf and row.cosine == 0
+    data = json.loads(d.to_json())
+    assert data["first"]["name"] == "0" and data["first"]["max_rel"] == "inf"
+
+
+class Const(nn.Module):
+    """Outputs fixed values, whatever the input."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__()
+        self.register_buffer("v", torch.tensor(values))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.v.clone()
+
+
+@pytest.mark.parametrize(
+    ("b", "max_abs", "mismatched"),
+    [
+        ([1.0, math.inf, -math.inf, 2.0], 0.0, 0),  # equal infinities agree
+        ([1.0, 5.0, -math.inf, 2.0], math.inf, 1),  # an infinity against a finite value does not
+        ([1.0, math.inf, -math.inf, 2.5], 0.5, 1),
+    ],
+)
+def test_infinities_follow_isclose(b, max_abs, mismatched):
+    d = diff(Const([1.0, math.inf, -math.inf, 2.0]), Const(b), torch.zeros(1))
+    (row,) = d.rows
+    assert row.max_abs == max_abs and row.mismatched == mismatched and row.diverges == (mismatched > 0)
+
+
+def test_nan_is_always_a_divergence():
+    d = diff(Const([1.0, math.nan]), Const([1.0, math.nan]), torch.zeros(1))
+    (row,) = d.rows
+    assert math.isnan(row.max_abs) and row.mismatched == 1 and d.first is row
+    assert json.loads(d.to_json())["first"]["max_abs"] == "nan"
+
+
+# --- one model under two settings ---------------------------------------------------------------
+def test_float32_against_bfloat16_autocast():
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    d = diff(net, net, x, b=settings(autocast=torch.bfloat16))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = net[0](x)
+    with torch.no_grad():
+        exact = net[0](x)
+    row = d["0"][0]
+    assert (row.dtype_a, row.dtype_b) == ("float32", "bfloat16")
+    assert row.max_abs == pytest.approx((ref.double() - exact.double()).abs().max().item(), rel=1e-9)
+    for name in ("0", "2"):
+        r = d[name][0]
+        assert 0 < r.max_rel < 0.05 and r.cosine > 0.999
+    assert d.first.name == "0"
+    assert "autocast bfloat16" in d.run_b and no_hooks(net)
+
+
+class BnDrop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.drop(self.bn(self.lin(x))))
+
+
+def test_eval_against_train_restores_flags_buffers_and_rng():
+    net = BnDrop().eval()
+    x = torch.randn(5, 4)
+    rng = torch.get_rng_state()
+    d = diff(net, net, x, b=settings(train=True))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert not any(m.training for m in net.modules())
+    assert torch.equal(net.bn.running_mean, torch.zeros(8)) and int(net.bn.num_batches_tracked) == 0
+    assert d["lin"][0].max_abs == 0 and d.first.name == "bn"
+    with torch.no_grad():  # by hand: running statistics (0, 1) against the batch's own
+        h = net.lin(x)
+        eval_out = h / math.sqrt(1 + 1e-5)
+        train_out = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5)
+    assert d["bn"][0].max_abs == pytest.approx((eval_out - train_out).abs().max().item(), rel=1e-4)
+    assert no_hooks(net)
+
+
+def test_dropout_in_both_runs_draws_the_same_masks_unless_seed_is_none():
+    net = BnDrop()
+    x = torch.randn(5, 4)
+    same = diff(net, net, x, a=settings(train=True), b=settings(train=True))
+    assert same.first is None and net.training
+    other = diff(net, net, x, a=settings(train=True), b=settings(train=True), seed=None)
+    assert other.first is not None and other.first.name == "drop"
+    assert no_hooks(net)
+
+
+def test_a_plain_context_factory_is_a_setting():
+    net = nn.Sequential(nn.Linear(4, 4))
+    d = diff(net, net, torch.randn(2, 4), b=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert d["0"][0].dtype_b == "bfloat16" and d.first.name == "0"
+
+
+@pytest.mark.slow
+def test_eager_against_torch_compile():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    d = diff(net, torch.compile(net), x, atol=1e-5)
+    assert [r.name for r in d.rows] == ["0", "1", "2", ""]
+    assert all(r.max_abs < 1e-5 for r in d) and d.first is None
+    assert "(compiled)" in d.run_b and no_hooks(net)
+
+
+# --- matching names and calls -------------------------------------------------------------------
+def test_unmatched_names_are_listed():
+    torch.manual_seed(0)
+    a = nn.Sequential(OrderedDict(a=nn.Linear(3, 3), b=nn.ReLU(), c=nn.Linear(3, 3)))
+    b = nn.Sequential(OrderedDict(a=nn.Linear(3, 3), b=nn.ReLU(), d=nn.Linear(3, 3)))
+    b.a.load_state_dict(a.a.state_dict())
+    d = diff(a, b, torch.randn(2, 3))
+    assert d.unmatched.a_only == ("c",) and d.unmatched.b_only == ("d",)
+    assert [r.name for r in d.rows] == ["a", "b", ""]
+    assert d["a"][0].max_abs == 0
+    assert "only in A (1, not compared): c" in d.table() and "only in B (1, not compared): d" in d.table()
+    assert no_hooks(a) and no_hooks(b)
+
+
+def test_selected_layers_only_and_names_in_one_model():
+    torch.manual_seed(0)
+    a = nn.Sequential(OrderedDict(a=nn.Linear(3, 3), r=nn.ReLU()))
+    b = nn.Sequential(OrderedDict(a=nn.Linear(3, 3), r=nn.ReLU(), extra=nn.Linear(3, 3)))
+    d = diff(a, b, torch.randn(2, 3), layers=nn.Linear)
+    assert [r.name for r in d.rows] == ["a"] and d.unmatched.b_only == ("extra",)
+    with pytest.raises(HookscopeError, match="'nope'"):
+        diff(a, b, torch.randn(2, 3), layers="nope")
+    assert no_hooks(a) and no_hooks(b)
+
+
+def test_no_common_layer_name_is_an_error():
+    with pytest.raises(HookscopeError, match=r"share no layer name.*'l1', 'l2'.*'0', '1'"):
+        diff(Net(), nn.Sequential(nn.Linear(2, 5), nn.Linear(5, 10)), torch.randn(1, 2))
+
+
+def test_models_without_children_compare_their_outputs():
+    a = nn.Linear(3, 2)
+    d = diff(a, copy.deepcopy(a), torch.randn(2, 3))
+    assert [r.name for r in d.rows] == [""] and d.first is None
+
+
+def test_a_module_called_twice_is_compared_call_by_call():
+    a = Twice()
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b.mid.bias += 1.0
+    d = diff(a, b, torch.randn(4, 3))
+    assert [(r.name, r.call) for r in d.rows] == [("lin", 0), ("mid", 0), ("lin", 1), ("", 0)]
+    first, second = d["lin"]
+    assert first.max_abs == 0 and second.diverges
+    # by hand: lin's second input moves by (1, 1, 1), so its output by lin.weight.sum(1)
+    assert second.max_abs == pytest.approx(a.lin.weight.sum(1).abs().max().item(), rel=1e-5)
+    assert d.first.name == "mid"
+    assert "lin#1" in d.table()
+    assert no_hooks(a) and no_hooks(b)
+
+
+def test_nested_outputs_are_compared_tensor_by_tensor():
+    a = Structured("dict")
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b.lin.bias += 0.25
+    d = diff(a, b, torch.randn(2, 3))
+    y, twice = d[""]  # {"y": y, "twice": [y * 2, None]}
+    assert (y.part, twice.part) == (0, 1)
+    assert y.max_abs == pytest.approx(0.25, abs=1e-6) and twice.max_abs == pytest.approx(0.5, abs=1e-6)
+    assert "(model)[1]" in d.table()
+    nt = Structured("namedtuple")  # torch.return_types.max: float values and int64 indices
+    d = diff(nt, copy.deepcopy(nt), torch.randn(2, 3))
+    assert [(r.part, r.dtype_a) for r in d[""]] == [(0, "float32"), (1, "int64")] and d.first is None
+    assert no_hooks(a) and no_hooks(nt)
+
+
+def test_shape_mismatch_is_reported_as_such():
+    a = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    b = nn.Sequential(nn.Linear(3, 5), nn.ReLU())
+    d = diff(a, b, torch.randn(2, 3))
+    assert d.first.name == "0" and d.first.status == "shape"
+    assert (d.first.shape_a, d.first.shape_b) == ((2, 4), (2, 5))
+    assert "2x4 / 2x5" in d.table()
+
+
+def test_in_place_op_on_the_input_does_not_reach_the_other_run():
+    class Bump(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x.add_(1.0)
+            return self.lin(x)
+
+    m = Bump()
+    x = torch.zeros(2, 3)
+    d = diff(m, m, x)
+    assert d.first is None and torch.equal(x, torch.zeros(2, 3))
+
+
+def test_a_failing_forward_names_the_module_and_shapes():
+    net = Net()
+    with pytest.raises(HookscopeError, match=r"run A failed in module 'l1' \(Linear\).*\(3, 4\)"):
+        diff(net, net, torch.randn(3, 4))
+    assert no_hooks(net) and net.training
+
+
+def test_bad_arguments():
+    net = Net()
+    with pytest.raises(HookscopeError, match="not an nn.Module"):
+        diff(net, torch.randn(1, 2))
+    with pytest.raises(HookscopeError, match="inputs"):
+        diff(net, net)
+    with pytest.raises(HookscopeError, match="not a run setting"):
+        diff(net, net, torch.randn(1, 2), b="train")
+    with pytest.raises(HookscopeError, match="floating-point"):
+        settings(autocast=torch.int8)
+
+
+# --- command line -------------------------------------------------------------------------------
+def test_cli_same_model_twice_agrees(capsys):
+    assert main(["diff", "tiny", "tiny"]) == 0
+    assert "no divergence" in capsys.readouterr().out
+
+
+def test_cli_settings_and_seeds(capsys):
+    assert main(["diff", "tiny", "--b-train", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["first"]["name"] == "stem.1" and data["rows"][0]["max_abs"] == 0  # the BatchNorm
+    assert main(["diff", "tiny", "tiny", "--b-seed", "1", "--only-diverging"]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: stem.0 (call 0)" in out
+    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--layers", "stem.0", "fc"]) == 1
+    out = capsys.readouterr().out
+    assert "bfloat16" in out and "layer1" not in out
+
+
+def test_cli_bad_layer_is_one_line_and_status_2():
+    res = subprocess.run([sys.executable, "-m", "hookscope", "diff", "tiny", "--layers", "stem.9"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "stem.9" in lines[0]
+
+
+def test_tiny_resnet_against_itself_covers_every_module():
+    m = TinyResNet()
+    d = diff(m, m, torch.randn(2, 3, 32, 32))
+    called = {n for n, _ in m.named_modules()}
+    assert {r.name for r in d} == called and d.first is None
+    # relu modules are called twice per block (and once in the stem): compared per call
+    assert len(d["layer1.0.relu"]) == 2
+    assert no_hooks(m)

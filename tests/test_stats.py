@@ -1,0 +1,287 @@
+import csv
+import io
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ConvReLU, FakeModelOutput, Net, Structured, no_hooks
+from torch import nn
+
+from hookscope import HookscopeError
+from hookscope.analysis.stats import STATS, ForwardError, tensor_stats, trace
+from hookscope.cli import main
+from hookscope.zoo import TinyResNet
+
+
+def stats(t):
+    return dict(zip(STATS, tensor_stats(t).tolist()))
+
+
+# --- the statistics of one tensor, worked out by hand --------------------------------------------
+def test_tensor_stats_by_hand():
+    s = stats(torch.tensor([[-2.0, 0.0], [0.0, 4.0]]))
+    # mean 0.5; deviations -2.5, -0.5, -0.5, 3.5 -> population variance 19/4
+    assert s == pytest.approx({"mean": 0.5, "std": math.sqrt(4.75), "min": -2.0, "max": 4.0,
+                               "absmax": 4.0, "zeros": 2, "nan": 0, "inf": 0})
+    assert tensor_stats(torch.ones(3)).dtype == torch.float64
+
+
+def test_non_finite_values_are_counted_and_spoil_the_moments():
+    s = stats(torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0]))
+    assert (s["zeros"], s["nan"], s["inf"]) == (1, 1, 2)
+    assert math.isnan(s["mean"]) and math.isnan(s["min"])  # as torch gives them: documented
+    s = stats(torch.tensor([1.0, -float("inf")]))
+    assert s["min"] == -math.inf and s["absmax"] == math.inf and (s["nan"], s["inf"]) == (0, 1)
+
+
+def test_integer_bool_half_and_empty_tensors():
+    assert stats(torch.tensor([1, 2, 3, 0])) == pytest.approx(
+        {"mean": 1.5, "std": math.sqrt(1.25), "min": 0, "max": 3, "absmax": 3, "zeros": 1, "nan": 0, "inf": 0})
+    b = stats(torch.tensor([True, False, False, False]))
+    assert (b["mean"], b["std"], b["zeros"]) == pytest.approx((0.25, math.sqrt(0.1875), 3))
+    h = stats(torch.full((1000,), 60000.0, dtype=torch.float16))  # a float16 sum would overflow
+    assert (h["mean"], h["std"], h["inf"]) == (60000.0, 0.0, 0)
+    e = stats(torch.zeros(0, 3))
+    assert math.isnan(e["mean"]) and (e["zeros"], e["nan"], e["inf"]) == (0, 0, 0)
+
+
+# --- a hand-set model, forward and backward -----------------------------------------------------
+def hand_model():
+    lin = nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 2.0], [-1.0, 0.0]]))
+        lin.bias.copy_(torch.tensor([0.0, 1.0]))
+    return nn.Sequential(lin, nn.ReLU())
+
+
+def test_forward_and_backward_rows_worked_out_by_hand():
+    m = hand_model()
+    x = torch.tensor([[1.0, 1.0], [2.0, -1.0]], requires_grad=True)
+    with trace(m, grads=True) as t:
+        m(x).sum().backward()
+    got = [(r.module, r.phase, r.which, r.path) for r in t.rows]
+    assert got == [
+        ("0", "forward", "input", "input[0]"), ("0", "forward", "output", "output"),
+        ("1", "forward", "input", "input[0]"), ("1", "forward", "output", "output"),
+        ("1", "backward", "grad_output", "output"), ("1", "backward", "grad_input", "input[0]"),
+        ("0", "backward", "grad_output", "output"), ("0", "backward", "grad_input", "input[0]"),
+    ]
+    r = t.rows
+    assert [row.index for row in r] == list(range(8)) and all(row.call == 0 for row in r)
+    # linear output [[3, 0], [0, -1]]: mean 0.5, deviations 2.5, -.5, -.5, -1.5 -> std 1.5
+    assert (r[1].mean, r[1].std, r[1].min, r[1].max, r[1].absmax, r[1].zero_frac) == (0.5, 1.5, -1, 3, 3, 0.5)
+    assert r[2].mean == r[1].mean and r[2].min == -1  # the ReLU's input is that same tensor
+    # ReLU output [[3, 0], [0, 0]]: mean .75, variance (2.25^2 + 3 * .75^2) / 4
+    assert (r[3].mean, r[3].zero_frac, r[3].min) == (0.75, 0.75, 0)
+    assert r[3].std == pytest.approx(math.sqrt(6.75 / 4))
+    # d sum / d relu output = ones; through the ReLU [[1, 0], [0, 0]]; to x: that @ W = [[1, 2], [0, 0]]
+    assert (r[4].mean, r[4].std, r[4].zero_frac) == (1.0, 0.0, 0.0)
+    assert (r[5].mean, r[5].max, r[5].zero_frac) == (0.25, 1.0, 0.75)
+    assert (r[6].mean, r[6].zero_frac) == (0.25, 0.75)
+    assert (r[7].mean, r[7].min, r[7].max, r[7].zero_frac) == (0.75, 0.0, 2.0, 0.5)
+    assert r[7].norm == pytest.approx(math.sqrt(5))
+    assert {(row.shape, row.dtype, row.device, row.numel) for row in r} == {((2, 2), "float32", "cpu", 4)}
+    assert all(row.finite for row in r) and no_hooks(m)
+
+
+def test_table_for_people():
+    # input [[1, 1], [2, -1]]: mean .75, variance (.25^2 + .25^2 + 1.25^2 + 1.75^2) / 4 = 1.1875
+    m = hand_model()
+    with trace(m, "0") as t:
+        m(torch.tensor([[1.0, 1.0], [2.0, -1.0]]))
+    assert t.table() == (
+        "#  module  call  what    path      shape  dtype    mean   std  min  max  |max|  zeros  nan  inf\n"
+        "-----------------------------------------------------------------------------------------------\n"
+        "0  0          0  input   input[0]    2x2  float32  0.75  1.09   -1    2      2   0.0%    0    0\n"
+        "1  0          0  output  output      2x2  float32   0.5   1.5   -1    3      3  50.0%    0    0"
+    )
+    assert t.table(max_rows=1).endswith("... 1 more rows (to_csv() or to_json() has them all)")
+
+
+def test_json_and_csv_give_the_same_numbers(tmp_path):
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with trace(m) as t:
+        m(torch.tensor([[1.0, float("nan"), 2.0]]))
+    rows = json.loads(t.to_json())
+    assert len(rows) == 4 and rows[1]["mean"] == "nan" and rows[1]["nan"] == 3 and rows[0]["nan"] == 1
+    assert rows[0]["shape"] == [1, 3] and rows[0]["module"] == "0"
+    path = tmp_path / "t.csv"
+    text = t.to_csv(str(path))
+    assert path.read_text() == text
+    back = list(csv.DictReader(io.StringIO(text)))
+    assert [b["which"] for b in back] == ["input", "output", "input", "output"]
+    assert back[0]["shape"] == "1x3" and back[0]["max"] == "nan" and back[0]["zero_frac"] == "0.0"
+    assert int(back[3]["nan"]) == 3
+
+
+# --- correctness traps -----------------------------------------------------------------------------
+@pytest.mark.parametrize("functional", [False, True])
+def test_statistics_are_taken_before_an_inplace_relu_rewrites_the_output(functional):
+    m = ConvReLU(functional).eval()
+    x = torch.randn(2, 3, 8, 8)
+    ref = m.conv(x)
+    with torch.no_grad(), trace(m) as t:
+        m(x)
+    conv_out = next(r for r in t.rows if r.module == "conv" and r.which == "output")
+    assert conv_out.min == pytest.approx(ref.min().item()) and conv_out.min < 0
+    assert conv_out.mean == pytest.approx(ref.mean().item(), abs=1e-6)
+    if not functional:  # the ReLU's input (same tensor, before) and output (rewritten in place)
+        relu_in, relu_out = [r for r in t.rows if r.module == "act"]
+        assert relu_in.min == conv_out.min and relu_out.min == 0.0
+        assert relu_out.mean == pytest.approx(ref.relu().mean().item(), abs=1e-6)
+
+
+def test_residual_add_in_place_is_seen_with_its_new_values():
+    m = TinyResNet().eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad(), trace(m, "layer1.0.bn2", "layer1.0.relu", "layer1.0") as t:
+        m(x)
+    relu_calls = [r for r in t.rows if r.module == "layer1.0.relu"]
+    assert [r.call for r in relu_calls] == [0, 0, 1, 1]
+    with torch.no_grad():
+        block_in = m.stem(x)
+        b = m.layer1[0]
+        bn2 = b.bn2(b.conv2(b.relu(b.bn1(b.conv1(block_in)))))
+    bn2_row = next(r for r in t.rows if r.module == "layer1.0.bn2" and r.which == "output")
+    assert bn2_row.mean == pytest.approx(bn2.mean().item(), abs=1e-5)
+    # the second ReLU call receives bn2 + identity (written in place), not the stale bn2 statistics
+    assert relu_calls[2].mean == pytest.approx((bn2 + block_in).mean().item(), abs=1e-5)
+    assert relu_calls[3].min == 0.0 and no_hooks(m)
+
+
+@pytest.mark.parametrize("kind, paths", [
+    ("dict", ["output.y", "output.twice[0]"]),
+    ("dataclass", ["output.main", "output.aux[0]"]),
+    ("modeloutput", ["output.logits", "output.hidden"]),
+    ("namedtuple", ["output[0]", "output[1]"]),
+])
+def test_nested_outputs_have_paths(kind, paths):
+    m = Structured(kind)
+    with trace(m, "") as t:
+        m(torch.randn(2, 3))
+    assert [r.path for r in t.rows if r.which == "output"] == paths and no_hooks(m)
+
+
+def test_keyword_inputs_repeated_calls_and_integer_outputs():
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x, *, scale):
+            for _ in range(3):
+                x = self.lin(x) * scale
+            return x.argmax(dim=1)
+
+    m = Shared()
+    with trace(m, "", "lin") as t:
+        m(torch.randn(4, 2), scale=torch.tensor(0.5))
+    root = [r for r in t.rows if r.module == ""]
+    assert [(r.which, r.path) for r in root] == [("input", "input[0]"), ("input", "input.scale"),
+                                                ("output", "output")]
+    assert root[1].mean == 0.5 and root[1].shape == () and root[2].dtype == "int64"
+    assert [r.call for r in t.rows if r.module == "lin" and r.which == "output"] == [0, 1, 2]
+
+
+def test_models_without_children_parameters_or_tensor_outputs():
+    class Words(nn.Module):
+        def forward(self, x):
+            return f"{x.shape[0]} rows"
+
+    for m in (nn.ReLU(), Words(), nn.Identity()):
+        with trace(m) as t:
+            m(torch.tensor([[-1.0, 2.0]]))
+        assert [r.module for r in t.rows][0] == "" and t.rows[0].mean == 0.5 and no_hooks(m)
+    assert len(t.rows) == 2  # Identity: its output too
+
+
+def test_wrapped_models_are_traced_under_their_own_names():
+    net = Net()
+    with trace(nn.DataParallel(net), "module.l1") as t:
+        net(torch.randn(3, 2))
+    assert {r.module for r in t.rows} == {"l1"}
+
+
+def test_no_backward_rows_without_grads_or_under_no_grad_and_inference_mode():
+    net = Net()
+    x = torch.randn(3, 2, requires_grad=True)
+    with trace(net) as t:
+        net(x).sum().backward()
+    assert {r.phase for r in t.rows} == {"forward"}
+    with torch.no_grad(), trace(net, grads=True) as t:
+        net(x)
+    with torch.inference_mode(), trace(net, grads=True) as t2:
+        net(x)
+    assert len(t.rows) == len(t2.rows) == 4 and [r.mean for r in t.rows] == [r.mean for r in t2.rows]
+    assert no_hooks(net)
+
+
+# --- bad input --------------------------------------------------------------------------------
+def test_wrong_input_shape_names_the_module_and_the_shapes():
+    m = TinyResNet().eval()
+    with pytest.raises(ForwardError) as err:
+        with trace(m) as t:
+            m(torch.randn(1, 1, 32, 32))
+    msg = str(err.value)
+    assert "'stem.0' (Conv2d)" in msg and "input[0] 1x1x32x32 float32" in msg and "3 channels" in msg
+    assert isinstance(err.value, RuntimeError) and isinstance(err.value, HookscopeError)
+    assert "\n" not in msg and no_hooks(m) and t.rows[0].module == "stem"
+
+
+def test_wrong_dtype_names_the_module_after_the_last_one_that_ran():
+    m = Net()
+    with pytest.raises(ForwardError, match=r"'l2' \(Linear\), which received input\[0\] 3x5 float64, after 'l1'"):
+        with trace(m):
+            m.l1.double()
+            m(torch.randn(3, 2, dtype=torch.float64))
+    assert no_hooks(m)
+
+
+def test_other_errors_pass_through_and_nothing_is_left():
+    m = Net()
+    with pytest.raises(KeyError):
+        with trace(m):
+            m(torch.randn(3, 2))
+            raise KeyError("mine")
+    t = trace(m)
+    with t:
+        pass
+    with pytest.raises(HookscopeError, match="already run"):
+        t.__enter__()
+    assert no_hooks(m)
+
+
+# --- command line -------------------------------------------------------------------------------
+def test_cli_trace_csv_with_backward(capsys):
+    assert main(["trace", "tiny", "--layers", "fc", "pool", "--backward", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["module"], r["which"]) for r in rows] == [
+        ("pool", "input"), ("pool", "output"), ("fc", "input"), ("fc", "output"),
+        ("fc", "grad_output"), ("fc", "grad_input"), ("pool", "grad_output"), ("pool", "grad_input")]
+    # loss = logsumexp(logits).sum(): its gradient is the softmax, which sums to 1 over 10 classes
+    assert float(rows[4]["mean"]) == pytest.approx(0.1) and rows[4]["shape"] == "1x10"
+
+
+def test_cli_trace_table_json_and_grad_flow(tmp_path, capsys):
+    assert main(["trace", "tiny", "--no-inputs"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1.0.conv1" in out and "input[0]" not in out
+    dest = tmp_path / "t.json"
+    assert main(["trace", "tiny", "--format", "json", "--out", str(dest)]) == 0
+    # 27 modules, 30 calls (each block's ReLU runs twice), an input and an output each
+    assert len(json.loads(dest.read_text())) == 2 * 30
+    assert main(["trace", "tiny", "--grad-flow"]) == 0
+    out = capsys.readouterr().out
+    assert "|grad params|" in out and "vanishing (< 1e-07): none" in out
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch: about 5 s here
+def test_cli_bad_input_shape_is_one_line_naming_the_module():
+    res = subprocess.run([sys.executable, "-m", "hookscope", "trace", "tiny", "--input", "1x1x32x32"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'stem.0' (Conv2d)" in lines[0] and "1x1x32x32" in lines[0]

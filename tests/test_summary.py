@@ -1,0 +1,422 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import Net, no_hooks
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hookscope import HookscopeError
+from hookscope.analysis.summary import own_macs, summary
+from hookscope.cli import main
+from hookscope.zoo import TinyResNet
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare with tests/golden/summary_<name>.txt; HOOKSCOPE_REGEN_GOLDEN=1 rewrites it."""
+    path = GOLDEN / f"summary_{name}.txt"
+    if os.environ.get("HOOKSCOPE_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run the tests once with HOOKSCOPE_REGEN_GOLDEN=1"
+    assert text == path.read_text()
+
+
+def macs_by_flop_counter(model: nn.Module, *inputs: torch.Tensor) -> int:
+    """An independent count: PyTorch's own FlopCounterMode counts 2 flops per multiply-add."""
+    # with grad enabled MultiheadAttention takes its Python path, which the counter can see
+    with torch.enable_grad(), FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops() // 2
+
+
+# --- story 9: know the model's parts -------------------------------------------------------------
+class Story9(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, 10))
+        self.bias = nn.Parameter(torch.randn(5))
+        self.submodel_1 = nn.Linear(5, 4)
+        self.submodel_2 = nn.Linear(4, 2)
+        self.submodel_3 = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.linear(x, self.weight, self.bias)
+        return self.submodel_3(self.submodel_2(self.submodel_1(x)))
+
+
+def test_story9_own_parameters_children_modes_and_shapes():
+    model = Story9()
+    s = summary(model, torch.randn(3, 10))
+    root = s.row("")
+    assert root.parameters == {"weight": (5, 10), "bias": (5,)} and root.params == 55
+    assert s.parameters == {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert list(s.parameters) == [
+        "weight", "bias", "submodel_1.weight", "submodel_1.bias", "submodel_2.weight", "submodel_2.bias",
+        "submodel_3.0.weight", "submodel_3.0.bias", "submodel_3.1.weight", "submodel_3.1.bias",
+    ]
+    # 50 + 5 + (20 + 4) + (8 + 2) + (6 + 3) + (15 + 5)
+    assert s.totals.params == root.params_total == 118
+    assert root.children == ("submodel_1", "submodel_2", "submodel_3")
+    assert list(s.modules) == ["", "submodel_1", "submodel_2", "submodel_3", "submodel_3.0", "submodel_3.1"]
+    assert s.row("submodel_3").children == ("submodel_3.0", "submodel_3.1")
+    assert s.buffers == {} and s.totals.buffers == 0
+    # what a forward hook on submodel_2 sees for a 3x10 input
+    assert s.row("submodel_2").input_shapes == [(3, 4)] and s.row("submodel_2").output_shapes == [(3, 2)]
+    # modes: train() by default, eval() switches every submodule, summary changes neither
+    assert all(r.training for r in s.rows)
+    model.eval()
+    assert not any(r.training for r in summary(model, torch.randn(3, 10)).rows)
+    assert not any(m.training for m in model.modules()) and no_hooks(model)
+
+
+def test_story9_buffers_of_batchnorm():
+    bn = nn.BatchNorm1d(5)
+    s = summary(bn, torch.randn(3, 5))
+    assert s.row("").buffers == {"running_mean": (5,), "running_var": (5,), "num_batches_tracked": ()}
+    assert s.totals.buffers == 3 and s.totals.buffer_numel == 11
+    assert s.totals.buffer_bytes == 5 * 4 + 5 * 4 + 8  # num_batches_tracked is an int64
+    # in training mode the pass would update the running statistics: they are restored
+    assert torch.equal(bn.running_mean, torch.zeros(5)) and int(bn.num_batches_tracked) == 0
+    assert bn.training and no_hooks(bn)
+
+
+# --- counts by hand --------------------------------------------------------------------------------
+class TiedTwice(nn.Module):
+    """A tied weight (head.weight is embed.weight), a module called twice, one never called, an alias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.shared = nn.Linear(4, 4)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.unused = nn.Linear(4, 4)
+        self.alias = self.act
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        h = self.act(self.shared(h))
+        h = self.act(self.shared(h))
+        return self.head(h)
+
+
+def test_tied_weight_counted_once_and_each_call_shown():
+    model = TiedTwice().eval()
+    s = summary(model, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    # embed 40 + shared 20 + unused 20; head's weight is embed's
+    assert s.totals.params == 80 == sum(p.numel() for p in model.parameters())
+    assert s.totals.param_bytes == 80 * 4
+    assert s.row("head").params == 40 and s.row("head").shared == {"weight": "embed.weight"}
+    assert [(r.name, r.call, r.calls) for r in s.rows] == [
+        ("", 0, 1), ("embed", 0, 1), ("shared", 0, 2), ("act", 0, 2), ("shared", 1, 2), ("act", 1, 2),
+        ("head", 0, 1), ("unused", 0, 0),
+    ]
+    assert not s.row("unused").called and s.totals.not_called == 1 and s.totals.calls == 7
+    assert s.row("act").aliases == ("alias",)
+    # shared: 2x3 rows of 4 outputs x 4 inputs, twice; head: 2x3x10 outputs x 4 inputs
+    assert s.row("shared", call=1).macs == 96 and s.row("head").macs == 240
+    assert s.totals.macs == s.row("").macs == 2 * 96 + 240
+    # new outputs of innermost calls: embed, shared twice, act twice (ReLU is out of place), head
+    assert s.totals.activation_bytes == 4 * (24 + 24 + 24 + 24 + 24 + 60)
+    assert s.totals.input_bytes == 6 * 8
+    assert no_hooks(model)
+
+
+def test_module_shared_across_parents_counts_once():
+    """torchinfo issue 327's reproduction: one ReLU instance in three blocks (true total 120)."""
+
+    class Block(nn.Module):
+        def __init__(self, act: nn.Module) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+            self.act = act
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers:
+                x = self.act(layer(x))
+            return x
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            act = nn.ReLU()
+            self.blocks = nn.ModuleList([Block(act) for _ in range(3)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    model = Shared()
+    s = summary(model, torch.randn(1, 4))
+    assert s.totals.params == 120 and s.row("blocks").params_total == 120
+    assert s.row("blocks.1").params_total == 40
+    assert len([r for r in s.rows if r.name == "blocks.0.act"]) == 6
+    assert s.row("blocks.0.act").aliases == ("blocks.1.act", "blocks.2.act")
+    assert s.totals.macs == 6 * 16 and no_hooks(model)
+
+
+def test_tinyresnet_totals_against_pytorch():
+    model = TinyResNet().eval()
+    x = torch.randn(2, 3, 32, 32)
+    s = summary(model, x)
+    assert s.totals.params == sum(p.numel() for p in model.parameters())
+    assert s.totals.buffer_numel == sum(b.numel() for b in model.buffers())
+    assert s.totals.macs == macs_by_flop_counter(model, x)
+    # stem.0: 2x16x32x32 outputs, 3x3x3 products each
+    assert s.row("stem.0").macs == 2 * 16 * 32 * 32 * 27 and s.row("stem.0").output_shapes == [(2, 16, 32, 32)]
+    assert s.row("layer1").macs == s.row("layer1.0").macs + s.row("layer1.1").macs
+    assert s.row("fc").params == 32 * 10 + 10 and s.row("layer2").training is False
+    assert no_hooks(model)
+
+
+def test_frozen_and_trainable():
+    net = Net()
+    net.l1.requires_grad_(False)
+    s = summary(net, torch.randn(1, 2))
+    assert (s.totals.trainable, s.totals.frozen) == (60, 15)
+    assert s.row("").trainable_total == 60 and s.row("").frozen_total == 15 and s.row("l1").trainable_total == 0
+    assert s.to_text().splitlines()[4].split()[4] == "partial"  # the model row's Trainable column
+
+
+@pytest.mark.parametrize(
+    "layer, x",
+    [
+        (nn.Conv1d(4, 6, 3, groups=2), torch.randn(2, 4, 10)),
+        (nn.Conv3d(2, 3, (1, 2, 3), stride=2), torch.randn(1, 2, 5, 6, 7)),
+        (nn.ConvTranspose2d(4, 6, 3, stride=2, groups=2), torch.randn(2, 4, 5, 5)),
+        (nn.Linear(7, 3), torch.randn(2, 5, 7)),
+        (nn.MultiheadAttention(8, 2), torch.randn(4, 2, 8)),
+        (nn.MultiheadAttention(8, 2, batch_first=True), torch.randn(2, 4, 8)),
+    ],
+)
+def test_mult_adds_match_pytorchs_flop_counter(layer, x):
+    args = (x, x, x) if isinstance(layer, nn.MultiheadAttention) else (x,)
+    s = summary(layer.eval(), *args)
+    assert s.totals.macs == macs_by_flop_counter(layer, *args) > 0
+    assert no_hooks(layer)
+
+
+def test_mult_adds_by_hand_attention_and_recurrent():
+    # MHA(E=8), L=4 queries, S=6 keys, N=2: 2 * (4*64 + 6*(8+8)*8 + 4*64 + 2*4*6*8) = 3328
+    mha = nn.MultiheadAttention(8, 2)
+    q, kv = torch.randn(4, 2, 8), torch.randn(6, 2, 8)
+    assert summary(mha, q, kv, kv).totals.macs == 3328
+    # LSTM(3 -> 5, 2 layers), 4 steps x batch 2: per step 4*5*(3+5) + 4*5*(5+5) = 360
+    lstm = nn.LSTM(3, 5, num_layers=2)
+    s = summary(lstm, torch.randn(4, 2, 3))
+    assert s.totals.macs == 8 * 360 and s.row("").output_shapes == [(4, 2, 5), (2, 2, 5), (2, 2, 5)]
+    # bidirectional GRU: layer 1 reads 2*5 features; 3 gates
+    gru = nn.GRU(3, 5, num_layers=2, bidirectional=True, batch_first=True)
+    assert summary(gru, torch.randn(2, 4, 3)).totals.macs == 8 * 2 * (3 * 5 * (3 + 5) + 3 * 5 * (10 + 5))
+    cell = nn.LSTMCell(3, 5)
+    assert own_macs(cell, (torch.randn(2, 3),), {}, None) == 2 * 4 * 5 * (3 + 5)
+    bil = nn.Bilinear(3, 4, 2)
+    assert summary(bil, torch.randn(5, 3), torch.randn(5, 4)).totals.macs == 5 * 2 * (3 + 1) * 4
+
+
+# --- what the pass leaves behind -------------------------------------------------------------------
+def test_modes_kept_and_buffers_restored_in_training_mode():
+    model = TinyResNet().train()
+    model.layer2.eval()
+    flags = {n: m.training for n, m in model.named_modules()}
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    s = summary(model, torch.randn(2, 3, 32, 32))
+    assert {n: m.training for n, m in model.named_modules()} == flags
+    assert {r.name: r.training for r in s.rows} == flags
+    assert all(torch.equal(before[n], b) for n, b in model.named_buffers())
+    assert no_hooks(model)
+
+
+def test_forward_runs_without_grad_and_model_kwargs_pass_through():
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+            seen.append(torch.is_grad_enabled())
+            return x * scale
+
+    s = summary(Probe(), torch.ones(2, 3, requires_grad=True), scale=2.0)
+    assert seen == [False] and s.row("").output_shapes == [(2, 3)]
+    assert s.totals.activation_bytes == 24 and s.totals.params == 0
+
+
+def test_no_parameters_no_children_and_non_tensor_outputs():
+    class Odd(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> dict:
+            return {"text": "hello", "none": None, "pair": (self.inner(x), [x.sum()])}
+
+    s = summary(nn.ReLU(), torch.randn(2))
+    assert [r.name for r in s.rows] == [""] and s.totals.params == 0 and s.totals.macs == 0
+    s = summary(Odd(), torch.randn(3, 2))
+    assert s.row("").output_shapes == [(3, 2), ()] and s.row("inner").output_shapes == [(3, 2)]
+    assert s.totals.activation_bytes == 0  # Identity returns its input: nothing new
+    assert "3x2, scalar" in s.to_text()
+    s = summary(nn.Flatten(), torch.randn(2, 3, 4))
+    assert s.totals.activation_bytes == 0  # a view of the input
+
+
+def test_wrong_shape_names_the_module_and_what_reached_it():
+    model = TinyResNet().eval()
+    with pytest.raises(HookscopeError) as e:
+        summary(model, torch.randn(1, 1, 32, 32))
+    msg = str(e.value)
+    assert "'stem.0'" in msg and "1x1x32x32 float32" in msg and "no layer completed before it" in msg
+    assert "\n" not in msg and no_hooks(model)
+
+
+def test_wrong_dtype_names_the_module():
+    model = TinyResNet().eval()
+    with pytest.raises(HookscopeError, match=r"'stem\.0', which received 1x3x32x32 float64"):
+        summary(model, torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    assert no_hooks(model)
+
+
+def test_failure_deeper_lists_the_layers_executed_before():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(10, 2))
+    with pytest.raises(HookscopeError) as e:
+        summary(model, torch.randn(1, 3, 8, 8))
+    msg = str(e.value)
+    assert "failed in '2', which received 1x144 float32" in msg
+    assert "layers executed before it: 0, 1." in msg and no_hooks(model)
+
+
+def test_bad_arguments():
+    with pytest.raises(HookscopeError, match="needs an example input"):
+        summary(Net())
+    with pytest.raises(HookscopeError, match="depth=-1"):
+        summary(Net(), torch.randn(1, 2), depth=-1)
+    s = summary(Net(), torch.randn(1, 2))
+    with pytest.raises(HookscopeError, match="Did you mean 'l2', 'l1'"):
+        s.row("l3")
+
+
+def test_depth_keeps_totals_and_wrappers_keep_names():
+    model = TinyResNet().eval()
+    x = torch.randn(1, 3, 32, 32)
+    full = summary(model, x)
+    top = summary(nn.DataParallel(model), x, depth=1)
+    assert [r.name for r in top.rows] == ["", "stem", "layer1", "down", "layer2", "pool", "fc"]
+    assert top.totals == full.totals and top.row("layer1.0.conv1").macs == full.row("layer1.0.conv1").macs
+    assert top.row("").macs == full.totals.macs
+    assert no_hooks(model)
+
+
+def test_meta_device_model_gives_the_same_summary():
+    real = summary(TinyResNet().eval(), torch.randn(1, 3, 32, 32))
+    with torch.device("meta"):
+        ghost = TinyResNet().eval()
+    s = summary(ghost, torch.randn(1, 3, 32, 32))  # the input follows the model to the meta device
+    assert s.totals == real.totals and s.inputs == real.inputs
+    assert s.totals.activation_bytes == 819_368  # ReLUs run in place: not new memory
+    # stem.0, stem.1: 2 x 64 KiB; layer1: 8 x 64 KiB; down + layer2: 5 x 32 KiB; pool 128 B; fc 40 B
+    assert 819_368 == 2 * 65536 + 8 * 65536 + 5 * 32768 + 128 + 40
+    assert no_hooks(ghost)
+
+
+def test_json_round_trip():
+    s = summary(TiedTwice().eval(), torch.tensor([[1, 2, 3]]))
+    data = json.loads(s.to_json())
+    assert data["model"] == "TiedTwice" and data["inputs"] == [{"shape": [1, 3], "dtype": "int64"}]
+    assert data["totals"]["params"] == 80 and data["totals"]["macs"] == 2 * 48 + 120
+    head = next(r for r in data["rows"] if r["name"] == "head")
+    assert head["shared"] == {"weight": "embed.weight"} and head["output_shapes"] == [[1, 3, 10]]
+    assert [r["name"] for r in data["rows"]] == [r.name for r in s.rows]
+
+
+# --- golden text -----------------------------------------------------------------------------------
+def test_golden_tinyresnet():
+    check_golden("tinyresnet", summary(TinyResNet().eval(), torch.randn(1, 3, 32, 32)).to_text())
+
+
+def test_golden_tied_and_twice():
+    check_golden("tied_twice", str(summary(TiedTwice().eval(), torch.tensor([[1, 2, 3], [4, 5, 6]]))))
+
+
+# --- command line ----------------------------------------------------------------------------------
+def test_cli_table_and_json(capsys):
+    assert main(["summary", "tiny"]) == 0
+    out = capsys.readouterr().out
+    n = sum(p.numel() for p in TinyResNet().parameters())
+    assert f"Params: {n:,}" in out and "layer1.0.conv1 (Conv2d)" in out
+    assert main(["summary", "tiny", "--json", "--depth", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["totals"]["params"] == n and max(r["depth"] for r in data["rows"]) == 1
+
+
+def test_cli_wrong_input_is_one_line_and_exit_2():
+    res = subprocess.run([sys.executable, "-m", "hookscope", "summary", "tiny", "--input", "1x1x32x32"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'stem.0'" in lines[0] and "1x1x32x32" in lines[0]
+
+
+# --- every torchvision classification model --------------------------------------------------------
+def _torchvision_cases() -> list:
+    try:
+        import torchvision.models as tvm
+    except ImportError:  # the vision extra is not installed: the other tests still run
+        return []
+    return sorted(tvm.list_models(module=tvm))
+
+
+# Architectures that refuse a 64x64 input: ViTs check the image size, MaxViT's windows need 224,
+# Inception v3's stem needs 75 and more (299 is its size).
+_SIZE = {"inception_v3": 299, "maxvit_t": 224}
+# Their attention multiplies queries and keys with torch.matmul (and Swin calls its qkv / proj
+# Linear weights functionally): no module hook sees those products, so the summary counts fewer.
+_HIDDEN_MATMULS = ("swin_", "maxvit_")
+
+
+def _build(name: str, monkeypatch: pytest.MonkeyPatch) -> nn.Module:
+    """The model on the meta device: no memory, no weight init; its forward pass propagates shapes.
+
+    The summary moves the CPU example input to the model's device by itself.
+    """
+    import torchvision.models as tvm
+    import torchvision.models.regnet as regnet
+
+    # RegNets compute their widths with tensors and .tolist() while being built, which the meta
+    # device cannot do: that one step runs on the CPU (built on the CPU, regnet_y_128gf takes 30 s).
+    widths = regnet.BlockParams.from_init_params
+
+    def widths_on_cpu(*args: object, **kwargs: object) -> object:
+        with torch.device("cpu"):
+            return widths(*args, **kwargs)
+
+    monkeypatch.setattr(regnet.BlockParams, "from_init_params", staticmethod(widths_on_cpu))
+    with torch.device("meta"):
+        return tvm.get_model(name, weights=None).eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _torchvision_cases())
+def test_param_totals_on_every_torchvision_classifier(name, monkeypatch):
+    model = _build(name, monkeypatch)
+    size = 224 if name.startswith("vit_") else _SIZE.get(name, 64)
+    x = torch.randn(1, 3, size, size)
+    s = summary(model, x)
+    assert s.totals.params == sum(p.numel() for p in model.parameters())
+    assert s.totals.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert s.totals.buffer_numel == sum(b.numel() for b in model.buffers())
+    assert len(s.all_rows) == s.totals.calls + s.totals.not_called
+    assert s.totals.activation_bytes > 0 and no_hooks(model)
+    flops = macs_by_flop_counter(model, x.to("meta"))
+    if name.startswith(_HIDDEN_MATMULS):
+        assert 0 < s.totals.macs < flops
+    else:
+        assert s.totals.macs == flops

@@ -1,0 +1,186 @@
+import math
+
+import pytest
+import torch
+from conftest import no_hooks
+from torch import nn
+
+import hookscope.analysis.watch as watch_module
+from hookscope import HookscopeError
+from hookscope.analysis.gradflow import gradient_flow
+from hookscope.analysis.stats import trace
+from hookscope.analysis.watch import NonFiniteError, watch
+from hookscope.cli import main
+
+
+class Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+
+class Sqrt(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x)
+
+
+def eye_linear(n: int = 4, scale: float = 1.0) -> nn.Linear:
+    lin = nn.Linear(n, n)
+    with torch.no_grad():
+        lin.weight.copy_(scale * torch.eye(n))
+        lin.bias.zero_()
+    return lin
+
+
+def log_model(k: int = 6, n_layers: int = 10) -> nn.Sequential:
+    """Ten layers; layer k takes the log of -1, so it and everything after it is NaN."""
+    layers = [eye_linear() for _ in range(n_layers)]
+    layers[k] = Log()
+    return nn.Sequential(*layers)
+
+
+def sqrt_model() -> nn.Sequential:
+    """lin1 makes [1, 0]; sqrt(0) is finite forward, but its gradient 1 / (2 sqrt(0)) is Inf."""
+    lin1, lin2 = nn.Linear(2, 2), nn.Linear(2, 1)
+    with torch.no_grad():
+        lin1.weight.copy_(torch.eye(2))
+        lin1.bias.copy_(torch.tensor([0.0, -2.0]))
+        lin2.weight.fill_(1.0)
+        lin2.bias.zero_()
+    return nn.Sequential(lin1, nn.ReLU(), Sqrt(), lin2)
+
+
+# --- a log of a negative number in layer k ---------------------------------------------------------
+def test_log_of_a_negative_number_names_layer_k_not_k_plus_1():
+    m = log_model(k=6)
+    with watch(m) as w:
+        m(-torch.ones(2, 4))
+    c = w.culprit
+    assert (c.module, c.phase, c.which, c.call) == ("6", "forward", "output", 0)
+    assert (c.nan, c.inf, c.numel) == (8, 0, 8)
+    assert [r.module for r in w.before] == ["1", "2", "3", "4", "5"]  # the last 5, all finite
+    assert all(r.finite and r.mean == -1.0 and r.std == 0.0 for r in w.before)
+    assert not w.finite and no_hooks(m)
+    report = w.report()
+    assert report.startswith("first non-finite value: '6' call 0, forward output output 2x4: 8 NaN, 0 Inf of 8 values")
+
+
+def test_a_block_is_not_blamed_before_the_layer_inside_it():
+    m = nn.Sequential(nn.Linear(4, 4), log_model(k=3))
+    with torch.no_grad():
+        m[0].weight.copy_(-torch.eye(4))
+        m[0].bias.zero_()
+    with watch(m, last=2) as w:
+        m(torch.ones(1, 4))
+    assert w.culprit.module == "1.3" and [r.module for r in w.before] == ["1.1", "1.2"]
+
+
+def test_raise_mode_stops_at_the_culprit():
+    m = log_model(k=6)
+    ran = []
+    m[8].register_forward_hook(lambda *a: ran.append(8))  # a user's own hook, later layer
+    with pytest.raises(NonFiniteError, match=r"'6' call 0, forward output.*8 NaN") as err:
+        with watch(m, raise_on_nonfinite=True, last=3):
+            m(-torch.ones(2, 4))
+    assert err.value.row.module == "6" and [r.module for r in err.value.before] == ["3", "4", "5"]
+    assert ran == []  # layer 8 never ran
+    m[8]._forward_hooks.clear()
+    assert no_hooks(m)
+
+
+# --- a backward-only blow-up: sqrt at 0 --------------------------------------------------------------
+def test_sqrt_at_zero_is_finite_forward_and_named_in_the_backward():
+    m = sqrt_model()
+    x = torch.tensor([[1.0, 2.0]])
+    with watch(m) as w:
+        m(x).sum().backward()
+    c = w.culprit
+    assert (c.module, c.phase, c.which, c.path) == ("2", "backward", "grad_input", "input[0]")
+    assert (c.inf, c.nan, c.max) == (1, 0, math.inf)  # 1 / (2 sqrt(0)) * 1; the other is 1 / 2
+    # before it: four finite outputs, then the gradients reaching lin2 and sqrt
+    assert [(r.module, r.which) for r in w.before] == [
+        ("2", "output"), ("3", "output"), ("3", "grad_output"), ("3", "grad_input"), ("2", "grad_output")]
+    assert no_hooks(m)
+
+
+def test_sqrt_at_zero_raises_inside_backward():
+    m = sqrt_model()
+    with pytest.raises(NonFiniteError, match="'2' call 0, backward grad_input input\\[0\\] 1x2: 0 NaN, 1 Inf"):
+        with watch(m, raise_on_nonfinite=True):
+            m(torch.tensor([[1.0, 2.0]])).sum().backward()
+    assert no_hooks(m)
+
+
+# --- the rest ----------------------------------------------------------------------------------------
+def test_all_finite_report_and_arguments():
+    m = sqrt_model()
+    with watch(m) as w:
+        m(torch.tensor([[1.0, 3.0]])).sum().backward()
+    assert w.finite and w.culprit is None
+    # 4 outputs, 4 grad_outputs, 3 grad_inputs (lin1's input needs no gradient)
+    assert w.report() == "all finite: 11 outputs and gradients checked, no NaN and no Inf"
+    with pytest.raises(HookscopeError, match="last=-1"):
+        watch(m, last=-1)
+    assert no_hooks(m)
+
+
+def test_a_non_finite_model_input_is_told_apart_with_inputs():
+    m = log_model(k=6)
+    x = torch.full((1, 4), float("inf"))
+    with watch(m, inputs=True) as w:
+        m(x)
+    assert (w.culprit.module, w.culprit.which, w.culprit.inf) == ("0", "input", 4)
+
+
+def test_periodic_resolution_keeps_memory_bounded_and_finds_the_same_culprit(monkeypatch):
+    monkeypatch.setattr(watch_module, "RESOLVE_EVERY", 3)
+    m = log_model(k=6)
+    with watch(m, last=2) as w:
+        for _ in range(2):
+            m(-torch.ones(2, 4))
+        assert len(w._pending) < 3
+    assert (w.culprit.module, w.culprit.call) == ("6", 0) and [r.module for r in w.before] == ["4", "5"]
+
+
+# --- story 10: debug without editing forward -------------------------------------------------------
+def test_story10_record_everything_then_find_what_went_wrong():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), Log(), nn.Linear(4, 4), nn.ReLU())
+    with torch.no_grad():
+        m[0].weight.fill_(-1.0)
+        m[0].bias.zero_()
+    x = torch.ones(2, 4)
+    with trace(m, grads=True) as t:  # what went in and out of every layer, forward and backward
+        m(x).sum().backward()
+    fwd = [(r.module, r.which, r.shape, r.dtype) for r in t.rows if r.phase == "forward"]
+    assert fwd[:4] == [("0", "input", (2, 4), "float32"), ("0", "output", (2, 4), "float32"),
+                       ("1", "input", (2, 4), "float32"), ("1", "output", (2, 4), "float32")]
+    assert len(fwd) == 10 and {r.module for r in t.rows if r.phase == "backward"} == {"0", "1", "2", "3", "4"}
+    tanh_out = t.rows[3]
+    assert tanh_out.mean == pytest.approx(math.tanh(-4.0)) and tanh_out.std == pytest.approx(0, abs=1e-6)  # one float32 ulp
+    first = next(r for r in t.rows if not r.finite)
+    assert (first.module, first.which, first.nan) == ("2", "output", 8)
+    with watch(m) as w:  # the same answer, without keeping every row
+        m(x).sum().backward()
+    assert (w.culprit.module, w.culprit.which) == ("2", "output")
+    # backward, log(x) sends back g / x (finite); only the weight gradient of layer 3 sees the NaN
+    assert all(r.finite for r in t.rows if r.phase == "backward")
+    flow = gradient_flow(m, trace=t)
+    assert flow.exploding == ["3"] and [r.flag for r in flow.rows if r.module == "3"] == ["non-finite"]
+    assert no_hooks(m)
+
+
+def test_cli_watch_names_the_culprit(tmp_path, capsys):
+    src = tmp_path / "bad.py"
+    src.write_text(
+        "import torch\n"
+        "class Log(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.log(x - 10)\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.ReLU(), Log(), torch.nn.Linear(3, 2))\n"
+    )
+    assert main(["watch", f"{src}:build", "--input", "2x3", "--backward", "--last", "1"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("first non-finite value: '1' call 0, forward output output 2x3: 6 NaN")
+    assert "the 1 records before it" in out
+    assert main(["watch", "tiny", "--backward"]) == 0
+    assert capsys.readouterr().out.startswith("all finite: ")
