@@ -21,7 +21,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -319,19 +319,16 @@ def render(rows: list[StatRow], *, max_rows: int | None = None) -> str:
     return "\n".join(lines)
 
 
-class Trace:
-    """A context that records :class:`StatRow` statistics; build it with :func:`trace`."""
+class RecorderSession:
+    """The lifecycle shared by trace and watch: runs once, hooks removed on exit, errors re-raised."""
 
-    def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool) -> None:
-        self._pending: list[Pending] = []
-        self._rows: list[StatRow] = []
-        self._lock = threading.Lock()
-        self._rec = Recorder(selected, inputs=inputs, grads=grads, sink=self._pending.append)
-        self._used = False
+    _rec: Recorder
+    _used: bool
+    _kind = "trace"
 
-    def __enter__(self) -> Trace:
+    def __enter__(self: _S) -> _S:
         if self._used:
-            raise HookscopeError("this trace has already run; call hookscope.trace(...) again")
+            raise HookscopeError(f"this {self._kind} has already run; call hookscope.{self._kind}(...) again")
         self._used = True
         self._rec.attach()
         return self
@@ -343,6 +340,20 @@ class Trace:
     def remove(self) -> None:
         """Remove every hook now (the context does this by itself on exit). Idempotent."""
         self._rec.group.remove()
+
+
+_S = TypeVar("_S", bound=RecorderSession)
+
+
+class Trace(RecorderSession):
+    """A context that records :class:`StatRow` statistics; build it with :func:`trace`."""
+
+    def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool) -> None:
+        self._pending: list[Pending] = []
+        self._rows: list[StatRow] = []
+        self._lock = threading.Lock()
+        self._rec = Recorder(selected, inputs=inputs, grads=grads, sink=self._pending.append)
+        self._used = False
 
     @property
     def rows(self) -> list[StatRow]:

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import HookscopeError
 from ..selection import Selector
-from .stats import Pending, Recorder, StatRow, gather, render, select
+from .stats import Pending, Recorder, RecorderSession, StatRow, gather, render, select
 
 __all__ = ["NonFiniteError", "Watch", "watch"]
 
@@ -36,8 +36,10 @@ class NonFiniteError(HookscopeError):
         self.before = before
 
 
-class Watch:
+class Watch(RecorderSession):
     """A context that finds the first non-finite output or gradient; build it with :func:`watch`."""
+
+    _kind = "watch"
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, raise_on_nonfinite: bool, last: int,
                  inputs: bool) -> None:
@@ -50,21 +52,6 @@ class Watch:
         self._lock = threading.RLock()
         self._rec = Recorder(selected, inputs=inputs, grads=True, sink=self._take)
         self._used = False
-
-    def __enter__(self) -> Watch:
-        if self._used:
-            raise HookscopeError("this watch has already run; call hookscope.watch(...) again")
-        self._used = True
-        self._rec.attach()
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self.remove()
-        self._rec.reraise(exc)
-
-    def remove(self) -> None:
-        """Remove every hook now (the context does this by itself on exit). Idempotent."""
-        self._rec.group.remove()
 
     def _take(self, event: Pending) -> None:
         with self._lock:
