@@ -283,7 +283,7 @@ def cam(
     output: Callable[[Any], torch.Tensor] | None = None,
     reshape: Callable[[torch.Tensor], torch.Tensor] | None = None,
     fuse: str = "mean",
-    batch_size: int = 64,
+    batch_size: int = 16,  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
     progress: bool | None = None,
 ) -> CamResult:
     """Class activation maps of a batch, one per image, in one forward pass (Score-CAM: plus its masked inputs).
