@@ -17,6 +17,7 @@ CORE = [
     "hookscope.edit",
     "hookscope.grads",
     "hookscope.zoo",
+    "hookscope._json",
 ]
 
 

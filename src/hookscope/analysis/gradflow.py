@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .._json import json_rows
 from ..errors import HookscopeError
 from ..selection import Selector, layers, unwrap
 
@@ -76,10 +77,7 @@ class GradientFlow:
 
     def to_json(self, *, indent: int | None = None) -> str:
         """JSON with the thresholds and the rows; NaN and infinities as strings."""
-        def clean(v: Any) -> Any:
-            return str(v) if isinstance(v, float) and not math.isfinite(v) else v
-
-        rows = [{k: clean(v) for k, v in d.items()} for d in self.to_dicts()]
+        rows = json_rows(self.rows)
         return json.dumps({"vanish": self.vanish, "explode": self.explode, "layers": rows},
                           indent=indent, allow_nan=False)
 

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from .._json import json_rows
 from .._tree import tree_map
 from ..capture import check_hookable
 from ..core.guard import plain
@@ -382,11 +383,7 @@ class Trace(RecorderSession):
 
     def to_json(self, *, indent: int | None = None) -> str:
         """The rows as a JSON list; NaN and infinities are written as the strings "nan", "inf", "-inf"."""
-        def clean(v: Any) -> Any:
-            return str(v) if isinstance(v, float) and not math.isfinite(v) else v
-
-        rows = [{k: clean(v) for k, v in d.items()} for d in self.to_dicts()]
-        return json.dumps(rows, indent=indent, allow_nan=False)
+        return json.dumps(json_rows(self.rows), indent=indent, allow_nan=False)
 
     def to_csv(self, path: str | None = None) -> str:
         """The rows as CSV (shape written as ``8x64x56x56``); also written to ``path`` if given."""
