@@ -29,57 +29,16 @@ from torch import nn
 from .._json import json_rows
 from .._tree import tree_map
 from ..capture import check_hookable
-from ..core.guard import plain
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError
 from ..selection import Selector, layers, unwrap
+from ._reduce import STATS, Scratch, tensor_stats
 
 __all__ = ["STATS", "ForwardError", "Recorder", "StatRow", "Trace", "gather", "render", "select", "tensor_stats", "trace"]
-
-STATS = ("mean", "std", "min", "max", "absmax", "zeros", "nan", "inf")
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class ForwardError(HookscopeError, RuntimeError):
     """The model's forward pass failed inside a traced module (wrong input shape or dtype...)."""
-
-
-def tensor_stats(t: torch.Tensor) -> torch.Tensor:
-    """The :data:`STATS` of ``t`` as one 8-element tensor on ``t``'s device; no host synchronisation.
-
-    Mean, std (population, ``correction=0``), min, max and max |x| are taken over every value as
-    torch gives them, so one NaN makes them NaN: the ``nan`` and ``inf`` counts say how many there
-    are. ``zeros`` is a count too. Integer and bool tensors are cast to float32, half precision is
-    reduced in float32, complex tensors by magnitude. The result is float64 (float32 on MPS).
-
-    Example:
-        >>> tensor_stats(torch.tensor([0.0, 2.0, float("nan")])).tolist()[5:]
-        [1.0, 1.0, 0.0]
-    """
-    x = plain(t).detach()
-    if x.is_complex():
-        x = x.abs()
-    if not x.is_floating_point() or x.dtype in _LOW_PRECISION or x.element_size() == 1:
-        x = x.float()
-    acc = torch.float32 if x.device.type == "mps" else torch.float64
-    n = x.numel()
-    if n == 0:
-        return torch.cat([x.new_full((5,), math.nan, dtype=acc), x.new_zeros((3,), dtype=acc)])
-    # Five memory-bound passes; torch.std_mean (Welford) and bool .sum() were each 3-5x slower here.
-    low, high = torch.aminmax(x)  # NaN propagates into both, Inf shows in one
-    mean = x.sum() / n
-    centred = (x - mean).reshape(-1)  # two passes: exact where E[x^2] - mean^2 would cancel
-    std = (torch.dot(centred, centred) / n).sqrt()
-    zeros = n - torch.count_nonzero(x)
-    if x.device.type == "cpu" and bool(torch.isfinite(low) & torch.isfinite(high)):
-        # On the CPU the host is the device: reading this flag waits for nothing, and saves the two
-        # counting passes. On accelerators the counts are always taken, without synchronising.
-        nan = inf = torch.zeros_like(zeros)
-    else:
-        nan, inf = torch.count_nonzero(x != x), torch.count_nonzero(torch.isinf(x))
-    absmax = torch.maximum(low.abs(), high.abs())
-    floats = torch.stack([mean, std, low, high, absmax]).to(acc)
-    return torch.cat([floats, torch.stack([zeros, nan, inf]).to(acc)])
 
 
 @dataclass(frozen=True)
@@ -177,15 +136,16 @@ class _Memo:
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+        self._scratch = Scratch()
 
     def stats(self, t: torch.Tensor) -> torch.Tensor:
         if t.is_inference():  # no version counter to tell a rewrite
-            return tensor_stats(t)
+            return tensor_stats(t, self._scratch)
         key, version = id(t), t._version
         hit = self._seen.get(key)
         if hit is not None and hit[0]() is t and hit[1] == version:
             return hit[2]
-        s = tensor_stats(t)
+        s = tensor_stats(t, self._scratch)
         self._seen[key] = (weakref.ref(t, lambda ref, k=key: self._drop(k, ref)), version, s)
         return s
 
