@@ -3,6 +3,7 @@
 Run:  .venv/bin/python bench/bench_cam.py               (agreement, then timing: about 8 minutes)
       .venv/bin/python bench/bench_cam.py --agreement   (only the agreement table, about 2 minutes)
       .venv/bin/python bench/bench_cam.py --timing      (only the timing tables)
+      .venv/bin/python bench/bench_cam.py --scorecam    (only Score-CAM's timing, about 3 minutes)
       .venv/bin/python bench/bench_cam.py --quick       (fewer rounds)
 Peers (test/bench only):  .venv/bin/pip install -c constraints.txt grad-cam captum torchcam
 
@@ -17,7 +18,7 @@ Timing: methods run interleaved, round after round (the order alternates), media
 to the plain forward (``model(x)`` with autograd on, as a user calls it) of the same run. Floors:
 ``floor`` = forward + ``torch.autograd.grad`` from the summed target scores to the layer4 output
 only; ``scorecam floor`` = one forward + one ``no_grad`` forward per distinct mask (masks computed
-beforehand), in batches of 64 like hookscope's default.
+beforehand), in batches of 16 laid out channels-last, as hookscope runs them.
 """
 
 from __future__ import annotations
@@ -222,11 +223,11 @@ def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
         masks = masks.view(-1, 1, *size)
     counts = {"channels": kept[0].shape[1], "distinct masks": masks.shape[0]}
 
-    def floor() -> Any:
+    def floor() -> Any:  # the same forwards, batched and laid out as hookscope does (16, channels-last)
         with torch.no_grad():
             model(x)
-            for chunk in masks.split(64):
-                model(x * chunk)
+            for chunk in masks.split(16):
+                model((x * chunk).contiguous(memory_format=torch.channels_last))
 
     runs = {"scorecam floor": floor,
             "hookscope scorecam": lambda: cam(model, x, layer="layer4", method="scorecam"),
@@ -247,6 +248,7 @@ def main() -> None:
     ap.add_argument("--agreement", action="store_true", help="only the agreement table")
     ap.add_argument("--timing", action="store_true", help="only the timing tables")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--scorecam", action="store_true", help="only the Score-CAM timing")
     a = ap.parse_args()
     import captum
     import pytorch_grad_cam
@@ -256,7 +258,7 @@ def main() -> None:
                 f"torchcam {torchcam.__version__}")
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}, {versions}")
-    if not a.timing:
+    if not a.timing and not a.scorecam:
         print("\n## Agreement: max abs difference of min-max normalised maps, resnet18 weights=None seed 0, "
               "batch 2 (Score-CAM: the first image), layer4")
         print("| method | peer | compared at | max abs diff |\n|---|---|---|---|")
@@ -265,7 +267,7 @@ def main() -> None:
     if a.agreement:
         return
     cases = [("resnet18", 1, 15), ("resnet18", 8, 7), ("resnet50", 1, 9), ("resnet50", 8, 5)]
-    for name, batch, rounds in cases:
+    for name, batch, rounds in [] if a.scorecam else cases:
         rounds = max(3, rounds // 2) if a.quick else rounds
         t = timing(name, batch, rounds)
         print(f"\n## Grad-CAM family, {name}, batch {batch}, layer4 ({rounds} rounds)")

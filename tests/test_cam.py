@@ -350,6 +350,24 @@ def test_scorecam_sharing_masks_gives_the_map_of_one_forward_per_channel():
     assert no_hooks(net)
 
 
+class ViewsItsInput(DeadChannels):
+    """``.view()`` of the input: fails on the channels-last batches Score-CAM prefers on the CPU."""
+
+    def forward(self, x):
+        x = x.view(x.shape[0], -1).view(x.shape)
+        return super().forward(x)
+
+
+def test_scorecam_falls_back_to_contiguous_inputs_for_a_model_that_needs_them():
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(RuntimeError, match="view"):
+        ViewsItsInput()(x.contiguous(memory_format=torch.channels_last))
+    plain = cam(DeadChannels().eval(), x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
+    viewing = cam(ViewsItsInput().eval(), x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
+    assert torch.allclose(viewing.raw["relu"], plain.raw["relu"], atol=1e-6)
+    assert viewing.forwards == plain.forwards
+
+
 # --- bad input -----------------------------------------------------------------------------------
 class Branchy(nn.Module):
     def __init__(self) -> None:

@@ -36,7 +36,10 @@ def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     - ``gradcam++`` (Chattopadhay et al. 2018, eq. 19 with the exponential-score closed form):
       ``alpha_kij = G_kij^2 / (2 G_kij^2 + (sum_ab A_kab) G_kij^3)`` (0 where the denominator is 0),
       ``w_k = sum_ij alpha_kij relu(G_kij)``; ``relu(sum_k w_k A_k)``. The paper's ``exp(S)`` factor is
-      a positive constant per image, dropped here (min-max normalisation removes it).
+      a positive constant per image, dropped here (min-max normalisation removes it). Neither peer
+      agrees with the paper (bench/RESULTS.md): pytorch-grad-cam adds 1e-6 to the denominator,
+      which dominates it where ``G^2`` is small (~3e-7 on an untrained resnet18: maps differ by
+      5e-2); torchcam's ``alpha`` stays ``G^2`` (its division acts on a copy: 6e-2).
     - ``xgradcam`` (Fu et al. 2020): ``w_k = sum_ij A_kij G_kij / sum_ij A_kij`` (0 where the sum
       is 0); ``relu(sum_k w_k A_k)``.
     - ``hirescam`` (Draelos & Carin 2020): ``relu(sum_k G_k * A_k)``, element-wise.
@@ -196,12 +199,23 @@ def _score_weights(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torc
     job_scores = torch.empty(len(jobs), device=A.device, dtype=torch.float32)
     n_batches = math.ceil(len(jobs) / batch_size)
     show = progress if progress is not None else n_batches > 50
+    # On the CPU, oneDNN runs convolutions on channels-last inputs without reordering them each
+    # call: 25 against 29 ms per masked resnet18 image here. A model that cannot take that layout
+    # (a .view() of its input, say) gets contiguous inputs from its first failure on.
+    layout = torch.channels_last if inputs.dim() == 4 and inputs.device.type == "cpu" else None
     for i in _progress(n_batches, show)(range(n_batches)):
         chunk = jobs[i * batch_size:(i + 1) * batch_size]
         jb = torch.tensor([b for b, _ in chunk], device=A.device)
         jk = torch.tensor([k for _, k in chunk], device=A.device)
         masks = _masks(A[jb, jk], size).to(inputs.dtype)
-        logits = forward(inputs[jb] * masks)
+        batch = inputs[jb] * masks
+        if layout is not None:
+            try:
+                logits = forward(batch.contiguous(memory_format=layout))
+            except RuntimeError:
+                layout = None
+        if layout is None:
+            logits = forward(batch)
         job_scores[i * batch_size:i * batch_size + len(chunk)] = logits.gather(1, targets[jb].unsqueeze(1)).squeeze(1)
     runs = len(jobs)
     scores = torch.empty(B, K, device=A.device, dtype=torch.float32)
