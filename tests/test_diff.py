@@ -361,3 +361,31 @@ def test_tiny_resnet_against_itself_covers_every_module():
     # relu modules are called twice per block (and once in the stem): compared per call
     assert len(d["layer1.0.relu"]) == 2
     assert no_hooks(m)
+
+
+# --- the CPU fast path against the general one ----------------------------------------------------
+@pytest.mark.parametrize("case", ["noise", "bfloat16", "near", "layouts", "float64", "int", "empty"])
+def test_cpu_fast_comparison_equals_the_general_one(case):
+    from hookscope.analysis.diff import _device_stats, _host_stats
+    from hookscope._memory import Scratch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 3, 5, 6, generator=g)
+    b = {"noise": a + 0.1 * torch.randn(a.shape, generator=g),
+         "bfloat16": a.to(torch.bfloat16),
+         "near": a + 1e-6 * torch.randn(a.shape, generator=g),
+         "layouts": (a + 0.01).contiguous(memory_format=torch.channels_last),
+         "float64": a.double() + 1e-3,
+         "int": a.round().int(),
+         "empty": a[:0]}[case]
+    a = a[:0] if case == "empty" else a
+    host = _host_stats(a, b, 1e-3, 1e-4, Scratch())
+    want = _device_stats(a, b, 1e-3, 1e-4).tolist()
+    if case == "empty":
+        assert host is None
+        return
+    assert host == pytest.approx(want, rel=1e-5, abs=1e-7)
+    if case == "near":
+        assert host[5] == a.numel()  # all within tolerance
+    if case == "noise":
+        assert 0 < host[5] < a.numel()

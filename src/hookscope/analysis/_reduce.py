@@ -15,6 +15,7 @@ import struct
 
 import torch
 
+from .._memory import Scratch, flat
 from ..core.guard import plain
 
 __all__ = ["STATS", "Scratch", "flat", "tensor_stats"]
@@ -27,30 +28,6 @@ _INF_BITS = {4: 0x7F800000, 8: 0x7FF0000000000000}  # +inf; larger bits with the
 # beyond this ratio the exact centred pass is taken instead.
 _CANCEL_RATIO = 3.0
 _PIECE = 1 << 21  # elements reduced together while in cache (8 MB of float32)
-
-
-class Scratch:
-    """A reusable buffer per dtype, so a slow path does not page-fault a fresh allocation each call."""
-
-    def __init__(self) -> None:
-        self._buf: dict[torch.dtype, torch.Tensor] = {}
-
-    def get(self, n: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._buf.get(dtype)
-        if buf is None or buf.numel() < n:
-            buf = self._buf[dtype] = torch.empty(n, dtype=dtype)
-        return buf[:n]
-
-
-def flat(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a 1-D tensor, a view whenever its memory is dense (contiguous or channels-last)."""
-    if x.is_contiguous():
-        return x.view(-1)
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return x.permute(0, 2, 3, 1).reshape(-1)  # order does not matter to the statistics
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return x.permute(0, 2, 3, 4, 1).reshape(-1)
-    return x.reshape(-1)
 
 
 def tensor_stats(t: torch.Tensor, scratch: Scratch | None = None) -> torch.Tensor:

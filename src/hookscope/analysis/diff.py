@@ -1,8 +1,9 @@
 """Compare two runs layer by layer: two models with the same layer names, or one model twice.
 
-Each run is recorded with :func:`hookscope.capture` (so in-place ops cannot rewrite what was kept);
-every module both models have is compared call by call and tensor by tensor, on the tensors' device
-in float64, and the statistics reach the host in one transfer per device at the end.
+Run A is recorded with :func:`hookscope.capture` (so in-place ops cannot rewrite what was kept);
+run B keeps nothing: each of its outputs is compared with the same call of run A inside the hook,
+as it is produced. Every module both models have is compared call by call and tensor by tensor on
+the tensors' device, and the statistics reach the host in one transfer per device at the end.
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from .._tree import tensors, tree_map
+from .._memory import Scratch, flat
 from ..capture import capture, check_hookable
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, SelectionError, did_you_mean
@@ -345,8 +347,8 @@ def _reseeded(seed: int | None, devices: list[int], device_type: str | None) -> 
 
 
 class _Run(NamedTuple):
-    rec: Recording
-    done: list[str]  # names of the recorded calls, in the order they finished
+    rec: Recording | None  # None for a run compared as it went (:class:`_Streamed`)
+    done: list[str]  # names of the compared calls, in the order they finished
 
 
 def _failure(label: str, running: list[tuple[str, str, list[tuple[int, ...]]]], e: Exception) -> str:
@@ -375,8 +377,12 @@ def _record(
     no_grad: bool,
     copy: str | None,
     device: torch.device | str | None,
+    on_output: Callable[[str, Any], None] | None = None,
 ) -> _Run:
-    """One recorded forward pass; every flag and buffer of the model is as before afterwards."""
+    """One forward pass, recorded or, with ``on_output``, handed over output by output as it runs.
+
+    Every flag and buffer of the model is as before afterwards.
+    """
     inner, prefix = unwrap(model)
     if copy is None:
         # Inside torch.compile, the guarded alias that copy="auto" hands on fails in the compiled
@@ -397,18 +403,24 @@ def _record(
             running.append((name, type(module).__name__, [tuple(t.shape) for t in tensors(a)]))
         return pre
 
+    # Under torch.compile the comparison must run eagerly between graph pieces, not be traced.
+    eager = torch.compiler.disable if "_orig_mod." in prefix else (lambda f: f)
+    hand_over = eager(on_output) if on_output is not None else None
+
     def leave(name: str) -> Any:
         def post(module: nn.Module, a: tuple[Any, ...], out: Any) -> None:
             if running:
                 running.pop()
+            if hand_over is not None:
+                hand_over(name, out)  # now, before a later in-place op can rewrite ``out``
             done.append(name)
         return post
 
     wanted = {id(m) for _, m in targets}  # one predicate: O(modules), not O(modules x selectors)
-    rec = capture(model, lambda n, m: id(m) in wanted, copy=copy, device=device)
+    rec = capture(model, lambda n, m: id(m) in wanted, copy=copy, device=device) if on_output is None else None
     grad_mode = torch.no_grad() if no_grad else contextlib.nullcontext()
     try:
-        with rec:
+        with rec if rec is not None else contextlib.nullcontext():
             for name, module in targets:
                 group.add(module.register_forward_pre_hook(enter(name)))
                 group.add(module.register_forward_hook(leave(name)))
@@ -437,7 +449,7 @@ def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
     return torch.float32  # float16 / bfloat16 / float32 are exact in float32
 
 
-def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: Scratch | None = None) -> torch.Tensor:
     """``[max|a-b|, max|b|, |a|, |b|, |a-b|, elements within tolerance]`` in float64 on ``a``'s device.
 
     No host synchronisation, except on the CPU where there is nothing to wait for: there an equal
@@ -445,8 +457,18 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> torch.
     """
     x, y = a.detach(), b.detach().to(a.device)
     n = x.numel()
-    if x.device.type == "cpu" and x.dtype == y.dtype and torch.equal(x, y):
-        return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, float(n)], dtype=torch.float64)
+    if x.device.type == "cpu" and not (x.is_complex() or y.is_complex()):
+        if x.dtype == y.dtype and torch.equal(x, y):
+            return torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, float(n)], dtype=torch.float64)
+        found = _host_stats(x, y, rtol, atol, scratch or Scratch())
+        if found is not None:
+            return torch.tensor(found, dtype=torch.float64)
+    return _device_stats(x, y, rtol, atol)
+
+
+def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float) -> torch.Tensor:
+    """:func:`_stats` anywhere, for any values (NaN, infinities, complex), with no synchronisation."""
+    n = x.numel()
     pairs = x.is_complex() or y.is_complex()  # compared as (real, imaginary) pairs
     if pairs:
         x, y = torch.view_as_real(x.to(torch.complex128)), torch.view_as_real(y.to(torch.complex128))
@@ -463,6 +485,32 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> torch.
     ok = gap <= limit
     parts = [gap.max(), max_b, *norms, (ok.all(dim=1) if pairs else ok).sum()]
     return torch.stack([p.to(torch.float64) for p in parts])
+
+
+def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scratch: Scratch) -> list[float] | None:
+    """:func:`_stats` of two CPU tensors that differ, in ~6 memory passes; None where a value is
+    not finite (the general path handles NaN and infinities) or the tensors are empty."""
+    work = _work_dtype(x, y)
+    n = x.numel()
+    if n == 0:
+        return None
+    x, y = x.to(work), y.to(work)
+    # the same element order on both sides: memory order if the layouts agree, else logical order
+    xs, ys = (flat(x), flat(y)) if x.stride() == y.stride() else (x.reshape(-1), y.reshape(-1))
+    gap = torch.sub(xs, ys, out=scratch.get(n, work))
+    lo, hi = (v.item() for v in torch.aminmax(gap))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    y_lo, y_hi = (v.item() for v in torch.aminmax(ys))
+    max_abs, max_b = max(-lo, hi), max(-y_lo, y_hi)
+    norms = [math.sqrt(torch.dot(v, v).item()) for v in (xs, ys, gap)]
+    if max_abs <= atol:  # nothing can be beyond the tolerance
+        within = n
+    else:  # beyond where |a - b| - rtol |b| > atol
+        limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:])
+        torch.sub(gap.abs_(), limit, alpha=rtol, out=limit)
+        within = n - int(torch.count_nonzero(limit > atol).item())
+    return [max_abs, max_b, *norms, float(within)]
 
 
 def _finish(row: DiffRow, s: list[float]) -> DiffRow:
@@ -490,7 +538,7 @@ def _describe(t: torch.Tensor) -> tuple[tuple[int, ...], str]:
 
 
 def _pair(name: str, call: int, out_a: Any, out_b: Any, rtol: float, atol: float,
-          pending: list[tuple[DiffRow, torch.Tensor | None]]) -> None:
+          pending: list[tuple[DiffRow, torch.Tensor | None]], scratch: Scratch | None = None) -> None:
     ta, tb = list(tensors(out_a)), list(tensors(out_b))
     if not ta and not tb:
         return  # nothing to compare (an output of None, strings, ...)
@@ -503,29 +551,55 @@ def _pair(name: str, call: int, out_a: Any, out_b: Any, rtol: float, atol: float
         if sa != sb:
             pending.append((DiffRow(**{**asdict(row), "status": _SHAPE}), None))
         else:
-            pending.append((row, _stats(a, b, rtol, atol)))
+            pending.append((row, _stats(a, b, rtol, atol, scratch)))
 
 
-def _compare(run_a: _Run, run_b: _Run, rtol: float, atol: float) -> list[DiffRow]:
-    pending: list[tuple[DiffRow, torch.Tensor | None]] = []
-    seen: dict[str, int] = {}
-    for name in run_a.done:
-        k = seen.get(name, 0)
-        seen[name] = k + 1
-        calls_b = run_b.rec[name].calls if name in run_b.rec else []
-        out_a = run_a.rec[name].calls[k].output
-        if k >= len(calls_b):
-            numel = sum(t.numel() for t in tensors(out_a))
-            pending.append((DiffRow(name, k, 0, _MISSING_B, numel=numel), None))
-            continue
-        _pair(name, k, out_a, calls_b[k].output, rtol, atol, pending)
-    extra: dict[str, int] = {}
-    for name in run_b.done:  # calls that happened in run B only
-        k = extra.get(name, 0)
-        extra[name] = k + 1
-        if k >= seen.get(name, 0):
-            pending.append((DiffRow(name, k, 0, _MISSING_A), None))
-    # one device-to-host transfer per device, after every comparison was queued
+class _Streamed:
+    """Compares each output of run B with the same call of run A as B produces it.
+
+    Run B keeps nothing: half the memory of recording both runs, and each comparison reads B's
+    output while it is still in cache.
+    """
+
+    def __init__(self, rec_a: Recording, rtol: float, atol: float) -> None:
+        self.rec_a, self.rtol, self.atol = rec_a, rtol, atol
+        self.calls: dict[str, int] = {}
+        self.scratch = Scratch()
+        self.pending: dict[tuple[str, int], list[tuple[DiffRow, torch.Tensor | None]]] = {}
+
+    def __call__(self, name: str, out_b: Any) -> None:
+        k = self.calls.get(name, 0)
+        self.calls[name] = k + 1
+        calls_a = self.rec_a[name].calls if name in self.rec_a else []
+        if k < len(calls_a):
+            rows: list[tuple[DiffRow, torch.Tensor | None]] = []
+            _pair(name, k, calls_a[k].output, out_b, self.rtol, self.atol, rows, self.scratch)
+            self.pending[(name, k)] = rows
+
+    def rows(self, done_a: list[str], done_b: list[str]) -> list[DiffRow]:
+        """Rows in run A's order of calls, then the calls only run B made."""
+        pending: list[tuple[DiffRow, torch.Tensor | None]] = []
+        seen: dict[str, int] = {}
+        for name in done_a:
+            k = seen.get(name, 0)
+            seen[name] = k + 1
+            compared = self.pending.get((name, k))
+            if compared is None:
+                numel = sum(t.numel() for t in tensors(self.rec_a[name].calls[k].output))
+                pending.append((DiffRow(name, k, 0, _MISSING_B, numel=numel), None))
+            else:
+                pending.extend(compared)
+        extra: dict[str, int] = {}
+        for name in done_b:
+            k = extra.get(name, 0)
+            extra[name] = k + 1
+            if k >= seen.get(name, 0):
+                pending.append((DiffRow(name, k, 0, _MISSING_A), None))
+        return _gather(pending)
+
+
+def _gather(pending: list[tuple[DiffRow, torch.Tensor | None]]) -> list[DiffRow]:
+    """Finish every row, with one device-to-host transfer per device."""
     by_device: dict[torch.device, list[int]] = {}
     for i, (_, s) in enumerate(pending):
         if s is not None:
@@ -639,9 +713,10 @@ def diff(
             reference); defaults: ``torch.testing``'s float32 tolerances.
         seed: the seed both runs start from; ``None`` leaves the RNG alone.
         no_grad: run without autograd (default); ``False`` to compare a grad-mode forward pass.
-        copy, device: how records are kept (see :func:`hookscope.capture`). ``copy`` defaults to
-            ``"auto"``, and to ``"always"`` for a ``torch.compile``'d model; ``device="cpu"`` moves
-            every recorded output off the accelerator as it is produced.
+        copy, device: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
+            compared as they are produced and not kept). ``copy`` defaults to ``"auto"``, and to
+            ``"always"`` for a ``torch.compile``'d model; ``device="cpu"`` moves every recorded
+            output off the accelerator as it is produced.
 
     Returns:
         A :class:`Diff`: ``.rows``, ``.first`` (first divergent output or ``None``),
@@ -679,8 +754,10 @@ def diff(
     common = dict(kwargs=kwargs, device_type=dev.type, seed=seed, rng_devices=rng_devices,
                   no_grad=no_grad, copy=copy, device=device)
     run_a = _record(model_a, targets_a, inputs, setting=set_a, label="A", **common)  # type: ignore[arg-type]
-    run_b = _record(model_b, targets_b, inputs, setting=set_b, label="B", **common)  # type: ignore[arg-type]
-    rows = _compare(run_a, run_b, rtol, atol)
+    assert run_a.rec is not None
+    streamed = _Streamed(run_a.rec, rtol, atol)
+    run_b = _record(model_b, targets_b, inputs, setting=set_b, label="B", on_output=streamed, **common)  # type: ignore[arg-type]
+    rows = streamed.rows(run_a.done, run_b.done)
 
     def describe(m: nn.Module, s: Settings) -> str:
         inner = unwrap(m)[0]
