@@ -27,8 +27,6 @@ import argparse
 import contextlib
 import io
 import platform
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +38,7 @@ from torch import nn
 
 import hookscope
 from hookscope.analysis.cam import cam
+from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 OURS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam"]
 PGC = {"gradcam": "GradCAM", "gradcam++": "GradCAMPlusPlus", "xgradcam": "XGradCAM",
@@ -194,18 +193,9 @@ def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
 
 def timing(name: str, batch: int, rounds: int) -> dict[str, float]:
     model, x = build(name, batch)
-    runs = runners(model, x)
-    keys = list(runs)
-    times: dict[str, list[float]] = {k: [] for k in keys}
-    for k in keys:  # warm up
-        runs[k]()
-    for r in range(rounds):
-        for k in keys if r % 2 == 0 else reversed(keys):
-            t0 = time.perf_counter()
-            runs[k]()
-            times[k].append(time.perf_counter() - t0)
+    found = medians(runners(model, x), rounds)
     assert hookscope.core.hook_count(model) == 0
-    return {k: statistics.median(v) for k, v in times.items()}
+    return found
 
 
 def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
@@ -233,14 +223,7 @@ def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
             "hookscope scorecam": lambda: cam(model, x, layer="layer4", method="scorecam"),
             "pytorch-grad-cam scorecam (batch 16, its default)": lambda: quiet(lambda: pgc_map("scorecam", model, x, None))}
     counts["hookscope forwards"] = cam(model, x, layer="layer4", method="scorecam").forwards
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    keys = list(runs)
-    for r in range(rounds):
-        for k in keys if r % 2 == 0 else reversed(keys):
-            t0 = time.perf_counter()
-            runs[k]()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}, counts
+    return medians(runs, rounds, warmup=0), counts
 
 
 def main() -> None:

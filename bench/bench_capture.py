@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import platform
-import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -25,6 +23,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hookscope
+from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 METHODS = ["plain", "hookscope", "hand_clone", "hand_refs", "create_feature_extractor"]
 CASES = [("resnet18", 1), ("resnet50", 8)]
@@ -86,17 +85,8 @@ def kept_bytes(kept: Any) -> int:
 def timing(name: str, batch: int, rounds: int) -> dict[str, float]:
     model, x, convs = build(name, batch)
     runs = {m: runner(m, model, x, convs) for m in METHODS}
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
     with torch.no_grad():
-        for _ in range(2):
-            for m in METHODS:
-                runs[m]()
-        for r in range(rounds):
-            for m in METHODS if r % 2 == 0 else reversed(METHODS):
-                t0 = time.perf_counter()
-                runs[m]()
-                times[m].append(time.perf_counter() - t0)
-    return {m: statistics.median(v) for m, v in times.items()}
+        return medians(runs, rounds, warmup=2)
 
 
 class _MallInfo2(ctypes.Structure):

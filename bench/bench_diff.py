@@ -13,17 +13,15 @@ the two plain forwards the diff runs, measured in the same rounds. Methods run i
 from __future__ import annotations
 
 import argparse
-import platform
-import statistics
-import time
-from typing import Any, Callable
-
 import copy
+import platform
+from typing import Any, Callable
 
 import torch
 import torchvision
 
 import hookscope
+from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 
 def cases(name: str, batch: int) -> dict[str, Callable[[], Any]]:
@@ -64,15 +62,7 @@ def main() -> None:
         rounds = max(3, rounds // 3) if a.quick else rounds
         runs = cases(name, batch)
         keys = list(runs)
-        for k in keys:  # warm-up
-            runs[k]()
-        times: dict[str, list[float]] = {k: [] for k in keys}
-        for r in range(rounds):
-            for k in keys if r % 2 == 0 else reversed(keys):
-                t0 = time.perf_counter()
-                runs[k]()
-                times[k].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = medians(runs, rounds)
         print(f"\n## {name}, batch {batch}, every module ({rounds} rounds)")
         print("| method | median ms | ratio to its floor |\n|---|---|---|")
         floors = {keys[1]: keys[0], keys[3]: keys[2], keys[5]: keys[4]}

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -22,6 +20,7 @@ import torchvision
 from torch import nn
 
 from hookscope.analysis.stats import trace
+from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 
 def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
@@ -50,17 +49,9 @@ def main() -> None:
     runs = runners(model, x)
     names = list(runs)
     rounds = 6 if a.quick else 15
-    times: dict[str, list[float]] = {n: [] for n in names}
     with torch.no_grad():
-        rows = len(runs[names[-1]]())  # warm-up, and the size of a trace
-        for n in names:
-            runs[n]()
-        for r in range(rounds):
-            for n in names if r % 2 == 0 else reversed(names):
-                t0 = time.perf_counter()
-                runs[n]()
-                times[n].append(time.perf_counter() - t0)
-    med = {n: statistics.median(v) for n, v in times.items()}
+        rows = len(runs[names[-1]]())  # the size of a trace
+        med = medians(runs, rounds)
     modules = sum(1 for _ in model.modules()) - 1
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}")
