@@ -456,3 +456,21 @@ def test_capture_of_a_compiled_model_whose_record_feeds_a_matmul():
     with torch.no_grad(), hookscope.capture(compiled, "1") as rec:
         compiled(x)
     assert torch.allclose(rec["1"].output, net[1](net[0](x))) and no_hooks(net)
+
+
+@pytest.mark.parametrize("copy", ["auto", "always", "never"])
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_handed_on_is_what_keep_hands_the_model(copy, device):
+    from hookscope.core.guard import release
+    from hookscope.records import COPY_BELOW, Retention
+
+    ret = Retention(copy=copy, device=device)
+    with torch.inference_mode():
+        inference = torch.randn(COPY_BELOW // 4 + 1)
+    big = COPY_BELOW // 4 + 1
+    slots = []
+    for t in (torch.randn(4), torch.randn(big), torch.randn(0), torch.randn(big).double(), inference):
+        slot, alias = ret.keep(t, "x")
+        slots.append(slot)
+        assert type(ret.handed_on(t)) is type(alias)
+    release(slots)

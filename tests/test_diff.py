@@ -10,7 +10,7 @@ import torch
 from conftest import Net, Structured, no_hooks
 from torch import nn
 
-from hookscope import HookscopeError
+from hookscope import HookscopeError, MutationError
 from hookscope.analysis.diff import diff, settings
 from hookscope.cli import main
 from hookscope.zoo import TinyResNet
@@ -389,3 +389,82 @@ def test_cpu_fast_comparison_equals_the_general_one(case):
         assert host[5] == a.numel()  # all within tolerance
     if case == "noise":
         assert 0 < host[5] < a.numel()
+
+
+# --- run B is compared in its hooks: it must behave as run A, and its errors stay its own --------
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(64, 64)
+        self.att = nn.MultiheadAttention(64, 4, batch_first=True)
+
+    def forward(self, x):
+        h = self.inp(x)  # over 1 MiB: run A's capture hands the attention a guarded alias
+        return self.att(h, h, h, need_weights=False)[0]
+
+
+def test_both_runs_take_the_same_code_paths():
+    # a plain tensor would send run B down the native fused attention: a 4e-8 "divergence"
+    m = Attention().eval()
+    d = diff(m, m, torch.randn(4, 1200, 64))
+    assert d.first is None and all(r.max_abs == 0 for r in d.rows)
+    assert no_hooks(m)
+
+
+def test_an_error_of_the_comparison_is_raised_as_itself():
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(inplace=True), nn.Linear(64, 8)).eval()
+    with pytest.raises(MutationError, match="copy='auto'"):
+        diff(m, m, torch.randn(4096, 64), copy="never")
+    assert no_hooks(m)
+
+
+def test_the_comparison_is_not_changed_by_run_b_context():
+    rounded = (torch.nn.functional.linear, torch.tanh, torch.Tensor.tanh, torch.sub, torch.Tensor.sub, torch.dot)
+
+    class Rounding(torch.overrides.TorchFunctionMode):
+        """Rounds linear, tanh, sub and dot through bfloat16 (sub and dot are what a comparison uses)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in rounded and isinstance(out, torch.Tensor):
+                out = out.to(torch.bfloat16).to(out.dtype)
+            return out
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 32), nn.Tanh()).eval()
+    x = torch.randn(64, 32)
+    d = diff(m, m, x, b=Rounding)
+    with torch.no_grad():
+        a = m[0](x)
+        with Rounding():
+            b = m[0](x)
+    want = (a.double() - b.double()).abs().max().item()  # the comparison itself, outside the mode
+    assert want > 0 and d["0"][0].max_abs == pytest.approx(want, rel=1e-6)
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pe", torch.randn(1, 4096, 128))  # 2 MiB
+
+    def forward(self, x):
+        return self.pe[:, : x.shape[1]]  # a view of the buffer is the output
+
+
+class WithPositions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = PositionalEncoding()
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, x):
+        return self.head(x + self.pos(x))
+
+
+def test_a_module_returning_a_slice_of_a_large_buffer():
+    # restoring the buffers after run A must not write into them when nothing changed: that
+    # would bump the version of run A's record of `pos`, a view of the buffer
+    m = WithPositions().eval()
+    d = diff(m, m, torch.randn(2, 4096, 128))
+    assert d.first is None and d["pos"][0].max_abs == 0 and no_hooks(m)

@@ -92,3 +92,19 @@ def test_scratch_is_reused_and_grows():
     a = s.get(10, torch.float64)
     assert s.get(5, torch.float64).data_ptr() == a.data_ptr()
     assert s.get(100, torch.float64).numel() == 100
+
+
+def test_a_lazily_negated_tensor():
+    # torch.fft output's .conj().imag carries the neg bit: it cannot be viewed as its bits
+    t = torch.fft.rfft(torch.randn(4, 16, generator=torch.Generator().manual_seed(1))).conj().imag
+    assert t.is_neg()
+    assert same(dict(zip(STATS, tensor_stats(t).tolist())), reference(t))
+
+
+def test_constant_and_barely_varying_tensors_are_exact():
+    s = dict(zip(STATS, tensor_stats(torch.full((5000,), 0.1)).tolist()))
+    assert s["std"] == 0.0 and s["mean"] == pytest.approx(0.1, rel=1e-7)
+    t = torch.tensor([1.0, 1.0 + 2**-23])  # the centred pass must not round the deviations
+    assert tensor_stats(t)[1].item() == pytest.approx(2**-24, rel=1e-9)
+    big = torch.tensor([3.4e38, 3.4e38, -3.4e38])
+    assert tensor_stats(big)[1].item() == pytest.approx(reference(big)["std"], rel=1e-6)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 
 from ._tree import tree_map
-from .core.guard import Slot, _guardable, protect
+from .core.guard import Slot, _guardable, guarded, protect
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
 
@@ -84,6 +84,25 @@ class Retention:
             return slot, protect(t, slot)
         return slot, t
 
+
+    def handed_on(self, t: torch.Tensor) -> torch.Tensor:
+        """What :meth:`keep` would hand the model for ``t``, keeping nothing and copying nothing.
+
+        A run compared with a recorded one must see the same kind of tensors: a guarded alias
+        makes PyTorch skip its fast paths (native multi-head attention, nested tensors).
+        """
+        v = t.detach() if self.detach else t
+        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(v):
+            return t if v.numel() * v.element_size() < COPY_BELOW else guarded(t)
+        if self.device is not None or self.dtype is not None:
+            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
+            target = torch.device(self.device) if self.device is not None else v.device
+            if target.type != v.device.type or target.index not in (None, v.device.index) or (
+                    dtype is not None and dtype != v.dtype):
+                return t  # keep() would copy it
+        if self.copy == "always" or not _guardable(v):
+            return t
+        return guarded(t) if self.copy == "auto" or v.is_inference() else t
 
     def keep_grad(self, g: torch.Tensor, where: Any) -> Slot:
         """Keep a gradient (never aliased back into autograd; overwritten memory raises on read)."""

@@ -201,7 +201,8 @@ def _score_weights(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torc
     show = progress if progress is not None else n_batches > 50
     # On the CPU, oneDNN runs convolutions on channels-last inputs without reordering them each
     # call: 25 against 29 ms per masked resnet18 image here. A model that cannot take that layout
-    # (a .view() of its input, say) gets contiguous inputs from its first failure on.
+    # (a .view() of its input, say) gets contiguous inputs from its first failure on; that failed
+    # first batch ran part of the model once more (its hooks and stateful modules see it).
     layout = torch.channels_last if inputs.dim() == 4 and inputs.device.type == "cpu" else None
     for i in _progress(n_batches, show)(range(n_batches)):
         chunk = jobs[i * batch_size:(i + 1) * batch_size]

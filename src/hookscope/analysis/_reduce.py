@@ -43,7 +43,7 @@ def tensor_stats(t: torch.Tensor, scratch: Scratch | None = None) -> torch.Tenso
         >>> tensor_stats(torch.tensor([0.0, 2.0, float("nan")])).tolist()[5:]
         [1.0, 1.0, 0.0]
     """
-    x = plain(t).detach()
+    x = plain(t).detach().resolve_neg()  # a lazily negated tensor cannot be viewed as its bits
     if x.is_complex():
         x = x.abs()
     if not x.is_floating_point() or x.dtype in _LOW_PRECISION or x.element_size() == 1:
@@ -66,11 +66,15 @@ def _host_stats(v: torch.Tensor, scratch: Scratch) -> list[float]:
             return _non_finite(v)
         lo, hi = min(lo, part[0]), max(hi, part[1])
         total, squares, zeros = total + part[2], squares + part[3], zeros + part[4]
+    if lo == hi:  # constant: exact, and no rounding noise from the sums
+        return [lo, 0.0, lo, hi, max(-lo, hi), zeros, 0, 0]
     mean = total / n
     var = squares / n - mean * mean
     if not (math.isfinite(var) and var > 0 and mean * mean <= _CANCEL_RATIO * var):
-        centred = torch.sub(v, mean, out=scratch.get(n, torch.float64))  # exact, and no overflow
-        var = torch.dot(centred, centred).item() / n
+        wide = scratch.get(n, torch.float64).copy_(v)  # two passes in float64: exact, no overflow
+        mean = wide.sum().item() / n
+        wide.sub_(mean)
+        var = torch.dot(wide, wide).item() / n
     return [mean, math.sqrt(var), lo, hi, max(-lo, hi), zeros, 0, 0]
 
 

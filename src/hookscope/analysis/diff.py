@@ -21,12 +21,18 @@ from torch import nn
 
 from .._tree import tensors, tree_map
 from .._memory import Scratch, flat
-from ..capture import capture, check_hookable
+from ..capture import _hand_back_plain, capture, check_hookable
+from ..core.guard import plain
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, SelectionError, did_you_mean
-from ..records import Recording
+from ..records import Recording, Retention
 from ..selection import Selector, unwrap
 from ..selection import layers as select
+
+try:  # private, but the only way to step outside the caller's dispatch modes
+    from torch.utils._python_dispatch import _disable_current_modes as _no_modes
+except ImportError:  # pragma: no cover
+    _no_modes = contextlib.nullcontext
 
 __all__ = ["diff", "Diff", "DiffRow", "Settings", "settings", "Unmatched", "RTOL", "ATOL"]
 
@@ -404,16 +410,29 @@ def _record(
         return pre
 
     # Under torch.compile the comparison must run eagerly between graph pieces, not be traced.
-    eager = torch.compiler.disable if "_orig_mod." in prefix else (lambda f: f)
+    compiled = "_orig_mod." in prefix
+    eager = torch.compiler.disable if compiled else (lambda f: f)
     hand_over = eager(on_output) if on_output is not None else None
+    # The compared run is handed the same kind of tensors the recorded run gets from capture()
+    # (guarded aliases of large outputs), so that both take the same PyTorch code paths.
+    like_a = Retention(copy="always" if compiled and copy == "auto" else copy, device=device)  # type: ignore[arg-type]
+    failed: list[BaseException] = []  # an error of the comparison, not of the model
 
     def leave(name: str) -> Any:
-        def post(module: nn.Module, a: tuple[Any, ...], out: Any) -> None:
+        def post(module: nn.Module, a: tuple[Any, ...], out: Any) -> Any:
             if running:
                 running.pop()
-            if hand_over is not None:
-                hand_over(name, out)  # now, before a later in-place op can rewrite ``out``
             done.append(name)
+            if hand_over is None:
+                return None
+            try:
+                with _isolated():
+                    hand_over(name, tree_map(plain, out))  # now, before an in-place op rewrites it
+            except BaseException as e:
+                failed.append(e)
+                raise
+            new = tree_map(like_a.handed_on, out)
+            return None if new is out else new
         return post
 
     wanted = {id(m) for _, m in targets}  # one predicate: O(modules), not O(modules x selectors)
@@ -424,23 +443,39 @@ def _record(
             for name, module in targets:
                 group.add(module.register_forward_pre_hook(enter(name)))
                 group.add(module.register_forward_hook(leave(name)))
+            if hand_over is not None and like_a.copy != "always":
+                group.add(model.register_forward_hook(_hand_back_plain))
             with _reseeded(seed, *rng_devices), grad_mode, setting.apply(inner, device_type):
                 try:
                     model(*args, **kw)
                 except Exception as e:
+                    if failed and e is failed[0]:
+                        raise  # the comparison's own error, as it was raised
                     raise HookscopeError(_failure(label, running, e)) from e
     finally:
         group.remove()
         for m, flag in flags:
             m.training = flag
         with torch.no_grad():
-            for b, value in saved:
-                if b.shape == value.shape:
+            for b, value in saved:  # only what changed: a copy bumps the version of a record's alias
+                if b.shape == value.shape and not torch.equal(b, value):
                     b.copy_(value)
     return _Run(rec, done)
 
 
 # --- comparing ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _isolated() -> Iterator[None]:
+    """hookscope's own arithmetic, outside run B's context: no autograd, no autocast, and no
+    torch-function or dispatch mode of the caller's (they would change or count it)."""
+    with torch.no_grad(), torch.autocast("cpu", enabled=False), torch._C.DisableTorchFunction(), _no_modes():
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", enabled=False):
+                yield
+        else:
+            yield
+
+
 def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
     if a.device.type == "mps":
         return torch.float32  # MPS has no float64
@@ -506,10 +541,9 @@ def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scra
     norms = [math.sqrt(torch.dot(v, v).item()) for v in (xs, ys, gap)]
     if max_abs <= atol:  # nothing can be beyond the tolerance
         within = n
-    else:  # beyond where |a - b| - rtol |b| > atol
-        limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:])
-        torch.sub(gap.abs_(), limit, alpha=rtol, out=limit)
-        within = n - int(torch.count_nonzero(limit > atol).item())
+    else:  # beyond where |a - b| > atol + rtol |b|, as torch.isclose has it
+        limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:]).mul_(rtol).add_(atol)
+        within = n - int(torch.count_nonzero(gap.abs_() > limit).item())
     return [max_abs, max_b, *norms, float(within)]
 
 

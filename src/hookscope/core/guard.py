@@ -96,6 +96,11 @@ def protect(original: torch.Tensor, slot: Slot) -> torch.Tensor:
     """Register ``slot`` as kept on ``original``'s memory; return the alias the model should use."""
     with _lock:
         _registry.setdefault(_key(original), []).append(slot)
+    return guarded(original)
+
+
+def guarded(original: torch.Tensor) -> torch.Tensor:
+    """A :class:`Guarded` alias of ``original``; by itself it keeps nothing and copies nothing."""
     if type(original) is Guarded:
         return original
     with DisableTorchFunctionSubclass():
