@@ -542,8 +542,10 @@ def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scra
     if max_abs <= atol:  # nothing can be beyond the tolerance
         within = n
     else:  # beyond where |a - b| > atol + rtol |b|, as torch.isclose has it
-        limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:]).mul_(rtol).add_(atol)
-        within = n - int(torch.count_nonzero(gap.abs_() > limit).item())
+        limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:])
+        torch.add(torch.tensor(atol, dtype=work), limit, alpha=rtol, out=limit)  # atol + rtol |b|
+        beyond = torch.gt(gap.abs_(), limit, out=scratch.get(n, torch.bool))
+        within = n - int(torch.count_nonzero(beyond).item())
     return [max_abs, max_b, *norms, float(within)]
 
 
