@@ -105,16 +105,22 @@ def captum_map(model: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> torc
 
 
 # --- agreement -----------------------------------------------------------------------------------
-def layer4_and_grad(model: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """layer4's output and the gradient of the summed target logits there, by a plain hook, in float64."""
+def with_layer4(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's output and layer4's, by a plain hook (what a user writes by hand)."""
     kept: list[torch.Tensor] = []
     handle = model.layer4.register_forward_hook(lambda m, i, o: kept.append(o))
     try:
         out = model(x)
     finally:
         handle.remove()
-    (g,) = torch.autograd.grad(out.gather(1, targets.view(-1, 1)).sum(), kept[0])
-    return kept[0].detach().double(), g.double()
+    return out, kept[0]
+
+
+def layer4_and_grad(model: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """layer4's output and the gradient of the summed target logits there, in float64."""
+    out, a = with_layer4(model, x)
+    (g,) = torch.autograd.grad(out.gather(1, targets.view(-1, 1)).sum(), a)
+    return a.detach().double(), g.double()
 
 
 def gradcampp_reference(A: torch.Tensor, G: torch.Tensor, variant: str) -> torch.Tensor:
@@ -172,14 +178,8 @@ def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
     targets = model(x).argmax(1)
 
     def floor() -> Any:
-        kept: list[torch.Tensor] = []
-        handle = model.layer4.register_forward_hook(lambda m, i, o: kept.append(o))
-        try:
-            out = model(x)
-        finally:
-            handle.remove()
-        score = out.gather(1, out.argmax(1, keepdim=True)).sum()
-        return torch.autograd.grad(score, kept[0])
+        out, a = with_layer4(model, x)
+        return torch.autograd.grad(out.gather(1, out.argmax(1, keepdim=True)).sum(), a)
 
     runs: dict[str, Callable[[], Any]] = {"plain": lambda: model(x), "floor": floor}
     for m in OURS:
