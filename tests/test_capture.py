@@ -460,8 +460,8 @@ def test_capture_of_a_compiled_model_whose_record_feeds_a_matmul():
 
 @pytest.mark.parametrize("copy", ["auto", "always", "never"])
 @pytest.mark.parametrize("device", [None, "cpu"])
-def test_handed_on_is_what_keep_hands_the_model(copy, device):
-    from hookscope.core.guard import release
+def test_guards_says_what_keep_hands_the_model(copy, device):
+    from hookscope.core.guard import Guarded, release
     from hookscope.records import COPY_BELOW, Retention
 
     ret = Retention(copy=copy, device=device)
@@ -472,5 +472,5 @@ def test_handed_on_is_what_keep_hands_the_model(copy, device):
     for t in (torch.randn(4), torch.randn(big), torch.randn(0), torch.randn(big).double(), inference):
         slot, alias = ret.keep(t, "x")
         slots.append(slot)
-        assert type(ret.handed_on(t)) is type(alias)
+        assert ret.guards(t) == (type(alias) is Guarded)
     release(slots)

@@ -468,3 +468,65 @@ def test_a_module_returning_a_slice_of_a_large_buffer():
     m = WithPositions().eval()
     d = diff(m, m, torch.randn(2, 4096, 128))
     assert d.first is None and d["pos"][0].max_abs == 0 and no_hooks(m)
+
+
+class SlicedAttention(Attention):
+    def forward(self, x):
+        h = self.inp(x)[:, :1100]  # a view of the guarded alias must stay guarded in both runs
+        return self.att(h, h, h, need_weights=False)[0]
+
+
+def test_views_of_large_outputs_take_the_same_code_paths_in_both_runs():
+    m = SlicedAttention().eval()
+    d = diff(m, m, torch.randn(4, 1200, 64), rtol=0, atol=0)
+    assert d.first is None and all(r.max_abs == 0 for r in d.rows)
+
+
+class MemoryBank(nn.Module):
+    """Writes its buffer in place and returns it (a KV cache, a memory bank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mem", torch.zeros(4096, 128))  # 2 MiB
+
+    def forward(self, x):
+        self.mem.mul_(0.9).add_(0.1 * x)
+        return self.mem
+
+
+def test_an_output_that_is_a_buffer_written_in_place():
+    m = nn.Sequential(MemoryBank(), nn.Linear(128, 4)).eval()
+    d = diff(m, m, torch.randn(4096, 128))
+    assert d.first is None and d["0"][0].max_abs == 0
+    assert m[0].mem.abs().max().item() == 0  # put back afterwards
+
+
+class Picky(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.dim() != 2:
+            raise ValueError("2-D only")
+        return self.lin(x)
+
+
+class TriesFirst(nn.Module):
+    """Tries one layout, catches the error, falls back: a call of `p` raises inside the run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = Picky()
+
+    def forward(self, x):
+        try:
+            return self.p(x.unsqueeze(0))
+        except ValueError:
+            return self.p(x)
+
+
+def test_a_call_that_raises_and_is_caught_by_the_model():
+    m = TriesFirst().eval()
+    d = diff(m, m, torch.randn(4, 8))
+    assert d.first is None and [r.name for r in d.rows] == ["p.lin", "p", ""]

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 
 from ._tree import tree_map
-from .core.guard import Slot, _guardable, guarded, protect
+from .core.guard import Slot, _guardable, protect
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
 
@@ -85,24 +85,26 @@ class Retention:
         return slot, t
 
 
-    def handed_on(self, t: torch.Tensor) -> torch.Tensor:
-        """What :meth:`keep` would hand the model for ``t``, keeping nothing and copying nothing.
+    def guards(self, t: torch.Tensor) -> bool:
+        """Whether :meth:`keep` hands the model a guarded alias of ``t`` (rather than ``t`` itself).
 
-        A run compared with a recorded one must see the same kind of tensors: a guarded alias
-        makes PyTorch skip its fast paths (native multi-head attention, nested tensors).
+        A run compared with a recorded one must see the same kind of tensors: a guarded alias (and
+        every view of it) makes PyTorch skip its fast paths (native attention, nested tensors).
         """
-        v = t.detach() if self.detach else t
-        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(v):
-            return t if v.numel() * v.element_size() < COPY_BELOW else guarded(t)
+        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(t):
+            return t.numel() * t.element_size() >= COPY_BELOW
         if self.device is not None or self.dtype is not None:
-            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
-            target = torch.device(self.device) if self.device is not None else v.device
-            if target.type != v.device.type or target.index not in (None, v.device.index) or (
-                    dtype is not None and dtype != v.dtype):
-                return t  # keep() would copy it
-        if self.copy == "always" or not _guardable(v):
-            return t
-        return guarded(t) if self.copy == "auto" or v.is_inference() else t
+            dtype = self.dtype if self.dtype is not None and t.is_floating_point() else None
+            target = torch.device(self.device) if self.device is not None else t.device
+            index = target.index
+            if index is None and target.type == "cuda" and t.device.type == "cuda":
+                index = torch.cuda.current_device()  # where .to("cuda") goes
+            if target.type != t.device.type or index not in (None, t.device.index) or (
+                    dtype is not None and dtype != t.dtype):
+                return False  # keep() copies it and hands on the tensor itself
+        if self.copy == "always" or not _guardable(t):
+            return False
+        return self.copy == "auto" or t.is_inference()
 
     def keep_grad(self, g: torch.Tensor, where: Any) -> Slot:
         """Keep a gradient (never aliased back into autograd; overwritten memory raises on read)."""

@@ -22,10 +22,10 @@ from torch import nn
 from .._tree import tensors, tree_map
 from .._memory import Scratch, flat
 from ..capture import _hand_back_plain, capture, check_hookable
-from ..core.guard import plain
+from ..core.guard import Slot, plain, protect, release
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, SelectionError, did_you_mean
-from ..records import Recording, Retention
+from ..records import NOT_KEPT, RAISED, Recording, Retention
 from ..selection import Selector, unwrap
 from ..selection import layers as select
 
@@ -397,7 +397,7 @@ def _record(
     flags = [(m, m.training) for m in inner.modules()]
     # BatchNorm in train mode updates its running statistics: put them back, so that run B (or the
     # user's next step) starts from the model as it was given.
-    saved = [(b, b.detach().clone()) for b in inner.buffers()]
+    saved = [(b, b.detach().clone(), _version(b)) for b in inner.buffers()]
     args = tree_map(_fresh, inputs)  # fresh per run: an in-place op of run A cannot reach run B
     kw = tree_map(_fresh, dict(kwargs))
     done: list[str] = []
@@ -409,29 +409,33 @@ def _record(
             running.append((name, type(module).__name__, [tuple(t.shape) for t in tensors(a)]))
         return pre
 
-    # Under torch.compile the comparison must run eagerly between graph pieces, not be traced.
+    # Under torch.compile, hooks run eagerly between graph pieces instead of being traced.
     compiled = "_orig_mod." in prefix
     eager = torch.compiler.disable if compiled else (lambda f: f)
-    hand_over = eager(on_output) if on_output is not None else None
-    # The compared run is handed the same kind of tensors the recorded run gets from capture()
-    # (guarded aliases of large outputs), so that both take the same PyTorch code paths.
+    # The compared run is handed the same kind of tensors the recorded run gets from capture():
+    # guarded aliases of large outputs, registered (by a marker that keeps nothing) so that their
+    # views stay guarded too; both runs then take the same PyTorch code paths.
     like_a = Retention(copy="always" if compiled and copy == "auto" else copy, device=device)  # type: ignore[arg-type]
-    failed: list[BaseException] = []  # an error of the comparison, not of the model
+    marker = Slot(torch.empty(0), "copied", f"run {label}")
+    failed: list[BaseException] = []  # errors of the comparison, not of the model
+
+    def hand_on(t: torch.Tensor) -> torch.Tensor:
+        return protect(t, marker) if like_a.guards(t) else t
 
     def leave(name: str) -> Any:
         def post(module: nn.Module, a: tuple[Any, ...], out: Any) -> Any:
             if running:
                 running.pop()
             done.append(name)
-            if hand_over is None:
+            if on_output is None:
                 return None
             try:
-                with _isolated():
-                    hand_over(name, tree_map(plain, out))  # now, before an in-place op rewrites it
+                with _isolated(device_type):
+                    on_output(name, tree_map(plain, out))  # now, before an in-place op rewrites it
             except BaseException as e:
                 failed.append(e)
                 raise
-            new = tree_map(like_a.handed_on, out)
+            new = tree_map(hand_on, out)
             return None if new is out else new
         return post
 
@@ -441,39 +445,66 @@ def _record(
     try:
         with rec if rec is not None else contextlib.nullcontext():
             for name, module in targets:
-                group.add(module.register_forward_pre_hook(enter(name)))
-                group.add(module.register_forward_hook(leave(name)))
-            if hand_over is not None and like_a.copy != "always":
+                group.add(module.register_forward_pre_hook(eager(enter(name))))
+                group.add(module.register_forward_hook(eager(leave(name))))
+            if on_output is not None and like_a.copy != "always":
                 group.add(model.register_forward_hook(_hand_back_plain))
             with _reseeded(seed, *rng_devices), grad_mode, setting.apply(inner, device_type):
                 try:
                     model(*args, **kw)
                 except Exception as e:
-                    if failed and e is failed[0]:
+                    if any(e is f for f in failed):
                         raise  # the comparison's own error, as it was raised
                     raise HookscopeError(_failure(label, running, e)) from e
+            if rec is not None:
+                _unshare_buffers(rec, inner)
     finally:
+        failed.clear()  # an exception holds frames, and they hold tensors
+        release([marker])
         group.remove()
         for m, flag in flags:
             m.training = flag
         with torch.no_grad():
-            for b, value in saved:  # only what changed: a copy bumps the version of a record's alias
-                if b.shape == value.shape and not torch.equal(b, value):
+            for b, value, version in saved:  # only what changed (BatchNorm's kernel updates its
+                if b.shape == value.shape and (  # running statistics without a version bump)
+                        version is None or _version(b) != version or not torch.equal(b, value)):
                     b.copy_(value)
     return _Run(rec, done)
 
 
+def _version(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version  # inference tensors have no version counter
+
+
+def _unshare_buffers(rec: Recording, model: nn.Module) -> None:
+    """Give run A's records that share memory with a buffer their own copy, before its capture
+    closes: run B, or putting the buffers back, may write there (a KV cache returned as a view)."""
+    storages = {b.untyped_storage().data_ptr() for b in model.buffers()}
+    if not storages:
+        return
+
+    def unshare(slot: Slot) -> Slot:
+        if slot.policy == "auto" and slot.value.untyped_storage().data_ptr() in storages:
+            slot.before_write("")  # "auto" makes its own copy now
+        return slot
+
+    for call in rec.calls:
+        if call._output is not RAISED and call._output is not NOT_KEPT:
+            tree_map(unshare, call._output, leaf=Slot)
+
+
 # --- comparing ----------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _isolated() -> Iterator[None]:
+def _isolated(device_type: str) -> Iterator[None]:
     """hookscope's own arithmetic, outside run B's context: no autograd, no autocast, and no
     torch-function or dispatch mode of the caller's (they would change or count it)."""
-    with torch.no_grad(), torch.autocast("cpu", enabled=False), torch._C.DisableTorchFunction(), _no_modes():
-        if torch.cuda.is_available():
-            with torch.autocast("cuda", enabled=False):
-                yield
-        else:
-            yield
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for kind in dict.fromkeys(("cpu", device_type)):
+            stack.enter_context(torch.autocast(kind, enabled=False))
+        stack.enter_context(torch._C.DisableTorchFunction())
+        stack.enter_context(_no_modes())
+        yield
 
 
 def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
@@ -600,17 +631,24 @@ class _Streamed:
     def __init__(self, rec_a: Recording, rtol: float, atol: float) -> None:
         self.rec_a, self.rtol, self.atol = rec_a, rtol, atol
         self.calls: dict[str, int] = {}
+        self.returned: dict[str, list[Any]] = {}  # run A's calls of a name that returned (not raised)
         self.scratch = Scratch()
         self.pending: dict[tuple[str, int], list[tuple[DiffRow, torch.Tensor | None]]] = {}
 
     def __call__(self, name: str, out_b: Any) -> None:
         k = self.calls.get(name, 0)
         self.calls[name] = k + 1
-        calls_a = self.rec_a[name].calls if name in self.rec_a else []
+        calls_a = self._returned(name)
         if k < len(calls_a):
             rows: list[tuple[DiffRow, torch.Tensor | None]] = []
             _pair(name, k, calls_a[k].output, out_b, self.rtol, self.atol, rows, self.scratch)
             self.pending[(name, k)] = rows
+
+    def _returned(self, name: str) -> list[Any]:
+        if name not in self.returned:
+            calls = self.rec_a[name].calls if name in self.rec_a else []
+            self.returned[name] = [c for c in calls if c._output is not RAISED]
+        return self.returned[name]
 
     def rows(self, done_a: list[str], done_b: list[str]) -> list[DiffRow]:
         """Rows in run A's order of calls, then the calls only run B made."""
@@ -621,7 +659,7 @@ class _Streamed:
             seen[name] = k + 1
             compared = self.pending.get((name, k))
             if compared is None:
-                numel = sum(t.numel() for t in tensors(self.rec_a[name].calls[k].output))
+                numel = sum(t.numel() for t in tensors(self._returned(name)[k].output))
                 pending.append((DiffRow(name, k, 0, _MISSING_B, numel=numel), None))
             else:
                 pending.extend(compared)
