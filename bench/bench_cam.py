@@ -222,7 +222,7 @@ def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
     runs = {"scorecam floor": floor,
             "hookscope scorecam": lambda: cam(model, x, layer="layer4", method="scorecam"),
             "pytorch-grad-cam scorecam (batch 16, its default)": lambda: quiet(lambda: pgc_map("scorecam", model, x, None))}
-    counts["hookscope forwards"] = cam(model, x, layer="layer4", method="scorecam").forwards
+    counts["hookscope masked inputs"] = cam(model, x, layer="layer4", method="scorecam").masked
     return medians(runs, rounds, warmup=0), counts
 
 

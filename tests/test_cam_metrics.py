@@ -1,5 +1,6 @@
 """Deletion / insertion curves and the pointing games, on maps and models whose numbers are known."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,6 +141,24 @@ def test_output_and_callable_target_on_a_dict_model():
     assert by_index.scores[1].tolist() == [20.0, 12.0, 6.0, 2.0, 0.0]
 
 
+def test_output_then_target_as_in_cam_numpy_targets_and_user_function_mistakes():
+    model = DictPixelSum()
+    x = torch.cat([X, 2 * X])
+    maps = torch.cat([MAP, MAP])
+    by_index = deletion(model, x, maps, target=0, steps=4, score="logit", output=lambda o: o["logits"])
+    # the same output= / target= pair as hookscope.cam takes: target gets what output= picked
+    both = deletion(model, x, maps, output=lambda o: o["logits"], target=lambda logits: logits[:, 0], steps=4)
+    assert torch.equal(both.scores, by_index.scores)
+    for numpy_target in (np.int64(0), np.array([0, 0])):
+        got = deletion(model, x, maps, target=numpy_target, steps=4, score="logit", output=lambda o: o["logits"])
+        assert torch.equal(got.scores, by_index.scores)
+    with pytest.raises(HookscopeError, match=r"^target= failed on the model's FakeModelOutput output \(TypeError") as e:
+        deletion(model, x, maps, target=lambda o: o[:, 0], steps=4)
+    assert "\n" not in str(e.value)
+    with pytest.raises(HookscopeError, match=r"^output= failed on the model's FakeModelOutput output \(AttributeError"):
+        deletion(model, x, maps, target=0, output=lambda o: o.scores, steps=4)
+
+
 def test_model_modes_are_restored_and_batch_norm_untouched():
     model = TinyResNet(seed=0).train()
     model.layer1[0].bn1.eval()  # a mixed state, to be restored module by module
@@ -157,8 +176,9 @@ def test_model_modes_are_restored_and_batch_norm_untouched():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"target": 2}, r"target class 2 \(image 0\) is out of range: the model has 2 classes"),
-        ({"target": [0, 1]}, r"does not fit 1 images"),
+        ({"target": 2}, r"target class 2 \(sample 0\) is out of range: the model has 2 classes"),
+        ({"target": [0, 1]}, r"2 class indices for a batch of 1"),
+        ({"target": [[0]]}, r"not one class index per sample"),
         ({"target": "cat"}, r"not a class index"),
         ({"baseline": "blurr"}, r"Did you mean 'blur'"),
         ({"baseline": torch.zeros(2, 2, 2)}, r"does not broadcast"),
@@ -189,9 +209,10 @@ def test_pointing_game_hit_miss_and_tolerance():
     maps = torch.zeros(1, 6, 6)
     maps[0, 1, 4] = 1.0  # the peak, at row 1 column 4
     inside = box_mask([[3, 0, 6, 3]], 6, 6)  # columns 3-5, rows 0-2
-    assert pointing_game(maps, inside).tolist() == [True]
+    assert pointing_game(maps, inside, tolerance=0).tolist() == [True]
     far = box_mask([[0, 3, 3, 6]], 6, 6)  # nearest pixel (row 3, col 2): distance sqrt(8) = 2.83
-    assert pointing_game(maps, far).tolist() == [False]
+    assert pointing_game(maps, far, tolerance=0).tolist() == [False]
+    assert pointing_game(maps, far).tolist() == [True]  # the paper's 15 pixels by default
     assert pointing_game(maps, far, tolerance=2.8).tolist() == [False]
     assert pointing_game(maps, far, tolerance=2.9).tolist() == [True]
 
@@ -202,7 +223,8 @@ def test_pointing_game_batch_and_ties_take_the_first_peak():
     maps[1, 2, 2] = 1.0
     masks = torch.zeros(2, 3, 3, dtype=torch.bool)
     masks[:, 2, 2] = True
-    assert pointing_game(maps, masks).tolist() == [False, True]
+    assert pointing_game(maps, masks, tolerance=0).tolist() == [False, True]
+    assert pointing_game(maps, masks, tolerance=2.8).tolist() == [False, True]  # (0, 0) is 2.83 from (2, 2)
 
 
 def test_energy_pointing_game_by_hand():

@@ -121,5 +121,5 @@ def test_scorecam_matches_its_algorithm_on_resnet18():
     lo, span = a.amin(1, keepdim=True), a.amax(1, keepdim=True) - a.amin(1, keepdim=True)
     live = span[:, 0] > 0
     distinct = len(torch.unique((a[live] - lo[live]) / span[live], dim=0))
-    assert res.forwards == 1 + distinct + int(not live.all())
+    assert res.masked == distinct + int(not live.all())
     assert no_hooks(net)

@@ -168,12 +168,15 @@ def test_cli_image_is_resized_to_the_model_input(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["--target", "99"], "target class 99 is out of range"),
+        (["--target", "99"], "target class 99 (sample 0) is out of range"),
         (["--input", "1x3x32x32", "--image", "x.png"], "either --image PATH or --input SHAPE, not both"),
         (["--image", "/nonexistent.png"], "no such image file: /nonexistent.png"),
         (["--method", "gradcamm"], "Did you mean 'gradcam'"),
         (["--layer", "layer9"], "matches no module of TinyResNet"),
         (["--image", "x.png", "--size", "1x2x3"], "--size '1x2x3' is not HxW"),
+        (["--alpha", "2"], "--alpha 2 is not a weight; give a number from 0 to 1"),
+        (["--input", "1x1x32x32"], "TinyResNet's forward pass failed on an input of shape (1, 1, 32, 32)"),
+        (["--tokens", "1"], "expected B x tokens x C, got 4 dimensions"),
     ],
 )
 def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, match):
@@ -181,3 +184,9 @@ def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, match):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hookscope cam: error:") and match in err[0]
     assert not (tmp_path / "o.png").exists()
+
+
+def test_cli_out_folder_must_exist_before_any_work(tmp_path, capsys):
+    assert _cli("tiny", "--out", str(tmp_path / "missing" / "o.png")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such folder" in err[0]

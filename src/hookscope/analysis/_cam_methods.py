@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -143,81 +144,105 @@ def _distinct_channels(A: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Te
     return jobs, owner
 
 
-def _progress(total: int, show: bool) -> Callable[[Iterable[int]], Iterator[int]]:
-    def plain(it: Iterable[int]) -> Iterator[int]:
-        yield from it
+class _Progress:
+    """Score-CAM's progress bar: tqdm when installed, else a one-line counter on stderr."""
 
-    if not show:
-        return plain
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional: a one-line counter on stderr instead
-        def counter(it: Iterable[int]) -> Iterator[int]:
-            for i, v in enumerate(it, 1):
-                yield v
-                print(f"\rscorecam: {i}/{total} batches", end="" if i < total else "\n", file=sys.stderr)
+    def __init__(self, total: int, done: int) -> None:
+        self.total, self.done, self.bar = total, done, None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # tqdm is optional
+            self._print()
+        else:
+            self.bar = tqdm(total=total, initial=done, desc="scorecam", unit="batch")
 
-        return counter
-    return lambda it: iter(tqdm(it, total=total, desc="scorecam", unit="batch"))
+    def _print(self) -> None:
+        end = "" if self.done < self.total else "\n"
+        print(f"\rscorecam: {self.done}/{self.total} batches", end=end, file=sys.stderr, flush=True)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            self._print()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+_SHOW_AFTER = 5.0  # seconds: a run the first batch says will take longer gets a progress bar
 
 
 def score_weights(
-    forward: Callable[[torch.Tensor], torch.Tensor],
+    scores: Scorer,
     inputs: torch.Tensor,
     A: torch.Tensor,
-    targets: torch.Tensor,
     *,
     batch_size: int,
     progress: bool | None,
-) -> tuple[torch.Tensor, int]:
-    """Score-CAM (Wang et al. 2020) channel weights ``B x K`` and the number of forwards run.
+) -> tuple[torch.Tensor, int, int]:
+    """Score-CAM (Wang et al. 2020) channel weights ``B x K``, masked inputs scored, and model calls.
 
     ``H_k = minmax(up(A_k))`` (bilinear upsampling to the input size, then min-max to [0, 1]);
-    ``s_k = logit_c(X * H_k)``; ``w = softmax_k(s)`` (the paper's Algorithm 1, and pytorch-grad-cam;
+    ``s_k = score(X * H_k)``; ``w = softmax_k(s)`` (the paper's Algorithm 1, and pytorch-grad-cam;
     the paper's baseline term ``- f(X_b)`` is the same for every channel, so the softmax ignores it).
     Channels with equal masks share one forward; constant channels give the zero mask, whose input
     ``X * 0`` is the same for every image, so they cost one forward of a single zero image in all.
-    ``forward`` maps a batch of inputs to ``n x classes`` logits (no grad, no hooks).
+    ``scores(batch, rows)`` runs the model (no hooks) on masked inputs whose samples are ``rows``
+    and returns one score per row; given a single input it scores it for every row.
 
     Example:
         >>> lin = torch.nn.Linear(4, 2)
-        >>> fwd = lambda x: lin(x.flatten(1))
-        >>> w, runs = score_weights(fwd, torch.ones(1, 1, 2, 2), torch.zeros(1, 3, 2, 2), torch.tensor([0]),
-        ...                         batch_size=8, progress=False)
-        >>> w, runs   # three constant channels: equal weights, one forward of the zero image
-        (tensor([[0.3333, 0.3333, 0.3333]]), 1)
+        >>> scorer = lambda x, rows: lin(x.flatten(1))[:, 0].expand(len(rows))
+        >>> w, masked, calls = score_weights(scorer, torch.ones(1, 1, 2, 2), torch.zeros(1, 3, 2, 2),
+        ...                                  batch_size=8, progress=False)
+        >>> w, masked, calls   # three constant channels: equal weights, one forward of the zero image
+        (tensor([[0.3333, 0.3333, 0.3333]]), 1, 1)
     """
     with torch.no_grad():
-        return _score_weights(forward, inputs, A, targets, batch_size, progress)
+        return _score_weights(scores, inputs, A, batch_size, progress)
 
 
-def _score_weights(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, A: torch.Tensor,
-                   targets: torch.Tensor, batch_size: int, progress: bool | None) -> tuple[torch.Tensor, int]:
+def _score_weights(scorer: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_size: int,
+                   progress: bool | None) -> tuple[torch.Tensor, int, int]:
     B, K = A.shape[:2]
     size = (inputs.shape[-2], inputs.shape[-1])
     jobs, owner = _distinct_channels(A)
     job_scores = torch.empty(len(jobs), device=A.device, dtype=torch.float32)
     n_batches = math.ceil(len(jobs) / batch_size)
-    show = progress if progress is not None else n_batches > 50
     # On the CPU, oneDNN runs convolutions on channels-last inputs without reordering them each
     # call: 25 against 29 ms per masked resnet18 image here. A model that cannot take that layout
     # (a .view() of its input, say) gets contiguous inputs from its first failure on; that failed
     # first batch ran part of the model once more (its hooks and stateful modules see it).
     layout = torch.channels_last if inputs.dim() == 4 and inputs.device.type == "cpu" else None
-    for i in _progress(n_batches, show)(range(n_batches)):
-        chunk = jobs[i * batch_size:(i + 1) * batch_size]
-        jb = torch.tensor([b for b, _ in chunk], device=A.device)
-        jk = torch.tensor([k for _, k in chunk], device=A.device)
-        masks = _masks(A[jb, jk], size).to(inputs.dtype)
-        batch = inputs[jb] * masks
-        if layout is not None:
-            try:
-                logits = forward(batch.contiguous(memory_format=layout))
-            except RuntimeError:
-                layout = None
-        if layout is None:
-            logits = forward(batch)
-        job_scores[i * batch_size:i * batch_size + len(chunk)] = logits.gather(1, targets[jb].unsqueeze(1)).squeeze(1)
+    bar: _Progress | None = None
+    calls, started = 0, time.perf_counter()
+    try:
+        for i in range(n_batches):
+            chunk = jobs[i * batch_size:(i + 1) * batch_size]
+            jb = torch.tensor([b for b, _ in chunk], device=A.device)
+            jk = torch.tensor([k for _, k in chunk], device=A.device)
+            batch = inputs[jb] * _masks(A[jb, jk], size).to(inputs.dtype)
+            if layout is not None:
+                try:
+                    calls += 1
+                    got = scorer(batch.contiguous(memory_format=layout), jb)
+                except RuntimeError:
+                    layout = None
+            if layout is None:
+                calls += 1
+                got = scorer(batch, jb)
+            job_scores[i * batch_size:i * batch_size + len(chunk)] = got
+            if bar is not None:
+                bar.step()
+            elif progress or (progress is None and (time.perf_counter() - started) * n_batches > _SHOW_AFTER):
+                bar = _Progress(n_batches, i + 1)
+    finally:
+        if bar is not None:
+            bar.close()
     runs = len(jobs)
     scores = torch.empty(B, K, device=A.device, dtype=torch.float32)
     owner = owner.to(A.device)
@@ -225,7 +250,7 @@ def _score_weights(forward: Callable[[torch.Tensor], torch.Tensor], inputs: torc
     if len(jobs):
         scores[known] = job_scores[owner[known]]
     if not bool(known.all()):
-        zero_logits = forward(torch.zeros_like(inputs[:1]))[0]
-        scores = torch.where(known, scores, zero_logits[targets].unsqueeze(1).to(scores.dtype))
-        runs += 1
-    return torch.softmax(scores, dim=1).to(A.dtype), runs
+        zero = scorer(torch.zeros_like(inputs[:1]), torch.arange(B, device=A.device)).to(scores.dtype)
+        scores = torch.where(known, scores, zero.unsqueeze(1))
+        runs, calls = runs + 1, calls + 1
+    return torch.softmax(scores, dim=1).to(A.dtype), runs, calls

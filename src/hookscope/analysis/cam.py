@@ -3,32 +3,32 @@
 One forward pass with forward hooks (a :class:`~hookscope.core.hooks.HookGroup`, removed in
 ``finally``) keeps each target layer's activation with its autograd graph; gradient methods then
 call ``torch.autograd.grad`` on those activations only. No ``.backward()``, no parameter ``.grad``
-written, no ``zero_grad``; train/eval flags untouched; works on frozen models and under an outer
-``torch.no_grad()`` or ``torch.inference_mode()``.
+written, no ``zero_grad``; every train/eval flag put back as it was; works on frozen models and
+under an outer ``torch.no_grad()`` or ``torch.inference_mode()``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._tree import first_tensor, tree_map
+from .._tree import first_tensor, tensors, tree_map
 from ..capture import check_hookable
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, layers, unwrap
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
+from ._targets import Target, call_user, class_targets, is_function, read_logits
 
-__all__ = ["METHODS", "CamResult", "cam"]
+__all__ = ["METHODS", "CamResult", "cam", "tokens_to_grid"]
 
 METHODS = ("cam", "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
-
-Target = int | Sequence[int] | torch.Tensor | Callable[[Any], torch.Tensor] | None
 
 
 @dataclass
@@ -40,20 +40,49 @@ class CamResult:
             per image to [0, 1] (several layers: fused, then normalised again).
         raw: per layer name, the ``B x h x w`` map before upsampling and normalisation (after ReLU
             where the method has one).
-        targets: ``B`` long tensor of the class indices used (``None`` when target is a callable).
-        scores: ``B`` scores of the targets (the model's output read through ``output``), detached.
+        targets: ``B`` long tensor of the class indices used (``None`` when target is a function,
+            or for Eigen-CAM on a model whose output holds no logits).
+        scores: ``B`` scores of the targets (the model's output read through ``output``), detached;
+            ``None`` where ``targets`` is ``None`` for want of logits.
         layers: qualified names of the layers used (names of the unwrapped model).
         method: the method's name, as in :data:`METHODS`.
-        forwards: how many forward passes of the model were run (Score-CAM: 1 + its masked inputs).
+        forwards: how many times the model was called (Score-CAM: the first pass plus one call per
+            batch of masked inputs).
+        masked: how many masked inputs Score-CAM evaluated (channels with equal masks share one).
     """
 
     maps: torch.Tensor
     raw: dict[str, torch.Tensor]
     targets: torch.Tensor | None
-    scores: torch.Tensor
+    scores: torch.Tensor | None
     layers: list[str]
     method: str
     forwards: int = 1
+    masked: int = 0
+
+
+def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``reshape=`` for transformer layers: ``B x (skip + h*w) x C`` tokens -> ``B x C x h x w``.
+
+    The first ``skip`` tokens (a ViT's class token: 1; DeiT's class and distillation tokens: 2) are
+    dropped and the rest laid out row by row on an ``h x w`` grid (square unless ``grid`` says).
+    For a ``B x h x w x C`` activation (Swin) pass ``reshape=lambda t: t.permute(0, 3, 1, 2)`` instead.
+
+    Example:
+        >>> tokens_to_grid(skip=1)(torch.zeros(2, 1 + 14 * 14, 768)).shape
+        torch.Size([2, 768, 14, 14])
+    """
+    def reshape(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim != 3:
+            raise ValueError(f"expected B x tokens x C, got {t.ndim} dimensions; a layer of tokens needs it")
+        body = t[:, skip:]
+        n = body.shape[1]
+        h, w = grid if grid is not None else (math.isqrt(n), math.isqrt(n))
+        if h * w != n:
+            raise ValueError(f"{n} tokens after skipping {skip} do not fill a {h} x {w} grid; pass grid=(h, w) or skip=")
+        return body.transpose(1, 2).reshape(t.shape[0], t.shape[2], h, w)
+
+    return reshape
 
 
 class _Pass:
@@ -66,13 +95,13 @@ class _Pass:
         self.head: tuple[str, nn.Module, Any, Any] | None = None  # the last nn.Linear call
 
 
-def _keeper(store: list[torch.Tensor | None], make_leaf: bool) -> Any:
+def _keeper(store: list[torch.Tensor | None]) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
         t = first_tensor(output)
         if t is None:
             store.append(None)
             return None
-        a = t.detach().requires_grad_() if make_leaf and not t.requires_grad else t
+        a = t if t.requires_grad else t.detach().requires_grad_()  # integer inputs (token ids) give no graph
         store.append(a)
         # Keep `a`, hand the model a copy: a later in-place op (ReLU(inplace=True), out += identity)
         # would rewrite the kept values and move `a`'s autograd history past it (pytorch/pytorch#61519).
@@ -97,27 +126,38 @@ def _head_watcher(name: str, p: _Pass) -> Any:
     return hook
 
 
+def _forward(model: nn.Module, x: torch.Tensor) -> Any:
+    """``model(x)``; a failure becomes one line naming the model and the input (chained)."""
+    try:
+        return model(x)
+    except HookscopeError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise HookscopeError(f"{type(unwrap(model)[0]).__name__}'s forward pass failed on an input of shape "
+                             f"{tuple(x.shape)} ({x.dtype}): {type(e).__name__}: {first}") from e
+
+
 def _hooked_forward(model: nn.Module, x: torch.Tensor, keep: list[tuple[str, nn.Module]],
-                    watch: list[tuple[str, nn.Module]], heads: list[tuple[str, nn.Module]],
-                    make_leaf: bool) -> _Pass:
+                    watch: list[tuple[str, nn.Module]], heads: list[tuple[str, nn.Module]]) -> _Pass:
     p = _Pass(keep)
     group = HookGroup()
     try:
         for name, module in keep:
-            group.add(module.register_forward_hook(_keeper(p.kept[name], make_leaf)))
+            group.add(module.register_forward_hook(_keeper(p.kept[name])))
         for name, module in watch:
             group.add(module.register_forward_hook(_watcher(name, p)))
         for name, module in heads:
             group.add(module.register_forward_hook(_head_watcher(name, p)))
-        p.output = model(x)
+        p.output = _forward(model, x)
     finally:
         group.remove()
     return p
 
 
-def _of_type(inner: nn.Module, kind: type) -> list[tuple[str, nn.Module]]:
+def _of_type(inner: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Module]]:
     seen: set[int] = set()
-    out = []
+    out: list[tuple[str, nn.Module]] = []
     for n, m in inner.named_modules():
         if n and isinstance(m, kind) and id(m) not in seen:
             seen.add(id(m))
@@ -139,84 +179,53 @@ def _gap_source(p: _Pass, model_name: str) -> str:
                          f"{hname!r} is not the spatial mean of any layer's output; use method='gradcam'")
 
 
-def _run(model: nn.Module, inner: nn.Module, x: torch.Tensor, chosen: list[tuple[str, nn.Module]] | None,
-         method: str, grad: bool) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
-    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, forwards)."""
+def _last_conv(p: _Pass, model_name: str) -> str:
+    """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output (a squeeze-excitation 1 x 1 has no map)."""
+    spatial = [name for name, t, _ in p.watched if t.shape[2] * t.shape[3] > 1]
+    if not spatial:
+        raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
+                             "pass; pass layer= (see hookscope.names(model))")
+    name = spatial[-1]
+    calls = sum(1 for n, _, _ in p.watched if n == name)
+    if calls > 1:
+        raise HookscopeError(f"the last convolution {name!r} ran {calls} times in the forward pass; CAM needs one "
+                             "output per layer, so pass layer= a layer that runs once")
+    return name
+
+
+def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor],
+         chosen: list[tuple[str, nn.Module]] | None, method: str) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
+    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls)."""
     heads = _of_type(inner, nn.Linear) if method == "cam" else []
     if chosen is not None:
-        return _hooked_forward(model, x, chosen, [], heads, grad), chosen, 1
+        return _hooked_forward(model, fresh(), chosen, [], heads), chosen, 1
     # Watch without copying, then use the layer's output as it is if nothing rewrote it in place.
     watch = _of_type(inner, nn.Module if method == "cam" else nn.Conv2d)
-    p = _hooked_forward(model, x, [], watch, heads, False)
-    if method == "cam":
-        name = _gap_source(p, type(inner).__name__)
-    elif p.watched:
-        name = p.watched[-1][0]
-    else:
-        raise HookscopeError(f"no nn.Conv2d ran in {type(inner).__name__}'s forward pass; "
-                             "pass layer= (see hookscope.names(model))")
+    p = _hooked_forward(model, fresh(), [], watch, heads)
+    name = _gap_source(p, type(inner).__name__) if method == "cam" else _last_conv(p, type(inner).__name__)
     found = [(name, dict(watch)[name])]
     _, t, version = next(w for w in reversed(p.watched) if w[0] == name)
     if t._version == version:
         p.kept = {name: [t]}
         return p, found, 1
     # an in-place op rewrote that output after the layer ran: run again, keeping a copy of it
-    return _hooked_forward(model, x, found, [], heads, grad), found, 2
+    return _hooked_forward(model, fresh(), found, [], heads), found, 2
 
 
-def _depends_on(t: torch.Tensor, leaf: torch.Tensor) -> bool:
-    """Does ``t``'s autograd graph reach ``leaf``?"""
+def _reaches(t: torch.Tensor, target: torch.Tensor) -> bool:
+    """Does ``t``'s autograd graph reach the tensor ``target`` (its graph node, or itself as a leaf)?"""
+    node = target.grad_fn
     seen: dict[int, Any] = {}  # keeps nodes alive so their ids stay unique
     stack = [t.grad_fn]
     while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
+        n = stack.pop()
+        if n is None or id(n) in seen:
             continue
-        seen[id(node)] = node
-        if getattr(node, "variable", None) is leaf:
+        seen[id(n)] = n
+        if n is node or getattr(n, "variable", None) is target:
             return True
-        stack.extend(n for n, _ in node.next_functions)
+        stack.extend(m for m, _ in n.next_functions)
     return False
-
-
-def _read_logits(output: Callable[[Any], torch.Tensor] | None, out: Any, B: int) -> torch.Tensor:
-    if output is None:
-        if not isinstance(out, torch.Tensor):
-            raise HookscopeError(f"the model returns a {type(out).__name__}, not a logits tensor; pass "
-                                 "output= a function that picks B x classes logits, e.g. output=lambda o: o.logits")
-        logits = out
-    else:
-        try:
-            logits = output(out)
-        except (AttributeError, KeyError, IndexError, TypeError) as e:
-            raise HookscopeError(f"output= could not read the model's {type(out).__name__} output "
-                                 f"({type(e).__name__}: {e}); fix the output= function") from None
-    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != B:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise HookscopeError(f"class targets need B x classes logits (B={B}), got {shape}; pass output= "
-                             "that returns them, or a callable target that returns one score per sample")
-    return logits
-
-
-def _class_targets(target: Target, logits: torch.Tensor) -> torch.Tensor:
-    B, C = logits.shape
-    if target is None:
-        return logits.argmax(1)
-    try:  # ints, lists, tensors, numpy integers and arrays
-        if isinstance(target, (bool, str, bytes)):
-            raise TypeError
-        t = torch.as_tensor(target, device=logits.device)
-    except (TypeError, ValueError, RuntimeError):
-        raise HookscopeError(f"target={target!r} is not a class index, a list of them, a tensor or a function") from None
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise HookscopeError(f"target must hold integer class indices, got dtype {t.dtype}")
-    t = t.long().expand(B) if t.ndim == 0 else t.long().flatten()
-    if t.shape[0] != B:
-        raise HookscopeError(f"target has {t.shape[0]} class indices for a batch of {B}; give one per sample or one int")
-    bad = (t < 0) | (t >= C)
-    if bool(bad.any()):
-        raise HookscopeError(f"target class {int(t[bad][0])} is out of range: the model has {C} classes (0..{C - 1})")
-    return t
 
 
 def _as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.Tensor] | None, B: int) -> torch.Tensor:
@@ -230,8 +239,8 @@ def _as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.T
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         fix = "make reshape= return" if reshape is not None else "pass reshape= a function to"
         raise HookscopeError(f"layer {name!r} gives an activation of shape {shape}, not B x C x h x w (B={B}); "
-                             f"{fix} B x C x h x w, e.g. reshape=lambda t: t[:, 1:].transpose(1, 2)"
-                             ".reshape(t.shape[0], -1, 14, 14) for ViT tokens")
+                             f"{fix} B x C x h x w, e.g. reshape=hookscope.analysis.cam.tokens_to_grid(skip=1) "
+                             "for ViT tokens (CLI: --tokens 1)")
     return t
 
 
@@ -260,17 +269,67 @@ def _check_call(model: nn.Module, inputs: Any, method: str, target: Target, fuse
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 3:
         shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         raise HookscopeError(f"inputs of shape {shape} have no spatial size; pass a B x C x H x W batch")
-    if callable(target) and not isinstance(target, torch.Tensor) and method in ("cam", "scorecam"):
-        raise HookscopeError(f"method={method!r} needs class-index targets (int, list or None), not a "
-                             "function; use a gradient method such as 'gradcam' for a callable target")
+    if is_function(target) and method == "cam":
+        raise HookscopeError("method='cam' weighs channels by the head's row of a class, so it needs class-index "
+                             "targets (int, list or None), not a function; use 'gradcam' for a target function")
     if method == "scorecam" and not inputs.is_floating_point():
         raise HookscopeError(f"scorecam multiplies the inputs by masks, so they must be floating point, not {inputs.dtype}")
-    training_bn = next((n for n, m in inner.named_modules()
-                        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training), None)
-    if training_bn is not None:
-        raise HookscopeError(f"batch norm {training_bn!r} is in training mode: it would mix the samples' "
-                             "gradients and update its running statistics; call model.eval() first")
     return inner
+
+
+def _scores(target: Target, output: Callable[[Any], torch.Tensor] | None, out: Any, B: int, method: str
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(score of each sample, class targets, logits) read from the model's output; None where not read."""
+    if is_function(target):
+        score = call_user(target, out if output is None else call_user(output, out, "output="), "target=")  # type: ignore[arg-type]
+        if not isinstance(score, torch.Tensor) or score.shape != (B,):
+            got = tuple(score.shape) if isinstance(score, torch.Tensor) else type(score).__name__
+            raise HookscopeError(f"the target function returned {got}; it must return one score per sample, shape ({B},)")
+        return score, None, None
+    try:
+        logits = read_logits(output, out, B)
+    except HookscopeError:
+        if method == "eigencam" and target is None:  # Eigen-CAM needs no score: none read is fine
+            return None, None, None
+        raise
+    targets = logits.argmax(1) if target is None else class_targets(target, B, logits.shape[1], logits.device)
+    return logits.gather(1, targets.unsqueeze(1)).squeeze(1), targets, logits
+
+
+def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tensor] | None,
+            targets: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Score-CAM's scores of a batch of masked inputs; ``rows`` are their samples (one input: every row)."""
+    def scores(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        out = model(batch)
+        if targets is None:  # a target function, which scores each row on its own
+            s, _, _ = _scores(target, output, out, batch.shape[0], "scorecam")
+            return s.float().expand(len(rows))  # type: ignore[union-attr]
+        logits = read_logits(output, out, batch.shape[0]).float()
+        return logits.expand(len(rows), -1).gather(1, targets[rows].unsqueeze(1)).squeeze(1)
+
+    return scores
+
+
+def _gradient_maps(method: str, acts: dict[str, torch.Tensor], A: dict[str, torch.Tensor], score: torch.Tensor,
+                   reshape: Callable[[torch.Tensor], torch.Tensor] | None, B: int) -> dict[str, torch.Tensor]:
+    names = list(acts)
+    grads = (torch.autograd.grad(score.sum(), [acts[n] for n in names], allow_unused=True)
+             if score.requires_grad else [None] * len(names))
+    raw = {}
+    for n, g in zip(names, grads):
+        if g is None:
+            raise HookscopeError(f"layer {n!r}'s output does not reach the target score (no gradient "
+                                 "flows back to it); pick a layer the score depends on")
+        G = _as_4d(n, g, reshape, B)
+        if reshape is not None:
+            lost = (G.flatten(1).abs().amax(1) == 0) & (g.flatten(1).abs().amax(1) > 0)
+            if bool(lost.any()):
+                raise HookscopeError(
+                    f"layer {n!r}: the score's gradient reaches only positions that reshape= drops (sample "
+                    f"{int(lost.nonzero()[0, 0])}), such as a class token the head reads; pick a layer before the "
+                    "last mixing of tokens, e.g. the last block's first norm")
+        raw[n] = gradient_map(method, A[n], G)
+    return raw
 
 
 def cam(
@@ -303,38 +362,43 @@ def cam(
     ``"xgradcam"``        Fu et al. 2020: ``w_k = sum_ij(A_k g_k) / sum_ij A_k``, ``relu(sum_k w_k A_k)``.
     ``"hirescam"``        Draelos & Carin 2020: ``relu(sum_k g_k * A_k)``.
     ``"layercam"``        Jiang et al. 2021: ``relu(sum_k relu(g_k) * A_k)``.
-    ``"scorecam"``        Wang et al. 2020: masks ``H_k = minmax(upsample(A_k))`` (bilinear,
-                          align_corners=True as pytorch-grad-cam), ``w = softmax_k(logit_c(X * H_k))``,
-                          ``relu(sum_k w_k A_k)``. Masked inputs run in ``batch_size`` chunks under
-                          ``no_grad``; channels with equal masks share one forward, constant channels
-                          (zero masks) share one forward of a zero image.
+    ``"scorecam"``        Wang et al. 2020, Algorithm 1 (as pytorch-grad-cam): masks
+                          ``H_k = minmax(upsample(A_k))`` (bilinear, align_corners=True),
+                          ``w = softmax_k(score(X * H_k))``, ``relu(sum_k w_k A_k)``. Masked inputs run
+                          in ``batch_size`` chunks under ``no_grad``; channels with equal masks share
+                          one forward, constant channels (zero masks) share one forward of a zero image.
     ``"eigencam"``        Muhammad & Yeasin 2020: ``relu`` of the projection of the channel-centred
                           activations on their first principal component, sign fixed so the loadings
                           sum to >= 0. Needs no gradient and no target.
     ====================  ==============================================================================
 
-    The score of sample ``b`` is ``logits[b, target_b]``; gradients come from one
-    ``torch.autograd.grad(score.sum(), activations)``, which gives each sample's own gradient because
-    samples do not interact in eval mode (a batch norm in training mode is refused). Maps are
-    upsampled bilinearly (align_corners=False) to the input's ``H x W`` and normalised per image as
-    ``(m - min) / (max - min)``; a constant map becomes all zeros.
+    The model runs in eval mode (every module's flag is put back afterwards), so batch norm uses its
+    running statistics, dropout is off, and the samples of a batch do not interact: the score of
+    sample ``b`` is ``logits[b, target_b]`` and one ``torch.autograd.grad(score.sum(), activations)``
+    gives each sample's own gradient. Maps are upsampled bilinearly (align_corners=False) to the
+    input's ``H x W`` and normalised per image as ``(m - min) / (max - min)``; a constant map becomes
+    all zeros. A layer whose output does not depend on the input, or (but for Eigen-CAM) does not
+    reach the score, is refused.
 
     Args:
-        model: any ``nn.Module`` in eval mode (wrappers such as DataParallel are seen through).
-        inputs: ``B x C x H x W`` batch (detached and copied; your tensor is not touched).
+        model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
+        inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
         layer: a layer selector (name, glob, type, module...) or a list of them; several layers give
-            maps that are upsampled, normalised and fused. ``None``: the last ``nn.Conv2d`` in
-            execution order (``"cam"``: the layer the head pools).
+            maps that are upsampled, normalised and fused. ``None``: the last ``nn.Conv2d`` with a
+            spatial output in execution order (``"cam"``: the layer the head pools).
         method: one of :data:`METHODS` (``"Grad-CAM++"`` and ``"grad_cam"`` spellings accepted).
         target: ``None`` (each sample's predicted class, from the same forward pass), a class index
             for all, one index per sample, or a function of the model's output (through ``output``
-            if given) returning ``B`` scores, e.g. a segmentation region's summed logit.
+            if given) returning ``B`` scores, e.g. a segmentation region's summed logit or a cosine
+            similarity to an embedding. Score-CAM calls the function on the outputs of batches of
+            masked inputs too, so it must score each row on its own.
         output: picks ``B x classes`` logits from the model's output, e.g. ``lambda o: o.logits``.
         reshape: turns a non-4-D activation (``B x tokens x C``) into ``B x C x h x w``; applied to
-            the activation and to its gradient.
+            the activation and to its gradient. :func:`tokens_to_grid` is the usual one.
         fuse: ``"mean"`` or ``"max"`` over layers.
         batch_size: Score-CAM's masked inputs per forward.
-        progress: Score-CAM progress bar (tqdm if installed); ``None``: only beyond 50 batches.
+        progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
+            shown when the first batch says the whole run will take over 5 seconds.
 
     Returns:
         A :class:`CamResult`.
@@ -348,72 +412,76 @@ def cam(
     """
     method = _check_method(method)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
-    chosen = None if layer is None else layers(model, layer)
+    chosen = None if layer is None else layers(model, cast(Selector, layer))  # lists are flattened there
     if chosen is not None:
         check_hookable(chosen)
-    grad = method in GRADIENT_METHODS
-    B, size = inputs.shape[0], (inputs.shape[-2], inputs.shape[-1])
-    by_function = callable(target) and not isinstance(target, torch.Tensor)
-    with torch.inference_mode(False), (torch.enable_grad() if grad else torch.no_grad()):
-        x = inputs.clone() if inputs.is_inference() else inputs.detach()
-        leaf = x.requires_grad_() if grad and x.is_floating_point() else None
-        if leaf is not None:
-            x = leaf.clone()  # the model may write into its input; ours, not the caller's
-        p, chosen, forwards = _run(model, inner, x, chosen, method, grad)
-        acts: dict[str, torch.Tensor] = {}
-        for name, _ in chosen:
-            got = p.kept[name]
-            if len(got) != 1 or got[0] is None:
-                what = "did not run" if not got else f"ran {len(got)} times" if len(got) > 1 else "returned no tensor"
-                raise HookscopeError(f"layer {name!r} {what} in the forward pass; CAM needs one tensor "
-                                     "output per layer, so pick a layer that runs once")
-            acts[name] = got[0]
-        A = {n: _as_4d(n, a.detach(), reshape, B) for n, a in acts.items()}
-        if by_function:
-            score = target(p.output if output is None else output(p.output))  # type: ignore[operator]
-            if not isinstance(score, torch.Tensor) or score.shape != (B,):
-                got_shape = tuple(score.shape) if isinstance(score, torch.Tensor) else type(score).__name__
-                raise HookscopeError(f"the target function returned {got_shape}; it must return one score per sample, shape ({B},)")
-            targets = None
-        else:
-            logits = _read_logits(output, p.output, B)
-            targets = _class_targets(target, logits)
-            score = logits.gather(1, targets.unsqueeze(1)).squeeze(1)
-        raw: dict[str, torch.Tensor] = {}
-        if grad:
-            for n, a in acts.items():
-                if leaf is not None and not _depends_on(a, leaf):
-                    raise HookscopeError(f"layer {n!r}'s output does not depend on the input, so its map says "
-                                         "nothing about the image; pick a layer on the path from input to output")
-            names = list(acts)
-            grads = (torch.autograd.grad(score.sum(), [acts[n] for n in names], allow_unused=True)
-                     if score.requires_grad else [None] * len(names))
-            for n, g in zip(names, grads):
-                if g is None:
-                    raise HookscopeError(f"layer {n!r}'s output does not reach the target score (no gradient "
-                                         "flows back to it); pick a layer the score depends on")
-                raw[n] = gradient_map(method, A[n], _as_4d(n, g, reshape, B))
-        elif method == "eigencam":
-            raw = {n: eigen_map(a) for n, a in A.items()}
-        elif method == "cam":
-            raw = {n: _cam(n, a, p, logits, targets) for n, a in A.items()}  # type: ignore[arg-type]
-        else:
-            def forward(batch: torch.Tensor) -> torch.Tensor:
-                return _read_logits(output, model(batch), batch.shape[0])
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.inference_mode(False), torch.enable_grad():
+            return _cam(model, inner, inputs, chosen, method, target, output, reshape, fuse, batch_size, progress)
+    finally:
+        for m, flag in modes:
+            m.training = flag
 
-            for n, a in A.items():
-                weights, runs = score_weights(forward, x, a, targets, batch_size=batch_size, progress=progress)  # type: ignore[arg-type]
-                raw[n] = torch.einsum("bk,bkhw->bhw", weights, a).clamp(min=0)
-                forwards += runs
+
+def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[tuple[str, nn.Module]] | None,
+         method: str, target: Target, output: Callable[[Any], torch.Tensor] | None,
+         reshape: Callable[[torch.Tensor], torch.Tensor] | None, fuse: str, batch_size: int,
+         progress: bool | None) -> CamResult:
+    B, size = inputs.shape[0], (inputs.shape[-2], inputs.shape[-1])
+    original = inputs.detach().clone()  # what Score-CAM masks, whatever the model writes into its input
+    leaf = original.detach().requires_grad_() if original.is_floating_point() else None
+    base = leaf if leaf is not None else original
+
+    def fresh() -> torch.Tensor:  # the model may write into its input: ours, never the caller's
+        return base.clone()
+
+    p, chosen, forwards = _run(model, inner, fresh, chosen, method)
+    acts: dict[str, torch.Tensor] = {}
+    for name, _ in chosen:
+        got = p.kept[name]
+        if len(got) != 1 or got[0] is None:
+            what = "did not run" if not got else f"ran {len(got)} times" if len(got) > 1 else "returned no tensor"
+            raise HookscopeError(f"layer {name!r} {what} in the forward pass; CAM needs one tensor "
+                                 "output per layer, so pick a layer that runs once")
+        acts[name] = got[0]
+    A = {n: _as_4d(n, a.detach(), reshape, B) for n, a in acts.items()}
+    for n, a in acts.items():
+        if leaf is not None and not _reaches(a, leaf):
+            raise HookscopeError(f"layer {n!r}'s output does not depend on the input, so its map says "
+                                 "nothing about the image; pick a layer on the path from input to output")
+    score, targets, logits = _scores(target, output, p.output, B, method)
+    if method not in GRADIENT_METHODS:  # gradient methods find out from autograd.grad itself
+        ends = [score] if score is not None else [t for t in tensors(p.output) if t.grad_fn is not None]
+        for n, a in acts.items():
+            if not any(_reaches(e, a) for e in ends):
+                what = "the target score" if score is not None else "the model's output"
+                raise HookscopeError(f"layer {n!r}'s output does not reach {what}; pick a layer the output depends on")
+    masked = 0
+    if method in GRADIENT_METHODS:
+        raw = _gradient_maps(method, acts, A, score, reshape, B)  # type: ignore[arg-type]
+    elif method == "eigencam":
+        raw = {n: eigen_map(a) for n, a in A.items()}
+    elif method == "cam":
+        raw = {n: _cam_rows(n, a, p, logits, targets) for n, a in A.items()}  # type: ignore[arg-type]
+    else:
+        raw = {}
+        scorer = _scorer(model, target, output, targets)
+        for n, a in A.items():
+            weights, runs, calls = score_weights(scorer, original, a, batch_size=batch_size, progress=progress)
+            raw[n] = torch.einsum("bk,bkhw->bhw", weights, a).clamp(min=0)
+            masked, forwards = masked + runs, forwards + calls
     ups = [_normalise(F.interpolate(r.unsqueeze(1), size=size, mode="bilinear", align_corners=False).squeeze(1))
            for r in raw.values()]
     stacked = torch.stack(ups)
     fused = stacked.mean(0) if fuse == "mean" else stacked.amax(0)
-    return CamResult(maps=_normalise(fused), raw=raw, targets=targets, scores=score.detach(),
-                     layers=list(raw), method=method, forwards=forwards)
+    return CamResult(maps=_normalise(fused), raw=raw, targets=targets,
+                     scores=None if score is None else score.detach(), layers=list(raw), method=method,
+                     forwards=forwards, masked=masked)
 
 
-def _cam(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _cam_rows(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """CAM's map after checking that the model ends in GAP + the linear head whose rows it uses."""
     if p.head is None:
         raise HookscopeError("method='cam' needs a global-average-pool + nn.Linear head, and no nn.Linear "
@@ -428,4 +496,4 @@ def _cam(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, targets: to
                                and torch.allclose(hout, logits))):
         raise HookscopeError(f"method='cam' uses the rows of {hname!r}, but the logits are not that layer's "
                              "output; pass output= that returns it, or use method='gradcam'")
-    return cam_map(head.weight.detach()[targets], A)  # type: ignore[index]
+    return cam_map(cast(torch.Tensor, head.weight).detach()[targets], A)

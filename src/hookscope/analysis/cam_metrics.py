@@ -17,6 +17,7 @@ from torch import nn
 
 from .._tree import tree_map
 from ..errors import HookscopeError, did_you_mean
+from ._targets import call_user, check_range, class_targets, is_function
 
 __all__ = [
     "Curve",
@@ -175,7 +176,7 @@ def _curve(
     try:
         model.eval()
         with torch.no_grad():
-            targets = None if callable(target) else _targets(model, inputs, target, read)
+            targets = None if is_function(target) else _targets(model, inputs, target, read)
             rows = (steps + 1) * b  # row r: step r // b of image r % b
             chunk = batch_size if targets is not None else max(1, batch_size // b) * b
             parts = []
@@ -187,11 +188,11 @@ def _curve(
                 batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
                 out = model(batch)
                 if targets is None:
-                    parts.append(_call_target(target, out, len(r) // b, b))  # type: ignore[arg-type]
+                    parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
                 else:
                     logits = read(out)
                     if start == 0:  # once, before any score is read
-                        _check_range(targets, logits.shape[1])
+                        check_range(targets, logits.shape[1])
                     parts.append(_score(logits, targets[img], score))
             scores = torch.cat(parts).reshape(steps + 1, b).t().to(torch.float32)
     finally:
@@ -258,7 +259,7 @@ def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_S
 
 def _reader(output: Callable[[Any], torch.Tensor] | None) -> Callable[[Any], torch.Tensor]:
     def read(out: Any) -> torch.Tensor:
-        logits = output(out) if output is not None else out
+        logits = call_user(output, out, "output=") if output is not None else out
         if not isinstance(logits, torch.Tensor):
             raise HookscopeError(
                 f"the model returns a {type(out).__name__}, not a tensor of logits; pass output= a "
@@ -275,31 +276,9 @@ def _reader(output: Callable[[Any], torch.Tensor] | None) -> Callable[[Any], tor
 
 
 def _targets(model: nn.Module, inputs: torch.Tensor, target: Target, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
-    b = inputs.shape[0]
     if target is None:
         return read(model(inputs)).argmax(dim=1)
-    if isinstance(target, (bool, str)) or not isinstance(target, (int, Sequence, torch.Tensor)):
-        raise HookscopeError(
-            f"target={target!r} is not a class index; pass an int, one int per image, a callable "
-            "returning B scores, or None for the predicted class"
-        )
-    t = torch.as_tensor(target, device=inputs.device)
-    if t.is_floating_point() or t.dim() > 1 or (t.dim() == 1 and t.numel() != b):
-        raise HookscopeError(
-            f"target of shape {tuple(t.shape)} ({t.dtype}) does not fit {b} images; pass one int "
-            "for all, or one integer class index per image"
-        )
-    return t.long().expand(b).clone()
-
-
-def _check_range(targets: torch.Tensor, classes: int) -> None:
-    bad = ((targets < 0) | (targets >= classes)).nonzero()
-    if len(bad):
-        i = int(bad[0, 0])
-        raise HookscopeError(
-            f"target class {int(targets[i])} (image {i}) is out of range: the model has {classes} "
-            f"classes (0 to {classes - 1})"
-        )
+    return class_targets(target, inputs.shape[0], device=inputs.device)
 
 
 def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:
@@ -312,12 +291,14 @@ def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Ten
     return values.gather(1, targets.unsqueeze(1)).squeeze(1)
 
 
-def _call_target(fn: Callable[[Any], torch.Tensor], out: Any, copies: int, b: int) -> torch.Tensor:
-    """Call the user's target once per step, each time on the output rows of the ``b`` images."""
+def _call_target(fn: Callable[[Any], torch.Tensor], output: Callable[[Any], torch.Tensor] | None, out: Any,
+                 copies: int, b: int) -> torch.Tensor:
+    """Call the user's target once per step, each time on the output rows of the ``b`` images
+    (read through ``output=`` first, as :func:`hookscope.cam` does)."""
     values = []
     for j in range(copies):
         part = tree_map(lambda t: t[j * b : (j + 1) * b] if t.dim() and t.shape[0] == copies * b else t, out)
-        v = fn(part)
+        v = call_user(fn, part if output is None else call_user(output, part, "output="), "target=")
         if not isinstance(v, torch.Tensor) or v.shape != (b,):
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
             raise HookscopeError(
@@ -343,11 +324,12 @@ def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Te
     return maps.detach(), masks.to(device=maps.device, dtype=torch.bool)
 
 
-def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 0) -> torch.Tensor:
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15) -> torch.Tensor:
     """Pointing game (Zhang et al. 2018): does each map's maximum fall on the object?
 
     A hit when the map's maximum (the first in row-major order if several pixels share it) lies
-    within ``tolerance`` pixels (Euclidean) of a ground-truth pixel. The paper uses 15 pixels.
+    within ``tolerance`` pixels (Euclidean) of a ground-truth pixel: 15 by default, as in the paper;
+    ``tolerance=0`` asks for the peak to lie on the object itself.
 
     Args:
         maps: ``B x H x W`` saliency maps.
@@ -360,7 +342,7 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
 
     Example:
         >>> m = torch.zeros(1, 4, 4); m[0, 1, 2] = 1
-        >>> pointing_game(m, box_mask([[2, 0, 4, 2]], 4, 4)).tolist()
+        >>> pointing_game(m, box_mask([[2, 0, 4, 2]], 4, 4), tolerance=0).tolist()
         [True]
     """
     maps, masks = _masks(maps, masks, "pointing_game")

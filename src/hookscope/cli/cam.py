@@ -38,6 +38,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--method", metavar="M", default="gradcam", help=_METHODS_HELP)
     p.add_argument("--target", metavar="K", type=int, default=None,
                    help="class index (default: the predicted class of each input)")
+    p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
+                   help="the layer gives B x tokens x C (a vision transformer): drop the first SKIP tokens "
+                        "(a class token: 1) and lay the rest on a square grid")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the map in the overlay (default 0.5)")
     p.add_argument("--out", metavar="PNG", required=True,
                    help="where to save the overlay; a batch of N saves NAME_0.png ... NAME_{N-1}.png")
@@ -90,8 +93,17 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.cam import cam
     from ..viz.overlay import save_overlay
 
+    from ..analysis.cam import tokens_to_grid
+
     if args.image is not None and args.input is not None:
         raise HookscopeError("give either --image PATH or --input SHAPE, not both")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise HookscopeError(f"--alpha {args.alpha:g} is not a weight; give a number from 0 to 1")
+    if args.tokens is not None and args.tokens < 0:
+        raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
+    folder = Path(args.out).parent
+    if not folder.is_dir():
+        raise HookscopeError(f"--out {args.out}: no such folder {str(folder)!r}; create it first")
     model = load_model(args.model, seed=args.seed)
     if args.image is not None:
         x, first = _load_image(args)
@@ -102,13 +114,15 @@ def run(args: argparse.Namespace) -> int:
             raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
         pictures = [_picture(x[i]) for i in range(x.shape[0])]
     layer = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
-    result = cam(model, x, layer=layer, method=args.method, target=args.target, fuse=args.fuse)
+    reshape = tokens_to_grid(args.tokens) if args.tokens is not None else None
+    result = cam(model, x, layer=layer, method=args.method, target=args.target, fuse=args.fuse, reshape=reshape)
     shape = "x".join(str(d) for d in x.shape)
     print(f"{type(model).__name__}, input {shape}, method {result.method}, "
           f"layer{'s' if len(result.layers) > 1 else ''} {', '.join(result.layers)}")
     targets = result.targets.tolist() if result.targets is not None else [None] * x.shape[0]
-    scores = result.scores.tolist()
+    scores = result.scores.tolist() if result.scores is not None else None
     for i, path in enumerate(_paths(args.out, x.shape[0])):
         save_overlay(pictures[i], result.maps[i], path, alpha=args.alpha)
-        print(f"image {i}: class {targets[i]}, score {scores[i]:.4f} -> {path}")
+        said = f"class {targets[i]}, score {scores[i]:.4f}" if scores is not None else "no class scores"
+        print(f"image {i}: {said} -> {path}")
     return 0
