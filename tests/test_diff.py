@@ -530,3 +530,16 @@ def test_a_call_that_raises_and_is_caught_by_the_model():
     m = TriesFirst().eval()
     d = diff(m, m, torch.randn(4, 8))
     assert d.first is None and [r.name for r in d.rows] == ["p.lin", "p", ""]
+
+
+def test_rng_helper_shared_with_summary():
+    from hookscope._rng import kept_rng, rng_devices
+
+    if not torch.cuda.is_initialized():  # then every CUDA generator is kept too
+        assert rng_devices([torch.zeros(1), torch.zeros(1, device="meta")]) == ([], None)
+    state = torch.get_rng_state()
+    with kept_rng(([], None), seed=3):
+        drawn = torch.rand(2)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(2), drawn)

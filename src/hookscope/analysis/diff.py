@@ -21,6 +21,7 @@ from torch import nn
 
 from .._tree import tensors, tree_map
 from .._memory import Scratch, flat
+from .._rng import RngDevices, kept_rng, rng_devices
 from ..capture import _hand_back_plain, capture, check_hookable
 from ..core.guard import Slot, plain, protect, release
 from ..core.hooks import HookGroup
@@ -32,7 +33,7 @@ from ..selection import layers as select
 try:  # private, but the only way to step outside the caller's dispatch modes
     from torch.utils._python_dispatch import _disable_current_modes as _no_modes
 except ImportError:  # pragma: no cover
-    _no_modes = contextlib.nullcontext
+    _no_modes = contextlib.nullcontext  # type: ignore[assignment]
 
 __all__ = ["diff", "Diff", "DiffRow", "Settings", "settings", "Unmatched", "RTOL", "ATOL"]
 
@@ -204,8 +205,10 @@ class Diff:
     ``unmatched`` lists the selected names only one model has.
 
     Example:
-        >>> # d = hookscope.diff(model, model, x, b=hookscope.settings(autocast=torch.bfloat16))
-        >>> # d.first.name, d["fc"][0].max_abs, print(d.table())
+        >>> net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
+        >>> [r.name for r in d], d.first.name, d["0"][0].dtype_b
+        (['0', '1', ''], '0', 'bfloat16')
     """
 
     def __init__(
@@ -245,7 +248,10 @@ class Diff:
         """The comparison as a text table, with the first divergence and the unmatched names below.
 
         Example:
-            >>> # print(hookscope.diff(a, b, x).table(only_diverging=True))
+            >>> net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
+            >>> print(d.table(only_diverging=True).splitlines()[-1])  # doctest: +ELLIPSIS
+            first divergence: 0 (call 0): ... of 8 elements beyond tolerance, max abs ...
         """
         calls: dict[str, set[int]] = {}
         parts: dict[tuple[str, int], int] = {}
@@ -304,7 +310,10 @@ class Diff:
         """Plain data: settings, tolerance, rows, first divergence and unmatched names.
 
         Example:
-            >>> # json.dumps(d.to_dict())
+            >>> net = nn.Linear(4, 4)
+            >>> data = diff(net, net, torch.ones(2, 4)).to_dict()
+            >>> data["first"], data["rows"][0]["status"], data["rows"][0]["shape_a"]
+            (None, 'ok', [2, 4])
         """
         def row(r: DiffRow) -> dict[str, Any]:
             return {k: _finite(list(v) if isinstance(v, tuple) else v) for k, v in asdict(r).items()}
@@ -323,7 +332,9 @@ class Diff:
         """:meth:`to_dict` as JSON (non-finite numbers as the strings ``"nan"``, ``"inf"``).
 
         Example:
-            >>> # open("diff.json", "w").write(d.to_json())
+            >>> net = nn.Linear(4, 4)
+            >>> json.loads(diff(net, net, torch.ones(2, 4)).to_json())["rows"][0]["cosine"]
+            1.0
         """
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
@@ -339,17 +350,6 @@ class Diff:
 def _fresh(t: torch.Tensor) -> torch.Tensor:
     c = t.detach().clone()
     return c.requires_grad_() if t.requires_grad else c
-
-
-@contextlib.contextmanager
-def _reseeded(seed: int | None, devices: list[int], device_type: str | None) -> Iterator[None]:
-    """Same RNG stream for both runs (dropout masks match), the caller's RNG state put back after."""
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=devices, device_type=device_type):
-        torch.manual_seed(seed)
-        yield
 
 
 class _Run(NamedTuple):
@@ -379,7 +379,7 @@ def _record(
     label: str,
     device_type: str,
     seed: int | None,
-    rng_devices: tuple[list[int], str | None],
+    rng_devices: RngDevices,
     no_grad: bool,
     copy: str | None,
     device: torch.device | str | None,
@@ -449,7 +449,9 @@ def _record(
                 group.add(module.register_forward_hook(eager(leave(name))))
             if on_output is not None and like_a.copy != "always":
                 group.add(model.register_forward_hook(_hand_back_plain))
-            with _reseeded(seed, *rng_devices), grad_mode, setting.apply(inner, device_type):
+            # the same RNG stream for both runs (dropout masks match), the caller's put back after
+            reseeded = kept_rng(rng_devices, seed=seed) if seed is not None else contextlib.nullcontext()
+            with reseeded, grad_mode, setting.apply(inner, device_type):
                 try:
                     model(*args, **kw)
                 except Exception as e:
@@ -819,13 +821,8 @@ def diff(
     check_hookable(targets_b)
     kwargs = dict(kwargs or {})
     dev = _first_device(unwrap(model_a)[0], inputs)
-    used = {t.device for m in (model_a, model_b) for t in m.parameters()} | {
-        t.device for t in tensors((inputs, kwargs))}
-    accel = [d for d in used if d.type not in ("cpu", "meta") and d.index is not None]
-    rng_devices: tuple[list[int], str | None] = ([], None)
-    if accel:
-        rng_devices = (sorted({d.index for d in accel if d.type == accel[0].type}), accel[0].type)
-    common = dict(kwargs=kwargs, device_type=dev.type, seed=seed, rng_devices=rng_devices,
+    rngs = rng_devices([*model_a.parameters(), *model_b.parameters(), *tensors((inputs, kwargs))])
+    common = dict(kwargs=kwargs, device_type=dev.type, seed=seed, rng_devices=rngs,
                   no_grad=no_grad, copy=copy, device=device)
     run_a = _record(model_a, targets_a, inputs, setting=set_a, label="A", **common)  # type: ignore[arg-type]
     assert run_a.rec is not None

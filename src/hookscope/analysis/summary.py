@@ -18,11 +18,13 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .._tree import first_tensor, tensors, tree_map
+from .._rng import kept_rng, rng_devices
+from .._tree import tensors, tree_map
 from ..capture import check_hookable
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, did_you_mean
 from ..selection import layers, unwrap
+from ._macs import ProductCounter, has_rule, own_macs
 
 __all__ = ["summary", "Summary", "Row", "Totals", "own_macs"]
 
@@ -36,7 +38,11 @@ class Row:
     Counts are numbers of elements. ``params`` counts the module's own parameters (those it shares
     with a module listed earlier are named in ``shared``); ``params_total`` and ``trainable_total``
     count every distinct parameter of its subtree once. ``macs`` are the multiply-adds of this call,
-    calls nested inside it included.
+    calls nested inside it included: the module's rule for common layers, else the matrix products
+    of the functions its own forward calls (``@``, ``F.linear``, ``einsum``, attention...).
+    ``uncounted`` names the products this call computed but could not count (``einsum`` of three
+    operands, ``tensordot``...); ``macs_partial`` says ``macs`` is then only a lower bound, also
+    when the uncounted product ran in a nested call.
     """
 
     name: str
@@ -59,6 +65,8 @@ class Row:
     output_shapes: list[Shape] = field(default_factory=list)
     output_dtypes: list[str] = field(default_factory=list)
     macs: int = 0
+    macs_partial: bool = False
+    uncounted: tuple[str, ...] = ()
 
     @property
     def frozen_total(self) -> int:
@@ -74,14 +82,20 @@ class Row:
         """The row as plain data (tuples become lists in JSON).
 
         Example:
-            >>> # summary(model, x).row("fc").to_dict()["output_shapes"]
+            >>> d = summary(nn.Linear(4, 2), torch.zeros(3, 4)).row("").to_dict()
+            >>> d["type"], d["output_shapes"], d["params_total"], d["macs"]
+            ('Linear', [(3, 2)], 10, 24)
         """
         return {**dataclasses.asdict(self), "frozen_total": self.frozen_total}
 
 
 @dataclass(frozen=True)
 class Totals:
-    """Whole-model figures: each parameter and buffer tensor once, the mult-adds of every call."""
+    """Whole-model figures: each parameter and buffer tensor once, the mult-adds of every call.
+
+    ``macs_partial``: some call computed a product that could not be counted (see ``Row.uncounted``),
+    so ``macs`` is a lower bound.
+    """
 
     params: int
     trainable: int
@@ -96,6 +110,7 @@ class Totals:
     calls: int
     modules: int
     not_called: int
+    macs_partial: bool = False
 
 
 class Summary:
@@ -106,8 +121,9 @@ class Summary:
     to its type. ``rows`` holds the rows down to ``depth``; :meth:`row` finds any row.
 
     Example:
-        >>> # s = hookscope.summary(model, torch.randn(1, 3, 224, 224))
-        >>> # s.totals.params, s.row("layer1.0.conv1").output_shapes, print(s)
+        >>> s = summary(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), torch.zeros(3, 4))
+        >>> s.totals.params, s.row("0").output_shapes, s.modules
+        (40, [(3, 8)], {'': 'Sequential', '0': 'Linear', '1': 'ReLU'})
     """
 
     def __init__(self, model: str, inputs: list[tuple[Shape, str]], rows: list[Row], totals: Totals,
@@ -127,7 +143,10 @@ class Summary:
         """The row of call number ``call`` (from 0) of module ``name`` (``""`` is the model).
 
         Example:
-            >>> # s.row("shared", call=1).output_shapes
+            >>> relu = nn.ReLU()  # one module called twice: a row per call
+            >>> s = summary(nn.Sequential(relu, nn.Flatten(), relu), torch.zeros(2, 3, 4))
+            >>> s.row("0").output_shapes, s.row("0", call=1).output_shapes
+            ([(2, 3, 4)], [(2, 12)])
         """
         found = [r for r in self.all_rows if r.name == name]
         if not found:
@@ -143,7 +162,8 @@ class Summary:
         """Plain data (lists, dicts, numbers, strings), ready for ``json.dumps``.
 
         Example:
-            >>> # s.to_dict()["totals"]["params"]
+            >>> summary(nn.Linear(4, 2), torch.zeros(3, 4)).to_dict()["totals"]["macs"]
+            24
         """
         return {
             "model": self.model,
@@ -157,7 +177,9 @@ class Summary:
         """:meth:`to_dict` as JSON text.
 
         Example:
-            >>> # json.loads(s.to_json())["totals"]["macs"]
+            >>> data = json.loads(summary(nn.Linear(4, 2), torch.zeros(3, 4)).to_json())
+            >>> data["rows"][0]["output_shapes"], data["totals"]["params"]
+            ([[3, 2]], 10)
         """
         return json.dumps(self.to_dict(), indent=indent)
 
@@ -165,7 +187,22 @@ class Summary:
         """The table for people: the module tree with shapes, counts, mult-adds and modes, then totals.
 
         Example:
-            >>> # print(s.to_text())
+            >>> print(summary(nn.Linear(4, 2).eval(), torch.zeros(3, 4)).to_text())
+            Linear: input 3x4 float32
+            =====================================================================================
+            Layer (type)  Output shape  Params  Total  Trainable  Buffers  Mult-adds  Mode  Notes
+            =====================================================================================
+            Linear        3x2               10     10        yes        0         24  eval
+            =====================================================================================
+            Params: 10; trainable 10, frozen 0 (shared tensors counted once)
+            Param bytes: 40 B
+            Buffers: 0 tensors, 0 elements, 0 B
+            Mult-adds: 24
+            Input bytes: 48 B
+            Activation bytes (new outputs of innermost calls): 24 B
+            Module calls: 1; modules: 1, never called: 0
+            =====================================================================================
+            <BLANKLINE>
         """
         return _render(self)
 
@@ -174,73 +211,6 @@ class Summary:
 
     def __repr__(self) -> str:
         return f"Summary({self.model}, {len(self.all_rows)} rows, {self.totals.params:,} params)"
-
-
-# --- mult-adds ------------------------------------------------------------------------------------
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str) -> Any:
-    return args[i] if len(args) > i else kwargs.get(name)
-
-
-def _mha_macs(m: nn.MultiheadAttention, q: torch.Tensor, k: torch.Tensor) -> int:
-    if q.dim() == 3:
-        first, second = (1, 0) if m.batch_first else (0, 1)
-        n, seq_q, seq_k = q.shape[second], q.shape[first], k.shape[first]
-    else:  # unbatched (L, E)
-        n, seq_q, seq_k = 1, q.shape[0], k.shape[0]
-    e = m.embed_dim
-    projections = seq_q * e * e + seq_k * (m.kdim + m.vdim) * e + seq_q * e * e  # q, k, v, out_proj
-    attention = 2 * seq_q * seq_k * e  # Q K^T and weights @ V, all heads together
-    return int(n * (projections + attention))
-
-
-def _rnn_macs(m: nn.RNNBase, x: Any) -> int:
-    if isinstance(x, nn.utils.rnn.PackedSequence):
-        steps = x.data.shape[0]
-    else:
-        steps = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
-    gates = {"LSTM": 4, "GRU": 3}.get(m.mode, 1)
-    hidden, dirs = m.hidden_size, 2 if m.bidirectional else 1
-    out = m.proj_size or hidden
-    per_step = 0
-    for layer in range(m.num_layers):
-        n_in = m.input_size if layer == 0 else out * dirs
-        per_step += gates * hidden * (n_in + out) + (hidden * m.proj_size if m.proj_size else 0)
-    return steps * dirs * per_step
-
-
-def own_macs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> int:
-    """Multiply-adds of one call of a layer of a common type (matrix products only; 0 for others).
-
-    Counted: convolutions and transposed convolutions, ``Linear``, ``Bilinear``,
-    ``MultiheadAttention`` (the four projections and both attention products), ``RNN``, ``LSTM``,
-    ``GRU`` and their cells. Bias additions, normalisations and activations count 0.
-
-    Example:
-        >>> conv = nn.Conv2d(3, 8, 3)
-        >>> x = torch.zeros(1, 3, 5, 5)
-        >>> own_macs(conv, (x,), {}, conv(x))  # 8 x 3 x 3 outputs, 3 x 3 x 3 products each
-        1944
-    """
-    out = first_tensor(output)
-    if isinstance(module, nn.modules.conv._ConvTransposeNd):
-        x = _arg(args, kwargs, 0, "input")  # every input element meets out_channels/groups kernels
-        return int(x.numel()) * (module.out_channels // module.groups) * math.prod(module.kernel_size)
-    if isinstance(module, nn.modules.conv._ConvNd) and out is not None:
-        return out.numel() * (module.in_channels // module.groups) * math.prod(module.kernel_size)
-    if isinstance(module, nn.Linear) and out is not None:
-        return out.numel() * module.in_features
-    if isinstance(module, nn.Bilinear) and out is not None:  # (x1^T A_k) then a dot with x2
-        return out.numel() * (module.in1_features + 1) * module.in2_features
-    if isinstance(module, nn.MultiheadAttention):
-        return _mha_macs(module, _arg(args, kwargs, 0, "query"), _arg(args, kwargs, 1, "key"))
-    if isinstance(module, nn.RNNBase):
-        return _rnn_macs(module, _arg(args, kwargs, 0, "input"))
-    if isinstance(module, nn.RNNCellBase):
-        x = _arg(args, kwargs, 0, "input")
-        gates = 4 if isinstance(module, nn.LSTMCell) else 3 if isinstance(module, nn.GRUCell) else 1
-        batch = x.shape[0] if x.dim() == 2 else 1
-        return batch * gates * module.hidden_size * (module.input_size + module.hidden_size)
-    return 0
 
 
 # --- the forward pass -----------------------------------------------------------------------------
@@ -268,14 +238,18 @@ def _storage(t: torch.Tensor) -> int | None:
 class _Call:
     """What the hooks learn about one call while the forward pass runs (metadata only)."""
 
-    __slots__ = ("name", "inputs", "outputs", "own_macs", "macs", "nested", "activation_bytes")
+    __slots__ = ("name", "inputs", "ruled", "outputs", "own_macs", "macs", "uncounted", "partial", "nested",
+                 "activation_bytes")
 
-    def __init__(self, name: str, inputs: list[tuple[Shape, str]]) -> None:
+    def __init__(self, name: str, inputs: list[tuple[Shape, str]], ruled: bool) -> None:
         self.name = name
         self.inputs = inputs
+        self.ruled = ruled  # own_macs has a rule for the module: the products inside it are its own
         self.outputs: list[tuple[Shape, str]] | None = None  # None until the call returns
-        self.own_macs = 0
+        self.own_macs = 0  # the rule's count, or the products of functions it called itself
         self.macs = 0  # nested calls included
+        self.uncounted: dict[str, None] = {}  # products it computed that could not be counted
+        self.partial = False  # macs is a lower bound: a product here or in a nested call not counted
         self.nested = 0
         self.activation_bytes = 0
 
@@ -295,12 +269,22 @@ class _Tracer:
     def open_calls(self) -> list[_Call]:
         return self._stacks.get(threading.get_ident(), [])
 
+    def product(self, op: str, macs: int | None) -> None:
+        """A matrix product a function computed (see ProductCounter): the innermost open call's."""
+        stack = self.open_calls()
+        if not stack or stack[-1].ruled:  # the module's rule counts it already
+            return
+        if macs is None:
+            stack[-1].uncounted[op] = None
+        else:
+            stack[-1].own_macs += macs
+
     def _pre(self, name: str) -> Any:
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             stack = self._stacks.setdefault(threading.get_ident(), [])
             if stack:
                 stack[-1].nested += 1
-            call = _Call(name, _described(list(tensors((args, kwargs)))))
+            call = _Call(name, _described(list(tensors((args, kwargs)))), has_rule(module))
             self.calls.append(call)
             stack.append(call)
 
@@ -316,8 +300,9 @@ class _Tracer:
             call = stack.pop()
             outs = list(tensors(output))
             call.outputs = _described(outs)
-            call.own_macs = own_macs(module, args, kwargs, output)
+            call.own_macs += own_macs(module, args, kwargs, output)
             call.macs += call.own_macs
+            call.partial = call.partial or bool(call.uncounted)
             if not call.nested:  # an innermost call: its new outputs are the activations
                 seen = {_storage(t) for t in tensors((args, kwargs))}  # in place or a view: not new
                 for t in outs:
@@ -327,6 +312,7 @@ class _Tracer:
                         seen.add(key)
             if stack:
                 stack[-1].macs += call.macs
+                stack[-1].partial = stack[-1].partial or call.partial
 
         return post
 
@@ -381,6 +367,23 @@ def _model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
+def _target_device(device: torch.device | str) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise HookscopeError(f"device={device!r} is not a device PyTorch knows; "
+                             "pass 'cpu', 'cuda', 'cuda:1', 'mps' or a torch.device") from None
+
+
+def _moved(inputs: Any, target: torch.device) -> Any:
+    try:
+        return tree_map(lambda t: t.to(target), inputs)
+    except (RuntimeError, AssertionError) as e:  # a device this build or machine does not have
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise HookscopeError(f"the example input cannot be moved to device={str(target)!r} ({detail}); "
+                             "pass a device this machine has, or None for the model's own") from None
+
+
 def summary(
     model: nn.Module,
     *inputs: Any,
@@ -392,12 +395,21 @@ def summary(
 
     Per module call, in execution order: qualified name (indented by its depth in the module
     tree), type, the shape of every tensor of its (nested) output, own and total parameters
-    (trainable / frozen), buffers, train/eval flag and multiply-adds (convolutions, linear,
-    bilinear, attention, recurrent layers); modules the pass never reached get a row with
-    ``called=False``. Totals count each parameter tensor once, however many modules share it.
+    (trainable / frozen), buffers, train/eval flag and multiply-adds; modules the pass never
+    reached get a row with ``called=False``. Totals count each parameter tensor once, however many
+    modules share it.
+
+    Multiply-adds come from a rule per common layer (convolutions, linear, bilinear,
+    ``MultiheadAttention``, recurrent layers), and, in any other module, from the matrix products
+    of the torch functions its own forward calls (``@``, ``matmul``, ``bmm``, ``einsum`` of two
+    operands, ``F.linear``, ``F.conv*``, ``F.scaled_dot_product_attention``), seen by a torch
+    function mode active during this pass only. A product it cannot count (``einsum`` of three
+    operands, ``tensordot``) is named in ``Row.uncounted`` and the counts above it are marked as
+    lower bounds.
 
     The train/eval flags are left as they are; in training mode, buffers the pass updates
-    (BatchNorm's running statistics) are restored afterwards. Every hook is removed, also on errors.
+    (BatchNorm's running statistics) are restored afterwards, and so are the caller's random
+    number generators (dropout draws). Every hook is removed, also on errors.
 
     Args:
         model: any ``nn.Module``; DataParallel / DDP / ``torch.compile`` wrappers are seen through
@@ -413,9 +425,9 @@ def summary(
         A :class:`Summary`: ``print(s)`` shows the table, ``s.to_json()`` gives it to programs.
 
     Raises:
-        HookscopeError: the forward pass failed (for example an input of the wrong shape or dtype);
-            the message names the module where it failed, the inputs that reached it and the
-            layers executed before it.
+        HookscopeError: ``device`` is not a device this machine has; or the forward pass failed
+            (for example an input of the wrong shape or dtype): the message names the module where
+            it failed, the inputs that reached it and the layers executed before it.
 
     Example:
         >>> import torch
@@ -432,14 +444,16 @@ def summary(
     inner, _ = unwrap(model)
     selected = layers(model, lambda name, module: True)  # every module once, the model itself too
     check_hookable(selected)
-    target = torch.device(device) if device is not None else _model_device(inner)
-    args, kw = (inputs, kwargs) if target is None else tree_map(lambda t: t.to(target), (inputs, kwargs))
+    target = _target_device(device) if device is not None else _model_device(inner)
+    args, kw = (inputs, kwargs) if target is None else _moved((inputs, kwargs), target)
+    rngs = rng_devices([*inner.parameters(), *inner.buffers(), *tensors((args, kw))])
     tracer = _Tracer()
     saved = _snapshot_buffers(inner)
     group = HookGroup()
     try:
         tracer.register(selected, group)
-        with torch.no_grad():
+        # dropout draws from the caller's generators: put back, as if the pass had not run
+        with kept_rng(rngs), torch.no_grad(), ProductCounter(tracer.product):
             model(*args, **kw)
     except Exception as e:
         raise _failure(e, tracer, type(inner).__name__) from e
@@ -524,6 +538,7 @@ def _assemble(inner: nn.Module, selected: list[tuple[str, nn.Module]], tracer: _
             templates[c.name], called=True, call=index[c.name], calls=counts[c.name],
             input_shapes=[s for s, _ in c.inputs], input_dtypes=[d for _, d in c.inputs],
             output_shapes=[s for s, _ in outs], output_dtypes=[d for _, d in outs], macs=c.macs,
+            macs_partial=c.partial, uncounted=tuple(c.uncounted),
         ))
     _place_never_called(rows, templates, [n for n, _ in selected])
     params, buffers = list(inner.parameters()), list(inner.buffers())
@@ -541,6 +556,7 @@ def _assemble(inner: nn.Module, selected: list[tuple[str, nn.Module]], tracer: _
         calls=len(tracer.calls),
         modules=len(selected),
         not_called=sum(1 for n in templates if n not in counts),
+        macs_partial=any(c.uncounted for c in tracer.calls),
     )
     return Summary(
         type(inner).__name__,
@@ -580,6 +596,12 @@ def _shapes(shapes: list[Shape]) -> str:
     return (shown + f", ... ({len(shapes)} tensors)") if len(shapes) > 4 else shown or "-"
 
 
+def _macs_cell(macs: int, partial: bool) -> str:
+    if partial:  # a lower bound: some product was not counted
+        return f">= {macs:,}" if macs else "?"
+    return f"{macs:,}" if macs else "-"
+
+
 def _cells(r: Row) -> list[str]:
     label = "  " * r.depth + (f"{r.name} ({r.type})" if r.name else r.type)
     first = r.call == 0
@@ -593,6 +615,8 @@ def _cells(r: Row) -> list[str]:
     if first:
         notes += [f"{k} shared with {v}" for k, v in r.shared.items()]
         notes += [f"also named {a}" for a in r.aliases]
+    if r.uncounted:
+        notes.append(f"mult-adds not counted: {', '.join(r.uncounted)}")
     return [
         label,
         _shapes(r.output_shapes) if r.called else "(not called)",
@@ -600,10 +624,16 @@ def _cells(r: Row) -> list[str]:
         f"{r.params_total:,}" if first else "--",
         trainable if first else "--",
         f"{r.buffer_numel:,}" if first else "--",
-        f"{r.macs:,}" if r.macs else "-",
+        _macs_cell(r.macs, r.macs_partial),
         "train" if r.training else "eval",
         "; ".join(notes),
     ]
+
+
+def _uncounted(s: Summary) -> str:
+    where = [f"{', '.join(r.uncounted)} in {r.name or s.model}" for r in s.all_rows if r.uncounted]
+    where = list(dict.fromkeys(where))
+    return "; ".join(where[:3]) + (f" and {len(where) - 3} more (Row.uncounted)" if len(where) > 3 else "")
 
 
 def _render(s: Summary) -> str:
@@ -626,7 +656,7 @@ def _render(s: Summary) -> str:
         "(shared tensors counted once)",
         f"Param bytes: {_bytes(t.param_bytes)}",
         f"Buffers: {t.buffers} tensors, {t.buffer_numel:,} elements, {_bytes(t.buffer_bytes)}",
-        f"Mult-adds: {_count(t.macs)}",
+        f"Mult-adds: {_count(t.macs)}" + (f" at least; not counted: {_uncounted(s)}" if t.macs_partial else ""),
         f"Input bytes: {_bytes(t.input_bytes)}",
         f"Activation bytes (new outputs of innermost calls): {_bytes(t.activation_bytes)}",
         f"Module calls: {t.calls}; modules: {t.modules}, never called: {t.not_called}",
