@@ -48,3 +48,51 @@ def test_bad_shapes_and_missing_shapes():
         parse_shape("1x3xa")
     with pytest.raises(HookscopeError, match="--input"):
         example_input("hookscope.zoo:TinyResNet", None)
+
+
+def test_a_class_that_needs_arguments_says_how_to_write_a_factory(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import torch\n"
+        "class NeedsArg(torch.nn.Module):\n"
+        "    def __init__(self, hidden, depth=2, *layers, **options):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(5, hidden)\n"
+    )
+    with pytest.raises(HookscopeError) as err:
+        load_model(f"{src}:NeedsArg")
+    assert str(err.value) == (
+        f"'{src}:NeedsArg' needs arguments (hidden) but MODEL is built with none; write a factory that "
+        f"takes none, e.g. def build(): return NeedsArg(hidden=...), and pass {src}:build")
+
+
+def test_an_error_inside_a_constructor_that_takes_no_arguments_is_left_as_it_is(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import torch\nclass Broken(torch.nn.Module):\n    def __init__(self):\n"
+                   "        raise TypeError('a bug in the model')\n")
+    with pytest.raises(TypeError, match="a bug in the model"):
+        load_model(f"{src}:Broken")
+
+
+def test_a_file_with_a_syntax_error_is_one_line_with_its_place(tmp_path):
+    src = tmp_path / "bad.py"
+    src.write_text("import torch\ndef build(:\n    pass\n")
+    with pytest.raises(HookscopeError, match=r"bad.py, line 2: SyntaxError: "):
+        load_model(f"{src}:build")
+    missing = tmp_path / "needs.py"
+    missing.write_text("import nosuchpackage_hookscope\n")
+    with pytest.raises(HookscopeError, match="needs.py cannot be run: No module named 'nosuchpackage_hookscope'"):
+        load_model(f"{missing}:build")
+
+
+def test_corrupt_and_state_dict_files_say_what_a_model_file_must_be(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(HookscopeError, match=r"cannot load .*bad.pt with torch.load \(.*\); MODEL.pt must be "
+                                             r"a whole model saved with torch.save\(model\)") as err:
+        load_model(str(bad))
+    assert "\n" not in str(err.value)
+    weights = tmp_path / "weights.pt"
+    torch.save(nn.Linear(2, 2).state_dict(), weights)
+    with pytest.raises(HookscopeError, match="gave a OrderedDict, not an nn.Module; it looks like a state_dict"):
+        load_model(str(weights))

@@ -18,6 +18,10 @@ CORE = [
     "hookscope.grads",
     "hookscope.zoo",
     "hookscope._json",
+    "hookscope.analysis.stats",
+    "hookscope.analysis.watch",
+    "hookscope.analysis.gradflow",
+    "hookscope.analysis._reduce",
 ]
 
 

@@ -105,3 +105,37 @@ def test_wrapped_models_use_their_own_names():
     m = chain()
     m(torch.ones(1, 2)).sum().backward()
     assert [r.module for r in gradient_flow(nn.DataParallel(m), "module.1").rows] == ["1"]
+
+
+# --- precision and layout of the gradients ---------------------------------------------------------
+def test_float64_gradients_keep_their_precision():
+    m = chain().double()
+    m(torch.tensor([[2000.0, 0.0]], dtype=torch.float64)).sum().backward()
+    flow = gradient_flow(m)
+    # the same hand-worked norms; 1e-8 + 2000 would lose the small one in float32, not in float64
+    assert [r.param_norm for r in flow.rows] == pytest.approx([1e-8, 2000.0, 6e-9], rel=1e-12)
+    assert [r.flag for r in flow.rows] == ["vanishing", "exploding", "vanishing"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_gradients_are_summed_in_float32(dtype):
+    lin = nn.Linear(2, 1, bias=False).to(dtype)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    # each d weight = x = 300; squared, 9e4 is beyond float16's largest value (65504)
+    lin(torch.full((1, 2), 300.0, dtype=dtype)).sum().backward()
+    assert lin.weight.grad.dtype == dtype
+    row = gradient_flow(lin).rows[0]
+    assert row.param_norm == pytest.approx(300.0 * math.sqrt(2), rel=1e-3) and row.flag == "ok"
+
+
+def test_sparse_embedding_gradients():
+    m = nn.Sequential(nn.Embedding(10, 2, sparse=True), nn.Linear(2, 1, bias=False))
+    with torch.no_grad():
+        m[1].weight.copy_(torch.tensor([[3.0, 4.0]]))
+    m(torch.tensor([1, 1, 4])).sum().backward()
+    assert m[0].weight.grad.is_sparse
+    rows = gradient_flow(m).rows
+    # rows 1 (used twice: [6, 8]) and 4 ([3, 4]): norm sqrt(100 + 25)
+    assert rows[0].param_norm == pytest.approx(math.sqrt(125)) and rows[0].flag == "ok"
+    assert rows[0].params == 20 and rows[1].flag == "ok"

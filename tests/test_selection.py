@@ -67,6 +67,15 @@ def test_selector_of_wrong_type_is_named():
         layers(tree(), 3.5)
 
 
+def test_an_invalid_regular_expression_is_a_selection_error_and_leaves_nothing_registered():
+    m = tree()
+    with pytest.raises(SelectionError, match=r"selector 're:\(' is not a valid regular expression \(missing \)"):
+        layers(m, "0.0", "re:(")
+    with pytest.raises(SelectionError, match="not a valid regular expression"):
+        hookscope.trace(m, "0.0", "re:[")
+    assert all(not mod._forward_hooks and not mod._forward_pre_hooks for mod in m.modules())
+
+
 def test_non_module_is_refused():
     with pytest.raises(HookscopeError, match="expected a torch.nn.Module, got dict"):
         layers({"a": 1}, "a")

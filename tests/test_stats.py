@@ -285,3 +285,142 @@ def test_cli_bad_input_shape_is_one_line_naming_the_module():
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "'stem.0' (Conv2d)" in lines[0] and "1x1x32x32" in lines[0]
+
+
+# --- a failure in the model's own forward, outside every traced module --------------------------
+class Flat(nn.Module):
+    """a gives 4 values per row; the forward's own view(-1, 3) fails for a 1x5 input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 4)
+        self.b = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x).view(-1, 3))
+
+
+class Pick(nn.Module):
+    """Indexes its input out of range: an IndexError, not a RuntimeError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(5, 4)
+
+    def forward(self, x):
+        return self.a(x)[7]
+
+
+@pytest.mark.parametrize("selectors", [(), ("b",), ("",), ("a", "")])
+def test_a_failure_in_the_root_forward_names_the_root_and_what_reached_it(selectors):
+    m = Flat()
+    with pytest.raises(ForwardError) as err:
+        with trace(m, *selectors):
+            m(torch.randn(1, 5))
+    msg = str(err.value)
+    assert msg.startswith("the forward pass failed in Flat's own forward, which received input[0] 1x5 "
+                          "float32, after ")
+    assert "shape '[-1, 3]' is invalid for input of size 4" in msg and "\n" not in msg
+    assert ("after 'a' had run" in msg) == ("a" in selectors or not selectors)
+    assert no_hooks(m)
+
+
+def test_what_ran_before_is_counted_from_the_start_of_each_forward_pass():
+    m = Net()
+    with pytest.raises(ForwardError, match=r"'l1' \(Linear\), which received input\[0\] 3x7 float32, "
+                                           r"after no traced module had run"):
+        with trace(m):
+            m(torch.randn(3, 2))  # a good pass first: l2 ran last, but not before the failure
+            m(torch.randn(3, 7))
+    assert no_hooks(m)
+
+
+def test_other_exceptions_from_a_forward_keep_their_type_and_say_where():
+    m = Pick()
+    t = trace(m)
+    with pytest.raises(IndexError) as err:
+        with t:
+            m(torch.randn(1, 5))
+    where = "Pick's own forward, which received input[0] 1x5 float32, after 'a' had run"
+    assert t.failed_in(err.value) == where
+    if sys.version_info >= (3, 11):
+        assert err.value.__notes__ == [f"hookscope: raised in {where}"]
+    assert t.failed_in(KeyError("elsewhere")) is None and no_hooks(m)
+
+
+def test_an_error_inside_hookscope_hooks_is_not_blamed_on_the_model(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr("hookscope.analysis.stats.tensor_stats", broken)
+    m = Net()
+    t = trace(m)
+    with pytest.raises(RuntimeError, match="a bug of ours") as err:
+        with t:
+            m(torch.randn(3, 2))
+    assert not isinstance(err.value, HookscopeError) and t.failed_in(err.value) is None
+    assert no_hooks(m)
+
+
+def test_cli_names_the_root_forward_and_non_runtime_errors_in_one_line(tmp_path, capsys):
+    src = tmp_path / "models.py"
+    src.write_text(
+        "import torch\n"
+        "class Flat(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = torch.nn.Linear(5, 4), torch.nn.Linear(3, 2)\n"
+        "    def forward(self, x):\n"
+        "        return self.b(self.a(x).view(-1, 3))\n"
+        "class Pick(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a = torch.nn.Linear(5, 4)\n"
+        "    def forward(self, x):\n"
+        "        return self.a(x)[7]\n"
+    )
+    for command in ("trace", "watch"):
+        assert main([command, f"{src}:Flat", "--input", "1x5"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"hookscope {command}: error: the forward pass failed in Flat's own forward, "
+            "which received input[0] 1x5 float32, after 'a' had run: shape '[-1, 3]' is invalid")
+        assert main([command, f"{src}:Pick", "--input", "1x5", "--backward"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "failed in Pick's own forward, which received input[0] 1x5" in err[0]
+        assert "IndexError: index 7 is out of bounds for dimension 0 with size 1" in err[0]
+
+
+# --- parameter gradients (param_grads=True) ------------------------------------------------------
+def param_hooks(model: nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {})
+               for p in model.parameters())
+
+
+def test_parameter_gradient_rows_worked_out_by_hand():
+    m = hand_model()
+    x = torch.tensor([[1.0, 1.0], [2.0, -1.0]])
+    with trace(m, param_grads=True, inputs=False) as t:
+        for _ in range(2):  # two backward passes: .grad accumulates, call counts them
+            m(x).sum().backward()
+        assert param_hooks(m) == 2
+    rows = [r for r in t.rows if r.which == "grad_param"]
+    assert sorted((r.module, r.call, r.path, r.phase) for r in rows) == [
+        ("0", 0, "bias", "backward"), ("0", 0, "weight", "backward"),
+        ("0", 1, "bias", "backward"), ("0", 1, "weight", "backward")]
+    # through the ReLU only [0, 0] passes (linear output [[3, 0], [0, -1]]): d bias = [1, 0],
+    # d weight = [[1, 1], [0, 0]]; the second pass accumulates twice that
+    weight = [r for r in rows if r.path == "weight"]
+    assert [(r.mean, r.max, r.shape) for r in weight] == [(0.5, 1.0, (2, 2)), (1.0, 2.0, (2, 2))]
+    assert param_hooks(m) == 0 and no_hooks(m)
+
+
+def test_parameter_gradients_of_selected_modules_are_named_after_their_owner():
+    m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1, bias=False)))
+    m[1][0].requires_grad_(False)
+    with trace(m, "1", param_grads=True, inputs=False) as t:
+        m(torch.ones(1, 2)).sum().backward()
+    assert [(r.module, r.path) for r in t.rows if r.which == "grad_param"] == [("1.1", "weight")]
+    with pytest.raises(KeyError), trace(m, param_grads=True):
+        raise KeyError("mine")
+    assert param_hooks(m) == 0 and no_hooks(m)

@@ -10,6 +10,7 @@ from hookscope import HookscopeError
 from hookscope.analysis.gradflow import gradient_flow
 from hookscope.analysis.stats import trace
 from hookscope.analysis.watch import NonFiniteError, watch
+from hookscope.analysis.stats import ForwardError
 from hookscope.cli import main
 
 
@@ -21,6 +22,11 @@ class Log(nn.Module):
 class Sqrt(nn.Module):
     def forward(self, x):
         return torch.sqrt(x)
+
+
+def param_hooks(model: nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {})
+               for p in model.parameters())
 
 
 def eye_linear(n: int = 4, scale: float = 1.0) -> nn.Linear:
@@ -96,10 +102,14 @@ def test_sqrt_at_zero_is_finite_forward_and_named_in_the_backward():
     c = w.culprit
     assert (c.module, c.phase, c.which, c.path) == ("2", "backward", "grad_input", "input[0]")
     assert (c.inf, c.nan, c.max) == (1, 0, math.inf)  # 1 / (2 sqrt(0)) * 1; the other is 1 / 2
-    # before it: four finite outputs, then the gradients reaching lin2 and sqrt
-    assert [(r.module, r.which) for r in w.before] == [
-        ("2", "output"), ("3", "output"), ("3", "grad_output"), ("3", "grad_input"), ("2", "grad_output")]
-    assert no_hooks(m)
+    # before it: the gradient reaching sqrt (the culprit's own call), then the 5 calls before that:
+    # four forward calls and lin2's backward (its gradients and its parameters' .grad)
+    assert [(r.module, r.which, r.path) for r in w.before] == [
+        ("0", "output", "output"), ("1", "output", "output"), ("2", "output", "output"),
+        ("3", "output", "output"), ("3", "grad_output", "output"), ("3", "grad_param", "bias"),
+        ("3", "grad_param", "weight"), ("3", "grad_input", "input[0]"), ("2", "grad_output", "output")]
+    assert "the 9 records before it (the last 5 calls and the culprit's own call, all finite):" in w.report()
+    assert no_hooks(m) and param_hooks(m) == 0
 
 
 def test_sqrt_at_zero_raises_inside_backward():
@@ -116,10 +126,11 @@ def test_all_finite_report_and_arguments():
     with watch(m) as w:
         m(torch.tensor([[1.0, 3.0]])).sum().backward()
     assert w.finite and w.culprit is None
-    # 4 outputs, 4 grad_outputs, 3 grad_inputs (lin1's input needs no gradient)
-    assert w.report() == "all finite: 11 outputs and gradients checked, no NaN and no Inf"
-    with pytest.raises(HookscopeError, match="last=-1"):
-        watch(m, last=-1)
+    # 4 outputs, 4 grad_outputs, 3 grad_inputs (lin1's input needs no gradient), 4 parameters' .grad
+    assert w.report() == "all finite: 15 outputs and gradients checked, no NaN and no Inf"
+    for bad in (-1, 1.5, True):
+        with pytest.raises(HookscopeError, match="whole number of module calls"):
+            watch(m, last=bad)
     assert no_hooks(m)
 
 
@@ -181,6 +192,105 @@ def test_cli_watch_names_the_culprit(tmp_path, capsys):
     assert main(["watch", f"{src}:build", "--input", "2x3", "--backward", "--last", "1"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("first non-finite value: '1' call 0, forward output output 2x3: 6 NaN")
-    assert "the 1 records before it" in out
+    assert "the 1 records before it (the last 1 call, all finite)" in out
     assert main(["watch", "tiny", "--backward"]) == 0
     assert capsys.readouterr().out.startswith("all finite: ")
+
+
+# --- last=N counts module calls -------------------------------------------------------------------
+def test_last_counts_calls_with_all_their_records():
+    m = log_model(k=6)
+    with watch(m, inputs=True, last=2) as w:
+        m(-torch.ones(2, 4))
+    assert (w.culprit.module, w.culprit.which) == ("6", "output")
+    # calls 4 and 5 (input and output each), and the culprit's own input
+    assert [(r.module, r.which) for r in w.before] == [
+        ("4", "input"), ("4", "output"), ("5", "input"), ("5", "output"), ("6", "input")]
+    with watch(m, inputs=True, last=0) as w:
+        m(-torch.ones(2, 4))
+    assert [(r.module, r.which) for r in w.before] == [("6", "input")]
+    assert "the 1 records before it (the last 0 calls and the culprit's own call" in w.report()
+
+
+def test_last_keeps_the_records_of_a_block_around_its_children():
+    m = nn.Sequential(nn.Linear(4, 4), log_model(k=1, n_layers=3))
+    with watch(m, inputs=True, last=1) as w:
+        m(-torch.ones(1, 4))
+    # the block "1" started before its child "1.0" ran; its input is one of its call's records
+    assert (w.culprit.module, w.culprit.which) == ("1.1", "output")
+    assert [(r.module, r.which) for r in w.before] == [("1.0", "input"), ("1.0", "output"), ("1.1", "input")]
+
+
+# --- parameter gradients ------------------------------------------------------------------------
+def overflowing_weight_grad() -> tuple[nn.Sequential, torch.Tensor]:
+    """Layer 0 (weight 1e19) maps 1e19 to 1e38, still finite; layer 1's weight gradient sums four
+    of them, 4e38, beyond float32: inf. Every activation and activation gradient stays finite."""
+    m = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False))
+    with torch.no_grad():
+        m[0].weight.fill_(1e19)
+        m[1].weight.fill_(1.0)
+    return m, torch.full((4, 1), 1e19)
+
+
+def test_a_non_finite_parameter_gradient_names_the_module_and_the_parameter():
+    m, x = overflowing_weight_grad()
+    with watch(m) as w:
+        m(x).sum().backward()
+    assert torch.isinf(m[1].weight.grad).all() and torch.isfinite(m[0].weight.grad).all()
+    c = w.culprit
+    assert (c.module, c.phase, c.which, c.path, c.call, c.inf) == ("1", "backward", "grad_param", "weight", 0, 1)
+    assert "'1' call 0, backward grad_param weight 1x1: 0 NaN, 1 Inf of 1 values" in w.report()
+    assert param_hooks(m) == 0 and no_hooks(m)
+    m.zero_grad()
+    with watch(m, param_grads=False) as w:
+        m(x).sum().backward()
+    assert w.finite
+
+
+def test_a_non_finite_parameter_gradient_raises_inside_backward_and_leaves_no_hook():
+    m, x = overflowing_weight_grad()
+    with pytest.raises(NonFiniteError, match="grad_param weight"):
+        with watch(m, raise_on_nonfinite=True):
+            m(x).sum().backward()
+    assert param_hooks(m) == 0 and no_hooks(m)
+
+
+def test_only_the_parameters_of_watched_modules_are_checked():
+    m, x = overflowing_weight_grad()
+    with watch(m, "0") as w:
+        m(x).sum().backward()
+    assert w.finite and param_hooks(m) == 0
+
+
+def test_sparse_parameter_gradients_are_checked_by_their_values():
+    m = nn.Sequential(nn.Embedding(10, 3, sparse=True), nn.Linear(3, 1))
+    with watch(m) as w:
+        m(torch.tensor([1, 1, 4])).sum().backward()
+    assert w.finite and param_hooks(m) == 0
+    with torch.no_grad():
+        m[1].weight.copy_(torch.tensor([[1.0, float("inf"), 2.0]]))
+    m.zero_grad()
+    with trace(m, "0", param_grads=True, inputs=False) as t:
+        m(torch.tensor([1, 1, 4])).sum().backward()
+    # the gradient rows of indices 1 (twice, summed) and 4: 2 stored rows of 3, each [1, inf, 2]
+    row = t.rows[-1]
+    assert (row.module, row.which, row.path, row.shape, row.inf, row.max) == (
+        "0", "grad_param", "weight", (2, 3), 2, math.inf)
+    assert param_hooks(m) == 0
+
+
+def test_a_failure_in_the_root_forward_is_named_under_watch():
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(5, 4)
+
+        def forward(self, x):
+            return self.a(x).view(-1, 3)
+
+    m = Flat()
+    with pytest.raises(ForwardError, match=r"failed in Flat's own forward, which received input\[0\] 1x5 "
+                                           r"float32, after 'a' had run: shape '\[-1, 3\]' is invalid"):
+        with watch(m):
+            m(torch.randn(1, 5))
+    assert no_hooks(m) and param_hooks(m) == 0

@@ -81,7 +81,13 @@ def _describe(sel: object) -> str:
 def _matcher(sel: object) -> Callable[[str, nn.Module], bool]:
     if isinstance(sel, str):
         if sel.startswith("re:"):
-            rx = re.compile(sel[3:])
+            try:
+                rx = re.compile(sel[3:])
+            except re.error as e:
+                raise SelectionError(
+                    f"selector {sel!r} is not a valid regular expression ({e}); write it like "
+                    "'re:layer[12]\\..*', or use a glob such as 'layer*.conv1'"
+                ) from None
             return lambda n, m: rx.fullmatch(n) is not None
         if _GLOB_CHARS & set(sel):
             return lambda n, m: fnmatch.fnmatchcase(n, sel)

@@ -63,26 +63,66 @@ class GradientFlow:
 
     @property
     def vanishing(self) -> list[str]:
-        """Names of the layers whose gradient norm is below ``vanish``."""
+        """Names of the layers whose gradient norm is below ``vanish``.
+
+        Example:
+            >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False))
+            >>> _ = net[0].weight.data.fill_(1.0), net[1].weight.data.fill_(1e-9)
+            >>> net(torch.ones(1, 1)).sum().backward()
+            >>> gradient_flow(net).vanishing
+            ['0']
+        """
         return [r.module for r in self.rows if r.flag == "vanishing"]
 
     @property
     def exploding(self) -> list[str]:
-        """Names of the layers whose gradient norm is above ``explode`` (or NaN / Inf)."""
+        """Names of the layers whose gradient norm is above ``explode`` (or NaN / Inf).
+
+        Example:
+            >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False))
+            >>> _ = net[0].weight.data.fill_(1.0), net[1].weight.data.fill_(1e6)
+            >>> net(torch.ones(1, 1)).sum().backward()
+            >>> gradient_flow(net).exploding
+            ['0']
+        """
         return [r.module for r in self.rows if r.flag in ("exploding", "non-finite")]
 
     def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts."""
+        """The rows as plain dicts.
+
+        Example:
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+            >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
+            >>> gradient_flow(net).to_dicts()[0]["param_norm"]
+            5.0
+        """
         return [dataclasses.asdict(r) for r in self.rows]
 
     def to_json(self, *, indent: int | None = None) -> str:
-        """JSON with the thresholds and the rows; NaN and infinities as strings."""
+        """JSON with the thresholds and the rows; NaN and infinities as strings.
+
+        Example:
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+            >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
+            >>> print(gradient_flow(net).to_json())
+            {"vanish": 1e-07, "explode": 1000.0, "layers": [{"module": "0", "type": "Linear", "params": 2, "param_norm": 5.0, "act_norm": null, "flag": "ok"}]}
+        """
         rows = json_rows(self.rows)
         return json.dumps({"vanish": self.vanish, "explode": self.explode, "layers": rows},
                           indent=indent, allow_nan=False)
 
     def table(self) -> str:
-        """A text table for people."""
+        """A text table for people.
+
+        Example:
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+            >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
+            >>> print(gradient_flow(net).table())
+            module  type    params  |grad params|  |grad output|  flag
+            ----------------------------------------------------------
+            0       Linear       2              5              -  ok
+            vanishing (< 1e-07): none; exploding (> 1000): none
+        """
         def num(v: float | None) -> str:
             return "-" if v is None else f"{v:.4g}"
 
@@ -112,6 +152,23 @@ def _flag(norms: list[float], vanish: float, explode: float) -> str:
     return "vanishing" if all(n < vanish for n in norms) else "ok"
 
 
+def _norm(g: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of one gradient in its own precision (half precision summed in float32).
+
+    Example:
+        >>> _norm(torch.tensor([3.0, 4.0], dtype=torch.float64))
+        tensor(5., dtype=torch.float64)
+        >>> _norm(torch.sparse_coo_tensor([[0, 0, 2]], [1.0, 2.0, 4.0], (5,), check_invariants=True))
+        tensor(5.)
+    """
+    if g.layout == torch.sparse_coo:  # nn.Embedding(sparse=True): the stored values hold the norm
+        g = g.coalesce().values()
+    elif g.layout != torch.strided:
+        g = g.to_dense()
+    low = g.dtype in (torch.float16, torch.bfloat16)
+    return torch.linalg.vector_norm(g, dtype=torch.float32 if low else None)
+
+
 def _activation_norms(traced: _Traced) -> dict[str, float]:
     squares: dict[str, float] = {}
     for r in traced.rows:
@@ -125,7 +182,9 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
     """Per-layer gradient norms after a backward pass, flagging vanishing and exploding layers.
 
     A layer's parameter norm is the L2 norm of the ``.grad`` of its own trainable parameters taken
-    together (children not included; a weight shared by two modules counts in both). With
+    together (children not included; a weight shared by two modules counts in both), in each
+    gradient's own precision (float16 and bfloat16 summed in float32; float64 stays float64); a
+    sparse gradient (``nn.Embedding(sparse=True)``) counts its stored values, duplicates summed. With
     ``trace=`` (a ``hookscope.trace(..., grads=True)`` run over the same backward pass), each
     layer also gets the norm of the gradients that reached its outputs, over all its calls.
 
@@ -169,8 +228,8 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
         grads = [p.grad.detach() for p in ps if p.grad is not None]
         if grads:
             acc = torch.float32 if grads[0].device.type == "mps" else torch.float64
-            each = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
-            per_device.setdefault(each.device, []).append((i, torch.linalg.vector_norm(each.to(acc))))
+            each = torch.stack([_norm(g).to(acc) for g in grads])
+            per_device.setdefault(each.device, []).append((i, torch.linalg.vector_norm(each)))
     norms: dict[int, float] = {}
     for items in per_device.values():
         host = torch.stack([n.to(items[0][1].dtype) for _, n in items]).cpu().tolist()

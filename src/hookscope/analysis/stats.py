@@ -19,8 +19,9 @@ import math
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import CodeType, TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -34,7 +35,8 @@ from ..errors import HookscopeError
 from ..selection import Selector, layers, unwrap
 from ._reduce import STATS, Scratch, tensor_stats
 
-__all__ = ["STATS", "ForwardError", "Recorder", "StatRow", "Trace", "gather", "render", "select", "tensor_stats", "trace"]
+__all__ = ["STATS", "ForwardError", "Recorder", "StatRow", "Trace", "gather", "param_targets", "render", "select",
+           "tensor_stats", "trace"]
 
 
 class ForwardError(HookscopeError, RuntimeError):
@@ -46,8 +48,11 @@ class StatRow:
     """Statistics of one tensor seen by one call of one module (a row of :attr:`Trace.rows`).
 
     ``phase`` is ``"forward"`` or ``"backward"``; ``which`` is ``"input"``, ``"output"``,
-    ``"grad_output"`` (gradient arriving at an output) or ``"grad_input"`` (gradient the module
-    sent back to an input); ``path`` says where the tensor sits (``input[0]``, ``output.logits``).
+    ``"grad_output"`` (gradient arriving at an output), ``"grad_input"`` (gradient the module
+    sent back to an input) or ``"grad_param"`` (the ``.grad`` of one of its parameters after a
+    backward pass accumulated into it); ``path`` says where the tensor sits (``input[0]``,
+    ``output.logits``, or the parameter's name such as ``weight``). ``call`` counts the module's
+    calls from 0; for ``grad_param`` it counts the gradients that parameter received in the block.
     """
 
     index: int
@@ -76,11 +81,27 @@ class StatRow:
 
     @property
     def norm(self) -> float:
-        """The L2 norm, from the mean and the population std: ``sqrt(numel * (std**2 + mean**2))``."""
+        """The L2 norm, from the mean and the population std: ``sqrt(numel * (std**2 + mean**2))``.
+
+        Example:
+            >>> net = nn.Sequential(nn.Identity())
+            >>> with trace(net) as t:
+            ...     _ = net(torch.tensor([3.0, 4.0]))
+            >>> t.rows[0].norm
+            5.0
+        """
         return math.sqrt(self.numel * (self.std**2 + self.mean**2))
 
     def describe(self) -> str:
-        """One line: module, call, what, shape and the non-finite counts."""
+        """One line: module, call, what, shape and the non-finite counts.
+
+        Example:
+            >>> net = nn.Sequential(nn.Identity())
+            >>> with trace(net, inputs=False) as t:
+            ...     _ = net(torch.tensor([1.0, float("inf")]))
+            >>> t.rows[0].describe()
+            "'0' call 0, forward output output 2: 0 NaN, 1 Inf of 2 values"
+        """
         return (f"{self.module!r} call {self.call}, {self.phase} {self.which} {self.path} "
                 f"{_shape(self.shape)}: {self.nan} NaN, {self.inf} Inf of {self.numel} values")
 
@@ -89,7 +110,18 @@ Pending = tuple[str, int, str, str, str, torch.Size, torch.dtype, torch.device, 
 
 
 def gather(pending: list[Pending], start: int = 0) -> list[StatRow]:
-    """Turn hook events into rows, with one device-to-host copy per device."""
+    """Turn hook events into rows, with one device-to-host copy per device.
+
+    An event is ``(module, call, phase, which, path, shape, dtype, device, stats)``, ``stats`` the
+    :func:`tensor_stats` of the tensor; rows are numbered from ``start``.
+
+    Example:
+        >>> x = torch.tensor([1.0, -1.0])
+        >>> row = gather([("fc", 0, "forward", "output", "output", x.shape, x.dtype, x.device,
+        ...                tensor_stats(x))], start=7)[0]
+        >>> row.index, row.module, row.mean, row.std, row.shape
+        (7, 'fc', 0.0, 1.0, (2,))
+    """
     by_device: dict[torch.device, list[int]] = {}
     for i, event in enumerate(pending):
         by_device.setdefault(event[8].device, []).append(i)
@@ -101,9 +133,10 @@ def gather(pending: list[Pending], start: int = 0) -> list[StatRow]:
     rows = []
     for i, ((name, call, phase, which, path, shape, dtype, device, _), v) in enumerate(zip(pending, values)):
         n = math.prod(shape)
+        mean, std, lo, hi, absmax, zeros, nan, inf = v
         rows.append(StatRow(start + i, name, call, phase, which, path, tuple(shape),
-                            str(dtype).replace("torch.", ""), str(device), n, *v[:5],
-                            v[5] / n if n else math.nan, int(v[6]), int(v[7])))
+                            str(dtype).replace("torch.", ""), str(device), n, mean, std, lo, hi, absmax,
+                            zeros / n if n else math.nan, int(nan), int(inf)))
     return rows
 
 
@@ -112,7 +145,7 @@ def _paths(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(obj, torch.Tensor):
         yield prefix, obj
     elif isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-        for field, v in zip(type(obj)._fields, obj):
+        for field, v in zip(getattr(type(obj), "_fields"), obj):
             yield from _paths(v, f"{prefix}.{field}")
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
@@ -146,7 +179,11 @@ class _Memo:
         if hit is not None and hit[0]() is t and hit[1] == version:
             return hit[2]
         s = tensor_stats(t, self._scratch)
-        self._seen[key] = (weakref.ref(t, lambda ref, k=key: self._drop(k, ref)), version, s)
+
+        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+            self._drop(key, ref)
+
+        self._seen[key] = (weakref.ref(t, forget), version, s)
         return s
 
     def _drop(self, key: int, ref: Any) -> None:
@@ -155,31 +192,84 @@ class _Memo:
             del self._seen[key]
 
 
+def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
+    """Whether ``exc`` passed through one of these functions (a hook of ours, not the model)."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
+                  every: bool) -> list[tuple[str, str, nn.Parameter]]:
+    """``(owner module, parameter name, parameter)`` for the trainable parameters to watch.
+
+    With ``every``, all of ``model``'s; otherwise those of the selected modules and their
+    submodules. Each parameter once, named after the module that owns it (its first name).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1, bias=False)))
+        >>> [(m, p) for m, p, _ in param_targets(net, [("1", net[1])], every=False)]
+        [('1.0', 'weight')]
+    """
+    wanted = None if every else {id(p) for _, m in selected for p in m.parameters()}
+    found: dict[int, tuple[str, str, nn.Parameter]] = {}
+    for name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in found and (wanted is None or id(p) in wanted):
+                found[id(p)] = (name, pname, p)
+    return list(found.values())
+
+
 class Recorder:
     """Registers the statistics hooks on selected modules and hands every event to ``sink``.
 
     Forward: a pre-hook takes the inputs' statistics, a post-hook (``always_call``, so a failing
     call is seen) the outputs'. Backward: tensor hooks on each output and on a per-call alias of
     each input; not ``register_full_backward_hook``, which fails when an in-place op follows the
-    module (pytorch/pytorch#61519).
+    module (pytorch/pytorch#61519). With ``params``, a post-accumulate-grad hook on each of those
+    parameters reads its ``.grad``. The ``root`` model's own forward is always followed (no rows),
+    so that a failure in it, outside every selected module, is named too.
     """
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool,
-                 sink: Callable[[Pending], None]) -> None:
+                 sink: Callable[[Pending], None], root: nn.Module | None = None,
+                 params: Sequence[tuple[str, str, nn.Parameter]] = ()) -> None:
         self.selected, self.inputs, self.grads, self.sink = selected, inputs, grads, sink
+        self.root = root
+        self.params = list(params)
         self.group = HookGroup()
         self.enabled = True
         self.failure: tuple[BaseException, str] | None = None  # the innermost failed call
         self.last_done = ""
         self._memo = _Memo()
         self._open: dict[int, list[tuple[int, list[Any], list[Any]]]] = {}
+        self._root_open: dict[int, list[list[tuple[str, torch.Size, torch.dtype]]]] = {}
+        self._own_code: set[CodeType] = set()  # our forward hooks, to tell our errors from the model's
 
     def attach(self) -> None:
+        """Register every hook (all of them or, if one registration fails, none).
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> rec = Recorder([("0", net[0])], inputs=False, grads=False, sink=print)
+            >>> rec.attach(); len(rec.group)
+            2
+            >>> rec.group.remove(); len(net[0]._forward_hooks)
+            0
+        """
         try:
-            for name, module in self.selected:
-                pre, post = self._hooks(name, type(module).__name__)
+            targets = [(None, self.root)] if self.root is not None else []
+            for name, module in [*targets, *self.selected]:
+                kind = type(module).__name__
+                pre, post = self._root_hooks(kind) if name is None else self._hooks(name, kind)
+                self._own_code.update((pre.__code__, post.__code__))
                 self.group.add(module.register_forward_pre_hook(pre, with_kwargs=True))
                 self.group.add(module.register_forward_hook(post, always_call=True))
+            for owner, pname, p in self.params:
+                self.group.add(p.register_post_accumulate_grad_hook(self._param_hook(owner, pname)))
         except BaseException:
             self.group.remove()
             raise
@@ -191,8 +281,46 @@ class Recorder:
     def _grad_hook(self, name: str, call: int, which: str, path: str) -> Callable[[torch.Tensor], None]:
         return lambda g: self._emit(name, call, "backward", which, path, g)
 
+    def _param_hook(self, owner: str, pname: str) -> Callable[[torch.Tensor], None]:
+        counter = iter(range(sys.maxsize))
+
+        def hook(p: torch.Tensor) -> None:
+            g = p.grad
+            if g is None:
+                return
+            if g.layout == torch.sparse_coo:  # nn.Embedding(sparse=True): the stored values
+                g = g.coalesce().values()
+            elif g.layout != torch.strided:
+                g = g.to_dense()
+            self._emit(owner, next(counter), "backward", "grad_param", pname, g)
+
+        return hook
+
+    def _failed(self, error: BaseException, who: str, seen: list[tuple[str, torch.Size, torch.dtype]]) -> None:
+        if self.failure is None or self.failure[0] is not error:  # the innermost call saw it first
+            got = ", ".join(f"{p} {_shape(s)} {str(d)[6:]}" for p, s, d in seen) or "no tensor"
+            self.failure = (error, f"{who}, which received {got}, after "
+                                   f"{self.last_done or 'no traced module'} had run")
+
+    def _root_hooks(self, kind: str) -> tuple[Any, Any]:
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            stack = self._root_open.setdefault(threading.get_ident(), [])
+            if not stack:
+                self.last_done = ""  # a new forward pass: what ran in the one before is not "before"
+            stack.append([(p, t.shape, t.dtype) for p, t in _input_paths(args, kwargs)])
+
+        def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            stack = self._root_open.get(threading.get_ident())
+            seen = stack.pop() if stack else []
+            error = sys.exc_info()[1]
+            if output is None and error is not None:  # always_call: the forward raised
+                self._failed(error, f"{kind}'s own forward", seen)
+
+        return pre, post
+
     def _hooks(self, name: str, kind: str) -> tuple[Any, Any]:
         counter = iter(range(sys.maxsize))  # next() is atomic: DataParallel runs replicas in threads
+        who = f"{name!r} ({kind})" if name else f"{kind}'s own forward"
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = next(counter)
@@ -225,10 +353,7 @@ class Recorder:
             call, aliases, seen = stack.pop() if stack else (-1, [], [])
             error = sys.exc_info()[1]
             if output is None and error is not None:  # always_call: the forward raised
-                if self.failure is None or self.failure[0] is not error:
-                    got = ", ".join(f"{p} {_shape(s)} {str(d)[6:]}" for p, s, d in seen) or "no tensor"
-                    self.failure = (error, f"{name!r} ({kind}), which received {got}, after "
-                                           f"{self.last_done or 'no traced module'} had run")
+                self._failed(error, who, seen)
                 return
             self.last_done = repr(name)
             for path, t in _paths(output, "output"):
@@ -241,16 +366,33 @@ class Recorder:
 
         return pre, post
 
+    def failed_in(self, exc: BaseException | None) -> str | None:
+        """Where ``exc`` was raised, if a traced forward raised it: the module and what reached it.
+
+        ``None`` for anything else: an error raised outside every forward pass, one of hookscope's
+        own errors, or one that passed through hookscope's hooks (a bug of ours, left as it is).
+        """
+        if (exc is None or self.failure is None or self.failure[0] is not exc
+                or isinstance(exc, HookscopeError) or _raised_in(exc, self._own_code)):
+            return None
+        return self.failure[1]
+
     def reraise(self, exc: BaseException | None) -> None:
-        """Name the module where a forward pass failed, for a RuntimeError raised inside one."""
-        if self.failure is None or exc is None or self.failure[0] is not exc or isinstance(exc, HookscopeError):
+        """Name the module where a forward pass failed: a RuntimeError raised inside one becomes a
+        one-line :class:`ForwardError`; any other exception gets a note saying where it was raised.
+        """
+        where = self.failed_in(exc)
+        if where is None or exc is None:
             return
         if isinstance(exc, RuntimeError):
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ForwardError(f"the forward pass failed in {self.failure[1]}: {first}; "
+            raise ForwardError(f"the forward pass failed in {where}: {_first_line(exc)}; "
                                "check the example input's shape and dtype") from exc
         if hasattr(exc, "add_note"):
-            exc.add_note(f"hookscope: raised in {self.failure[1]}")
+            exc.add_note(f"hookscope: raised in {where}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -262,7 +404,18 @@ def _num(v: float) -> str:
 
 
 def render(rows: list[StatRow], *, max_rows: int | None = None) -> str:
-    """Rows as a text table: one line per tensor, numbers to 4 significant digits."""
+    """Rows as a text table: one line per tensor, numbers to 4 significant digits.
+
+    Example:
+        >>> net = nn.Sequential(nn.ReLU())
+        >>> with trace(net) as t:
+        ...     _ = net(torch.tensor([-1.0, 2.0]))
+        >>> print(render(t.rows, max_rows=1))
+        #  module  call  what   path      shape  dtype    mean  std  min  max  |max|  zeros  nan  inf
+        ---------------------------------------------------------------------------------------------
+        0  0          0  input  input[0]      2  float32   0.5  1.5   -1    2      2   0.0%    0    0
+        ... 1 more rows (to_csv() or to_json() has them all)
+    """
     shown = rows if max_rows is None else rows[:max_rows]
     head = ["#", "module", "call", "what", "path", "shape", "dtype", "mean", "std", "min", "max",
             "|max|", "zeros", "nan", "inf"]
@@ -299,8 +452,39 @@ class RecorderSession:
         self._rec.reraise(exc)
 
     def remove(self) -> None:
-        """Remove every hook now (the context does this by itself on exit). Idempotent."""
+        """Remove every hook now (the context does this by itself on exit). Idempotent.
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> t = trace(net).__enter__()
+            >>> t.remove(); t.remove()
+            >>> len(net[0]._forward_hooks)
+            0
+        """
         self._rec.group.remove()
+
+    def failed_in(self, exc: BaseException) -> str | None:
+        """Where a forward pass in the block raised ``exc``: the module (the innermost traced one,
+        or the model's own forward), the tensors that reached it and what ran before.
+
+        ``None`` if ``exc`` did not come from a forward pass in the block, is one of hookscope's
+        errors or passed through hookscope's own hooks. A RuntimeError is already turned into a
+        :class:`ForwardError` on exit; use this to report other exceptions in one line.
+
+        Example:
+            >>> class Pick(nn.Module):
+            ...     def forward(self, x):
+            ...         return x[5]
+            >>> net = nn.Sequential(nn.Linear(2, 2), Pick())
+            >>> t = trace(net)
+            >>> try:
+            ...     with t:
+            ...         _ = net(torch.ones(1, 2))
+            ... except IndexError as e:
+            ...     print(t.failed_in(e))
+            '1' (Pick), which received input[0] 1x2 float32, after '0' had run
+        """
+        return self._rec.failed_in(exc)
 
 
 _S = TypeVar("_S", bound=RecorderSession)
@@ -309,16 +493,26 @@ _S = TypeVar("_S", bound=RecorderSession)
 class Trace(RecorderSession):
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`."""
 
-    def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool) -> None:
+    def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool,
+                 root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = ()) -> None:
         self._pending: list[Pending] = []
         self._rows: list[StatRow] = []
         self._lock = threading.Lock()
-        self._rec = Recorder(selected, inputs=inputs, grads=grads, sink=self._pending.append)
+        self._rec = Recorder(selected, inputs=inputs, grads=grads, sink=self._pending.append,
+                             root=root, params=params)
         self._used = False
 
     @property
     def rows(self) -> list[StatRow]:
-        """Every row so far, in execution order (gathers what the hooks kept, one copy per device)."""
+        """Every row so far, in execution order (gathers what the hooks kept, one copy per device).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net) as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> [(r.which, r.min, r.max) for r in t.rows]
+            [('input', -1.0, 2.0), ('output', 0.0, 2.0)]
+        """
         with self._lock:
             if self._pending:
                 pending, self._pending[:] = list(self._pending), []
@@ -326,7 +520,17 @@ class Trace(RecorderSession):
             return list(self._rows)
 
     def clear(self) -> None:
-        """Forget every row (to reuse one trace over many steps without growing)."""
+        """Forget every row (to reuse one trace over many steps without growing).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net) as t:
+            ...     for step in range(3):
+            ...         t.clear()
+            ...         _ = net(torch.ones(2))
+            >>> len(t.rows)
+            2
+        """
         with self._lock:
             self._pending.clear()
             self._rows.clear()
@@ -338,15 +542,43 @@ class Trace(RecorderSession):
         return iter(self.rows)
 
     def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts (field name -> value)."""
+        """The rows as plain dicts (field name -> value).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, inputs=False) as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> d = t.to_dicts()[0]
+            >>> d["module"], d["shape"], d["mean"], d["zero_frac"]
+            ('0', (2,), 1.0, 0.5)
+        """
         return [dataclasses.asdict(r) for r in self.rows]
 
     def to_json(self, *, indent: int | None = None) -> str:
-        """The rows as a JSON list; NaN and infinities are written as the strings "nan", "inf", "-inf"."""
+        """The rows as a JSON list; NaN and infinities are written as the strings "nan", "inf", "-inf".
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, inputs=False) as t:
+            ...     _ = net(torch.tensor([float("nan"), 2.0]))
+            >>> row = json.loads(t.to_json())[0]
+            >>> row["shape"], row["mean"], row["nan"]
+            ([2], 'nan', 1)
+        """
         return json.dumps(json_rows(self.rows), indent=indent, allow_nan=False)
 
     def to_csv(self, path: str | None = None) -> str:
-        """The rows as CSV (shape written as ``8x64x56x56``); also written to ``path`` if given."""
+        """The rows as CSV (shape written as ``8x64x56x56``); also written to ``path`` if given.
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, inputs=False) as t:
+            ...     _ = net(torch.tensor([[-1.0, 2.0]]))
+            >>> print(t.to_csv())
+            index,module,call,phase,which,path,shape,dtype,device,numel,mean,std,min,max,absmax,zero_frac,nan,inf
+            0,0,0,forward,output,output,1x2,float32,cpu,2,1.0,1.0,0.0,2.0,2.0,0.5,0,0
+            <BLANKLINE>
+        """
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         names = [f.name for f in dataclasses.fields(StatRow)]
@@ -361,7 +593,17 @@ class Trace(RecorderSession):
         return text
 
     def table(self, *, max_rows: int | None = None) -> str:
-        """A text table for people, one row per tensor, in execution order."""
+        """A text table for people, one row per tensor, in execution order (see :func:`render`).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, inputs=False) as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> print(t.table())
+            #  module  call  what    path    shape  dtype    mean  std  min  max  |max|  zeros  nan  inf
+            --------------------------------------------------------------------------------------------
+            0  0          0  output  output      2  float32     1    1    0    2      2  50.0%    0    0
+        """
         return render(self.rows, max_rows=max_rows)
 
     def __repr__(self) -> str:
@@ -369,14 +611,25 @@ class Trace(RecorderSession):
 
 
 def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
-    """Resolve and check selectors; with none, a model without children selects itself."""
+    """Resolve and check selectors; with none, a model without children selects itself.
+
+    Example:
+        >>> [name for name, _ in select(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ())]
+        ['0', '1']
+        >>> select(nn.ReLU(), ())
+        [('', ReLU())]
+    """
     inner, _ = unwrap(model)
-    chosen = layers(model, *selectors) if selectors or next(inner.children(), None) else [("", inner)]
+    if selectors or next(inner.children(), None) is not None:
+        chosen = layers(model, *selectors)
+    else:
+        chosen = [("", inner)]
     check_hookable(chosen)
     return chosen
 
 
-def trace(model: nn.Module, *selectors: Selector, inputs: bool = True, grads: bool = False) -> Trace:
+def trace(model: nn.Module, *selectors: Selector, inputs: bool = True, grads: bool = False,
+          param_grads: bool = False) -> Trace:
     """Statistics of what every selected module receives and produces, forward and backward.
 
     For each call, in execution order, one :class:`StatRow` per tensor (nested outputs included):
@@ -392,17 +645,28 @@ def trace(model: nn.Module, *selectors: Selector, inputs: bool = True, grads: bo
             not reduced twice).
         grads: also record, during backward passes in the block, the gradient arriving at each
             output (``grad_output``) and the one sent back to each input (``grad_input``).
+        param_grads: also record, after each backward pass in the block, the ``.grad`` of every
+            trainable parameter of the selected modules and their submodules (of the whole model
+            without selectors): ``which="grad_param"``, ``module`` the module that owns it,
+            ``path`` its name. A sparse gradient is summarised by its stored values.
 
     Raises:
-        ForwardError: a forward pass in the block raised a RuntimeError inside a selected module;
-            the message names the innermost such module and the shapes it received.
+        ForwardError: a forward pass in the block raised a RuntimeError inside a selected module,
+            or in the model's own forward; the message names the innermost such module and the
+            shapes it received. Other exceptions from a forward pass pass through with a note
+            saying where (see :meth:`Trace.failed_in`).
 
     Example:
         >>> import torch, hookscope
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
-        >>> with hookscope.trace(net, grads=True) as t:
+        >>> with hookscope.trace(net, grads=True, param_grads=True) as t:
         ...     net(torch.randn(4, 2)).sum().backward()
         >>> [(r.module, r.which) for r in t.rows][:3]
         [('0', 'input'), ('0', 'output'), ('1', 'input')]
+        >>> sorted(r.path for r in t.rows if r.which == "grad_param")
+        ['bias', 'weight']
     """
-    return Trace(select(model, selectors), inputs=inputs, grads=grads)
+    selected = select(model, selectors)
+    inner, _ = unwrap(model)
+    params = param_targets(inner, selected, every=not selectors) if param_grads else []
+    return Trace(selected, inputs=inputs, grads=grads, root=inner, params=params)

@@ -1,27 +1,34 @@
 """Name the first module whose output, or gradient, holds a NaN or an Inf (``hookscope.watch``).
 
 Built on the statistics hooks of ``stats.py``: every output in the forward pass, and every gradient
-in the backward pass (arriving at an output, or sent back to an input), is reduced on its device;
-the first non-finite one, in the order the calls finished and the gradients arrived, is the culprit.
+in the backward pass (arriving at an output, sent back to an input, or accumulated into a
+parameter's ``.grad``), is reduced on its device; the first non-finite one, in the order the calls
+finished and the gradients arrived, is the culprit.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict
 from typing import Any
 
 from torch import nn
 
 from ..errors import HookscopeError
-from ..selection import Selector
-from .stats import Pending, Recorder, RecorderSession, StatRow, gather, render, select
+from ..selection import Selector, unwrap
+from .stats import Pending, Recorder, RecorderSession, StatRow, gather, param_targets, render, select
 
 __all__ = ["NonFiniteError", "Watch", "watch"]
 
 RESOLVE_EVERY = 4096
 """Without ``raise_on_nonfinite``, the statistics are read back once per this many records (one
-host synchronisation each), to keep only the last few in memory during long runs."""
+host synchronisation each), to keep only the last few calls in memory during long runs."""
+
+_CallKey = tuple[str, int, str]  # (module, call, phase): the records of one call, forward or backward
+
+
+def _key(row: StatRow) -> _CallKey:
+    return row.module, row.call, row.phase
 
 
 class NonFiniteError(HookscopeError):
@@ -42,15 +49,20 @@ class Watch(RecorderSession):
     _kind = "watch"
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, raise_on_nonfinite: bool, last: int,
-                 inputs: bool) -> None:
+                 inputs: bool, root: nn.Module | None = None,
+                 params: list[tuple[str, str, nn.Parameter]] | None = None) -> None:
         self.raise_on_nonfinite = raise_on_nonfinite
+        self.last = last
         self.checked = 0  # records examined so far
         self._pending: list[Pending] = []
-        self._recent: deque[StatRow] = deque(maxlen=last)
+        # the records of the most recent calls, oldest call first: last + 1 of them, so that the
+        # culprit's own call and ``last`` others are at hand whichever call the culprit is in
+        self._recent: OrderedDict[_CallKey, list[StatRow]] = OrderedDict()
         self._culprit: StatRow | None = None
         self._before: list[StatRow] = []
         self._lock = threading.RLock()
-        self._rec = Recorder(selected, inputs=inputs, grads=True, sink=self._take)
+        self._rec = Recorder(selected, inputs=inputs, grads=True, sink=self._take, root=root,
+                             params=params or [])
         self._used = False
 
     def _take(self, event: Pending) -> None:
@@ -60,6 +72,24 @@ class Watch(RecorderSession):
             if self.raise_on_nonfinite or len(self._pending) >= RESOLVE_EVERY:
                 self._resolve()
 
+    def _keep(self, row: StatRow) -> None:
+        key = _key(row)
+        if key in self._recent:
+            self._recent.move_to_end(key)
+            self._recent[key].append(row)
+        else:
+            self._recent[key] = [row]
+            if len(self._recent) > self.last + 1:
+                self._recent.popitem(last=False)
+
+    def _calls_before(self, culprit: StatRow) -> list[StatRow]:
+        """The culprit's own earlier records and those of the ``last`` calls before it."""
+        own = _key(culprit)
+        others = [k for k in self._recent if k != own]
+        keep = others[len(others) - self.last:] if self.last else []
+        rows = [r for k in [*keep, own] for r in self._recent.get(k, [])]
+        return sorted(rows, key=lambda r: r.index)
+
     def _resolve(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
@@ -67,41 +97,90 @@ class Watch(RecorderSession):
                 return
             for row in gather(pending, start=self.checked):
                 if not row.finite:
-                    self._culprit, self._before = row, list(self._recent)
+                    self._culprit, self._before = row, self._calls_before(row)
+                    self._recent.clear()
                     self._rec.enabled = False  # nothing after the culprit matters
                     self.checked = row.index + 1
                     if self.raise_on_nonfinite:
                         raise NonFiniteError(row, self._before)
                     return
-                self._recent.append(row)
+                self._keep(row)
             self.checked += len(pending)
 
     @property
     def culprit(self) -> StatRow | None:
-        """The first record with a NaN or an Inf, or ``None`` if everything was finite."""
+        """The first record with a NaN or an Inf, or ``None`` if everything was finite.
+
+        Example:
+            >>> import torch
+            >>> net = nn.Sequential(nn.Identity(), nn.Softplus(), nn.Identity())
+            >>> with watch(net) as w:
+            ...     _ = net(torch.tensor([1.0, float("-inf")]))
+            >>> w.culprit.module, w.culprit.which, w.culprit.inf
+            ('0', 'output', 1)
+        """
         self._resolve()
         return self._culprit
 
     @property
     def before(self) -> list[StatRow]:
-        """The (up to ``last``) records just before the culprit, oldest first."""
+        """Every record (all finite) of the ``last`` module calls just before the culprit, and the
+        culprit's own call's earlier records, oldest first. A call's backward records (gradients
+        of that call, and the ``.grad`` of its module's parameters) count as a call of their own.
+
+        Example:
+            >>> import torch
+            >>> big = nn.Linear(1, 1, bias=False)
+            >>> _ = big.weight.data.fill_(1e30)
+            >>> net = nn.Sequential(nn.Identity(), nn.Identity(), big)
+            >>> with watch(net, last=1, inputs=True) as w:  # 1e30 * 1e30 overflows in '2'
+            ...     _ = net(torch.tensor([[1e30]]))
+            >>> [(r.module, r.which) for r in w.before]
+            [('1', 'input'), ('1', 'output'), ('2', 'input')]
+        """
         self._resolve()
         return list(self._before)
 
     @property
     def finite(self) -> bool:
-        """Every watched output and gradient was finite."""
+        """Every watched output and gradient was finite.
+
+        Example:
+            >>> import torch
+            >>> net = nn.Sequential(nn.Linear(2, 1))
+            >>> with watch(net) as w:
+            ...     net(torch.ones(1, 2)).sum().backward()
+            >>> w.finite
+            True
+        """
         return self.culprit is None
 
     def report(self) -> str:
-        """What a person reads: the culprit and the records before it, or that all was finite."""
+        """What a person reads: the culprit and the records before it, or that all was finite.
+
+        Example:
+            >>> import torch
+            >>> net = nn.Sequential(nn.Identity(), nn.Identity())
+            >>> with watch(net, last=1) as w:
+            ...     _ = net(torch.tensor([float("nan")]))
+            >>> print(w.report())
+            first non-finite value: '0' call 0, forward output output 1: 1 NaN, 0 Inf of 1 values
+            <BLANKLINE>
+            the culprit:
+            #  module  call  what    path    shape  dtype    mean  std  min  max  |max|  zeros  nan  inf
+            --------------------------------------------------------------------------------------------
+            0  0          0  output  output      1  float32   nan  nan  nan  nan    nan   0.0%    1    0
+        """
         row = self.culprit
         if row is None:
             return f"all finite: {self.checked} outputs and gradients checked, no NaN and no Inf"
         lines = [f"first non-finite value: {row.describe()}"]
         if self._before:
-            lines += ["", f"the {len(self._before)} records before it (all finite):",
-                      render(self._before)]
+            keys = {_key(r) for r in self._before}
+            calls = len(keys - {_key(row)})
+            own = " and the culprit's own call" if _key(row) in keys else ""
+            lines += ["", f"the {len(self._before)} records before it (the last {calls} "
+                          f"call{'s' * (calls != 1)}{own}, all finite):", render(self._before)]
         lines += ["", "the culprit:", render([row])]
         return "\n".join(lines)
 
@@ -110,14 +189,16 @@ class Watch(RecorderSession):
 
 
 def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = False, last: int = 5,
-          inputs: bool = False) -> Watch:
+          inputs: bool = False, param_grads: bool = True) -> Watch:
     """Find the first module whose forward output, or backward gradient, holds a NaN or an Inf.
 
     Order is execution order: forward records in the order calls finish (an inner module before
     the block that contains it), then backward records in the order gradients arrive; for a
     gradient, ``grad_input`` (what a module sent back to its input) names the module that made it
-    non-finite, as ``sqrt`` at 0 does. Without ``raise_on_nonfinite`` the statistics stay on the
-    device until read (``culprit``, ``report()``, or every :data:`RESOLVE_EVERY` records).
+    non-finite, as ``sqrt`` at 0 does, and ``grad_param`` the module whose parameter's ``.grad``
+    is non-finite (``path`` names the parameter). Without ``raise_on_nonfinite`` the statistics
+    stay on the device until read (``culprit``, ``report()``, or every :data:`RESOLVE_EVERY`
+    records).
 
     Args:
         model: any ``nn.Module``; names are the inner model's, through wrappers.
@@ -125,8 +206,16 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
             without children watches itself).
         raise_on_nonfinite: raise :class:`NonFiniteError` inside the hook that sees the first
             NaN or Inf, so the traceback points there. Costs one host synchronisation per record.
-        last: how many records before the culprit to keep (their statistics are in the report).
+        last: how many module calls before the culprit to keep, with all their records (their
+            statistics are in the report); a call's forward and its backward count as two calls.
         inputs: also check each module's inputs (to tell a non-finite model input apart).
+        param_grads: also check the ``.grad`` of every trainable parameter of the watched modules
+            and their submodules (of the whole model without selectors) after each backward pass.
+
+    Raises:
+        ForwardError: a forward pass in the block raised a RuntimeError inside a watched module
+            or the model's own forward (named, with the shapes that reached it).
+        NonFiniteError: with ``raise_on_nonfinite``, at the first NaN or Inf.
 
     Example:
         >>> import torch, hookscope
@@ -136,6 +225,10 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
         >>> w.culprit.module, w.culprit.which
         ('0', 'output')
     """
-    if not isinstance(last, int) or last < 0:
-        raise HookscopeError(f"last={last!r} must be a whole number of records, 0 or more")
-    return Watch(select(model, selectors), raise_on_nonfinite=raise_on_nonfinite, last=last, inputs=inputs)
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
+    selected = select(model, selectors)
+    inner, _ = unwrap(model)
+    params = param_targets(inner, selected, every=not selectors) if param_grads else []
+    return Watch(selected, raise_on_nonfinite=raise_on_nonfinite, last=last, inputs=inputs, root=inner,
+                 params=params)

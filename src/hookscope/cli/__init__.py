@@ -7,6 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from ..errors import HookscopeError
 
@@ -25,11 +26,21 @@ def _commands() -> dict[str, ModuleType]:
     return found
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the mistake and where to read more, no usage block.
+
+    Subcommand parsers are of the same class (``add_subparsers`` takes the parent's type).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookscope`` console script; returns the exit code."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hookscope", description="See inside and steer any PyTorch model through hooks."
     )
     parser.add_argument("--version", action="version", version=f"hookscope {__version__}")

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import re
+from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -52,11 +55,66 @@ def _attr(obj: Any, attr: str, where: str) -> Any:
     return getattr(obj, attr)
 
 
+def _needs_arguments(factory: Any) -> list[str] | None:
+    """The parameters ``factory()`` would be missing, or None if it can be called with none."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        return None
+    try:
+        signature.bind()
+    except TypeError:
+        return [n for n, p in signature.parameters.items()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return None
+
+
 def _build(factory: Any, spec: str) -> nn.Module:
-    model = factory() if callable(factory) and not isinstance(factory, nn.Module) else factory
+    if callable(factory) and not isinstance(factory, nn.Module):
+        missing = _needs_arguments(factory)
+        if missing is not None:
+            name = getattr(factory, "__name__", "Model")
+            where = spec.rsplit(":", 1)[0]
+            call = f"{name}({', '.join(f'{n}=...' for n in missing)})"
+            raise HookscopeError(
+                f"{spec!r} needs arguments ({', '.join(missing)}) but MODEL is built with none; "
+                f"write a factory that takes none, e.g. def build(): return {call}, and pass {where}:build"
+            )
+        model = factory()
+    else:
+        model = factory
     if not isinstance(model, nn.Module):
-        raise HookscopeError(f"{spec!r} gave a {type(model).__name__}, not an nn.Module")
+        hint = ""
+        if isinstance(model, Mapping) and any(isinstance(v, torch.Tensor) for v in model.values()):
+            hint = ("; it looks like a state_dict: save the whole model with torch.save(model), or "
+                    "build it in a file.py:factory that calls load_state_dict")
+        raise HookscopeError(f"{spec!r} gave a {type(model).__name__}, not an nn.Module{hint}")
     return model
+
+
+def _load_file(path: str) -> Any:
+    """A whole model saved with torch.save (trusted files only: unpickling runs code)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a corrupt or foreign file fails in many ways (pickle, zip, EOF...)
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise HookscopeError(
+            f"cannot load {path} with torch.load ({type(e).__name__}: {detail}); MODEL.pt must be a "
+            "whole model saved with torch.save(model), with its class importable here"
+        ) from e
+
+
+def _exec_file(path: str) -> ModuleType:
+    mod_spec = importlib.util.spec_from_file_location("_hookscope_user_model", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    try:
+        mod_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise HookscopeError(f"{e.filename or path}, line {e.lineno}: {type(e).__name__}: {e.msg}") from None
+    except ImportError as e:
+        raise HookscopeError(f"{path} cannot be run: {e}") from None
+    return module
 
 
 def load_model(spec: str, seed: int = 0) -> nn.Module:
@@ -81,22 +139,21 @@ def load_model(spec: str, seed: int = 0) -> nn.Module:
     if spec.endswith((".pt", ".pth")):
         if not os.path.isfile(spec):
             raise HookscopeError(f"no such file: {spec}")
-        model = torch.load(spec, map_location="cpu", weights_only=False)
-        return _build(model, spec).eval()
+        return _build(_load_file(spec), spec).eval()
     if ":" in spec:
         where, attr = spec.rsplit(":", 1)
         if where.endswith(".py"):
             if not os.path.isfile(where):
                 raise HookscopeError(f"no such file: {where}")
-            mod_spec = importlib.util.spec_from_file_location("_hookscope_user_model", where)
-            assert mod_spec is not None and mod_spec.loader is not None
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
+            module = _exec_file(where)
         else:
             try:
                 module = importlib.import_module(where)
             except ImportError as e:
                 raise HookscopeError(f"cannot import {where!r}: {e}") from None
+            except SyntaxError as e:
+                raise HookscopeError(f"cannot import {where!r}: {e.filename}, line {e.lineno}: "
+                                     f"{type(e).__name__}: {e.msg}") from None
         return _build(_attr(module, attr, where), spec).eval()
     raise HookscopeError(
         f"MODEL {spec!r} is not understood; use tiny, torchvision:NAME, package.module:ATTR, "

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..capture import capture
 from ..core.hooks import hook_count
+from ..errors import HookscopeError
 from ..zoo import TinyResNet
 
 
@@ -42,7 +43,7 @@ def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, tor
 
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
-        raise SystemExit("hookscope demo: error: --batch must be at least 1")
+        raise HookscopeError(f"--batch {args.batch} must be at least 1")
     model = TinyResNet(seed=args.seed).eval()
     torch.manual_seed(args.seed)
     x = torch.randn(args.batch, 3, 32, 32)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
+from torch import nn
 
 from .._tree import first_tensor
 from ..analysis.gradflow import gradient_flow
-from ..analysis.stats import trace
+from ..analysis.stats import RecorderSession, trace
 from ..errors import HookscopeError
 from ._load import add_model_arguments, example_input, load_model
 
@@ -48,25 +50,61 @@ def backward_loss(output: Any) -> torch.Tensor:
     return t.logsumexp(-1).sum() if t.dim() else t
 
 
+def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool) -> None:
+    """One forward pass (and the backward of :func:`backward_loss`) inside ``session``.
+
+    An exception the model raises in its forward becomes one line naming the module (the trace
+    already turns a RuntimeError into a ForwardError); anything else is left as it is.
+    """
+    try:
+        with session:
+            with torch.set_grad_enabled(backward):
+                out = model(x)
+            if backward:
+                backward_loss(out).backward()
+    except HookscopeError:
+        raise
+    except Exception as e:
+        where = session.failed_in(e)
+        if where is None:
+            raise
+        detail = (str(e).strip().splitlines() or [""])[0][:200]
+        raise HookscopeError(f"the forward pass failed in {where}: {type(e).__name__}: {detail}; "
+                             "check the example input's shape and dtype") from e
+
+
+def _check_out(path: str | None) -> None:
+    """Refuse an --out whose folder does not exist before the model runs, not after."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if path and not os.path.isdir(folder):
+        raise HookscopeError(f"cannot write --out {path}: no folder {folder}")
+
+
+def write_out(path: str, text: str) -> None:
+    """Write ``text`` to ``path``; an OSError becomes one line."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError as e:
+        raise HookscopeError(f"cannot write --out {path}: {e.strerror or e}") from e
+
+
 def run(args: argparse.Namespace) -> int:
     if args.grad_flow and args.format == "csv":
         raise HookscopeError("--grad-flow prints a table or JSON; use --format table or --format json")
+    _check_out(args.out)
     model = load_model(args.model, seed=args.seed)
     x = example_input(args.model, args.input, seed=args.seed)
     backward = args.backward or args.grad_flow
-    with trace(model, *args.layers, inputs=not args.no_inputs, grads=backward) as t:
-        with torch.set_grad_enabled(backward):
-            out = model(x)
-        if backward:
-            backward_loss(out).backward()
+    t = trace(model, *args.layers, inputs=not args.no_inputs, grads=backward)
+    run_model(t, model, x, backward=backward)
     if args.grad_flow:
         flow = gradient_flow(model, *args.layers, trace=t)
         text = flow.to_json(indent=1) if args.format == "json" else flow.table()
     else:
         text = {"table": t.table, "json": lambda: t.to_json(indent=1), "csv": t.to_csv}[args.format]()
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") else text + "\n")
+        write_out(args.out, text)
         print(f"wrote {args.format} to {args.out}")
     else:
         print(text.rstrip("\n"))

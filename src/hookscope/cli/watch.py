@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import torch
-
 from ..analysis.watch import watch
 from ._load import add_model_arguments, example_input, load_model
-from .trace import LOSS_HELP, backward_loss
+from .trace import LOSS_HELP, run_model
 
 
 def add_parser(sub: Any) -> None:
@@ -17,25 +15,24 @@ def add_parser(sub: Any) -> None:
         "watch",
         help="name the first module whose output (or gradient) holds a NaN or an Inf",
         description="Runs MODEL on a seeded random input (and a backward pass with --backward) and "
-        "prints the first module, in execution order, whose output or gradient is not finite, with "
-        "the statistics of the records before it; or 'all finite'. Exit status 1 when one is "
+        "prints the first module, in execution order, whose output or gradient (one it sends back, or "
+        "the .grad of one of its parameters) is not finite, with the statistics of the calls "
+        "before it; or 'all finite'. Exit status 1 when one is "
         "found. " + LOSS_HELP + ".",
     )
     add_model_arguments(p)
     p.add_argument("--layers", nargs="+", metavar="SEL", default=[],
                    help="layer names, globs or re:REGEX (default: every module)")
     p.add_argument("--backward", action="store_true", help="also run a backward pass and check gradients")
-    p.add_argument("--last", type=int, default=5, metavar="N", help="records shown before the culprit (default 5)")
+    p.add_argument("--last", type=int, default=5, metavar="N",
+                   help="module calls shown before the culprit, with all their records (default 5)")
     p.add_argument("--inputs", action="store_true", help="check each module's inputs too")
 
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, seed=args.seed)
     x = example_input(args.model, args.input, seed=args.seed)
-    with watch(model, *args.layers, last=args.last, inputs=args.inputs) as w:
-        with torch.set_grad_enabled(args.backward):
-            out = model(x)
-        if args.backward:
-            backward_loss(out).backward()
+    w = watch(model, *args.layers, last=args.last, inputs=args.inputs)
+    run_model(w, model, x, backward=args.backward)
     print(w.report())
     return 0 if w.finite else 1
