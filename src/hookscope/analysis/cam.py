@@ -475,9 +475,12 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
             masked, forwards = masked + runs, forwards + calls
     ups = [_normalise(F.interpolate(r.unsqueeze(1), size=size, mode="bilinear", align_corners=False).squeeze(1))
            for r in raw.values()]
-    stacked = torch.stack(ups)
-    fused = stacked.mean(0) if fuse == "mean" else stacked.amax(0)
-    return CamResult(maps=_normalise(fused), raw=raw, targets=targets,
+    if len(ups) == 1:  # already normalised
+        maps = ups[0]
+    else:
+        stacked = torch.stack(ups)
+        maps = _normalise(stacked.mean(0) if fuse == "mean" else stacked.amax(0))
+    return CamResult(maps=maps, raw=raw, targets=targets,
                      scores=None if score is None else score.detach(), layers=list(raw), method=method,
                      forwards=forwards, masked=masked)
 
