@@ -194,7 +194,7 @@ def test_bad_arguments_are_one_line_errors(kwargs, match):
 
 def test_model_output_the_target_cannot_read():
     model = DictPixelSum()
-    with pytest.raises(HookscopeError, match=r"returns a FakeModelOutput.*output=lambda out: out.logits"):
+    with pytest.raises(HookscopeError, match=r"returns a FakeModelOutput.*output=lambda o: o.logits"):
         deletion(model, X, MAP, target=0)
     with pytest.raises(HookscopeError, match=r"target= returned \(1, 2\).*shape \(1,\)"):
         deletion(model, X, MAP, target=lambda o: o["logits"])

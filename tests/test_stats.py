@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ConvReLU, FakeModelOutput, Net, Structured, no_hooks
+from conftest import ConvReLU, Net, Structured, no_hooks
 from torch import nn
 
 from hookscope import HookscopeError

@@ -17,7 +17,7 @@ from torch import nn
 
 from .._tree import tree_map
 from ..errors import HookscopeError, did_you_mean
-from ._targets import call_user, check_range, class_targets, is_function
+from ._targets import call_user, check_range, class_targets, is_function, read_logits
 
 __all__ = [
     "Curve",
@@ -164,7 +164,6 @@ def _curve(
     b, _, h, w = inputs.shape
     saliency = _fit_maps(maps, b, h, w, inputs.device)
     substrate = _substrate(baseline, inputs)
-    read = _reader(output)
     # rank[b, p]: position of pixel p in decreasing saliency (stable, so ties go in row-major order)
     order = torch.argsort(saliency.reshape(b, h * w), dim=1, descending=True, stable=True)
     rank = torch.empty_like(order)
@@ -176,7 +175,7 @@ def _curve(
     try:
         model.eval()
         with torch.no_grad():
-            targets = None if is_function(target) else _targets(model, inputs, target, read)
+            targets = None if is_function(target) else _targets(model, inputs, target, output)
             rows = (steps + 1) * b  # row r: step r // b of image r % b
             chunk = batch_size if targets is not None else max(1, batch_size // b) * b
             parts = []
@@ -190,7 +189,7 @@ def _curve(
                 if targets is None:
                     parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
                 else:
-                    logits = read(out)
+                    logits = read_logits(output, out, len(r))
                     if start == 0:  # once, before any score is read
                         check_range(targets, logits.shape[1])
                     parts.append(_score(logits, targets[img], score))
@@ -257,36 +256,14 @@ def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_S
     return F.conv2d(rows, g.view(1, 1, 1, size).expand(c, 1, 1, size), groups=c)
 
 
-def _reader(output: Callable[[Any], torch.Tensor] | None) -> Callable[[Any], torch.Tensor]:
-    def read(out: Any) -> torch.Tensor:
-        logits = call_user(output, out, "output=") if output is not None else out
-        if not isinstance(logits, torch.Tensor):
-            raise HookscopeError(
-                f"the model returns a {type(out).__name__}, not a tensor of logits; pass output= a "
-                "function that returns them, for example output=lambda out: out.logits"
-            )
-        if logits.dim() != 2:
-            raise HookscopeError(
-                f"the logits have shape {tuple(logits.shape)}, not N x classes; pass output= a "
-                "function that returns N x classes logits, or target= a function that returns N scores"
-            )
-        return logits
-
-    return read
-
-
-def _targets(model: nn.Module, inputs: torch.Tensor, target: Target, read: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+def _targets(model: nn.Module, inputs: torch.Tensor, target: Target,
+             output: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
     if target is None:
-        return read(model(inputs)).argmax(dim=1)
+        return read_logits(output, model(inputs), inputs.shape[0]).argmax(dim=1)
     return class_targets(target, inputs.shape[0], device=inputs.device)
 
 
 def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:
-    if logits.shape[0] != len(targets):
-        raise HookscopeError(
-            f"the logits have {logits.shape[0]} rows for {len(targets)} images; output= must keep "
-            "the batch dimension first"
-        )
     values = logits.float().softmax(dim=1) if score == "prob" else logits.float()
     return values.gather(1, targets.unsqueeze(1)).squeeze(1)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
 
 from torch import nn
 
