@@ -98,12 +98,15 @@ def test_wrappers_are_seen_through_and_prefixed_names_accepted():
     assert hookscope.unwrap(nn.DataParallel(compiled))[1] == "module._orig_mod."
 
 
-def test_a_module_reachable_under_two_names_is_keyed_by_its_first_name():
+def test_a_module_reachable_under_two_names_is_keyed_by_the_name_selected():
+    # issue 9, item 16: selected as 'b', it was recorded as 'a' and rec['b'] said "did you mean 'a'"
     act = nn.ReLU()
     m = nn.Module()
     m.a = act
     m.b = act
-    assert names(layers(m, "b")) == ["a"]
+    assert names(layers(m, "b")) == ["b"]
+    assert names(layers(m, "a")) == ["a"]
+    assert names(layers(m, "a", "b")) == ["a"]  # selected once, by its first name
     assert hookscope.names(m) == ["a"]
 
 

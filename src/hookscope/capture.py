@@ -11,13 +11,14 @@ import torch
 from torch import nn
 
 from ._tree import tensors, tree_map
-from .core.guard import Slot, plain, release
-from .core.hooks import HookGroup
+from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
+from .core.guard import FAST_PATH_TYPES, Slot, plain, release, settle_inputs
+from .core.hooks import HookGroup, ThreadScope
 from .errors import HookscopeError, did_you_mean
-from .records import HOLE, RAISED, Recording, Retention
-from .selection import Selector, layers, unwrap
+from .records import HOLE, CallRecord, Recording, Retention
+from .selection import Selector, aliases_of, check_hookable, layers
 
-__all__ = ["capture", "Capture", "FIELDS"]
+__all__ = ["capture", "Capture", "FIELDS", "boundary_modules", "check_hookable"]
 
 FIELDS = ("input", "output", "grad_input", "grad_output")
 _GROUPS = {"all": FIELDS, "grads": ("grad_input", "grad_output"), "io": ("input", "output")}
@@ -57,7 +58,10 @@ class StopForward(BaseException):
 class Capture(Recording):
     """A context that records selected modules; after the block it is the :class:`Recording`.
 
-    Build it with :func:`capture`.
+    Build it with :func:`capture`. It records the calls made in the thread that opened it and in
+    threads started while it is open (DataParallel's replicas, your own workers); calls that
+    threads which already existed make meanwhile (another capture's thread, a server's pool) are
+    not recorded.
     """
 
     def __init__(
@@ -67,16 +71,19 @@ class Capture(Recording):
         keep: frozenset[str],
         retention: Retention,
         stop: bool,
+        aliases: dict[str, str] | None = None,
     ) -> None:
-        super().__init__([n for n, _ in selected])
+        super().__init__([n for n, _ in selected], aliases)
         self._model: nn.Module | None = model
         self._targets: list[tuple[str, nn.Module]] | None = selected
         self.keep = keep
         self.retention = retention
         self.stop = stop
         self._group = HookGroup()
+        self._refresh = HookRefresh(model)
         self._slots: list[Slot] = []
         self._remaining: set[str] = set()
+        self._scope = ThreadScope()
         self.stopped = False
 
     # lifecycle ------------------------------------------------------------------------------
@@ -84,26 +91,32 @@ class Capture(Recording):
         if self._targets is None:
             raise HookscopeError("this capture has already run; call hookscope.capture(...) again")
         assert self._model is not None
-        # Under torch.compile, hooks run eagerly between graph pieces instead of being traced:
-        # they keep Python state (per-thread call stacks, records) that dynamo cannot trace.
-        compiled = "_orig_mod." in unwrap(self._model)[1]
-        eager = torch.compiler.disable if compiled else (lambda f: f)
-        if compiled and self.retention.copy == "auto":
+        self._scope.open()
+        compiled = is_compiled(self._model)
+        if compiled:
             # a guarded alias must not reach compiled graph pieces (their out= ops refuse subclasses)
-            self.retention = dataclasses.replace(self.retention, copy="always")
+            copy = "always" if self.retention.copy == "auto" else self.retention.copy
+            self.retention = dataclasses.replace(self.retention, copy=copy, guard=False)
         try:
             for name, module in self._targets:
-                (pre, with_kwargs), post = self._hooks(name)
-                pre, post = eager(pre), eager(post)
-                self._group.add(module.register_forward_pre_hook(pre, with_kwargs=with_kwargs))
-                self._group.add(module.register_forward_hook(post))
-            if self.retention.copy != "always":
+                self._register(name, module, compiled)
+            if self.retention.guards_any():
+                for module in boundary_modules(self._model):
+                    self._group.add(module.register_forward_pre_hook(settle_inputs, with_kwargs=True))
                 self._group.add(self._model.register_forward_hook(_hand_back_plain))
+            self._refresh.open()
         except BaseException:
             self._close()
             raise
         self._remaining = set(self.selected)
         return self
+
+    def _register(self, name: str, module: nn.Module, compiled: bool) -> None:
+        (pre, with_kwargs), post = self._hooks(name, module)
+        if compiled:  # hooks run eagerly between graph pieces: dynamo cannot trace their state
+            pre, post = eager(pre), eager(post)
+        self._group.add(module.register_forward_pre_hook(pre, with_kwargs=with_kwargs))
+        self._group.add(module.register_forward_hook(post))
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self._close()
@@ -113,8 +126,10 @@ class Capture(Recording):
         return False
 
     def _close(self) -> None:
-        self._group.remove()
-        release(self._slots)
+        self._group.remove()  # sets closed first: a hook still running releases what it keeps
+        self._refresh.close()
+        self._scope.close()
+        release(list(self._slots))
         self._slots = []
         self._model = None  # nothing of the model outlives the context
         self._targets = None
@@ -141,94 +156,108 @@ class Capture(Recording):
             return None
 
     # hooks ----------------------------------------------------------------------------------
-    def _hooks(self, name: str) -> tuple[Any, Any]:
-        keep, ret, slots = self.keep, self.retention, self._slots
-        want_in, want_out = "input" in keep, "output" in keep
-        grad_in, grad_out = "grad_input" in keep, "grad_output" in keep
-        open_calls: dict[int, list[Any]] = {}  # per thread: DataParallel runs replicas in threads
-        add, group, get_ident = self._add, self._group, threading.get_ident
+    def _keep_tree(self, obj: Any, where: Any) -> tuple[Any, Any]:
+        """(tree of slots, tree the model goes on with) for one input or output."""
+        kept: list[Slot] = []
 
-        def keep_tree(obj: Any, where: Any) -> tuple[Any, Any]:
-            """(tree of slots, tree the model goes on with)."""
-            if isinstance(obj, torch.Tensor):
-                slot, alias = ret.keep(obj, where)
-                slots.append(slot)
-                return slot, alias
-            kept: list[Slot] = []
+        def one(t: torch.Tensor) -> torch.Tensor:
+            slot, alias = self.retention.keep(t, where)
+            kept.append(slot)
+            return alias
 
-            def one(t: torch.Tensor) -> torch.Tensor:
-                slot, alias = ret.keep(t, where)
-                kept.append(slot)
-                return alias
+        aliases = tree_map(one, obj)
+        slots = self._slots
+        slots.extend(kept)
+        if self._group.closed:  # closed meanwhile by another thread: keep nothing watched
+            release(kept)
+        it = iter(kept)
+        return tree_map(lambda t: next(it), obj), aliases
 
-            aliases = tree_map(one, obj)
-            slots.extend(kept)
-            it = iter(kept)
-            return tree_map(lambda t: next(it), obj), aliases
+    def _ours(self, module: nn.Module, target: nn.Module) -> bool:
+        """A call this capture records: not from a thread that existed before it opened."""
+        return module is not target or self._scope.sees()
 
-        def start(module: nn.Module, args: tuple[Any, ...]) -> None:
-            call = add(name)  # at the start, so records are in the order calls began
-            open_calls.setdefault(get_ident(), []).append(call)
-            if want_out:
-                call._output = RAISED  # until the call returns
+    def _hooks(self, name: str, target: nn.Module) -> tuple[Any, Any]:
+        """The (pre-hook, takes kwargs) and post-hook that record one selected module."""
+        keep = self.keep
+        want_in, grad_in = "input" in keep, "grad_input" in keep
+        open_calls: dict[int, list[CallRecord]] = {}  # per thread: DataParallel runs replicas in threads
 
-        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            start(module, args)
-            call = open_calls[get_ident()][-1]
-            new_args, new_kwargs = args, kwargs
-            if want_in:
-                call._args, new_args = keep_tree(args, ("input", name, call.index))
-                call._kwargs, new_kwargs = keep_tree(kwargs, ("input", name, call.index))
-            if grad_in:
-                new_args = self._watch_inputs(call, new_args)
-            if new_args is args and new_kwargs is kwargs:
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+            # kwargs may be missing: PyTorch calls a pre-hook removed mid-call without them
+            if not self._ours(module, target) or self._group.closed:
                 return None
-            return new_args, new_kwargs
+            call = self._add(name)  # at the start, so records are in the order calls began
+            open_calls.setdefault(threading.get_ident(), []).append(call)
+            if "output" in keep:
+                call.mark_running()
+            return self._record_inputs(call, args, kwargs or {}) if (want_in or grad_in) else None
 
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-            stack = open_calls.get(get_ident())
-            call = stack.pop() if stack else add(name)
-            if grad_in:
-                self._check_inputs(call)
-            new_output = output
-            if want_out:
-                call._output, new_output = keep_tree(output, ("output", name, call.index))
-            if grad_out:
-                self._watch_outputs(call, output)
+            if not self._ours(module, target):
+                return None
+            stack = open_calls.get(threading.get_ident())
+            call = stack.pop() if stack else self._add(name)  # began before the capture opened
+            new = self._record_output(call, output)
             if self.stop:
                 self._remaining.discard(name)
                 if not self._remaining:
                     raise StopForward(self)
-            return None if new_output is output else new_output
+            return None if new is output else new
 
-        return (pre, True) if (want_in or grad_in) else (start, False), post
+        return (pre, True), post
 
-    def _grad_setter(self, grads: list[Slot | None], i: int, where: Any) -> Any:
+    def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        new_args, new_kwargs = args, kwargs
+        if "input" in self.keep:
+            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index))
+            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index))
+            call.set_inputs(kept_args, kept_kwargs)
+        if "grad_input" in self.keep:
+            new_args = self._watch_inputs(call, new_args)
+        if new_args is args and new_kwargs is kwargs:
+            return None
+        return new_args, new_kwargs
+
+    def _record_output(self, call: CallRecord, output: Any) -> Any:
+        if "grad_input" in self.keep:
+            call.check_inputs()
+        new_output = output
+        if "output" in self.keep and not self._group.closed:
+            kept, new_output = self._keep_tree(output, ("output", call.name, call.index))
+            call.set_output(kept)
+        if "grad_output" in self.keep:
+            self._watch_outputs(call, output)
+        return new_output
+
+    def _grad_setter(self, grads: list[Slot | None], i: int, where: Any, adopted: bool = False) -> Any:
         ret = self.retention
 
         def hook(g: torch.Tensor) -> None:
-            grads[i] = ret.keep_grad(g, where)
+            grads[i] = ret.keep_grad(g, where, adopted)
 
         return hook
 
-    def _watch_outputs(self, call: Any, output: Any) -> None:
+    def _watch_outputs(self, call: CallRecord, output: Any) -> None:
         # Tensor hooks on the output itself, not register_full_backward_hook: the full backward hook
         # breaks when an in-place op follows the module (pytorch/pytorch#61519), and a hook on an
         # alias is orphaned by such an op; a hook on the original fires with the true grad_output.
         outs = list(tensors(output))
-        grads: list[Slot | None] = [None] * len(outs)
-        call._grads_out, call._skel_out = grads, tree_map(lambda t: HOLE, output)
+        grads = call.expect_grad_output(tree_map(lambda t: HOLE, output), len(outs))
         where = ("grad_output", call.name, call.index)
         for i, t in enumerate(outs):
             if t.requires_grad:
                 self._group.add(t.register_hook(self._grad_setter(grads, i, where)))
 
-    def _watch_inputs(self, call: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
         # A fresh alias per call, so its hook sees only the gradient that flows through this module
         # (the input itself may feed other modules too, e.g. a residual branch).
         watched: list[torch.Tensor] = []
 
+        leaves: list[bool] = []
+
         def alias(t: torch.Tensor) -> torch.Tensor:
+            leaves.append(t.is_leaf)
             if not (t.requires_grad and torch.is_grad_enabled()):
                 watched.append(t)
                 return t
@@ -237,32 +266,20 @@ class Capture(Recording):
             return a
 
         new_args = tree_map(alias, args)
-        grads: list[Slot | None] = [None] * len(watched)
-        call._grads_in, call._skel_in = grads, tree_map(lambda t: HOLE, args)
+        grads = call.expect_grad_input(tree_map(lambda t: HOLE, args), len(watched))
         where = ("grad_input", call.name, call.index)
         for i, a in enumerate(watched):
             if a.requires_grad and torch.is_grad_enabled():
-                self._group.add(a.register_hook(self._grad_setter(grads, i, where)))
-                call._watched.append((a, a._version))
+                # a leaf's .grad would adopt a view of this gradient and accumulate into it
+                self._group.add(a.register_hook(self._grad_setter(grads, i, where, leaves[i])))
+                call.watch_input(a)
         return new_args
 
-    def _check_inputs(self, call: Any) -> None:
-        watched, call._watched = call._watched, []
-        if any(a._version != v for a, v in watched):
-            call.note = (
-                "the module modifies its input in place (inplace=True), which detaches the input "
-                "gradient from it (pytorch/pytorch#61519); read grad_output of the layer before it"
-            )
 
-
-def check_hookable(selected: list[tuple[str, nn.Module]]) -> None:
-    """Refuse TorchScript submodules before anything is registered: their hooks would never run."""
-    for name, module in selected:
-        if isinstance(module, torch.jit.ScriptModule):
-            raise HookscopeError(
-                f"{name!r} is a TorchScript module, where Python hooks do not run; "
-                "select its eager nn.Module (before torch.jit.script) instead"
-            )
+def boundary_modules(model: nn.Module) -> list[nn.Module]:
+    """Modules that must receive plain tensors: compiled entries and native fast paths."""
+    entries = set(map(id, compiled_modules(model)))
+    return [m for m in model.modules() if id(m) in entries or isinstance(m, FAST_PATH_TYPES)]
 
 
 def _hand_back_plain(module: nn.Module, args: Any, output: Any) -> Any:
@@ -319,4 +336,4 @@ def capture(
     retention = Retention(copy=copy, detach=detach, device=device, dtype=dtype)  # type: ignore[arg-type]
     selected = layers(model, *selectors)
     check_hookable(selected)
-    return Capture(model, selected, fields, retention, stop)
+    return Capture(model, selected, fields, retention, stop, aliases_of(model, selected))

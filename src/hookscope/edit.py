@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from ._tree import tree_map
-from .capture import check_hookable
-from .core.hooks import HookGroup
+from .core.compiled import HookRefresh, eager, is_compiled
+from .core.hooks import HookGroup, ThreadScope
 from .errors import HookscopeError
-from .selection import Selector, layers
+from .selection import Selector, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
 
@@ -40,63 +42,85 @@ def _as_fn(change: Any, what: str) -> Change | None:
 class Edit:
     """Context that rewrites inputs, outputs and gradients of selected modules. Build it with :func:`edit`.
 
-    ``counts[name]`` says how many calls of each module were edited.
+    ``counts[name]`` says how many calls of each module were edited. Like a capture, it changes the
+    calls made in the thread that opened it and in threads started while it is open.
     """
 
-    def __init__(self, selected: list[tuple[str, nn.Module]], changes: dict[str, Change | None]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        selected: list[tuple[str, nn.Module]],
+        changes: dict[str, Change | None],
+        inputs: dict[int | str, Change],
+    ) -> None:
+        self._model = model
         self._targets: list[tuple[str, nn.Module]] | None = selected
         self._changes = changes
+        self._inputs = inputs
         self._group = HookGroup()
+        self._refresh = HookRefresh(model)
+        self._scope = ThreadScope()
         self.counts = {n: 0 for n, _ in selected}
 
     def __enter__(self) -> Edit:
-        assert self._targets is not None, "an Edit runs once; call hookscope.edit(...) again"
+        if self._targets is None:
+            raise HookscopeError("this edit has already run; call hookscope.edit(...) again")
+        self._scope.open()
         c = self._changes
+        wrap = eager if is_compiled(self._model) else (lambda f: f)
         try:
             for name, module in self._targets:
-                if c["input"] or c["grad_input"]:
-                    self._group.add(module.register_forward_pre_hook(self._pre(name)))
+                if self._inputs or c["grad_input"]:
+                    pre = wrap(self._pre(name, module))
+                    self._group.add(module.register_forward_pre_hook(pre, with_kwargs=True))
                 if c["output"] or c["grad_output"]:
-                    self._group.add(module.register_forward_hook(self._post(name)))
+                    self._group.add(module.register_forward_hook(wrap(self._post(name, module))))
+            self._refresh.open()
         except BaseException:
-            self._group.remove()
+            self.remove()
             raise
         self._targets = None
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._group.remove()
+        self.remove()
 
     def remove(self) -> None:
         """Remove the hooks now (the context does it by itself). Idempotent."""
         self._group.remove()
+        self._refresh.close()
+        self._scope.close()
 
-    def _pre(self, name: str) -> Any:
-        change, grad_change = self._changes["input"], self._changes["grad_input"]
+    def _ours(self, module: nn.Module, target: nn.Module) -> bool:
+        return module is not target or self._scope.sees()
+
+    def _pre(self, name: str, target: nn.Module) -> Any:
+        grad_change = self._changes["grad_input"]
         counted_later = bool(self._changes["output"] or self._changes["grad_output"])
 
-        def pre(module: nn.Module, args: tuple[Any, ...]) -> Any:
-            if not args:
-                raise HookscopeError(
-                    f"{name!r} was called without positional input, so input= has nothing to "
-                    "change; edit the output of the layer before it instead"
-                )
-            first = args[0]
-            if change is not None:
-                new = change(first)
-                first = first if new is None else new
-            if grad_change is not None:
-                first = tree_map(lambda t: self._hook_grad(t, grad_change, alias=True), first)
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+            # kwargs may be missing: PyTorch calls a pre-hook removed mid-call without them
+            if not self._ours(module, target):
+                return None
+            kwargs = kwargs or {}
+            new_args, new_kwargs = _change_inputs(name, self._inputs, args, kwargs)
+            if grad_change is not None and new_args:
+                first = tree_map(lambda t: self._hook_grad(t, grad_change, alias=True), new_args[0])
+                new_args = (first, *new_args[1:])
             if not counted_later:
                 self.counts[name] += 1
-            return None if first is args[0] else (first, *args[1:])
+            if new_args is args and new_kwargs is kwargs:
+                return None
+            return new_args, new_kwargs
 
         return pre
 
-    def _post(self, name: str) -> Any:
+    def _post(self, name: str, target: nn.Module) -> Any:
         change, grad_change = self._changes["output"], self._changes["grad_output"]
 
         def post(module: nn.Module, args: Any, output: Any) -> Any:
+            if not self._ours(module, target):
+                return None
             new = output
             if change is not None:
                 got = change(output)
@@ -117,10 +141,42 @@ class Edit:
         return target
 
 
+def _change_inputs(
+    name: str, inputs: dict[int | str, Change], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Apply each input change (by position or keyword name) to one call's inputs."""
+    if not inputs:
+        return args, kwargs
+    new_args, new_kwargs = list(args), dict(kwargs)
+    for key, change in inputs.items():
+        if isinstance(key, int):
+            if key >= len(args):
+                raise HookscopeError(
+                    f"{name!r} was called with {len(args)} positional input(s), so input {key} does "
+                    f"not exist; edit one of positions 0..{len(args) - 1} or a keyword by its name"
+                    if args else f"{name!r} was called without positional input, so input= has "
+                    "nothing to change; edit a keyword input by name or the output of the layer before"
+                )
+            got = change(args[key])
+            new_args[key] = args[key] if got is None else got
+        else:
+            if key not in kwargs:
+                raise HookscopeError(
+                    f"{name!r} was not called with keyword input {key!r}; its keywords were "
+                    f"{sorted(kwargs) or 'none'}; edit a positional input by its index instead"
+                )
+            got = change(kwargs[key])
+            new_kwargs[key] = kwargs[key] if got is None else got
+    changed_args = any(a is not b for a, b in zip(new_args, args))
+    changed_kwargs = any(new_kwargs[k] is not kwargs[k] for k in kwargs)
+    return (tuple(new_args) if changed_args else args), (new_kwargs if changed_kwargs else kwargs)
+
+
 def edit(
     model: nn.Module,
     *selectors: Selector,
     input: Any = None,
+    inputs: Mapping[int | str, Any] | None = None,
     output: Any = None,
     grad_input: Any = None,
     grad_output: Any = None,
@@ -131,6 +187,8 @@ def edit(
     changing it in place) or a fixed value that replaces ``old`` (activation patching):
 
     - ``input``: the first positional input, before the module runs (a forward pre-hook);
+    - ``inputs``: any inputs, keyed by position (``0``, ``1``...) or keyword name
+      (``{"attention_mask": ...}``), each a change as above;
     - ``output``: the whole output (a tensor, tuple, dict, ...), after the module runs;
     - ``grad_output``: the gradient arriving at each output tensor, before it flows into the module;
     - ``grad_input``: the gradient the module sends back to its first input.
@@ -145,18 +203,48 @@ def edit(
         ...     y = net(torch.randn(4, 2))
         >>> bool((y == 0).all())
         True
+        >>> bil = torch.nn.Bilinear(2, 2, 1)
+        >>> with hookscope.edit(bil, "", inputs={1: torch.zeros(1, 2)}):
+        ...     z = bil(torch.ones(1, 2), torch.ones(1, 2))
+        >>> torch.equal(z, bil.bias.reshape(1, 1))
+        True
     """
     changes = {
-        "input": _as_fn(input, "input"),
         "output": _as_fn(output, "output"),
         "grad_input": _as_fn(grad_input, "grad_input"),
         "grad_output": _as_fn(grad_output, "grad_output"),
     }
-    if all(v is None for v in changes.values()):
-        raise HookscopeError("edit() needs at least one of input=, output=, grad_input=, grad_output=")
+    by_input = _input_changes(input, inputs)
+    if not by_input and all(v is None for v in changes.values()):
+        raise HookscopeError(
+            "edit() needs at least one of input=, inputs=, output=, grad_input=, grad_output="
+        )
     selected = layers(model, *selectors)
     check_hookable(selected)
-    return Edit(selected, changes)
+    return Edit(model, selected, changes, by_input)
+
+
+def _input_changes(input: Any, inputs: Mapping[int | str, Any] | None) -> dict[int | str, Change]:
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise HookscopeError(
+            f"inputs= takes a dict from input position or keyword name to a change, not "
+            f"{type(inputs).__name__}; for example inputs={{1: fn, 'mask': tensor}}"
+        )
+    items: dict[int | str, Any] = dict(inputs or {})
+    if input is not None:
+        if 0 in items:
+            raise HookscopeError("input= and inputs={0: ...} both change the first input; give one")
+        items[0] = input
+    out: dict[int | str, Change] = {}
+    for key, change in items.items():
+        if isinstance(key, bool) or not isinstance(key, (int, str)) or (isinstance(key, int) and key < 0):
+            raise HookscopeError(
+                f"inputs= key {key!r} is neither an input position (0, 1, ...) nor a keyword name"
+            )
+        fn = _as_fn(change, f"input {key!r}")
+        if fn is not None:
+            out[key] = fn
+    return out
 
 
 def ablate(channels: int | Sequence[int], dim: int = 1, value: float = 0.0) -> Change:
@@ -166,18 +254,48 @@ def ablate(channels: int | Sequence[int], dim: int = 1, value: float = 0.0) -> C
         >>> ablate([0])(torch.ones(1, 2, 1, 1)).flatten().tolist()
         [0.0, 1.0]
     """
-    index = [channels] if isinstance(channels, int) else list(channels)
+    index = _channel_list(channels)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise HookscopeError(f"ablate(dim={dim!r}): dim is the channel dimension, an int such as 1")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HookscopeError(f"ablate(value={value!r}): value must be a number such as 0.0")
+    lo, hi = min(index), max(index)
 
     def fn(t: Any) -> Any:
         def one(x: torch.Tensor) -> torch.Tensor:
-            if not -x.dim() <= dim < x.dim() or not index:
-                raise HookscopeError(f"cannot ablate dim {dim} of a tensor of shape {tuple(x.shape)}")
-            idx = torch.as_tensor(index, device=x.device)
+            if not -x.dim() <= dim < x.dim():
+                raise HookscopeError(
+                    f"cannot ablate dim {dim} of a tensor of shape {tuple(x.shape)}; pass dim= "
+                    f"between {-x.dim()} and {x.dim() - 1}"
+                )
+            size = x.shape[dim]
+            if hi >= size or lo < -size:
+                bad = hi if hi >= size else lo
+                raise HookscopeError(
+                    f"ablate: channel {bad} is out of range for dim {dim} of a tensor of shape "
+                    f"{tuple(x.shape)}; channels run 0..{size - 1}"
+                )
+            idx = torch.as_tensor([i % size for i in index], device=x.device)
             return x.index_fill(dim, idx, value)
 
         return tree_map(one, t)
 
     return fn
+
+
+def _channel_list(channels: Any) -> list[int]:
+    try:
+        items = [channels] if isinstance(channels, int) else list(channels)
+        if any(isinstance(i, bool) for i in items):
+            raise TypeError
+        index = [operator.index(i) for i in items]  # ints, numpy integers, 0-d integer tensors
+    except TypeError:
+        raise HookscopeError(
+            f"ablate({channels!r}): channels are an int or a list of ints, such as ablate([3, 7])"
+        ) from None
+    if not index:
+        raise HookscopeError("ablate([]) names no channel to ablate; pass at least one, such as ablate([0])")
+    return index
 
 
 def scale(factor: float) -> Change:
@@ -187,4 +305,6 @@ def scale(factor: float) -> Change:
         >>> scale(0.5)(torch.ones(2)).tolist()
         [0.5, 0.5]
     """
+    if isinstance(factor, bool) or not isinstance(factor, (int, float, torch.Tensor)):
+        raise HookscopeError(f"scale({factor!r}): the factor must be a number (or a tensor)")
     return lambda t: tree_map(lambda x: x * factor, t)

@@ -59,6 +59,13 @@ class GradRecord:
         return f"GradRecord({self.name!r}, arrivals={len(self.grads)})"
 
 
+def _as_arrived(g: torch.Tensor) -> torch.Tensor:
+    """The gradient object itself, not a ``detach()`` alias: while something else holds it,
+    autograd copies it into a leaf's ``.grad`` instead of adopting its memory, so later
+    accumulation, ``clip_grad_norm_`` or ``zero_grad(set_to_none=False)`` cannot rewrite it."""
+    return g.detach() if g.requires_grad else g
+
+
 class GradWatch(Mapping[str, GradRecord]):
     """Context that records (and with ``fn`` rewrites) the gradient of chosen tensors.
 
@@ -77,7 +84,8 @@ class GradWatch(Mapping[str, GradRecord]):
         self._group = HookGroup()
 
     def __enter__(self) -> GradWatch:
-        assert self._tensors is not None, "a GradWatch runs once"
+        if self._tensors is None:
+            raise HookscopeError("this grads() block has already run; call hookscope.grads(...) again")
         for name, t in self._tensors.items():
             self._group.add(t.register_hook(self._hook(name, self._fns.get(name))))
         self._tensors = None  # hold no graph after the block
@@ -94,7 +102,7 @@ class GradWatch(Mapping[str, GradRecord]):
         rec = self._records[name]
         if fn is None:
             def observe(g: torch.Tensor) -> None:
-                rec.grads.append(g.detach())
+                rec.grads.append(_as_arrived(g))
             return observe
 
         def apply(g: torch.Tensor) -> torch.Tensor | None:
@@ -102,7 +110,7 @@ class GradWatch(Mapping[str, GradRecord]):
             out = fn(g)
             final = g if out is None else out
             rec.originals.append(original)
-            rec.grads.append(final.detach())
+            rec.grads.append(_as_arrived(final))
             rec.changes.append(
                 final.shape != original.shape or not torch.equal(final.detach(), original)
             )

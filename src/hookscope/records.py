@@ -9,11 +9,11 @@ from typing import Any, Literal
 import torch
 
 from ._tree import tree_map
-from .core.guard import Slot, _guardable, protect
+from .core.guard import Slot, guardable, protect
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
 
-__all__ = ["Retention", "CallRecord", "LayerRecord", "Recording"]
+__all__ = ["Retention", "CallRecord", "LayerRecord", "Recording", "check_device"]
 
 CopyPolicy = Literal["auto", "always", "never"]
 COPY_BELOW = 1 << 20
@@ -60,14 +60,25 @@ class Retention:
     device: torch.device | str | None = None
     dtype: torch.dtype | None = None
 
+    guard: bool = True  # hand the model guarded aliases; False where they cannot go (compiled graphs)
+
     def __post_init__(self) -> None:
         if self.copy not in ("auto", "always", "never"):
             raise RecordError(f"copy={self.copy!r} is not a copy policy; use 'auto', 'always' or 'never'")
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise RecordError(
+                f"dtype={self.dtype!r} is not a torch.dtype; pass one such as torch.float16"
+            )
+        if self.device is not None:
+            object.__setattr__(self, "device", check_device(self.device))
+        if not isinstance(self.detach, bool):
+            raise RecordError(f"detach={self.detach!r} is not True or False")
 
     def keep(self, t: torch.Tensor, where: Any) -> tuple[Slot, torch.Tensor]:
         """Keep ``t``; return its slot and the tensor the model should go on with."""
         v = t.detach() if self.detach else t
-        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(v):
+        if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
+                and guardable(v):
             if v.numel() * v.element_size() < COPY_BELOW:
                 return Slot(v.clone(), "copied", where), t
             slot = Slot(v, "auto", where)  # no copy: a guarded alias copies it only before a write
@@ -77,13 +88,16 @@ class Retention:
             moved = v.to(device=self.device, dtype=dtype)
             if moved is not v:  # a copy was made: nothing can overwrite it
                 return Slot(moved, "copied", where), t
-        if self.copy == "always" or not _guardable(v):
+        if self.copy == "always" or not guardable(v):
             return Slot(v.clone() if v.numel() else v, "copied", where), t
+        # "never" is guarded too: writes through .data or numpy bypass the version counter
         slot = Slot(v, self.copy, where)
-        if self.copy == "auto" or v.is_inference():  # inference tensors have no version counter
-            return slot, protect(t, slot)
-        return slot, t
+        return slot, (protect(t, slot) if self.guard else t)
 
+
+    def guards_any(self) -> bool:
+        """Whether :meth:`keep` may hand the model guarded aliases at all."""
+        return self.guard and self.copy != "always"
 
     def guards(self, t: torch.Tensor) -> bool:
         """Whether :meth:`keep` hands the model a guarded alias of ``t`` (rather than ``t`` itself).
@@ -91,7 +105,8 @@ class Retention:
         A run compared with a recorded one must see the same kind of tensors: a guarded alias (and
         every view of it) makes PyTorch skip its fast paths (native attention, nested tensors).
         """
-        if self.copy == "auto" and self.device is None and self.dtype is None and _guardable(t):
+        if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
+                and guardable(t):
             return t.numel() * t.element_size() >= COPY_BELOW
         if self.device is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and t.is_floating_point() else None
@@ -102,21 +117,46 @@ class Retention:
             if target.type != t.device.type or index not in (None, t.device.index) or (
                     dtype is not None and dtype != t.dtype):
                 return False  # keep() copies it and hands on the tensor itself
-        if self.copy == "always" or not _guardable(t):
-            return False
-        return self.copy == "auto" or t.is_inference()
+        return self.guard and self.copy != "always" and guardable(t)
 
-    def keep_grad(self, g: torch.Tensor, where: Any) -> Slot:
-        """Keep a gradient (never aliased back into autograd; overwritten memory raises on read)."""
-        v = g.detach()
+    def keep_grad(self, g: torch.Tensor, where: Any, adopted: bool = False) -> Slot:
+        """Keep a gradient as it arrived (never aliased back into autograd; overwritten memory raises).
+
+        ``g`` itself is kept, not a ``detach()`` alias: autograd steals a leaf's incoming gradient
+        as its ``.grad`` only when nothing else holds it, and would otherwise let a second
+        backward, ``clip_grad_norm_`` or ``zero_grad(set_to_none=False)`` rewrite the record.
+        ``adopted``: a view of ``g`` may become a leaf's ``.grad`` (the gradient of an alias of a
+        leaf), so under ``copy="auto"`` it is copied.
+        """
+        v = g if not g.requires_grad else g.detach()
         if self.device is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
             moved = v.to(device=self.device, dtype=dtype)
             if moved is not v:
                 return Slot(moved, "copied", where)
-        if self.copy == "always":
+        if self.copy == "always" or (adopted and self.copy == "auto"):
             return Slot(v.clone(), "copied", where)
         return Slot(v, "never", where)
+
+
+def check_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` that exists here, or a one-line error before anything runs.
+
+    Example:
+        >>> check_device("cpu")
+        device(type='cpu')
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise RecordError(
+            f"device={device!r} is not a device; use 'cpu', 'cuda', 'cuda:0', 'mps' or a torch.device"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RecordError(f"device={device!r}, but CUDA is not available here; use device='cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise RecordError(f"device={device!r}, but there are only {torch.cuda.device_count()} CUDA devices")
+    return dev
 
 
 def _read(obj: Any) -> Any:
@@ -146,6 +186,43 @@ class CallRecord:
         self._watched: list[tuple[torch.Tensor, int]] = []  # input aliases and their versions
         self.note = ""  # why a gradient is missing, when we know
 
+    # what a capture writes into the record ------------------------------------------------
+    def mark_running(self) -> None:
+        """The call has begun; until :meth:`set_output`, asking for its output says it raised."""
+        self._output = RAISED
+
+    def set_inputs(self, args: Any, kwargs: Any) -> None:
+        """The kept positional and keyword inputs (trees of :class:`~hookscope.core.Slot`)."""
+        self._args, self._kwargs = args, kwargs
+
+    def set_output(self, output: Any) -> None:
+        """The kept output (a tree of :class:`~hookscope.core.Slot`)."""
+        self._output = output
+
+    def expect_grad_output(self, skeleton: Any, n: int) -> list[Slot | None]:
+        """Room for ``n`` output gradients; ``skeleton`` is the output with :data:`HOLE` for tensors."""
+        self._grads_out, self._skel_out = [None] * n, skeleton
+        return self._grads_out
+
+    def expect_grad_input(self, skeleton: Any, n: int) -> list[Slot | None]:
+        """Room for ``n`` positional-input gradients, as :meth:`expect_grad_output`."""
+        self._grads_in, self._skel_in = [None] * n, skeleton
+        return self._grads_in
+
+    def watch_input(self, alias: torch.Tensor) -> None:
+        """Remember an input alias, to tell later whether the module wrote into it."""
+        self._watched.append((alias, alias._version))
+
+    def check_inputs(self) -> None:
+        """After the call: note why no input gradient will arrive if the module wrote its input."""
+        watched, self._watched = self._watched, []
+        if any(a._version != v for a, v in watched):
+            self.note = (
+                "the module modifies its input in place (inplace=True), which detaches the input "
+                "gradient from it (pytorch/pytorch#61519); read grad_output of the layer before it"
+            )
+
+    # what a reader asks of it --------------------------------------------------------------
     def _need(self, value: Any, keep: str) -> Any:
         if value is NOT_KEPT:
             raise RecordError(f"the {keep} of {self.name!r} was not recorded; capture with keep=({keep!r}, ...)")
@@ -177,9 +254,9 @@ class CallRecord:
         return _read(self._need(self._output, "output"))
 
     def _fill(self, grads: list[Slot | None] | None, skel: Any, keep: str) -> Any:
-        if grads is None or skel is None:
+        if grads is None:
             raise RecordError(f"gradients of {self.name!r} were not recorded; capture with keep=({keep!r}, ...)")
-        it = iter(grads)
+        it = iter(grads)  # a module that returned None has the skeleton None, and grad_output None
 
         def take(_: Any) -> Any:
             g = next(it)
@@ -267,10 +344,15 @@ class Recording(Mapping[str, LayerRecord]):
     ``rec.calls`` lists every call of every selected module in the order the calls started.
     """
 
-    def __init__(self, selected: list[str]) -> None:
+    def __init__(self, selected: list[str], aliases: Mapping[str, str] | None = None) -> None:
         self.selected = tuple(selected)
         self._layers = {n: LayerRecord(n) for n in selected}
+        self._aliases = dict(aliases or {})  # another name of a shared module -> the selected one
         self.calls: list[CallRecord] = []
+
+    def _key(self, name: str) -> str:
+        key = strip_prefix(name, self._layers.keys() | self._aliases.keys())
+        return self._aliases.get(key, key)
 
     def _add(self, name: str) -> CallRecord:
         call = CallRecord(name, len(self.calls))
@@ -281,7 +363,7 @@ class Recording(Mapping[str, LayerRecord]):
     def __getitem__(self, name: str) -> LayerRecord:
         if not isinstance(name, str):
             raise RecordError(f"records are keyed by layer name (str), not {type(name).__name__}")
-        key = strip_prefix(name, self._layers)
+        key = self._key(name)
         if key not in self._layers:
             raise RecordError(
                 f"{name!r} was not selected in this capture.{did_you_mean(key, self.selected)}"
@@ -300,7 +382,7 @@ class Recording(Mapping[str, LayerRecord]):
         return sum(1 for _ in self)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and bool(self._layers.get(strip_prefix(name, self._layers), LayerRecord("")).calls)
+        return isinstance(name, str) and bool(self._layers.get(self._key(name), LayerRecord("")).calls)
 
     def to_dict(self, field: str = "output", *, all_calls: bool = False) -> dict[str, Any]:
         """A plain ``{name: value}`` dict of one field (``output``, ``input``, ``grad_output``...).

@@ -16,7 +16,7 @@ from torch import nn
 
 from .errors import HookscopeError, SelectionError, did_you_mean
 
-__all__ = ["Selector", "layers", "unwrap", "strip_prefix"]
+__all__ = ["Selector", "layers", "unwrap", "strip_prefix", "aliases_of", "check_hookable"]
 
 Predicate = Callable[[str, nn.Module], bool]
 Selector = Union[str, "re.Pattern[str]", type, "tuple[type, ...]", nn.Module, Predicate]
@@ -138,9 +138,6 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
     inner, _ = unwrap(model)
     named = list(inner.named_modules(remove_duplicate=False))
     names = [n for n, _ in named]
-    canonical: dict[int, str] = {}
-    for n, m in named:
-        canonical.setdefault(id(m), n)
     flat = _flatten(list(selectors))
     if selectors and not flat:
         raise SelectionError(
@@ -154,7 +151,7 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
                 f"{type(inner).__name__} has no submodules to select; select the model itself with ''"
             )
         return every
-    chosen: dict[str, nn.Module] = {}
+    chosen: dict[int, tuple[str, nn.Module]] = {}  # a module under several names: the first selected
     for sel in flat:
         if isinstance(sel, str) and not sel.startswith("re:") and not (_GLOB_CHARS & set(sel)):
             sel = strip_prefix(sel, names)
@@ -170,10 +167,35 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
                 f"selector {_describe(sel)} matches no module of {type(inner).__name__}.{hint} "
                 "List them all with hookscope.names(model)"
             )
-        for _, m in hits:  # a module reachable under two names is keyed by its first name
-            chosen.setdefault(canonical[id(m)], m)
+        for n, m in hits:  # a module reachable under two names is keyed by the name selected
+            chosen.setdefault(id(m), (n, m))
     order = {n: i for i, n in enumerate(names)}
-    return sorted(chosen.items(), key=lambda item: order[item[0]])
+    return sorted(chosen.values(), key=lambda item: order[item[0]])
+
+
+def aliases_of(model: nn.Module, selected: list[tuple[str, nn.Module]]) -> dict[str, str]:
+    """Every other name of a selected module (a shared submodule) -> the name it was selected by.
+
+    Example:
+        >>> shared = nn.Linear(2, 2)
+        >>> net = nn.Module(); net.enc = shared; net.dec = shared
+        >>> aliases_of(net, layers(net, "dec"))
+        {'enc': 'dec'}
+    """
+    key = {id(m): n for n, m in selected}
+    inner, _ = unwrap(model)
+    return {n: key[id(m)] for n, m in inner.named_modules(remove_duplicate=False)
+            if id(m) in key and n != key[id(m)]}
+
+
+def check_hookable(selected: list[tuple[str, nn.Module]]) -> None:
+    """Refuse TorchScript submodules before anything is registered: their hooks would never run."""
+    for name, module in selected:
+        if isinstance(module, torch.jit.ScriptModule):
+            raise HookscopeError(
+                f"{name!r} is a TorchScript module, where Python hooks do not run; "
+                "select its eager nn.Module (before torch.jit.script) instead"
+            )
 
 
 def _dedupe(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:

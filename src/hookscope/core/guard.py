@@ -14,6 +14,7 @@ resnet18, batch 1, on the CPU before copying anything; this subclass costs only 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -21,13 +22,18 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ..errors import MutationError
 
-__all__ = ["Slot", "Guarded", "protect", "release", "plain"]
+__all__ = ["Slot", "Guarded", "protect", "release", "plain", "guardable", "settle", "settle_inputs",
+           "FAST_PATH_TYPES"]
 
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__"
     for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
                "lshift", "rshift", "matmul")
 ) | {"__setitem__"}
+# Hand the memory to code hookscope cannot watch (numpy, DLPack, raw storage): treated as a write.
+_ESCAPES = frozenset(
+    {"numpy", "__array__", "__dlpack__", "untyped_storage", "storage", "_typed_storage"}
+)
 # Trailing underscore, yet the data stays as it was.
 _NOT_WRITING = frozenset(
     {"requires_grad_", "retain_grad_", "share_memory_", "detach_", "rename_", "names_",
@@ -78,33 +84,63 @@ class Slot:
         elif self.policy == "never":
             self.mutated_by = f"'{op}'"
 
+    def before_escape(self, where: str) -> None:
+        """The memory is handed to code whose writes no one sees (numpy, DLPack, a compiled graph)."""
+        if self.policy == "auto":
+            self.before_write(where)
+        elif self.policy == "never" and self.mutated_by is None:
+            self.mutated_by = f"{where} (memory handed outside PyTorch's view, so a write cannot be ruled out)"
+
 
 _lock = threading.Lock()
 _registry: dict[int, list[Slot]] = {}  # storage data_ptr -> slots kept on that storage
+_aliases: dict[int, list[weakref.ref[Guarded]]] = {}  # storage data_ptr -> Guarded aliases
 _writes: dict[Any, bool] = {}  # func -> writes into its first argument?
 
 
 def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+    with DisableTorchFunctionSubclass():  # untyped_storage() of a Guarded tensor is an escape
+        return t.untyped_storage().data_ptr()
 
 
-def _guardable(t: torch.Tensor) -> bool:
+def guardable(t: torch.Tensor) -> bool:
+    """Whether ``t`` can be watched for writes (a strided tensor with real, non-empty memory)."""
     return t.layout is torch.strided and not t.is_meta and t.numel() > 0
 
 
 def protect(original: torch.Tensor, slot: Slot) -> torch.Tensor:
     """Register ``slot`` as kept on ``original``'s memory; return the alias the model should use."""
+    key = _key(original)
     with _lock:
-        _registry.setdefault(_key(original), []).append(slot)
-    return guarded(original)
+        _registry.setdefault(key, []).append(slot)
+    return guarded(original, key)
 
 
-def guarded(original: torch.Tensor) -> torch.Tensor:
+def guarded(original: torch.Tensor, key: int | None = None) -> torch.Tensor:
     """A :class:`Guarded` alias of ``original``; by itself it keeps nothing and copies nothing."""
     if type(original) is Guarded:
         return original
     with DisableTorchFunctionSubclass():
-        return original.as_subclass(Guarded)
+        alias = original.as_subclass(Guarded)
+    ref = weakref.ref(alias)
+    with _lock:
+        refs = _aliases.setdefault(_key(original) if key is None else key, [])
+        if len(refs) >= 64:  # views made over a long block: forget the ones already gone
+            refs[:] = [r for r in refs if r() is not None]
+        refs.append(ref)
+    return alias
+
+
+def _drop(key: int) -> None:
+    """Nothing is kept on ``key`` any more: its aliases become ordinary tensors again (call locked).
+
+    A model may store an alias on itself (``self.saved = out``); after the block it must hold a
+    plain ``torch.Tensor``, indistinguishable from what it would hold without hookscope.
+    """
+    for ref in _aliases.pop(key, ()):
+        alias = ref()
+        if alias is not None and type(alias) is Guarded:
+            alias.__class__ = torch.Tensor  # type: ignore[assignment]
 
 
 def release(slots: list[Slot]) -> None:
@@ -119,6 +155,7 @@ def release(slots: list[Slot]) -> None:
                 _registry[key] = kept
             else:
                 del _registry[key]
+                _drop(key)
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -165,12 +202,78 @@ def _copy_before_write(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
         return
     op = getattr(func, "__name__", repr(func))
     for t in _written(args, kwargs):
-        if not _guardable(t):
-            continue
-        with _lock:
-            slots = _registry.pop(_key(t), None)
-        for s in slots or ():
+        if guardable(t):
+            _settle_key(_key(t), op, escape=False)
+
+
+def _settle_key(key: int, op: str, escape: bool) -> None:
+    with _lock:
+        slots = _registry.pop(key, None)
+        if slots is not None:
+            _drop(key)
+    for s in slots or ():
+        if escape:
+            s.before_escape(op)
+        else:
             s.before_write(op)
+
+
+def settle(t: Any, where: str) -> Any:
+    """``t`` (any nested value) made plain for code hookscope cannot watch; records on it copied first.
+
+    For a boundary such as a compiled graph (which refuses tensor subclasses) or a module whose fast
+    path a tensor subclass would switch off (``nn.MultiheadAttention``, ``nn.TransformerEncoder``):
+    the records kept on the memory handed over are copied (``copy="auto"``) or, under
+    ``copy="never"``, marked as no longer verifiable.
+    """
+    if isinstance(t, torch.Tensor):
+        if type(t) is not Guarded:
+            return t
+        if _registry and guardable(t):
+            _settle_key(_key(t), where, escape=True)
+        return plain(t)
+    if isinstance(t, (tuple, list)) and not hasattr(t, "_fields"):
+        new = [settle(x, where) for x in t]
+        return t if all(a is b for a, b in zip(new, t)) else type(t)(new)
+    if isinstance(t, dict):
+        out = {k: settle(v, where) for k, v in t.items()}
+        return t if all(out[k] is t[k] for k in t) else out
+    return t
+
+
+# Modules whose fast path a tensor subclass switches off (``has_torch_function`` checks): handed a
+# guarded alias, they would compute by their slow path and differ by ~1e-7 from the model alone.
+FAST_PATH_TYPES: tuple[type, ...] = (
+    torch.nn.MultiheadAttention, torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer,
+)
+
+
+def settle_inputs(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Any:
+    """A forward pre-hook (``with_kwargs=True``) handing ``module`` plain inputs: see :func:`settle`.
+
+    ``kwargs`` may be missing: PyTorch calls a pre-hook removed mid-call without them.
+    """
+    if not _registry:
+        return None
+    kwargs = kwargs or {}
+    where = f"the input of {type(module).__name__} (a compiled graph or a native fast path)"
+    new_args, new_kwargs = settle(args, where), settle(kwargs, where)
+    return None if new_args is args and new_kwargs is kwargs else (new_args, new_kwargs)
+
+
+def _guard_result(ret: Any) -> Any:
+    """Results that share recorded memory (views, ``.data``, ``detach()``, ``chunk``...) stay guarded."""
+    if type(ret) is torch.Tensor:
+        if guardable(ret) and _key(ret) in _registry:
+            return guarded(ret)
+        return ret
+    if isinstance(ret, (tuple, list)) and ret and type(ret[0]) is torch.Tensor:
+        items = [_guard_result(x) for x in ret]
+        if any(a is not b for a, b in zip(items, ret)):
+            return tuple(items) if isinstance(ret, tuple) else items
+    return ret
 
 
 class Guarded(torch.Tensor):
@@ -187,14 +290,12 @@ class Guarded(torch.Tensor):
         kwargs = kwargs or {}
         if _op_writes(func, kwargs):
             _copy_before_write(func, args, kwargs)
+        elif _registry and getattr(func, "__name__", "") in _ESCAPES and args:
+            settle(args[0], f"'{func.__name__}'")
         with DisableTorchFunctionSubclass():
             ret = func(*args, **kwargs)
-        # a view of recorded memory (x.view, x[:, :3], x.T) must stay guarded too
-        if type(ret) is torch.Tensor and ret._base is not None and _registry and _guardable(ret) \
-                and _key(ret) in _registry:
-            with DisableTorchFunctionSubclass():
-                ret = ret.as_subclass(Guarded)
-        return ret
+        # what shares recorded memory (x.view, x[:, :3], x.T, x.data, x.chunk(2)) stays guarded too
+        return _guard_result(ret) if _registry else ret
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return repr(plain(self))

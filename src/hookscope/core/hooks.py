@@ -56,6 +56,54 @@ class HookGroup:
         self.remove()
 
 
+_blocks_open: dict[threading.Thread, int] = {}  # thread -> hookscope blocks it has open
+_blocks_lock = threading.Lock()
+
+
+class ThreadScope:
+    """Which threads' calls one hookscope block acts on.
+
+    Its own thread's, and those of threads started while it is open that have opened no block of
+    their own (DataParallel's replica threads, a pool started inside the block). Threads that
+    already existed when it opened (another block's thread, a server's pool) are left alone.
+
+    Example:
+        >>> scope = ThreadScope(); scope.open()
+        >>> scope.sees()
+        True
+        >>> scope.close(); scope.close()
+    """
+
+    def __init__(self) -> None:
+        self._owner: threading.Thread | None = None
+        self._foreign: frozenset[threading.Thread] = frozenset()
+
+    def open(self) -> None:
+        if self._owner is not None:
+            return
+        me = threading.current_thread()
+        self._owner, self._foreign = me, frozenset(threading.enumerate()) - {me}
+        with _blocks_lock:
+            _blocks_open[me] = _blocks_open.get(me, 0) + 1
+
+    def close(self) -> None:
+        """Idempotent."""
+        me, self._owner = self._owner, None
+        if me is None:
+            return
+        with _blocks_lock:
+            left = _blocks_open.get(me, 1) - 1
+            if left:
+                _blocks_open[me] = left
+            else:
+                _blocks_open.pop(me, None)
+
+    def sees(self) -> bool:
+        """Whether the calling thread's module calls belong to this block."""
+        t = threading.current_thread()
+        return t is self._owner or (t not in self._foreign and t not in _blocks_open)
+
+
 def hook_count(module: Any) -> int:
     """How many hooks of any kind are registered on ``module`` and all its submodules.
 
