@@ -95,7 +95,7 @@ class Slot:
 _lock = threading.Lock()
 _registry: dict[int, list[Slot]] = {}  # storage data_ptr -> slots kept on that storage
 _aliases: dict[int, list[weakref.ref[Guarded]]] = {}  # storage data_ptr -> Guarded aliases
-_writes: dict[Any, bool] = {}  # func -> writes into its first argument?
+_writes: dict[Any, int] = {}  # func -> what it does to its first argument (see _kind)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -166,19 +166,28 @@ def plain(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _op_writes(func: Any, kwargs: dict[str, Any]) -> bool:
-    writes = _writes.get(func)
-    if writes is None:
+_READS, _WRITES, _ESCAPES_KIND = 0, 1, 2
+
+
+def _kind(func: Any) -> int:
+    """Whether ``func`` writes into its first argument, hands its memory outside, or only reads."""
+    kind = _writes.get(func)
+    if kind is None:
         schema = getattr(func, "_schema", None)  # torch.ops.aten.relu_.default and friends
+        name = getattr(func, "__name__", "")
         if schema is not None:
             writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
         else:
-            name = getattr(func, "__name__", "")
             writes = name in _INPLACE_DUNDERS or (
                 name.endswith("_") and not name.endswith("__") and name not in _NOT_WRITING
             )
-        _writes[func] = writes
-    return writes or bool(kwargs.get("inplace")) or kwargs.get("out") is not None
+        kind = _WRITES if writes else _ESCAPES_KIND if name in _ESCAPES else _READS
+        _writes[func] = kind
+    return kind
+
+
+def _op_writes(func: Any, kwargs: dict[str, Any]) -> bool:
+    return _kind(func) == _WRITES or bool(kwargs.get("inplace")) or kwargs.get("out") is not None
 
 
 def _written(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -265,8 +274,8 @@ def settle_inputs(
 
 def _guard_result(ret: Any) -> Any:
     """Results that share recorded memory (views, ``.data``, ``detach()``, ``chunk``...) stay guarded."""
-    if type(ret) is torch.Tensor:
-        if guardable(ret) and _key(ret) in _registry:
+    if type(ret) is torch.Tensor:  # plain: its storage is read without the subclass dispatch
+        if guardable(ret) and ret.untyped_storage().data_ptr() in _registry:
             return guarded(ret)
         return ret
     if isinstance(ret, (tuple, list)) and ret and type(ret[0]) is torch.Tensor:
@@ -288,9 +297,10 @@ class Guarded(torch.Tensor):
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if _op_writes(func, kwargs):
+        kind = _kind(func)
+        if kind == _WRITES or kwargs.get("inplace") or kwargs.get("out") is not None:
             _copy_before_write(func, args, kwargs)
-        elif _registry and getattr(func, "__name__", "") in _ESCAPES and args:
+        elif kind == _ESCAPES_KIND and _registry and args:
             settle(args[0], f"'{func.__name__}'")
         with DisableTorchFunctionSubclass():
             ret = func(*args, **kwargs)
