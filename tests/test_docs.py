@@ -1,35 +1,40 @@
-"""The README's Python blocks and the core modules' docstring examples run as written."""
+"""The README's Python blocks and every module's docstring examples run as written."""
 
 import doctest
 import importlib
+import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
+import hookscope
+
 ROOT = Path(__file__).resolve().parents[1]
-CORE = [
-    "hookscope",
-    "hookscope.selection",
-    "hookscope.core.hooks",
-    "hookscope.records",
-    "hookscope.capture",
-    "hookscope.edit",
-    "hookscope.grads",
-    "hookscope.zoo",
-    "hookscope._json",
-    "hookscope.analysis.stats",
-    "hookscope.analysis.watch",
-    "hookscope.analysis.gradflow",
-    "hookscope.analysis._reduce",
-]
+MODULES = sorted(
+    m.name for m in pkgutil.walk_packages(hookscope.__path__, "hookscope.")
+    if not m.name.endswith("__main__")
+)
 
 
-@pytest.mark.parametrize("name", CORE)
+def _has_examples(name: str) -> bool:
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin is not None and ">>>" in Path(spec.origin).read_text()
+
+
+@pytest.mark.parametrize("name", ["hookscope", *MODULES])
 def test_docstring_examples(name):
+    if not _has_examples(name):
+        return
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0, f"{name} has examples, but doctest ran none of them"
     assert result.failed == 0
+
+
+def test_every_module_is_found():
+    assert "hookscope.core.guard" in MODULES and "hookscope.analysis.diff" in MODULES
+    assert len(MODULES) >= 30
 
 
 @pytest.mark.slow

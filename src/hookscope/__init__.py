@@ -17,7 +17,7 @@ from .analysis.summary import Summary, summary
 from .analysis.watch import NonFiniteError, Watch, watch
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
-from .grads import GradRecord, GradWatch, grads
+from .grads import GradRecord, TensorGrads, grads
 from .errors import HookscopeError, MutationError, RecordError, SelectionError
 from .records import CallRecord, LayerRecord, Recording, Retention
 from .selection import layers, names, unwrap
@@ -48,7 +48,7 @@ __all__ = [
     "Capture",
     "Edit",
     "GradRecord",
-    "GradWatch",
+    "TensorGrads",
     "HookscopeError",
     "LayerRecord",
     "MutationError",
@@ -65,3 +65,12 @@ __all__ = [
     "scale",
     "unwrap",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "GradWatch":  # the old name, one release
+        import warnings
+
+        warnings.warn("hookscope.GradWatch is now hookscope.TensorGrads", DeprecationWarning, stacklevel=2)
+        return TensorGrads
+    raise AttributeError(f"module 'hookscope' has no attribute {name!r}")

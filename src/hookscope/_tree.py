@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["tree_map", "tensors", "first_tensor"]
+__all__ = ["tree_map", "tensors", "paths", "first_tensor"]
 
 
 def _is_namedtuple(obj: object) -> bool:
@@ -77,6 +77,29 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             yield from tensors(getattr(obj, f.name))
+
+
+def paths(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in ``obj`` with its path (``[0]``, ``.logits``, ``['key']``), as :func:`tensors`.
+
+    Example:
+        >>> [p for p, _ in paths({"a": (torch.ones(1), None, torch.ones(1))}, "output")]
+        ['output.a[0]', 'output.a[2]']
+    """
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
+        for field, v in zip(getattr(type(obj), "_fields"), obj):
+            yield from paths(v, f"{prefix}.{field}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from paths(v, f"{prefix}[{i}]")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from paths(v, f"{prefix}.{k}" if isinstance(k, str) and k.isidentifier() else f"{prefix}[{k!r}]")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from paths(getattr(obj, f.name), f"{prefix}.{f.name}")
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:

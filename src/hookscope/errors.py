@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "HookscopeError",
     "SelectionError",
     "RecordError",
     "MutationError",
+    "ForwardError",
+    "NonFiniteError",
     "closest",
 ]
 
@@ -37,6 +40,26 @@ class RecordError(HookscopeError, KeyError):
 
 class MutationError(HookscopeError):
     """A recorded tensor was changed in place after it was recorded, so its values are gone."""
+
+
+class ForwardError(HookscopeError, RuntimeError):
+    """The model's own forward pass failed while hookscope ran it (wrong input shape or dtype...).
+
+    The message names the module where it failed, what that module received and what ran before;
+    the model's exception is chained as ``__cause__``.
+    """
+
+
+class NonFiniteError(HookscopeError):
+    """A watched module produced (or sent back) a NaN or an Inf; ``row`` and ``before`` say more."""
+
+    def __init__(self, row: Any, before: list[Any]) -> None:
+        super().__init__(
+            f"first non-finite value: {row.describe()}; the {len(before)} records before it are "
+            "in err.before (watch without raise_on_nonfinite=True for a report instead)"
+        )
+        self.row = row
+        self.before = before
 
 
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

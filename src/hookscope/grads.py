@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .core.hooks import HookGroup
+from .core.result import Result
+from .core.text import num, shape_text, table
 from .errors import HookscopeError, RecordError, did_you_mean
 
-__all__ = ["grads", "GradWatch", "GradRecord"]
+__all__ = ["grads", "TensorGrads", "GradRecord", "GradRow"]
 
 GradFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 
@@ -66,10 +70,22 @@ def _as_arrived(g: torch.Tensor) -> torch.Tensor:
     return g.detach() if g.requires_grad else g
 
 
-class GradWatch(Mapping[str, GradRecord]):
+@dataclass(frozen=True)
+class GradRow:
+    """The latest gradient of one watched tensor (a row of ``g.rows``)."""
+
+    name: str
+    arrivals: int
+    shape: tuple[int, ...] | None
+    norm: float | None
+    changed: bool
+
+
+class TensorGrads(Result, Mapping[str, GradRecord]):
     """Context that records (and with ``fn`` rewrites) the gradient of chosen tensors.
 
-    Build it with :func:`grads`.
+    Build it with :func:`grads`. (Named ``GradWatch`` before 0.2; that name still works, with a
+    warning.)
     """
 
     def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None) -> None:
@@ -83,7 +99,7 @@ class GradWatch(Mapping[str, GradRecord]):
         self._records = {k: GradRecord(k) for k in named}
         self._group = HookGroup()
 
-    def __enter__(self) -> GradWatch:
+    def __enter__(self) -> TensorGrads:
         if self._tensors is None:
             raise HookscopeError("this grads() block has already run; call hookscope.grads(...) again")
         for name, t in self._tensors.items():
@@ -119,9 +135,43 @@ class GradWatch(Mapping[str, GradRecord]):
         return apply
 
     def __getitem__(self, name: str) -> GradRecord:
-        if name not in self._records:
-            raise RecordError(f"{name!r} is not watched.{did_you_mean(name, self._records)}")
+        if not isinstance(name, str) or name not in self._records:
+            raise RecordError(f"{name!r} is not watched.{did_you_mean(str(name), self._records)}")
         return self._records[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._records
+
+    @property
+    def rows(self) -> list[GradRow]:
+        """One row per watched tensor: arrivals, and the latest gradient's shape, norm and change."""
+        out = []
+        for name, r in self._records.items():
+            last = r.grads[-1] if r.grads else None
+            norm = None if last is None else float(last.detach().double().norm())
+            out.append(GradRow(name, len(r.grads), None if last is None else tuple(last.shape), norm,
+                               bool(r.changes and r.changes[-1])))
+        return out
+
+    def table(self) -> str:
+        """The watched tensors as a text table (also ``str(g)``).
+
+        Example:
+            >>> w = torch.tensor([3.0, 4.0], requires_grad=True)
+            >>> with grads(w=w) as g:
+            ...     (w * w).sum().backward()
+            >>> print(g)
+            tensor  arrivals  shape  |grad|  changed
+            ----------------------------------------
+            w              1      2      10  no
+        """
+        body = [[r.name, str(r.arrivals), shape_text(r.shape), num(r.norm), "yes" if r.changed else "no"]
+                for r in self.rows]
+        return "\n".join(table(["tensor", "arrivals", "shape", "|grad|", "changed"], body, left={0, 4}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{name: latest gradient}`` (``None`` where none arrived)."""
+        return {n: (r.grads[-1] if r.grads else None) for n, r in self._records.items()}
 
     def __iter__(self) -> Any:
         return iter(self._records)
@@ -134,7 +184,7 @@ def grads(
     *tensors: torch.Tensor,
     fn: GradFn | Mapping[str, GradFn] | None = None,
     **named: torch.Tensor,
-) -> GradWatch:
+) -> TensorGrads:
     """Watch the gradient of intermediate (or leaf) tensors during the backward passes in the block.
 
     Args:
@@ -165,4 +215,11 @@ def grads(
                 f"tensor {name!r} does not require grad, so no gradient will reach it; compute it "
                 "from inputs or parameters with requires_grad=True, outside torch.no_grad()"
             )
-    return GradWatch(watched, fn)
+    return TensorGrads(watched, fn)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GradWatch":  # the old name, one release
+        warnings.warn("hookscope.GradWatch is now hookscope.TensorGrads", DeprecationWarning, stacklevel=2)
+        return TensorGrads
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

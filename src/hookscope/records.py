@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -9,6 +10,8 @@ from typing import Any, Literal
 import torch
 
 from ._tree import tree_map
+from .core.result import jsonable
+from .core.text import shape_text, table
 from .core.guard import Slot, guardable, protect
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
@@ -163,6 +166,29 @@ def _read(obj: Any) -> Any:
     return tree_map(lambda s: s.get(), obj, leaf=Slot)
 
 
+@dataclass(frozen=True)
+class CallRow:
+    """One call of a :class:`Recording` (a row of ``rec.rows``)."""
+
+    index: int
+    name: str
+    call: int
+    input: str
+    output: str
+
+
+def tensors_of(kept: Any) -> list[Slot]:
+    """The slots in a kept tree, in order."""
+    found: list[Slot] = []
+
+    def add(s: Slot) -> Slot:
+        found.append(s)
+        return s
+
+    tree_map(add, kept, leaf=Slot)
+    return found
+
+
 class CallRecord:
     """What one call of one module produced (``rec["layer"].calls[i]``).
 
@@ -287,6 +313,22 @@ class CallRecord:
             raise RecordError(f"no input gradient for {self.name!r}: {self.note}")
         return grads[0]
 
+    def summary(self) -> tuple[str, str]:
+        """(input, output) described for a table: shapes and dtypes, or what stands in their place."""
+        return self._describe(self._args), self._describe(self._output)
+
+    @staticmethod
+    def _describe(kept: Any) -> str:
+        if kept is NOT_KEPT:
+            return "-"
+        if kept is RAISED:
+            return "(raised)"
+        slots = [s for s in tensors_of(kept)]
+        if not slots:
+            return "no tensor"
+        shown = [f"{shape_text(tuple(s.value.shape))} {str(s.value.dtype).replace('torch.', '')}" for s in slots[:3]]
+        return ", ".join(shown) + (f", ... ({len(slots)} tensors)" if len(slots) > 3 else "")
+
     def __repr__(self) -> str:
         return f"CallRecord({self.name!r}, index={self.index})"
 
@@ -396,6 +438,39 @@ class Recording(Mapping[str, LayerRecord]):
         if all_calls:
             return {n: [getattr(c, field) for c in self._layers[n].calls] for n in self}
         return {n: getattr(_only(n, self._layers[n].calls, field), field) for n in self}
+
+    @property
+    def rows(self) -> list[CallRow]:
+        """One row per call, in the order calls started: name, call number, what was kept."""
+        seen: dict[str, int] = {}
+        out = []
+        for c in list(self.calls):
+            seen[c.name] = seen.get(c.name, -1) + 1
+            out.append(CallRow(c.index, c.name, seen[c.name], *c.summary()))
+        return out
+
+    def table(self) -> str:
+        """The calls as a text table (also ``str(rec)``).
+
+        Example:
+            >>> import torch, hookscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3))
+            >>> with hookscope.capture(net, "0", keep="io") as rec:
+            ...     _ = net(torch.ones(4, 2))
+            >>> print(rec)
+            #  module  call  input        output
+            ------------------------------------
+            0  0          0  4x2 float32  4x3 float32
+        """
+        body = [[str(r.index), r.name or "(root)", str(r.call), r.input, r.output] for r in self.rows]
+        return "\n".join(table(["#", "module", "call", "input", "output"], body, left={1, 3}, pad_last=False))
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self, indent: int | None = None, field: str = "output") -> str:
+        """One field of every call as JSON: ``{name: [value of each call]}``, tensors as nested lists."""
+        return json.dumps(jsonable(self.to_dict(field, all_calls=True)), indent=indent, allow_nan=False)
 
     def clear(self) -> None:
         """Forget every record (to reuse one capture over many batches without growing)."""

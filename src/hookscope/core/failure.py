@@ -1,0 +1,78 @@
+"""One place that says where a model's forward pass failed: one line, always a ForwardError.
+
+"the forward pass failed in 'layer2.0.conv1' (Conv2d), which received input[0] 1x3x32x32 float32,
+after 'layer1.1.bn2' had run: <the model's message>; check the example input's shape and dtype".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._tree import paths
+from ..errors import ForwardError
+from .text import first_line, shape_text
+
+__all__ = ["received", "module_label", "forward_error"]
+
+
+def received(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, limit: int = 4) -> str:
+    """What a call received, for a message: ``"input[0] 1x5 float32, input.mask 1x5 bool"``.
+
+    Example:
+        >>> received((torch.zeros(1, 5),), {"mask": torch.ones(1, 5, dtype=torch.bool)})
+        'input[0] 1x5 float32, input.mask 1x5 bool'
+    """
+    found = [(f"input[{i}]{p}", t) for i, a in enumerate(args) for p, t in paths(a)]
+    found += [(f"input.{k}{p}", t) for k, v in (kwargs or {}).items() for p, t in paths(v)]
+    shown = [f"{p} {shape_text(tuple(t.shape))} {str(t.dtype).replace('torch.', '')}" for p, t in found[:limit]]
+    more = f", ... ({len(found)} tensors)" if len(found) > limit else ""
+    return ", ".join(shown) + more if shown else "no tensor"
+
+
+def module_label(name: str, module: torch.nn.Module, model_name: str = "") -> str:
+    """``'layer1.0' (BasicBlock)``, or ``ResNet's own forward`` for the root.
+
+    Example:
+        >>> module_label("fc", torch.nn.Linear(1, 1))
+        "'fc' (Linear)"
+    """
+    if not name:
+        return f"{model_name or type(module).__name__}'s own forward"
+    return f"{name!r} ({type(module).__name__})"
+
+
+def forward_error(
+    exc: BaseException,
+    where: str | None,
+    *,
+    got: str = "",
+    after: Sequence[str] = (),
+    run: str = "",
+) -> ForwardError:
+    """The one-line :class:`ForwardError` for a failed forward pass (raise it ``from exc``).
+
+    Args:
+        exc: what the model raised.
+        where: the module that was running (:func:`module_label`), or ``None`` when none had started.
+        got: what it received (:func:`received`).
+        after: names of the modules that had finished before it, in order (the last few are named).
+        run: a prefix naming the run, e.g. ``"run B: "`` in a comparison.
+
+    Example:
+        >>> e = forward_error(RuntimeError("shape mismatch\\nmore"), "'fc' (Linear)",
+        ...                   got="input[0] 1x3 float32", after=["conv", "pool"])
+        >>> str(e)  # doctest: +NORMALIZE_WHITESPACE
+        "the forward pass failed in 'fc' (Linear), which received input[0] 1x3 float32, after
+        'pool' had run: RuntimeError: shape mismatch; check the example input's shape and dtype"
+    """
+    detail = f"{type(exc).__name__}: {first_line(exc)}"
+    if where is None:
+        place = "before any module ran"
+    else:
+        done = f"after {after[-1]!r} had run" if after else "before any other module had finished"
+        place = f"in {where}, which received {got or 'no tensor'}, {done}"
+    return ForwardError(f"{run}the forward pass failed {place}: {detail}; "
+                        "check the example input's shape and dtype")

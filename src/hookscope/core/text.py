@@ -1,0 +1,88 @@
+"""Text output shared by every result: tables, shapes, numbers, an exception's first line.
+
+Nothing here imports from hookscope; every ``table()`` of every result is laid out by :func:`table`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Sequence
+
+__all__ = ["table", "shape_text", "num", "first_line"]
+
+
+def table(
+    head: Sequence[str],
+    body: Sequence[Sequence[str]],
+    *,
+    left: Container[int] = (),
+    rule: str | None = "line",
+    pad_last: bool = True,
+) -> list[str]:
+    """Lines of a text table: the header, a rule, then one line per row; columns two spaces apart.
+
+    Args:
+        head, body: the header and the rows, as strings.
+        left: indices of the columns aligned left (the others are aligned right).
+        rule: ``"line"``: one dashed line as long as the header; ``"columns"``: dashes under each
+            column; ``None``: no rule (the caller draws its own).
+        pad_last: ``False`` leaves the last column as it is (a free-text column).
+
+    Example:
+        >>> print("\\n".join(table(["name", "n"], [["a", "1"], ["bb", "10"]], left={0})))
+        name   n
+        --------
+        a      1
+        bb    10
+    """
+    sized = len(head) if pad_last else len(head) - 1
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(sized)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        parts += list(cells[sized:])
+        return "  ".join(parts).rstrip()
+
+    lines = [line(head), *(line(r) for r in body)]
+    if rule == "line":
+        lines.insert(1, "-" * len(lines[0]))
+    elif rule == "columns":
+        lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def shape_text(shape: Sequence[int] | None) -> str:
+    """``(1, 3, 224, 224)`` -> ``"1x3x224x224"``; ``()`` -> ``"scalar"``; ``None`` -> ``"-"``.
+
+    Example:
+        >>> shape_text((1, 3, 224, 224)), shape_text(()), shape_text(None)
+        ('1x3x224x224', 'scalar', '-')
+    """
+    if shape is None:
+        return "-"
+    return "x".join(map(str, shape)) if len(shape) else "scalar"
+
+
+def num(v: float | None, digits: int = 4) -> str:
+    """A number to ``digits`` significant digits; ``None`` and NaN as ``"-"``.
+
+    Example:
+        >>> num(3.14159), num(None), num(float("nan")), num(float("inf"))
+        ('3.142', '-', '-', 'inf')
+    """
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.{digits}g}"
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name when the message is empty).
+
+    Example:
+        >>> first_line(ValueError("bad shape\\n  more detail"))
+        'bad shape'
+        >>> first_line(KeyError())
+        'KeyError'
+    """
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines and lines[0].strip() else type(exc).__name__)[:limit]
