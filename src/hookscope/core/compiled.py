@@ -125,9 +125,10 @@ class HookRefresh:
         if self._opened or not self._entries:
             return
         with _lock:
-            for module, attr in self._entries:
+            fresh = [_fresh_entry(m, a) for m, a in self._entries]  # may raise: nothing changed yet
+            for (module, attr), entry in zip(self._entries, fresh):
                 state = _open.setdefault(id(module), [0, getattr(module, attr), attr])
-                setattr(module, attr, _fresh_entry(module, attr))
+                setattr(module, attr, entry)
                 state[0] += 1
         self._opened = True
 
