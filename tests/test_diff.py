@@ -133,11 +133,15 @@ def test_infinities_follow_isclose(b, max_abs, mismatched):
     assert row.max_abs == max_abs and row.mismatched == mismatched and row.diverges == (mismatched > 0)
 
 
-def test_nan_is_always_a_divergence():
+def test_nan_agrees_only_at_the_same_places():
+    # issue 9: NaN at the same places in both runs is equal (counted), elsewhere a mismatch
     d = diff(Const([1.0, math.nan]), Const([1.0, math.nan]), torch.zeros(1))
     (row,) = d.rows
-    assert math.isnan(row.max_abs) and row.mismatched == 1 and d.first is row
-    assert json.loads(d.to_json())["first"]["max_abs"] == "nan"
+    assert row.max_abs == 0 and row.mismatched == 0 and row.nan == 1 and d.first is None
+    d = diff(Const([1.0, math.nan]), Const([math.nan, 1.0]), torch.zeros(1))
+    (row,) = d.rows
+    assert row.mismatched == 2 and (row.nan_a_only, row.nan_b_only) == (1, 1) and d.first is row
+    assert json.loads(d.to_json())["first"]["max_abs"] == 0.0
 
 
 # --- one model under two settings ---------------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +23,8 @@ from ..errors import HookscopeError
 from ..selection import Selector, layers, unwrap
 
 __all__ = ["FlowRow", "GradientFlow", "gradient_flow"]
+
+_DEFAULTS = {"vanish": 1e-7, "explode": 1e3}
 
 
 class _TraceRow(Protocol):
@@ -166,15 +170,81 @@ def _norm(g: torch.Tensor) -> torch.Tensor:
     elif g.layout != torch.strided:
         g = g.to_dense()
     low = g.dtype in (torch.float16, torch.bfloat16)
-    return torch.linalg.vector_norm(g, dtype=torch.float32 if low else None)
+    norm: torch.Tensor = torch.linalg.vector_norm(g, dtype=torch.float32 if low else None)
+    return norm
+
+
+def _param_norms(own: list[list[nn.Parameter]]) -> dict[int, float]:
+    """The norm of each module's parameter gradients (by index in ``own``), with one copy per device."""
+    per_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, ps in enumerate(own):
+        grads = [p.grad.detach() for p in ps if p.grad is not None]
+        if grads:
+            acc = torch.float32 if grads[0].device.type == "mps" else torch.float64
+            each = torch.stack([_norm(g).to(device=grads[0].device, dtype=acc) for g in grads])
+            per_device.setdefault(each.device, []).append((i, torch.linalg.vector_norm(each)))
+    norms: dict[int, float] = {}
+    for items in per_device.values():
+        host = torch.stack([n.to(items[0][1].dtype) for _, n in items]).cpu().tolist()
+        norms.update({i: v for (i, _), v in zip(items, host)})
+    for i, v in norms.items():
+        grads = [p.grad.detach() for p in own[i] if p.grad is not None] if math.isinf(v) else []
+        if grads and grads[0].device.type != "mps":
+            # finite gradients whose sum of squares overflowed float32 (above ~1.8e19), or a real Inf:
+            # in float64 only a real Inf stays infinite
+            norms[i] = math.hypot(*(_norm(g.to(torch.float64)).item() for g in grads))
+    return norms
 
 
 def _activation_norms(traced: _Traced) -> dict[str, float]:
     squares: dict[str, float] = {}
     for r in traced.rows:
-        if r.which == "grad_output":  # the norm from mean and population std: sum x^2 = n (s^2 + m^2)
-            squares[r.module] = squares.get(r.module, 0.0) + r.numel * (r.std**2 + r.mean**2)
+        if r.which != "grad_output":
+            continue
+        if getattr(r, "nan", 0):
+            square = math.nan
+        elif getattr(r, "inf", 0):
+            square = math.inf
+        elif r.numel == 0:  # an empty gradient has no mean (NaN): its norm is 0
+            square = 0.0
+        else:  # the norm from mean and population std: sum x^2 = n (s^2 + m^2)
+            square = r.numel * (r.std**2 + r.mean**2)
+        squares[r.module] = squares.get(r.module, 0.0) + square
     return {k: math.sqrt(v) for k, v in squares.items()}
+
+
+def _threshold(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise HookscopeError(
+            f"{name}={value!r} is not a number; pass a float such as {name}={_DEFAULTS[name]:g} (the default)"
+        )
+    if math.isnan(float(value)) or float(value) < 0:
+        raise HookscopeError(
+            f"{name}={value!r} is not a number >= 0; pass a float such as {name}={_DEFAULTS[name]:g} (the default)"
+        )
+    return float(value)
+
+
+def _check_arguments(model: Any, trace: Any, vanish: Any, explode: Any) -> tuple[float, float]:
+    """Every argument of :func:`gradient_flow` checked, before anything is read."""
+    if not isinstance(model, nn.Module):
+        raise HookscopeError(
+            f"model is of type {type(model).__name__}, not an nn.Module; call gradient_flow(model) after loss.backward()"
+        )
+    vanish, explode = _threshold("vanish", vanish), _threshold("explode", explode)
+    if not vanish < explode:
+        raise HookscopeError(
+            f"vanish={vanish:g} must be below explode={explode:g}; pass for example vanish=1e-7, explode=1e3"
+        )
+    if trace is not None:
+        rows = getattr(trace, "rows", None)
+        if not isinstance(rows, Sequence) or not all(
+                hasattr(r, f) for r in rows for f in ("module", "which", "numel", "mean", "std")):
+            raise HookscopeError(
+                f"trace={type(trace).__name__} is not a finished hookscope trace; pass "
+                "trace=t from 'with hookscope.trace(model, grads=True) as t:' around the backward pass"
+            )
+    return vanish, explode
 
 
 def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None = None,
@@ -203,8 +273,7 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
         >>> [r.flag for r in hookscope.gradient_flow(net).rows]
         ['ok', 'ok']
     """
-    if not (0 <= vanish < explode):
-        raise HookscopeError(f"need 0 <= vanish < explode, got vanish={vanish}, explode={explode}")
+    vanish, explode = _check_arguments(model, trace, vanish, explode)
     inner, _ = unwrap(model)
     acts = _activation_norms(trace) if trace is not None else {}
     if selectors:
@@ -222,18 +291,7 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
             f"no parameter of {type(inner).__name__} has a gradient; call loss.backward() first "
             "(gradient_flow reads p.grad after a backward pass), outside torch.no_grad()"
         )
-    # one norm per module, on each device, then one copy per device
-    per_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for i, ps in enumerate(own):
-        grads = [p.grad.detach() for p in ps if p.grad is not None]
-        if grads:
-            acc = torch.float32 if grads[0].device.type == "mps" else torch.float64
-            each = torch.stack([_norm(g).to(acc) for g in grads])
-            per_device.setdefault(each.device, []).append((i, torch.linalg.vector_norm(each)))
-    norms: dict[int, float] = {}
-    for items in per_device.values():
-        host = torch.stack([n.to(items[0][1].dtype) for _, n in items]).cpu().tolist()
-        norms.update({i: v for (i, _), v in zip(items, host)})
+    norms = _param_norms(own)
     rows = []
     for i, (name, m) in enumerate(chosen):
         pn, an = norms.get(i), acts.get(name)

@@ -63,5 +63,10 @@ def run(args: argparse.Namespace) -> int:
     result = diff(model_a, model_b, x, layers=args.layers, a=_setting(args, "a"), b=_setting(args, "b"),
                   rtol=args.rtol, atol=args.atol, seed=args.seed)
     print(result.to_json() if args.json else result.table(only_diverging=args.only_diverging))
+    if not result.rows:  # "no divergence" would claim what was never checked
+        raise HookscopeError(
+            "nothing was compared: no selected module returned a tensor or a number in either run; "
+            "pick modules that run with --layers (default: every module)"
+        )
     same = result.first is None and not (result.unmatched.a_only or result.unmatched.b_only)
     return 0 if same else 1
