@@ -12,7 +12,7 @@ from torch import nn
 
 from ._tree import tensors, tree_map
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
-from .core.guard import FAST_PATH_TYPES, Slot, plain, release, settle_inputs
+from .core.guard import FAST_PATH_TYPES, Slot, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, ThreadScope
 from .errors import HookscopeError, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
@@ -103,7 +103,7 @@ class Capture(Recording):
             if self.retention.guards_any():
                 for module in boundary_modules(self._model):
                     self._group.add(module.register_forward_pre_hook(settle_inputs, with_kwargs=True))
-                self._group.add(self._model.register_forward_hook(_hand_back_plain))
+                self._group.add(self._model.register_forward_hook(plain_output))
             self._refresh.open()
         except BaseException:
             self._close()
@@ -282,10 +282,7 @@ def boundary_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if id(m) in entries or isinstance(m, FAST_PATH_TYPES)]
 
 
-def _hand_back_plain(module: nn.Module, args: Any, output: Any) -> Any:
-    """The model's caller gets ordinary tensors, never hookscope's guarded aliases."""
-    new = tree_map(plain, output)
-    return None if new is output else new
+_hand_back_plain = plain_output  # the old private name, until every caller uses plain_output
 
 
 def capture(

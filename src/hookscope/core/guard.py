@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from .._tree import tree_map
 from ..errors import MutationError
 
 __all__ = ["Slot", "Guarded", "protect", "release", "plain", "guardable", "settle", "settle_inputs",
-           "FAST_PATH_TYPES"]
+           "FAST_PATH_TYPES", "plain_output"]
 
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__"
@@ -255,6 +256,12 @@ def settle(t: Any, where: str) -> Any:
 FAST_PATH_TYPES: tuple[type, ...] = (
     torch.nn.MultiheadAttention, torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer,
 )
+
+
+def plain_output(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    """A forward hook on the root: the model's caller gets ordinary tensors, never guarded aliases."""
+    new = tree_map(plain, output)
+    return None if new is output else new
 
 
 def settle_inputs(
