@@ -1,7 +1,7 @@
 """What a saliency method explains: logits read from any model output, and class targets checked.
 
 Shared by :mod:`.cam` and :mod:`.cam_metrics` so that ``target=`` and ``output=`` mean the same in
-both. Pure functions: no hook, no model call.
+both, and so that both see the same models whose samples interact. Pure functions: no hook, no model call.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..errors import HookscopeError
 
-__all__ = ["Target", "call_user", "check_range", "class_targets", "is_function", "read_logits"]
+__all__ = ["Target", "batch_coupled", "call_user", "check_range", "class_targets", "is_function", "read_logits"]
 
 Target = int | Sequence[int] | torch.Tensor | Callable[[Any], torch.Tensor] | None
 _USER_MISTAKES = (AttributeError, KeyError, IndexError, TypeError, ValueError)
@@ -78,6 +79,8 @@ def class_targets(target: Target, batch: int, classes: int | None = None,
     except (TypeError, ValueError, RuntimeError):
         raise HookscopeError(f"target={target!r} is not a class index; pass an int, one int per sample, "
                              "a function returning one score per sample, or None for the predicted class") from None
+    if t.numel() == 0 and t.ndim == 1:  # [] for an empty batch: as_tensor makes it float
+        t = t.long()
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise HookscopeError(f"target must hold integer class indices, got dtype {t.dtype}")
     if t.ndim > 1:
@@ -98,3 +101,21 @@ def check_range(targets: torch.Tensor, classes: int) -> None:
         i = int(bad[0, 0])
         raise HookscopeError(f"target class {int(targets[i])} (sample {i}) is out of range: the model has "
                              f"{classes} classes (0 to {classes - 1})")
+
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def batch_coupled(model: nn.Module) -> str | None:
+    """The first batch norm that normalises with each batch's own statistics even in eval mode
+    (``track_running_stats=False``), named with its type; ``None`` when in eval mode every sample is
+    computed on its own.
+
+    Example:
+        >>> batch_coupled(nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2, track_running_stats=False)))
+        "BatchNorm2d '1'"
+    """
+    for name, m in model.named_modules():
+        if isinstance(m, _BATCH_NORMS) and m.running_mean is None:
+            return f"{type(m).__name__} {name!r}"
+    return None

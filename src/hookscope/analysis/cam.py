@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -24,9 +24,9 @@ from ..core.hooks import HookGroup
 from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, layers, unwrap
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
-from ._targets import Target, call_user, class_targets, is_function, read_logits
+from ._targets import Target, batch_coupled, call_user, class_targets, is_function, read_logits
 
-__all__ = ["METHODS", "CamResult", "cam", "tokens_to_grid"]
+__all__ = ["METHODS", "CamResult", "cam", "channels_first", "channels_last", "tokens_to_grid"]
 
 METHODS = ("cam", "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
 
@@ -49,6 +49,9 @@ class CamResult:
         forwards: how many times the model was called (Score-CAM: the first pass plus one call per
             batch of masked inputs).
         masked: how many masked inputs Score-CAM evaluated (channels with equal masks share one).
+        layouts: per layer name, how its activation was read: ``"BCHW"`` (as it came),
+            ``"BHWC"`` (channels last, as Swin stages: permuted to ``B x C x h x w`` first) or
+            ``"reshape="`` (your function).
     """
 
     maps: torch.Tensor
@@ -59,6 +62,7 @@ class CamResult:
     method: str
     forwards: int = 1
     masked: int = 0
+    layouts: dict[str, str] = field(default_factory=dict)
 
 
 def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -66,7 +70,7 @@ def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callab
 
     The first ``skip`` tokens (a ViT's class token: 1; DeiT's class and distillation tokens: 2) are
     dropped and the rest laid out row by row on an ``h x w`` grid (square unless ``grid`` says).
-    For a ``B x h x w x C`` activation (Swin) pass ``reshape=lambda t: t.permute(0, 3, 1, 2)`` instead.
+    For a ``B x h x w x C`` activation (Swin) see :func:`channels_last`.
 
     Example:
         >>> tokens_to_grid(skip=1)(torch.zeros(2, 1 + 14 * 14, 768)).shape
@@ -85,6 +89,32 @@ def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callab
     return reshape
 
 
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A ``reshape=`` for a ``B x h x w x C`` activation (Swin stages, ConvNeXt blocks inside): ``B x C x h x w``.
+
+    :func:`cam` does this by itself when the modules around the layer say the channels are last.
+
+    Example:
+        >>> channels_last(torch.zeros(2, 7, 7, 768)).shape
+        torch.Size([2, 768, 7, 7])
+    """
+    if t.ndim != 4:
+        raise ValueError(f"expected B x h x w x C, got {t.ndim} dimensions")
+    return t.permute(0, 3, 1, 2)
+
+
+def channels_first(t: torch.Tensor) -> torch.Tensor:
+    """A ``reshape=`` that says a 4-D activation is ``B x C x h x w`` already (it is returned as it is).
+
+    Example:
+        >>> channels_first(torch.zeros(2, 8, 8, 8)).shape
+        torch.Size([2, 8, 8, 8])
+    """
+    if t.ndim != 4:
+        raise ValueError(f"expected B x C x h x w, got {t.ndim} dimensions")
+    return t
+
+
 class _Pass:
     """What one hooked forward pass left behind."""
 
@@ -93,9 +123,18 @@ class _Pass:
         self.kept: dict[str, list[torch.Tensor | None]] = {n: [] for n, _ in keep}
         self.watched: list[tuple[str, torch.Tensor, int]] = []  # (name, output, its version), in finish order
         self.head: tuple[str, nn.Module, Any, Any] | None = None  # the last nn.Linear call
+        # what tells a kept 4-D output's layout (see _layout): the copy handed on, the last module with
+        # a known layout to finish inside the layer, and the modules with a known layout that read it
+        self.handed: dict[str, torch.Tensor] = {}
+        self.running: set[str] = set()
+        self.made: tuple[nn.Module, torch.Tensor] | None = None  # the last 4-D output of a module of known layout
+        self.inner: dict[str, tuple[nn.Module, torch.Size]] = {}
+        self.readers: dict[str, list[nn.Module]] = {n: [] for n, _ in keep}
 
 
-def _keeper(store: list[torch.Tensor | None]) -> Any:
+def _keeper(p: _Pass, name: str) -> Any:
+    store = p.kept[name]
+
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
         t = first_tensor(output)
         if t is None:
@@ -106,6 +145,7 @@ def _keeper(store: list[torch.Tensor | None]) -> Any:
         # Keep `a`, hand the model a copy: a later in-place op (ReLU(inplace=True), out += identity)
         # would rewrite the kept values and move `a`'s autograd history past it (pytorch/pytorch#61519).
         copy = a.clone()
+        p.handed[name] = copy
         return tree_map(lambda u: copy if u is t else u, output)
 
     return hook
@@ -139,12 +179,15 @@ def _forward(model: nn.Module, x: torch.Tensor) -> Any:
 
 
 def _hooked_forward(model: nn.Module, x: torch.Tensor, keep: list[tuple[str, nn.Module]],
-                    watch: list[tuple[str, nn.Module]], heads: list[tuple[str, nn.Module]]) -> _Pass:
+                    watch: list[tuple[str, nn.Module]], heads: list[tuple[str, nn.Module]],
+                    probe: nn.Module | None = None) -> _Pass:
     p = _Pass(keep)
     group = HookGroup()
     try:
         for name, module in keep:
-            group.add(module.register_forward_hook(_keeper(p.kept[name])))
+            group.add(module.register_forward_hook(_keeper(p, name)))
+        if probe is not None:  # after the keepers, so that they see the copies handed on
+            _add_probes(p, probe, keep, group)
         for name, module in watch:
             group.add(module.register_forward_hook(_watcher(name, p)))
         for name, module in heads:
@@ -152,7 +195,149 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, keep: list[tuple[str, nn.
         p.output = _forward(model, x)
     finally:
         group.remove()
+        p.made, p.handed = None, {}  # the readers are known now: keep no extra tensor alive
     return p
+
+
+# --- channels first or last: what a kept 4-D activation's dimensions mean ----------------------------
+# Types whose 4-D tensors hold channels in dim 1 (they convolve, normalise or pool the last two dims).
+_FIRST_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.InstanceNorm2d, nn.GroupNorm,
+    nn.LocalResponseNorm, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Upsample,
+    nn.PixelShuffle, nn.PixelUnshuffle)
+# Exact types normalising the last dimension (subclasses such as ConvNeXt's LayerNorm2d permute first).
+_LAST_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
+# Modules whose output has their input's layout (applied element by element).
+_SAME_LAYOUT: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid,
+    nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Identity, nn.Dropout, nn.AlphaDropout)
+_PERMUTES = {(0, 2, 3, 1): "last", (0, 3, 1, 2): "first"}  # torchvision.ops.Permute(dims): the layout it makes
+_FIX = ("pass reshape=hookscope.analysis.cam.channels_last if it is B x h x w x C, or "
+        "reshape=hookscope.analysis.cam.channels_first if it is B x C x h x w (CLI: --layout last|first)")
+
+
+def _decides(m: nn.Module) -> bool:
+    return isinstance(m, (*_FIRST_TYPES, nn.Linear)) or type(m) in _LAST_NORMS or type(m).__name__ == "Permute"
+
+
+def _layout_of(m: nn.Module, shape: torch.Size, reading: bool) -> str | None:
+    """``"first"`` / ``"last"``: where ``m``'s type puts the channels of the 4-D tensor it makes (or reads)."""
+    if isinstance(m, nn.Linear):
+        return "last" if shape[-1] == (m.in_features if reading else m.out_features) else None
+    if type(m) in _LAST_NORMS:
+        return "last" if tuple(getattr(m, "normalized_shape", ())) == (shape[-1],) else None
+    dims = getattr(m, "dims", None)
+    if type(m).__name__ == "Permute" and isinstance(dims, (list, tuple)) and tuple(dims) in _PERMUTES:
+        made = _PERMUTES[tuple(dims)]
+        return made if not reading else "first" if made == "last" else "last"
+    if isinstance(m, _FIRST_TYPES):
+        attrs = ("in_channels" if reading else "out_channels", "num_features", "num_channels")
+        n = next((v for v in (getattr(m, a, None) for a in attrs) if isinstance(v, int)), None)
+        return "first" if n is None or n == shape[1] else None  # pooling: no channel count
+    return None
+
+
+def _maker(p: _Pass) -> Any:
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.ndim == 4:
+            p.made = (module, output)
+            for name in p.running:  # the last one to run inside a kept layer
+                p.inner[name] = (module, output.shape)
+
+    return hook
+
+
+def _starter(p: _Pass, name: str, same_layout: bool) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        p.running.add(name)
+        t = args[0] if args else None
+        if same_layout and p.made is not None and t is p.made[1]:  # a ReLU right after a Conv2d
+            p.inner[name] = (p.made[0], p.made[1].shape)
+
+    return hook
+
+
+def _reader(p: _Pass) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        t = args[0] if args else None
+        for name, copy in p.handed.items():
+            if t is copy:
+                p.readers[name].append(module)
+
+    return hook
+
+
+def _add_probes(p: _Pass, model: nn.Module, keep: list[tuple[str, nn.Module]], group: HookGroup) -> None:
+    """Hooks that record what tells each kept layer's layout: modules of known layout inside it and reading it."""
+    for name, module in keep:
+        group.add(module.register_forward_pre_hook(_starter(p, name, isinstance(module, _SAME_LAYOUT))))
+    for m in {id(m): m for m in model.modules() if _decides(m)}.values():
+        group.add(m.register_forward_pre_hook(_reader(p)))
+        group.add(m.register_forward_hook(_maker(p)))
+    for name, module in keep:  # after every other hook on the layer
+        group.add(module.register_forward_hook(lambda m, a, o, n=name: p.running.discard(n)))
+
+
+def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
+    """Is an ``h x w`` grid the input's ``H x W`` seen through one stride (within rounding)?"""
+    return abs(h * size[1] - w * size[0]) <= max(size)
+
+
+def _layout(name: str, shape: torch.Size, p: _Pass, size: tuple[int, int]) -> str:
+    """``"first"`` or ``"last"``: where layer ``name``'s 4-D output keeps its channels; one line if not known.
+
+    Told by the last module of known layout to run inside the layer (if its output has the layer's
+    shape) and by the modules of known layout that read the output; failing both, by which reading
+    gives a grid of the input's aspect ratio.
+    """
+    said: dict[str, str] = {}
+    if name in p.inner and p.inner[name][1] == shape:
+        made = _layout_of(p.inner[name][0], shape, reading=False)
+        if made is not None:
+            said[made] = f"the {type(p.inner[name][0]).__name__} that makes it"
+    for m in p.readers[name]:
+        read = _layout_of(m, shape, reading=True)
+        if read is not None:
+            said.setdefault(read, f"the {type(m).__name__} that reads it")
+    if len(said) == 2:
+        raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels first to "
+                             f"{said['first']} but channels last to {said['last']}; {_FIX}")
+    if said:
+        return next(iter(said))
+    fits = [lay for lay, (h, w) in (("first", shape[2:]), ("last", shape[1:3])) if _fits(h, w, size)]
+    if len(fits) == 1:
+        return fits[0]
+    raise HookscopeError(f"layer {name!r} gives a 4-D activation of shape {tuple(shape)}, and neither the modules "
+                         f"around it nor the input's {size[0]} x {size[1]} tell whether that is B x C x h x w or "
+                         f"B x h x w x C; {_FIX}")
+
+
+def _shapers(acts: dict[str, torch.Tensor], p: _Pass, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
+             probed: bool, size: tuple[int, int]
+             ) -> tuple[dict[str, Callable[[torch.Tensor], torch.Tensor] | None], dict[str, str]]:
+    """Per layer, what turns its activation (and gradient) into ``B x C x h x w``, and its layout's name."""
+    shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {}
+    layouts: dict[str, str] = {}
+    for n, a in acts.items():
+        if reshape is not None:
+            shapers[n], layouts[n] = reshape, "reshape="
+        elif probed and a.ndim == 4 and _layout(n, a.shape, p, size) == "last":
+            shapers[n], layouts[n] = channels_last, "BHWC"
+        else:  # a layer found by cam() itself is a Conv2d's output or the map the head pools
+            shapers[n], layouts[n] = None, "BCHW"
+    return shapers, layouts
+
+
+def _work(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 (float64 kept): half-precision models get their formulas in full precision."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``allclose`` within the rounding of the less precise of the two dtypes."""
+    eps = max(torch.finfo(t.dtype).eps if t.is_floating_point() else 0.0 for t in (a, b))
+    tol = max(1e-4, 8 * eps)
+    return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol if eps > 1e-6 else 1e-5)
 
 
 def _of_type(inner: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Module]]:
@@ -173,7 +358,7 @@ def _gap_source(p: _Pass, model_name: str) -> str:
     hname, _, hin, _ = p.head
     for name, t, _ in reversed(p.watched):
         if (isinstance(hin, torch.Tensor) and t.shape[2] * t.shape[3] > 1 and hin.shape == t.shape[:2]
-                and torch.allclose(t.mean((2, 3)), hin, rtol=1e-4, atol=1e-5)):
+                and _close(t.mean((2, 3)), hin)):
             return name
     raise HookscopeError(f"method='cam' needs a global-average-pool + linear head, but the input of "
                          f"{hname!r} is not the spatial mean of any layer's output; use method='gradcam'")
@@ -194,11 +379,15 @@ def _last_conv(p: _Pass, model_name: str) -> str:
 
 
 def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor],
-         chosen: list[tuple[str, nn.Module]] | None, method: str) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
-    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls)."""
+         chosen: list[tuple[str, nn.Module]] | None, method: str,
+         probe: bool) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
+    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls).
+
+    ``probe``: also record what tells the chosen layers' layouts (see :func:`_layout`).
+    """
     heads = _of_type(inner, nn.Linear) if method == "cam" else []
     if chosen is not None:
-        return _hooked_forward(model, fresh(), chosen, [], heads), chosen, 1
+        return _hooked_forward(model, fresh(), chosen, [], heads, inner if probe else None), chosen, 1
     # Watch without copying, then use the layer's output as it is if nothing rewrote it in place.
     watch = _of_type(inner, nn.Module if method == "cam" else nn.Conv2d)
     p = _hooked_forward(model, fresh(), [], watch, heads)
@@ -274,6 +463,11 @@ def _check_call(model: nn.Module, inputs: Any, method: str, target: Target, fuse
                              "targets (int, list or None), not a function; use 'gradcam' for a target function")
     if method == "scorecam" and not inputs.is_floating_point():
         raise HookscopeError(f"scorecam multiplies the inputs by masks, so they must be floating point, not {inputs.dtype}")
+    coupled = batch_coupled(inner)
+    if method == "scorecam" and coupled is not None and (inputs.shape[0] > 1 or batch_size > 1):
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a masked "
+                             "input's score would depend on the others in its batch; pass one image with "
+                             "batch_size=1, or use a gradient method")
     return inner
 
 
@@ -311,25 +505,42 @@ def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tens
 
 
 def _gradient_maps(method: str, acts: dict[str, torch.Tensor], A: dict[str, torch.Tensor], score: torch.Tensor,
-                   reshape: Callable[[torch.Tensor], torch.Tensor] | None, B: int) -> dict[str, torch.Tensor]:
-    names = list(acts)
-    grads = (torch.autograd.grad(score.sum(), [acts[n] for n in names], allow_unused=True)
-             if score.requires_grad else [None] * len(names))
-    raw = {}
-    for n, g in zip(names, grads):
-        if g is None:
-            raise HookscopeError(f"layer {n!r}'s output does not reach the target score (no gradient "
-                                 "flows back to it); pick a layer the score depends on")
-        G = _as_4d(n, g, reshape, B)
-        if reshape is not None:
-            lost = (G.flatten(1).abs().amax(1) == 0) & (g.flatten(1).abs().amax(1) > 0)
-            if bool(lost.any()):
-                raise HookscopeError(
-                    f"layer {n!r}: the score's gradient reaches only positions that reshape= drops (sample "
-                    f"{int(lost.nonzero()[0, 0])}), such as a class token the head reads; pick a layer before the "
-                    "last mixing of tokens, e.g. the last block's first norm")
-        raw[n] = gradient_map(method, A[n], G)
-    return raw
+                   shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
+                   reshape: Callable[[torch.Tensor], torch.Tensor] | None, coupled: str | None
+                   ) -> dict[str, torch.Tensor]:
+    G = _layer_grads(acts, score, shapers, reshape, coupled)
+    return {n: gradient_map(method, A[n], G[n].to(A[n].dtype)) for n in acts}
+
+
+def _layer_grads(acts: dict[str, torch.Tensor], score: torch.Tensor,
+                 shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
+                 reshape: Callable[[torch.Tensor], torch.Tensor] | None, coupled: str | None) -> dict[str, torch.Tensor]:
+    """``d score_b / d A_b`` per layer, ``B x C x h x w``: one ``autograd.grad`` of the summed scores, or, when
+    the samples of a batch interact (``coupled``: a batch norm on batch statistics), one per sample."""
+    names, B = list(acts), score.shape[0]
+    rounds = [score.sum()] if coupled is None or B == 1 else list(score.unbind())
+    out: dict[str, torch.Tensor] = {}
+    for b, s in enumerate(rounds):
+        grads = (torch.autograd.grad(s, [acts[n] for n in names], allow_unused=True, retain_graph=b + 1 < len(rounds))
+                 if score.requires_grad else [None] * len(names))
+        for n, g in zip(names, grads):
+            if g is None:
+                raise HookscopeError(f"layer {n!r}'s output does not reach the target score (no gradient "
+                                     "flows back to it); pick a layer the score depends on")
+            G = _as_4d(n, g, shapers[n], B)
+            rows = slice(None) if len(rounds) == 1 else slice(b, b + 1)
+            if reshape is not None:  # the user's: it may drop tokens
+                lost = (G[rows].flatten(1).abs().amax(1) == 0) & (g[rows].flatten(1).abs().amax(1) > 0)
+                if bool(lost.any()):
+                    raise HookscopeError(
+                        f"layer {n!r}: the score's gradient reaches only positions that reshape= drops (sample "
+                        f"{int(lost.nonzero()[0, 0]) + (rows.start or 0)}), such as a class token the head "
+                        "reads; pick a layer before the last mixing of tokens, e.g. the last block's first norm")
+            if len(rounds) == 1:
+                out[n] = G
+            else:
+                out.setdefault(n, torch.zeros_like(G))[b] = G[b]
+    return out
 
 
 def cam(
@@ -378,7 +589,20 @@ def cam(
     gives each sample's own gradient. Maps are upsampled bilinearly (align_corners=False) to the
     input's ``H x W`` and normalised per image as ``(m - min) / (max - min)``; a constant map becomes
     all zeros. A layer whose output does not depend on the input, or (but for Eigen-CAM) does not
-    reach the score, is refused.
+    reach the score, is refused. A batch norm that keeps no running statistics
+    (``track_running_stats=False``) mixes the samples even in eval mode: gradient methods then take
+    one gradient per sample (``d score_b / d A_b``), and Score-CAM is refused for more than one image.
+    Formulas run in float32 (float64 for float64 models), so ``maps`` and ``raw`` are float32 for
+    float16 / bfloat16 models.
+
+    A 4-D activation is ``B x C x h x w`` or, as Swin's stages and the inside of ConvNeXt blocks,
+    ``B x h x w x C`` (channels last, then permuted first; ``CamResult.layouts`` says which). Told by
+    the modules around the layer: the last one of known layout to run inside it (``Conv2d``,
+    ``BatchNorm2d``, pooling: first; ``Linear``, ``LayerNorm`` over the last dimension, torchvision's
+    ``Permute``: by their dimensions; for a ReLU-like layer, the one that made its input) and the
+    ones that read its output; failing both, the one reading whose ``h x w`` grid has the input's
+    aspect ratio. Modules that disagree, or two readings that both fit, give one line asking for
+    ``reshape=channels_last`` or ``reshape=channels_first``.
 
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
@@ -393,8 +617,9 @@ def cam(
             similarity to an embedding. Score-CAM calls the function on the outputs of batches of
             masked inputs too, so it must score each row on its own.
         output: picks ``B x classes`` logits from the model's output, e.g. ``lambda o: o.logits``.
-        reshape: turns a non-4-D activation (``B x tokens x C``) into ``B x C x h x w``; applied to
-            the activation and to its gradient. :func:`tokens_to_grid` is the usual one.
+        reshape: turns the activation into ``B x C x h x w``; applied to the activation and to its
+            gradient, and no layout is guessed then. :func:`tokens_to_grid` for ``B x tokens x C``,
+            :func:`channels_last` / :func:`channels_first` to say what a 4-D layer holds.
         fuse: ``"mean"`` or ``"max"`` over layers.
         batch_size: Score-CAM's masked inputs per forward.
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
@@ -426,6 +651,22 @@ def cam(
             m.training = True
 
 
+def _activations(p: _Pass, chosen: list[tuple[str, nn.Module]], leaf: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Each chosen layer's one output, checked to depend on the input (``leaf``; ``None``: integer inputs)."""
+    acts: dict[str, torch.Tensor] = {}
+    for name, _ in chosen:
+        got = p.kept[name]
+        if len(got) != 1 or got[0] is None:
+            what = "did not run" if not got else f"ran {len(got)} times" if len(got) > 1 else "returned no tensor"
+            raise HookscopeError(f"layer {name!r} {what} in the forward pass; CAM needs one tensor "
+                                 "output per layer, so pick a layer that runs once")
+        if leaf is not None and not _reaches(got[0], leaf):
+            raise HookscopeError(f"layer {name!r}'s output does not depend on the input, so its map says "
+                                 "nothing about the image; pick a layer on the path from input to output")
+        acts[name] = got[0]
+    return acts
+
+
 def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[tuple[str, nn.Module]] | None,
          method: str, target: Target, output: Callable[[Any], torch.Tensor] | None,
          reshape: Callable[[torch.Tensor], torch.Tensor] | None, fuse: str, batch_size: int,
@@ -438,20 +679,12 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
     def fresh() -> torch.Tensor:  # the model may write into its input: ours, never the caller's
         return base.clone()
 
-    p, chosen, forwards = _run(model, inner, fresh, chosen, method)
-    acts: dict[str, torch.Tensor] = {}
-    for name, _ in chosen:
-        got = p.kept[name]
-        if len(got) != 1 or got[0] is None:
-            what = "did not run" if not got else f"ran {len(got)} times" if len(got) > 1 else "returned no tensor"
-            raise HookscopeError(f"layer {name!r} {what} in the forward pass; CAM needs one tensor "
-                                 "output per layer, so pick a layer that runs once")
-        acts[name] = got[0]
-    A = {n: _as_4d(n, a.detach(), reshape, B) for n, a in acts.items()}
-    for n, a in acts.items():
-        if leaf is not None and not _reaches(a, leaf):
-            raise HookscopeError(f"layer {n!r}'s output does not depend on the input, so its map says "
-                                 "nothing about the image; pick a layer on the path from input to output")
+    probed = chosen is not None and reshape is None
+    coupled = batch_coupled(inner)  # samples that interact: gradient methods take one gradient per sample
+    p, chosen, forwards = _run(model, inner, fresh, chosen, method, probed)
+    acts = _activations(p, chosen, leaf)
+    shapers, layouts = _shapers(acts, p, reshape, probed, size)
+    A = {n: _work(_as_4d(n, a.detach(), shapers[n], B)) for n, a in acts.items()}
     score, targets, logits = _scores(target, output, p.output, B, method)
     if method not in GRADIENT_METHODS:  # gradient methods find out from autograd.grad itself
         ends = [score] if score is not None else [t for t in tensors(p.output) if t.grad_fn is not None]
@@ -461,7 +694,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
                 raise HookscopeError(f"layer {n!r}'s output does not reach {what}; pick a layer the output depends on")
     masked = 0
     if method in GRADIENT_METHODS:
-        raw = _gradient_maps(method, acts, A, score, reshape, B)  # type: ignore[arg-type]
+        raw = _gradient_maps(method, acts, A, score, shapers, reshape, coupled)  # type: ignore[arg-type]
     elif method == "eigencam":
         raw = {n: eigen_map(a) for n, a in A.items()}
     elif method == "cam":
@@ -482,7 +715,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
         maps = _normalise(stacked.mean(0) if fuse == "mean" else stacked.amax(0))
     return CamResult(maps=maps, raw=raw, targets=targets,
                      scores=None if score is None else score.detach(), layers=list(raw), method=method,
-                     forwards=forwards, masked=masked)
+                     forwards=forwards, masked=masked, layouts=layouts)
 
 
 def _cam_rows(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -492,8 +725,7 @@ def _cam_rows(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, target
                              "ran in the forward pass; use method='gradcam'")
     hname, head, hin, hout = p.head
     pooled = A.mean((2, 3))
-    if not (isinstance(hin, torch.Tensor) and hin.shape == pooled.shape
-            and torch.allclose(hin.to(pooled.dtype), pooled, rtol=1e-4, atol=1e-5)):
+    if not (isinstance(hin, torch.Tensor) and hin.shape == pooled.shape and _close(hin, pooled)):
         raise HookscopeError(f"method='cam' needs the head {hname!r} to read the global average of layer "
                              f"{name!r}, and it does not; pick the layer the head pools, or use method='gradcam'")
     if not (hout is logits or (isinstance(hout, torch.Tensor) and hout.shape == logits.shape

@@ -2,7 +2,8 @@
 
 Maps are plain tensors (``B x H x W``), so any saliency method can be scored, not only
 :mod:`hookscope.analysis.cam`. Nothing here registers a hook: the curves only call the model,
-under ``torch.no_grad()``, in eval mode (every submodule's flag is restored afterwards).
+under ``torch.no_grad()``, in eval mode (every submodule's flag is restored afterwards), and
+always on tensors of their own: a model that writes into its input never changes the caller's images.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 
 from .._tree import tree_map
 from ..errors import HookscopeError, did_you_mean
-from ._targets import call_user, check_range, class_targets, is_function, read_logits
+from ._targets import batch_coupled, call_user, check_range, class_targets, is_function, read_logits
 
 __all__ = [
     "Curve",
@@ -81,7 +82,8 @@ def deletion(
     Args:
         model: the classifier. It is run in eval mode under ``torch.no_grad()``; every submodule's
             training flag is restored afterwards.
-        inputs: ``B x C x H x W`` images, on the model's device.
+        inputs: ``B x C x H x W`` images, on the model's device (never written to: the model gets
+            copies, even for ``target=None``). Integer images get integer baselines (rounded).
         maps: ``B x H x W`` (or ``B x 1 x H x W``) saliency maps, larger = more important. Maps of
             another size are upsampled bilinearly to ``H x W``.
         target: class index for every image, one index per image (sequence or tensor), ``None``
@@ -150,55 +152,78 @@ def _curve(
     score: str,
     batch_size: int,
 ) -> Curve:
+    _check_curve(kind, inputs, steps, batch_size, score)
+    b, _, h, w = inputs.shape
+    coupled = batch_coupled(model)
+    if coupled is not None and (b > 1 or batch_size > 1):
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a score "
+                             "would depend on the other images in its batch; pass one image with batch_size=1")
+    saliency = _fit_maps(maps, b, h, w, inputs.device)
+    substrate = _substrate(baseline, inputs)
+    counts = torch.tensor([(i * h * w) // steps for i in range(steps + 1)], device=inputs.device)
+    fractions = counts.to(torch.float32) / (h * w)
+    if b == 0:  # no image: an empty curve, and no model call
+        none = torch.zeros(0, dtype=torch.long)
+        targets = None if is_function(target) else none if target is None else class_targets(target, 0)
+        return Curve(kind=kind, fractions=fractions, scores=torch.zeros(0, steps + 1), auc=torch.zeros(0),
+                     targets=targets)
+    # rank[b, p]: position of pixel p in decreasing saliency (stable, so ties go in row-major order)
+    order = torch.argsort(saliency.reshape(b, h * w), dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(h * w, device=inputs.device).expand(b, h * w))
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            targets = None if is_function(target) else _targets(model, inputs, target, output)
+            scores = _step_scores(kind, model, inputs, substrate, rank, counts, target, targets, output, score,
+                                  batch_size)
+    finally:
+        for m, flag in modes:
+            m.training = flag
+    auc = torch.trapezoid(scores, fractions.to(scores.device), dim=1)
+    return Curve(kind=kind, fractions=fractions, scores=scores, auc=auc, targets=targets)
+
+
+def _check_curve(kind: str, inputs: torch.Tensor, steps: int, batch_size: int, score: str) -> None:
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 4:
         shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         raise HookscopeError(
             f"{kind} needs images of shape B x C x H x W, got {shape}; add the missing dimensions"
         )
+    if inputs.shape[2] * inputs.shape[3] == 0:
+        raise HookscopeError(f"{kind} needs images with pixels, got H x W = {inputs.shape[2]} x {inputs.shape[3]}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise HookscopeError(f"steps={steps!r} must be a positive integer, for example steps=100")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise HookscopeError(f"batch_size={batch_size!r} must be a positive integer")
     if score not in SCORES:
         raise HookscopeError(f"score={score!r} is not a score.{did_you_mean(str(score), SCORES)} Use 'prob' or 'logit'")
-    b, _, h, w = inputs.shape
-    saliency = _fit_maps(maps, b, h, w, inputs.device)
-    substrate = _substrate(baseline, inputs)
-    # rank[b, p]: position of pixel p in decreasing saliency (stable, so ties go in row-major order)
-    order = torch.argsort(saliency.reshape(b, h * w), dim=1, descending=True, stable=True)
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(h * w, device=inputs.device).expand(b, h * w))
-    counts = torch.tensor([(i * h * w) // steps for i in range(steps + 1)], device=inputs.device)
-    fractions = counts.to(torch.float32) / (h * w)
 
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        with torch.no_grad():
-            targets = None if is_function(target) else _targets(model, inputs, target, output)
-            rows = (steps + 1) * b  # row r: step r // b of image r % b
-            chunk = batch_size if targets is not None else max(1, batch_size // b) * b
-            parts = []
-            for start in range(0, rows, chunk):
-                r = torch.arange(start, min(start + chunk, rows), device=inputs.device)
-                step, img = r // b, r % b
-                removed = (rank[img] < counts[step].unsqueeze(1)).view(-1, 1, h, w)
-                x, base = inputs[img], substrate[img]
-                batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
-                out = model(batch)
-                if targets is None:
-                    parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
-                else:
-                    logits = read_logits(output, out, len(r))
-                    if start == 0:  # once, before any score is read
-                        check_range(targets, logits.shape[1])
-                    parts.append(_score(logits, targets[img], score))
-            scores = torch.cat(parts).reshape(steps + 1, b).t().to(torch.float32)
-    finally:
-        for m, flag in modes:
-            m.training = flag
-    auc = torch.trapezoid(scores, fractions.to(scores.device), dim=1)
-    return Curve(kind=kind, fractions=fractions, scores=scores, auc=auc, targets=targets)
+
+def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, substrate: torch.Tensor, rank: torch.Tensor,
+                 counts: torch.Tensor, target: Target, targets: torch.Tensor | None,
+                 output: Callable[[Any], torch.Tensor] | None, score: str, batch_size: int) -> torch.Tensor:
+    """``B x (steps + 1)`` scores; every batch the model sees is built here, never the caller's tensor."""
+    b, _, h, w = inputs.shape
+    rows = len(counts) * b  # row r: step r // b of image r % b
+    chunk = batch_size if targets is not None else max(1, batch_size // b) * b
+    parts = []
+    for start in range(0, rows, chunk):
+        r = torch.arange(start, min(start + chunk, rows), device=inputs.device)
+        step, img = r // b, r % b
+        removed = (rank[img] < counts[step].unsqueeze(1)).view(-1, 1, h, w)
+        x, base = inputs[img], substrate[img]
+        batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
+        out = model(batch)
+        if targets is None:
+            parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
+        else:
+            logits = read_logits(output, out, len(r))
+            if start == 0:  # once, before any score is read
+                check_range(targets, logits.shape[1])
+            parts.append(_score(logits, targets[img], score))
+    return torch.cat(parts).reshape(len(counts), b).t().to(torch.float32)
 
 
 def _fit_maps(maps: torch.Tensor, b: int, h: int, w: int, device: torch.device) -> torch.Tensor:
@@ -211,27 +236,42 @@ def _fit_maps(maps: torch.Tensor, b: int, h: int, w: int, device: torch.device) 
             f"maps of shape {tuple(maps.shape)} do not fit {b} images; pass one map per image, "
             f"B x H x W = {b} x {h} x {w}"
         )
+    _no_nan(maps, "maps")
     maps = maps.detach().to(device=device, dtype=torch.float32)
     if maps.shape[1:] != (h, w):
         maps = F.interpolate(maps[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
     return maps
 
 
+def _no_nan(t: torch.Tensor, what: str) -> None:
+    if t.is_floating_point() and bool(t.isnan().any()):
+        i = int(t.isnan().flatten(1).any(1).nonzero()[0, 0]) if t.dim() > 1 else 0
+        raise HookscopeError(f"{what} hold NaN (image {i}), which has no rank; fix or drop that image's map")
+
+
+def _like(values: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """``values`` in the inputs' dtype: integer images (uint8) get rounded values, not truncated ones."""
+    if not inputs.is_floating_point() and values.is_floating_point():
+        values = values.round()
+    return values.to(device=inputs.device, dtype=inputs.dtype)
+
+
 def _substrate(baseline: Baseline, inputs: torch.Tensor) -> torch.Tensor:
     if isinstance(baseline, torch.Tensor):
         try:
-            return baseline.to(device=inputs.device, dtype=inputs.dtype).expand_as(inputs)
+            return _like(baseline, inputs).expand_as(inputs)
         except RuntimeError:
             raise HookscopeError(
                 f"baseline of shape {tuple(baseline.shape)} does not broadcast to the inputs "
                 f"{tuple(inputs.shape)}; pass a tensor of shape C x 1 x 1, C x H x W or B x C x H x W"
             ) from None
     if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
-        return torch.full_like(inputs, float(baseline))
+        return _like(torch.tensor(float(baseline)), inputs).expand_as(inputs)
     if baseline == "zeros":
         return torch.zeros_like(inputs)
     if baseline == "mean":
-        return inputs.mean(dim=(2, 3), keepdim=True).expand_as(inputs)
+        exact = inputs.double() if inputs.dtype == torch.float64 else inputs.float()
+        return _like(exact.mean(dim=(2, 3), keepdim=True), inputs).expand_as(inputs)
     if baseline == "blur":
         return blur(inputs)
     hint = did_you_mean(baseline, BASELINES) if isinstance(baseline, str) else ""
@@ -243,10 +283,14 @@ def _substrate(baseline: Baseline, inputs: torch.Tensor) -> torch.Tensor:
 def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_SIGMA) -> torch.Tensor:
     """Blur ``B x C x H x W`` images with a ``size x size`` Gaussian (borders replicated).
 
+    Integer images (uint8) are blurred in float32 and rounded back to their dtype.
+
     Example:
         >>> blur(torch.ones(1, 3, 8, 8)).allclose(torch.ones(1, 3, 8, 8))
         True
     """
+    if not images.is_floating_point():
+        return _like(blur(images.float(), size=size, sigma=sigma), images)
     x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
     g = (g / g.sum()).to(device=images.device, dtype=images.dtype)
@@ -258,12 +302,15 @@ def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_S
 
 def _targets(model: nn.Module, inputs: torch.Tensor, target: Target,
              output: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
-    if target is None:
-        return read_logits(output, model(inputs), inputs.shape[0]).argmax(dim=1)
+    if target is None:  # a copy: the model may write into its input (x.mul_(2), x[:, 0] = 0)
+        return read_logits(output, model(inputs.clone()), inputs.shape[0]).argmax(dim=1)
     return class_targets(target, inputs.shape[0], device=inputs.device)
 
 
 def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:
+    if score == "prob" and logits.shape[1] == 1:
+        raise HookscopeError("score='prob' is a softmax over classes, always 1 for a model with one logit; use "
+                             "score='logit' or a target function, e.g. target=lambda o: o[:, 0].sigmoid()")
     values = logits.float().softmax(dim=1) if score == "prob" else logits.float()
     return values.gather(1, targets.unsqueeze(1)).squeeze(1)
 
@@ -298,7 +345,13 @@ def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Te
             f"{what}: maps {tuple(maps.shape)} and masks {tuple(masks.shape)} differ; pass both as "
             "B x H x W at the same resolution (upsample the maps to the masks' size)"
         )
-    return maps.detach(), masks.to(device=maps.device, dtype=torch.bool)
+    _no_nan(maps, f"{what}: maps")
+    masks = masks.to(device=maps.device, dtype=torch.bool)
+    empty = ~masks.flatten(1).any(1)
+    if bool(empty.any()):
+        raise HookscopeError(f"{what}: mask {int(empty.nonzero()[0, 0])} is empty (no object pixel), so no map can "
+                             "hit it; drop that image")
+    return maps.detach(), masks
 
 
 def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15) -> torch.Tensor:
@@ -323,7 +376,7 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
         [True]
     """
     maps, masks = _masks(maps, masks, "pointing_game")
-    if tolerance < 0:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
         raise HookscopeError(f"tolerance={tolerance!r} must be 0 or a positive number of pixels")
     b, h, w = maps.shape
     peak = maps.reshape(b, -1).argmax(dim=1)
@@ -376,8 +429,19 @@ def box_mask(
         raise HookscopeError(
             f"boxes of shape {tuple(bx.shape)} are not B x 4; pass one (x0, y0, x1, y1) per image"
         )
+    flipped = (bx[:, 2] <= bx[:, 0]) | (bx[:, 3] <= bx[:, 1]) | bx.isnan().any(1)
+    if bool(flipped.any()):
+        i = int(flipped.nonzero()[0, 0])
+        raise HookscopeError(f"box {i} {bx[i].tolist()} is empty (x1 <= x0 or y1 <= y0); boxes are corners "
+                             "(x0, y0, x1, y1), not (x, y, width, height)")
     yy = torch.arange(height, device=bx.device).view(1, height, 1)
     xx = torch.arange(width, device=bx.device).view(1, 1, width)
     x0, y0, x1, y1 = (bx[:, i].view(-1, 1, 1) for i in range(4))
-    return (xx >= x0) & (xx < x1) & (yy >= y0) & (yy < y1)
+    masks = (xx >= x0) & (xx < x1) & (yy >= y0) & (yy < y1)
+    outside = ~masks.flatten(1).any(1)
+    if bool(outside.any()):
+        i = int(outside.nonzero()[0, 0])
+        raise HookscopeError(f"box {i} {bx[i].tolist()} covers no pixel of the {height} x {width} image; boxes are in "
+                             "pixels of the maps' size (scale them if they are for the original image)")
+    return masks
 

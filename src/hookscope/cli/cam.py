@@ -41,6 +41,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
                    help="the layer gives B x tokens x C (a vision transformer): drop the first SKIP tokens "
                         "(a class token: 1) and lay the rest on a square grid")
+    p.add_argument("--layout", choices=("auto", "first", "last"), default="auto",
+                   help="a 4-D layer's output is B x C x h x w (first) or B x h x w x C (last, Swin stages); "
+                        "auto (default): told by the modules around the layer, else an error")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the map in the overlay (default 0.5)")
     p.add_argument("--out", metavar="PNG", required=True,
                    help="where to save the overlay; a batch of N saves NAME_0.png ... NAME_{N-1}.png")
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from ..analysis.cam import cam
     from ..viz.overlay import save_overlay
 
-    from ..analysis.cam import tokens_to_grid
+    from ..analysis.cam import channels_first, channels_last, tokens_to_grid
 
     if args.image is not None and args.input is not None:
         raise HookscopeError("give either --image PATH or --input SHAPE, not both")
@@ -101,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         raise HookscopeError(f"--alpha {args.alpha:g} is not a weight; give a number from 0 to 1")
     if args.tokens is not None and args.tokens < 0:
         raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
+    if args.tokens is not None and args.layout != "auto":
+        raise HookscopeError("give either --tokens SKIP (a layer of tokens) or --layout (a 4-D layer), not both")
     folder = Path(args.out).parent
     if not folder.is_dir():
         raise HookscopeError(f"--out {args.out}: no such folder {str(folder)!r}; create it first")
@@ -114,11 +119,15 @@ def run(args: argparse.Namespace) -> int:
             raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
         pictures = [_picture(x[i]) for i in range(x.shape[0])]
     layer = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
-    reshape = tokens_to_grid(args.tokens) if args.tokens is not None else None
+    shapers = {"auto": None, "first": channels_first, "last": channels_last}
+    reshape = tokens_to_grid(args.tokens) if args.tokens is not None else shapers[args.layout]
     result = cam(model, x, layer=layer, method=args.method, target=args.target, fuse=args.fuse, reshape=reshape)
     shape = "x".join(str(d) for d in x.shape)
     print(f"{type(model).__name__}, input {shape}, method {result.method}, "
           f"layer{'s' if len(result.layers) > 1 else ''} {', '.join(result.layers)}")
+    for name, layout in result.layouts.items():
+        if layout == "BHWC" and args.layout == "auto":
+            print(f"layer {name}: B x h x w x C (channels last), permuted to B x C x h x w")
     targets = result.targets.tolist() if result.targets is not None else [None] * x.shape[0]
     scores = result.scores.tolist() if result.scores is not None else None
     for i, path in enumerate(_paths(args.out, x.shape[0])):
