@@ -142,11 +142,17 @@ def test_device_and_dtype_retention():
     assert torch.allclose(out.float(), m.conv(x), atol=1e-2)
 
 
-def test_write_after_the_context_is_reported_not_hidden():
+def test_write_after_the_context_keeps_the_record_or_is_reported_not_hidden():
     net = Net()
+    x = torch.randn(2, 2)
     with hookscope.capture(net, "l2") as rec:
-        y = net(torch.randn(2, 2))
+        y = net(x)
+    true = y.detach().clone()
     y.add_(1)  # the user's own in-place op on the model's output, after the block
+    assert torch.equal(rec["l2"].output, true)  # copied as the output was handed back
+    with hookscope.capture(net, "l2", copy="never") as rec:
+        y = net(x)
+    y.add_(1)
     with pytest.raises(MutationError, match="output of 'l2'"):
         rec["l2"].output
 
@@ -411,7 +417,7 @@ def test_story10_find_the_first_layer_that_goes_non_finite():
 def test_auto_copies_small_tensors_at_once_and_watches_large_ones(monkeypatch):
     monkeypatch.setattr("hookscope.records.COPY_BELOW", 1 << 20)
     small, large = nn.Linear(4, 4), nn.Linear(4, 1 << 16)  # 64 B and 256 KiB x 4 rows = 1 MiB
-    m = nn.Sequential(small, large)
+    m = nn.Sequential(small, large, nn.ReLU())  # the model's own output is copied as it is handed back
     x = torch.randn(4, 4)
     with hookscope.capture(m, "0", "1") as rec:
         m(x)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -12,7 +13,7 @@ from torch import nn
 
 from ._tree import tensors, tree_map
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
-from .core.guard import FAST_PATH_TYPES, Slot, plain_output, release, settle_inputs
+from .core.guard import FAST_PATH_TYPES, Slot, guardable, plain_output, release, settle_inputs, storage_key
 from .core.hooks import HookGroup, ThreadScope
 from .errors import HookscopeError, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
@@ -156,12 +157,12 @@ class Capture(Recording):
             return None
 
     # hooks ----------------------------------------------------------------------------------
-    def _keep_tree(self, obj: Any, where: Any) -> tuple[Any, Any]:
+    def _keep_tree(self, obj: Any, where: Any, held: Any = None) -> tuple[Any, Any]:
         """(tree of slots, tree the model goes on with) for one input or output."""
         kept: list[Slot] = []
 
         def one(t: torch.Tensor) -> torch.Tensor:
-            slot, alias = self.retention.keep(t, where)
+            slot, alias = self.retention.keep(t, where, held)
             kept.append(slot)
             return alias
 
@@ -198,7 +199,7 @@ class Capture(Recording):
                 return None
             stack = open_calls.get(threading.get_ident())
             call = stack.pop() if stack else self._add(name)  # began before the capture opened
-            new = self._record_output(call, output)
+            new = self._record_output(call, output, _held_by(module, args))
             if self.stop:
                 self._remaining.discard(name)
                 if not self._remaining:
@@ -219,12 +220,12 @@ class Capture(Recording):
             return None
         return new_args, new_kwargs
 
-    def _record_output(self, call: CallRecord, output: Any) -> Any:
+    def _record_output(self, call: CallRecord, output: Any, held: Any = None) -> Any:
         if "grad_input" in self.keep:
             call.check_inputs()
         new_output = output
         if "output" in self.keep and not self._group.closed:
-            kept, new_output = self._keep_tree(output, ("output", call.name, call.index))
+            kept, new_output = self._keep_tree(output, ("output", call.name, call.index), held)
             call.set_output(kept)
         if "grad_output" in self.keep:
             self._watch_outputs(call, output)
@@ -274,6 +275,20 @@ class Capture(Recording):
                 self._group.add(a.register_hook(self._grad_setter(grads, i, where, leaves[i])))
                 call.watch_input(a)
         return new_args
+
+
+def _held_by(module: nn.Module, args: tuple[Any, ...]) -> Any:
+    """The memory a module's caller and the module itself hold plain references to, computed only
+    when asked (for an output large enough to be watched rather than copied)."""
+    found: list[set[int]] = []
+
+    def held() -> set[int]:
+        if not found:
+            own = itertools.chain(tensors(args), module.parameters(), module.buffers())
+            found.append({storage_key(t) for t in own if guardable(t)})
+        return found[0]
+
+    return held
 
 
 def boundary_modules(model: nn.Module) -> list[nn.Module]:

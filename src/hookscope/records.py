@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -12,7 +12,7 @@ import torch
 from ._tree import tree_map
 from .core.result import jsonable
 from .core.text import shape_text, table
-from .core.guard import Slot, guardable, protect
+from .core.guard import Slot, guardable, protect, storage_key
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
 
@@ -77,12 +77,17 @@ class Retention:
         if not isinstance(self.detach, bool):
             raise RecordError(f"detach={self.detach!r} is not True or False")
 
-    def keep(self, t: torch.Tensor, where: Any) -> tuple[Slot, torch.Tensor]:
-        """Keep ``t``; return its slot and the tensor the model should go on with."""
+    def keep(self, t: torch.Tensor, where: Any, held: Callable[[], set[int]] | None = None) -> tuple[Slot, torch.Tensor]:
+        """Keep ``t``; return its slot and the tensor the model should go on with.
+
+        ``held``: the memory (:func:`~hookscope.core.guard.storage_key`) that code outside the
+        guard holds plain references to (the module's inputs, parameters and buffers); a tensor
+        on it is copied at once under ``"auto"``, since a write through those references is unseen.
+        """
         v = t.detach() if self.detach else t
         if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
                 and guardable(v):
-            if v.numel() * v.element_size() < COPY_BELOW:
+            if v.numel() * v.element_size() < COPY_BELOW or (held is not None and storage_key(v) in held()):
                 return Slot(v.clone(), "copied", where), t
             slot = Slot(v, "auto", where)  # no copy: a guarded alias copies it only before a write
             return slot, protect(t, slot)

@@ -24,22 +24,31 @@ from .._tree import tree_map
 from ..errors import MutationError
 
 __all__ = ["Slot", "Guarded", "protect", "release", "plain", "guardable", "settle", "settle_inputs",
-           "FAST_PATH_TYPES", "plain_output"]
+           "FAST_PATH_TYPES", "plain_output",
+           "storage_key"]
 
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__"
     for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor",
                "lshift", "rshift", "matmul")
 ) | {"__setitem__"}
-# Hand the memory to code hookscope cannot watch (numpy, DLPack, raw storage): treated as a write.
+# Hand the memory to code hookscope cannot watch (numpy, DLPack, raw storage or pointer), or move
+# it (share_memory_ changes the data pointer records are filed under): copied first.
 _ESCAPES = frozenset(
-    {"numpy", "__array__", "__dlpack__", "untyped_storage", "storage", "_typed_storage"}
+    {"numpy", "__array__", "__dlpack__", "untyped_storage", "storage", "_typed_storage",
+     "data_ptr", "share_memory_"}
 )
 # Trailing underscore, yet the data stays as it was.
 _NOT_WRITING = frozenset(
-    {"requires_grad_", "retain_grad_", "share_memory_", "detach_", "rename_", "names_",
-     "pin_memory_", "record_stream_"}
+    {"requires_grad_", "retain_grad_", "detach_", "rename_", "names_", "pin_memory_", "record_stream_"}
 )
+# Functions that write into arguments other than the first (by position or keyword name).
+_WRITES_ARGS: dict[Any, tuple[int | str, ...]] = {
+    torch.nn.functional.batch_norm: (1, 2, "running_mean", "running_var"),
+    torch.nn.functional.instance_norm: (1, 2, "running_mean", "running_var"),
+    torch.nn.functional.embedding: (1, "weight"),  # max_norm renormalises the weight in place
+    torch.Tensor.set_: (1, "source"),  # the tensor set_ makes an alias of
+}
 
 
 class Slot:
@@ -85,6 +94,12 @@ class Slot:
         elif self.policy == "never":
             self.mutated_by = f"'{op}'"
 
+    def before_handover(self, where: str) -> None:
+        """The memory goes on as a plain tensor (to the caller, a compiled graph, a fast path):
+        under ``"auto"`` keep a copy; under ``"never"`` the version counter still tells a write."""
+        if self.policy == "auto":
+            self.before_write(where)
+
     def before_escape(self, where: str) -> None:
         """The memory is handed to code whose writes no one sees (numpy, DLPack, a compiled graph)."""
         if self.policy == "auto":
@@ -102,6 +117,11 @@ _writes: dict[Any, int] = {}  # func -> what it does to its first argument (see 
 def _key(t: torch.Tensor) -> int:
     with DisableTorchFunctionSubclass():  # untyped_storage() of a Guarded tensor is an escape
         return t.untyped_storage().data_ptr()
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """What records are filed under: the address of ``t``'s memory (its storage's data pointer)."""
+    return _key(t)
 
 
 def guardable(t: torch.Tensor) -> bool:
@@ -195,7 +215,7 @@ def _written(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor
     targets: list[Any] = []
     if args:
         targets.append(args[0])
-    for k in ("out", "input", "self"):
+    for k in ("out", "input", "self", "tensor"):  # nn.init passes tensor=...
         if kwargs.get(k) is not None:
             targets.append(kwargs[k])
     flat: list[torch.Tensor] = []
@@ -228,25 +248,41 @@ def _settle_key(key: int, op: str, escape: bool) -> None:
             s.before_write(op)
 
 
-def settle(t: Any, where: str) -> Any:
+def _hand_over_key(key: int, where: str) -> None:
+    with _lock:
+        slots = _registry.get(key)
+        if not slots:
+            return
+        kept = [s for s in slots if s.policy != "auto"]
+        if kept:
+            _registry[key] = kept
+        else:
+            del _registry[key]
+            _drop(key)
+    for s in slots:
+        s.before_handover(where)
+
+
+def settle(t: Any, where: str, *, escape: bool = False) -> Any:
     """``t`` (any nested value) made plain for code hookscope cannot watch; records on it copied first.
 
-    For a boundary such as a compiled graph (which refuses tensor subclasses) or a module whose fast
-    path a tensor subclass would switch off (``nn.MultiheadAttention``, ``nn.TransformerEncoder``):
-    the records kept on the memory handed over are copied (``copy="auto"``) or, under
-    ``copy="never"``, marked as no longer verifiable.
+    For a boundary such as the model's caller, a compiled graph (which refuses tensor subclasses)
+    or a module whose fast path a tensor subclass would switch off (``nn.MultiheadAttention``,
+    ``nn.TransformerEncoder``): the records kept on the memory handed over are copied under
+    ``copy="auto"``; under ``copy="never"`` the version counter still tells a later write, or, with
+    ``escape=True`` (numpy, DLPack: writes no counter sees), the record is marked unverifiable.
     """
     if isinstance(t, torch.Tensor):
-        if type(t) is not Guarded:
-            return t
         if _registry and guardable(t):
-            _settle_key(_key(t), where, escape=True)
+            key = _key(t)
+            if key in _registry:
+                _settle_key(key, where, escape=True) if escape else _hand_over_key(key, where)
         return plain(t)
     if isinstance(t, (tuple, list)) and not hasattr(t, "_fields"):
-        new = [settle(x, where) for x in t]
+        new = [settle(x, where, escape=escape) for x in t]
         return t if all(a is b for a, b in zip(new, t)) else type(t)(new)
     if isinstance(t, dict):
-        out = {k: settle(v, where) for k, v in t.items()}
+        out = {k: settle(v, where, escape=escape) for k, v in t.items()}
         return t if all(out[k] is t[k] for k in t) else out
     return t
 
@@ -259,8 +295,15 @@ FAST_PATH_TYPES: tuple[type, ...] = (
 
 
 def plain_output(module: torch.nn.Module, args: Any, output: Any) -> Any:
-    """A forward hook on the root: the model's caller gets ordinary tensors, never guarded aliases."""
-    new = tree_map(plain, output)
+    """A forward hook on the root: the model's caller gets ordinary tensors, never guarded aliases.
+
+    Records on the memory handed back are copied first under ``copy="auto"``: the caller may write
+    into its output (``logits.div_(t)``), or into the inputs it passed in, where no guard sees it.
+    """
+    if not _registry:
+        return None
+    tree_map(lambda t: settle(t, "the model's input, held by the caller"), args)
+    new = tree_map(lambda t: settle(t, "the model's output, handed to the caller"), output)
     return None if new is output else new
 
 
@@ -277,6 +320,14 @@ def settle_inputs(
     where = f"the input of {type(module).__name__} (a compiled graph or a native fast path)"
     new_args, new_kwargs = settle(args, where), settle(kwargs, where)
     return None if new_args is args and new_kwargs is kwargs else (new_args, new_kwargs)
+
+
+def _settle_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    where = f"'{getattr(func, '__name__', func)}'"
+    for k in _WRITES_ARGS[func]:
+        t = args[k] if isinstance(k, int) and k < len(args) else kwargs.get(k) if isinstance(k, str) else None
+        if isinstance(t, torch.Tensor) and guardable(t):
+            _settle_key(_key(t), where, escape=True)
 
 
 def _guard_result(ret: Any) -> Any:
@@ -308,7 +359,9 @@ class Guarded(torch.Tensor):
         if kind == _WRITES or kwargs.get("inplace") or kwargs.get("out") is not None:
             _copy_before_write(func, args, kwargs)
         elif kind == _ESCAPES_KIND and _registry and args:
-            settle(args[0], f"'{func.__name__}'")
+            settle(args[0], f"'{func.__name__}'", escape=True)
+        if _registry and func in _WRITES_ARGS:
+            _settle_args(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             ret = func(*args, **kwargs)
         # what shares recorded memory (x.view, x[:, :3], x.T, x.data, x.chunk(2)) stays guarded too
