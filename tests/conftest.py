@@ -1,92 +1,16 @@
-"""Tiny deterministic models and a check that no hook is ever left behind."""
+"""Fixtures for every test; the shared models and checks live in ``helpers.py``."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections import OrderedDict
-from typing import Any
-
 import pytest
 import torch
-from torch import nn
 
-from hookscope.core import hook_count
+from helpers import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks  # noqa: F401 - old imports
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-def no_hooks(model: nn.Module) -> bool:
-    """True when no forward/backward hook of any kind is left on any submodule."""
-    return hook_count(model) == 0
-
-
-class Net(nn.Module):
-    """Story 3: Linear(2, 5) then Linear(5, 10)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(2, 5)
-        self.l2 = nn.Linear(5, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(self.l1(x))
-
-
-class ConvReLU(nn.Module):
-    """A conv followed by an in-place ReLU, as an nn.Module or functionally."""
-
-    def __init__(self, functional: bool = False) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.act = nn.ReLU(inplace=True)
-        self.functional = functional
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.conv(x)
-        return torch.nn.functional.relu(y, inplace=True) if self.functional else self.act(y)
-
-
-@dataclasses.dataclass
-class Pair:
-    main: torch.Tensor
-    aux: Any = None
-
-
-class FakeModelOutput(OrderedDict):
-    """Mimics transformers' ModelOutput: an OrderedDict that is also a dataclass."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        for k, v in kw.items():
-            object.__setattr__(self, k, v)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, value)
-        object.__setattr__(self, key, value)
-
-
-class Structured(nn.Module):
-    """Returns dicts, dataclasses, named tuples, ModelOutput-likes and None, as real models do."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__()
-        self.lin = nn.Linear(3, 3)
-        self.kind = kind
-
-    def forward(self, x: torch.Tensor) -> Any:
-        y = self.lin(x)
-        if self.kind == "dict":
-            return {"y": y, "twice": [y * 2, None]}
-        if self.kind == "dataclass":
-            return Pair(main=y, aux=(y + 1,))
-        if self.kind == "modeloutput":
-            return FakeModelOutput(logits=y, hidden=y * 3)
-        if self.kind == "namedtuple":
-            return torch.max(y, dim=1)
-        return y
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks
+from helpers import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks
 from torch import nn
 
 import hookscope

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import Net, no_hooks
+from helpers import Net, no_hooks
 from torch import nn
 
 import hookscope

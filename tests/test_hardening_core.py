@@ -15,7 +15,7 @@ import hookscope
 from hookscope import HookscopeError, MutationError
 from hookscope.core.guard import Guarded
 
-from conftest import no_hooks
+from helpers import no_hooks
 
 BIG = 40_000  # features: a 10 x BIG float32 output is 1.6 MB, over the 1 MiB copy-at-once line
 

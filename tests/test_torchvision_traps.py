@@ -11,7 +11,7 @@ import fnmatch
 import pytest
 import torch
 import torchvision
-from conftest import no_hooks
+from helpers import no_hooks
 from torch import nn
 
 import hookscope
