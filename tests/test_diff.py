@@ -10,7 +10,8 @@ import torch
 from conftest import Net, Structured, no_hooks
 from torch import nn
 
-from hookscope import HookscopeError, MutationError
+from hookscope import HookscopeError, MutationError, RecordError
+from hookscope.errors import ForwardError
 from hookscope.analysis.diff import diff, settings
 from hookscope.cli import main
 from hookscope.zoo import TinyResNet
@@ -202,6 +203,27 @@ def test_dropout_in_both_runs_draws_the_same_masks_unless_seed_is_none():
     assert no_hooks(net)
 
 
+def test_seed_none_draws_on_from_the_callers_stream():
+    # both runs draw after each other from the caller's generator, which stays advanced
+    net = nn.Sequential(nn.Dropout(0.5))
+    x = torch.ones(3, 8)
+    torch.manual_seed(5)
+    diff(net, net, x, a=settings(train=True), b=settings(train=True), seed=None)
+    after = torch.rand(4)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        net.train()(x), net(x)
+    net.eval()
+    assert torch.equal(after, torch.rand(4))
+
+
+def test_an_unknown_keyword_is_a_one_line_error():
+    net = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'layer'") as info:
+        diff(net, net, torch.ones(1, 2), layer="0")
+    assert "\n" not in str(info.value)
+
+
 def test_a_plain_context_factory_is_a_setting():
     net = nn.Sequential(nn.Linear(4, 4))
     d = diff(net, net, torch.randn(2, 4), b=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
@@ -313,10 +335,58 @@ def test_in_place_op_on_the_input_does_not_reach_the_other_run():
 
 
 def test_a_failing_forward_names_the_module_and_shapes():
+    # issue 10: a ForwardError (a HookscopeError) in the one wording every analysis uses
     net = Net()
-    with pytest.raises(HookscopeError, match=r"run A failed in module 'l1' \(Linear\).*\(3, 4\)"):
+    with pytest.raises(ForwardError, match=r"^run A: the forward pass failed in 'l1' \(Linear\), "
+                                           r"which received input\[0\] 3x4 float32, before any other") as info:
         diff(net, net, torch.randn(3, 4))
+    assert "\n" not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
     assert no_hooks(net) and net.training
+
+
+def test_a_failure_in_run_b_or_in_the_model_own_code_is_named():
+    class Flat(nn.Module):  # fails in its own forward, after its child ran
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x).view(3, 7)
+
+    with pytest.raises(ForwardError, match=r"^run A: .* failed in Flat's own forward, which received "
+                                           r"input\[0\] 2x4 float32, after 'a' had run: RuntimeError"):
+        diff(Flat(), Flat(), torch.randn(2, 4))
+    # the root not selected: still named, with the model's own inputs
+    with pytest.raises(ForwardError, match=r"failed in Flat's own forward, which received input\[0\] 2x4"):
+        diff(Flat(), Flat(), torch.randn(2, 4), layers="a")
+    wide = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    narrow = nn.Sequential(nn.Linear(4, 4), nn.Linear(5, 4))
+    with pytest.raises(ForwardError, match=r"^run B: the forward pass failed in '1' \(Linear\), which "
+                                           r"received input\[0\] 2x4 float32, after '0' had run"):
+        diff(wide, narrow, torch.randn(2, 4))
+    assert no_hooks(wide) and no_hooks(narrow)
+
+
+def test_lookups_and_membership_agree():
+    # issue 10: "0" in d was False while d["0"] worked; a miss is a RecordError (a KeyError)
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    d = diff(net, net, torch.ones(1, 2))
+    assert "0" in d and "" in d and "1" in d and d["0"][0].name == "0"
+    assert "2" not in d and 0 not in d and d.rows[0] not in d
+    with pytest.raises(RecordError, match=r"no layer '2' in this result") as info:
+        d["2"]
+    assert isinstance(info.value, KeyError) and isinstance(info.value, HookscopeError)
+    with pytest.raises(KeyError, match="Did you mean"):
+        diff(TinyResNet(), TinyResNet(), torch.randn(1, 3, 32, 32), layers="stem.*")["stem.00"]
+
+
+def test_result_protocol():
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    d = diff(net, net, torch.ones(1, 2), b=settings(autocast=torch.bfloat16))
+    assert str(d) == d.table() and d.rows[0].name == "0"
+    assert json.loads(d.to_json()) == d.to_dict() == json.loads(d.to_json(indent=2))
+    assert "\n" not in d.to_json() and "\n" in d.to_json(2)
+    assert d.to_dict()["rows"][0]["dtype_b"] == "bfloat16"
 
 
 def test_bad_arguments():
@@ -370,7 +440,7 @@ def test_tiny_resnet_against_itself_covers_every_module():
 # --- the CPU fast path against the general one ----------------------------------------------------
 @pytest.mark.parametrize("case", ["noise", "bfloat16", "near", "layouts", "float64", "int", "empty"])
 def test_cpu_fast_comparison_equals_the_general_one(case):
-    from hookscope.analysis.diff import _device_stats, _host_stats
+    from hookscope.analysis.diff._compare import _device_stats, _host_stats
     from hookscope._memory import Scratch
 
     g = torch.Generator().manual_seed(0)
@@ -505,6 +575,39 @@ def test_an_output_that_is_a_buffer_written_in_place():
     assert m[0].mem.abs().max().item() == 0  # put back afterwards
 
 
+class Reader(nn.Module):
+    """Returns a buffer of another module that it reaches through a plain dict."""
+
+    def __init__(self, source: dict) -> None:
+        super().__init__()
+        self.source = source
+
+    def forward(self, x):
+        return self.source["mem"]
+
+
+class SharedBank(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mem", torch.zeros(4096, 128))  # 2 MiB
+        self.read = Reader({})
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, x):
+        self.mem.mul_(0.9).add_(0.1 * x)
+        self.read.source["mem"] = self.mem
+        return self.head(self.read(x))
+
+
+def test_an_output_that_is_another_modules_buffer():
+    # run A's record of `read` is the parent's buffer itself: putting the buffer back, and run B,
+    # write there, so the record gets its own copy before run A's capture closes
+    m = SharedBank().eval()
+    d = diff(m, m, torch.randn(4096, 128))
+    assert d.first is None and d["read"][0].max_abs == 0
+    assert m.mem.abs().max().item() == 0 and no_hooks(m)
+
+
 class Picky(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -537,7 +640,7 @@ def test_a_call_that_raises_and_is_caught_by_the_model():
 
 
 def test_rng_helper_shared_with_summary():
-    from hookscope._rng import kept_rng, rng_devices
+    from hookscope.core.state import kept_rng, rng_devices
 
     if not torch.cuda.is_initialized():  # then every CUDA generator is kept too
         assert rng_devices([torch.zeros(1), torch.zeros(1, device="meta")]) == ([], None)

@@ -6,7 +6,7 @@ import torch
 from conftest import no_hooks
 from torch import nn
 
-from hookscope import HookscopeError
+from hookscope import HookscopeError, RecordError
 from hookscope.analysis.gradflow import gradient_flow
 from hookscope.analysis.stats import trace
 
@@ -58,6 +58,29 @@ def test_table_and_json():
     assert lines[-1] == "vanishing (< 1e-07): 0, 2; exploding (> 1000): 1"
     data = json.loads(flow.to_json())
     assert data["vanish"] == 1e-7 and data["layers"][1]["param_norm"] == pytest.approx(2000.0)
+
+
+def test_result_protocol_lookups_and_non_finite_json():
+    # issue 10: one result protocol (table/str, to_dict, to_json round-trip) and checked lookups
+    m = chain()
+    m(torch.tensor([[2000.0, 0.0]])).sum().backward()
+    flow = gradient_flow(m, explode=math.inf)
+    assert str(flow) == flow.table() and flow["1"].param_norm == pytest.approx(2000.0)
+    assert "1" in flow and "" not in flow and 1 not in flow
+    with pytest.raises(RecordError, match=r"no layer '01' in this result. Did you mean") as info:
+        flow["01"]
+    assert isinstance(info.value, KeyError)
+    data = json.loads(flow.to_json())
+    assert data["explode"] == "inf" and data["layers"] == json.loads(flow.to_json(indent=2))["layers"]
+    assert data["layers"][1] == {"module": "1", "type": "Linear", "params": 2,
+                                 "param_norm": pytest.approx(2000.0), "act_norm": None, "flag": "ok"}
+    with pytest.warns(DeprecationWarning, match="to_dict"):
+        assert flow.to_dicts() == flow.to_dict()["layers"]
+    with torch.no_grad():
+        m[0].weight.grad[0, 0] = math.nan
+    flow = gradient_flow(m)
+    assert json.loads(flow.to_json())["layers"][0]["param_norm"] == "nan"
+    assert flow.table().splitlines()[2].split() == ["0", "Linear", "4", "nan", "-", "non-finite"]
 
 
 def test_root_parameters_frozen_unused_and_non_finite_layers():

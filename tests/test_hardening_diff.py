@@ -365,7 +365,7 @@ def test_data_parallel_against_the_plain_model():
 
 
 def test_inputs_follow_each_model_to_its_device():
-    from hookscope.analysis.diff import _fresh_inputs
+    from hookscope.analysis.diff._run import fresh_inputs as _fresh_inputs
 
     x = torch.randn(2, 4, requires_grad=True)
     with torch.device("meta"):

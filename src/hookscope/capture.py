@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -13,7 +12,7 @@ from torch import nn
 
 from ._tree import tensors, tree_map
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
-from .core.guard import FAST_PATH_TYPES, Slot, guardable, plain_output, release, settle_inputs, storage_key
+from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, ThreadScope
 from .errors import HookscopeError, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
@@ -199,7 +198,7 @@ class Capture(Recording):
                 return None
             stack = open_calls.get(threading.get_ident())
             call = stack.pop() if stack else self._add(name)  # began before the capture opened
-            new = self._record_output(call, output, _held_by(module, args))
+            new = self._record_output(call, output, held_by(module, args))
             if self.stop:
                 self._remaining.discard(name)
                 if not self._remaining:
@@ -275,20 +274,6 @@ class Capture(Recording):
                 self._group.add(a.register_hook(self._grad_setter(grads, i, where, leaves[i])))
                 call.watch_input(a)
         return new_args
-
-
-def _held_by(module: nn.Module, args: tuple[Any, ...]) -> Any:
-    """The memory a module's caller and the module itself hold plain references to, computed only
-    when asked (for an output large enough to be watched rather than copied)."""
-    found: list[set[int]] = []
-
-    def held() -> set[int]:
-        if not found:
-            own = itertools.chain(tensors(args), module.parameters(), module.buffers())
-            found.append({storage_key(t) for t in own if guardable(t)})
-        return found[0]
-
-    return held
 
 
 def boundary_modules(model: nn.Module) -> list[nn.Module]:

@@ -107,7 +107,7 @@ class Retention:
         """Whether :meth:`keep` may hand the model guarded aliases at all."""
         return self.guard and self.copy != "always"
 
-    def guards(self, t: torch.Tensor) -> bool:
+    def guards(self, t: torch.Tensor, held: Callable[[], set[int]] | None = None) -> bool:
         """Whether :meth:`keep` hands the model a guarded alias of ``t`` (rather than ``t`` itself).
 
         A run compared with a recorded one must see the same kind of tensors: a guarded alias (and
@@ -115,7 +115,7 @@ class Retention:
         """
         if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
                 and guardable(t):
-            return t.numel() * t.element_size() >= COPY_BELOW
+            return t.numel() * t.element_size() >= COPY_BELOW and (held is None or storage_key(t) not in held())
         if self.device is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and t.is_floating_point() else None
             target = torch.device(self.device) if self.device is not None else t.device
@@ -278,6 +278,11 @@ class CallRecord:
         if not args:
             raise RecordError(f"{self.name!r} was called with keyword arguments only; read .kwargs")
         return args[0]
+
+    @property
+    def returned(self) -> bool:
+        """Whether the call returned (``False`` while it runs, or if it raised)."""
+        return self._output is not RAISED
 
     @property
     def output(self) -> Any:

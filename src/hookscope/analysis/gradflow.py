@@ -8,8 +8,8 @@ and read back with one copy per device.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .._json import json_rows
+from ..core.result import Result, missing
+from ..core.text import num, table
 from ..errors import HookscopeError
 from ..selection import Selector, layers, unwrap
 
@@ -58,8 +59,23 @@ class FlowRow:
     flag: str
 
 
-class GradientFlow:
-    """Per-layer gradient norms in ``named_modules()`` order; build it with :func:`gradient_flow`."""
+def _norm_text(v: float | None) -> str:
+    return "nan" if v is not None and math.isnan(v) else num(v)  # a NaN norm is news, not a gap
+
+
+class GradientFlow(Result):
+    """Per-layer gradient norms in ``named_modules()`` order; build it with :func:`gradient_flow`.
+
+    ``flow.rows`` holds one :class:`FlowRow` per layer; ``flow["name"]`` is one of them (a
+    :class:`~hookscope.RecordError` naming the closest layers if there is none).
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
+        >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
+        >>> flow = gradient_flow(net)
+        >>> flow["0"].param_norm, "0" in flow, "1" in flow
+        (5.0, True, False)
+    """
 
     def __init__(self, rows: list[FlowRow], vanish: float, explode: float) -> None:
         self.rows = rows
@@ -91,32 +107,40 @@ class GradientFlow:
         """
         return [r.module for r in self.rows if r.flag in ("exploding", "non-finite")]
 
-    def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts.
+    def __getitem__(self, name: str) -> FlowRow:
+        """The row of one layer, by its qualified name (``""`` for the model itself)."""
+        for r in self.rows:
+            if r.module == name:
+                return r
+        raise missing(name, "layer", (r.module for r in self.rows))
+
+    def __contains__(self, name: object) -> bool:
+        return any(r.module == name for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The thresholds and the rows as plain data (``to_json()`` writes NaN and infinities as strings).
 
         Example:
             >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
             >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
-            >>> gradient_flow(net).to_dicts()[0]["param_norm"]
+            >>> gradient_flow(net).to_dict()["layers"][0]["param_norm"]
             5.0
-        """
-        return [dataclasses.asdict(r) for r in self.rows]
-
-    def to_json(self, *, indent: int | None = None) -> str:
-        """JSON with the thresholds and the rows; NaN and infinities as strings.
-
-        Example:
-            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
-            >>> net(torch.tensor([[3.0, 4.0]])).sum().backward()
             >>> print(gradient_flow(net).to_json())
             {"vanish": 1e-07, "explode": 1000.0, "layers": [{"module": "0", "type": "Linear", "params": 2, "param_norm": 5.0, "act_norm": null, "flag": "ok"}]}
         """
-        rows = json_rows(self.rows)
-        return json.dumps({"vanish": self.vanish, "explode": self.explode, "layers": rows},
-                          indent=indent, allow_nan=False)
+        return {"vanish": self.vanish, "explode": self.explode,
+                "layers": [dataclasses.asdict(r) for r in self.rows]}
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts: ``to_dict()["layers"]``, the name every result now uses.
+
+        Deprecated: warns, and goes in a later release.
+        """
+        warnings.warn("GradientFlow.to_dicts() is now to_dict()['layers']", DeprecationWarning, stacklevel=2)
+        return [dataclasses.asdict(r) for r in self.rows]
 
     def table(self) -> str:
-        """A text table for people.
+        """A text table for people (also ``str(flow)``).
 
         Example:
             >>> net = torch.nn.Sequential(torch.nn.Linear(2, 1, bias=False))
@@ -127,17 +151,10 @@ class GradientFlow:
             0       Linear       2              5              -  ok
             vanishing (< 1e-07): none; exploding (> 1000): none
         """
-        def num(v: float | None) -> str:
-            return "-" if v is None else f"{v:.4g}"
-
         head = ["module", "type", "params", "|grad params|", "|grad output|", "flag"]
-        body = [[r.module or "(root)", r.type, str(r.params), num(r.param_norm), num(r.act_norm),
-                 r.flag] for r in self.rows]
-        widths = [max(len(c) for c in col) for col in zip(head, *body)]
-        lines = ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-                 for line in [head, *body]]
-        lines.insert(1, "-" * len(lines[0]))
+        body = [[r.module or "(root)", r.type, str(r.params), _norm_text(r.param_norm),
+                 _norm_text(r.act_norm), r.flag] for r in self.rows]
+        lines = table(head, body, left={0, 1, 5})
         lines.append(f"vanishing (< {self.vanish:g}): {', '.join(self.vanishing) or 'none'}; "
                      f"exploding (> {self.explode:g}): {', '.join(self.exploding) or 'none'}")
         return "\n".join(lines)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     x = example_input(args.model, args.input, args.seed)
     result = diff(model_a, model_b, x, layers=args.layers, a=_setting(args, "a"), b=_setting(args, "b"),
                   rtol=args.rtol, atol=args.atol, seed=args.seed)
-    print(result.to_json() if args.json else result.table(only_diverging=args.only_diverging))
+    print(result.to_json(indent=2) if args.json else result.table(only_diverging=args.only_diverging))
     if not result.rows:  # "no divergence" would claim what was never checked
         raise HookscopeError(
             "nothing was compared: no selected module returned a tensor or a number in either run; "

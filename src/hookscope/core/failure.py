@@ -27,9 +27,16 @@ def received(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, limit:
     """
     found = [(f"input[{i}]{p}", t) for i, a in enumerate(args) for p, t in paths(a)]
     found += [(f"input.{k}{p}", t) for k, v in (kwargs or {}).items() for p, t in paths(v)]
-    shown = [f"{p} {shape_text(tuple(t.shape))} {str(t.dtype).replace('torch.', '')}" for p, t in found[:limit]]
+    shown = [f"{p} {_describe(t)}" for p, t in found[:limit]]
     more = f", ... ({len(found)} tensors)" if len(found) > limit else ""
     return ", ".join(shown) + more if shown else "no tensor"
+
+
+def _describe(t: torch.Tensor) -> str:
+    dtype = str(t.dtype).replace("torch.", "")
+    if t.is_nested:  # a nested tensor has no single shape
+        return f"nested tensor of {t.size(0)} {dtype}"
+    return f"{shape_text(tuple(t.shape))} {dtype}"
 
 
 def module_label(name: str, module: torch.nn.Module, model_name: str = "") -> str:

@@ -13,19 +13,21 @@ resnet18, batch 1, on the CPU before copying anything; this subclass costs only 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from .._tree import tree_map
+from .._tree import tensors, tree_map
 from ..errors import MutationError
 
 __all__ = ["Slot", "Guarded", "protect", "release", "plain", "guardable", "settle", "settle_inputs",
            "FAST_PATH_TYPES", "plain_output",
-           "storage_key"]
+           "storage_key", "held_by"]
 
 _INPLACE_DUNDERS = frozenset(
     f"__i{op}__"
@@ -122,6 +124,21 @@ def _key(t: torch.Tensor) -> int:
 def storage_key(t: torch.Tensor) -> int:
     """What records are filed under: the address of ``t``'s memory (its storage's data pointer)."""
     return _key(t)
+
+
+def held_by(module: torch.nn.Module, args: tuple[Any, ...]) -> Callable[[], set[int]]:
+    """The memory a module's caller and the module itself hold plain references to (its inputs,
+    parameters and buffers), as a function computed once, only when asked: a record on that memory
+    cannot be guarded, since writes through those references never reach an alias."""
+    found: list[set[int]] = []
+
+    def held() -> set[int]:
+        if not found:
+            own = itertools.chain(tensors(args), module.parameters(), module.buffers())
+            found.append({_key(t) for t in own if guardable(t)})
+        return found[0]
+
+    return held
 
 
 def guardable(t: torch.Tensor) -> bool:
@@ -263,7 +280,7 @@ def _hand_over_key(key: int, where: str) -> None:
         s.before_handover(where)
 
 
-def settle(t: Any, where: str, *, escape: bool = False) -> Any:
+def settle(t: Any, where: str, *, escape: bool = False, memo: dict[int, Any] | None = None) -> Any:
     """``t`` (any nested value) made plain for code hookscope cannot watch; records on it copied first.
 
     For a boundary such as the model's caller, a compiled graph (which refuses tensor subclasses)
@@ -272,17 +289,20 @@ def settle(t: Any, where: str, *, escape: bool = False) -> Any:
     ``copy="auto"``; under ``copy="never"`` the version counter still tells a later write, or, with
     ``escape=True`` (numpy, DLPack: writes no counter sees), the record is marked unverifiable.
     """
+    memo = {} if memo is None else memo  # one tensor passed twice stays one (MHA's query is key)
     if isinstance(t, torch.Tensor):
-        if _registry and guardable(t):
-            key = _key(t)
-            if key in _registry:
-                _settle_key(key, where, escape=True) if escape else _hand_over_key(key, where)
-        return plain(t)
+        if id(t) not in memo:
+            if _registry and guardable(t):
+                key = _key(t)
+                if key in _registry:
+                    _settle_key(key, where, escape=True) if escape else _hand_over_key(key, where)
+            memo[id(t)] = plain(t)
+        return memo[id(t)]
     if isinstance(t, (tuple, list)) and not hasattr(t, "_fields"):
-        new = [settle(x, where, escape=escape) for x in t]
+        new = [settle(x, where, escape=escape, memo=memo) for x in t]
         return t if all(a is b for a, b in zip(new, t)) else type(t)(new)
     if isinstance(t, dict):
-        out = {k: settle(v, where, escape=escape) for k, v in t.items()}
+        out = {k: settle(v, where, escape=escape, memo=memo) for k, v in t.items()}
         return t if all(out[k] is t[k] for k in t) else out
     return t
 
@@ -318,7 +338,8 @@ def settle_inputs(
         return None
     kwargs = kwargs or {}
     where = f"the input of {type(module).__name__} (a compiled graph or a native fast path)"
-    new_args, new_kwargs = settle(args, where), settle(kwargs, where)
+    memo: dict[int, Any] = {}
+    new_args, new_kwargs = settle(args, where, memo=memo), settle(kwargs, where, memo=memo)
     return None if new_args is args and new_kwargs is kwargs else (new_args, new_kwargs)
 
 

@@ -87,6 +87,7 @@ def restored(
     buffers: bool | None = None,
     rng: RngDevices | None = None,
     seed: int | None = None,
+    keep_rng: bool = True,
 ) -> Iterator[None]:
     """Inside: ``model`` in the mode asked; after: every flag, buffer and generator as before.
 
@@ -98,6 +99,8 @@ def restored(
             when some module runs in training mode (where BatchNorm updates its statistics).
         rng: the generators to keep (:func:`rng_devices`); ``None``: the CPU generator only.
         seed: start the block's random stream from this seed (the caller's stream is kept).
+        keep_rng: ``False`` lets the block's draws advance the caller's stream (as a plain call
+            of the model would); ``seed`` is then not allowed.
 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.BatchNorm1d(2)).eval()
@@ -111,8 +114,10 @@ def restored(
         model.train(train)
     saving = buffers if buffers is not None else any(m.training for m in model.modules())
     saved = _snapshot(model) if saving else []
+    if seed is not None and not keep_rng:
+        raise ValueError("restored(seed=...) needs keep_rng=True: a seeded block keeps the caller's stream")
     try:
-        with kept_rng(rng or ([], None), seed=seed):
+        with kept_rng(rng or ([], None), seed=seed) if keep_rng else contextlib.nullcontext():
             yield
     finally:
         for m, flag in flags:

@@ -1,0 +1,118 @@
+"""Compare two runs layer by layer: two models with the same layer names, or one model twice.
+
+Run A is recorded with :func:`hookscope.capture` (so in-place ops cannot rewrite what was kept);
+run B keeps nothing: each of its outputs is compared with the same call of run A inside the hook,
+as it is produced. Every module both models have is compared call by call and tensor by tensor on
+the tensors' device, and the statistics reach the host in one transfer per device at the end.
+
+Laid out by concern: ``_arguments`` checks every argument and ``_match`` picks the modules before
+anything runs; ``_settings`` says how a run is made; ``_run`` runs one side and puts the model back;
+``_compare`` pairs and measures the outputs; ``_result`` holds :class:`Diff` and its text and JSON.
+Must not import: any other analysis module, ``cli``, ``viz``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._tree import tensors
+from ...core.state import rng_devices
+from ...errors import HookscopeError
+from ...selection import Selector, check_hookable
+from ._arguments import check_models, check_run_args, tolerance
+from ._compare import ATOL, RTOL, Streamed
+from ._match import matched
+from ._result import Diff, DiffRow, Unmatched
+from ._run import Shared, record
+from ._settings import RunSetting, Settings, as_settings, describe_run, settings
+
+__all__ = ["diff", "Diff", "DiffRow", "Settings", "settings", "Unmatched", "RTOL", "ATOL"]
+
+
+def diff(
+    model_a: nn.Module,
+    model_b: nn.Module,
+    *inputs: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    layers: Selector | Sequence[Selector] | None = None,
+    a: RunSetting = None,
+    b: RunSetting = None,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    seed: int | None = 0,
+    no_grad: bool = True,
+    copy: str | None = None,
+    device: torch.device | str | None = None,
+) -> Diff:
+    """Run the same inputs through two models (or one model twice) and compare every layer's output.
+
+    Modules are matched by qualified name (of the unwrapped models: DataParallel, DDP and
+    ``torch.compile`` are seen through); each call of a module called several times is compared
+    with the same call of the other run, and every tensor (and Python number) of a nested output
+    (tuple, dict, dataclass...) with the one at the same place in the other run (dict keys by name;
+    ``None`` in different places is a ``"structure"`` row). Names that only one model has are
+    listed in ``Diff.unmatched``. NaN and infinities agree where both runs have the same one at the
+    same place (counted in ``DiffRow.nan`` / ``.inf``, left out of the error numbers); a NaN in one
+    run only is a divergence. A compiled model (``torch.compile(model)``, ``model.compile()`` or a
+    compiled submodule) is re-traced with the comparison's hooks, even if it already ran, and runs
+    its own compiled code again afterwards. Every argument is checked before anything runs.
+
+    Both runs get their own copy of the inputs (moved to a model's device when the model is on one
+    device and the inputs all on another), run under ``torch.no_grad()`` (unless
+    ``no_grad=False``) and start from the same RNG state (``torch.manual_seed(seed)``, so dropout
+    draws the same masks if both runs draw random numbers in the same order); the caller's RNG
+    state, every module's train/eval flag and every buffer (BatchNorm's running statistics) are
+    restored afterwards. A forward pass that fails raises :class:`~hookscope.ForwardError`
+    ("run B: the forward pass failed in 'fc' (Linear), which received ...").
+
+    Args:
+        model_a, model_b: the two models; pass the same model twice to compare two settings, or
+            ``torch.compile(model)`` as ``model_b`` to compare eager with compiled.
+        *inputs: positional inputs of the forward pass, shared by both runs.
+        kwargs: keyword inputs of the forward pass.
+        layers: selectors (see :func:`hookscope.layers`) of the modules to compare; default: every
+            module and the model itself (its output is the row named ``""``).
+        a, b: how each run is made: :func:`settings` (``train=``, ``autocast=``, ``context=``) or a
+            function that returns a context manager.
+        rtol, atol: an output diverges where ``|a - b| > atol + rtol * |b|`` anywhere (B is the
+            reference); finite numbers >= 0; defaults: ``torch.testing``'s float32 tolerances.
+        seed: the seed both runs start from (an int); ``None`` leaves the RNG alone.
+        no_grad: run without autograd (default); ``False`` to compare a grad-mode forward pass.
+        copy, device: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
+            compared as they are produced and not kept). ``copy`` defaults to ``"auto"``, and to
+            ``"always"`` for a ``torch.compile``'d model; ``device="cpu"`` moves every recorded
+            output off the accelerator as it is produced.
+
+    Returns:
+        A :class:`Diff`: ``.rows``, ``.first`` (first divergent output or ``None``),
+        ``.unmatched``, ``d["name"]``, ``.table()``, ``.to_dict()``, ``.to_json()``.
+
+    Example:
+        >>> import torch, hookscope
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).eval()
+        >>> d = diff(net, net, torch.randn(2, 4), b=settings(train=True))
+        >>> d.first.name, d["0"][0].max_abs
+        ('1', 0.0)
+    """
+    check_models(model_a, model_b)
+    if not inputs and not kwargs:
+        raise HookscopeError("diff needs the inputs both runs share: diff(model_a, model_b, x)")
+    rtol, atol = tolerance("rtol", rtol), tolerance("atol", atol)
+    check_run_args(kwargs, seed, no_grad, copy, device)
+    set_a, set_b = as_settings(a, "a"), as_settings(b, "b")
+    targets_a, targets_b, unmatched = matched(model_a, model_b, layers)
+    check_hookable(targets_a)
+    check_hookable(targets_b)
+    kw = dict(kwargs or {})
+    rng = rng_devices([*model_a.parameters(), *model_b.parameters(), *tensors((inputs, kw))])
+    shared = Shared(inputs, kw, seed, rng, no_grad, copy, device)
+    run_a = record(model_a, targets_a, set_a, shared, label="A")
+    assert run_a.rec is not None  # run A is recorded
+    streamed = Streamed(run_a.rec, rtol, atol)
+    run_b = record(model_b, targets_b, set_b, shared, label="B", on_output=streamed)
+    return Diff(streamed.rows(run_a.done, run_b.done), unmatched, rtol=rtol, atol=atol,
+                run_a=describe_run(model_a, set_a), run_b=describe_run(model_b, set_b))

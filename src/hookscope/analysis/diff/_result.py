@@ -1,0 +1,270 @@
+"""What :func:`~hookscope.diff` reports: one :class:`DiffRow` per compared output, gathered in a
+:class:`Diff` that renders itself as a table or JSON. Nothing here runs a model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ...core.result import Result, jsonable, missing
+from ...core.text import shape_text, table
+
+__all__ = ["DiffRow", "Unmatched", "Diff", "OK", "DIFFERS", "SHAPE", "STRUCTURE", "MISSING_A", "MISSING_B"]
+
+OK, DIFFERS, SHAPE, STRUCTURE = "ok", "differs", "shape", "structure"
+MISSING_A, MISSING_B = "missing in A", "missing in B"
+
+
+@dataclass(frozen=True)
+class DiffRow:
+    """The comparison of one output tensor of one call of one module, run A against run B.
+
+    ``max_rel`` is ``max|a - b| / max|b|`` (the error relative to B's largest magnitude): 0 when the
+    tensors are equal, ``inf`` when B is all zeros and A is not. ``cosine`` is computed on the
+    flattened tensors in float64; it is 1 for equal tensors (also all-zero ones) and 0 when exactly
+    one of them is all zeros. ``mismatched`` counts the elements where ``|a - b| > atol + rtol*|b|``
+    (as ``torch.isclose``: equal infinities agree, an infinity against a finite value does not).
+
+    Non-finite values are matched by place: a NaN in both runs at the same place agrees (counted in
+    ``nan``), and so does the same infinity (counted in ``inf``); these places are left out of
+    ``max_abs``, ``max_rel`` and ``cosine``, which stay finite numbers. A NaN in one run only is a
+    mismatch, counted in ``nan_a_only`` / ``nan_b_only`` and also left out of the three numbers.
+    ``status`` is ``"ok"``, ``"differs"`` (beyond tolerance, or NaN in different places), ``"shape"``,
+    ``"structure"`` (the outputs are not built alike: ``note`` says how), ``"missing in A"`` or
+    ``"missing in B"`` (a call that happened in one run only). ``path`` locates the tensor inside a
+    nested output (``"[0]"``, ``"['logits']"``, ``".hidden"``; ``""`` for a plain tensor); Python
+    numbers in an output are compared as values too.
+
+    Example:
+        >>> DiffRow("fc", 0, 0, "shape", (2, 4), (2, 5)).diverges
+        True
+    """
+
+    name: str
+    call: int
+    part: int
+    status: str
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    max_abs: float = math.nan
+    max_rel: float = math.nan
+    cosine: float = math.nan
+    mismatched: int = 0
+    numel: int = 0
+    nan: int = 0
+    inf: int = 0
+    nan_a_only: int = 0
+    nan_b_only: int = 0
+    path: str = ""
+    note: str = ""
+
+    @property
+    def diverges(self) -> bool:
+        """True when this output is beyond tolerance, or could not be compared value by value."""
+        return self.status != OK
+
+
+class Unmatched(NamedTuple):
+    """Selected names found in one model only, in that model's ``named_modules()`` order."""
+
+    a_only: tuple[str, ...]
+    b_only: tuple[str, ...]
+
+
+# --- the words and numbers of one row --------------------------------------------------------------
+def _sci(v: float) -> str:
+    """Errors in a fixed scientific form, so that their magnitudes line up in a column."""
+    return f"{v:.2e}" if not math.isnan(v) else "-"
+
+
+def _nan_places(r: DiffRow) -> str:
+    if not (r.nan_a_only or r.nan_b_only):
+        return ""
+    return f"NaN in different places ({r.nan_a_only} in A only, {r.nan_b_only} in B only)"
+
+
+def _status(r: DiffRow) -> str:
+    """The status cell: the verdict, then how non-finite values lined up."""
+    notes = [_nan_places(r)] if r.nan_a_only or r.nan_b_only else []
+    if r.nan or r.inf:
+        same = " and ".join(f"{k} {what}" for k, what in ((r.nan, "NaN"), (r.inf, "Inf")) if k)
+        notes.append(f"{same} at the same places")
+    text = r.status if r.status != DIFFERS else f"DIFFERS ({r.mismatched}/{r.numel})"
+    return "; ".join([text, *notes, *([r.note] if r.note else [])])
+
+
+def _what(f: DiffRow) -> str:
+    """What is wrong with the first divergent row, in words."""
+    if f.status == DIFFERS:
+        beyond = f.mismatched - f.nan_a_only - f.nan_b_only
+        said = [f"{beyond} of {f.numel} elements beyond tolerance, max abs {f.max_abs:.3e}"] if beyond else []
+        return ", ".join([*said, _nan_places(f)] if f.nan_a_only or f.nan_b_only else said) or f.status
+    if f.status == SHAPE:
+        return f"shape {shape_text(f.shape_a)} in A, {shape_text(f.shape_b)} in B"
+    if f.status == STRUCTURE:
+        return f"structure: {f.note}"
+    return f.status
+
+
+def _pair(a: str | None, b: str | None) -> str:
+    """One value when both runs agree (or B has none), else ``"a / b"``."""
+    return a or "-" if a == b or b is None else f"{a or '-'} / {b}"
+
+
+def _cells(r: DiffRow, label: str) -> list[str]:
+    shapes = _pair(shape_text(r.shape_a), None if r.shape_b is None else shape_text(r.shape_b))
+    cosine = f"{r.cosine:.6f}" if not math.isnan(r.cosine) else "-"
+    return [label, shapes, _pair(r.dtype_a, r.dtype_b), _sci(r.max_abs), _sci(r.max_rel), cosine, _status(r)]
+
+
+class Diff(Result):
+    """The result of :func:`~hookscope.diff`: one :class:`DiffRow` per compared output, in run A's order.
+
+    Rows come in the order the calls of run A finished (a layer's output exists before its parent's),
+    then calls made in run B only. ``first`` is the first row that diverges, or ``None``;
+    ``unmatched`` lists the selected names only one model has. ``d["name"]`` gives every row of one
+    module (each call, each output tensor); ``"name" in d`` says whether it was compared.
+
+    Example:
+        >>> import torch
+        >>> from hookscope import diff, settings
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
+        >>> [r.name for r in d], d.first.name, d["0"][0].dtype_b, "0" in d
+        (['0', '1', ''], '0', 'bfloat16', True)
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[DiffRow],
+        unmatched: Unmatched,
+        *,
+        rtol: float,
+        atol: float,
+        run_a: str,
+        run_b: str,
+    ) -> None:
+        self.rows = tuple(rows)
+        self.unmatched = unmatched
+        self.rtol, self.atol = rtol, atol
+        self.run_a, self.run_b = run_a, run_b
+        self.first: DiffRow | None = next((r for r in self.rows if r.diverges), None)
+        self._by_name: dict[str, list[DiffRow]] = {}
+        for r in self.rows:
+            self._by_name.setdefault(r.name, []).append(r)
+
+    def __getitem__(self, name: str) -> list[DiffRow]:
+        """Every row of one module (each call, each output tensor).
+
+        Example:
+            >>> import torch
+            >>> from hookscope import diff
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+            >>> diff(net, net, torch.ones(1, 2))["O"]
+            Traceback (most recent call last):
+            ...
+            hookscope.errors.RecordError: no layer 'O' in this result. It has: '0', ''.
+        """
+        found = self._by_name.get(name) if isinstance(name, str) else None
+        if not found:
+            raise missing(name, "layer", self._by_name)
+        return list(found)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[DiffRow]:
+        return iter(self.rows)
+
+    def _labels(self) -> list[str]:
+        """Each row's label: the name, ``#call`` for modules called more than once, ``[part]`` for
+        outputs of several tensors."""
+        calls: dict[str, set[int]] = {}
+        parts: dict[tuple[str, int], int] = {}
+        for r in self.rows:
+            calls.setdefault(r.name, set()).add(r.call)
+            parts[(r.name, r.call)] = parts.get((r.name, r.call), 0) + 1
+        labels = []
+        for r in self.rows:
+            label = r.name or "(model)"
+            label += f"#{r.call}" if len(calls[r.name]) > 1 else ""
+            labels.append(label + (f"[{r.part}]" if parts[(r.name, r.call)] > 1 else ""))
+        return labels
+
+    def _verdict(self, labels: list[str]) -> list[str]:
+        """The lines below the table: non-finite agreement, the first divergence, unmatched names."""
+        out = []
+        nan, inf = sum(r.nan for r in self.rows), sum(r.inf for r in self.rows)
+        if nan or inf:
+            out.append(f"non-finite values at the same places in both runs count as equal: {nan} NaN, "
+                       f"{inf} Inf (left out of max abs, max rel and cosine)")
+        if not self.rows:
+            out.append("nothing compared: no selected module returned a tensor or a number in either run")
+        elif self.first is None:
+            out.append("no divergence: every compared output is within tolerance")
+        else:
+            i, f = next((i, r) for i, r in enumerate(self.rows) if r is self.first)
+            out.append(f"first divergence: {labels[i]} (call {f.call}): {_what(f)}")
+        for side, names in (("A", self.unmatched.a_only), ("B", self.unmatched.b_only)):
+            if names:
+                out.append(f"only in {side} ({len(names)}, not compared): {', '.join(names)}")
+        return out
+
+    def table(self, *, only_diverging: bool = False) -> str:
+        """The comparison as a text table, with the first divergence and the unmatched names below.
+
+        Example:
+            >>> import torch
+            >>> from hookscope import diff, settings
+            >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+            >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
+            >>> print(d.table(only_diverging=True).splitlines()[-1])  # doctest: +ELLIPSIS
+            first divergence: 0 (call 0): ... of 8 elements beyond tolerance, max abs ...
+        """
+        labels = self._labels()
+        body = [_cells(r, labels[i]) for i, r in enumerate(self.rows) if r.diverges or not only_diverging]
+        head = ["layer", "shape", "dtype", "max abs", "max rel", "cosine", "status"]
+        out = [
+            f"run A: {self.run_a}",
+            f"run B: {self.run_b}",
+            f"{len(self.rows)} outputs compared; tolerance |a - b| <= {self.atol:g} + {self.rtol:g} * |b|",
+            "",
+            *table(head, body, left={0, 1, 2, 6}, rule="columns"),
+            "",
+        ]
+        return "\n".join(out + self._verdict(labels))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: settings, tolerance, rows, first divergence and unmatched names; shapes as
+        lists and NaN or infinities as the strings ``"nan"``, ``"inf"`` (ready for JSON).
+
+        Example:
+            >>> import torch
+            >>> from hookscope import diff
+            >>> net = torch.nn.Linear(4, 4)
+            >>> data = diff(net, net, torch.ones(2, 4)).to_dict()
+            >>> data["first"], data["rows"][0]["status"], data["rows"][0]["shape_a"]
+            (None, 'ok', [2, 4])
+        """
+        data: dict[str, Any] = jsonable({
+            "run_a": self.run_a,
+            "run_b": self.run_b,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "first": self.first,
+            "rows": self.rows,
+            "unmatched": {"a_only": self.unmatched.a_only, "b_only": self.unmatched.b_only},
+        })
+        return data
+
+    def __repr__(self) -> str:
+        first = "none" if self.first is None else repr(self.first.name)
+        return f"Diff({len(self.rows)} rows, first divergence: {first})"
+
