@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from hookscope import HookscopeError
-from hookscope.cli._load import example_input, load_model, parse_shape
+from hookscope.cli._load import example_input, load_model, parse_shape, trusting_pickles
 from hookscope.zoo import TinyResNet
 
 
@@ -17,7 +17,11 @@ def test_model_specs(tmp_path):
     assert isinstance(load_model(f"{src}:build"), nn.Linear)
     saved = tmp_path / "m.pt"
     torch.save(nn.Sequential(nn.Linear(2, 2)), saved)
-    assert isinstance(load_model(str(saved)), nn.Sequential)
+    assert isinstance(load_model(str(saved), trust_pickle=True), nn.Sequential)
+    with trusting_pickles(True):  # what --trust-pickle sets for every command
+        assert isinstance(load_model(str(saved)), nn.Sequential)
+    with pytest.raises(HookscopeError, match="is a pickled model .*--trust-pickle"):
+        load_model(str(saved))
 
 
 def test_inputs_are_seeded_and_shaped():
@@ -66,12 +70,15 @@ def test_a_class_that_needs_arguments_says_how_to_write_a_factory(tmp_path):
         f"takes none, e.g. def build(): return NeedsArg(hidden=...), and pass {src}:build")
 
 
-def test_an_error_inside_a_constructor_that_takes_no_arguments_is_left_as_it_is(tmp_path):
+def test_an_error_inside_a_constructor_is_one_line_naming_where_it_was_raised(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("import torch\nclass Broken(torch.nn.Module):\n    def __init__(self):\n"
                    "        raise TypeError('a bug in the model')\n")
-    with pytest.raises(TypeError, match="a bug in the model"):
+    with pytest.raises(HookscopeError) as err:
         load_model(f"{src}:Broken")
+    assert str(err.value) == (f"building '{src}:Broken' raised TypeError: a bug in the model ({src}, line 4, "
+                              "in __init__); fix that code (hookscope only called it)")
+    assert isinstance(err.value.__cause__, TypeError)  # the original stays reachable from the API
 
 
 def test_a_file_with_a_syntax_error_is_one_line_with_its_place(tmp_path):
@@ -88,9 +95,14 @@ def test_a_file_with_a_syntax_error_is_one_line_with_its_place(tmp_path):
 def test_corrupt_and_state_dict_files_say_what_a_model_file_must_be(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
+    with pytest.raises(HookscopeError, match=r"bad.pt is not plain weights that torch.load\(weights_only=True\) "
+                                             r"can read \(Unsupported operand \d+\): it is corrupt, or a "
+                                             r"pickled model; .* only with --trust-pickle") as err:
+        load_model(str(bad))
+    assert "\n" not in str(err.value)
     with pytest.raises(HookscopeError, match=r"cannot load .*bad.pt with torch.load \(.*\); MODEL.pt must be "
                                              r"a whole model saved with torch.save\(model\)") as err:
-        load_model(str(bad))
+        load_model(str(bad), trust_pickle=True)
     assert "\n" not in str(err.value)
     weights = tmp_path / "weights.pt"
     torch.save(nn.Linear(2, 2).state_dict(), weights)

@@ -1,9 +1,17 @@
 import csv
+import gc
 import io
 import json
 import math
 import subprocess
 import sys
+import threading
+import weakref
+
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None  # type: ignore[assignment]
 
 import pytest
 import torch
@@ -11,7 +19,9 @@ from conftest import ConvReLU, Net, Structured, no_hooks
 from torch import nn
 
 from hookscope import HookscopeError
+from hookscope.analysis.gradflow import gradient_flow
 from hookscope.analysis.stats import STATS, ForwardError, tensor_stats, trace
+from hookscope.analysis.watch import watch
 from hookscope.cli import main
 from hookscope.zoo import TinyResNet
 
@@ -424,3 +434,208 @@ def test_parameter_gradients_of_selected_modules_are_named_after_their_owner():
     with pytest.raises(KeyError), trace(m, param_grads=True):
         raise KeyError("mine")
     assert param_hooks(m) == 0 and no_hooks(m)
+
+
+# --- threads: a block ended while another thread is inside the model ------------------------------
+class Wait(nn.Module):
+    """Doubles its input; in the thread named "B", once ``block`` is set, waits for ``go`` first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = False
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block and threading.current_thread().name == "B":
+            self.inside.set()
+            assert self.go.wait(30)
+        return x * 2
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.wait, self.l2 = nn.Linear(4, 4), Wait(), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(self.wait(self.l1(x)))
+
+
+def in_thread_b(fn):
+    """Run ``fn`` in a thread named "B"; the list receives its result or the exception it raised."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - the test asserts on it
+            result.append(e)
+
+    thread = threading.Thread(target=run, name="B")
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.parametrize("kind", ["trace", "watch"])
+def test_a_block_ended_while_another_thread_is_between_pre_hooks_breaks_nothing(kind):
+    # PyTorch decides whether a pre-hook takes kwargs when it calls it: one removed in between
+    # used to be called without them, so the other thread's forward raised TypeError
+    net, x = Gated(), torch.randn(3, 4)
+    expected = net(x)
+    at_gate, go = threading.Event(), threading.Event()
+
+    def gate(module, args):
+        if threading.current_thread().name == "B":
+            at_gate.set()
+            assert go.wait(30)
+
+    handle = net.l2.register_forward_pre_hook(gate)  # runs before hookscope's own pre-hook on l2
+    make = trace if kind == "trace" else watch
+    with make(net) as block:
+        thread, result = in_thread_b(lambda: net(x))
+        assert at_gate.wait(30)
+    go.set()
+    thread.join(30)
+    handle.remove()
+    assert not thread.is_alive()
+    assert isinstance(result[0], torch.Tensor), result[0]
+    assert torch.equal(result[0], expected)
+    if kind == "trace":  # what ran before the block ended; nothing of l2, whose call began later
+        assert [(r.module, r.which) for r in block.rows] == [
+            ("l1", "input"), ("l1", "output"), ("wait", "input"), ("wait", "output")]
+        assert block.rows[1].mean == pytest.approx(net.l1(x).mean().item(), rel=1e-6)
+    else:
+        assert block.finite and block.checked == 2  # the outputs of l1 and wait
+    assert no_hooks(net)
+
+
+def test_a_trace_closed_while_another_thread_is_mid_forward_keeps_nothing_alive():
+    net = Gated()
+    net.wait.block = True
+    inputs: list = []
+
+    def forward():
+        x = torch.randn(3, 4, requires_grad=True)
+        inputs.append(weakref.ref(x))
+        out = net(x)
+        out.sum().backward()  # after the block: no hook of the trace may fire
+        return out.detach()
+
+    with trace(net, grads=True, param_grads=True) as t:
+        thread, result = in_thread_b(forward)
+        assert net.wait.inside.wait(30)
+    net.wait.go.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert isinstance(result[0], torch.Tensor), result[0]
+    assert [(r.module, r.which) for r in t.rows] == [("l1", "input"), ("l1", "output"), ("wait", "input")]
+    result.clear()
+    gc.collect()
+    # the input's alias, kept for the call of 'wait' that never returned to the trace, is gone
+    assert inputs[0]() is None
+    assert no_hooks(net) and all(not p._post_accumulate_grad_hooks for p in net.parameters())
+    assert len(t.rows) == 3
+
+
+# --- torch.compile: hooks run eagerly between graph pieces, and take effect after compilation -----
+def _comparable(rows):
+    """Forward rows in order; backward rows in any order (a compiled backward accumulates the
+    gradients of a module's parameters in another order)."""
+    key = [(r.module, r.call, r.phase, r.which, r.path, r.shape, r.dtype) for r in rows]
+    values = [(r.mean, r.std, r.min, r.max, r.absmax, r.zero_frac, r.nan, r.inf) for r in rows]
+    forward = [(k, v) for k, v in zip(key, values) if k[2] == "forward"]
+    backward = sorted((k, v) for k, v in zip(key, values) if k[2] == "backward")
+    return forward + backward
+
+
+def _traced(model, x, flows=None):
+    with trace(model, grads=True, param_grads=True) as t:
+        model(x).sum().backward()
+    if flows is not None:  # gradient_flow reads the .grad of the parameters and the trace's rows
+        flows.extend((r.module, r.type, r.param_norm, r.act_norm, r.flag)
+                     for r in gradient_flow(model, trace=t).rows)
+    for p in model.parameters():
+        p.grad = None
+    return _comparable(t.rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ran_before", [False, True], ids=["not-run-yet", "already-ran"])
+def test_trace_of_a_compiled_model_gives_the_eager_rows(ran_before):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(2, 8)
+    eager_flows: list = []
+    eager = _traced(net, x, eager_flows)
+    compiled = torch.compile(net, backend="aot_eager")
+    if ran_before:  # its graph was compiled without hooks: Dynamo does not re-check them by itself
+        compiled(x).sum().backward()
+        net.zero_grad(set_to_none=True)
+    flows: list = []
+    rows = _traced(compiled, x, flows)
+    assert len(rows) == len(eager) == 15
+    for (key, values), (eager_key, eager_values) in zip(rows, eager):
+        assert key == eager_key
+        assert values == pytest.approx(eager_values, rel=1e-5, abs=1e-6)
+    assert [f[:2] + f[4:] for f in flows] == [f[:2] + f[4:] for f in eager_flows]
+    for got, want in zip(flows, eager_flows):  # norms: None for a module without parameters
+        assert [v is None for v in got[2:4]] == [v is None for v in want[2:4]]
+        norms = [v for v in got[2:4] if v is not None]
+        assert norms == pytest.approx([v for v in want[2:4] if v is not None], rel=1e-5)
+    assert all(f[3] is not None for f in flows)  # activation norms came from the compiled trace
+    assert no_hooks(compiled)
+    # after the block the compiled model runs as before and still agrees with the eager one
+    assert torch.allclose(compiled(x), net(x), atol=1e-6)
+    again = _traced(compiled, x)  # a second block on the same compiled model sees every call again
+    assert [key for key, _ in again] == [key for key, _ in eager]
+    assert no_hooks(compiled)
+
+
+COMPILED_MODEL = """
+import torch
+from torch import nn
+
+
+def eager():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def compiled():
+    return torch.compile(eager())
+"""
+
+
+def _limit_memory() -> None:  # in the child: Dynamo tracing a hook once grew past 19 GB
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(resource is None, reason="resource limits are POSIX only")
+def test_the_cli_on_a_compiled_model_stays_within_memory_and_matches_eager(tmp_path):
+    (tmp_path / "cmodel.py").write_text(COMPILED_MODEL)
+
+    def run(*argv: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "hookscope", *argv, "--input", "2x8"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stdout
+
+    for command in (["trace", "--backward", "--format", "json"], ["watch", "--backward"], ["summary", "--json"]):
+        eager = run(command[0], "cmodel.py:eager", *command[1:])
+        compiled = run(command[0], "cmodel.py:compiled", *command[1:])
+        if command[0] != "trace":
+            assert compiled == eager  # the same summary, the same "all finite: 12 ... checked"
+            continue
+        got, want = _json_rows(compiled), _json_rows(eager)
+        assert len(want) == 11  # 6 forward, 3 grad_output and 2 grad_input rows
+        assert [r[:4] for r in got] == [r[:4] for r in want]
+        for a, b in zip(got, want):
+            assert a[4:] == pytest.approx(b[4:], rel=1e-5, abs=1e-6)
+
+
+def _json_rows(text):
+    rows = json.loads(text)
+    return sorted((r["module"], r["phase"], r["which"], r["path"], r["mean"], r["std"], r["min"], r["max"])
+                  for r in rows)

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -562,3 +563,88 @@ def test_param_totals_on_every_torchvision_classifier(name, monkeypatch):
     # rule, Swin's matmuls and functional F.linear and MaxViT's einsums from the functions they call
     assert s.totals.macs == macs_by_flop_counter(model, x.to("meta"))
     assert not s.totals.macs_partial
+
+
+# --- threads and torch.compile ---------------------------------------------------------------------
+class Hold(nn.Module):
+    """Identity; in the thread named "A" it signals ``inside`` and waits for ``go``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name == "A":
+            self.inside.set()
+            assert self.go.wait(30)
+        return x + 0
+
+
+def _thread(name, fn, result):
+    def run():
+        try:
+            result.append(fn())
+        except BaseException as e:  # noqa: BLE001 - the test asserts on it
+            result.append(e)
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("between", ["pre", "post"])
+def test_a_summary_ending_while_another_thread_is_between_its_hooks_breaks_nothing(between):
+    # PyTorch decides whether a hook takes kwargs when it calls it: one removed in between is called
+    # without them (pre: no kwargs; post: the output in the kwargs' place), which used to raise
+    net, x = nn.Sequential(nn.Linear(4, 4), Hold(), nn.Linear(4, 2)), torch.randn(3, 4)
+    expected = net(x)
+    at_gate, go = threading.Event(), threading.Event()
+
+    def gate(*args):
+        if threading.current_thread().name == "B":
+            at_gate.set()
+            assert go.wait(30)
+
+    # registered before summary's own hooks, so it runs first and holds B there
+    handle = (net[2].register_forward_pre_hook if between == "pre" else net[2].register_forward_hook)(gate)
+    summarised, out = [], []
+    a = _thread("A", lambda: summary(net, x), summarised)
+    assert net[1].inside.wait(30)  # summary's hooks are on the model now
+    b = _thread("B", lambda: net(x), out)
+    assert at_gate.wait(30)
+    net[1].go.set()
+    a.join(30)  # summary is over and its hooks are removed while B is between net[2]'s hooks
+    go.set()
+    b.join(30)
+    handle.remove()
+    assert not a.is_alive() and not b.is_alive()
+    assert isinstance(out[0], torch.Tensor), out[0]
+    assert torch.equal(out[0], expected)
+    assert summarised[0].totals.params == 4 * 4 + 4 + 4 * 2 + 2
+    assert no_hooks(net)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ran_before", [False, True], ids=["not-run-yet", "already-ran"])
+def test_summary_of_a_compiled_model_is_the_eager_summary(ran_before):
+    class Attend(nn.Module):  # a matrix product outside any module with a rule
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.q(x)
+            return torch.relu(q @ q.transpose(-1, -2))
+
+    torch._dynamo.reset()
+    net, x = nn.Sequential(Attend(), nn.Flatten(), nn.Linear(4, 2)), torch.randn(2, 2, 8)
+    eager = summary(net, x)
+    compiled = torch.compile(net, backend="aot_eager")
+    if ran_before:  # compiled without hooks: they must still take effect
+        compiled(x)
+    got = summary(compiled, x)
+    assert got.to_json() == eager.to_json()
+    assert got.totals.macs == 2 * 2 * 8 * 8 + 2 * 2 * 2 * 8 + 2 * 4 * 2  # q, q @ q^T, the last Linear
+    assert [r.name for r in got.rows] == ["", "0", "0.q", "1", "2"]
+    assert no_hooks(compiled)
+    assert torch.allclose(compiled(x), net(x), atol=1e-6)

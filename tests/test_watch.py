@@ -294,3 +294,21 @@ def test_a_failure_in_the_root_forward_is_named_under_watch():
         with watch(m):
             m(torch.randn(1, 5))
     assert no_hooks(m) and param_hooks(m) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ran_before", [False, True], ids=["not-run-yet", "already-ran"])
+def test_watch_of_a_compiled_model_names_the_same_culprit(ran_before):
+    torch._dynamo.reset()
+    m, x = log_model(k=6), -torch.ones(1, 4)
+    with watch(m) as eager:
+        m(x)
+    compiled = torch.compile(m, backend="aot_eager")
+    if ran_before:  # compiled without hooks: they must still take effect
+        compiled(x)
+    with watch(compiled) as w:
+        compiled(x)
+    assert (w.culprit.module, w.culprit.which, w.culprit.nan) == ("6", "output", 4)
+    assert (w.culprit.index, w.culprit.describe()) == (eager.culprit.index, eager.culprit.describe())
+    assert [(r.module, r.mean) for r in w.before] == [(r.module, r.mean) for r in eager.before]
+    assert no_hooks(compiled) and param_hooks(compiled) == 0

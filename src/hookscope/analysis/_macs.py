@@ -23,6 +23,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .._tree import first_tensor
+from ..core.compiled import eager
 
 __all__ = ["own_macs", "has_rule", "ProductCounter"]
 
@@ -237,7 +238,7 @@ class ProductCounter(TorchFunctionMode):
 
     def __init__(self, report: Callable[[str, int | None], None]) -> None:
         super().__init__()
-        self._report = report
+        self._report = eager(report)  # under torch.compile: called at run time, never traced
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:

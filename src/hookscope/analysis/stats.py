@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import itertools
 import json
 import math
 import sys
@@ -30,17 +31,14 @@ from torch import nn
 from .._json import json_rows
 from .._tree import tree_map
 from ..capture import check_hookable
+from ..core.compiled import HookRefresh, eager
 from ..core.hooks import HookGroup
-from ..errors import HookscopeError
+from ..errors import ForwardError, HookscopeError  # one ForwardError for every analysis
 from ..selection import Selector, layers, unwrap
 from ._reduce import STATS, Scratch, tensor_stats
 
-__all__ = ["STATS", "ForwardError", "Recorder", "StatRow", "Trace", "gather", "param_targets", "render", "select",
-           "tensor_stats", "trace"]
-
-
-class ForwardError(HookscopeError, RuntimeError):
-    """The model's forward pass failed inside a traced module (wrong input shape or dtype...)."""
+__all__ = ["STATS", "ForwardError", "Recorder", "StatRow", "Trace", "gather", "param_targets", "refresh_for",
+           "render", "select", "tensor_stats", "trace"]
 
 
 @dataclass(frozen=True)
@@ -232,6 +230,11 @@ class Recorder:
     module (pytorch/pytorch#61519). With ``params``, a post-accumulate-grad hook on each of those
     parameters reads its ``.grad``. The ``root`` model's own forward is always followed (no rows),
     so that a failure in it, outside every selected module, is named too.
+
+    Every module hook runs eagerly (:func:`~hookscope.core.compiled.eager`): under
+    ``torch.compile`` the graph breaks around it instead of Dynamo tracing it. A hook that PyTorch
+    still calls after :meth:`close` (another thread was between a module's hooks when the block
+    ended) does nothing and keeps nothing.
     """
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool,
@@ -266,23 +269,38 @@ class Recorder:
                 kind = type(module).__name__
                 pre, post = self._root_hooks(kind) if name is None else self._hooks(name, kind)
                 self._own_code.update((pre.__code__, post.__code__))
-                self.group.add(module.register_forward_pre_hook(pre, with_kwargs=True))
-                self.group.add(module.register_forward_hook(post, always_call=True))
+                self.group.add(module.register_forward_pre_hook(eager(pre), with_kwargs=True))
+                self.group.add(module.register_forward_hook(eager(post), always_call=True))
             for owner, pname, p in self.params:
                 self.group.add(p.register_post_accumulate_grad_hook(self._param_hook(owner, pname)))
         except BaseException:
             self.group.remove()
             raise
 
+    def close(self) -> None:
+        """Remove every hook and forget the calls still open in any thread. Idempotent."""
+        self.group.remove()  # closed first: a hook running now sees it and keeps nothing
+        self._open.clear()
+        self._root_open.clear()
+
+    def _push(self, stacks: dict[int, list[Any]], entry: Any) -> bool:
+        """Open a call on this thread's stack; False, keeping nothing, if the hooks are removed."""
+        ident = threading.get_ident()
+        stacks.setdefault(ident, []).append(entry)
+        if self.group.closed:  # closed meanwhile by another thread: close() may have cleared already
+            stacks.pop(ident, None)
+            return False
+        return True
+
     def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor) -> None:
-        if self.enabled:
+        if self.enabled and not self.group.closed:
             self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t)))
 
     def _grad_hook(self, name: str, call: int, which: str, path: str) -> Callable[[torch.Tensor], None]:
         return lambda g: self._emit(name, call, "backward", which, path, g)
 
     def _param_hook(self, owner: str, pname: str) -> Callable[[torch.Tensor], None]:
-        counter = iter(range(sys.maxsize))
+        counter = itertools.count()
 
         def hook(p: torch.Tensor) -> None:
             g = p.grad
@@ -303,15 +321,19 @@ class Recorder:
                                    f"{self.last_done or 'no traced module'} had run")
 
     def _root_hooks(self, kind: str) -> tuple[Any, Any]:
-        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            stack = self._root_open.setdefault(threading.get_ident(), [])
-            if not stack:
+        # PyTorch calls a with_kwargs pre-hook removed since its call began without kwargs
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+            if kwargs is None or self.group.closed:
+                return
+            if not self._root_open.get(threading.get_ident()):
                 self.last_done = ""  # a new forward pass: what ran in the one before is not "before"
-            stack.append([(p, t.shape, t.dtype) for p, t in _input_paths(args, kwargs)])
+            self._push(self._root_open, [(p, t.shape, t.dtype) for p, t in _input_paths(args, kwargs)])
 
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             stack = self._root_open.get(threading.get_ident())
             seen = stack.pop() if stack else []
+            if self.group.closed:
+                return
             error = sys.exc_info()[1]
             if output is None and error is not None:  # always_call: the forward raised
                 self._failed(error, f"{kind}'s own forward", seen)
@@ -319,14 +341,17 @@ class Recorder:
         return pre, post
 
     def _hooks(self, name: str, kind: str) -> tuple[Any, Any]:
-        counter = iter(range(sys.maxsize))  # next() is atomic: DataParallel runs replicas in threads
+        counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
         who = f"{name!r} ({kind})" if name else f"{kind}'s own forward"
 
-        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+            if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
+                return None
             call = next(counter)
             aliases: list[tuple[str, torch.Tensor, int]] = []
             seen: list[tuple[str, torch.Size, torch.dtype]] = []  # metadata only: no tensor kept alive
-            self._open.setdefault(threading.get_ident(), []).append((call, aliases, seen))
+            if not self._push(self._open, (call, aliases, seen)):
+                return None
             found = _input_paths(args, kwargs) if self.enabled else []
             seen.extend((p, t.shape, t.dtype) for p, t in found)
             if self.inputs:
@@ -351,6 +376,8 @@ class Recorder:
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             stack = self._open.get(threading.get_ident())
             call, aliases, seen = stack.pop() if stack else (-1, [], [])
+            if self.group.closed:
+                return
             error = sys.exc_info()[1]
             if output is None and error is not None:  # always_call: the forward raised
                 self._failed(error, who, seen)
@@ -437,6 +464,7 @@ class RecorderSession:
     """The lifecycle shared by trace and watch: runs once, hooks removed on exit, errors re-raised."""
 
     _rec: Recorder
+    _refresh: HookRefresh
     _used: bool
     _kind = "trace"
 
@@ -445,6 +473,11 @@ class RecorderSession:
             raise HookscopeError(f"this {self._kind} has already run; call hookscope.{self._kind}(...) again")
         self._used = True
         self._rec.attach()
+        try:
+            self._refresh.open()  # a compiled model that already ran must see the new hooks
+        except BaseException:
+            self._rec.close()
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -461,7 +494,8 @@ class RecorderSession:
             >>> len(net[0]._forward_hooks)
             0
         """
-        self._rec.group.remove()
+        self._rec.close()
+        self._refresh.close()  # after the hooks are gone: the graphs compiled without them are valid
 
     def failed_in(self, exc: BaseException) -> str | None:
         """Where a forward pass in the block raised ``exc``: the module (the innermost traced one,
@@ -494,12 +528,14 @@ class Trace(RecorderSession):
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`."""
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, inputs: bool, grads: bool,
-                 root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = ()) -> None:
+                 root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = (),
+                 model: nn.Module | None = None) -> None:
         self._pending: list[Pending] = []
         self._rows: list[StatRow] = []
         self._lock = threading.Lock()
         self._rec = Recorder(selected, inputs=inputs, grads=grads, sink=self._pending.append,
                              root=root, params=params)
+        self._refresh = refresh_for(model, root, selected)
         self._used = False
 
     @property
@@ -610,6 +646,15 @@ class Trace(RecorderSession):
         return f"Trace({len(self._rec.selected)} modules, {len(self._rows) + len(self._pending)} rows)"
 
 
+def refresh_for(model: nn.Module | None, root: nn.Module | None,
+                selected: list[tuple[str, nn.Module]]) -> HookRefresh:
+    """The :class:`~hookscope.core.compiled.HookRefresh` of the model as the user passed it (with its
+    ``torch.compile`` wrapper), so that hooks added to an already compiled model take effect."""
+    if model is None:
+        model = root if root is not None else nn.ModuleList([m for _, m in selected])
+    return HookRefresh(model)
+
+
 def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
     """Resolve and check selectors; with none, a model without children selects itself.
 
@@ -669,4 +714,4 @@ def trace(model: nn.Module, *selectors: Selector, inputs: bool = True, grads: bo
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
-    return Trace(selected, inputs=inputs, grads=grads, root=inner, params=params)
+    return Trace(selected, inputs=inputs, grads=grads, root=inner, params=params, model=model)

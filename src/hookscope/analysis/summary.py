@@ -21,6 +21,7 @@ from torch.nn.parameter import is_lazy
 from .._rng import kept_rng, rng_devices
 from .._tree import tensors, tree_map
 from ..capture import check_hookable
+from ..core.compiled import HookRefresh, eager
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError, did_you_mean
 from ..selection import layers, unwrap
@@ -254,17 +255,27 @@ class _Call:
         self.activation_bytes = 0
 
 
+_REMOVED: Any = object()  # the output a with_kwargs forward hook gets when it was removed mid-call
+
+
 class _Tracer:
-    """A pre-hook and a hook on every module; calls are listed in the order they start."""
+    """A pre-hook and a hook on every module; calls are listed in the order they start.
+
+    The hooks run eagerly (a graph break under ``torch.compile``, never traced) and do nothing once
+    ``group`` is removed: PyTorch may still call them, without ``kwargs``, in a thread that was
+    between a module's hooks at that moment.
+    """
 
     def __init__(self) -> None:
         self.calls: list[_Call] = []
         self._stacks: dict[int, list[_Call]] = {}  # per thread: DataParallel runs replicas in threads
+        self._group = HookGroup()
 
     def register(self, selected: list[tuple[str, nn.Module]], group: HookGroup) -> None:
+        self._group = group
         for name, module in selected:
-            group.add(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
-            group.add(module.register_forward_hook(self._post(name), with_kwargs=True))
+            group.add(module.register_forward_pre_hook(eager(self._pre(name)), with_kwargs=True))
+            group.add(module.register_forward_hook(eager(self._post(name)), with_kwargs=True))
 
     def open_calls(self) -> list[_Call]:
         return self._stacks.get(threading.get_ident(), [])
@@ -280,7 +291,9 @@ class _Tracer:
             stack[-1].own_macs += macs
 
     def _pre(self, name: str) -> Any:
-        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+            if kwargs is None or self._group.closed:  # removed since this call began
+                return
             stack = self._stacks.setdefault(threading.get_ident(), [])
             if stack:
                 stack[-1].nested += 1
@@ -291,7 +304,9 @@ class _Tracer:
         return pre
 
     def _post(self, name: str) -> Any:
-        def post(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        def post(module: nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _REMOVED) -> None:
+            if output is _REMOVED or self._group.closed:  # removed mid-call: called as (m, args, output)
+                return
             stack = self._stacks.get(threading.get_ident(), [])
             while stack and stack[-1].name != name:
                 stack.pop()  # a call that raised inside a try/except of the model never returned
@@ -450,15 +465,20 @@ def summary(
     tracer = _Tracer()
     saved = _snapshot_buffers(inner)
     group = HookGroup()
+    refresh = HookRefresh(model)  # hooks added to a compiled model that already ran must take effect
     try:
         tracer.register(selected, group)
+        refresh.open()
         # dropout draws from the caller's generators: put back, as if the pass had not run
         with kept_rng(rngs), torch.no_grad(), ProductCounter(tracer.product):
             model(*args, **kw)
+    except HookscopeError:
+        raise
     except Exception as e:
         raise _failure(e, tracer, type(inner).__name__) from e
     finally:
         group.remove()
+        refresh.close()
         _restore_buffers(saved)
     return _assemble(inner, selected, tracer, list(tensors((args, kw))), depth)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import HookscopeError
 from ..selection import Selector, unwrap
-from .stats import Pending, Recorder, RecorderSession, StatRow, gather, param_targets, render, select
+from .stats import Pending, Recorder, RecorderSession, StatRow, gather, param_targets, refresh_for, render, select
 
 __all__ = ["NonFiniteError", "Watch", "watch"]
 
@@ -49,7 +49,7 @@ class Watch(RecorderSession):
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, raise_on_nonfinite: bool, last: int,
                  inputs: bool, root: nn.Module | None = None,
-                 params: list[tuple[str, str, nn.Parameter]] | None = None) -> None:
+                 params: list[tuple[str, str, nn.Parameter]] | None = None, model: nn.Module | None = None) -> None:
         self.raise_on_nonfinite = raise_on_nonfinite
         self.last = last
         self.checked = 0  # records examined so far
@@ -62,6 +62,7 @@ class Watch(RecorderSession):
         self._lock = threading.RLock()
         self._rec = Recorder(selected, inputs=inputs, grads=True, sink=self._take, root=root,
                              params=params or [])
+        self._refresh = refresh_for(model, root, selected)
         self._used = False
 
     def _take(self, event: Pending) -> None:
@@ -230,4 +231,4 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
     return Watch(selected, raise_on_nonfinite=raise_on_nonfinite, last=last, inputs=inputs, root=inner,
-                 params=params)
+                 params=params, model=model)

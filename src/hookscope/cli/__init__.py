@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -36,12 +38,70 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+SECURITY_NOTE = (
+    "Security: MODEL as file.py:ATTR or package.module:ATTR imports and runs that Python code; a "
+    "model file (.pt, .pth) is read with torch.load(weights_only=True), which runs no code, and a "
+    "whole pickled model only with --trust-pickle, which runs any code the file holds."
+)
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text.strip())
+
+
+def _os_error(e: OSError) -> str:
+    """A file that cannot be read or written, in one line: the path and what the system said."""
+    if type(e).__name__ == "UnidentifiedImageError":  # Pillow's "not an image" (an OSError)
+        return f"{e}; give a PNG, JPEG or another image format Pillow reads"
+    where = f"{e.filename}: " if e.filename is not None else ""
+    return f"{where}{e.strerror or e}"
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """An --out that is a folder fails before the model runs, not after (every command with --out)."""
+    out = getattr(args, "out", None)
+    if isinstance(out, str) and os.path.isdir(out):
+        raise HookscopeError(f"cannot write --out {out}: it is a folder; give a file path such as "
+                             f"{os.path.join(out, 'out.png' if args.command == 'cam' else 'out.txt')}")
+
+
+def _run(module: ModuleType, args: argparse.Namespace) -> int:
+    """Run one command; every user mistake becomes one line on stderr and exit status 2."""
+    from ._load import trusting_pickles
+
+    def fail(message: str) -> int:
+        print(f"hookscope {args.command}: error: {_one_line(message)}", file=sys.stderr)
+        return 2
+
+    try:
+        _check_out(args)
+        with trusting_pickles(bool(getattr(args, "trust_pickle", False))):
+            return int(module.run(args) or 0)
+    except HookscopeError as e:
+        return fail(str(e))
+    except BrokenPipeError:  # `hookscope demo | head`
+        sys.stderr.close()
+        return 0
+    except OSError as e:  # a path that cannot be read or written: the environment, not a bug
+        return fail(_os_error(e))
+    except MemoryError as e:
+        return fail(f"out of memory ({_first(e)}); give a smaller --input or --batch")
+    except KeyboardInterrupt:
+        print("hookscope: interrupted", file=sys.stderr)
+        return 130
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hookscope`` console script; returns the exit code."""
     from .. import __version__
 
     parser = _Parser(
-        prog="hookscope", description="See inside and steer any PyTorch model through hooks."
+        prog="hookscope", description="See inside and steer any PyTorch model through hooks.",
+        epilog=SECURITY_NOTE,
     )
     parser.add_argument("--version", action="version", version=f"hookscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -52,17 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    try:
-        return int(commands[args.command].run(args) or 0)
-    except HookscopeError as e:
-        print(f"hookscope {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `hookscope demo | head`
-        sys.stderr.close()
-        return 0
-    except KeyboardInterrupt:
-        print("hookscope: interrupted", file=sys.stderr)
-        return 130
+    return _run(commands[args.command], args)
 
 
 if __name__ == "__main__":

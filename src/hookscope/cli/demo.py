@@ -12,6 +12,7 @@ from ..capture import capture
 from ..core.hooks import hook_count
 from ..errors import HookscopeError
 from ..zoo import TinyResNet
+from ._load import random_input, seed_arg
 
 
 def add_parser(sub: Any) -> None:
@@ -24,7 +25,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("layers", nargs="*", help="layer names or globs (default: every Conv2d and BatchNorm2d)")
     p.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
 
 
 def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise HookscopeError(f"--batch {args.batch} must be at least 1")
     model = TinyResNet(seed=args.seed).eval()
     torch.manual_seed(args.seed)
-    x = torch.randn(args.batch, 3, 32, 32)
+    x = random_input((args.batch, 3, 32, 32), f"--batch {args.batch}", fix="give a smaller --batch")
     selectors: list[Any] = list(args.layers) or [(nn.Conv2d, nn.BatchNorm2d)]
 
     with capture(model, *selectors, keep=("output", "grad_output")) as rec:
