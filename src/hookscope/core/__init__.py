@@ -1,4 +1,10 @@
-"""The hook lifecycle: handle groups and copy-on-write protection of recorded tensors."""
+"""The bottom floor every tool stands on: the hook lifecycle and the plumbing analyses share.
+
+``hooks`` (handle groups, thread scope), ``guard`` (copy-on-write protection of recorded tensors),
+``compiled`` (hooks on ``torch.compile``'d models), ``state`` (run a model and put it back),
+``failure`` (the one-line ForwardError), ``calls`` (per-thread call stacks), ``text`` (tables),
+``result`` (the protocol every result speaks). Nothing here imports from above ``core``.
+"""
 
 from .guard import Guarded, Slot, plain, protect, release
 from .hooks import HookGroup, ThreadScope, hook_count
