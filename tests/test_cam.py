@@ -11,6 +11,7 @@ from torch import nn
 
 import hookscope
 from hookscope import HookscopeError
+from hookscope.errors import ForwardError
 from hookscope.analysis import _cam_methods, cam as cam_module
 from hookscope.analysis.cam import METHODS, cam
 from hookscope.zoo import TinyResNet
@@ -72,16 +73,16 @@ X_HAND = torch.tensor([[[[1.0, -2.0], [3.0, 0.0]]]])
 def test_cam_and_gradcam_by_hand_on_a_gap_linear_model():
     net = GapNet().eval()
     # A0 = relu(x) = [[1, 0], [3, 0]], A1 = relu(-x) = [[0, 2], [0, 0]]; logits (1, 0.5, 1.5) -> class 2
-    res = cam(net, X_HAND, layer="relu", method="cam")
+    res = cam(net, X_HAND, layers="relu", method="cam")
     assert res.targets.tolist() == [2] and torch.allclose(res.scores, torch.tensor([1.5]))
     assert torch.allclose(res.raw["relu"], torch.tensor([[[2.0, -2.0], [6.0, 0.0]]]))  # 2 A0 - A1
     assert torch.allclose(res.maps, torch.tensor([[[0.5, 0.0], [1.0, 0.25]]]))  # (m + 2) / 8
     # d score / d A = W[2] / 4 = (0.5, -0.25) everywhere: relu(0.5 A0 - 0.25 A1)
-    res = cam(net, X_HAND, layer="relu", method="gradcam")
+    res = cam(net, X_HAND, layers="relu", method="gradcam")
     assert torch.allclose(res.raw["relu"], torch.tensor([[[0.5, 0.0], [1.5, 0.0]]]))
     assert torch.allclose(res.maps, torch.tensor([[[1 / 3, 0.0], [1.0, 0.0]]]))
     # class 1 reads channel 1 only
-    res = cam(net, X_HAND, layer="relu", method="cam", target=1)
+    res = cam(net, X_HAND, layers="relu", method="cam", target=1)
     assert torch.allclose(res.raw["relu"], torch.tensor([[[0.0, 2.0], [0.0, 0.0]]]))
     assert no_hooks(net)
 
@@ -96,7 +97,7 @@ def test_cam_and_gradcam_by_hand_on_a_gap_linear_model():
 def test_gradient_methods_by_hand(method, expected):
     net = FlatNet().eval()
     x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]])  # A0 = x, A1 = 1 - x; g = fc row viewed 2x2x2
-    res = cam(net, x, layer="conv", method=method)
+    res = cam(net, x, layers="conv", method=method)
     assert torch.allclose(res.raw["conv"], torch.tensor([expected]), atol=1e-6)
     assert res.targets.tolist() == [0] and res.layers == ["conv"] and res.method == method
     assert no_hooks(net)
@@ -114,7 +115,7 @@ def test_eigencam_matches_an_independent_svd():
         want = np.maximum(X @ v, 0).reshape(4, 3)
         assert np.allclose(got[b].numpy(), want, atol=1e-5)
     net = TinyResNet().eval()
-    res = cam(net, torch.randn(2, 3, 32, 32), layer="layer2", method="eigencam")
+    res = cam(net, torch.randn(2, 3, 32, 32), layers="layer2", method="eigencam")
     assert res.maps.shape == (2, 32, 32) and float(res.maps.amax()) == 1.0
     assert no_hooks(net)
 
@@ -122,13 +123,13 @@ def test_eigencam_matches_an_independent_svd():
 def test_normalisation_and_upsampling_of_maps():
     net = TinyResNet().eval()
     x = torch.randn(3, 3, 32, 32)
-    res = cam(net, x, layer="layer2")
+    res = cam(net, x, layers="layer2")
     up = F.interpolate(res.raw["layer2"][:, None], size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
     lo = up.flatten(1).min(1).values[:, None, None]
     hi = up.flatten(1).max(1).values[:, None, None]
     assert torch.allclose(res.maps, (up - lo) / (hi - lo), atol=1e-6)
     # several layers: each upsampled and normalised, fused by mean (or max), normalised again
-    res2 = cam(net, x, layer=["layer1", "layer2"], fuse="max")
+    res2 = cam(net, x, layers=["layer1", "layer2"], fuse="max")
     parts = []
     for name in ("layer1", "layer2"):
         u = F.interpolate(res2.raw[name][:, None], size=(32, 32), mode="bilinear", align_corners=False)[:, 0]
@@ -138,7 +139,7 @@ def test_normalisation_and_upsampling_of_maps():
     lo, hi = fused.flatten(1).min(1).values[:, None, None], fused.flatten(1).max(1).values[:, None, None]
     assert res2.layers == ["layer1", "layer2"] and torch.allclose(res2.maps, (fused - lo) / (hi - lo), atol=1e-6)
     # a constant map becomes all zeros
-    flat = cam(GapNet().eval(), torch.zeros(1, 1, 2, 2), layer="relu", method="cam", target=0)
+    flat = cam(GapNet().eval(), torch.zeros(1, 1, 2, 2), layers="relu", method="cam", target=0)
     assert torch.equal(flat.maps, torch.zeros(1, 2, 2))
     assert no_hooks(net)
 
@@ -150,9 +151,9 @@ def test_batch_result_equals_per_image_results(method):
     torch.manual_seed(1)
     x = torch.randn(3, 3, 16, 16)
     targets = [1, 7, 3]
-    batch = cam(net, x, layer="layer2", method=method, target=targets)
+    batch = cam(net, x, layers="layer2", method=method, target=targets)
     for i in range(3):
-        one = cam(net, x[i:i + 1], layer="layer2", method=method, target=targets[i])
+        one = cam(net, x[i:i + 1], layers="layer2", method=method, target=targets[i])
         assert torch.allclose(batch.maps[i], one.maps[0], atol=1e-5), method
         assert torch.allclose(batch.raw["layer2"][i], one.raw["layer2"][0], atol=1e-5, rtol=1e-4)
         assert torch.allclose(batch.scores[i], one.scores[0], atol=1e-5)
@@ -168,7 +169,7 @@ def test_no_grad_written_no_hook_left_modes_and_outputs_unchanged(method):
     flags = {n: m.training for n, m in net.named_modules()}
     x = torch.randn(2, 3, 16, 16)
     before = net(x).detach()
-    res = cam(net, x, layer="layer2", method=method)
+    res = cam(net, x, layers="layer2", method=method)
     assert all(p.grad is None for p in net.parameters())
     assert all(p.requires_grad for p in net.parameters())
     assert {n: m.training for n, m in net.named_modules()} == flags
@@ -182,16 +183,16 @@ def test_no_grad_written_no_hook_left_modes_and_outputs_unchanged(method):
 def test_works_under_no_grad_inference_mode_and_on_a_frozen_model():
     net = TinyResNet().eval()
     x = torch.randn(2, 3, 16, 16)
-    ref = cam(net, x, layer="layer2.0.bn2", method="gradcam++")
+    ref = cam(net, x, layers="layer2.0.bn2", method="gradcam++")
     with torch.no_grad():
-        assert torch.allclose(cam(net, x, layer="layer2.0.bn2", method="gradcam++").maps, ref.maps)
+        assert torch.allclose(cam(net, x, layers="layer2.0.bn2", method="gradcam++").maps, ref.maps)
     with torch.inference_mode():
         xi = x.clone()
-        got = cam(net, xi, layer="layer2.0.bn2", method="gradcam++")
+        got = cam(net, xi, layers="layer2.0.bn2", method="gradcam++")
     assert torch.allclose(got.maps, ref.maps)
     for p in net.parameters():
         p.requires_grad_(False)
-    frozen = cam(net, x, layer="layer2.0.bn2", method="gradcam++")
+    frozen = cam(net, x, layers="layer2.0.bn2", method="gradcam++")
     assert torch.allclose(frozen.maps, ref.maps) and torch.allclose(frozen.raw["layer2.0.bn2"], ref.raw["layer2.0.bn2"])
     assert all(p.grad is None and not p.requires_grad for p in net.parameters()) and no_hooks(net)
 
@@ -220,8 +221,8 @@ def _reference_gradcam(model, module, x, cls=None):
 def test_inplace_relu_after_the_target_layer():
     net = ConvInplace().eval()
     x = torch.randn(2, 3, 8, 8)
-    res = cam(net, x, layer="conv")
-    assert (cam_module.cam(net, x, layer="conv", method="eigencam").raw["conv"] >= 0).all()
+    res = cam(net, x, layers="conv")
+    assert (cam_module.cam(net, x, layers="conv", method="eigencam").raw["conv"] >= 0).all()
     assert torch.allclose(res.maps, _reference_gradcam(net, net.conv, x), atol=1e-5)
     # found automatically: the last conv is rewritten in place, so it is run again with a copy
     auto = cam(net, x)
@@ -234,11 +235,11 @@ def test_auto_layer_is_the_last_conv_and_cam_finds_the_pooled_layer():
     x = torch.randn(2, 3, 16, 16)
     auto = cam(net, x)
     assert auto.layers == ["layer2.0.conv2"] and auto.forwards == 1
-    assert torch.allclose(auto.maps, cam(net, x, layer="layer2.0.conv2").maps, atol=1e-6)
+    assert torch.allclose(auto.maps, cam(net, x, layers="layer2.0.conv2").maps, atol=1e-6)
     c = cam(net, x, method="cam")
     assert c.layers == ["layer2"]
     # for a GAP + linear head, CAM = (h w) x Grad-CAM before its ReLU, so after normalisation they agree
-    g = cam(net, x, layer="layer2", method="hirescam")
+    g = cam(net, x, layers="layer2", method="hirescam")
     pos = c.raw["layer2"].clamp(min=0)
     assert torch.allclose(pos / pos.amax((1, 2), keepdim=True), g.raw["layer2"] / g.raw["layer2"].amax((1, 2), keepdim=True), atol=1e-5)
     assert no_hooks(net)
@@ -250,11 +251,11 @@ def test_gradcam_matches_reference_on_resnet18_including_an_inplace_target():
     torch.manual_seed(0)
     net = tv.models.resnet18(weights=None).eval()
     x = torch.randn(2, 3, 224, 224)
-    res = cam(net, x, layer="layer4")
+    res = cam(net, x, layers="layer4")
     assert (res.maps - _reference_gradcam(net, net.layer4, x)).abs().max() < 1e-5
     # layer4.1.bn2 is followed by `out += identity` and an in-place ReLU
     x = torch.randn(2, 3, 64, 64)
-    res = cam(net, x, layer="layer4.1.bn2")
+    res = cam(net, x, layers="layer4.1.bn2")
     assert (res.maps - _reference_gradcam(net, net.layer4[1].bn2, x)).abs().max() < 1e-5
     assert no_hooks(net) and all(p.grad is None for p in net.parameters())
 
@@ -263,10 +264,10 @@ def test_gradcam_matches_reference_on_resnet18_including_an_inplace_target():
 def test_callable_target_structured_output_and_reshape():
     net = TinyResNet().eval()
     x = torch.randn(2, 3, 16, 16)
-    by_index = cam(net, x, layer="layer2", target=3)
-    by_fn = cam(net, x, layer="layer2", target=lambda logits: logits[:, 3])
+    by_index = cam(net, x, layers="layer2", target=3)
+    by_fn = cam(net, x, layers="layer2", target=lambda logits: logits[:, 3])
     assert by_fn.targets is None and torch.allclose(by_fn.maps, by_index.maps)
-    by_numpy = cam(net, x, layer="layer2", target=np.array([3, 3]))
+    by_numpy = cam(net, x, layers="layer2", target=np.array([3, 3]))
     assert by_numpy.targets.tolist() == [3, 3] and torch.equal(by_numpy.maps, by_index.maps)
 
     class Dicty(nn.Module):
@@ -279,8 +280,8 @@ def test_callable_target_structured_output_and_reshape():
 
     wrapped = Dicty().eval()
     with pytest.raises(HookscopeError, match="returns a FakeModelOutput.*output="):
-        cam(wrapped, x, layer="net.layer2", target=3)
-    got = cam(wrapped, x, layer="net.layer2", target=3, output=lambda o: o.logits)
+        cam(wrapped, x, layers="net.layer2", target=3)
+    got = cam(wrapped, x, layers="net.layer2", target=3, output=lambda o: o.logits)
     assert torch.allclose(got.maps, by_index.maps) and no_hooks(wrapped)
 
     class Tokens(nn.Module):  # a ViT-like layer: B x tokens x channels
@@ -296,9 +297,9 @@ def test_callable_target_structured_output_and_reshape():
 
     vit = Tokens().eval()
     with pytest.raises(HookscopeError, match=r"'block'.*\(2, 16, 8\).*reshape="):
-        cam(vit, x, layer="block")
+        cam(vit, x, layers="block")
     assert no_hooks(vit)
-    res = cam(vit, x, layer="block", reshape=lambda t: t.transpose(1, 2).reshape(t.shape[0], -1, 4, 4))
+    res = cam(vit, x, layers="block", reshape=lambda t: t.transpose(1, 2).reshape(t.shape[0], -1, 4, 4))
     # reference: Grad-CAM on the same tokens laid out as a 4 x 4 grid
     kept = []
     h = vit.block.register_forward_hook(lambda m, i, o: kept.append(o))
@@ -331,7 +332,7 @@ class DeadChannels(nn.Module):
 def test_scorecam_sharing_masks_gives_the_map_of_one_forward_per_channel():
     net = DeadChannels().eval()
     x = torch.randn(2, 3, 8, 8)
-    res = cam(net, x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
+    res = cam(net, x, layers="relu", method="scorecam", target=[1, 2], batch_size=3)
     # independently: one forward per (image, channel), masks upsampled then min-max normalised
     with torch.no_grad():
         A = net.relu(net.conv(x))
@@ -363,8 +364,8 @@ def test_scorecam_falls_back_to_contiguous_inputs_for_a_model_that_needs_them():
     x = torch.randn(2, 3, 8, 8)
     with pytest.raises(RuntimeError, match="view"):
         ViewsItsInput()(x.contiguous(memory_format=torch.channels_last))
-    plain = cam(DeadChannels().eval(), x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
-    viewing = cam(ViewsItsInput().eval(), x, layer="relu", method="scorecam", target=[1, 2], batch_size=3)
+    plain = cam(DeadChannels().eval(), x, layers="relu", method="scorecam", target=[1, 2], batch_size=3)
+    viewing = cam(ViewsItsInput().eval(), x, layers="relu", method="scorecam", target=[1, 2], batch_size=3)
     assert torch.allclose(viewing.raw["relu"], plain.raw["relu"], atol=1e-6)
     # the same masked inputs; one more model call: the channels-last batch that failed
     assert viewing.masked == plain.masked and viewing.forwards == plain.forwards + 1
@@ -394,19 +395,19 @@ class Const(nn.Module):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"layer": "conv", "target": 3}, r"target class 3 \(sample 0\) is out of range: the model has 3 classes \(0 to 2\)"),
-    ({"layer": "conv", "target": [0, -1]}, r"target class -1 \(sample 1\) is out of range"),
-    ({"layer": "conv", "target": [0]}, r"1 class indices for a batch of 2"),
-    ({"layer": "conv", "target": "cat"}, r"target='cat' is not a class index"),
-    ({"layer": "conv", "target": [0.5, 1.0]}, r"integer class indices, got dtype torch.float32"),
-    ({"layer": "const"}, r"'const'.*does not depend on the input"),
-    ({"layer": "side"}, r"'side'.*does not reach the target score"),
-    ({"layer": "conv", "method": "gradcamm"}, r"'gradcamm' is not a CAM method\. Did you mean 'gradcam'"),
-    ({"layer": "conv", "method": "cam"}, r"head 'fc' to read the global average of layer 'conv'"),
-    ({"layer": "conv", "method": "cam", "target": lambda o: o[:, 0]}, r"needs class-index targets"),
-    ({"layer": "convv"}, r"Did you mean 'conv'"),
-    ({"layer": "conv", "fuse": "sum"}, r"fuse='sum'"),
-    ({"layer": "conv", "target": lambda o: o}, r"one score per sample, shape \(2,\)"),
+    ({"layers": "conv", "target": 3}, r"target class 3 \(sample 0\) is out of range: the model has 3 classes \(0 to 2\)"),
+    ({"layers": "conv", "target": [0, -1]}, r"target class -1 \(sample 1\) is out of range"),
+    ({"layers": "conv", "target": [0]}, r"1 class indices for a batch of 2"),
+    ({"layers": "conv", "target": "cat"}, r"target='cat' is not a class index"),
+    ({"layers": "conv", "target": [0.5, 1.0]}, r"integer class indices, got dtype torch.float32"),
+    ({"layers": "const"}, r"'const'.*does not depend on the input"),
+    ({"layers": "side"}, r"'side'.*does not reach the target score"),
+    ({"layers": "conv", "method": "gradcamm"}, r"'gradcamm' is not a CAM method\. Did you mean 'gradcam'"),
+    ({"layers": "conv", "method": "cam"}, r"head 'fc' to read the global average of layer 'conv'"),
+    ({"layers": "conv", "method": "cam", "target": lambda o: o[:, 0]}, r"needs class-index targets"),
+    ({"layers": "convv"}, r"Did you mean 'conv'"),
+    ({"layers": "conv", "fuse": "sum"}, r"fuse='sum'"),
+    ({"layers": "conv", "target": lambda o: o}, r"one score per sample, shape \(2,\)"),
 ])
 def test_bad_input_is_one_line_naming_it_and_leaves_no_hook(kwargs, match):
     net = Branchy().eval()
@@ -444,11 +445,11 @@ def test_a_model_in_training_mode_is_explained_in_eval_mode_and_left_as_it_was(m
     net = Noisy()  # training mode: batch norm and instance norm would update their statistics, dropout draw
     x = torch.randn(2, 3, 16, 16)
     state = {k: v.clone() for k, v in net.state_dict().items()}
-    got = cam(net, x, layer="layer2", method=method)
-    again = cam(net, x[:1], layer="layer2", method=method)
+    got = cam(net, x, layers="layer2", method=method)
+    again = cam(net, x[:1], layers="layer2", method=method)
     assert net.training and all(m.training for m in net.modules())
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())  # running stats untouched
-    want = cam(net.eval(), x, layer="layer2", method=method)
+    want = cam(net.eval(), x, layers="layer2", method=method)
     assert torch.allclose(got.maps, want.maps, atol=1e-6)
     assert torch.allclose(again.maps[0], got.maps[0], atol=1e-5)  # deterministic, samples independent
     assert no_hooks(net)
@@ -463,8 +464,8 @@ def test_docstring_examples_run():
 def test_wrapped_model_keeps_inner_names():
     net = TinyResNet().eval()
     x = torch.randn(1, 3, 16, 16)
-    res = cam(nn.DataParallel(net), x, layer="module.layer2")
-    assert res.layers == ["layer2"] and torch.allclose(res.maps, cam(net, x, layer="layer2").maps)
+    res = cam(nn.DataParallel(net), x, layers="module.layer2")
+    assert res.layers == ["layer2"] and torch.allclose(res.maps, cam(net, x, layers="layer2").maps)
     assert no_hooks(net) and hookscope.names(net)
 
 
@@ -479,14 +480,16 @@ def test_errors_inside_the_forward_pass_leave_no_hook():
             raise RuntimeError("boom")
 
     net = Boom().eval()
-    with pytest.raises(HookscopeError, match=r"^Boom's forward pass failed on an input of shape \(1, 3, 8, 8\) "
-                                             r"\(torch.float32\): RuntimeError: boom$") as e:
-        cam(net, torch.randn(1, 3, 8, 8), layer="conv")
+    # issue 10: a failing forward is a ForwardError (a HookscopeError) in the shared wording
+    with pytest.raises(ForwardError, match=r"^the forward pass failed in Boom's own forward, which received "
+                                           r"input\[0\] 1x3x8x8 float32: RuntimeError: "
+                                           r"boom; check the example input's shape and dtype$") as e:
+        cam(net, torch.randn(1, 3, 8, 8), layers="conv")
     assert isinstance(e.value.__cause__, RuntimeError)  # the model's own error stays chained
     assert no_hooks(net)
     gap = GapNet().eval()
     with pytest.raises(HookscopeError, match=r"output= failed on the model's Tensor output \(IndexError"):
-        cam(gap, X_HAND, layer="relu", output=lambda o: o[5])
+        cam(gap, X_HAND, layers="relu", output=lambda o: o[5])
     assert no_hooks(gap)
 
 
@@ -521,7 +524,7 @@ def test_automatic_layer_skips_1x1_outputs_and_refuses_a_conv_that_runs_twice():
     net = SqueezeExcite().eval()
     res = cam(net, torch.randn(2, 3, 6, 6))
     assert res.layers == ["conv"] and (res.raw["conv"].flatten(1).amax(1) > 0).all()
-    with pytest.raises(HookscopeError, match=r"last convolution 'conv' ran 2 times.*pass layer="):
+    with pytest.raises(HookscopeError, match=r"last convolution 'conv' ran 2 times.*pass layers="):
         cam(SharedConv().eval(), torch.randn(1, 3, 6, 6))
 
 
@@ -539,17 +542,17 @@ def test_vision_transformer_tokens_to_grid_and_the_class_token_trap():
     vit = _tiny_vit()
     x = torch.randn(3, 3, 32, 32)
     norm = "encoder.layers.encoder_layer_1.ln_1"
-    got = cam(vit, x, layer=norm, reshape=cam_module.tokens_to_grid(skip=1))
+    got = cam(vit, x, layers=norm, reshape=cam_module.tokens_to_grid(skip=1))
     assert got.raw[norm].shape == (3, 4, 4) and (got.maps.flatten(1).amax(1) == 1).all()
-    one = cam(vit, x[1:2], layer=norm, reshape=cam_module.tokens_to_grid(skip=1))
+    one = cam(vit, x[1:2], layers=norm, reshape=cam_module.tokens_to_grid(skip=1))
     assert torch.allclose(one.maps[0], got.maps[1], atol=1e-5)
     # the last block's output reaches the head through the class token only: refused, not all zero
     with pytest.raises(HookscopeError, match=r"gradient reaches only positions that reshape= drops"):
-        cam(vit, x, layer="encoder.layers.encoder_layer_1", reshape=cam_module.tokens_to_grid(skip=1))
+        cam(vit, x, layers="encoder.layers.encoder_layer_1", reshape=cam_module.tokens_to_grid(skip=1))
     with pytest.raises(HookscopeError, match=r"reshape=.*tokens_to_grid\(skip=1\).*--tokens 1"):
-        cam(vit, x, layer=norm)
+        cam(vit, x, layers=norm)
     with pytest.raises(HookscopeError, match=r"17 tokens after skipping 0 do not fill a 4 x 4 grid"):
-        cam(vit, x, layer=norm, reshape=cam_module.tokens_to_grid(skip=0))
+        cam(vit, x, layers=norm, reshape=cam_module.tokens_to_grid(skip=0))
     assert no_hooks(vit)
 
 
@@ -558,9 +561,9 @@ def test_layer_checks_hold_for_methods_without_gradients(method):
     net = Branchy().eval()
     x = torch.randn(2, 3, 6, 6)
     with pytest.raises(HookscopeError, match=r"'const'.*does not depend on the input"):
-        cam(net, x, layer="const", method=method)
+        cam(net, x, layers="const", method=method)
     with pytest.raises(HookscopeError, match=r"'side'.*does not reach"):
-        cam(net, x, layer="side", method=method)
+        cam(net, x, layers="side", method=method)
     assert no_hooks(net) and all(p.grad is None for p in net.parameters())
 
 
@@ -576,10 +579,10 @@ class DictHead(nn.Module):
 def test_eigencam_needs_no_logits_and_scorecam_takes_a_target_function():
     net = DictHead().eval()
     x = torch.randn(2, 3, 16, 16)
-    eig = cam(net, x, layer="net.layer2", method="eigencam")
+    eig = cam(net, x, layers="net.layer2", method="eigencam")
     assert eig.targets is None and eig.scores is None and eig.maps.shape == (2, 16, 16)
-    by_class = cam(net, x, layer="net.layer2", method="scorecam", target=3, output=lambda o: o["logits"])
-    by_fn = cam(net, x, layer="net.layer2", method="scorecam", target=lambda o: o["logits"][:, 3])
+    by_class = cam(net, x, layers="net.layer2", method="scorecam", target=3, output=lambda o: o["logits"])
+    by_fn = cam(net, x, layers="net.layer2", method="scorecam", target=lambda o: o["logits"][:, 3])
     assert by_fn.targets is None and torch.allclose(by_fn.maps, by_class.maps, atol=1e-6)
     assert torch.allclose(by_fn.scores, by_class.scores)
 
@@ -594,10 +597,10 @@ class WritesItsInput(TinyResNet):
 def test_the_callers_input_is_never_written(method):
     x = torch.randn(2, 3, 16, 16)
     before = x.clone()
-    got = cam(WritesItsInput().eval(), x, layer="layer2", method=method)
+    got = cam(WritesItsInput().eval(), x, layers="layer2", method=method)
     assert torch.equal(x, before)
     # and Score-CAM masks the input it was given, not one the model doubled
-    want = cam(TinyResNet().eval(), 2 * x, layer="layer2", method=method) if method == "scorecam" else got
+    want = cam(TinyResNet().eval(), 2 * x, layers="layer2", method=method) if method == "scorecam" else got
     assert torch.allclose(got.maps, want.maps, atol=1e-5)
 
 
@@ -623,8 +626,140 @@ def test_scorecam_progress_bar_on_request_only(capsys, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     net, x = DeadChannels().eval(), torch.randn(1, 3, 8, 8)
-    cam(net, x, layer="relu", method="scorecam", batch_size=1)  # quick: no bar
+    cam(net, x, layers="relu", method="scorecam", batch_size=1)  # quick: no bar
     assert capsys.readouterr().err == ""
-    cam(net, x, layer="relu", method="scorecam", batch_size=1, progress=True)
+    cam(net, x, layers="relu", method="scorecam", batch_size=1, progress=True)
     err = capsys.readouterr().err
     assert err == "".join(f"\rscorecam: {i}/4 batches" for i in range(1, 5)) + "\n"
+
+
+# --- issue 10: the result protocol, layers=, kwargs=, ForwardError --------------------------------
+def test_cam_result_speaks_the_result_protocol():
+    import json
+
+    from hookscope.errors import RecordError
+
+    net = TinyResNet().eval()
+    x = torch.randn(2, 3, 32, 32)
+    res = cam(net, x, layers=["layer1", "layer2"], method="layercam")
+    rows = res.rows
+    assert [r.image for r in rows] == [0, 1] and [r.target for r in rows] == res.targets.tolist()
+    assert [r.score for r in rows] == pytest.approx(res.scores.tolist())
+    assert all(r.layers == ("layer1", "layer2") for r in rows)
+    for r in rows:  # the peak is the map's maximum, as (y, x)
+        assert res.maps[r.image][r.peak] == res.maps[r.image].max()
+    text = str(res)
+    assert text == res.table() and len(text.splitlines()) == 1 + 2 + len(rows)
+    assert text.splitlines()[0] == "layercam on layer1, layer2: 2 maps of 32x32, 1 forward pass"
+    d = res.to_dict()
+    assert d["maps"] is res.maps and d["raw"]["layer1"] is res.raw["layer1"] and d["targets"] is res.targets
+    assert d["rows"][1]["peak"] == rows[1].peak and d["method"] == "layercam" and d["forwards"] == 1
+    short = json.loads(res.to_json())
+    assert short["maps"] == {"shape": [2, 32, 32], "dtype": "float32"}
+    assert short["raw"]["layer2"] == {"shape": [2, 16, 16], "dtype": "float32"}
+    assert short["targets"] == res.targets.tolist() and short["layouts"] == {"layer1": "BCHW", "layer2": "BCHW"}
+    full = json.loads(res.to_json(indent=2, maps=True))
+    assert np.allclose(full["maps"], res.maps.numpy()) and np.allclose(full["raw"]["layer1"], res.raw["layer1"].numpy())
+    assert "\n  " in res.to_json(indent=2)
+    # lookups by name: one RecordError (a KeyError) naming the closest layers; `in` agrees
+    for mapping in (res.raw, res.layouts):
+        with pytest.raises(RecordError, match=r"^no layer 'layer3' in this result\. Did you mean 'layer2', 'layer1'\?$"):
+            mapping["layer3"]
+        assert "layer1" in mapping and "layer3" not in mapping
+    with pytest.raises(KeyError):
+        res.raw["fc"]
+
+
+def test_rows_without_class_targets_and_scorecam_counts():
+    import json
+
+    net, x = DeadChannels().eval(), torch.randn(2, 3, 8, 8)
+    res = cam(net, x, layers="relu", method="gradcam", target=lambda o: o[:, 0])
+    assert [r.target for r in res.rows] == [None, None] and res.rows[0].score == pytest.approx(float(res.scores[0]))
+    assert res.table().splitlines()[3].split()[1] == "-"
+    assert json.loads(res.to_json())["rows"][0]["target"] is None
+    sc = cam(net, x[:1], layers="relu", method="scorecam")
+    assert f"{sc.forwards} forward passes ({sc.masked} masked inputs)" in sc.table().splitlines()[0]
+
+
+def test_layer_is_a_deprecated_alias_of_layers():
+    net = TinyResNet().eval()
+    x = torch.randn(1, 3, 32, 32)
+    new = cam(net, x, layers="layer2")
+    with pytest.warns(DeprecationWarning, match=r"cam\(layer=\.\.\.\) is now cam\(layers=\.\.\.\)") as caught:
+        old = cam(net, x, layer="layer2")
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    assert old.layers == new.layers == ["layer2"] and torch.equal(old.maps, new.maps)
+    with pytest.warns(DeprecationWarning):
+        assert cam(net, x, layer=None).layers == cam(net, x).layers  # None still means "find it"
+    with pytest.raises(HookscopeError, match="both layers= and layer="):
+        cam(net, x, layers="layer2", layer="layer1")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'layr'"):
+        cam(net, x, layr="layer2")
+    assert no_hooks(net)
+
+
+class Scaled(nn.Module):
+    """conv 1x1 (channels x, -x and a constant 0) -> ReLU -> mean -> Linear, times a per-sample ``scale=``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(3, 2)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.tensor([1.0, -1.0, 0.0]).view(3, 1, 1, 1))
+            self.conv.bias.zero_()
+
+    def forward(self, x, scale, shift=0.0):
+        return self.fc(self.relu(self.conv(x - 0.5)).mean((2, 3))) * scale.view(-1, 1) + shift
+
+
+@pytest.mark.parametrize("method", ["gradcam", "scorecam", "eigencam"])
+def test_keyword_inputs_go_with_their_samples(method):
+    net = Scaled().eval()
+    x = torch.rand(3, 1, 6, 6)
+    scale = torch.tensor([1.0, -2.0, 0.5])
+    got = cam(net, x, layers="relu", method=method, target=0, kwargs={"scale": scale, "shift": 0.25})
+    for i in range(3):  # each sample with its own row of scale=, the zero image of Score-CAM too
+        one = cam(net, x[i:i + 1], layers="relu", method=method, target=0,
+                  kwargs={"scale": scale[i:i + 1], "shift": 0.25})
+        assert torch.allclose(got.maps[i], one.maps[0], atol=1e-5)
+    if method == "scorecam":  # a negative scale flips the scores: the map is not that of scale 1
+        plain = cam(net, x, layers="relu", method=method, target=0, kwargs={"scale": torch.ones(3)})
+        assert not torch.allclose(got.maps[1], plain.maps[1], atol=1e-3)
+    with pytest.raises(HookscopeError, match=r"kwargs=\['scale'\] is not a mapping of argument names"):
+        cam(net, x, kwargs=["scale"])
+    assert no_hooks(net)
+
+
+def test_a_failing_forward_is_a_forward_error_in_every_pass():
+    class OneAtATime(TinyResNet):
+        def forward(self, x):
+            if x.shape[0] > 1:
+                raise ValueError("one image at a time")
+            return super().forward(x)
+
+    net = OneAtATime().eval()
+    with pytest.raises(ForwardError, match=r"^the forward pass failed in OneAtATime's own forward, which received "
+                                           r"input\[0\] 2x3x32x32 float32: ValueError: one image at a time;"):
+        cam(net, torch.randn(2, 3, 32, 32), layers="layer2")
+    with pytest.raises(ForwardError, match=r"received input\[0\] 16x3x32x32 float32") as e:  # a masked batch
+        cam(net, torch.randn(1, 3, 32, 32), layers="layer2", method="scorecam")
+    assert isinstance(e.value, HookscopeError) and isinstance(e.value.__cause__, ValueError)
+    seq = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(5, 2))
+    with pytest.raises(ForwardError, match=r"^the forward pass failed in '3' \(Linear\), which received input\[0\] "
+                                           r"1x144 float32: RuntimeError: mat1 and mat2"):
+        cam(seq, torch.randn(1, 3, 8, 8), layers="0")
+    assert no_hooks(net) and no_hooks(seq)
+
+
+def test_the_random_stream_is_left_as_it_was():
+    class Jitter(TinyResNet):
+        def forward(self, x):
+            return super().forward(x + 0.01 * torch.rand_like(x))
+
+    net, x = Jitter().eval(), torch.randn(1, 3, 32, 32)
+    before = torch.random.get_rng_state()
+    cam(net, x, layers="layer2")
+    assert torch.equal(before, torch.random.get_rng_state())

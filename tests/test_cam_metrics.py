@@ -241,3 +241,72 @@ def test_box_mask_ends_are_exclusive():
     assert box_mask([[1, 0, 3, 1]], 2, 4).int().tolist() == [[[0, 1, 1, 0], [0, 0, 0, 0]]]
     with pytest.raises(HookscopeError, match="not B x 4"):
         box_mask([1, 2, 3, 4], 2, 2)
+
+
+# --- issue 10: the result protocol, kwargs=, ForwardError, hookscope.metrics ----------------------
+def test_curve_speaks_the_result_protocol():
+    import json
+
+    x = torch.arange(1.0, 5.0).view(1, 1, 2, 2).repeat(3, 1, 1, 1)
+    curve = deletion(PixelSum(), x, x[:, 0], target=0, steps=4, score="logit")
+    rows = curve.rows
+    assert [r.step for r in rows] == [0, 1, 2, 3, 4] and [r.fraction for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert [r.scores for r in rows] == [tuple(c) for c in curve.scores.t().tolist()]
+    assert rows[0].mean == 10.0 and rows[1].mean == 6.0  # the 4 goes first
+    text = str(curve)
+    assert text == curve.table()
+    lines = text.splitlines()
+    assert lines[0] == "deletion curve of 3 images (lower area is better)"
+    assert lines[1].split() == ["step", "fraction", "mean", "image", "0", "image", "1", "image", "2"]
+    assert lines[3].split() == ["0", "0.000", "10", "10", "10", "10"] and lines[-1].split()[0] == "auc"
+    assert float(lines[-1].split()[1]) == pytest.approx(float(curve.auc.mean()), rel=1e-3)
+    d = curve.to_dict()
+    assert d["scores"] is curve.scores and d["kind"] == "deletion" and torch.equal(d["targets"], torch.zeros(3).long())
+    back = json.loads(curve.to_json(indent=1))
+    assert back["scores"] == curve.scores.tolist() and back["auc"] == curve.auc.tolist() and back["targets"] == [0] * 3
+    wide = insertion(PixelSum(), x.repeat(4, 1, 1, 1), x.repeat(4, 1, 1, 1)[:, 0], target=0, steps=2, baseline="zeros")
+    assert "higher area is better; the first 8 shown" in str(wide) and str(wide).splitlines()[1].split()[-1] == "7"
+
+
+class ScaledSum(PixelSum):
+    """PixelSum's logits times a per-image ``scale=``."""
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * scale.view(-1, 1)
+
+
+def test_keyword_inputs_go_with_their_images_in_every_batch():
+    x, maps = torch.rand(3, 1, 4, 4), torch.rand(3, 4, 4)
+    scale = torch.tensor([1.0, -1.0, 3.0])
+    for target in (0, None):
+        got = deletion(ScaledSum(), x, maps, target=target, steps=8, score="logit", batch_size=5,
+                       kwargs={"scale": scale})
+        for i in range(3):
+            one = deletion(ScaledSum(), x[i:i + 1], maps[i:i + 1], target=target, steps=8, score="logit",
+                           kwargs={"scale": scale[i:i + 1]})
+            assert torch.allclose(got.scores[i], one.scores[0])
+    with pytest.raises(HookscopeError, match="kwargs=.* is not a mapping of argument names"):
+        insertion(ScaledSum(), x, maps, kwargs={1: scale})
+
+
+def test_a_failing_forward_is_a_forward_error():
+    from hookscope.errors import ForwardError
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(5, 2))
+    with pytest.raises(ForwardError, match=r"^the forward pass failed in '1' \(Linear\), which received input\[0\] "
+                                           r"2x4 float32: RuntimeError: mat1 and mat2") as e:
+        deletion(net, torch.rand(2, 1, 2, 2), torch.rand(2, 2, 2), steps=2)
+    assert isinstance(e.value, HookscopeError) and isinstance(e.value.__cause__, RuntimeError)
+    with pytest.raises(ForwardError, match=r"received input\[0\] 6x4 float32"):  # target given: a step's batch
+        insertion(net, torch.rand(2, 1, 2, 2), torch.rand(2, 2, 2), target=0, steps=2)
+    assert no_hooks(net)
+
+
+def test_hookscope_metrics_is_the_short_path():
+    import hookscope.analysis.cam_metrics as long
+    from hookscope import metrics
+
+    for name in ("deletion", "insertion", "pointing_game", "energy_pointing_game", "box_mask", "Curve", "CurveRow",
+                 "blur", "BASELINES", "SCORES"):
+        assert getattr(metrics, name) is getattr(long, name) and name in metrics.__all__
+    assert metrics.deletion is deletion and metrics.box_mask is box_mask

@@ -82,7 +82,7 @@ def resnet18():
     ("layercam", layercam), ("eigencam", eigencam)])
 def test_method_matches_its_formula_on_resnet18(resnet18, method, reference):
     net, x, targets, A, G = resnet18
-    res = cam(net, x, layer="layer4", method=method)
+    res = cam(net, x, layers="layer4", method=method)
     assert res.targets.tolist() == targets.tolist()
     assert np.abs(minmax(res.raw["layer4"].numpy()) - minmax(reference(A, G))).max() < 1e-4
     assert no_hooks(net) and all(p.grad is None for p in net.parameters())
@@ -100,7 +100,7 @@ def test_scorecam_matches_its_algorithm_on_resnet18():
     torch.manual_seed(0)
     net = tv.models.resnet18(weights=None).eval()
     x = torch.randn(1, 3, 96, 96)  # layer4 is 3x3: 512 masked forwards stay fast
-    res = cam(net, x, layer="layer4", method="scorecam")
+    res = cam(net, x, layers="layer4", method="scorecam")
     kept = []
     handle = net.layer4.register_forward_hook(lambda m, i, o: kept.append(o))
     with torch.no_grad():

@@ -195,16 +195,16 @@ def hand_gradcam(net, x, module, last: bool) -> tuple[torch.Tensor, torch.Tensor
 def test_a_channels_last_layer_gives_the_map_of_its_activation_permuted_by_hand(layer):
     net = TinySwin().eval()
     x = torch.rand(2, 3, 16, 16)
-    res = cam(net, x, layer=layer)
+    res = cam(net, x, layers=layer)
     assert res.layouts == {layer: "BHWC"}
     assert res.raw[layer].shape == (2, 4, 4)  # the 4 x 4 grid, not 4 x 32
     expected, targets = hand_gradcam(net, x, net.get_submodule(layer), last=True)
     assert torch.equal(res.targets, targets)
     assert torch.allclose(res.raw[layer], expected, atol=1e-6)
-    by_hand = cam(net, x, layer=layer, reshape=lambda t: t.permute(0, 3, 1, 2))
+    by_hand = cam(net, x, layers=layer, reshape=lambda t: t.permute(0, 3, 1, 2))
     assert by_hand.layouts == {layer: "reshape="}
     assert torch.allclose(res.maps, by_hand.maps, atol=1e-6)
-    assert torch.allclose(res.maps, cam(net, x, layer=layer, reshape=channels_last).maps, atol=1e-6)
+    assert torch.allclose(res.maps, cam(net, x, layers=layer, reshape=channels_last).maps, atol=1e-6)
     assert hook_count(net) == 0
 
 
@@ -212,11 +212,11 @@ def test_channels_first_layers_of_a_swin_like_model_stay_as_they_are():
     net = TinySwin().eval()
     x = torch.rand(2, 3, 16, 16)
     for layer in ("embed.0", "permute"):  # the conv, and the permute back to B x C x h x w
-        res = cam(net, x, layer=layer)
+        res = cam(net, x, layers=layer)
         assert res.layouts == {layer: "BCHW"} and res.raw[layer].shape == (2, 4, 4)
         expected, _ = hand_gradcam(net, x, net.get_submodule(layer), last=False)
         assert torch.allclose(res.raw[layer], expected, atol=1e-6)
-    res = cam(net, x, layer=["embed", "permute"], method="layercam")
+    res = cam(net, x, layers=["embed", "permute"], method="layercam")
     assert res.layouts == {"embed": "BHWC", "permute": "BCHW"}
     assert hook_count(net) == 0
 
@@ -226,8 +226,8 @@ def test_every_method_reads_a_channels_last_layer_as_its_permutation(method):
     net = TinySwin().eval()
     x = torch.rand(2, 3, 16, 16)
     layer = "norm"
-    res = cam(net, x, layer=layer, method=method, progress=False)
-    ref = cam(net, x, layer=layer, method=method, reshape=channels_last, progress=False)
+    res = cam(net, x, layers=layer, method=method, progress=False)
+    ref = cam(net, x, layers=layer, method=method, reshape=channels_last, progress=False)
     assert res.layouts == {layer: "BHWC"} and res.raw[layer].shape == (2, 4, 4)
     assert torch.allclose(res.raw[layer], ref.raw[layer], atol=1e-6)
     assert hook_count(net) == 0
@@ -236,7 +236,7 @@ def test_every_method_reads_a_channels_last_layer_as_its_permutation(method):
 def test_a_functional_permute_is_told_by_the_grid_that_fits_the_input():
     net = FunctionalSwin(c=32).eval()
     x = torch.rand(2, 3, 16, 20)  # a 4 x 5 grid: B x 4 x 5 x 32 only reads one way
-    res = cam(net, x, layer="mix")
+    res = cam(net, x, layers="mix")
     assert res.layouts == {"mix": "BHWC"} and res.raw["mix"].shape == (2, 4, 5)
     expected, _ = hand_gradcam(net, x, net.mix, last=True)
     assert torch.allclose(res.raw["mix"], expected, atol=1e-6)
@@ -247,15 +247,15 @@ def test_a_layer_that_reads_both_ways_is_refused_in_one_line_naming_it_and_the_f
     net = FunctionalSwin(c=4).eval()  # B x 4 x 4 x 4: channels first and last both fit a 16 x 16 input
     x = torch.rand(2, 3, 16, 16)
     with pytest.raises(HookscopeError) as e:
-        cam(net, x, layer="mix")
+        cam(net, x, layers="mix")
     text = one_line(e)
     assert "layer 'mix'" in text and "(2, 4, 4, 4)" in text
     assert "reshape=hookscope.analysis.cam.channels_last" in text and "channels_first" in text
     assert hook_count(net) == 0
-    res = cam(net, x, layer="mix", reshape=channels_last)  # the fix the line names
+    res = cam(net, x, layers="mix", reshape=channels_last)  # the fix the line names
     expected, _ = hand_gradcam(net, x, net.mix, last=True)
     assert res.layouts == {"mix": "reshape="} and torch.allclose(res.raw["mix"], expected, atol=1e-6)
-    res = cam(net, x, layer="mix", reshape=channels_first)
+    res = cam(net, x, layers="mix", reshape=channels_first)
     expected, _ = hand_gradcam(net, x, net.mix, last=False)
     assert torch.allclose(res.raw["mix"], expected, atol=1e-6)
 
@@ -279,7 +279,7 @@ def test_modules_that_disagree_about_the_layout_are_refused():
     net = Disagree().eval()
     with pytest.raises(HookscopeError, match=r"channels first to the Conv2d that makes it but channels last "
                                              r"to the LayerNorm that reads it") as e:
-        cam(net, torch.rand(1, 3, 16, 16), layer="block")
+        cam(net, torch.rand(1, 3, 16, 16), layers="block")
     assert "layer 'block'" in one_line(e) and hook_count(net) == 0
 
 
@@ -298,13 +298,13 @@ def test_cnn_layers_keep_their_layout_even_when_channels_equal_the_grid():
     net = Square().eval()
     x = torch.rand(2, 3, 8, 8)
     for layer in ("conv", "relu"):  # the ReLU's input is the Conv2d's output: channels first
-        res = cam(net, x, layer=layer)
+        res = cam(net, x, layers=layer)
         assert res.layouts == {layer: "BCHW"}
         expected, _ = hand_gradcam(net, x, net.get_submodule(layer), last=False)
         assert torch.allclose(res.raw[layer], expected, atol=1e-6)
-    assert cam(net, x, layer=["conv", "relu"]).layouts == {"conv": "BCHW", "relu": "BCHW"}  # both kept
+    assert cam(net, x, layers=["conv", "relu"]).layouts == {"conv": "BCHW", "relu": "BCHW"}  # both kept
     assert hook_count(net) == 0
-    res = cam(TinyResNet().eval(), torch.rand(1, 3, 32, 32), layer=["layer1", "layer2"])
+    res = cam(TinyResNet().eval(), torch.rand(1, 3, 32, 32), layers=["layer1", "layer2"])
     assert res.layouts == {"layer1": "BCHW", "layer2": "BCHW"}
 
 
@@ -321,13 +321,13 @@ def test_torchvision_swin_t_stages_are_read_channels_last():
     net = tv.models.swin_t(weights=None).eval()
     x = torch.rand(1, 3, 64, 64)  # swin_t takes any size divisible by 32: stages of 16, 8, 4, 2
     for layer, grid in (("features.1", 16), ("features.5", 4), ("norm", 2)):
-        res = cam(net, x, layer=layer)
+        res = cam(net, x, layers=layer)
         assert res.layouts == {layer: "BHWC"} and res.raw[layer].shape == (1, grid, grid)
-        ref = cam(net, x, layer=layer, reshape=lambda t: t.permute(0, 3, 1, 2))
+        ref = cam(net, x, layers=layer, reshape=lambda t: t.permute(0, 3, 1, 2))
         assert torch.allclose(res.maps, ref.maps, atol=1e-6)
         expected, _ = hand_gradcam(net, x, net.get_submodule(layer), last=True)
         assert torch.allclose(res.raw[layer], expected, rtol=1e-4, atol=1e-6 * float(expected.max()))
-    assert cam(net, x, layer="permute").layouts == {"permute": "BCHW"}
+    assert cam(net, x, layers="permute").layouts == {"permute": "BCHW"}
     assert hook_count(net) == 0
 
 
@@ -336,7 +336,7 @@ def test_torchvision_convnext_blocks_channels_first_outside_last_inside():
     tv = pytest.importorskip("torchvision")
     net = tv.models.convnext_tiny(weights=None).eval()
     x = torch.rand(1, 3, 32, 32)
-    res = cam(net, x, layer=["features.1.0", "features.1.0.block.3"])
+    res = cam(net, x, layers=["features.1.0", "features.1.0.block.3"])
     assert res.layouts == {"features.1.0": "BCHW", "features.1.0.block.3": "BHWC"}
     assert res.raw["features.1.0"].shape == res.raw["features.1.0.block.3"].shape == (1, 8, 8)
     inner = net.get_submodule("features.1.0.block.3")
@@ -396,7 +396,7 @@ def formula(method, A, G):
 def test_half_precision_models_get_their_formulas_in_float32(dtype, method):
     net = TinyResNet().eval().to(dtype)
     x = torch.rand(2, 3, 32, 32).to(dtype)
-    res = cam(net, x, layer="layer2", method=method)
+    res = cam(net, x, layers="layer2", method=method)
     assert res.raw["layer2"].dtype == torch.float32 and res.maps.dtype == torch.float32
     A, G = plain_grads(net, x, net.layer2)  # the half model's own activation and gradient
     expected = formula(method, A, G)
@@ -408,7 +408,7 @@ def test_half_precision_models_get_their_formulas_in_float32(dtype, method):
 def test_cam_on_a_half_model_with_a_gap_head():
     net = TinyResNet().eval().to(torch.float16)
     x = torch.rand(2, 3, 32, 32).to(torch.float16)
-    res = cam(net, x, layer="layer2", method="cam")  # the head's input: the half model's own pooling
+    res = cam(net, x, layers="layer2", method="cam")  # the head's input: the half model's own pooling
     A, _ = plain_grads(net, x, net.layer2)
     rows = net.fc.weight.double()[res.targets]
     assert torch.allclose(res.raw["layer2"].double(), torch.einsum("bk,bkhw->bhw", rows, A), atol=1e-4)
@@ -419,8 +419,8 @@ def test_a_model_in_train_mode_gets_eval_maps_and_curves_and_keeps_its_buffers()
     state = {k: v.clone() for k, v in net.state_dict().items()}
     ref = TinyResNet().eval()
     x = torch.rand(3, 3, 32, 32)
-    res = cam(net, x, layer="layer2")
-    expected = cam(ref, x, layer="layer2")
+    res = cam(net, x, layers="layer2")
+    expected = cam(ref, x, layers="layer2")
     assert torch.allclose(res.raw["layer2"], expected.raw["layer2"], atol=1e-6)
     curve = deletion(net, x, res.maps, steps=4)
     assert torch.allclose(curve.scores, deletion(ref, x, res.maps, steps=4).scores, atol=1e-6)
@@ -446,7 +446,7 @@ class BatchStats(nn.Module):
 def test_samples_that_interact_get_each_their_own_gradient():
     net = BatchStats().eval()
     x = torch.rand(3, 3, 6, 6)
-    res = cam(net, x, layer="relu", method="gradcam")
+    res = cam(net, x, layers="relu", method="gradcam")
     kept = []
     handle = net.relu.register_forward_hook(lambda m, a, o: kept.append(o))
     logits = net(x)
@@ -465,10 +465,10 @@ def test_samples_that_interact_refuse_batched_scorecam_and_curves():
     net = BatchStats().eval()
     x = torch.rand(2, 3, 6, 6)
     with pytest.raises(HookscopeError, match=r"BatchNorm2d 'bn' normalises with each batch's own statistics"):
-        cam(net, x, layer="relu", method="scorecam")
+        cam(net, x, layers="relu", method="scorecam")
     with pytest.raises(HookscopeError, match=r"pass one image with batch_size=1"):
         deletion(net, x, torch.rand(2, 6, 6), steps=2)
-    res = cam(net, x[:1], layer="relu", method="scorecam", batch_size=1, progress=False)
+    res = cam(net, x[:1], layers="relu", method="scorecam", batch_size=1, progress=False)
     assert res.raw["relu"].shape == (1, 6, 6)
     curve = deletion(net, x[:1], res.maps, steps=2, batch_size=1)
     assert curve.scores.shape == (1, 3) and hook_count(net) == 0
@@ -480,7 +480,7 @@ def test_samples_that_interact_refuse_batched_scorecam_and_curves():
 def test_per_image_targets_in_any_integer_container_agree(target):
     net = TinyResNet().eval()
     x = torch.rand(2, 3, 32, 32)
-    res, ref = cam(net, x, layer="layer2", target=target), cam(net, x, layer="layer2", target=[3, 1])
+    res, ref = cam(net, x, layers="layer2", target=target), cam(net, x, layers="layer2", target=[3, 1])
     assert res.targets.tolist() == [3, 1] and torch.equal(res.maps, ref.maps)
     curve = deletion(net, x, res.maps, target=target, steps=2)
     assert torch.equal(curve.scores, deletion(net, x, res.maps, target=[3, 1], steps=2).scores)
@@ -495,7 +495,7 @@ def test_bad_targets_are_one_line_in_cam_and_curves(target, match):
     net = TinyResNet().eval()
     x = torch.rand(2, 3, 32, 32)
     with pytest.raises(HookscopeError, match=match):
-        cam(net, x, layer="layer2", target=target)
+        cam(net, x, layers="layer2", target=target)
     with pytest.raises(HookscopeError, match=match):
         deletion(net, x, torch.rand(2, 32, 32), target=target, steps=2)
     assert hook_count(net) == 0
@@ -514,7 +514,7 @@ class Counting(nn.Module):
 
 def test_an_empty_batch_gives_empty_maps_and_curves():
     net = TinyResNet().eval()
-    res = cam(net, torch.rand(0, 3, 32, 32), layer="layer2")
+    res = cam(net, torch.rand(0, 3, 32, 32), layers="layer2")
     assert res.maps.shape == (0, 32, 32) and res.raw["layer2"].shape == (0, 16, 16) and res.targets.numel() == 0
     model = Counting(net)
     curve = insertion(model, torch.rand(0, 3, 32, 32), torch.rand(0, 32, 32), steps=4)
@@ -537,7 +537,7 @@ def test_a_layer_grid_larger_than_the_image_is_downsampled_to_it():
 
     net = Up().eval()
     x = torch.rand(2, 3, 5, 3)
-    res = cam(net, x, layer="conv")
+    res = cam(net, x, layers="conv")
     expected, _ = hand_gradcam(net, x, net.conv, last=False)
     assert res.raw["conv"].shape == (2, 20, 12)
     small = F.interpolate(expected[:, None], size=(5, 3), mode="bilinear", align_corners=False)[:, 0]

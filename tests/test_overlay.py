@@ -175,7 +175,7 @@ def test_cli_image_is_resized_to_the_model_input(tmp_path, capsys):
         (["--layer", "layer9"], "matches no module of TinyResNet"),
         (["--image", "x.png", "--size", "1x2x3"], "--size '1x2x3' is not HxW"),
         (["--alpha", "2"], "--alpha 2 is not a weight; give a number from 0 to 1"),
-        (["--input", "1x1x32x32"], "TinyResNet's forward pass failed on an input of shape (1, 1, 32, 32)"),
+        (["--input", "1x1x32x32"], "the forward pass failed in 'stem.0' (Conv2d), which received input[0] 1x1x32x32"),
         (["--tokens", "1"], "expected B x tokens x C, got 4 dimensions"),
     ],
 )

@@ -9,31 +9,84 @@ under an outer ``torch.no_grad()`` or ``torch.inference_mode()``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .._tree import first_tensor, tensors, tree_map
-from ..capture import check_hookable
 from ..core.hooks import HookGroup
+from ..core.result import Result, jsonable, missing
+from ..core.state import kept_rng, restored
+from ..core.text import first_line, num, shape_text, table
 from ..errors import HookscopeError, did_you_mean
-from ..selection import Selector, layers, unwrap
+from ..selection import Selector, check_hookable, unwrap
+from ..selection import layers as select
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
-from ._targets import Target, batch_coupled, call_user, class_targets, is_function, read_logits
+from ._targets import (Target, batch_coupled, call_model, check_kwargs, class_targets, is_function, per_sample,
+                       read_logits, rows_of, user_scores)
 
-__all__ = ["METHODS", "CamResult", "cam", "channels_first", "channels_last", "tokens_to_grid"]
+__all__ = ["METHODS", "CamResult", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
 
 METHODS = ("cam", "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
 
+V = TypeVar("V")
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_UNSET: Any = _Unset()  # layer= not given (None is a value: "find the layer")
+
+
+class _ByLayer(dict[str, V]):
+    """A dict keyed by layer name: a name it does not hold raises :class:`~hookscope.RecordError`
+    naming the closest ones (``in`` agrees: it is a dict)."""
+
+    def __missing__(self, name: str) -> V:
+        raise missing(name, "layer", self)
+
+
+@dataclass(frozen=True)
+class CamRow:
+    """One image of a :class:`CamResult` (a row of ``res.rows``).
+
+    Attributes:
+        image: the image's index in the batch.
+        target: the class explained (``None`` for a target function, or Eigen-CAM without logits).
+        score: the target's score (``None`` where no score was read).
+        peak: ``(y, x)`` of the map's maximum at the input's resolution (the first in row-major order).
+        layers: the layers whose maps were fused.
+    """
+
+    image: int
+    target: int | None
+    score: float | None
+    peak: tuple[int, int]
+    layers: tuple[str, ...]
+
+
+def _shape_and_dtype(t: torch.Tensor) -> dict[str, Any]:
+    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+
 
 @dataclass
-class CamResult:
-    """What :func:`cam` returns.
+class CamResult(Result):
+    """What :func:`cam` returns: the maps, one row per image, and how they were made.
+
+    Speaks hookscope's result protocol: ``rows`` (one :class:`CamRow` per image), ``table()``
+    (also ``str(res)``), ``to_dict()`` (tensors as they are), ``to_json()`` (the maps summarised
+    as their shape and dtype unless ``maps=True``); ``res.raw["name"]`` and ``res.layouts["name"]``
+    raise :class:`~hookscope.RecordError` with the closest names for a layer they do not hold.
 
     Attributes:
         maps: ``B x H x W``, upsampled (bilinear) to the input's spatial size, min-max normalised
@@ -63,6 +116,87 @@ class CamResult:
     forwards: int = 1
     masked: int = 0
     layouts: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.raw = _ByLayer(self.raw)
+        self.layouts = _ByLayer(self.layouts)
+
+    @property
+    def rows(self) -> list[CamRow]:
+        """One row per image: the class explained, its score, where the map peaks, the layers."""
+        b, width = self.maps.shape[0], self.maps.shape[-1]
+        peaks = self.maps.flatten(1).argmax(1).tolist() if self.maps.numel() else [0] * b
+        targets = self.targets.tolist() if self.targets is not None else [None] * b
+        scores = self.scores.float().tolist() if self.scores is not None else [None] * b
+        return [CamRow(i, targets[i], scores[i], divmod(peaks[i], width), tuple(self.layers)) for i in range(b)]
+
+    def table(self) -> str:
+        """The maps as text: how they were made, then one line per image (also ``str(res)``).
+
+        Example:
+            >>> import torch, hookscope.zoo
+            >>> res = cam(hookscope.zoo.TinyResNet().eval(), torch.ones(2, 3, 32, 32), layers="layer2", target=3)
+            >>> print(res)  # doctest: +ELLIPSIS
+            gradcam on layer2: 2 maps of 32x32, 1 forward pass
+            image  target...score  peak (y, x)
+            -----...
+                0       3...)
+                1       3...)
+        """
+        size = shape_text(tuple(self.maps.shape[1:]))
+        counted = f"{self.forwards} forward pass{'es' if self.forwards != 1 else ''}"
+        if self.masked:
+            counted += f" ({self.masked} masked inputs)"
+        turned = [f"{n} {lay}" for n, lay in self.layouts.items() if lay != "BCHW"]
+        head = (f"{self.method} on {', '.join(self.layers)}{' (' + ', '.join(turned) + ')' if turned else ''}: "
+                f"{self.maps.shape[0]} map{'s' if self.maps.shape[0] != 1 else ''} of {size}, {counted}")
+        body = [[str(r.image), "-" if r.target is None else str(r.target), num(r.score), f"{r.peak}"]
+                for r in self.rows]
+        return "\n".join([head, *table(["image", "target", "score", "peak (y, x)"], body, left={3})])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain Python data, tensors kept as tensors (``maps``, ``raw``, ``targets``,
+        ``scores``), and the rows as dicts.
+
+        Example:
+            >>> import torch, hookscope.zoo
+            >>> res = cam(hookscope.zoo.TinyResNet().eval(), torch.ones(1, 3, 32, 32), layers="layer2")
+            >>> d = res.to_dict()
+            >>> d["maps"].shape, d["raw"]["layer2"].shape, d["rows"][0]["layers"]
+            (torch.Size([1, 32, 32]), torch.Size([1, 16, 16]), ('layer2',))
+        """
+        return {
+            "method": self.method,
+            "layers": list(self.layers),
+            "layouts": dict(self.layouts),
+            "forwards": self.forwards,
+            "masked": self.masked,
+            "rows": [dataclasses.asdict(r) for r in self.rows],
+            "targets": self.targets,
+            "scores": self.scores,
+            "maps": self.maps,
+            "raw": dict(self.raw),
+        }
+
+    def to_json(self, indent: int | None = None, *, maps: bool = False) -> str:
+        """:meth:`to_dict` as JSON text. The maps (``B x H x W`` floats, 50k numbers for one
+        224 x 224 image) are written as ``{"shape": ..., "dtype": ...}`` unless ``maps=True``, which
+        writes them, and ``raw``, as nested lists.
+
+        Example:
+            >>> import json, torch, hookscope.zoo
+            >>> res = cam(hookscope.zoo.TinyResNet().eval(), torch.ones(1, 3, 32, 32), layers="layer2")
+            >>> data = json.loads(res.to_json())
+            >>> data["maps"], data["raw"]["layer2"]["shape"], data["rows"][0]["peak"] == list(res.rows[0].peak)
+            ({'shape': [1, 32, 32], 'dtype': 'float32'}, [1, 16, 16], True)
+            >>> len(json.loads(res.to_json(maps=True))["maps"][0])
+            32
+        """
+        data = self.to_dict()
+        if not maps:
+            data["maps"] = _shape_and_dtype(self.maps)
+            data["raw"] = {n: _shape_and_dtype(t) for n, t in self.raw.items()}
+        return json.dumps(jsonable(data), indent=indent, allow_nan=False)
 
 
 def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -166,19 +300,7 @@ def _head_watcher(name: str, p: _Pass) -> Any:
     return hook
 
 
-def _forward(model: nn.Module, x: torch.Tensor) -> Any:
-    """``model(x)``; a failure becomes one line naming the model and the input (chained)."""
-    try:
-        return model(x)
-    except HookscopeError:
-        raise
-    except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise HookscopeError(f"{type(unwrap(model)[0]).__name__}'s forward pass failed on an input of shape "
-                             f"{tuple(x.shape)} ({x.dtype}): {type(e).__name__}: {first}") from e
-
-
-def _hooked_forward(model: nn.Module, x: torch.Tensor, keep: list[tuple[str, nn.Module]],
+def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep: list[tuple[str, nn.Module]],
                     watch: list[tuple[str, nn.Module]], heads: list[tuple[str, nn.Module]],
                     probe: nn.Module | None = None) -> _Pass:
     p = _Pass(keep)
@@ -192,7 +314,7 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, keep: list[tuple[str, nn.
             group.add(module.register_forward_hook(_watcher(name, p)))
         for name, module in heads:
             group.add(module.register_forward_hook(_head_watcher(name, p)))
-        p.output = _forward(model, x)
+        p.output = call_model(model, (x,), kw)  # a failure names where it failed
     finally:
         group.remove()
         p.made, p.handed = None, {}  # the readers are known now: keep no extra tensor alive
@@ -369,16 +491,16 @@ def _last_conv(p: _Pass, model_name: str) -> str:
     spatial = [name for name, t, _ in p.watched if t.shape[2] * t.shape[3] > 1]
     if not spatial:
         raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
-                             "pass; pass layer= (see hookscope.names(model))")
+                             "pass; pass layers= (see hookscope.names(model))")
     name = spatial[-1]
     calls = sum(1 for n, _, _ in p.watched if n == name)
     if calls > 1:
         raise HookscopeError(f"the last convolution {name!r} ran {calls} times in the forward pass; CAM needs one "
-                             "output per layer, so pass layer= a layer that runs once")
+                             "output per layer, so pass layers= a layer that runs once")
     return name
 
 
-def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor],
+def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor], kw: dict[str, Any],
          chosen: list[tuple[str, nn.Module]] | None, method: str,
          probe: bool) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
     """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls).
@@ -387,10 +509,10 @@ def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor],
     """
     heads = _of_type(inner, nn.Linear) if method == "cam" else []
     if chosen is not None:
-        return _hooked_forward(model, fresh(), chosen, [], heads, inner if probe else None), chosen, 1
+        return _hooked_forward(model, fresh(), kw, chosen, [], heads, inner if probe else None), chosen, 1
     # Watch without copying, then use the layer's output as it is if nothing rewrote it in place.
     watch = _of_type(inner, nn.Module if method == "cam" else nn.Conv2d)
-    p = _hooked_forward(model, fresh(), [], watch, heads)
+    p = _hooked_forward(model, fresh(), kw, [], watch, heads)
     name = _gap_source(p, type(inner).__name__) if method == "cam" else _last_conv(p, type(inner).__name__)
     found = [(name, dict(watch)[name])]
     _, t, version = next(w for w in reversed(p.watched) if w[0] == name)
@@ -398,7 +520,7 @@ def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor],
         p.kept = {name: [t]}
         return p, found, 1
     # an in-place op rewrote that output after the layer ran: run again, keeping a copy of it
-    return _hooked_forward(model, fresh(), found, [], heads), found, 2
+    return _hooked_forward(model, fresh(), kw, found, [], heads), found, 2
 
 
 def _reaches(t: torch.Tensor, target: torch.Tensor) -> bool:
@@ -423,7 +545,7 @@ def _as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.T
             t = reshape(t)
         except Exception as e:
             raise HookscopeError(f"reshape= failed on layer {name!r}'s output of shape {tuple(t.shape)}: "
-                                 f"{type(e).__name__}: {e}") from None
+                                 f"{type(e).__name__}: {first_line(e)}") from None
     if not isinstance(t, torch.Tensor) or t.ndim != 4 or t.shape[0] != B:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         fix = "make reshape= return" if reshape is not None else "pass reshape= a function to"
@@ -475,11 +597,7 @@ def _scores(target: Target, output: Callable[[Any], torch.Tensor] | None, out: A
             ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(score of each sample, class targets, logits) read from the model's output; None where not read."""
     if is_function(target):
-        score = call_user(target, out if output is None else call_user(output, out, "output="), "target=")  # type: ignore[arg-type]
-        if not isinstance(score, torch.Tensor) or score.shape != (B,):
-            got = tuple(score.shape) if isinstance(score, torch.Tensor) else type(score).__name__
-            raise HookscopeError(f"the target function returned {got}; it must return one score per sample, shape ({B},)")
-        return score, None, None
+        return user_scores(cast(Callable[[Any], Any], target), output, out, B, f"a batch of {B}"), None, None
     try:
         logits = read_logits(output, out, B)
     except HookscopeError:
@@ -491,14 +609,19 @@ def _scores(target: Target, output: Callable[[Any], torch.Tensor] | None, out: A
 
 
 def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tensor] | None,
-            targets: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+            targets: torch.Tensor | None, kw: dict[str, Any], B: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Score-CAM's scores of a batch of masked inputs; ``rows`` are their samples (one input: every row)."""
+    spread = per_sample(kw, B)  # keyword inputs with a row per sample go with each masked input
+
     def scores(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        out = model(batch)
+        if spread and batch.shape[0] != len(rows):  # the zero image differs per sample only by its kwargs
+            batch = batch.expand(len(rows), *batch.shape[1:])
+        out = call_model(model, (batch,), rows_of(kw, rows, B) if spread else kw)
+        n = batch.shape[0]
         if targets is None:  # a target function, which scores each row on its own
-            s, _, _ = _scores(target, output, out, batch.shape[0], "scorecam")
-            return s.float().expand(len(rows))  # type: ignore[union-attr]
-        logits = read_logits(output, out, batch.shape[0]).float()
+            fn = cast(Callable[[Any], Any], target)
+            return user_scores(fn, output, out, n, f"a batch of {n} masked inputs").float().expand(len(rows))
+        logits = read_logits(output, out, n).float()
         return logits.expand(len(rows), -1).gather(1, targets[rows].unsqueeze(1)).squeeze(1)
 
     return scores
@@ -547,7 +670,7 @@ def cam(
     model: nn.Module,
     inputs: torch.Tensor,
     *,
-    layer: Selector | Sequence[Selector] | None = None,
+    layers: Selector | Sequence[Selector] | None = None,
     method: str = "gradcam",
     target: Target = None,
     output: Callable[[Any], torch.Tensor] | None = None,
@@ -555,6 +678,8 @@ def cam(
     fuse: str = "mean",
     batch_size: int = 16,  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
     progress: bool | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    layer: Selector | Sequence[Selector] | None = _UNSET,
 ) -> CamResult:
     """Class activation maps of a batch, one per image, in one forward pass (Score-CAM: plus its masked inputs).
 
@@ -563,7 +688,7 @@ def cam(
     ====================  ==============================================================================
     ``"cam"``             Zhou et al. 2016: ``sum_k W[c, k] A_k``, ``W`` the linear head after a global
                           average pool (checked: the head's input must be the layer's spatial mean);
-                          no ReLU, as in the paper. ``layer=None`` finds the layer the head pools.
+                          no ReLU, as in the paper. ``layers=None`` finds the layer the head pools.
     ``"gradcam"``         Selvaraju et al. 2017: ``relu(sum_k mean_ij(g_k) A_k)``.
     ``"gradcam++"``       Chattopadhay et al. 2018 (eq. 19): ``alpha = g^2 / (2 g^2 + sum_ab A_kab g^3)``,
                           ``w_k = sum_ij alpha relu(g)``, ``relu(sum_k w_k A_k)``. Neither peer
@@ -583,10 +708,10 @@ def cam(
                           sum to >= 0. Needs no gradient and no target.
     ====================  ==============================================================================
 
-    The model runs in eval mode (every module's flag is put back afterwards), so batch norm uses its
-    running statistics, dropout is off, and the samples of a batch do not interact: the score of
-    sample ``b`` is ``logits[b, target_b]`` and one ``torch.autograd.grad(score.sum(), activations)``
-    gives each sample's own gradient. Maps are upsampled bilinearly (align_corners=False) to the
+    The model runs in eval mode (every module's flag, and the random generator, are put back
+    afterwards), so batch norm uses its running statistics, dropout is off, and the samples of a
+    batch do not interact: the score of sample ``b`` is ``logits[b, target_b]`` and one
+    ``torch.autograd.grad(score.sum(), activations)`` gives each sample's own gradient. Maps are upsampled bilinearly (align_corners=False) to the
     input's ``H x W`` and normalised per image as ``(m - min) / (max - min)``; a constant map becomes
     all zeros. A layer whose output does not depend on the input, or (but for Eigen-CAM) does not
     reach the score, is refused. A batch norm that keeps no running statistics
@@ -607,7 +732,7 @@ def cam(
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
         inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
-        layer: a layer selector (name, glob, type, module...) or a list of them; several layers give
+        layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
             maps that are upsampled, normalised and fused. ``None``: the last ``nn.Conv2d`` with a
             spatial output in execution order (``"cam"``: the layer the head pools).
         method: one of :data:`METHODS` (``"Grad-CAM++"`` and ``"grad_cam"`` spellings accepted).
@@ -624,31 +749,48 @@ def cam(
         batch_size: Score-CAM's masked inputs per forward.
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
             shown when the first batch says the whole run will take over 5 seconds.
+        kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``. A tensor with ``B`` rows
+            goes with its samples: Score-CAM's masked inputs get the rows of the images they mask.
+        layer: the old name of ``layers=`` (until hookscope 0.3; it warns).
 
     Returns:
         A :class:`CamResult`.
 
+    Raises:
+        ForwardError: the model's forward pass failed (one line: the module, what it received).
+        HookscopeError: a layer, target, method or argument that cannot work, in one line.
+
     Example:
         >>> import torch, hookscope.zoo
         >>> net = hookscope.zoo.TinyResNet().eval()
-        >>> res = cam(net, torch.randn(2, 3, 32, 32), layer="layer2", method="gradcam")
+        >>> res = cam(net, torch.randn(2, 3, 32, 32), layers="layer2", method="gradcam")
         >>> res.maps.shape, res.raw["layer2"].shape, res.layers
         (torch.Size([2, 32, 32]), torch.Size([2, 16, 16]), ['layer2'])
     """
+    layers = _renamed(layers, layer)
     method = _check_method(method)
+    kw = check_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
-    chosen = None if layer is None else layers(model, cast(Selector, layer))  # lists are flattened there
+    chosen = None if layers is None else select(model, cast(Selector, layers))  # lists are flattened there
     if chosen is not None:
         check_hookable(chosen)
-    training = [m for m in model.modules() if m.training]  # eval() then back: 2.4 ms on resnet50, so only if needed
-    try:
-        if training:
-            model.eval()
-        with torch.inference_mode(False), torch.enable_grad():
-            return _cam(model, inner, inputs, chosen, method, target, output, reshape, fuse, batch_size, progress)
-    finally:
-        for m in training:
-            m.training = True
+    # In eval already, no flag changes: only the random stream is kept, since restored() would write
+    # every module's flag back (0.5 ms on resnet50 at batch 1, measured: 0.7% of the forward).
+    kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
+    with kept, torch.inference_mode(False), torch.enable_grad():
+        return _cam(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress)
+
+
+def _renamed(layers: Selector | Sequence[Selector] | None,
+             layer: Selector | Sequence[Selector] | None) -> Selector | Sequence[Selector] | None:
+    """``layers=``, or the deprecated ``layer=`` with a warning."""
+    if layer is _UNSET:
+        return layers
+    if layers is not None:
+        raise HookscopeError("cam() got both layers= and layer=; layer= is the old name of layers=, pass only layers=")
+    warnings.warn("cam(layer=...) is now cam(layers=...); layer= goes away in hookscope 0.3",
+                  DeprecationWarning, stacklevel=3)
+    return layer
 
 
 def _activations(p: _Pass, chosen: list[tuple[str, nn.Module]], leaf: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -667,10 +809,10 @@ def _activations(p: _Pass, chosen: list[tuple[str, nn.Module]], leaf: torch.Tens
     return acts
 
 
-def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[tuple[str, nn.Module]] | None,
-         method: str, target: Target, output: Callable[[Any], torch.Tensor] | None,
-         reshape: Callable[[torch.Tensor], torch.Tensor] | None, fuse: str, batch_size: int,
-         progress: bool | None) -> CamResult:
+def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str, Any],
+         chosen: list[tuple[str, nn.Module]] | None, method: str, target: Target,
+         output: Callable[[Any], torch.Tensor] | None, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
+         fuse: str, batch_size: int, progress: bool | None) -> CamResult:
     B, size = inputs.shape[0], (inputs.shape[-2], inputs.shape[-1])
     original = inputs.detach().clone()  # what Score-CAM masks, whatever the model writes into its input
     leaf = original.detach().requires_grad_() if original.is_floating_point() else None
@@ -681,7 +823,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
 
     probed = chosen is not None and reshape is None
     coupled = batch_coupled(inner)  # samples that interact: gradient methods take one gradient per sample
-    p, chosen, forwards = _run(model, inner, fresh, chosen, method, probed)
+    p, chosen, forwards = _run(model, inner, fresh, kw, chosen, method, probed)
     acts = _activations(p, chosen, leaf)
     shapers, layouts = _shapers(acts, p, reshape, probed, size)
     A = {n: _work(_as_4d(n, a.detach(), shapers[n], B)) for n, a in acts.items()}
@@ -701,7 +843,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, chosen: list[
         raw = {n: _cam_rows(n, a, p, logits, targets) for n, a in A.items()}  # type: ignore[arg-type]
     else:
         raw = {}
-        scorer = _scorer(model, target, output, targets)
+        scorer = _scorer(model, target, output, targets, kw, B)
         for n, a in A.items():
             weights, runs, calls = score_weights(scorer, original, a, batch_size=batch_size, progress=progress)
             raw[n] = torch.einsum("bk,bkhw->bhw", weights, a).clamp(min=0)

@@ -1,14 +1,16 @@
 """How faithful a saliency map is: deletion / insertion curves and the (energy-based) pointing game.
 
 Maps are plain tensors (``B x H x W``), so any saliency method can be scored, not only
-:mod:`hookscope.analysis.cam`. Nothing here registers a hook: the curves only call the model,
-under ``torch.no_grad()``, in eval mode (every submodule's flag is restored afterwards), and
-always on tensors of their own: a model that writes into its input never changes the caller's images.
+:func:`hookscope.cam`. Also at the short path :mod:`hookscope.metrics`. The curves only call the
+model, under ``torch.no_grad()``, in eval mode (every submodule's flag, and the random generator,
+are restored afterwards), and always on tensors of their own: a model that writes into its input
+never changes the caller's images. Nothing here registers a hook; a failing forward pass is one
+:class:`~hookscope.ForwardError` naming the module it failed in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -17,11 +19,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._tree import tree_map
+from ..core.result import Result
+from ..core.state import restored
+from ..core.text import num, table
 from ..errors import HookscopeError, did_you_mean
-from ._targets import batch_coupled, call_user, check_range, class_targets, is_function, read_logits
+from ._targets import (Target, batch_coupled, call_model, check_kwargs, check_range, class_targets, is_function,
+                       read_logits, rows_of, user_scores)
 
 __all__ = [
     "Curve",
+    "CurveRow",
     "deletion",
     "insertion",
     "pointing_game",
@@ -36,13 +43,36 @@ BASELINES = ("zeros", "blur", "mean")
 SCORES = ("prob", "logit")
 _BLUR_SIZE, _BLUR_SIGMA = 11, 5.0  # RISE's insertion substrate: an 11 x 11 Gaussian, sigma 5
 
-Target = Union[int, Sequence[int], torch.Tensor, Callable[[Any], torch.Tensor], None]
 Baseline = Union[str, float, torch.Tensor, None]
 
 
+@dataclass(frozen=True)
+class CurveRow:
+    """One step of a :class:`Curve` (a row of ``curve.rows``).
+
+    Attributes:
+        step: the step, from 0 to ``steps``.
+        fraction: the fraction of the pixels removed (deletion) or inserted (insertion).
+        mean: the mean score over the images.
+        scores: each image's score.
+    """
+
+    step: int
+    fraction: float
+    mean: float
+    scores: tuple[float, ...]
+
+
+_SHOWN = 8  # images with a column of their own in Curve.table()
+
+
 @dataclass
-class Curve:
+class Curve(Result):
     """A deletion or insertion curve per image, and its area.
+
+    Speaks hookscope's result protocol: ``rows`` (one :class:`CurveRow` per step), ``table()``
+    (also ``str(curve)``), ``to_dict()`` (the tensors as they are) and ``to_json()`` (the same,
+    tensors as lists: a curve is small).
 
     Attributes:
         kind: ``"deletion"`` or ``"insertion"``.
@@ -60,6 +90,55 @@ class Curve:
     auc: torch.Tensor
     targets: torch.Tensor | None
 
+    @property
+    def rows(self) -> list[CurveRow]:
+        """One row per step: the fraction, the mean score over the images, each image's score."""
+        per_step = self.scores.t().tolist()
+        means = self.scores.mean(0).tolist() if self.scores.shape[0] else [float("nan")] * len(per_step)
+        return [CurveRow(i, f, m, tuple(s))
+                for i, (f, m, s) in enumerate(zip(self.fractions.tolist(), means, per_step))]
+
+    def table(self) -> str:
+        """The curve as text: one line per step, the area under it last (also ``str(curve)``).
+
+        Example:
+            >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+            >>> with torch.no_grad():
+            ...     _ = net[1].weight.fill_(1.0), net[1].bias.zero_()
+            >>> print(deletion(net, torch.ones(1, 1, 2, 2), torch.rand(1, 2, 2), steps=2, score="logit"))
+            deletion curve of 1 image (lower area is better)
+            step  fraction  mean  image 0
+            -----------------------------
+               0     0.000     4        4
+               1     0.500     2        2
+               2     1.000     0        0
+             auc               2        2
+        """
+        b = self.scores.shape[0]
+        shown = min(b, _SHOWN)
+        head = ["step", "fraction", "mean", *(f"image {i}" for i in range(shown))]
+        body = [[str(r.step), f"{r.fraction:.3f}", num(r.mean), *(num(v) for v in r.scores[:shown])]
+                for r in self.rows]
+        aucs = self.auc.tolist()
+        body.append(["auc", "", num(sum(aucs) / b) if b else "-", *(num(v) for v in aucs[:shown])])
+        better = "lower" if self.kind == "deletion" else "higher"
+        more = f"; the first {shown} shown" if b > shown else ""
+        title = f"{self.kind} curve of {b} image{'s' if b != 1 else ''} ({better} area is better{more})"
+        return "\n".join([title, *table(head, body)])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict, tensors as they are (``to_json`` writes them as lists).
+
+        Example:
+            >>> import json
+            >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+            >>> curve = deletion(net, torch.rand(2, 1, 2, 2), torch.rand(2, 2, 2), target=0, steps=2)
+            >>> sorted(curve.to_dict()), json.loads(curve.to_json())["fractions"]
+            (['auc', 'fractions', 'kind', 'scores', 'targets'], [0.0, 0.5, 1.0])
+        """
+        return {"kind": self.kind, "fractions": self.fractions, "scores": self.scores, "auc": self.auc,
+                "targets": self.targets}
+
 
 def deletion(
     model: nn.Module,
@@ -72,6 +151,7 @@ def deletion(
     baseline: Baseline = "zeros",
     score: str = "prob",
     batch_size: int = 64,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> Curve:
     """Deletion curve (RISE, Petsiuk et al. 2018): remove the most salient pixels first.
 
@@ -98,9 +178,14 @@ def deletion(
             image's per-channel mean), a number, or a tensor broadcastable to ``inputs``.
         score: ``"prob"`` (softmax probability of the target, as in RISE) or ``"logit"``.
         batch_size: how many modified images go through the model at once.
+        kwargs: keyword inputs of the model; a tensor with ``B`` rows goes with its images, so each
+            modified image gets the rows of the image it was made from.
 
     Returns:
         A :class:`Curve`.
+
+    Raises:
+        ForwardError: the model's forward pass failed (one line: the module, what it received).
 
     Example:
         >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
@@ -109,7 +194,8 @@ def deletion(
         >>> curve.scores.shape, curve.fractions.tolist()
         (torch.Size([1, 5]), [0.0, 0.25, 0.5, 0.75, 1.0])
     """
-    return _curve("deletion", model, inputs, maps, target, output, steps, baseline, score, batch_size)
+    return _curve("deletion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
+                  check_kwargs(kwargs))
 
 
 def insertion(
@@ -123,6 +209,7 @@ def insertion(
     baseline: Baseline = "blur",
     score: str = "prob",
     batch_size: int = 64,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> Curve:
     """Insertion curve (RISE, Petsiuk et al. 2018): put the most salient pixels back first.
 
@@ -137,7 +224,8 @@ def insertion(
         >>> insertion(net, x, x[:, 0], target=[0, 1], steps=2, baseline="zeros").auc.shape
         torch.Size([2])
     """
-    return _curve("insertion", model, inputs, maps, target, output, steps, baseline, score, batch_size)
+    return _curve("insertion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
+                  check_kwargs(kwargs))
 
 
 def _curve(
@@ -151,6 +239,7 @@ def _curve(
     baseline: Baseline,
     score: str,
     batch_size: int,
+    kw: dict[str, Any],
 ) -> Curve:
     _check_curve(kind, inputs, steps, batch_size, score)
     b, _, h, w = inputs.shape
@@ -171,16 +260,10 @@ def _curve(
     order = torch.argsort(saliency.reshape(b, h * w), dim=1, descending=True, stable=True)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(h * w, device=inputs.device).expand(b, h * w))
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        with torch.no_grad():
-            targets = None if is_function(target) else _targets(model, inputs, target, output)
-            scores = _step_scores(kind, model, inputs, substrate, rank, counts, target, targets, output, score,
-                                  batch_size)
-    finally:
-        for m, flag in modes:
-            m.training = flag
+    with restored(model, train=False), torch.no_grad():
+        targets = None if is_function(target) else _curve_targets(model, inputs, kw, target, output)
+        scores = _step_scores(kind, model, inputs, kw, substrate, rank, counts, target, targets, output, score,
+                              batch_size)
     auc = torch.trapezoid(scores, fractions.to(scores.device), dim=1)
     return Curve(kind=kind, fractions=fractions, scores=scores, auc=auc, targets=targets)
 
@@ -201,8 +284,8 @@ def _check_curve(kind: str, inputs: torch.Tensor, steps: int, batch_size: int, s
         raise HookscopeError(f"score={score!r} is not a score.{did_you_mean(str(score), SCORES)} Use 'prob' or 'logit'")
 
 
-def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, substrate: torch.Tensor, rank: torch.Tensor,
-                 counts: torch.Tensor, target: Target, targets: torch.Tensor | None,
+def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], substrate: torch.Tensor,
+                 rank: torch.Tensor, counts: torch.Tensor, target: Target, targets: torch.Tensor | None,
                  output: Callable[[Any], torch.Tensor] | None, score: str, batch_size: int) -> torch.Tensor:
     """``B x (steps + 1)`` scores; every batch the model sees is built here, never the caller's tensor."""
     b, _, h, w = inputs.shape
@@ -215,7 +298,7 @@ def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, substrate: t
         removed = (rank[img] < counts[step].unsqueeze(1)).view(-1, 1, h, w)
         x, base = inputs[img], substrate[img]
         batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
-        out = model(batch)
+        out = call_model(model, (batch,), rows_of(kw, img, b))
         if targets is None:
             parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
         else:
@@ -300,10 +383,11 @@ def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_S
     return F.conv2d(rows, g.view(1, 1, 1, size).expand(c, 1, 1, size), groups=c)
 
 
-def _targets(model: nn.Module, inputs: torch.Tensor, target: Target,
-             output: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
+def _curve_targets(model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], target: Target,
+                   output: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
     if target is None:  # a copy: the model may write into its input (x.mul_(2), x[:, 0] = 0)
-        return read_logits(output, model(inputs.clone()), inputs.shape[0]).argmax(dim=1)
+        out = call_model(model, (inputs.clone(),), kw)
+        return read_logits(output, out, inputs.shape[0]).argmax(dim=1)
     return class_targets(target, inputs.shape[0], device=inputs.device)
 
 
@@ -322,14 +406,7 @@ def _call_target(fn: Callable[[Any], torch.Tensor], output: Callable[[Any], torc
     values = []
     for j in range(copies):
         part = tree_map(lambda t: t[j * b : (j + 1) * b] if t.dim() and t.shape[0] == copies * b else t, out)
-        v = call_user(fn, part if output is None else call_user(output, part, "output="), "target=")
-        if not isinstance(v, torch.Tensor) or v.shape != (b,):
-            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-            raise HookscopeError(
-                f"target= returned {shape} for a batch of {b} images; it must return one score per "
-                f"image, a tensor of shape ({b},)"
-            )
-        values.append(v.float())
+        values.append(user_scores(fn, output, part, b, f"a batch of {b} images").float())
     return torch.cat(values)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..core.text import shape_text
 from ..errors import HookscopeError
 from ._load import add_model_arguments, example_input, load_model, parse_shape
 
@@ -93,10 +94,8 @@ def _paths(out: str, n: int) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.cam import cam
+    from ..analysis.cam import cam, channels_first, channels_last, tokens_to_grid
     from ..viz.overlay import save_overlay
-
-    from ..analysis.cam import channels_first, channels_last, tokens_to_grid
 
     if args.image is not None and args.input is not None:
         raise HookscopeError("give either --image PATH or --input SHAPE, not both")
@@ -118,12 +117,11 @@ def run(args: argparse.Namespace) -> int:
         if x.dim() != 4:
             raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
         pictures = [_picture(x[i]) for i in range(x.shape[0])]
-    layer = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
+    chosen = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}
     reshape = tokens_to_grid(args.tokens) if args.tokens is not None else shapers[args.layout]
-    result = cam(model, x, layer=layer, method=args.method, target=args.target, fuse=args.fuse, reshape=reshape)
-    shape = "x".join(str(d) for d in x.shape)
-    print(f"{type(model).__name__}, input {shape}, method {result.method}, "
+    result = cam(model, x, layers=chosen, method=args.method, target=args.target, fuse=args.fuse, reshape=reshape)
+    print(f"{type(model).__name__}, input {shape_text(tuple(x.shape))}, method {result.method}, "
           f"layer{'s' if len(result.layers) > 1 else ''} {', '.join(result.layers)}")
     for name, layout in result.layouts.items():
         if layout == "BHWC" and args.layout == "auto":

@@ -56,7 +56,7 @@ def forward_error(
     where: str | None,
     *,
     got: str = "",
-    after: Sequence[str] = (),
+    after: Sequence[str] | None = (),
     run: str = "",
 ) -> ForwardError:
     """The one-line :class:`ForwardError` for a failed forward pass (raise it ``from exc``).
@@ -65,7 +65,8 @@ def forward_error(
         exc: what the model raised.
         where: the module that was running (:func:`module_label`), or ``None`` when none had started.
         got: what it received (:func:`received`).
-        after: names of the modules that had finished before it, in order (the last few are named).
+        after: names of the modules that had finished before it, in order (the last is named);
+            ``None`` when that was not tracked (the clause is left out).
         run: a prefix naming the run, e.g. ``"run B: "`` in a comparison.
 
     Example:
@@ -79,7 +80,12 @@ def forward_error(
     if where is None:
         place = "before any module ran"
     else:
-        done = f"after {after[-1]!r} had run" if after else "before any other module had finished"
-        place = f"in {where}, which received {got or 'no tensor'}, {done}"
+        if after is None:
+            done = ""
+        elif after:
+            done = f", after {after[-1]!r} had run"
+        else:
+            done = ", before any other module had finished"
+        place = f"in {where}, which received {got or 'no tensor'}{done}"
     return ForwardError(f"{run}the forward pass failed {place}: {detail}; "
                         "check the example input's shape and dtype")

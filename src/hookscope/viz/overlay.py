@@ -101,7 +101,7 @@ def overlay(image: ImageLike, cam_map: torch.Tensor, *, alpha: float = 0.5, colo
 
     Args:
         image: a 3 x H x W (or 1 x H x W) float tensor in [0, 1], a PIL image, or an image file path.
-        cam_map: an H x W map (any size; ``result.maps[i]`` of :func:`hookscope.analysis.cam.cam`).
+        cam_map: an H x W map (any size; ``result.maps[i]`` of :func:`hookscope.cam`).
         alpha: weight of the coloured map, from 0 (image only) to 1 (map only).
         colormap: a matplotlib colormap name.
 

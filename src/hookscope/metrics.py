@@ -1,0 +1,44 @@
+"""How faithful a saliency map is, at a short path: ``hookscope.metrics.deletion(...)``.
+
+The same functions as :mod:`hookscope.analysis.cam_metrics` (where they live and are documented):
+deletion and insertion curves (RISE) with their area, the pointing game and its energy-based
+variant, boxes turned into masks. They score any ``B x H x W`` saliency maps, not only
+:func:`hookscope.cam`'s, and take the same ``target=`` / ``output=`` / ``kwargs=`` as it does.
+
+Example:
+    >>> import torch
+    >>> from hookscope import metrics
+    >>> m = torch.zeros(1, 4, 4); m[0, 1, 2] = 1
+    >>> metrics.pointing_game(m, metrics.box_mask([[2, 0, 4, 2]], 4, 4), tolerance=0).tolist()
+    [True]
+    >>> net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    >>> curve = metrics.deletion(net, torch.rand(1, 1, 4, 4), m, steps=4)
+    >>> isinstance(curve, metrics.Curve), [r.step for r in curve.rows]
+    (True, [0, 1, 2, 3, 4])
+"""
+
+from .analysis.cam_metrics import (
+    BASELINES,
+    SCORES,
+    Curve,
+    CurveRow,
+    blur,
+    box_mask,
+    deletion,
+    energy_pointing_game,
+    insertion,
+    pointing_game,
+)
+
+__all__ = [
+    "deletion",
+    "insertion",
+    "Curve",
+    "CurveRow",
+    "pointing_game",
+    "energy_pointing_game",
+    "box_mask",
+    "blur",
+    "BASELINES",
+    "SCORES",
+]
