@@ -87,7 +87,7 @@ def torchcam_map(method: str, model: nn.Module, x: torch.Tensor, targets: list[i
     import torchcam.methods as tcm
 
     kwargs = {"fc_layer": "fc"} if method == "cam" else {}
-    extractor = getattr(tcm, TORCHCAM[method])(model, target_layer="layer4", **kwargs)
+    extractor = getattr(tcm, TORCHCAM[method])(model, target_layers="layer4", **kwargs)
     try:
         grad = method not in ("cam", "scorecam")
         with torch.set_grad_enabled(grad):
@@ -142,7 +142,7 @@ def agreement() -> list[tuple[str, str, str, float]]:
     for method in ("cam", "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam"):
         if method == "scorecam":  # 512 masked forwards per image and per implementation: one image
             x = x[:1]
-        ours = cam(model, x, layer="layer4" if method != "cam" else None, method=method)
+        ours = cam(model, x, layers="layer4" if method != "cam" else None, method=method)
         name = ours.layers[0]
         assert name == "layer4", name
         mine = minmax(ours.raw[name])
@@ -183,7 +183,7 @@ def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
 
     runs: dict[str, Callable[[], Any]] = {"plain": lambda: model(x), "floor": floor}
     for m in OURS:
-        runs[f"hookscope {m}"] = lambda m=m: cam(model, x, layer="layer4", method=m)
+        runs[f"hookscope {m}"] = lambda m=m: cam(model, x, layers="layer4", method=m)
     for m in OURS:
         runs[f"pytorch-grad-cam {m}"] = lambda m=m: quiet(lambda: pgc_map(m, model, x, None))
     runs["captum gradcam (target given)"] = lambda: captum_map(model, x, targets)
@@ -220,9 +220,9 @@ def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
                 model((x * chunk).contiguous(memory_format=torch.channels_last))
 
     runs = {"scorecam floor": floor,
-            "hookscope scorecam": lambda: cam(model, x, layer="layer4", method="scorecam"),
+            "hookscope scorecam": lambda: cam(model, x, layers="layer4", method="scorecam"),
             "pytorch-grad-cam scorecam (batch 16, its default)": lambda: quiet(lambda: pgc_map("scorecam", model, x, None))}
-    counts["hookscope masked inputs"] = cam(model, x, layer="layer4", method="scorecam").masked
+    counts["hookscope masked inputs"] = cam(model, x, layers="layer4", method="scorecam").masked
     return medians(runs, rounds, warmup=0), counts
 
 

@@ -9,16 +9,24 @@ Example:
     torch.Size([2, 8])
 """
 
-from .analysis.cam import CamResult, cam
+from . import metrics
+from .analysis.cam import CamResult, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
-from .analysis.stats import ForwardError, StatRow, Trace, trace
+from .analysis.stats import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
-from .analysis.watch import NonFiniteError, Watch, watch
+from .analysis.watch import Watch, watch
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
+from .errors import (
+    ForwardError,
+    HookscopeError,
+    MutationError,
+    NonFiniteError,
+    RecordError,
+    SelectionError,
+)
 from .grads import GradRecord, TensorGrads, grads
-from .errors import HookscopeError, MutationError, RecordError, SelectionError
 from .records import CallRecord, LayerRecord, Recording, Retention
 from .selection import layers, names, unwrap
 
@@ -26,7 +34,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CamResult",
+    "CamRow",
     "cam",
+    "channels_first",
+    "channels_last",
+    "metrics",
+    "tokens_to_grid",
     "Diff",
     "DiffRow",
     "Settings",
