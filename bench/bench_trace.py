@@ -19,7 +19,7 @@ import torch
 import torchvision
 from torch import nn
 
-from hookscope.analysis.stats import trace
+from hookscope.analysis.trace import trace
 from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from hookscope import HookscopeError, RecordError
 from hookscope.analysis.gradflow import gradient_flow
-from hookscope.analysis.stats import trace
+from hookscope.analysis.trace import trace
 
 
 def chain() -> nn.Sequential:
@@ -38,7 +38,7 @@ def test_parameter_gradient_norms_worked_out_by_hand():
 
 def test_activation_gradient_norms_from_a_trace():
     m = chain()
-    with trace(m, grads=True) as t:
+    with trace(m, keep="all") as t:
         m(torch.tensor([[2000.0, 0.0]])).sum().backward()
     flow = gradient_flow(m, trace=t)
     # gradients reaching the outputs: 1 at layer 2, W3 = 1 at layer 1, W2^T W3^T = [3e-12, 4e-12] at 0

@@ -392,7 +392,7 @@ def test_gradient_flow_empty_activation_gradient_is_zero_not_non_finite():
             return self.a(x).sum() + self.b(x[:0]).sum()
 
     m = Empty()
-    with hookscope.trace(m, grads=True) as t:
+    with hookscope.trace(m, keep="all") as t:
         m(torch.ones(3, 2)).backward()
     rows = {r.module: r for r in gradient_flow(m, trace=t).rows}
     assert rows["b"].act_norm == 0.0 and rows["b"].flag == "vanishing"

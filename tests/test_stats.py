@@ -1,11 +1,14 @@
 import csv
 import gc
+import importlib
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 import threading
+import warnings
 import weakref
 
 try:
@@ -15,12 +18,14 @@ except ImportError:  # not POSIX
 
 import pytest
 import torch
-from conftest import ConvReLU, Net, Structured, no_hooks
+from helpers import ConvReLU, Net, Structured, no_hooks
 from torch import nn
 
-from hookscope import HookscopeError
+from hookscope import HookscopeError, RecordError
 from hookscope.analysis.gradflow import gradient_flow
-from hookscope.analysis.stats import STATS, ForwardError, tensor_stats, trace
+from hookscope.analysis._reduce import STATS, tensor_stats
+from hookscope.analysis.trace import trace
+from hookscope.errors import ForwardError
 from hookscope.analysis.watch import watch
 from hookscope.cli import main
 from hookscope.zoo import TinyResNet
@@ -70,7 +75,7 @@ def hand_model():
 def test_forward_and_backward_rows_worked_out_by_hand():
     m = hand_model()
     x = torch.tensor([[1.0, 1.0], [2.0, -1.0]], requires_grad=True)
-    with trace(m, grads=True) as t:
+    with trace(m, keep="all") as t:
         m(x).sum().backward()
     got = [(r.module, r.phase, r.which, r.path) for r in t.rows]
     assert got == [
@@ -221,9 +226,9 @@ def test_no_backward_rows_without_grads_or_under_no_grad_and_inference_mode():
     with trace(net) as t:
         net(x).sum().backward()
     assert {r.phase for r in t.rows} == {"forward"}
-    with torch.no_grad(), trace(net, grads=True) as t:
+    with torch.no_grad(), trace(net, keep="all") as t:
         net(x)
-    with torch.inference_mode(), trace(net, grads=True) as t2:
+    with torch.inference_mode(), trace(net, keep="all") as t2:
         net(x)
     assert len(t.rows) == len(t2.rows) == 4 and [r.mean for r in t.rows] == [r.mean for r in t2.rows]
     assert no_hooks(net)
@@ -362,7 +367,7 @@ def test_an_error_inside_hookscope_hooks_is_not_blamed_on_the_model(monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr("hookscope.analysis.stats.tensor_stats", broken)
+    monkeypatch.setattr("hookscope.analysis._recorder.tensor_stats", broken)
     m = Net()
     t = trace(m)
     with pytest.raises(RuntimeError, match="a bug of ours") as err:
@@ -410,7 +415,7 @@ def param_hooks(model: nn.Module) -> int:
 def test_parameter_gradient_rows_worked_out_by_hand():
     m = hand_model()
     x = torch.tensor([[1.0, 1.0], [2.0, -1.0]])
-    with trace(m, param_grads=True, inputs=False) as t:
+    with trace(m, param_grads=True, keep="output") as t:
         for _ in range(2):  # two backward passes: .grad accumulates, call counts them
             m(x).sum().backward()
         assert param_hooks(m) == 2
@@ -428,7 +433,7 @@ def test_parameter_gradient_rows_worked_out_by_hand():
 def test_parameter_gradients_of_selected_modules_are_named_after_their_owner():
     m = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1, bias=False)))
     m[1][0].requires_grad_(False)
-    with trace(m, "1", param_grads=True, inputs=False) as t:
+    with trace(m, "1", param_grads=True, keep="output") as t:
         m(torch.ones(1, 2)).sum().backward()
     assert [(r.module, r.path) for r in t.rows if r.which == "grad_param"] == [("1.1", "weight")]
     with pytest.raises(KeyError), trace(m, param_grads=True):
@@ -521,7 +526,7 @@ def test_a_trace_closed_while_another_thread_is_mid_forward_keeps_nothing_alive(
         out.sum().backward()  # after the block: no hook of the trace may fire
         return out.detach()
 
-    with trace(net, grads=True, param_grads=True) as t:
+    with trace(net, keep="all", param_grads=True) as t:
         thread, result = in_thread_b(forward)
         assert net.wait.inside.wait(30)
     net.wait.go.set()
@@ -549,7 +554,7 @@ def _comparable(rows):
 
 
 def _traced(model, x, flows=None):
-    with trace(model, grads=True, param_grads=True) as t:
+    with trace(model, keep="all", param_grads=True) as t:
         model(x).sum().backward()
     if flows is not None:  # gradient_flow reads the .grad of the parameters and the trace's rows
         flows.extend((r.module, r.type, r.param_norm, r.act_norm, r.flag)
@@ -639,3 +644,97 @@ def _json_rows(text):
     rows = json.loads(text)
     return sorted((r["module"], r["phase"], r["which"], r["path"], r["mean"], r["std"], r["min"], r["max"])
                   for r in rows)
+
+
+# --- issue 10: one vocabulary (keep=), one result protocol, the engine apart from trace ------------
+def _kinds(t):
+    return [(r.module, r.which) for r in t.rows]
+
+
+@pytest.mark.parametrize("keep, old", [
+    ("io", {}), ("output", {"inputs": False}), ("all", {"grads": True}),
+    (("output", "grads"), {"inputs": False, "grads": True}),
+])
+def test_keep_records_what_the_old_flags_did_and_the_old_flags_warn(keep, old):
+    m, x = hand_model(), torch.tensor([[1.0, 1.0], [2.0, -1.0]], requires_grad=True)
+    with trace(m, keep=keep) as new:
+        m(x).sum().backward()
+    spelled = repr(keep)
+    with pytest.warns(DeprecationWarning, match=rf"use trace\(\.\.\., keep={re.escape(spelled)}\)") if old \
+            else warnings.catch_warnings():
+        if not old:
+            warnings.simplefilter("error")
+        with trace(m, **old) as was:
+            m(x).sum().backward()
+    assert _kinds(new) == _kinds(was) and [r.mean for r in new.rows] == [r.mean for r in was.rows]
+    assert no_hooks(m)
+
+
+def test_keep_takes_each_field_on_its_own():
+    m, x = hand_model(), torch.tensor([[1.0, 1.0], [2.0, -1.0]], requires_grad=True)
+    with trace(m, keep="grad_input") as t:
+        m(x).sum().backward()
+    assert _kinds(t) == [("1", "grad_input"), ("0", "grad_input")]
+    with trace(m, keep=["input", "grad_output"]) as t:
+        m(x).sum().backward()
+    assert _kinds(t) == [("0", "input"), ("1", "input"), ("1", "grad_output"), ("0", "grad_output")]
+    with trace(m, keep="input") as t:  # no output rows, yet what ran before a failure is still known
+        m(x)
+    assert _kinds(t) == [("0", "input"), ("1", "input")] and no_hooks(m)
+
+
+def test_a_wrong_keep_is_one_line_before_any_hook():
+    m = hand_model()
+    with pytest.raises(HookscopeError, match="keep='ouput'.*Did you mean 'output'"):
+        trace(m, keep="ouput")
+    with pytest.raises(HookscopeError, match=r"trace\(\) would record nothing"):
+        trace(m, keep="input", inputs=False)
+    with pytest.raises(TypeError, match="dpeth"):
+        trace(m, dpeth=2)  # type: ignore[call-arg]
+    assert no_hooks(m)
+
+
+def test_trace_speaks_the_result_protocol():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    with trace(m) as t:
+        m(torch.tensor([[1.0, float("nan"), 2.0]]))
+    assert str(t) == t.table() and "0" in t and "1" in t and "2" not in t and 0 not in t
+    assert [r.which for r in t["1"]] == ["input", "output"] and all(r.module == "1" for r in t["1"])
+    with pytest.raises(KeyError) as err:
+        t["O"]
+    assert isinstance(err.value, RecordError) and "no module 'O'" in str(err.value) and "\n" not in str(err.value)
+    data = t.to_dict()
+    assert [d["which"] for d in data["rows"]] == ["input", "output", "input", "output"]
+    assert data["rows"][1]["shape"] == (1, 3) and math.isnan(data["rows"][1]["mean"])
+    for indent in (None, 2):
+        assert json.loads(t.to_json(indent=indent)) == json.loads(t.to_json())
+    assert "\n" in t.to_json(2) and json.loads(t.to_json())[1]["mean"] == "nan"
+    with pytest.warns(DeprecationWarning, match=r"to_dict\(\)\['rows'\]"):
+        assert t.to_dicts() == data["rows"]
+
+
+def test_the_old_module_still_works_for_one_release_and_warns():
+    import hookscope.analysis.stats as old
+
+    with pytest.warns(DeprecationWarning, match="hookscope.analysis.stats is deprecated"):
+        importlib.reload(old)
+    import hookscope.analysis._recorder as engine
+    import hookscope.analysis.trace as new
+
+    assert (old.trace, old.Trace, old.StatRow) == (new.trace, new.Trace, new.StatRow)
+    assert (old.Recorder, old.select, old.ForwardError) == (engine.Recorder, engine.select, ForwardError)
+    assert old.tensor_stats is tensor_stats and old.STATS == STATS
+
+
+def test_a_non_runtime_error_becomes_one_forward_error_line_on_request():
+    m = Pick()
+    t = trace(m)
+    with pytest.raises(IndexError) as err:
+        with t:
+            m(torch.randn(1, 5))
+    e = t.forward_error(err.value)
+    assert isinstance(e, ForwardError) and str(e) == (
+        "the forward pass failed in Pick's own forward, which received input[0] 1x5 float32, after 'a' "
+        "had run: IndexError: index 7 is out of bounds for dimension 0 with size 1; check the example "
+        "input's shape and dtype")
+    assert t.forward_error(KeyError("elsewhere")) is None

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import Net, no_hooks
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -16,7 +15,10 @@ from hookscope import HookscopeError
 from hookscope import capture as hookscope_capture
 from hookscope.analysis.summary import own_macs, summary
 from hookscope.cli import main
+from hookscope.errors import ForwardError, RecordError
 from hookscope.zoo import TinyResNet
+
+from helpers import Net, no_hooks
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -187,7 +189,7 @@ def test_frozen_and_trainable():
     s = summary(net, torch.randn(1, 2))
     assert (s.totals.trainable, s.totals.frozen) == (60, 15)
     assert s.row("").trainable_total == 60 and s.row("").frozen_total == 15 and s.row("l1").trainable_total == 0
-    assert s.to_text().splitlines()[4].split()[4] == "partial"  # the model row's Trainable column
+    assert s.table().splitlines()[4].split()[4] == "partial"  # the model row's Trainable column
 
 
 @pytest.mark.parametrize(
@@ -325,7 +327,7 @@ def test_uncounted_products_make_the_count_a_lower_bound():
     assert chain.uncounted == ("einsum",) and chain.macs_partial and chain.macs == 0
     assert root.macs_partial and root.uncounted == () and root.macs == 18
     assert not s.row("0").macs_partial and s.totals.macs_partial
-    text = s.to_text()
+    text = s.table()
     assert "  1 (Chain)" in text and "mult-adds not counted: einsum" in text
     assert ">= 18" in text and "Mult-adds: 18 at least; not counted: einsum in 1" in text
     cells = next(line for line in text.splitlines() if "(Chain)" in line).split()
@@ -392,7 +394,7 @@ def test_forward_runs_without_grad_and_model_kwargs_pass_through():
             seen.append(torch.is_grad_enabled())
             return x * scale
 
-    s = summary(Probe(), torch.ones(2, 3, requires_grad=True), scale=2.0)
+    s = summary(Probe(), torch.ones(2, 3, requires_grad=True), kwargs={"scale": 2.0})
     assert seen == [False] and s.row("").output_shapes == [(2, 3)]
     assert s.totals.activation_bytes == 24 and s.totals.params == 0
 
@@ -411,34 +413,35 @@ def test_no_parameters_no_children_and_non_tensor_outputs():
     s = summary(Odd(), torch.randn(3, 2))
     assert s.row("").output_shapes == [(3, 2), ()] and s.row("inner").output_shapes == [(3, 2)]
     assert s.totals.activation_bytes == 0  # Identity returns its input: nothing new
-    assert "3x2, scalar" in s.to_text()
+    assert "3x2, scalar" in s.table()
     s = summary(nn.Flatten(), torch.randn(2, 3, 4))
     assert s.totals.activation_bytes == 0  # a view of the input
 
 
 def test_wrong_shape_names_the_module_and_what_reached_it():
     model = TinyResNet().eval()
-    with pytest.raises(HookscopeError) as e:
+    with pytest.raises(ForwardError) as e:
         summary(model, torch.randn(1, 1, 32, 32))
     msg = str(e.value)
-    assert "'stem.0'" in msg and "1x1x32x32 float32" in msg and "no layer completed before it" in msg
+    assert "'stem.0'" in msg and "1x1x32x32 float32" in msg and "before any other module had finished" in msg
+    assert isinstance(e.value, HookscopeError) and isinstance(e.value.__cause__, RuntimeError)
     assert "\n" not in msg and no_hooks(model)
 
 
 def test_wrong_dtype_names_the_module():
     model = TinyResNet().eval()
-    with pytest.raises(HookscopeError, match=r"'stem\.0', which received 1x3x32x32 float64"):
+    with pytest.raises(ForwardError, match=r"'stem\.0' \(Conv2d\), which received input\[0\] 1x3x32x32 float64"):
         summary(model, torch.randn(1, 3, 32, 32, dtype=torch.float64))
     assert no_hooks(model)
 
 
 def test_failure_deeper_lists_the_layers_executed_before():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(10, 2))
-    with pytest.raises(HookscopeError) as e:
+    with pytest.raises(ForwardError) as e:
         summary(model, torch.randn(1, 3, 8, 8))
     msg = str(e.value)
-    assert "failed in '2', which received 1x144 float32" in msg
-    assert "layers executed before it: 0, 1." in msg and no_hooks(model)
+    assert "failed in '2' (Linear), which received input[0] 1x144 float32" in msg
+    assert "after '1' had run" in msg and no_hooks(model)
 
 
 def test_bad_arguments():
@@ -450,6 +453,71 @@ def test_bad_arguments():
     with pytest.raises(HookscopeError, match="Did you mean 'l2', 'l1'"):
         s.row("l3")
 
+
+
+# --- one vocabulary, one result protocol (issue 10) ------------------------------------------------
+def test_model_keywords_go_in_kwargs_and_a_typo_is_never_forwarded():
+    seen = []
+
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, **extra: object) -> torch.Tensor:
+            seen.append((mask is not None, sorted(extra)))
+            return x if mask is None else x * mask
+
+    model = Masked()
+    s = summary(model, torch.ones(2, 3), kwargs={"mask": torch.zeros(2, 3)})
+    assert seen == [(True, [])] and s.row("").input_shapes == [(2, 3), (2, 3)]
+    # a typo of summary's own keyword: refused before the model runs, with the keyword it meant
+    with pytest.raises(HookscopeError) as e:
+        summary(model, torch.ones(2, 3), dpeth=2)
+    msg = str(e.value)
+    assert "'dpeth'" in msg and "Did you mean depth=?" in msg and "kwargs={'dpeth': ...}" in msg
+    assert "\n" not in msg
+    # the old way of passing a model keyword: refused with where it goes now, never forwarded
+    with pytest.raises(HookscopeError, match=r"kwargs=: summary\(model, x, kwargs=\{'mask': \.\.\.\}\)"):
+        summary(model, torch.ones(2, 3), mask=torch.zeros(2, 3))
+    with pytest.raises(HookscopeError, match="needs an example input"):
+        summary(model, kwargs={})
+    with pytest.raises(HookscopeError, match="kwargs= is a list, not a mapping of argument names"):
+        summary(model, torch.ones(2, 3), kwargs=[1])
+    assert seen == [(True, [])] and no_hooks(model)
+
+
+def test_lookups_raise_a_key_error_with_did_you_mean_and_in_agrees():
+    model = TiedTwice().eval()
+    s = summary(model, torch.tensor([[1, 2, 3]]), depth=0)
+    assert [r.call for r in s["act"]] == [0, 1] and s["unused"] == [s.row("unused")]
+    assert "act" in s and "alias" not in s and "actt" not in s and 0 not in s
+    assert [r.name for r in s] == [""] and len(s) == 1  # rows down to depth; lookups see every row
+    for bad in ("actt", "alias"):
+        with pytest.raises(KeyError) as e:
+            s[bad]
+        assert isinstance(e.value, RecordError) and "\n" not in str(e.value)
+    with pytest.raises(RecordError, match="Did you mean 'act'"):
+        s.row("actt")
+    with pytest.raises(RecordError, match=r"'act' has 2 row\(s\) in this result; pass call= from 0 to 1"):
+        s.row("act", call=2)
+
+
+def test_protocol_table_str_dict_and_json():
+    s = summary(TiedTwice().eval(), torch.tensor([[1, 2, 3]]))
+    assert str(s) == s.table() and s.table().endswith("=\n")
+    assert s.to_json() == json.dumps(json.loads(s.to_json()))  # one line by default, as every result
+    assert json.loads(s.to_json(indent=2)) == json.loads(s.to_json()) == json.loads(json.dumps(s.to_dict()))
+    with pytest.warns(DeprecationWarning, match=r"to_text\(\) is now Summary.table\(\)"):
+        assert s.to_text() == s.table()
+
+
+def test_failure_restores_the_model_and_removes_every_hook():
+    model = nn.Sequential(nn.BatchNorm1d(3), nn.Dropout(0.5), nn.Linear(4, 2)).train()
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    x = torch.randn(5, 3)
+    state = torch.get_rng_state()
+    with pytest.raises(ForwardError, match=r"'2' \(Linear\).* after '1' had run: RuntimeError"):
+        summary(model, x)
+    assert all(torch.equal(before[n], b) for n, b in model.named_buffers())
+    assert torch.equal(torch.get_rng_state(), state) and model.training and no_hooks(model)
+    assert torch._C._len_torch_function_stack() == 0
 
 def test_depth_keeps_totals_and_wrappers_keep_names():
     model = TinyResNet().eval()
@@ -486,7 +554,7 @@ def test_json_round_trip():
 
 # --- golden text -----------------------------------------------------------------------------------
 def test_golden_tinyresnet():
-    check_golden("tinyresnet", summary(TinyResNet().eval(), torch.randn(1, 3, 32, 32)).to_text())
+    check_golden("tinyresnet", summary(TinyResNet().eval(), torch.randn(1, 3, 32, 32)).table())
 
 
 def test_golden_tied_and_twice():
@@ -500,8 +568,10 @@ def test_cli_table_and_json(capsys):
     n = sum(p.numel() for p in TinyResNet().parameters())
     assert f"Params: {n:,}" in out and "layer1.0.conv1 (Conv2d)" in out
     assert main(["summary", "tiny", "--json", "--depth", "1"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    data = json.loads(out)
     assert data["totals"]["params"] == n and max(r["depth"] for r in data["rows"]) == 1
+    assert out.startswith('{\n  "model": ')  # indented for people reading it, as before
 
 
 def test_cli_wrong_input_is_one_line_and_exit_2():

@@ -1,16 +1,17 @@
+import json
 import math
 
 import pytest
 import torch
-from conftest import no_hooks
+from helpers import no_hooks
 from torch import nn
 
 import hookscope.analysis.watch as watch_module
 from hookscope import HookscopeError
 from hookscope.analysis.gradflow import gradient_flow
-from hookscope.analysis.stats import trace
+from hookscope.analysis.trace import trace
 from hookscope.analysis.watch import NonFiniteError, watch
-from hookscope.analysis.stats import ForwardError
+from hookscope.errors import ForwardError
 from hookscope.cli import main
 
 
@@ -66,7 +67,7 @@ def test_log_of_a_negative_number_names_layer_k_not_k_plus_1():
     assert [r.module for r in w.before] == ["1", "2", "3", "4", "5"]  # the last 5, all finite
     assert all(r.finite and r.mean == -1.0 and r.std == 0.0 for r in w.before)
     assert not w.finite and no_hooks(m)
-    report = w.report()
+    report = w.table()
     assert report.startswith("first non-finite value: '6' call 0, forward output output 2x4: 8 NaN, 0 Inf of 8 values")
 
 
@@ -108,7 +109,7 @@ def test_sqrt_at_zero_is_finite_forward_and_named_in_the_backward():
         ("0", "output", "output"), ("1", "output", "output"), ("2", "output", "output"),
         ("3", "output", "output"), ("3", "grad_output", "output"), ("3", "grad_param", "bias"),
         ("3", "grad_param", "weight"), ("3", "grad_input", "input[0]"), ("2", "grad_output", "output")]
-    assert "the 9 records before it (the last 5 calls and the culprit's own call, all finite):" in w.report()
+    assert "the 9 records before it (the last 5 calls and the culprit's own call, all finite):" in w.table()
     assert no_hooks(m) and param_hooks(m) == 0
 
 
@@ -127,7 +128,7 @@ def test_all_finite_report_and_arguments():
         m(torch.tensor([[1.0, 3.0]])).sum().backward()
     assert w.finite and w.culprit is None
     # 4 outputs, 4 grad_outputs, 3 grad_inputs (lin1's input needs no gradient), 4 parameters' .grad
-    assert w.report() == "all finite: 15 outputs and gradients checked, no NaN and no Inf"
+    assert w.table() == "all finite: 15 outputs and gradients checked, no NaN and no Inf"
     for bad in (-1, 1.5, True):
         with pytest.raises(HookscopeError, match="whole number of module calls"):
             watch(m, last=bad)
@@ -137,7 +138,7 @@ def test_all_finite_report_and_arguments():
 def test_a_non_finite_model_input_is_told_apart_with_inputs():
     m = log_model(k=6)
     x = torch.full((1, 4), float("inf"))
-    with watch(m, inputs=True) as w:
+    with watch(m, keep="all") as w:
         m(x)
     assert (w.culprit.module, w.culprit.which, w.culprit.inf) == ("0", "input", 4)
 
@@ -159,7 +160,7 @@ def test_story10_record_everything_then_find_what_went_wrong():
         m[0].weight.fill_(-1.0)
         m[0].bias.zero_()
     x = torch.ones(2, 4)
-    with trace(m, grads=True) as t:  # what went in and out of every layer, forward and backward
+    with trace(m, keep="all") as t:  # what went in and out of every layer, forward and backward
         m(x).sum().backward()
     fwd = [(r.module, r.which, r.shape, r.dtype) for r in t.rows if r.phase == "forward"]
     assert fwd[:4] == [("0", "input", (2, 4), "float32"), ("0", "output", (2, 4), "float32"),
@@ -200,21 +201,21 @@ def test_cli_watch_names_the_culprit(tmp_path, capsys):
 # --- last=N counts module calls -------------------------------------------------------------------
 def test_last_counts_calls_with_all_their_records():
     m = log_model(k=6)
-    with watch(m, inputs=True, last=2) as w:
+    with watch(m, keep="all", last=2) as w:
         m(-torch.ones(2, 4))
     assert (w.culprit.module, w.culprit.which) == ("6", "output")
     # calls 4 and 5 (input and output each), and the culprit's own input
     assert [(r.module, r.which) for r in w.before] == [
         ("4", "input"), ("4", "output"), ("5", "input"), ("5", "output"), ("6", "input")]
-    with watch(m, inputs=True, last=0) as w:
+    with watch(m, keep="all", last=0) as w:
         m(-torch.ones(2, 4))
     assert [(r.module, r.which) for r in w.before] == [("6", "input")]
-    assert "the 1 records before it (the last 0 calls and the culprit's own call" in w.report()
+    assert "the 1 records before it (the last 0 calls and the culprit's own call" in w.table()
 
 
 def test_last_keeps_the_records_of_a_block_around_its_children():
     m = nn.Sequential(nn.Linear(4, 4), log_model(k=1, n_layers=3))
-    with watch(m, inputs=True, last=1) as w:
+    with watch(m, keep="all", last=1) as w:
         m(-torch.ones(1, 4))
     # the block "1" started before its child "1.0" ran; its input is one of its call's records
     assert (w.culprit.module, w.culprit.which) == ("1.1", "output")
@@ -239,7 +240,7 @@ def test_a_non_finite_parameter_gradient_names_the_module_and_the_parameter():
     assert torch.isinf(m[1].weight.grad).all() and torch.isfinite(m[0].weight.grad).all()
     c = w.culprit
     assert (c.module, c.phase, c.which, c.path, c.call, c.inf) == ("1", "backward", "grad_param", "weight", 0, 1)
-    assert "'1' call 0, backward grad_param weight 1x1: 0 NaN, 1 Inf of 1 values" in w.report()
+    assert "'1' call 0, backward grad_param weight 1x1: 0 NaN, 1 Inf of 1 values" in w.table()
     assert param_hooks(m) == 0 and no_hooks(m)
     m.zero_grad()
     with watch(m, param_grads=False) as w:
@@ -270,7 +271,7 @@ def test_sparse_parameter_gradients_are_checked_by_their_values():
     with torch.no_grad():
         m[1].weight.copy_(torch.tensor([[1.0, float("inf"), 2.0]]))
     m.zero_grad()
-    with trace(m, "0", param_grads=True, inputs=False) as t:
+    with trace(m, "0", param_grads=True, keep="output") as t:
         m(torch.tensor([1, 1, 4])).sum().backward()
     # the gradient rows of indices 1 (twice, summed) and 4: 2 stored rows of 3, each [1, inf, 2]
     row = t.rows[-1]
@@ -312,3 +313,46 @@ def test_watch_of_a_compiled_model_names_the_same_culprit(ran_before):
     assert (w.culprit.index, w.culprit.describe()) == (eager.culprit.index, eager.culprit.describe())
     assert [(r.module, r.mean) for r in w.before] == [(r.module, r.mean) for r in eager.before]
     assert no_hooks(compiled) and param_hooks(compiled) == 0
+
+
+# --- issue 10: one result protocol, one vocabulary ------------------------------------------------
+def test_watch_speaks_the_result_protocol_and_report_is_the_old_name_of_table():
+    m = log_model(k=6)
+    with watch(m, last=2) as w:
+        m(-torch.ones(2, 4))
+    assert str(w) == w.table() and w.table().startswith("first non-finite value: '6' call 0")
+    with pytest.warns(DeprecationWarning, match=r"Watch.report\(\) is now Watch.table\(\)"):
+        assert w.report() == w.table()
+    assert w.rows == [*w.before, w.culprit] and [r.module for r in w.rows] == ["4", "5", "6"]
+    data = json.loads(w.to_json(indent=2))
+    assert data == json.loads(w.to_json()) == json.loads(json.dumps(w.to_dict(), default=str).replace("NaN", '"nan"'))
+    assert data["finite"] is False and data["culprit"]["module"] == "6" and data["culprit"]["mean"] == "nan"
+    assert [r["module"] for r in data["rows"]] == ["4", "5", "6"] and data["checked"] == 7
+    with watch(m, last=1) as ok:
+        m(torch.ones(2, 4))
+    assert ok.finite and str(ok) == ok.table() == f"all finite: {ok.checked} outputs and gradients checked, no NaN and no Inf"
+    assert [r.module for r in ok.rows] == ["8", "9"]  # the last last + 1 calls
+    assert json.loads(ok.to_json())["culprit"] is None and no_hooks(m)
+
+
+def test_keep_is_the_old_inputs_flag_which_warns():
+    m = log_model(k=6)
+    with watch(m, keep="all") as new:
+        m(-torch.ones(1, 4))
+    with pytest.warns(DeprecationWarning, match=r"watch\(inputs=True\) is deprecated; use watch\(\.\.\., keep='all'\)"):
+        old = watch(m, inputs=True)
+    with old:
+        m(-torch.ones(1, 4))
+    assert new.culprit.describe() == old.culprit.describe() and new.before == old.before
+    assert (new.culprit.module, new.culprit.which) == ("6", "output")
+    with watch(m, keep="output") as out:  # forward only: no gradient is watched
+        m(-torch.ones(1, 4, requires_grad=True)).sum().backward()
+    assert {r.phase for r in out.before} == {"forward"} and no_hooks(m)
+
+
+def test_a_failure_after_the_culprit_still_says_what_the_module_received():
+    m = nn.Sequential(Log(), nn.Linear(3, 2))  # NaN from the Log first, then a shape error
+    with pytest.raises(ForwardError, match=r"'1' \(Linear\), which received input\[0\] 1x4 float32, after '0'"):
+        with watch(m):
+            m(-torch.ones(1, 4))
+    assert no_hooks(m)

@@ -13,7 +13,7 @@ from . import metrics
 from .analysis.cam import CamResult, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
-from .analysis.stats import StatRow, Trace, trace
+from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
 from .analysis.watch import Watch, watch
 from .capture import Capture, capture

@@ -1,5 +1,10 @@
-"""Analyses built on capture and the hook core: summary, statistics, diff, class activation maps.
+"""Analyses built on capture and the hook core: summary, trace, watch, gradient flow, diff, class
+activation maps.
 
-Each analysis module depends on the layers below it (selection, core, records, capture, edit),
-never on another analysis module.
+Each public analysis module sits on one floor: it depends on the layers below it (selection, core,
+records, capture, edit) and on this package's private modules, never on another public analysis
+module. The private modules are the shared engines: ``_recorder`` (hooks and lifecycle), ``_rows``
+(rows and their table) and ``_reduce`` (one tensor's statistics) under ``trace`` and ``watch``;
+``_macs`` under ``summary``; ``_targets`` and ``_cam_methods`` under ``cam``. ``stats`` is the old,
+deprecated name of ``trace`` (importing it warns).
 """

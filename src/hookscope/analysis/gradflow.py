@@ -1,7 +1,7 @@
 """Gradient flow after a backward pass: per-layer gradient norms, with vanishing and exploding flags.
 
 Reads ``p.grad`` of each module's own parameters (no hook needed), and optionally the activation
-gradient norms a ``hookscope.trace(..., grads=True)`` recorded. Norms are reduced on each device
+gradient norms a ``hookscope.trace(..., keep='all')`` recorded. Norms are reduced on each device
 and read back with one copy per device.
 """
 
@@ -259,7 +259,7 @@ def _check_arguments(model: Any, trace: Any, vanish: Any, explode: Any) -> tuple
                 hasattr(r, f) for r in rows for f in ("module", "which", "numel", "mean", "std")):
             raise HookscopeError(
                 f"trace={type(trace).__name__} is not a finished hookscope trace; pass "
-                "trace=t from 'with hookscope.trace(model, grads=True) as t:' around the backward pass"
+                "trace=t from 'with hookscope.trace(model, keep=\"all\") as t:' around the backward pass"
             )
     return vanish, explode
 
@@ -272,14 +272,14 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
     together (children not included; a weight shared by two modules counts in both), in each
     gradient's own precision (float16 and bfloat16 summed in float32; float64 stays float64); a
     sparse gradient (``nn.Embedding(sparse=True)``) counts its stored values, duplicates summed. With
-    ``trace=`` (a ``hookscope.trace(..., grads=True)`` run over the same backward pass), each
+    ``trace=`` (a ``hookscope.trace(..., keep='all')`` run over the same backward pass), each
     layer also gets the norm of the gradients that reached its outputs, over all its calls.
 
     Args:
         model: the model, after ``loss.backward()``; names are the inner model's, through wrappers.
         *selectors: as for :func:`hookscope.layers`; none means every module (the root included)
             that owns a parameter or, with ``trace=``, has an activation gradient.
-        trace: a finished trace with ``grads=True`` (optional).
+        trace: a finished trace with ``keep='all'`` (optional).
         vanish: a layer whose norms are all below this is ``"vanishing"`` (default 1e-7).
         explode: a layer with a norm above this is ``"exploding"`` (default 1e3).
 

@@ -1,6 +1,6 @@
 """Name the first module whose output, or gradient, holds a NaN or an Inf (``hookscope.watch``).
 
-Built on the statistics hooks of ``stats.py``: every output in the forward pass, and every gradient
+Built on the statistics engine (``_recorder.py``, ``_rows.py``), as ``trace`` is: every output in the forward pass, and every gradient
 in the backward pass (arriving at an output, sent back to an input, or accumulated into a
 parameter's ``.grad``), is reduced on its device; the first non-finite one, in the order the calls
 finished and the gradients arrived, is the culprit.
@@ -8,14 +8,21 @@ finished and the gradients arrived, is the culprit.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import warnings
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+import torch  # noqa: F401 - the examples use it
 from torch import nn
 
-from ..errors import HookscopeError
+from ..core.result import Result
+from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
-from .stats import Pending, Recorder, RecorderSession, StatRow, gather, param_targets, refresh_for, render, select
+from ._recorder import RecorderSession, param_targets, recorded, select
+from ._rows import Pending, StatRow, gather, render
 
 __all__ = ["NonFiniteError", "Watch", "watch"]
 
@@ -30,26 +37,18 @@ def _key(row: StatRow) -> _CallKey:
     return row.module, row.call, row.phase
 
 
-class NonFiniteError(HookscopeError):
-    """A watched module produced (or sent back) a NaN or an Inf; ``row`` and ``before`` say more."""
+class Watch(RecorderSession, Result):
+    """A context that finds the first non-finite output or gradient; build it with :func:`watch`.
 
-    def __init__(self, row: StatRow, before: list[StatRow]) -> None:
-        super().__init__(
-            f"first non-finite value: {row.describe()}; the {len(before)} records before it are "
-            "in err.before (watch without raise_on_nonfinite=True for a report instead)"
-        )
-        self.row = row
-        self.before = before
-
-
-class Watch(RecorderSession):
-    """A context that finds the first non-finite output or gradient; build it with :func:`watch`."""
+    After the block: ``culprit``, ``before``, ``finite``, ``rows``, ``table()`` (also ``str(w)``),
+    ``to_dict()`` and ``to_json()``.
+    """
 
     _kind = "watch"
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, raise_on_nonfinite: bool, last: int,
-                 inputs: bool, root: nn.Module | None = None,
-                 params: list[tuple[str, str, nn.Parameter]] | None = None, model: nn.Module | None = None) -> None:
+                 keep: frozenset[str], root: nn.Module | None = None,
+                 params: Sequence[tuple[str, str, nn.Parameter]] = (), model: nn.Module | None = None) -> None:
         self.raise_on_nonfinite = raise_on_nonfinite
         self.last = last
         self.checked = 0  # records examined so far
@@ -60,10 +59,7 @@ class Watch(RecorderSession):
         self._culprit: StatRow | None = None
         self._before: list[StatRow] = []
         self._lock = threading.RLock()
-        self._rec = Recorder(selected, inputs=inputs, grads=True, sink=self._take, root=root,
-                             params=params or [])
-        self._refresh = refresh_for(model, root, selected)
-        self._used = False
+        super().__init__(selected, keep=keep, sink=self._take, root=root, params=params, model=model)
 
     def _take(self, event: Pending) -> None:
         with self._lock:
@@ -133,7 +129,7 @@ class Watch(RecorderSession):
             >>> big = nn.Linear(1, 1, bias=False)
             >>> _ = big.weight.data.fill_(1e30)
             >>> net = nn.Sequential(nn.Identity(), nn.Identity(), big)
-            >>> with watch(net, last=1, inputs=True) as w:  # 1e30 * 1e30 overflows in '2'
+            >>> with watch(net, last=1, keep="all") as w:  # 1e30 * 1e30 overflows in '2'
             ...     _ = net(torch.tensor([[1e30]]))
             >>> [(r.module, r.which) for r in w.before]
             [('1', 'input'), ('1', 'output'), ('2', 'input')]
@@ -155,15 +151,35 @@ class Watch(RecorderSession):
         """
         return self.culprit is None
 
-    def report(self) -> str:
-        """What a person reads: the culprit and the records before it, or that all was finite.
+    @property
+    def rows(self) -> list[StatRow]:
+        """The records at hand, oldest first: those of :attr:`before` and the culprit; if all was
+        finite, every record of the last ``last + 1`` calls watched.
+
+        Example:
+            >>> import torch
+            >>> net = nn.Sequential(nn.Identity(), nn.Identity())
+            >>> with watch(net, last=0) as w:
+            ...     _ = net(torch.ones(1))
+            >>> [(r.module, r.which) for r in w.rows]
+            [('1', 'output')]
+        """
+        with self._lock:
+            self._resolve()
+            if self._culprit is not None:
+                return [*self._before, self._culprit]
+            return sorted((r for rows in self._recent.values() for r in rows), key=lambda r: r.index)
+
+    def table(self) -> str:
+        """What a person reads: the culprit and the records before it, or that all was finite
+        (also ``str(w)``).
 
         Example:
             >>> import torch
             >>> net = nn.Sequential(nn.Identity(), nn.Identity())
             >>> with watch(net, last=1) as w:
             ...     _ = net(torch.tensor([float("nan")]))
-            >>> print(w.report())
+            >>> print(w.table())
             first non-finite value: '0' call 0, forward output output 1: 1 NaN, 0 Inf of 1 values
             <BLANKLINE>
             the culprit:
@@ -184,12 +200,39 @@ class Watch(RecorderSession):
         lines += ["", "the culprit:", render([row])]
         return "\n".join(lines)
 
+    def report(self) -> str:
+        """The text of :meth:`table`, under its old name.
+
+        Deprecated: warns, and goes in a later release.
+        """
+        warnings.warn("Watch.report() is now Watch.table() (or str(w))", DeprecationWarning, stacklevel=2)
+        return self.table()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: ``finite``, ``checked`` (records examined), ``culprit`` (a row as a dict, or
+        ``None``) and ``rows`` (see :attr:`rows`).
+
+        Example:
+            >>> import torch, json
+            >>> net = nn.Sequential(nn.Identity())
+            >>> with watch(net) as w:
+            ...     _ = net(torch.tensor([float("inf")]))
+            >>> data = json.loads(w.to_json())
+            >>> data["finite"], data["culprit"]["module"], data["culprit"]["max"]
+            (False, '0', 'inf')
+        """
+        row = self.culprit
+        return {"finite": row is None, "checked": self.checked,
+                "culprit": None if row is None else dataclasses.asdict(row),
+                "rows": [dataclasses.asdict(r) for r in self.rows]}
+
     def __repr__(self) -> str:
         return f"Watch(checked={self.checked}, culprit={self._culprit!r})"
 
 
 def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = False, last: int = 5,
-          inputs: bool = False, param_grads: bool = True) -> Watch:
+          keep: str | Iterable[str] = ("output", "grads"), param_grads: bool = True,
+          inputs: bool | None = None) -> Watch:
     """Find the first module whose forward output, or backward gradient, holds a NaN or an Inf.
 
     Order is execution order: forward records in the order calls finish (an inner module before
@@ -197,20 +240,23 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     gradient, ``grad_input`` (what a module sent back to its input) names the module that made it
     non-finite, as ``sqrt`` at 0 does, and ``grad_param`` the module whose parameter's ``.grad``
     is non-finite (``path`` names the parameter). Without ``raise_on_nonfinite`` the statistics
-    stay on the device until read (``culprit``, ``report()``, or every :data:`RESOLVE_EVERY`
+    stay on the device until read (``culprit``, ``table()``, or every :data:`RESOLVE_EVERY`
     records).
 
     Args:
         model: any ``nn.Module``; names are the inner model's, through wrappers.
         *selectors: as for :func:`hookscope.layers`; none watches every module but the root (a model
             without children watches itself).
-        raise_on_nonfinite: raise :class:`NonFiniteError` inside the hook that sees the first
-            NaN or Inf, so the traceback points there. Costs one host synchronisation per record.
+        raise_on_nonfinite: raise :class:`~hookscope.NonFiniteError` inside the hook that sees the
+            first NaN or Inf, so the traceback points there. Costs one host synchronisation per record.
         last: how many module calls before the culprit to keep, with all their records (their
             statistics are in the report); a call's forward and its backward count as two calls.
-        inputs: also check each module's inputs (to tell a non-finite model input apart).
+        keep: what to check, in :func:`hookscope.capture`'s words: outputs and both gradients by
+            default; ``"all"`` checks each module's inputs too (to tell a non-finite model input
+            apart), ``"output"`` only the forward pass.
         param_grads: also check the ``.grad`` of every trainable parameter of the watched modules
             and their submodules (of the whole model without selectors) after each backward pass.
+        inputs: deprecated, warns: ``True`` is ``keep="all"``.
 
     Raises:
         ForwardError: a forward pass in the block raised a RuntimeError inside a watched module
@@ -227,8 +273,9 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     """
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
+    fields = recorded(keep, inputs=inputs, grads=None, fn="watch")
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
-    return Watch(selected, raise_on_nonfinite=raise_on_nonfinite, last=last, inputs=inputs, root=inner,
+    return Watch(selected, raise_on_nonfinite=raise_on_nonfinite, last=last, keep=fields, root=inner,
                  params=params, model=model)

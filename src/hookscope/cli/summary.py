@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, seed=args.seed)
     x = example_input(args.model, args.input, seed=args.seed)
     result = summary(model, x, depth=args.depth)
-    print(result.to_json() if args.json else result.to_text(), end="" if not args.json else "\n")
+    print(result.to_json(indent=2) if args.json else result.table(), end="" if not args.json else "\n")
     return 0

@@ -11,7 +11,8 @@ from torch import nn
 
 from .._tree import first_tensor
 from ..analysis.gradflow import gradient_flow
-from ..analysis.stats import RecorderSession, trace
+from ..analysis._recorder import RecorderSession
+from ..analysis.trace import trace
 from ..errors import HookscopeError
 from ._load import add_model_arguments, example_input, load_model
 
@@ -53,8 +54,8 @@ def backward_loss(output: Any) -> torch.Tensor:
 def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool) -> None:
     """One forward pass (and the backward of :func:`backward_loss`) inside ``session``.
 
-    An exception the model raises in its forward becomes one line naming the module (the trace
-    already turns a RuntimeError into a ForwardError); anything else is left as it is.
+    An exception the model raises in its forward becomes a one-line ForwardError naming the module
+    (the session already turns a RuntimeError into one); anything else is left as it is.
     """
     try:
         with session:
@@ -65,12 +66,20 @@ def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, ba
     except HookscopeError:
         raise
     except Exception as e:
-        where = session.failed_in(e)
-        if where is None:
+        error = session.forward_error(e)
+        if error is None:
             raise
-        detail = (str(e).strip().splitlines() or [""])[0][:200]
-        raise HookscopeError(f"the forward pass failed in {where}: {type(e).__name__}: {detail}; "
-                             "check the example input's shape and dtype") from e
+        raise error from e
+
+
+def keep_for(*, inputs: bool, backward: bool) -> tuple[str, ...]:
+    """The ``keep=`` of a command: outputs, with inputs and gradients as its flags ask.
+
+    Example:
+        >>> keep_for(inputs=True, backward=True)
+        ('output', 'input', 'grads')
+    """
+    return ("output",) + ("input",) * inputs + ("grads",) * backward
 
 
 def _check_out(path: str | None) -> None:
@@ -96,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, seed=args.seed)
     x = example_input(args.model, args.input, seed=args.seed)
     backward = args.backward or args.grad_flow
-    t = trace(model, *args.layers, inputs=not args.no_inputs, grads=backward)
+    t = trace(model, *args.layers, keep=keep_for(inputs=not args.no_inputs, backward=backward))
     run_model(t, model, x, backward=backward)
     if args.grad_flow:
         flow = gradient_flow(model, *args.layers, trace=t)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..analysis.watch import watch
 from ._load import add_model_arguments, example_input, load_model
-from .trace import LOSS_HELP, run_model
+from .trace import LOSS_HELP, keep_for, run_model
 
 
 def add_parser(sub: Any) -> None:
@@ -32,7 +32,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, seed=args.seed)
     x = example_input(args.model, args.input, seed=args.seed)
-    w = watch(model, *args.layers, last=args.last, inputs=args.inputs)
+    # gradients are checked whenever there are any: the library's default, with --backward or not
+    w = watch(model, *args.layers, last=args.last, keep=keep_for(inputs=args.inputs, backward=True))
     run_model(w, model, x, backward=args.backward)
-    print(w.report())
+    print(w.table())
     return 0 if w.finite else 1

@@ -148,7 +148,7 @@ class Diff(Result):
         run_a: str,
         run_b: str,
     ) -> None:
-        self.rows = tuple(rows)
+        self.rows = list(rows)
         self.unmatched = unmatched
         self.rtol, self.atol = rtol, atol
         self.run_a, self.run_b = run_a, run_b

@@ -1,0 +1,491 @@
+"""The statistics engine under ``trace`` and ``watch``: hooks, their lifecycle, and failure naming.
+
+Each hook reduces every tensor it sees to one small tensor of
+:data:`~hookscope.analysis._reduce.STATS` on that tensor's own device and keeps it there; nothing
+reaches the host until the rows are read (:func:`~hookscope.analysis._rows.gather`), and then the
+numbers of each device come back in one transfer. Statistics are taken inside the hook, before any
+later in-place op (``ReLU(inplace=True)``, ``out += identity``) can rewrite the tensor, so the
+in-place trap of kept references does not apply to them.
+
+``trace`` and ``watch`` are siblings on this floor: each is a :class:`RecorderSession` with its own
+``sink`` for the events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from types import CodeType, TracebackType
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from .._tree import paths, tree_map
+from ..capture import parse_keep
+from ..core.calls import CallStack
+from ..core.compiled import HookRefresh, eager
+from ..core.failure import module_label, received
+from ..core.hooks import HookGroup
+from ..core.text import first_line
+from ..errors import ForwardError, HookscopeError
+from ..selection import Selector, check_hookable, layers, unwrap
+from ._reduce import Scratch, tensor_stats
+from ._rows import Pending
+
+__all__ = ["Recorder", "RecorderSession", "failure_error", "param_targets", "recorded",
+           "refresh_for", "select"]
+
+_T = TypeVar("_T")
+_SPELLED = {frozenset(parse_keep(k)): k for k in ("output", "input", "io", "grads", "all")}
+
+
+def _spell(fields: frozenset[str]) -> str:
+    """The shortest ``keep=`` that says ``fields``, as Python source."""
+    if fields in _SPELLED:
+        return repr(_SPELLED[fields])
+    grads = {"grad_input", "grad_output"}
+    parts = sorted(fields - grads) + (["grads"] if grads <= fields else sorted(fields & grads))
+    return repr(tuple(parts))
+
+
+def recorded(keep: str | Iterable[str], *, inputs: bool | None, grads: bool | None, fn: str) -> frozenset[str]:
+    """The fields a ``trace``/``watch`` records: ``keep`` (capture's vocabulary: ``"input"``,
+    ``"output"``, ``"grad_input"``, ``"grad_output"``, ``"io"``, ``"grads"``, ``"all"``, or several).
+
+    ``inputs=``/``grads=`` are the flags of the previous release, deprecated: given, they warn
+    (naming the ``keep=`` to write instead) and add (``True``) or remove (``False``) ``"input"`` /
+    both gradients.
+
+    Example:
+        >>> sorted(recorded("io", inputs=None, grads=None, fn="trace"))
+        ['input', 'output']
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     sorted(recorded("io", inputs=False, grads=True, fn="trace"))
+        ['grad_input', 'grad_output', 'output']
+        >>> str(caught[0].message)
+        "trace(inputs=False, grads=True) is deprecated; use trace(..., keep=('output', 'grads'))"
+    """
+    fields = set(parse_keep(keep))
+    if inputs is not None:
+        fields = fields | {"input"} if inputs else fields - {"input"}
+    if grads is not None:
+        both = {"grad_input", "grad_output"}
+        fields = fields | both if grads else fields - both
+    if not fields:
+        raise HookscopeError(f"{fn}() would record nothing: keep at least 'output'")
+    given = [f"{k}={v!r}" for k, v in (("inputs", inputs), ("grads", grads)) if v is not None]
+    if given:
+        warnings.warn(f"{fn}({', '.join(given)}) is deprecated; use {fn}(..., keep={_spell(frozenset(fields))})",
+                      DeprecationWarning, stacklevel=3)
+    return frozenset(fields)
+
+
+def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a call received, positional first, with its path (``input[0]``, ``input.mask``)."""
+    found = [(f"input[{i}]{p}", t) for i, a in enumerate(args) for p, t in paths(a)]
+    return found + [(f"input.{k}{p}", t) for k, v in kwargs.items() for p, t in paths(v)]
+
+
+class _Memo:
+    """Statistics already taken of a tensor object at its current version (an input is usually the
+    output just traced): a weak reference, so a freed tensor's id or memory is never mistaken."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+        self._scratch = Scratch()
+
+    def stats(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_inference():  # no version counter to tell a rewrite
+            return tensor_stats(t, self._scratch)
+        key, version = id(t), t._version
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == version:
+            return hit[2]
+        s = tensor_stats(t, self._scratch)
+
+        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+            self._drop(key, ref)
+
+        self._seen[key] = (weakref.ref(t, forget), version, s)
+        return s
+
+    def _drop(self, key: int, ref: Any) -> None:
+        hit = self._seen.get(key)
+        if hit is not None and hit[0] is ref:
+            del self._seen[key]
+
+
+def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
+    """Whether ``exc`` passed through one of these functions (a hook of ours, not the model)."""
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
+                  every: bool) -> list[tuple[str, str, nn.Parameter]]:
+    """``(owner module, parameter name, parameter)`` for the trainable parameters to watch.
+
+    With ``every``, all of ``model``'s; otherwise those of the selected modules and their
+    submodules. Each parameter once, named after the module that owns it (its first name).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 1, bias=False)))
+        >>> [(m, p) for m, p, _ in param_targets(net, [("1", net[1])], every=False)]
+        [('1.0', 'weight')]
+    """
+    wanted = None if every else {id(p) for _, m in selected for p in m.parameters()}
+    found: dict[int, tuple[str, str, nn.Parameter]] = {}
+    for name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in found and (wanted is None or id(p) in wanted):
+                found[id(p)] = (name, pname, p)
+    return list(found.values())
+
+
+def failure_error(where: str, exc: BaseException) -> ForwardError:
+    """The one-line :class:`~hookscope.ForwardError` for a forward pass that raised ``exc`` in ``where``.
+
+    A RuntimeError's message speaks for itself; any other exception is named by its type.
+
+    Example:
+        >>> print(failure_error("'fc' (Linear), which received no tensor, after '0' had run", IndexError("7")))
+        the forward pass failed in 'fc' (Linear), which received no tensor, after '0' had run:
+        IndexError: 7; check the example input's shape and dtype
+    """
+    detail = first_line(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {first_line(exc)}"
+    return ForwardError(f"the forward pass failed in {where}: {detail}; check the example input's shape and dtype")
+
+
+_Call = tuple[int, list[tuple[str, torch.Tensor, int]]]  # (call index, per-call input aliases)
+
+
+class Recorder:
+    """Registers the statistics hooks on selected modules and hands every event to ``sink``.
+
+    Forward: a pre-hook takes the inputs' statistics, a post-hook (``always_call``, so a failing
+    call is seen) the outputs'. Backward: tensor hooks on each output and on a per-call alias of
+    each input; not ``register_full_backward_hook``, which fails when an in-place op follows the
+    module (pytorch/pytorch#61519). With ``params``, a post-accumulate-grad hook on each of those
+    parameters reads its ``.grad``. The ``root`` model's own forward is always followed (no rows),
+    so that a failure in it, outside every selected module, is named too. ``keep`` is the set of
+    fields recorded (see :func:`recorded`).
+
+    Every module hook runs eagerly (:func:`~hookscope.core.compiled.eager`): under
+    ``torch.compile`` the graph breaks around it instead of Dynamo tracing it. A hook that PyTorch
+    still calls after :meth:`close` (another thread was between a module's hooks when the block
+    ended) does nothing and keeps nothing.
+    """
+
+    def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
+                 sink: Callable[[Pending], None], root: nn.Module | None = None,
+                 params: Sequence[tuple[str, str, nn.Parameter]] = ()) -> None:
+        self.selected, self.keep, self.sink = selected, keep, sink
+        # read in every hook: plain attributes, not set lookups
+        self.inputs, self.outputs = "input" in keep, "output" in keep
+        self.grad_inputs, self.grad_outputs = "grad_input" in keep, "grad_output" in keep
+        self.root = root
+        self.params = list(params)
+        self.group = HookGroup()
+        self.enabled = True
+        self.failure: tuple[BaseException, str] | None = None  # the innermost failed call
+        self.last_done: str | None = None  # the selected module that finished last in this forward
+        self._memo = _Memo()
+        self._open: CallStack[_Call] = CallStack()
+        self._root_open: CallStack[bool] = CallStack()
+        self._own_code: set[CodeType] = set()  # our forward hooks, to tell our errors from the model's
+
+    def attach(self) -> None:
+        """Register every hook (all of them or, if one registration fails, none).
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> rec = Recorder([("0", net[0])], keep=frozenset({"output"}), sink=print)
+            >>> rec.attach(); len(rec.group)
+            2
+            >>> rec.group.remove(); len(net[0]._forward_hooks)
+            0
+        """
+        try:
+            targets = [(None, self.root)] if self.root is not None else []
+            for name, module in [*targets, *self.selected]:
+                pre, post = self._root_hooks() if name is None else self._hooks(name, module_label(name, module))
+                self._own_code.update((pre.__code__, post.__code__))
+                self.group.add(module.register_forward_pre_hook(eager(pre), with_kwargs=True))
+                self.group.add(module.register_forward_hook(eager(post), with_kwargs=True, always_call=True))
+            for owner, pname, p in self.params:
+                self.group.add(p.register_post_accumulate_grad_hook(self._param_hook(owner, pname)))
+        except BaseException:
+            self.group.remove()
+            raise
+
+    def close(self) -> None:
+        """Remove every hook and forget the calls still open in any thread. Idempotent."""
+        self.group.remove()  # closed first: a hook running now sees it and keeps nothing
+        self._open.clear()
+        self._root_open.clear()
+
+    def _push(self, stack: CallStack[_T], entry: _T) -> bool:
+        """Open a call on this thread's stack; False, keeping nothing, if the hooks are removed."""
+        stack.push(entry)
+        if self.group.closed:  # closed meanwhile by another thread: close() may have cleared already
+            stack.pop()
+            return False
+        return True
+
+    def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor) -> None:
+        if self.enabled and not self.group.closed:
+            self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t)))
+
+    def _grad_hook(self, name: str, call: int, which: str, path: str) -> Callable[[torch.Tensor], None]:
+        return lambda g: self._emit(name, call, "backward", which, path, g)
+
+    def _param_hook(self, owner: str, pname: str) -> Callable[[torch.Tensor], None]:
+        counter = itertools.count()
+
+        def hook(p: torch.Tensor) -> None:
+            g = p.grad
+            if g is None:
+                return
+            if g.layout == torch.sparse_coo:  # nn.Embedding(sparse=True): the stored values
+                g = g.coalesce().values()
+            elif g.layout != torch.strided:
+                g = g.to_dense()
+            self._emit(owner, next(counter), "backward", "grad_param", pname, g)
+
+        return hook
+
+    def _failed(self, error: BaseException, label: str, args: tuple[Any, ...], kwargs: Any) -> None:
+        """Note where ``error`` was raised: the post-hook of a call that raised it (innermost first)."""
+        if self.failure is not None and self.failure[0] is error:  # the innermost call saw it first
+            return
+        try:
+            got = received(args, kwargs if isinstance(kwargs, dict) else {})
+        except RuntimeError:  # a strided nested tensor has no .shape to describe
+            got = "a nested tensor"
+        after = "no traced module" if self.last_done is None else repr(self.last_done)
+        self.failure = (error, f"{label}, which received {got}, after {after} had run")
+
+    def _root_hooks(self) -> tuple[Any, Any]:
+        # PyTorch calls a with_kwargs hook removed since its call began without kwargs
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
+            if kwargs is None or self.group.closed:
+                return
+            if self._root_open.top() is None:
+                self.last_done = None  # a new forward pass: what ran in the one before is not "before"
+            self._push(self._root_open, True)
+
+        def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
+            self._root_open.pop()
+            error = sys.exc_info()[1]
+            if not self.group.closed and rest[-1] is None and error is not None:  # always_call: it raised
+                self._failed(error, module_label("", module), args, rest[0])
+
+        return pre, post
+
+    def _alias_inputs(self, args: tuple[Any, ...], found: list[tuple[str, torch.Tensor]],
+                      aliases: list[tuple[str, torch.Tensor, int]]) -> tuple[Any, ...]:
+        """``args`` with a fresh alias of each tensor that requires grad: its gradient is what
+        flowed back through this call only. Positional tensors come first in ``found``, in
+        ``tree_map``'s order."""
+        names = iter([p for p, _ in found])
+
+        def alias(t: torch.Tensor) -> torch.Tensor:
+            path = next(names)
+            if not t.requires_grad:
+                return t
+            a = t.view_as(t)
+            aliases.append((path, a, a._version))
+            return a
+
+        result: tuple[Any, ...] = tree_map(alias, args)
+        return result
+
+    def _hooks(self, name: str, label: str) -> tuple[Any, Any]:
+        counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
+
+        def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+            if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
+                return None
+            call = next(counter)
+            aliases: list[tuple[str, torch.Tensor, int]] = []
+            if not self._push(self._open, (call, aliases)) or not self.enabled:
+                return None
+            if not (self.inputs or self.grad_inputs):
+                return None  # nothing of the inputs is wanted: not even walked
+            found = _input_paths(args, kwargs)
+            if self.inputs:
+                for path, t in found:
+                    self._emit(name, call, "forward", "input", path, t)
+            if self.grad_inputs and found and torch.is_grad_enabled():
+                new_args = self._alias_inputs(args, found, aliases)
+                return None if new_args is args else (new_args, kwargs)
+            return None
+
+        def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
+            top = self._open.pop()
+            call, aliases = top if top is not None else (-1, [])
+            output, error = rest[-1], sys.exc_info()[1]
+            if self.group.closed:
+                return
+            if output is None and error is not None:  # always_call: the forward raised
+                self._failed(error, label, args, rest[0])
+                return
+            self.last_done = name
+            self._outputs(name, call, output)
+            for path, a, version in aliases:
+                if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
+                    self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
+
+        return pre, post
+
+    def _outputs(self, name: str, call: int, output: Any) -> None:
+        """The events of one call's outputs, and the hooks on their gradients."""
+        if not (self.outputs or self.grad_outputs):
+            return
+        grads = self.grad_outputs and self.enabled and torch.is_grad_enabled()
+        for path, t in paths(output, "output"):
+            if self.outputs:
+                self._emit(name, call, "forward", "output", path, t)
+            if grads and t.requires_grad:
+                self.group.add(t.register_hook(self._grad_hook(name, call, "grad_output", path)))
+
+    def failed_in(self, exc: BaseException | None) -> str | None:
+        """Where ``exc`` was raised, if a traced forward raised it: the module and what reached it.
+
+        ``None`` for anything else: an error raised outside every forward pass, one of hookscope's
+        own errors, or one that passed through hookscope's hooks (a bug of ours, left as it is).
+        """
+        if (exc is None or self.failure is None or self.failure[0] is not exc
+                or isinstance(exc, HookscopeError) or _raised_in(exc, self._own_code)):
+            return None
+        return self.failure[1]
+
+    def reraise(self, exc: BaseException | None) -> None:
+        """Name the module where a forward pass failed: a RuntimeError raised inside one becomes a
+        one-line :class:`~hookscope.ForwardError`; any other exception gets a note saying where it
+        was raised.
+        """
+        where = self.failed_in(exc)
+        if where is None or exc is None:
+            return
+        if isinstance(exc, RuntimeError):
+            raise failure_error(where, exc) from exc
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"hookscope: raised in {where}")
+
+
+_S = TypeVar("_S", bound="RecorderSession")
+
+
+class RecorderSession:
+    """The lifecycle shared by trace and watch: runs once, hooks removed on exit, errors re-raised.
+
+    A subclass builds its :class:`Recorder` through ``RecorderSession.__init__`` with its own sink.
+    """
+
+    _kind = "trace"
+
+    def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
+                 sink: Callable[[Pending], None], root: nn.Module | None,
+                 params: Sequence[tuple[str, str, nn.Parameter]], model: nn.Module | None) -> None:
+        self._rec = Recorder(selected, keep=keep, sink=sink, root=root, params=params)
+        self._refresh = refresh_for(model, root, selected)
+        self._used = False
+
+    def __enter__(self: _S) -> _S:
+        if self._used:
+            raise HookscopeError(f"this {self._kind} has already run; call hookscope.{self._kind}(...) again")
+        self._used = True
+        self._rec.attach()
+        try:
+            self._refresh.open()  # a compiled model that already ran must see the new hooks
+        except BaseException:
+            self._rec.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.remove()
+        self._rec.reraise(exc)
+
+    def remove(self) -> None:
+        """Remove every hook now (the context does this by itself on exit). Idempotent.
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> s = RecorderSession(select(net, ()), keep=frozenset({"output"}), sink=print, root=net,
+            ...                     params=(), model=net).__enter__()
+            >>> s.remove(); s.remove()
+            >>> len(net[0]._forward_hooks)
+            0
+        """
+        self._rec.close()
+        self._refresh.close()  # after the hooks are gone: the graphs compiled without them are valid
+
+    def failed_in(self, exc: BaseException) -> str | None:
+        """Where a forward pass in the block raised ``exc``: the module (the innermost traced one,
+        or the model's own forward), the tensors that reached it and what ran before.
+
+        ``None`` if ``exc`` did not come from a forward pass in the block, is one of hookscope's
+        errors or passed through hookscope's own hooks. A RuntimeError is already turned into a
+        :class:`~hookscope.ForwardError` on exit; use this (or :meth:`forward_error`) to report
+        other exceptions in one line.
+
+        Example:
+            >>> class Pick(nn.Module):
+            ...     def forward(self, x):
+            ...         return x[5]
+            >>> net = nn.Sequential(nn.Linear(2, 2), Pick())
+            >>> s = RecorderSession(select(net, ()), keep=frozenset({"output"}), sink=list, root=net,
+            ...                     params=(), model=net)
+            >>> try:
+            ...     with s:
+            ...         _ = net(torch.ones(1, 2))
+            ... except IndexError as e:
+            ...     print(s.failed_in(e))
+            '1' (Pick), which received input[0] 1x2 float32, after '0' had run
+        """
+        return self._rec.failed_in(exc)
+
+    def forward_error(self, exc: BaseException) -> ForwardError | None:
+        """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a forward pass in the block
+        raised it (see :meth:`failed_in`), else ``None``; raise it ``from exc``."""
+        where = self._rec.failed_in(exc)
+        return None if where is None else failure_error(where, exc)
+
+
+def refresh_for(model: nn.Module | None, root: nn.Module | None,
+                selected: list[tuple[str, nn.Module]]) -> HookRefresh:
+    """The :class:`~hookscope.core.compiled.HookRefresh` of the model as the user passed it (with its
+    ``torch.compile`` wrapper), so that hooks added to an already compiled model take effect."""
+    if model is None:
+        model = root if root is not None else nn.ModuleList([m for _, m in selected])
+    return HookRefresh(model)
+
+
+def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
+    """Resolve and check selectors; with none, every module but the root (a model without children
+    selects itself).
+
+    Example:
+        >>> [name for name, _ in select(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ())]
+        ['0', '1']
+        >>> select(nn.ReLU(), ())
+        [('', ReLU())]
+    """
+    inner, _ = unwrap(model)
+    if selectors or next(inner.children(), None) is not None:
+        chosen = layers(model, *selectors)
+    else:
+        chosen = [("", inner)]
+    check_hookable(chosen)
+    return chosen

@@ -1,0 +1,233 @@
+"""Per-layer statistics of inputs, outputs and gradients, in execution order (``hookscope.trace``).
+
+Built on the statistics engine (``_recorder.py`` for the hooks, ``_rows.py`` for the rows and their
+text), as ``watch`` is; this module holds the result, :class:`Trace`, and its builder.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import threading
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch  # noqa: F401 - the examples use it
+from torch import nn
+
+from ..core.result import Result, jsonable, missing
+from ..core.text import shape_text
+from ..selection import Selector, unwrap
+from ._recorder import RecorderSession, param_targets, recorded, select
+from ._rows import Pending, StatRow, gather, render
+
+__all__ = ["StatRow", "Trace", "trace"]
+
+
+class Trace(RecorderSession, Result):
+    """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
+
+    After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module; ``in`` agrees),
+    ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()`` and ``to_csv()``.
+    """
+
+    _kind = "trace"
+
+    def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
+                 root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = (),
+                 model: nn.Module | None = None) -> None:
+        self._pending: list[Pending] = []
+        self._rows: list[StatRow] = []
+        self._lock = threading.Lock()
+        super().__init__(selected, keep=keep, sink=self._pending.append, root=root, params=params, model=model)
+
+    @property
+    def rows(self) -> list[StatRow]:
+        """Every row so far, in execution order (gathers what the hooks kept, one copy per device).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net) as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> [(r.which, r.min, r.max) for r in t.rows]
+            [('input', -1.0, 2.0), ('output', 0.0, 2.0)]
+        """
+        with self._lock:
+            if self._pending:
+                pending, self._pending[:] = list(self._pending), []
+                self._rows.extend(gather(pending, start=len(self._rows)))
+            return list(self._rows)
+
+    def clear(self) -> None:
+        """Forget every row (to reuse one trace over many steps without growing).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net) as t:
+            ...     for step in range(3):
+            ...         t.clear()
+            ...         _ = net(torch.ones(2))
+            >>> len(t.rows)
+            2
+        """
+        with self._lock:
+            self._pending.clear()
+            self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[StatRow]:
+        return iter(self.rows)
+
+    def __getitem__(self, name: str) -> list[StatRow]:
+        """The rows of one module, by its qualified name, in execution order.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+            >>> with trace(net, keep="output") as t:
+            ...     _ = net(torch.ones(1, 2))
+            >>> [r.which for r in t["1"]], "1" in t, "2" in t
+            (['output'], True, False)
+            >>> t["l"]
+            Traceback (most recent call last):
+            ...
+            hookscope.errors.RecordError: no module 'l' in this result. It has: '0', '1'.
+        """
+        rows = self.rows
+        found = [r for r in rows if r.module == name] if isinstance(name, str) else []
+        if not found:
+            raise missing(name, "module", dict.fromkeys(r.module for r in rows))
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(r.module == name for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rows as plain data: ``{"rows": [one dict per row]}`` (field name -> value).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, keep="output") as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> d = t.to_dict()["rows"][0]
+            >>> d["module"], d["shape"], d["mean"], d["zero_frac"]
+            ('0', (2,), 1.0, 0.5)
+        """
+        return {"rows": [dataclasses.asdict(r) for r in self.rows]}
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The rows as plain dicts: ``to_dict()["rows"]``, the name every result now uses.
+
+        Deprecated: warns, and goes in a later release.
+        """
+        warnings.warn("Trace.to_dicts() is now to_dict()['rows']", DeprecationWarning, stacklevel=2)
+        return [dataclasses.asdict(r) for r in self.rows]
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The rows as a JSON list (a trace is its rows: ``to_dict()["rows"]``); NaN and infinities
+        are written as the strings "nan", "inf", "-inf".
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, keep="output") as t:
+            ...     _ = net(torch.tensor([float("nan"), 2.0]))
+            >>> row = json.loads(t.to_json())[0]
+            >>> row["shape"], row["mean"], row["nan"]
+            ([2], 'nan', 1)
+        """
+        return json.dumps(jsonable(self.rows), indent=indent, allow_nan=False)
+
+    def to_csv(self, path: str | None = None) -> str:
+        """The rows as CSV (shape written as ``8x64x56x56``); also written to ``path`` if given.
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, keep="output") as t:
+            ...     _ = net(torch.tensor([[-1.0, 2.0]]))
+            >>> print(t.to_csv())
+            index,module,call,phase,which,path,shape,dtype,device,numel,mean,std,min,max,absmax,zero_frac,nan,inf
+            0,0,0,forward,output,output,1x2,float32,cpu,2,1.0,1.0,0.0,2.0,2.0,0.5,0,0
+            <BLANKLINE>
+        """
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        names = [f.name for f in dataclasses.fields(StatRow)]
+        writer.writerow(names)
+        for r in self.rows:
+            d = dataclasses.asdict(r)
+            d["shape"] = shape_text(r.shape)
+            writer.writerow([d[n] for n in names])
+        text = out.getvalue()
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def table(self, *, max_rows: int | None = None) -> str:
+        """A text table for people, one row per tensor, in execution order (also ``str(t)``).
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net, keep="output") as t:
+            ...     _ = net(torch.tensor([-1.0, 2.0]))
+            >>> print(t.table())
+            #  module  call  what    path    shape  dtype    mean  std  min  max  |max|  zeros  nan  inf
+            --------------------------------------------------------------------------------------------
+            0  0          0  output  output      2  float32     1    1    0    2      2  50.0%    0    0
+        """
+        return render(self.rows, max_rows=max_rows)
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self._rec.selected)} modules, {len(self._rows) + len(self._pending)} rows)"
+
+
+def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io", param_grads: bool = False,
+          inputs: bool | None = None, grads: bool | None = None) -> Trace:
+    """Statistics of what every selected module receives and produces, forward and backward.
+
+    For each call, in execution order, one :class:`StatRow` per tensor (nested outputs included):
+    shape, dtype, device, mean, std, min, max, max |x|, fraction of zeros, NaN and Inf counts.
+    They are reduced on the tensor's device inside the hooks and gathered once, when ``rows``,
+    ``table()``, ``to_json()`` or ``to_csv()`` is first read.
+
+    Args:
+        model: any ``nn.Module`` (wrappers are seen through; rows use the inner model's names).
+        *selectors: as for :func:`hookscope.layers`; none selects every module but the root (a
+            model without children selects itself).
+        keep: what to record, in :func:`hookscope.capture`'s words: ``"io"`` (default: inputs and
+            outputs; an input that is the output just traced is not reduced twice), ``"output"``,
+            ``"input"``, ``"all"`` (also, during backward passes in the block, the gradient arriving
+            at each output, ``grad_output``, and the one sent back to each input, ``grad_input``),
+            ``"grads"``, ``"grad_input"``, ``"grad_output"``, or several of them.
+        param_grads: also record, after each backward pass in the block, the ``.grad`` of every
+            trainable parameter of the selected modules and their submodules (of the whole model
+            without selectors): ``which="grad_param"``, ``module`` the module that owns it,
+            ``path`` its name. A sparse gradient is summarised by its stored values.
+        inputs: deprecated, warns: ``False`` is ``keep="output"``.
+        grads: deprecated, warns: ``True`` is ``keep="all"``.
+
+    Raises:
+        ForwardError: a forward pass in the block raised a RuntimeError inside a selected module,
+            or in the model's own forward; the message names the innermost such module and the
+            shapes it received. Other exceptions from a forward pass pass through with a note
+            saying where (see :meth:`Trace.failed_in`).
+
+    Example:
+        >>> import torch, hookscope
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> with hookscope.trace(net, keep="all", param_grads=True) as t:
+        ...     net(torch.randn(4, 2)).sum().backward()
+        >>> [(r.module, r.which) for r in t.rows][:3]
+        [('0', 'input'), ('0', 'output'), ('1', 'input')]
+        >>> sorted(r.path for r in t.rows if r.which == "grad_param")
+        ['bias', 'weight']
+    """
+    fields = recorded(keep, inputs=inputs, grads=grads, fn="trace")
+    selected = select(model, selectors)
+    inner, _ = unwrap(model)
+    params = param_targets(inner, selected, every=not selectors) if param_grads else []
+    return Trace(selected, keep=fields, root=inner, params=params, model=model)
