@@ -23,7 +23,7 @@ from ..errors import ForwardError, HookscopeError
 from ..selection import unwrap
 
 __all__ = ["Target", "batch_coupled", "call_user", "check_range", "class_targets", "is_function", "read_logits",
-           "user_scores", "check_kwargs", "per_sample", "rows_of", "forward_failure", "call_model"]
+           "user_scores", "per_sample", "rows_of", "forward_failure", "call_model"]
 
 Target = int | Sequence[int] | torch.Tensor | Callable[[Any], torch.Tensor] | None
 _USER_MISTAKES = (AttributeError, KeyError, IndexError, TypeError, ValueError)
@@ -148,21 +148,6 @@ def user_scores(fn: Callable[[Any], Any], output: Callable[[Any], torch.Tensor] 
 
 
 # --- keyword inputs and the model call ---------------------------------------------------------------
-def check_kwargs(kwargs: Any) -> dict[str, Any]:
-    """``kwargs=`` as a dict of argument names, or one line saying how to write it.
-
-    Example:
-        >>> check_kwargs(None), check_kwargs({"mask": 1})
-        ({}, {'mask': 1})
-    """
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise HookscopeError(f"kwargs={kwargs!r} is not a mapping of argument names; pass the model's keyword "
-                             "inputs as kwargs={'mask': m}")
-    return dict(kwargs)
-
-
 def per_sample(kwargs: Mapping[str, Any], batch: int) -> bool:
     """Does any keyword input hold a tensor with one row per sample (``batch`` rows)?"""
     found = []

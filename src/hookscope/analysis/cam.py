@@ -23,6 +23,7 @@ from torch import nn
 
 from .._tree import first_tensor, tensors, tree_map
 from ..core.hooks import HookGroup
+from ..core.inputs import model_kwargs
 from ..core.result import Result, jsonable, missing
 from ..core.state import kept_rng, restored
 from ..core.text import first_line, num, shape_text, table
@@ -30,7 +31,7 @@ from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, unwrap
 from ..selection import layers as select
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
-from ._targets import (Target, batch_coupled, call_model, check_kwargs, class_targets, is_function, per_sample,
+from ._targets import (Target, batch_coupled, call_model, class_targets, is_function, per_sample,
                        read_logits, rows_of, user_scores)
 
 __all__ = ["METHODS", "CamResult", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
@@ -769,7 +770,7 @@ def cam(
     """
     layers = _renamed(layers, layer)
     method = _check_method(method)
-    kw = check_kwargs(kwargs)
+    kw = model_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
     chosen = None if layers is None else select(model, cast(Selector, layers))  # lists are flattened there
     if chosen is not None:

@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._tree import tree_map
+from ..core.inputs import model_kwargs
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
 from ..errors import HookscopeError, did_you_mean
-from ._targets import (Target, batch_coupled, call_model, check_kwargs, check_range, class_targets, is_function,
+from ._targets import (Target, batch_coupled, call_model, check_range, class_targets, is_function,
                        read_logits, rows_of, user_scores)
 
 __all__ = [
@@ -195,7 +196,7 @@ def deletion(
         (torch.Size([1, 5]), [0.0, 0.25, 0.5, 0.75, 1.0])
     """
     return _curve("deletion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
-                  check_kwargs(kwargs))
+                  model_kwargs(kwargs))
 
 
 def insertion(
@@ -225,7 +226,7 @@ def insertion(
         torch.Size([2])
     """
     return _curve("insertion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
-                  check_kwargs(kwargs))
+                  model_kwargs(kwargs))
 
 
 def _curve(

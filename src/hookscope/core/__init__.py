@@ -2,7 +2,7 @@
 
 ``hooks`` (handle groups, thread scope), ``guard`` (copy-on-write protection of recorded tensors),
 ``compiled`` (hooks on ``torch.compile``'d models), ``state`` (run a model and put it back),
-``failure`` (the one-line ForwardError), ``calls`` (per-thread call stacks), ``text`` (tables),
+``failure`` (the one-line ForwardError), ``inputs`` (the model's ``kwargs=``), ``calls`` (per-thread call stacks), ``text`` (tables),
 ``result`` (the protocol every result speaks). Nothing here imports from above ``core``.
 """
 

@@ -4,13 +4,13 @@ errors that name the fix, and nothing run or changed when one is raised."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from numbers import Integral, Real
 from typing import Any
 
 import torch
 from torch import nn
 
+from ...core.inputs import model_kwargs
 from ...errors import HookscopeError
 from ._compare import ATOL, RTOL
 
@@ -59,11 +59,7 @@ def tolerance(name: str, value: Any) -> float:
 
 def check_run_args(kwargs: Any, seed: Any, no_grad: Any, copy: Any, device: Any) -> None:
     """The keyword inputs and the knobs of how both runs are made."""
-    if kwargs is not None and not (isinstance(kwargs, Mapping) and all(isinstance(k, str) for k in kwargs)):
-        raise HookscopeError(
-            f"kwargs={kwargs!r} is not a mapping of argument names; pass kwargs={{'mask': m}}, or "
-            "positional inputs after the models"
-        )
+    model_kwargs(kwargs)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral)):
         raise HookscopeError(f"seed={seed!r} is not an int; pass seed=0 (the default), another int, or None")
     if not isinstance(no_grad, bool):

@@ -24,7 +24,8 @@ from ...core.state import rng_devices
 from ...errors import HookscopeError
 from ...selection import check_hookable, layers, unwrap
 from .._macs import own_macs
-from ._arguments import check_depth, model_kwargs, placed, refuse_unknown
+from ...core.inputs import model_kwargs
+from ._arguments import check_depth, placed, refuse_unknown
 from ._collect import collect
 from ._result import Summary
 from ._rows import Row, described, rows_of

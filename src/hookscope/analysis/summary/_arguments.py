@@ -14,7 +14,7 @@ from ..._tree import tree_map
 from ...core.text import first_line
 from ...errors import HookscopeError, closest
 
-__all__ = ["check_depth", "model_kwargs", "refuse_unknown", "placed"]
+__all__ = ["check_depth", "refuse_unknown", "placed"]
 
 _OWN = ("kwargs", "depth", "device")  # summary's own keywords, for "did you mean"
 
@@ -30,21 +30,6 @@ def check_depth(depth: Any) -> None:
     """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise HookscopeError(f"depth={depth!r} is not a depth; pass an int >= 0 (0: the model only) or None")
-
-
-def model_kwargs(kwargs: Any) -> dict[str, Any]:
-    """``kwargs=`` as a dict of argument names (``None``: no keyword input).
-
-    Example:
-        >>> model_kwargs(None), model_kwargs({"mask": 1})
-        ({}, {'mask': 1})
-    """
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise HookscopeError(f"kwargs= is a {type(kwargs).__name__}, not a mapping of argument names; "
-                             "pass the model's keyword inputs as kwargs={'mask': m}")
-    return dict(kwargs)
 
 
 def refuse_unknown(unknown: Mapping[str, Any]) -> None:
