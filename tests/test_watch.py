@@ -291,7 +291,7 @@ def test_a_failure_in_the_root_forward_is_named_under_watch():
 
     m = Flat()
     with pytest.raises(ForwardError, match=r"failed in Flat's own forward, which received input\[0\] 1x5 "
-                                           r"float32, after 'a' had run: shape '\[-1, 3\]' is invalid"):
+                                           r"float32, after 'a' had run: RuntimeError: shape '\[-1, 3\]' is invalid"):
         with watch(m):
             m(torch.randn(1, 5))
     assert no_hooks(m) and param_hooks(m) == 0

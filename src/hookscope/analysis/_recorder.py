@@ -28,15 +28,14 @@ from .._tree import paths, tree_map
 from ..capture import parse_keep
 from ..core.calls import CallStack
 from ..core.compiled import HookRefresh, eager
-from ..core.failure import module_label, received
+from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
-from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
 from ..selection import Selector, check_hookable, layers, unwrap
 from ._reduce import Scratch, tensor_stats
 from ._rows import Pending
 
-__all__ = ["Recorder", "RecorderSession", "failure_error", "param_targets", "recorded",
+__all__ = ["Recorder", "RecorderSession", "param_targets", "recorded",
            "refresh_for", "select"]
 
 _T = TypeVar("_T")
@@ -151,20 +150,6 @@ def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
     return list(found.values())
 
 
-def failure_error(where: str, exc: BaseException) -> ForwardError:
-    """The one-line :class:`~hookscope.ForwardError` for a forward pass that raised ``exc`` in ``where``.
-
-    A RuntimeError's message speaks for itself; any other exception is named by its type.
-
-    Example:
-        >>> print(failure_error("'fc' (Linear), which received no tensor, after '0' had run", IndexError("7")))
-        the forward pass failed in 'fc' (Linear), which received no tensor, after '0' had run:
-        IndexError: 7; check the example input's shape and dtype
-    """
-    detail = first_line(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {first_line(exc)}"
-    return ForwardError(f"the forward pass failed in {where}: {detail}; check the example input's shape and dtype")
-
-
 _Call = tuple[int, list[tuple[str, torch.Tensor, int]]]  # (call index, per-call input aliases)
 
 
@@ -196,7 +181,7 @@ class Recorder:
         self.params = list(params)
         self.group = HookGroup()
         self.enabled = True
-        self.failure: tuple[BaseException, str] | None = None  # the innermost failed call
+        self.failure: tuple[BaseException, ForwardError] | None = None  # the innermost failed call
         self.last_done: str | None = None  # the selected module that finished last in this forward
         self._memo = _Memo()
         self._open: CallStack[_Call] = CallStack()
@@ -267,12 +252,9 @@ class Recorder:
         """Note where ``error`` was raised: the post-hook of a call that raised it (innermost first)."""
         if self.failure is not None and self.failure[0] is error:  # the innermost call saw it first
             return
-        try:
-            got = received(args, kwargs if isinstance(kwargs, dict) else {})
-        except RuntimeError:  # a strided nested tensor has no .shape to describe
-            got = "a nested tensor"
-        after = "no traced module" if self.last_done is None else repr(self.last_done)
-        self.failure = (error, f"{label}, which received {got}, after {after} had run")
+        got = received(args, kwargs if isinstance(kwargs, dict) else {})
+        after = [] if self.last_done is None else [self.last_done]
+        self.failure = (error, forward_error(error, label, got=got, after=after))
 
     def _root_hooks(self) -> tuple[Any, Any]:
         # PyTorch calls a with_kwargs hook removed since its call began without kwargs
@@ -358,8 +340,8 @@ class Recorder:
             if grads and t.requires_grad:
                 self.group.add(t.register_hook(self._grad_hook(name, call, "grad_output", path)))
 
-    def failed_in(self, exc: BaseException | None) -> str | None:
-        """Where ``exc`` was raised, if a traced forward raised it: the module and what reached it.
+    def forward_error(self, exc: BaseException | None) -> ForwardError | None:
+        """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a traced forward raised it.
 
         ``None`` for anything else: an error raised outside every forward pass, one of hookscope's
         own errors, or one that passed through hookscope's hooks (a bug of ours, left as it is).
@@ -370,17 +352,11 @@ class Recorder:
         return self.failure[1]
 
     def reraise(self, exc: BaseException | None) -> None:
-        """Name the module where a forward pass failed: a RuntimeError raised inside one becomes a
-        one-line :class:`~hookscope.ForwardError`; any other exception gets a note saying where it
-        was raised.
-        """
-        where = self.failed_in(exc)
-        if where is None or exc is None:
-            return
-        if isinstance(exc, RuntimeError):
-            raise failure_error(where, exc) from exc
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"hookscope: raised in {where}")
+        """Raise the :class:`~hookscope.ForwardError` (chained) for an exception a forward pass in
+        the block raised; anything else is left as it is."""
+        error = self.forward_error(exc)
+        if error is not None and isinstance(exc, Exception):
+            raise error from exc
 
 
 _S = TypeVar("_S", bound="RecorderSession")
@@ -431,14 +407,13 @@ class RecorderSession:
         self._rec.close()
         self._refresh.close()  # after the hooks are gone: the graphs compiled without them are valid
 
-    def failed_in(self, exc: BaseException) -> str | None:
-        """Where a forward pass in the block raised ``exc``: the module (the innermost traced one,
-        or the model's own forward), the tensors that reached it and what ran before.
+    def forward_error(self, exc: BaseException) -> ForwardError | None:
+        """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a forward pass in the block
+        raised it, else ``None``: an error raised outside every forward pass, one of hookscope's own
+        errors, or one that passed through hookscope's hooks (a bug of ours, left as it is).
 
-        ``None`` if ``exc`` did not come from a forward pass in the block, is one of hookscope's
-        errors or passed through hookscope's own hooks. A RuntimeError is already turned into a
-        :class:`~hookscope.ForwardError` on exit; use this (or :meth:`forward_error`) to report
-        other exceptions in one line.
+        The block raises it by itself on exit; this is for code that caught the model's exception
+        inside the block.
 
         Example:
             >>> class Pick(nn.Module):
@@ -447,20 +422,16 @@ class RecorderSession:
             >>> net = nn.Sequential(nn.Linear(2, 2), Pick())
             >>> s = RecorderSession(select(net, ()), keep=frozenset({"output"}), sink=list, root=net,
             ...                     params=(), model=net)
-            >>> try:
-            ...     with s:
+            >>> with s:
+            ...     try:
             ...         _ = net(torch.ones(1, 2))
-            ... except IndexError as e:
-            ...     print(s.failed_in(e))
-            '1' (Pick), which received input[0] 1x2 float32, after '0' had run
+            ...     except IndexError as e:
+            ...         print(s.forward_error(e))  # doctest: +NORMALIZE_WHITESPACE
+            the forward pass failed in '1' (Pick), which received input[0] 1x2 float32, after '0' had
+            run: IndexError: index 5 is out of bounds for dimension 0 with size 1; check the example
+            input's shape and dtype
         """
-        return self._rec.failed_in(exc)
-
-    def forward_error(self, exc: BaseException) -> ForwardError | None:
-        """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a forward pass in the block
-        raised it (see :meth:`failed_in`), else ``None``; raise it ``from exc``."""
-        where = self._rec.failed_in(exc)
-        return None if where is None else failure_error(where, exc)
+        return self._rec.forward_error(exc)
 
 
 def refresh_for(model: nn.Module | None, root: nn.Module | None,

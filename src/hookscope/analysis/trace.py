@@ -211,10 +211,9 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         grads: deprecated, warns: ``True`` is ``keep="all"``.
 
     Raises:
-        ForwardError: a forward pass in the block raised a RuntimeError inside a selected module,
-            or in the model's own forward; the message names the innermost such module and the
-            shapes it received. Other exceptions from a forward pass pass through with a note
-            saying where (see :meth:`Trace.failed_in`).
+        ForwardError: a forward pass in the block raised an exception inside a selected module,
+            or in the model's own forward; the message names the innermost such module, the
+            shapes it received and what ran before; the model's exception is its ``__cause__``.
 
     Example:
         >>> import torch, hookscope

@@ -259,8 +259,9 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
         inputs: deprecated, warns: ``True`` is ``keep="all"``.
 
     Raises:
-        ForwardError: a forward pass in the block raised a RuntimeError inside a watched module
-            or the model's own forward (named, with the shapes that reached it).
+        ForwardError: a forward pass in the block raised an exception inside a watched module or
+            the model's own forward (named, with the shapes that reached it; the model's exception
+            is its ``__cause__``).
         NonFiniteError: with ``raise_on_nonfinite``, at the first NaN or Inf.
 
     Example:

@@ -52,24 +52,13 @@ def backward_loss(output: Any) -> torch.Tensor:
 
 
 def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool) -> None:
-    """One forward pass (and the backward of :func:`backward_loss`) inside ``session``.
-
-    An exception the model raises in its forward becomes a one-line ForwardError naming the module
-    (the session already turns a RuntimeError into one); anything else is left as it is.
-    """
-    try:
-        with session:
-            with torch.set_grad_enabled(backward):
-                out = model(x)
-            if backward:
-                backward_loss(out).backward()
-    except HookscopeError:
-        raise
-    except Exception as e:
-        error = session.forward_error(e)
-        if error is None:
-            raise
-        raise error from e
+    """One forward pass (and the backward of :func:`backward_loss`) inside ``session``: an exception
+    the model raises in its forward leaves the block as a one-line ForwardError naming the module."""
+    with session:
+        with torch.set_grad_enabled(backward):
+            out = model(x)
+        if backward:
+            backward_loss(out).backward()
 
 
 def keep_for(*, inputs: bool, backward: bool) -> tuple[str, ...]:

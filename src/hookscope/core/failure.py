@@ -35,7 +35,10 @@ def received(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, limit:
 def _describe(t: torch.Tensor) -> str:
     dtype = str(t.dtype).replace("torch.", "")
     if t.is_nested:  # a nested tensor has no single shape
-        return f"nested tensor of {t.size(0)} {dtype}"
+        try:
+            return f"nested tensor of {t.size(0)} {dtype}"
+        except RuntimeError:  # a strided nested tensor does not say even that
+            return f"nested tensor {dtype}"
     return f"{shape_text(tuple(t.shape))} {dtype}"
 
 

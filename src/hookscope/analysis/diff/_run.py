@@ -236,11 +236,7 @@ class Tracker:
         """Where the forward pass failed: the innermost compared module running, else the model."""
         top = self.running.top()
         name, module, a, k = top if top is not None else ("", unwrap(self.model)[0], args, kwargs)
-        try:
-            got = received(a, k)
-        except RuntimeError:  # a strided nested tensor has no .shape to describe
-            got = "a nested tensor"
-        return forward_error(exc, module_label(name, module), got=got, after=self.done,
+        return forward_error(exc, module_label(name, module), got=received(a, k), after=self.done,
                              run=f"run {self.label}: ")
 
     def close(self) -> None:

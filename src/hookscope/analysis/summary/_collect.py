@@ -145,11 +145,7 @@ class Tracer:
         if top is None:
             return forward_error(exc, None)
         call, module, args, kwargs = top
-        try:
-            got = received(args, kwargs)
-        except RuntimeError:  # a strided nested tensor has no .shape to describe
-            got = "a nested tensor"
-        return forward_error(exc, module_label(call.name, module), got=got, after=self.done)
+        return forward_error(exc, module_label(call.name, module), got=received(args, kwargs), after=self.done)
 
 
 def collect(model: nn.Module, selected: Named, args: tuple[Any, ...], kwargs: dict[str, Any],
