@@ -408,3 +408,125 @@ def test_edit_changes_any_positional_or_keyword_input():
     with pytest.raises(HookscopeError, match="both change the first input"):
         hookscope.edit(m, "attn", input=q, inputs={0: q})
     assert no_hooks(m)
+
+
+# --- found by the second hostile review (issue 9: "then go looking for the next ones") ------------
+class PreNorm(nn.Module):
+    """``x = x + f(norm(x))`` written in place, as many transformer blocks do."""
+
+    def __init__(self, d: int = BIG) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(self.norm(x).tanh())
+        return x
+
+
+def test_a_fixed_edit_value_is_never_the_models_memory():
+    from hookscope.zoo import TinyResNet
+
+    torch.manual_seed(0)
+    m = TinyResNet().eval()
+    a, b = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 32, 32)
+    with hookscope.capture(m, "layer1.0.bn2") as rec:
+        m(a)
+    patch = rec["layer1.0.bn2"].output
+    saved = patch.clone()
+    with torch.no_grad():  # layer1.0's `out += identity` and in-place ReLU follow bn2
+        with hookscope.edit(m, "layer1.0.bn2", output=patch):
+            y1 = m(b)
+        with hookscope.edit(m, "layer1.0.bn2", output=patch):
+            y2 = m(b)
+    assert torch.equal(patch, saved) and torch.equal(y1, y2)
+    # the same patch put in by a plain hook that returns a fresh copy each call
+    h = m.layer1[0].bn2.register_forward_hook(lambda mod, i, o: saved.clone())
+    try:
+        with torch.no_grad():
+            assert torch.equal(m(b), y1)
+    finally:
+        h.remove()
+    assert no_hooks(m)
+
+
+def test_a_fixed_edit_value_still_receives_its_gradient():
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    patch = torch.ones(2, 3, requires_grad=True)
+    with hookscope.edit(m, "0", output=patch):
+        m(torch.randn(2, 3)).sum().backward()
+    assert patch.grad is not None and torch.equal(patch.grad, m[2].weight.detach().expand(2, 3))
+
+
+@pytest.mark.parametrize("copy", ["auto", "never"])
+def test_a_record_overwritten_through_a_plain_reference_is_never_laundered_by_a_later_copy(copy):
+    m, x = PreNorm(), torch.randn(10, BIG)
+    with hookscope.capture(m, "norm", keep="input", copy=copy) as rec:
+        m(x.clone())  # the parent writes the norm's input through its own (plain) reference
+    with pytest.raises(MutationError, match=r"input of 'norm' \(call 0\) was overwritten"):
+        rec["norm"].input
+
+
+def test_a_module_called_twice_with_a_write_between_keeps_the_first_input_or_raises():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = nn.Linear(BIG, BIG // 1000)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a = self.f(x)
+            x.mul_(2)
+            return a + self.f(x)
+
+    m, x = Twice(), torch.randn(10, BIG)
+    with torch.no_grad(), hookscope.capture(m, "f", keep="input") as rec:
+        m(x.clone())
+    with pytest.raises(MutationError):
+        rec["f"].calls[0].input
+    assert torch.equal(rec["f"].calls[1].input, 2 * x)
+
+
+def test_inference_mode_inputs_are_true_under_auto_and_refused_under_never():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(10, BIG), PreNorm(), nn.Linear(BIG, 2))
+    x = torch.randn(10, 10)
+    with torch.no_grad():
+        true = m[0](x)
+    with torch.inference_mode(), hookscope.capture(m, "1.norm", keep="input") as rec:
+        m(x)
+    assert torch.equal(rec["1.norm"].input, true)
+    with torch.inference_mode(), hookscope.capture(m, "1.norm", keep="input", copy="never") as rec:
+        m(x)
+    with pytest.raises(MutationError, match="inference tensor .* no version counter"):
+        rec["1.norm"].input
+    assert no_hooks(m)
+
+
+def test_grads_of_a_view_of_a_leaf_are_kept_as_they_arrived():
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    a = w.view(2, 2)
+    with hookscope.grads(a=a) as g:
+        (a * 2).sum().backward(retain_graph=True)  # w.grad adopts a view of this gradient...
+        (a * 3).sum().backward()  # ...and accumulates into it
+    assert [t.flatten().tolist() for t in g["a"].grads] == [[2.0] * 4, [3.0] * 4]
+    assert w.grad.tolist() == [5.0] * 4
+
+
+def test_a_gradient_rewritten_by_a_later_hook_raises_and_copy_true_keeps_it():
+    for copy in (False, True):
+        h = torch.ones(3, requires_grad=True) * 1
+        with hookscope.grads(h=h, copy=copy) as g:
+            h.register_hook(lambda gr: gr.mul_(0))
+            (h * 5).sum().backward()
+        if copy:
+            assert g["h"].grad.tolist() == [5.0, 5.0, 5.0]
+        else:
+            with pytest.raises(MutationError, match=r"grads\(\.\.\., copy=True\)"):
+                g["h"].grad
+
+
+def test_grads_refuses_an_fn_that_is_not_a_function():
+    w = torch.ones(1, requires_grad=True)
+    with pytest.raises(HookscopeError, match="fn=3 for 'w' is not a function"):
+        hookscope.grads(w=w, fn=3)
+    with pytest.raises(HookscopeError, match="copy='yes' is not True or False"):
+        hookscope.grads(w=w, copy="yes")

@@ -156,12 +156,13 @@ class Capture(Recording):
             return None
 
     # hooks ----------------------------------------------------------------------------------
-    def _keep_tree(self, obj: Any, where: Any, held: Any = None) -> tuple[Any, Any]:
-        """(tree of slots, tree the model goes on with) for one input or output."""
+    def _keep_tree(self, obj: Any, where: Any, held: Any = None, *, plain: bool = False) -> tuple[Any, Any]:
+        """(tree of slots, tree the model goes on with) for one input (``plain``: its caller holds
+        it) or output."""
         kept: list[Slot] = []
 
         def one(t: torch.Tensor) -> torch.Tensor:
-            slot, alias = self.retention.keep(t, where, held)
+            slot, alias = self.retention.keep(t, where, held, plain=plain)
             kept.append(slot)
             return alias
 
@@ -210,8 +211,8 @@ class Capture(Recording):
     def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         new_args, new_kwargs = args, kwargs
         if "input" in self.keep:
-            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index))
-            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index))
+            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index), plain=True)
+            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index), plain=True)
             call.set_inputs(kept_args, kept_kwargs)
         if "grad_input" in self.keep:
             new_args = self._watch_inputs(call, new_args)

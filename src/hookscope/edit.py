@@ -22,7 +22,12 @@ Change = Callable[[Any], Any]
 
 
 def _as_fn(change: Any, what: str) -> Change | None:
-    """A function, or a fixed value turned into one that checks shapes."""
+    """A function, or a fixed value turned into one that checks shapes and hands out copies.
+
+    Each call gets fresh copies of the fixed tensors: the model may write into what a module
+    returns (``out += identity``, an in-place ReLU), and a fixed value is often a record the user
+    still reads (activation patching from a clean run), so it must never be the model's own memory.
+    """
     if change is None or callable(change):
         return change
 
@@ -33,8 +38,8 @@ def _as_fn(change: Any, what: str) -> Change | None:
                 f"{tuple(old.shape)}; pass a tensor of that shape, or a function"
             )
         if isinstance(old, torch.Tensor) and isinstance(change, torch.Tensor):
-            return change.to(device=old.device, dtype=old.dtype)
-        return change
+            return change.to(device=old.device, dtype=old.dtype, copy=True)  # differentiable
+        return tree_map(lambda t: t.clone(), change)
 
     return replace
 

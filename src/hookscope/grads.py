@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .core.guard import Slot
 from .core.hooks import HookGroup
 from .core.result import Result
 from .core.text import num, shape_text, table
@@ -31,9 +32,27 @@ class GradRecord:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.grads: list[torch.Tensor] = []
-        self.originals: list[torch.Tensor] = []
+        self._grads: list[Slot] = []
+        self._originals: list[Slot] = []
         self.changes: list[bool] = []
+
+    @property
+    def grads(self) -> list[torch.Tensor]:
+        """Every gradient that arrived, in order; :class:`~hookscope.MutationError` if one was
+        rewritten in place after it arrived (``grads(..., copy=True)`` keeps copies)."""
+        return [s.get() for s in self._grads]
+
+    @property
+    def originals(self) -> list[torch.Tensor]:
+        """The gradients as they arrived, before ``fn`` (only when an ``fn`` was given)."""
+        return [s.get() for s in self._originals]
+
+    def arrived(self, final: torch.Tensor, original: torch.Tensor | None, *, copy: bool) -> None:
+        """Keep one arrival: the gradient after ``fn`` (and before it, when there is an ``fn``)."""
+        where = f"gradient {len(self._grads)} of {self.name!r}"
+        self._grads.append(_kept(final, where, copy))
+        if original is not None:
+            self._originals.append(Slot(original, "copied", where))
 
     @property
     def grad(self) -> torch.Tensor:
@@ -63,11 +82,15 @@ class GradRecord:
         return f"GradRecord({self.name!r}, arrivals={len(self.grads)})"
 
 
-def _as_arrived(g: torch.Tensor) -> torch.Tensor:
-    """The gradient object itself, not a ``detach()`` alias: while something else holds it,
-    autograd copies it into a leaf's ``.grad`` instead of adopting its memory, so later
-    accumulation, ``clip_grad_norm_`` or ``zero_grad(set_to_none=False)`` cannot rewrite it."""
-    return g.detach() if g.requires_grad else g
+def _kept(g: torch.Tensor, where: str, copy: bool) -> Slot:
+    """A gradient as it arrived: the object itself, not a ``detach()`` alias (while something else
+    holds it, autograd copies it into a leaf's ``.grad`` instead of adopting its memory, so later
+    accumulation, ``clip_grad_norm_`` or ``zero_grad(set_to_none=False)`` cannot rewrite it), or a
+    copy. Reading it raises if it was rewritten in place all the same (a later hook's ``mul_``)."""
+    v = g.detach() if g.requires_grad else g
+    if copy:
+        return Slot(v.clone(), "copied", where)
+    return Slot(v, "never", where, fix="grads(..., copy=True), which keeps a copy of each arrival")
 
 
 @dataclass(frozen=True)
@@ -88,7 +111,8 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
     warning.)
     """
 
-    def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None) -> None:
+    def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None,
+                 copy: bool = False) -> None:
         self._tensors: dict[str, torch.Tensor] | None = named
         self._fns = fn if isinstance(fn, Mapping) else {k: fn for k in named}
         unknown = [k for k in self._fns if k not in named]
@@ -96,6 +120,13 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
             raise HookscopeError(
                 f"fn names {unknown[0]!r}, which is not watched.{did_you_mean(unknown[0], named)}"
             )
+        bad = next((k for k, f in self._fns.items() if f is not None and not callable(f)), None)
+        if bad is not None:
+            raise HookscopeError(f"fn={self._fns[bad]!r} for {bad!r} is not a function; pass "
+                                 "fn=lambda g: g * 2 (or a dict of them by name)")
+        # a view's gradient goes on to its base as a view of the same memory, which a leaf may
+        # adopt as its .grad and accumulate into: copy those as they arrive
+        self._copy = {k: copy or t._is_view() for k, t in named.items()}
         self._records = {k: GradRecord(k) for k in named}
         self._group = HookGroup()
 
@@ -115,18 +146,17 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
         self._group.remove()
 
     def _hook(self, name: str, fn: GradFn | None) -> Callable[[torch.Tensor], Any]:
-        rec = self._records[name]
+        rec, copy = self._records[name], self._copy[name]
         if fn is None:
             def observe(g: torch.Tensor) -> None:
-                rec.grads.append(_as_arrived(g))
+                rec.arrived(g, None, copy=copy)
             return observe
 
         def apply(g: torch.Tensor) -> torch.Tensor | None:
             original = g.detach().clone()
             out = fn(g)
             final = g if out is None else out
-            rec.originals.append(original)
-            rec.grads.append(_as_arrived(final))
+            rec.arrived(final, original, copy=copy)
             rec.changes.append(
                 final.shape != original.shape or not torch.equal(final.detach(), original)
             )
@@ -183,6 +213,7 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
 def grads(
     *tensors: torch.Tensor,
     fn: GradFn | Mapping[str, GradFn] | None = None,
+    copy: bool = False,
     **named: torch.Tensor,
 ) -> TensorGrads:
     """Watch the gradient of intermediate (or leaf) tensors during the backward passes in the block.
@@ -192,6 +223,10 @@ def grads(
         fn: optional ``grad -> new grad | None`` run on each arriving gradient, like a PyTorch tensor
             hook: return a tensor to replace the gradient, or change it in place, or just look.
             A mapping gives one function per name. Whether it changed the gradient is recorded.
+        copy: keep a copy of every arriving gradient. By default a gradient is kept as it arrived,
+            without a copy (a view's gradient excepted: a leaf may adopt it as ``.grad``), and
+            reading one that was later rewritten in place (by another hook's ``mul_``, say) raises
+            :class:`~hookscope.MutationError`.
         **named: tensors to watch under a name.
 
     Example:
@@ -215,7 +250,9 @@ def grads(
                 f"tensor {name!r} does not require grad, so no gradient will reach it; compute it "
                 "from inputs or parameters with requires_grad=True, outside torch.no_grad()"
             )
-    return TensorGrads(watched, fn)
+    if not isinstance(copy, bool):
+        raise HookscopeError(f"copy={copy!r} is not True or False")
+    return TensorGrads(watched, fn, copy)
 
 
 def __getattr__(name: str) -> Any:

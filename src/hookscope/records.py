@@ -77,14 +77,20 @@ class Retention:
         if not isinstance(self.detach, bool):
             raise RecordError(f"detach={self.detach!r} is not True or False")
 
-    def keep(self, t: torch.Tensor, where: Any, held: Callable[[], set[int]] | None = None) -> tuple[Slot, torch.Tensor]:
+    def keep(self, t: torch.Tensor, where: Any, held: Callable[[], set[int]] | None = None, *,
+             plain: bool = False) -> tuple[Slot, torch.Tensor]:
         """Keep ``t``; return its slot and the tensor the model should go on with.
 
         ``held``: the memory (:func:`~hookscope.core.guard.storage_key`) that code outside the
         guard holds plain references to (the module's inputs, parameters and buffers); a tensor
         on it is copied at once under ``"auto"``, since a write through those references is unseen.
+        ``plain``: the caller holds ``t`` itself by a plain reference (a module's input). Writes
+        through it are told by the version counter, which inference tensors lack: such a tensor
+        is copied at once under ``"auto"`` and refused on reading under ``"never"``.
         """
         v = t.detach() if self.detach else t
+        if plain and v.is_inference() and self.copy != "always":
+            return self._unwatchable(v, t, where)
         if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
                 and guardable(v):
             if v.numel() * v.element_size() < COPY_BELOW or (held is not None and storage_key(v) in held()):
@@ -102,6 +108,18 @@ class Retention:
         slot = Slot(v, self.copy, where)
         return slot, (protect(t, slot) if self.guard else t)
 
+
+    def _unwatchable(self, v: torch.Tensor, t: torch.Tensor, where: Any) -> tuple[Slot, torch.Tensor]:
+        """An inference tensor the caller can write unseen: a copy under ``"auto"``, a record that
+        refuses to be read under ``"never"``."""
+        if self.copy == "auto":
+            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
+            moved = v.to(device=self.device, dtype=dtype)
+            return Slot(moved.clone() if moved is v else moved, "copied", where), t
+        slot = Slot(v, "never", where)
+        slot.blind = ("it is an inference tensor (torch.inference_mode()), which has no version counter, and "
+                      "its caller holds it, so a write into it would leave no trace")
+        return slot, t
 
     def guards_any(self) -> bool:
         """Whether :meth:`keep` may hand the model guarded aliases at all."""
@@ -144,7 +162,7 @@ class Retention:
                 return Slot(moved, "copied", where)
         if self.copy == "always" or (adopted and self.copy == "auto"):
             return Slot(v.clone(), "copied", where)
-        return Slot(v, "never", where)
+        return Slot(v, "never", where, fix="copy='always'")  # "auto" keeps gradients unguarded too
 
 
 def check_device(device: Any) -> torch.device:

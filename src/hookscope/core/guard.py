@@ -60,13 +60,15 @@ class Slot:
     a write poisons the slot so reading it raises) or ``"copied"`` (already an own copy).
     """
 
-    __slots__ = ("value", "version", "policy", "_where", "mutated_by")
+    __slots__ = ("value", "version", "policy", "_where", "mutated_by", "blind", "fix")
 
-    def __init__(self, value: torch.Tensor, policy: str, where: Any) -> None:
+    def __init__(self, value: torch.Tensor, policy: str, where: Any, fix: str | None = None) -> None:
         self.value = value
+        self.fix = fix  # how to record it so that this cannot happen, when the policy does not say it
         self.policy = policy
         self._where = where  # a str, or (field, name, call index) formatted only for an error
         self.mutated_by: str | None = None
+        self.blind: str | None = None  # why a write could go unseen (then reading raises)
         # inference tensors have no version counter (reading it raises)
         self.version = None if policy == "copied" or value.is_inference() else value._version
 
@@ -78,18 +80,31 @@ class Slot:
         return str(self._where)
 
     def get(self) -> torch.Tensor:
-        """The kept tensor; raises :class:`MutationError` if its values were overwritten."""
-        if self.mutated_by is None and self.version is not None and self.value._version != self.version:
-            self.mutated_by = "an in-place operation outside hookscope's view"
+        """The kept tensor; raises :class:`MutationError` if its values were overwritten, or could
+        have been with no witness."""
+        self._check_version()
+        if self.blind is not None and self.mutated_by is None:
+            raise MutationError(
+                f"the recorded {self.where} cannot be vouched for: {self.blind}; record it with "
+                "copy='auto' (the default) or copy='always'"
+            )
         if self.mutated_by is not None:
-            fix = "copy='always'" if self.policy == "auto" else "copy='auto' (the default) or copy='always'"
+            fix = self.fix or ("copy='always'" if self.policy == "auto"
+                                else "copy='auto' (the default) or copy='always'")
             raise MutationError(
                 f"the recorded {self.where} was overwritten in place by {self.mutated_by} after it "
                 f"was recorded, so its values are gone; record it with {fix}"
             )
         return self.value
 
+    def _check_version(self) -> None:
+        if self.mutated_by is None and self.version is not None and self.value._version != self.version:
+            self.mutated_by = "an in-place operation outside hookscope's view"
+
     def before_write(self, op: str) -> None:
+        self._check_version()  # already overwritten through a plain reference: a copy now would hide it
+        if self.mutated_by is not None:
+            return
         if self.policy == "auto":
             self.value = self.value.clone()
             self.policy, self.version = "copied", None
