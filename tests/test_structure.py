@@ -20,23 +20,36 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """(absolute module imported from, names imported, line) for every ``from ... import``."""
-    tree = ast.parse(path.read_text())
+def _source(node: ast.ImportFrom, path: Path) -> str:
+    """The absolute module a ``from ... import`` imports from, relative levels resolved."""
     here = _module(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
+    base = package[: len(package) - node.level + 1] if node.level else []
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module imported from, names imported, line) for every import; ``import a.b``
+    imports the module ``a.b`` and no names."""
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            found.append((target, [a.name for a in node.names], node.lineno))
+            found.append((_source(node, path), [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, [], node.lineno) for a in node.names)
     return found
 
 
-def _is_analysis(module: str) -> bool:
+MODULES = {_module(p) for p in FILES}
+
+
+def _analysis(module: str) -> str | None:
+    """The analysis a module belongs to: ``parts[2]`` of its name (``hookscope.analysis.diff._run``
+    belongs to ``diff``); None outside analysis/ and for the shared engines (``analysis._recorder``)."""
     parts = module.split(".")
-    return len(parts) == 3 and parts[1] == "analysis" and not parts[2].startswith("_")
+    if len(parts) < 3 or parts[:2] != ["hookscope", "analysis"] or parts[2].startswith("_"):
+        return None
+    return parts[2]
 
 
 def test_no_private_name_is_imported_from_another_module():
@@ -48,11 +61,53 @@ def test_no_private_name_is_imported_from_another_module():
 
 
 def test_analyses_do_not_import_each_other():
-    bad = [f"{p.relative_to(SRC)}:{line} imports {target}"
-           for p in FILES if _is_analysis(_module(p))
+    # `from ..cam import X` names the other analysis as the module, `from ...analysis import trace`
+    # among the names imported (a name counts where it is a module: `from .. import X` of a class)
+    bad = [f"{p.relative_to(SRC)}:{line} imports {other} (analysis {mine} imports analysis {theirs})"
+           for p in FILES if (mine := _analysis(_module(p)))
            for target, names, line in _imports(p)
-           if target != _module(p) and (_is_analysis(target) or any(
-               _is_analysis(f"{target}.{n}") for n in names))]
+           for other in [target, *(f"{target}.{n}" for n in names)]
+           if other in MODULES and (theirs := _analysis(other)) and theirs != mine]
+    assert not bad, "\n".join(bad)
+
+
+def _bound_modules(tree: ast.AST, path: Path) -> dict[str, str]:
+    """Names an import binds to a hookscope module: ``import hookscope.records as R`` binds ``R``,
+    ``import hookscope.records`` binds ``hookscope``, ``from .. import records`` binds ``records``."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "hookscope":
+                    bound[a.asname or "hookscope"] = a.name if a.asname else "hookscope"
+        elif isinstance(node, ast.ImportFrom):
+            source = _source(node, path)
+            for a in node.names:
+                if f"{source}.{a.name}" in MODULES:
+                    bound[a.asname or a.name] = f"{source}.{a.name}"
+    return bound
+
+
+def _dotted(node: ast.expr, bound: dict[str, str]) -> str | None:
+    """``R.sub`` as ``"hookscope.records.sub"`` when ``R`` is bound to ``hookscope.records``."""
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, bound)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def test_no_private_name_is_read_from_an_imported_module():
+    bad = []
+    for p in FILES:
+        tree = ast.parse(p.read_text())
+        bound = _bound_modules(tree, p)
+        bad += [f"{p.relative_to(SRC)}:{node.lineno} reads {owner}.{node.attr}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and (owner := _dotted(node.value, bound)) in MODULES and owner != _module(p)]
     assert not bad, "\n".join(bad)
 
 

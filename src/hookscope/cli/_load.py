@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
 
 __all__ = ["TRUST_FLAG", "add_model_arguments", "check_seed", "example_input", "load_model", "parse_shape",
@@ -389,4 +390,4 @@ def example_input(spec: str, shape: str | None, seed: int = 0) -> torch.Tensor:
     else:
         raise HookscopeError(f"give the example input's shape for {spec!r}, e.g. --input 1x3x224x224")
     gen = torch.Generator().manual_seed(check_seed(seed))
-    return random_input(dims, f"--input {'x'.join(map(str, dims))}", gen)
+    return random_input(dims, f"--input {shape_text(dims)}", gen)

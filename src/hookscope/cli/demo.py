@@ -10,7 +10,9 @@ from torch import nn
 
 from ..capture import capture
 from ..core.hooks import hook_count
+from ..core.text import shape_text, table
 from ..errors import HookscopeError
+from ..records import Recording
 from ..zoo import TinyResNet
 from ._load import random_input, seed_arg
 
@@ -42,6 +44,20 @@ def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, tor
     return kept
 
 
+def _rows(model: nn.Module, rec: Recording, naive: dict[str, torch.Tensor]) -> list[list[str]]:
+    """One row per layer: its output, the gradient's norm, and whether the naive hook read it back."""
+    kinds = {name: type(m).__name__ for name, m in model.named_modules()}
+    rows = []
+    for name in rec:
+        out, grad = rec[name].output, rec[name].grad_output
+        same = torch.equal(naive[name], out)
+        verdict = "same" if same else f"WRONG (min {naive[name].min().item():.3f}, rewritten in place)"
+        gnorm = f"{grad.norm().item():.4f}" if grad is not None else "-"
+        rows.append([name, kinds[name], shape_text(tuple(out.shape)), f"{out.min().item():.3f}",
+                     f"{out.max().item():.3f}", gnorm, verdict])
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise HookscopeError(f"--batch {args.batch} must be at least 1")
@@ -55,21 +71,12 @@ def run(args: argparse.Namespace) -> int:
         logits.logsumexp(dim=1).sum().backward()
     naive = _naive(model, list(rec), x)
 
-    print(f"TinyResNet, input {tuple(x.shape)}: {len(rec.calls)} calls recorded, forward and backward\n")
-    head = f"{'layer':<20} {'type':<12} {'output shape':<18} {'min':>8} {'max':>8} {'|grad|':>9}  naive hook"
-    print(head)
-    print("-" * len(head))
-    rewritten = 0
-    for name in rec:
-        out = rec[name].output
-        grad = rec[name].grad_output
-        kind = type(dict(model.named_modules())[name]).__name__
-        bad = not torch.equal(naive[name], out)
-        rewritten += bad
-        verdict = f"WRONG (min {naive[name].min().item():.3f}, rewritten in place)" if bad else "same"
-        gnorm = f"{grad.norm().item():9.4f}" if grad is not None else f"{'-':>9}"
-        print(f"{name:<20} {kind:<12} {str(tuple(out.shape)):<18} {out.min().item():8.3f} "
-              f"{out.max().item():8.3f} {gnorm}  {verdict}")
+    body = _rows(model, rec, naive)
+    rewritten = sum(row[-1] != "same" for row in body)
+    print(f"TinyResNet, input {shape_text(tuple(x.shape))}: {len(rec.calls)} calls recorded, "
+          "forward and backward\n")
+    head = ["layer", "type", "output shape", "min", "max", "|grad|", "naive hook"]
+    print("\n".join(table(head, body, left={0, 1, 2}, pad_last=False)))
     print(f"\n{rewritten} of {len(rec)} layers read back wrong through a hook that keeps references;")
     print("hookscope returned what each layer really produced (tensors under 1 MiB are copied at once,")
     print("larger ones only just before something overwrites them).")

@@ -13,7 +13,7 @@ import torch
 
 from .._tree import paths
 from ..errors import ForwardError
-from .text import first_line, shape_text
+from .text import dtype_text, first_line, shape_text
 
 __all__ = ["received", "module_label", "forward_error"]
 
@@ -33,7 +33,7 @@ def received(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, limit:
 
 
 def _describe(t: torch.Tensor) -> str:
-    dtype = str(t.dtype).replace("torch.", "")
+    dtype = dtype_text(t.dtype)
     if t.is_nested:  # a nested tensor has no single shape
         try:
             return f"nested tensor of {t.size(0)} {dtype}"

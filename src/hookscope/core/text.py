@@ -1,4 +1,4 @@
-"""Text output shared by every result: tables, shapes, numbers, an exception's first line.
+"""Text output shared by every result: tables, shapes, dtypes, numbers, an exception's first line.
 
 Nothing here imports from hookscope; every ``table()`` of every result is laid out by :func:`table`.
 """
@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["table", "shape_text", "num", "first_line"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["table", "shape_text", "dtype_text", "num", "first_line"]
 
 
 def table(
@@ -61,6 +65,17 @@ def shape_text(shape: Sequence[int] | None) -> str:
     if shape is None:
         return "-"
     return "x".join(map(str, shape)) if len(shape) else "scalar"
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``: a dtype as every table and message writes it.
+
+    Example:
+        >>> import torch
+        >>> dtype_text(torch.float32), dtype_text(torch.bool)
+        ('float32', 'bool')
+    """
+    return str(dtype).removeprefix("torch.")
 
 
 def num(v: float | None, digits: int = 4) -> str:

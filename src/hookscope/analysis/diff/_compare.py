@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..._memory import Scratch, flat
+from ...core.text import dtype_text
 from ...errors import MutationError, RecordError
 from ...records import CallRecord, Recording
 from ._result import DIFFERS, MISSING_A, MISSING_B, OK, SHAPE, STRUCTURE, DiffRow
@@ -193,7 +194,7 @@ def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
 def _value(v: Any) -> tuple[torch.Tensor, str]:
     """A leaf as a strided tensor, and its dtype as reported (a Python number's type name)."""
     if isinstance(v, torch.Tensor):
-        kind = str(v.dtype).replace("torch.", "")
+        kind = dtype_text(v.dtype)
         v = v.dequantize() if v.is_quantized else v  # compared by the values they stand for
         return (v.to_dense() if v.layout != torch.strided else v), kind  # sparse: as dense
     if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:

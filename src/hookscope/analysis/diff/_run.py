@@ -87,39 +87,17 @@ def fresh_inputs(model: nn.Module, inputs: Any) -> tuple[Any, torch.device]:
 
 
 # --- the model put back -----------------------------------------------------------------------------
-def _rng_states(devices: RngDevices) -> list[torch.Tensor]:
-    indices, kind = devices
-    states = [torch.random.get_rng_state()]
-    return states + [getattr(torch, kind).get_rng_state(i) for i in indices] if kind else states
-
-
-def _set_rng_states(devices: RngDevices, states: list[torch.Tensor]) -> None:
-    indices, kind = devices
-    torch.random.set_rng_state(states[0])
-    for i, state in zip(indices, states[1:]):
-        getattr(torch, cast(str, kind)).set_rng_state(state, i)
-
-
 @contextlib.contextmanager
 def _put_back(model: nn.Module, shared: Shared) -> Iterator[None]:
     """Every train/eval flag and buffer of ``model`` as before after the run (BatchNorm's statistics
     in train mode, a KV cache written in eval mode too), and the caller's random stream.
 
     The run starts from ``seed``, so both runs draw the same dropout masks; with ``seed=None`` it
-    draws on from the caller's stream, which then stays where the run left it (``restored`` alone
-    would rewind it, and run B would draw run A's numbers again).
+    draws on from the caller's stream, which then stays where the run left it (a kept stream would
+    be rewound, and run B would draw run A's numbers again).
     """
-    carried: list[torch.Tensor] = []
-    try:
-        with restored(model, buffers=True, rng=shared.rng, seed=shared.seed):
-            try:
-                yield
-            finally:
-                if shared.seed is None:
-                    carried = _rng_states(shared.rng)
-    finally:
-        if carried:
-            _set_rng_states(shared.rng, carried)
+    with restored(model, buffers=True, rng=shared.rng, seed=shared.seed, keep_rng=shared.seed is not None):
+        yield
 
 
 def _storage(t: torch.Tensor) -> int:

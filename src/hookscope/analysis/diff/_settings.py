@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ...core.compiled import is_compiled
+from ...core.text import dtype_text
 from ...errors import HookscopeError
 from ...selection import unwrap
 
@@ -37,7 +38,7 @@ class Settings:
         if self.train is not None:
             parts.append("train" if self.train else "eval")
         if self.autocast is not None:
-            parts.append(f"autocast {str(self.autocast).replace('torch.', '')}")
+            parts.append(f"autocast {dtype_text(self.autocast)}")
         if self.context is not None:
             parts.append(getattr(self.context, "__name__", type(self.context).__name__))
         return ", ".join(parts)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from ...core.text import dtype_text
 from ...selection import aliases_of
 
 __all__ = ["Shape", "Call", "Row", "numel", "nbytes", "described", "rows_of"]
@@ -47,7 +48,7 @@ def described(ts: list[torch.Tensor]) -> list[tuple[Shape, str]]:
         >>> described([torch.zeros(2, 3), torch.tensor(1)])
         [((2, 3), 'float32'), ((), 'int64')]
     """
-    return [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in ts]
+    return [(tuple(t.shape), dtype_text(t.dtype)) for t in ts]
 
 
 class Call:
