@@ -25,15 +25,36 @@ def _is_structseq(obj: object) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "n_fields")
 
 
-def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] = torch.Tensor) -> Any:
+_OBJECT_DEPTH = 4  # plain objects inside plain objects looked into, at most (a cycle ends there)
+
+
+def _fields(obj: Any, depth: int) -> dict[str, Any] | None:
+    """The attributes of a plain object (``SimpleNamespace``, a simple class) that may hold
+    tensors, or ``None`` for anything else: classes, functions, modules, tensors' own types."""
+    if depth >= _OBJECT_DEPTH or isinstance(obj, (type, torch.nn.Module, torch.Tensor)) or callable(obj):
+        return None
+    attrs = getattr(obj, "__dict__", None)
+    return attrs if isinstance(attrs, dict) and attrs else None
+
+
+def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] = torch.Tensor,
+             _depth: int = 0) -> Any:
     """Apply ``fn`` to every ``leaf`` (tensors by default) in ``obj``; keep the structure.
 
-    Returns ``obj`` itself where nothing changed, so a hook can tell whether to replace an output.
+    Containers: lists, tuples (named tuples, ``torch.return_types``), dicts (``ModelOutput``),
+    dataclasses, and plain objects' attributes (a shallow copy with the new values). Returns
+    ``obj`` itself where nothing changed, so a hook can tell whether to replace an output.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> out = tree_map(lambda t: t * 2, SimpleNamespace(h=torch.ones(1), n=3))
+        >>> out.h, out.n
+        (tensor([2.]), 3)
     """
     if isinstance(obj, leaf):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
-        items = [tree_map(fn, v, leaf) for v in obj]
+        items = [tree_map(fn, v, leaf, _depth) for v in obj]
         if all(a is b for a, b in zip(items, obj)):
             return obj
         if isinstance(obj, list):
@@ -44,7 +65,7 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] =
             return type(obj)(items)
         return tuple(items) if type(obj) is tuple else type(obj)(items)
     if isinstance(obj, dict):
-        changed = {k: tree_map(fn, v, leaf) for k, v in obj.items()}
+        changed = {k: tree_map(fn, v, leaf, _depth) for k, v in obj.items()}
         if all(changed[k] is v for k, v in obj.items()):
             return obj
         # a copy keeps the mapping's type (and ModelOutput's attribute/key sync through __setitem__)
@@ -54,32 +75,43 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] =
         return new
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-        changed = {k: tree_map(fn, v, leaf) for k, v in values.items()}
+        changed = {k: tree_map(fn, v, leaf, _depth) for k, v in values.items()}
         if all(changed[k] is v for k, v in values.items()):
             return obj
         replaced: Any = copy.copy(obj)
         for k, v in changed.items():
             object.__setattr__(replaced, k, v)  # frozen dataclasses too
         return replaced
+    attrs = _fields(obj, _depth)
+    if attrs is not None:
+        new_attrs = {k: tree_map(fn, v, leaf, _depth + 1) for k, v in attrs.items()}
+        if all(new_attrs[k] is v for k, v in attrs.items()):
+            return obj
+        other: Any = copy.copy(obj)
+        vars(other).update(new_attrs)  # past any __setattr__ of the class
+        return other
     return obj
 
 
-def tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``obj``, depth first, in container order."""
+def tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj``, depth first, in container order (the containers of :func:`tree_map`)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from tensors(v)
+            yield from tensors(v, _depth)
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from tensors(v)
+            yield from tensors(v, _depth)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from tensors(getattr(obj, f.name))
+            yield from tensors(getattr(obj, f.name), _depth)
+    elif (attrs := _fields(obj, _depth)) is not None:
+        for v in list(attrs.values()):
+            yield from tensors(v, _depth + 1)
 
 
-def paths(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def paths(obj: Any, prefix: str = "", _depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor in ``obj`` with its path (``[0]``, ``.logits``, ``['key']``), as :func:`tensors`.
 
     Example:
@@ -90,16 +122,20 @@ def paths(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
         yield prefix, obj
     elif isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
         for field, v in zip(getattr(type(obj), "_fields"), obj):
-            yield from paths(v, f"{prefix}.{field}")
+            yield from paths(v, f"{prefix}.{field}", _depth)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from paths(v, f"{prefix}[{i}]")
+            yield from paths(v, f"{prefix}[{i}]", _depth)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            yield from paths(v, f"{prefix}.{k}" if isinstance(k, str) and k.isidentifier() else f"{prefix}[{k!r}]")
+            yield from paths(v, f"{prefix}.{k}" if isinstance(k, str) and k.isidentifier() else f"{prefix}[{k!r}]",
+                            _depth)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from paths(getattr(obj, f.name), f"{prefix}.{f.name}")
+            yield from paths(getattr(obj, f.name), f"{prefix}.{f.name}", _depth)
+    elif (attrs := _fields(obj, _depth)) is not None:
+        for k, v in list(attrs.items()):
+            yield from paths(v, f"{prefix}.{k}", _depth + 1)
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:

@@ -13,7 +13,7 @@ from torch import nn
 from ._tree import tensors, tree_map
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
-from .core.hooks import HookGroup, ThreadScope
+from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import Selector, aliases_of, check_hookable, layers
@@ -43,6 +43,10 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
         raise HookscopeError("keep= is empty; name at least one of " + ", ".join(FIELDS))
     return frozenset(out)
 
+
+ORPHANED = ("its output is a view of another tensor (Flatten, a slice, a reshape) that an in-place op "
+            "rewrote after the module returned, and PyTorch then drops the gradient hooks of the view; "
+            "make that op out of place (inplace=False)")
 
 class StopForward(BaseException):
     """Raised by a forward hook to end the forward pass early; only its own capture swallows it.
@@ -84,6 +88,7 @@ class Capture(Recording):
         self._slots: list[Slot] = []
         self._remaining: set[str] = set()
         self._scope = ThreadScope()
+        self._orphans = Orphans()  # grad_output hooks on view outputs, orphaned by an in-place op
         self.stopped = False
 
     # lifecycle ------------------------------------------------------------------------------
@@ -127,6 +132,7 @@ class Capture(Recording):
 
     def _close(self) -> None:
         self._group.remove()  # sets closed first: a hook still running releases what it keeps
+        self._orphans.settle()
         self._refresh.close()
         self._scope.close()
         release(list(self._slots))
@@ -249,6 +255,7 @@ class Capture(Recording):
         for i, t in enumerate(outs):
             if t.requires_grad:
                 self._group.add(t.register_hook(self._grad_setter(grads, i, where)))
+                self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
 
     def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
         # A fresh alias per call, so its hook sees only the gradient that flows through this module

@@ -12,7 +12,7 @@ from torch import nn
 
 from ._tree import tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
-from .core.hooks import HookGroup, ThreadScope
+from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError
 from .selection import Selector, check_hookable, layers
 
@@ -65,6 +65,8 @@ class Edit:
         self._group = HookGroup()
         self._refresh = HookRefresh(model)
         self._scope = ThreadScope()
+        self._orphans = Orphans()  # gradient hooks on views, which a later in-place op orphans
+        self._lost: list[str] = []
         self.counts = {n: 0 for n, _ in selected}
 
     def __enter__(self) -> Edit:
@@ -87,12 +89,19 @@ class Edit:
         self._targets = None
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.remove()
+        if self._lost and exc_type is None:
+            what, name = self._lost[0].split(" ", 1)
+            raise HookscopeError(
+                f"the {what} edit of {name!r} was not applied: the tensor it hooks is a view that an in-place "
+                "op rewrote (a Flatten or slice output, or an input the module writes into), and PyTorch "
+                "then drops the gradient hooks of the view; make that op out of place (inplace=False)")
 
     def remove(self) -> None:
         """Remove the hooks now (the context does it by itself). Idempotent."""
         self._group.remove()
+        self._orphans.settle()
         self._refresh.close()
         self._scope.close()
 
@@ -110,7 +119,7 @@ class Edit:
             kwargs = kwargs or {}
             new_args, new_kwargs = _change_inputs(name, self._inputs, args, kwargs)
             if grad_change is not None and new_args:
-                first = tree_map(lambda t: self._hook_grad(t, grad_change, alias=True), new_args[0])
+                first = tree_map(lambda t: self._hook_grad(t, grad_change, f"grad_input {name}"), new_args[0])
                 new_args = (first, *new_args[1:])
             if not counted_later:
                 self.counts[name] += 1
@@ -131,18 +140,20 @@ class Edit:
                 got = change(output)
                 new = output if got is None else got
             if grad_change is not None:
-                tree_map(lambda t: self._hook_grad(t, grad_change, alias=False), new)
+                tree_map(lambda t: self._hook_grad(t, grad_change, f"grad_output {name}"), new)
             self.counts[name] += 1
             return None if new is output else new
 
         return post
 
-    def _hook_grad(self, t: torch.Tensor, fn: Change, alias: bool) -> torch.Tensor:
+    def _hook_grad(self, t: torch.Tensor, fn: Change, what: str) -> torch.Tensor:
+        """Hook ``fn`` on the gradient of ``t``; ``what`` is ``"grad_input NAME"`` or ``"grad_output NAME"``."""
         if not (t.requires_grad and torch.is_grad_enabled()):
             return t
         # input gradients: a fresh alias per call, so only what flows through this module changes
-        target = t.view_as(t) if alias else t
+        target = t.view_as(t) if what.startswith("grad_input") else t
         self._group.add(target.register_hook(fn))
+        self._orphans.watch(target, lambda: self._lost.append(what))
         return target
 
 

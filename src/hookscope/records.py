@@ -88,6 +88,7 @@ class Retention:
         through it are told by the version counter, which inference tensors lack: such a tensor
         is copied at once under ``"auto"`` and refused on reading under ``"never"``.
         """
+        _check_plain_tensor(t, where)
         v = t.detach() if self.detach else t
         if plain and v.is_inference() and self.copy != "always":
             return self._unwatchable(v, t, where)
@@ -154,6 +155,7 @@ class Retention:
         ``adopted``: a view of ``g`` may become a leaf's ``.grad`` (the gradient of an alias of a
         leaf), so under ``copy="auto"`` it is copied.
         """
+        _check_plain_tensor(g, where)
         v = g if not g.requires_grad else g.detach()
         if self.device is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
@@ -163,6 +165,15 @@ class Retention:
         if self.copy == "always" or (adopted and self.copy == "auto"):
             return Slot(v.clone(), "copied", where)
         return Slot(v, "never", where, fix="copy='always'")  # "auto" keeps gradients unguarded too
+
+
+def _check_plain_tensor(t: torch.Tensor, where: Any) -> None:
+    """Refuse a tensor of a ``torch.func`` transform: it is a per-sample wrapper (``vmap``) or a
+    level of ``grad``, whose values are not there to keep once the transform returns."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        what = "the {} of {!r}".format(*where[:2]) if isinstance(where, tuple) else str(where)
+        raise RecordError(f"{what} is a tensor inside a torch.func transform (vmap, grad, jacrev, ...), which "
+                          "hookscope cannot keep; run the model outside the transform while recording")
 
 
 def check_device(device: Any) -> torch.device:
@@ -220,7 +231,7 @@ class CallRecord:
     """
 
     __slots__ = ("name", "index", "_args", "_kwargs", "_output", "_grads_out", "_grads_in",
-                 "_skel_out", "_skel_in", "_watched", "note")
+                 "_skel_out", "_skel_in", "_watched", "note", "_lost_out")
 
     def __init__(self, name: str, index: int) -> None:
         self.name = name
@@ -234,6 +245,7 @@ class CallRecord:
         self._skel_in: Any = None  # positional inputs likewise
         self._watched: list[tuple[torch.Tensor, int]] = []  # input aliases and their versions
         self.note = ""  # why a gradient is missing, when we know
+        self._lost_out = ""  # why the output gradient cannot be the true one, when we know
 
     # what a capture writes into the record ------------------------------------------------
     def mark_running(self) -> None:
@@ -261,6 +273,10 @@ class CallRecord:
     def watch_input(self, alias: torch.Tensor) -> None:
         """Remember an input alias, to tell later whether the module wrote into it."""
         self._watched.append((alias, alias._version))
+
+    def lose_grad_output(self, why: str) -> None:
+        """The output gradient's hooks were orphaned: reading ``grad_output`` raises, saying ``why``."""
+        self._lost_out = why
 
     def check_inputs(self) -> None:
         """After the call: note why no input gradient will arrive if the module wrote its input."""
@@ -323,7 +339,11 @@ class CallRecord:
         """Gradient w.r.t. the output, in the output's structure.
 
         ``None`` where no gradient arrived (no backward yet, or that output does not reach the loss).
+        Raises :class:`~hookscope.RecordError` when the gradient could not be seen (an output that
+        is a view of another tensor, rewritten in place after the module returned).
         """
+        if self._lost_out:
+            raise RecordError(f"no true grad_output for {self.name!r} (call {self.index}): {self._lost_out}")
         return self._fill(self._grads_out, self._skel_out, "grad_output")
 
     @property

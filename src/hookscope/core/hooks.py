@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
+
+import torch
 
 
 class _Handle(Protocol):
@@ -102,6 +106,57 @@ class ThreadScope:
         """Whether the calling thread's module calls belong to this block."""
         t = threading.current_thread()
         return t is self._owner or (t not in self._foreign and t not in _blocks_open)
+
+
+class Orphans:
+    """Tensor hooks on views, and whether a later in-place op orphaned them.
+
+    An in-place op on a view (a ``Flatten`` output, a slice, a per-call alias) rebases its
+    autograd history: the hooks registered on the view before it never fire, and a hook-based
+    record or edit of its gradient would be silently missing. The witness is the view's version
+    counter, read through a ``detach()`` alias that lives only as long as the view's own Python
+    object (no memory is held past it); ``on_lost`` runs when a write is seen, at the latest when
+    :meth:`settle` is called at the end of the block.
+
+    Example:
+        >>> lost = []
+        >>> orphans = Orphans()
+        >>> x = torch.ones(2, 2, requires_grad=True)
+        >>> v = (x * 2).view(4)
+        >>> orphans.watch(v, lambda: lost.append("v"))
+        >>> v = v.relu_()  # rebases v's history: the hooks on it will never fire
+        >>> del v
+        >>> lost
+        ['v']
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[int, tuple[Any, torch.Tensor, int, Callable[[], None]]] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def watch(self, t: torch.Tensor, on_lost: Callable[[], None]) -> None:
+        """Watch the hooks just registered on ``t`` (nothing to watch unless it is a view)."""
+        if not t._is_view() or t.is_inference():
+            return
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+
+        def gone(_: Any) -> None:
+            with self._lock:
+                entry = self._live.pop(key, None)
+            if entry is not None and entry[1]._version != entry[2]:
+                entry[3]()
+
+        self._live[key] = (weakref.ref(t, gone), t.detach(), t._version, on_lost)
+
+    def settle(self) -> None:
+        """Check the views still alive (their hooks are removed now) and forget every witness."""
+        with self._lock:
+            live, self._live = self._live, {}
+        for _, witness, version, on_lost in live.values():
+            if witness._version != version:
+                on_lost()
 
 
 def hook_count(module: Any) -> int:
