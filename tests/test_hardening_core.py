@@ -530,3 +530,87 @@ def test_grads_refuses_an_fn_that_is_not_a_function():
         hookscope.grads(w=w, fn=3)
     with pytest.raises(HookscopeError, match="copy='yes' is not True or False"):
         hookscope.grads(w=w, copy="yes")
+
+
+def _flatten_model(inplace: bool) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.ReLU(inplace=inplace), nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_a_view_output_rewritten_in_place_never_reads_as_a_missing_gradient(monkeypatch, big):
+    if big:  # the output handed on as a guarded alias, as tensors over 1 MiB are
+        monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+    x = torch.randn(4, 1, 4, 4)
+    clean = _flatten_model(inplace=False)
+    with hookscope.capture(clean, "1", keep="all") as rec:
+        clean(x).sum().backward()
+    # the true gradient, by hand: d sum(Linear(relu(v))) / dv = relu'(v) * w
+    v = clean[1](clean[0](x)).detach()
+    assert torch.allclose(rec["1"].grad_output, (v > 0).float() * clean[3].weight.detach())
+    m = _flatten_model(inplace=True)
+    with hookscope.capture(m, "1", keep="all") as rec:
+        m(x).sum().backward()
+    with pytest.raises(hookscope.RecordError, match=r"no true grad_output for '1'.*inplace=False"):
+        rec["1"].grad_output
+    assert no_hooks(m)
+
+
+def test_an_edit_of_a_gradient_its_hooks_lost_raises_and_one_that_holds_applies():
+    x = torch.randn(4, 1, 4, 4)
+    m = _flatten_model(inplace=True)
+    with pytest.raises(HookscopeError, match="grad_output edit of '1' was not applied"):
+        with hookscope.edit(m, "1", grad_output=hookscope.scale(0.0)):
+            m(x).sum().backward()
+    clean = _flatten_model(inplace=False)
+    with hookscope.edit(clean, "1", grad_output=hookscope.scale(0.0)):
+        clean(x).sum().backward()
+    assert torch.count_nonzero(clean[0].weight.grad) == 0 and no_hooks(m) and no_hooks(clean)
+    inplace_first = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True))  # writes its own input
+    with pytest.raises(HookscopeError, match="grad_input edit of '1' was not applied"):
+        with hookscope.edit(inplace_first, "1", grad_input=hookscope.scale(0.0)):
+            inplace_first(torch.randn(2, 3)).sum().backward()
+
+
+@pytest.mark.parametrize("copy", ["auto", "always"])
+def test_an_output_object_of_another_class_is_recorded_detached_and_true(monkeypatch, copy):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return SimpleNamespace(h=self.lin(x), label="head")
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = Head()
+
+        def forward(self, x):
+            o = self.head(x)
+            o.h.relu_()  # a later in-place op on the member
+            return o.h
+
+    torch.manual_seed(0)
+    m, x = M(), torch.randn(3, 4)
+    true = m.head.lin(x).detach()
+    with hookscope.capture(m, "head", copy=copy) as rec:
+        y = m(x)
+    got = rec["head"].output
+    assert torch.equal(got.h, true) and got.label == "head" and not got.h.requires_grad
+    assert torch.equal(y, true.relu()) and true.min() < 0
+
+
+def test_recording_inside_a_torch_func_transform_is_one_line():
+    from torch.func import vmap
+
+    m = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 1))
+    with pytest.raises(hookscope.RecordError, match="inside a torch.func transform") as err:
+        with hookscope.capture(m, "0"):
+            vmap(m)(torch.randn(5, 4))
+    assert "\n" not in str(err.value) and no_hooks(m)
