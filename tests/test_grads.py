@@ -79,5 +79,5 @@ def test_bad_input_is_explained():
         pass
     with pytest.raises(RecordError, match="no gradient reached 'a'"):
         g["a"].grad
-    with pytest.raises(RecordError, match="'z' is not watched"):
+    with pytest.raises(RecordError, match="no watched tensor 'z' in this result"):
         g["z"]

@@ -47,16 +47,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Diff", "fc", "fcc"),
     ("TensorGrads", "y", "z"),
 ]
-_RECORDS = "records.py (being changed): "
-LACKS = {  # (check, case) -> what the result lacks today
-    ("to_dict", "Recording: a module called twice"): _RECORDS + "to_dict() raises for a module called twice",
-    ("to_dict", "Recording: keep='input'"): _RECORDS + "to_dict() raises when no output was kept",
-    ("to_json", "Recording: keep='input'"): _RECORDS + "to_json() raises when no output was kept",
-    ("json_is_dict", "Capture"): _RECORDS + "to_json() writes to_dict(all_calls=True), not to_dict()",
-    ("json_is_dict", "Recording: a module called twice"): _RECORDS + "to_dict() raises for a module called twice",
-    ("json_is_dict", "Recording: keep='input'"): _RECORDS + "to_dict() raises when no output was kept",
-    ("json_is_dict", "Trace"): "analysis/trace.py: to_json() writes to_dict()['rows'] (a list), not to_dict()",
-}
+LACKS: dict[tuple[str, str], str] = {}  # (check, case) -> what a result lacks today; none now
 # to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}}
 

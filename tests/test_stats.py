@@ -120,7 +120,7 @@ def test_json_and_csv_give_the_same_numbers(tmp_path):
     m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     with trace(m) as t:
         m(torch.tensor([[1.0, float("nan"), 2.0]]))
-    rows = json.loads(t.to_json())
+    rows = json.loads(t.to_json())["rows"]
     assert len(rows) == 4 and rows[1]["mean"] == "nan" and rows[1]["nan"] == 3 and rows[0]["nan"] == 1
     assert rows[0]["shape"] == [1, 3] and rows[0]["module"] == "0"
     path = tmp_path / "t.csv"
@@ -287,7 +287,7 @@ def test_cli_trace_table_json_and_grad_flow(tmp_path, capsys):
     dest = tmp_path / "t.json"
     assert main(["trace", "tiny", "--format", "json", "--out", str(dest)]) == 0
     # 27 modules, 30 calls (each block's ReLU runs twice), an input and an output each
-    assert len(json.loads(dest.read_text())) == 2 * 30
+    assert len(json.loads(dest.read_text())["rows"]) == 2 * 30
     assert main(["trace", "tiny", "--grad-flow"]) == 0
     out = capsys.readouterr().out
     assert "|grad params|" in out and "vanishing (< 1e-07): none" in out
@@ -639,7 +639,7 @@ def test_the_cli_on_a_compiled_model_stays_within_memory_and_matches_eager(tmp_p
 
 
 def _json_rows(text):
-    rows = json.loads(text)
+    rows = json.loads(text)["rows"]
     return sorted((r["module"], r["phase"], r["which"], r["path"], r["mean"], r["std"], r["min"], r["max"])
                   for r in rows)
 
@@ -706,7 +706,7 @@ def test_trace_speaks_the_result_protocol():
     assert data["rows"][1]["shape"] == (1, 3) and math.isnan(data["rows"][1]["mean"])
     for indent in (None, 2):
         assert json.loads(t.to_json(indent=indent)) == json.loads(t.to_json())
-    assert "\n" in t.to_json(2) and json.loads(t.to_json())[1]["mean"] == "nan"
+    assert "\n" in t.to_json(2) and json.loads(t.to_json())["rows"][1]["mean"] == "nan"
     with pytest.warns(DeprecationWarning, match=r"to_dict\(\)\['rows'\]"):
         assert t.to_dicts() == data["rows"]
 

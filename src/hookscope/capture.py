@@ -77,10 +77,9 @@ class Capture(Recording):
         stop: bool,
         aliases: dict[str, str] | None = None,
     ) -> None:
-        super().__init__([n for n, _ in selected], aliases)
+        super().__init__([n for n, _ in selected], aliases, keep)
         self._model: nn.Module | None = model
         self._targets: list[tuple[str, nn.Module]] | None = selected
-        self.keep = keep
         self.retention = retention
         self.stop = stop
         self._group = HookGroup()

@@ -11,7 +11,7 @@ import torch
 
 from .core.guard import Slot
 from .core.hooks import HookGroup
-from .core.result import Result
+from .core.result import Result, missing
 from .core.text import num, shape_text, table
 from .errors import HookscopeError, RecordError, did_you_mean
 
@@ -166,7 +166,7 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
 
     def __getitem__(self, name: str) -> GradRecord:
         if not isinstance(name, str) or name not in self._records:
-            raise RecordError(f"{name!r} is not watched.{did_you_mean(str(name), self._records)}")
+            raise missing(name, "watched tensor", self._records)
         return self._records[name]
 
     def __contains__(self, name: object) -> bool:

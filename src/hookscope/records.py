@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from ._tree import tree_map
-from .core.result import jsonable
+from .core.result import Result, jsonable
 from .core.text import shape_text, table
 from .core.guard import Slot, guardable, protect, storage_key
 from .errors import RecordError, did_you_mean
@@ -428,13 +428,23 @@ class LayerRecord:
         return f"LayerRecord({self.name!r}, calls={len(self.calls)})"
 
 
-class Recording(Mapping[str, LayerRecord]):
+_FIELDS = ("output", "input", "grad_output", "grad_input")
+
+
+def _value(call: CallRecord, field: str) -> Any:
+    """One field of one call, ``None`` for the output of a call that raised before returning."""
+    return None if field == "output" and not call.returned else getattr(call, field)
+
+
+class Recording(Result, Mapping[str, LayerRecord]):
     """Records of a capture, keyed by qualified name (wrapper prefixes such as ``module.`` accepted).
 
     ``rec.calls`` lists every call of every selected module in the order the calls started.
     """
 
-    def __init__(self, selected: list[str], aliases: Mapping[str, str] | None = None) -> None:
+    def __init__(self, selected: list[str], aliases: Mapping[str, str] | None = None,
+                 keep: Iterable[str] = ("output",)) -> None:
+        self.keep: frozenset[str] = frozenset(keep)
         self.selected = tuple(selected)
         self._layers = {n: LayerRecord(n) for n in selected}
         self._aliases = dict(aliases or {})  # another name of a shared module -> the selected one
@@ -474,18 +484,27 @@ class Recording(Mapping[str, LayerRecord]):
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and bool(self._layers.get(self._key(name), LayerRecord("")).calls)
 
-    def to_dict(self, field: str = "output", *, all_calls: bool = False) -> dict[str, Any]:
+    def to_dict(self, field: str | None = None, *, all_calls: bool = False) -> dict[str, Any]:
         """A plain ``{name: value}`` dict of one field (``output``, ``input``, ``grad_output``...).
 
-        A module called several times raises unless ``all_calls=True``, which gives every value as a
-        list of its calls.
+        ``field=None``: the first of output, input, grad_output, grad_input that the capture kept.
+        A module called several times gives the list of its calls' values (``all_calls=True``:
+        lists for every module); the output of a call that raised is ``None``.
 
         Example:
-            >>> # feats = rec.to_dict()            -> {"layer1": tensor, "layer2": tensor}
+            >>> import torch, hookscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+            >>> with hookscope.capture(net, keep="input") as rec:
+            ...     _ = net(torch.ones(1, 2)); _ = net(torch.ones(1, 2))
+            >>> {name: len(values) for name, values in rec.to_dict().items()}
+            {'0': 2, '1': 2}
         """
+        field = field or next((f for f in _FIELDS if f in self.keep), "output")
+        layers = {n: self._layers[n].calls for n in self}
         if all_calls:
-            return {n: [getattr(c, field) for c in self._layers[n].calls] for n in self}
-        return {n: getattr(_only(n, self._layers[n].calls, field), field) for n in self}
+            return {n: [_value(c, field) for c in calls] for n, calls in layers.items()}
+        return {n: _value(calls[0], field) if len(calls) == 1 else [_value(c, field) for c in calls]
+                for n, calls in layers.items()}
 
     @property
     def rows(self) -> list[CallRow]:
@@ -513,12 +532,9 @@ class Recording(Mapping[str, LayerRecord]):
         body = [[str(r.index), r.name or "(root)", str(r.call), r.input, r.output] for r in self.rows]
         return "\n".join(table(["#", "module", "call", "input", "output"], body, left={1, 3}, pad_last=False))
 
-    def __str__(self) -> str:
-        return self.table()
-
-    def to_json(self, indent: int | None = None, field: str = "output") -> str:
-        """One field of every call as JSON: ``{name: [value of each call]}``, tensors as nested lists."""
-        return json.dumps(jsonable(self.to_dict(field, all_calls=True)), indent=indent, allow_nan=False)
+    def to_json(self, indent: int | None = None, field: str | None = None) -> str:
+        """:meth:`to_dict` (of ``field``) as JSON, tensors as nested lists."""
+        return json.dumps(jsonable(self.to_dict(field)), indent=indent, allow_nan=False)
 
     def clear(self) -> None:
         """Forget every record (to reuse one capture over many batches without growing)."""

@@ -128,18 +128,18 @@ class Trace(RecorderSession, Result):
         return [dataclasses.asdict(r) for r in self.rows]
 
     def to_json(self, indent: int | None = None) -> str:
-        """The rows as a JSON list (a trace is its rows: ``to_dict()["rows"]``); NaN and infinities
-        are written as the strings "nan", "inf", "-inf".
+        """:meth:`to_dict` as JSON, ``{"rows": [...]}``; NaN and infinities are written as the
+        strings "nan", "inf", "-inf".
 
         Example:
             >>> net = nn.Sequential(nn.ReLU())
             >>> with trace(net, keep="output") as t:
             ...     _ = net(torch.tensor([float("nan"), 2.0]))
-            >>> row = json.loads(t.to_json())[0]
+            >>> row = json.loads(t.to_json())["rows"][0]
             >>> row["shape"], row["mean"], row["nan"]
             ([2], 'nan', 1)
         """
-        return json.dumps(jsonable(self.rows), indent=indent, allow_nan=False)
+        return json.dumps(jsonable(self.to_dict()), indent=indent, allow_nan=False)
 
     def to_csv(self, path: str | None = None) -> str:
         """The rows as CSV (shape written as ``8x64x56x56``); also written to ``path`` if given.
