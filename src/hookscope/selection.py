@@ -1,7 +1,8 @@
 """Turn selectors into an ordered list of ``(qualified_name, module)``; see through model wrappers.
 
 Pure: nothing here registers a hook. Names are those of the *unwrapped* model, exactly as its
-``named_modules()`` gives them.
+``named_modules()`` gives them once every ``torch.compile`` wrapper in it is replaced by the module
+it wraps (``1.a`` for the child of ``model[1] = torch.compile(model[1])``, not ``1._orig_mod.a``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch import nn
 
 from .errors import HookscopeError, SelectionError, did_you_mean
 
-__all__ = ["Selector", "layers", "unwrap", "strip_prefix", "aliases_of", "check_hookable"]
+__all__ = ["Selector", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
+           "check_hookable"]
 
 Predicate = Callable[[str, nn.Module], bool]
 Selector = Union[str, "re.Pattern[str]", type, "tuple[type, ...]", nn.Module, Predicate]
@@ -59,12 +61,54 @@ def unwrap(model: nn.Module) -> tuple[nn.Module, str]:
     return model, prefix
 
 
+def _see_through(module: nn.Module) -> nn.Module:
+    """The module inside ``torch.compile`` wrappers (``OptimizedModule``), or ``module`` itself."""
+    while type(module).__name__ == "OptimizedModule":
+        inner = module._modules.get("_orig_mod")
+        if not isinstance(inner, nn.Module):
+            break
+        module = inner
+    return module
+
+
+def named_modules(model: nn.Module, *, remove_duplicate: bool = True) -> list[tuple[str, nn.Module]]:
+    """``named_modules()`` of the unwrapped model, each ``torch.compile`` wrapper in it (at any
+    depth) replaced by the module it wraps: the names and modules every selection is made from.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.ReLU()))
+        >>> net[1] = torch.compile(net[1])
+        >>> [name for name, _ in named_modules(net)]
+        ['', '0', '1', '1.0']
+    """
+    inner, _ = unwrap(model)
+    out: list[tuple[str, nn.Module]] = []
+    seen: set[int] = set()
+    stack = [("", inner)]
+    while stack:
+        name, module = stack.pop()
+        module = _see_through(module)
+        if remove_duplicate:
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+        out.append((name, module))
+        children = [(f"{name}.{k}" if name else k, c) for k, c in module._modules.items() if c is not None]
+        stack.extend(reversed(children))
+    return out
+
+
 def strip_prefix(name: str, known: Iterable[str] | None = None) -> str:
-    """Drop leading wrapper prefixes (``module.``, ``_orig_mod.``) unless ``name`` is itself known."""
+    """Drop leading wrapper prefixes (``module.``, ``_orig_mod.``) unless ``name`` is itself known,
+    and an inner ``_orig_mod.`` (a submodule wrapped by ``torch.compile``) when that makes it known."""
     known_set = known if isinstance(known, (set, frozenset, dict)) else set(known or ())
     prefixes = tuple(a + "." for a in set(_WRAPPERS.values()))
     while name not in known_set and name.startswith(prefixes):
         name = name.split(".", 1)[1]
+    if name not in known_set and "_orig_mod" in name:
+        seen_through = ".".join(part for part in name.split(".") if part != "_orig_mod")
+        if seen_through in known_set:
+            return seen_through
     return name
 
 
@@ -99,7 +143,8 @@ def _matcher(sel: object) -> Callable[[str, nn.Module], bool]:
     if isinstance(sel, tuple) and sel and all(isinstance(t, type) for t in sel):
         return lambda n, m: isinstance(m, sel)
     if isinstance(sel, nn.Module):
-        return lambda n, m: m is sel
+        inner = _see_through(sel)  # a submodule's torch.compile wrapper selects what it wraps
+        return lambda n, m: m is inner
     if callable(sel):
         return lambda n, m: bool(sel(n, m))
     raise SelectionError(
@@ -136,7 +181,7 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
         ['0', '2']
     """
     inner, _ = unwrap(model)
-    named = list(inner.named_modules(remove_duplicate=False))
+    named = named_modules(model, remove_duplicate=False)
     names = [n for n, _ in named]
     flat = _flatten(list(selectors))
     if selectors and not flat:
@@ -183,8 +228,7 @@ def aliases_of(model: nn.Module, selected: list[tuple[str, nn.Module]]) -> dict[
         {'enc': 'dec'}
     """
     key = {id(m): n for n, m in selected}
-    inner, _ = unwrap(model)
-    return {n: key[id(m)] for n, m in inner.named_modules(remove_duplicate=False)
+    return {n: key[id(m)] for n, m in named_modules(model, remove_duplicate=False)
             if id(m) in key and n != key[id(m)]}
 
 
@@ -215,5 +259,4 @@ def names(model: nn.Module) -> list[str]:
         >>> names(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
         ['0', '1']
     """
-    inner, _ = unwrap(model)
-    return [n for n, _ in inner.named_modules() if n]
+    return [n for n, _ in named_modules(model) if n]

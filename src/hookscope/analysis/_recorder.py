@@ -31,7 +31,7 @@ from ..core.compiled import HookRefresh, eager
 from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
-from ..selection import Selector, check_hookable, layers, unwrap
+from ..selection import Selector, check_hookable, layers, named_modules, unwrap
 from ._reduce import Scratch, tensor_stats
 from ._rows import Pending
 
@@ -143,7 +143,7 @@ def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
     """
     wanted = None if every else {id(p) for _, m in selected for p in m.parameters()}
     found: dict[int, tuple[str, str, nn.Parameter]] = {}
-    for name, module in model.named_modules():
+    for name, module in named_modules(model):
         for pname, p in module.named_parameters(recurse=False):
             if p.requires_grad and id(p) not in found and (wanted is None or id(p) in wanted):
                 found[id(p)] = (name, pname, p)

@@ -20,7 +20,7 @@ from .._tree import tree_map
 from ..core.failure import forward_error, module_label, received
 from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
-from ..selection import unwrap
+from ..selection import named_modules, unwrap
 
 __all__ = ["Target", "batch_coupled", "call_user", "check_range", "class_targets", "is_function", "read_logits",
            "user_scores", "per_sample", "rows_of", "forward_failure", "call_model"]
@@ -179,7 +179,7 @@ def _failed_in(exc: BaseException, inner: nn.Module) -> tuple[str, nn.Module, An
 
     Read from the traceback after the fact, so that a successful run pays nothing for it.
     """
-    names = {id(m): n for n, m in inner.named_modules()}
+    names = {id(m): n for n, m in named_modules(inner)}
     found = None
     tb: types.TracebackType | None = exc.__traceback__
     while tb is not None:

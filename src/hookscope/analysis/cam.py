@@ -28,7 +28,7 @@ from ..core.result import Result, jsonable, missing
 from ..core.state import kept_rng, restored
 from ..core.text import first_line, num, shape_text, table
 from ..errors import HookscopeError, did_you_mean
-from ..selection import Selector, check_hookable, unwrap
+from ..selection import Selector, check_hookable, named_modules, unwrap
 from ..selection import layers as select
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
 from ._targets import (Target, batch_coupled, call_model, class_targets, is_function, per_sample,
@@ -466,7 +466,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _of_type(inner: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Module]]:
     seen: set[int] = set()
     out: list[tuple[str, nn.Module]] = []
-    for n, m in inner.named_modules():
+    for n, m in named_modules(inner):
         if n and isinstance(m, kind) and id(m) not in seen:
             seen.add(id(m))
             out.append((n, m))

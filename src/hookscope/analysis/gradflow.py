@@ -21,7 +21,7 @@ from torch import nn
 from ..core.result import Result, missing
 from ..core.text import num, table
 from ..errors import HookscopeError
-from ..selection import Selector, layers, unwrap
+from ..selection import Selector, layers, named_modules, unwrap
 
 __all__ = ["FlowRow", "GradientFlow", "gradient_flow"]
 
@@ -298,7 +298,7 @@ def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None 
     else:
         seen: set[int] = set()
         chosen = []
-        for name, m in inner.named_modules():
+        for name, m in named_modules(inner):
             if id(m) not in seen and (any(True for _ in m.parameters(recurse=False)) or name in acts):
                 seen.add(id(m))
                 chosen.append((name, m))

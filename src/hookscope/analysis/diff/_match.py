@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from ...errors import HookscopeError, SelectionError
-from ...selection import layers, unwrap
+from ...selection import layers, named_modules, unwrap
 from ._result import Unmatched
 
 __all__ = ["matched"]
@@ -52,7 +52,7 @@ def matched(model_a: nn.Module, model_b: nn.Module, selectors: Any) -> tuple[Nam
         (['', '0'], Unmatched(a_only=(), b_only=('1',)))
     """
     inner_a, inner_b = unwrap(model_a)[0], unwrap(model_b)[0]
-    mods_a, mods_b = dict(inner_a.named_modules()), dict(inner_b.named_modules())
+    mods_a, mods_b = dict(named_modules(inner_a)), dict(named_modules(inner_b))
     if selectors is None:
         sel_a, sel_b = list(mods_a), list(mods_b)
     else:
