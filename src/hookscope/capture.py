@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,10 +10,11 @@ import torch
 from torch import nn
 
 from ._tree import tensors, tree_map
+from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .errors import HookscopeError, did_you_mean
+from .errors import HookscopeError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import Selector, aliases_of, check_hookable, layers
 
@@ -47,16 +47,6 @@ def parse_keep(keep: str | Iterable[str]) -> frozenset[str]:
 ORPHANED = ("its output is a view of another tensor (Flatten, a slice, a reshape) that an in-place op "
             "rewrote after the module returned, and PyTorch then drops the gradient hooks of the view; "
             "make that op out of place (inplace=False)")
-
-class StopForward(BaseException):
-    """Raised by a forward hook to end the forward pass early; only its own capture swallows it.
-
-    A BaseException, so that ``except Exception`` inside a model's forward does not swallow it.
-    """
-
-    def __init__(self, owner: object = None) -> None:
-        super().__init__("hookscope stopped the forward pass after the last selected layer")
-        self.owner = owner
 
 
 class Capture(Recording):
@@ -147,8 +137,13 @@ class Capture(Recording):
         """Call the model inside this capture; with ``stop=True`` returns ``None`` once stopped.
 
         Example:
-            >>> # with hookscope.capture(model, "layer1", stop=True) as rec:
-            >>> #     rec.run(x)           # the layers after layer1 never run
+            >>> import torch, hookscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+            >>> with hookscope.capture(net, "0", stop=True) as rec:
+            ...     print(rec.run(torch.ones(1, 2)))  # '1' never runs
+            None
+            >>> rec["0"].output.shape, "1" in rec
+            (torch.Size([1, 2]), False)
         """
         if self._model is None:
             raise HookscopeError("run() needs an open capture: call it inside the with block")
@@ -187,14 +182,14 @@ class Capture(Recording):
         """The (pre-hook, takes kwargs) and post-hook that record one selected module."""
         keep = self.keep
         want_in, grad_in = "input" in keep, "grad_input" in keep
-        open_calls: dict[int, list[CallRecord]] = {}  # per thread: DataParallel runs replicas in threads
+        open_calls: CallStack[CallRecord] = CallStack()  # per thread: DataParallel runs replicas in threads
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             # kwargs may be missing: PyTorch calls a pre-hook removed mid-call without them
             if not self._ours(module, target) or self._group.closed:
                 return None
             call = self._add(name)  # at the start, so records are in the order calls began
-            open_calls.setdefault(threading.get_ident(), []).append(call)
+            open_calls.push(call)
             if "output" in keep:
                 call.mark_running()
             return self._record_inputs(call, args, kwargs or {}) if (want_in or grad_in) else None
@@ -202,8 +197,9 @@ class Capture(Recording):
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             if not self._ours(module, target):
                 return None
-            stack = open_calls.get(threading.get_ident())
-            call = stack.pop() if stack else self._add(name)  # began before the capture opened
+            call = open_calls.pop()
+            if call is None:  # began before the capture opened
+                call = self._add(name)
             new = self._record_output(call, output, held_by(module, args))
             if self.stop:
                 self._remaining.discard(name)
@@ -272,7 +268,7 @@ class Capture(Recording):
             watched.append(a)
             return a
 
-        new_args = tree_map(alias, args)
+        new_args: tuple[Any, ...] = tree_map(alias, args)
         grads = call.expect_grad_input(tree_map(lambda t: HOLE, args), len(watched))
         where = ("grad_input", call.name, call.index)
         for i, a in enumerate(watched):

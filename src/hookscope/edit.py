@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ def _as_fn(change: Any, what: str) -> Change | None:
     still reads (activation patching from a clean run), so it must never be the model's own memory.
     """
     if change is None or callable(change):
-        return change
+        return cast("Change | None", change)
 
     def replace(old: Any) -> Any:
         if isinstance(old, torch.Tensor) and isinstance(change, torch.Tensor) and old.shape != change.shape:
@@ -42,6 +42,10 @@ def _as_fn(change: Any, what: str) -> Change | None:
         return tree_map(lambda t: t.clone(), change)
 
     return replace
+
+
+def _as_is(f: Any) -> Any:
+    return f
 
 
 class Edit:
@@ -74,7 +78,7 @@ class Edit:
             raise HookscopeError("this edit has already run; call hookscope.edit(...) again")
         self._scope.open()
         c = self._changes
-        wrap = eager if is_compiled(self._model) else (lambda f: f)
+        wrap: Callable[[Any], Any] = eager if is_compiled(self._model) else _as_is
         try:
             for name, module in self._targets:
                 if self._inputs or c["grad_input"]:

@@ -50,6 +50,18 @@ class ForwardError(HookscopeError, RuntimeError):
     """
 
 
+class StopForward(BaseException):
+    """Raised by a capture's forward hook to end the forward pass early (``capture(stop=True)``);
+    only the capture that raised it swallows it. Not part of the public API.
+
+    A BaseException, so that ``except Exception`` inside a model's forward does not swallow it.
+    """
+
+    def __init__(self, owner: object = None) -> None:
+        super().__init__("hookscope stopped the forward pass after the last selected layer")
+        self.owner = owner
+
+
 class NonFiniteError(HookscopeError):
     """A watched module produced (or sent back) a NaN or an Inf; ``row`` and ``before`` say more."""
 

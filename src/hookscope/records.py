@@ -396,8 +396,13 @@ class LayerRecord:
     """Every call of one module, in order. Shortcuts read the only call; several calls must be indexed.
 
     Example:
-        >>> # rec["encoder.layer.0"].output        (one call)
-        >>> # rec["shared"].calls[2].output         (third call of a module used three times)
+        >>> import torch, hookscope
+        >>> shared = torch.nn.Linear(2, 2)
+        >>> net = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)  # one module used twice
+        >>> with hookscope.capture(net, "0", "1") as rec:
+        ...     _ = net(torch.ones(1, 2))
+        >>> rec["1"].output.shape, len(rec["0"]), rec["0"].calls[1].output.shape
+        (torch.Size([1, 2]), 2, torch.Size([1, 2]))
     """
 
     def __init__(self, name: str) -> None:

@@ -23,7 +23,8 @@ class Block(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         out += x
-        return self.relu(out)
+        y: torch.Tensor = self.relu(out)
+        return y
 
 
 class TinyResNet(nn.Module):
@@ -55,4 +56,5 @@ class TinyResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layer2(self.down(self.layer1(self.stem(x))))
-        return self.fc(torch.flatten(self.pool(x), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(self.pool(x), 1))
+        return logits

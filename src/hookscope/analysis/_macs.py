@@ -118,12 +118,12 @@ def _product(i: int, name: str) -> _Counter:
 
 
 def _rmatmul(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
-    return int(out.numel()) * args[1].shape[-1]  # b.__rmatmul__(a) is a @ b
+    return int(out.numel()) * int(args[1].shape[-1])  # b.__rmatmul__(a) is a @ b
 
 
 def _addbmm(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     b1, b2 = _arg(args, kwargs, 1, "batch1"), _arg(args, kwargs, 2, "batch2")
-    return int(b1.numel()) * b2.shape[-1]  # the batch is summed: the output has no batch dimension
+    return int(b1.numel()) * int(b2.shape[-1])  # the batch is summed: the output has no batch dimension
 
 
 def _dot(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
@@ -132,23 +132,23 @@ def _dot(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
 
 def _bilinear(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     x1, x2 = _arg(args, kwargs, 0, "input1"), _arg(args, kwargs, 1, "input2")
-    return int(out.numel()) * (x1.shape[-1] + 1) * x2.shape[-1]  # as the nn.Bilinear rule
+    return int(out.numel()) * (int(x1.shape[-1]) + 1) * int(x2.shape[-1])  # as the nn.Bilinear rule
 
 
 def _conv(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     w = _arg(args, kwargs, 1, "weight")  # (out, in / groups, *kernel)
-    return int(out.numel()) * (w.numel() // w.shape[0])
+    return int(out.numel()) * int(w.numel() // w.shape[0])
 
 
 def _conv_transpose(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     x, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")  # w: (in, out / groups, *kernel)
-    return int(x.numel()) * (w.numel() // w.shape[0])
+    return int(x.numel()) * int(w.numel() // w.shape[0])
 
 
 def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     q, k, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
     # Q K^T: (..., L, E) x (..., E, S); weights @ V: (..., L, S) x (..., S, Ev); every head
-    return int(q.numel() // q.shape[-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+    return int(q.numel() // q.shape[-1]) * int(k.shape[-2]) * int(q.shape[-1] + v.shape[-1])
 
 
 def _einsum(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:

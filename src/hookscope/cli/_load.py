@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -226,7 +226,7 @@ def _exec_file(path: str) -> ModuleType:
 
 def _import(where: str) -> ModuleType:
     try:
-        return _run_user_code(lambda: importlib.import_module(where), f"importing {where!r}", None)
+        return cast(ModuleType, _run_user_code(lambda: importlib.import_module(where), f"importing {where!r}", None))
     except HookscopeError as e:
         cause = e.__cause__
         if isinstance(cause, ImportError):
@@ -314,7 +314,8 @@ def _torchvision(spec: str) -> nn.Module:
     available = tvm.list_models()
     if name not in available:
         raise HookscopeError(f"torchvision has no model {name!r}.{did_you_mean(name, available)}")
-    return tvm.get_model(name, weights=None)
+    model: nn.Module = tvm.get_model(name, weights=None)
+    return model
 
 
 def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None) -> nn.Module:

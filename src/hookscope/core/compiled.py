@@ -18,7 +18,7 @@ import itertools
 import threading
 import types
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -83,7 +83,7 @@ def eager(fn: F) -> F:
         >>> eager(len)([1, 2])
         2
     """
-    return torch.compiler.disable(fn)
+    return cast(F, torch.compiler.disable(fn))
 
 
 def _inside(module: nn.Module) -> Iterator[nn.Module]:

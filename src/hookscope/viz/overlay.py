@@ -129,10 +129,10 @@ def save_overlay(
     """Save the map blended over the image as a PNG (see :func:`overlay`); returns the path.
 
     Example:
-        >>> # result = cam(model, x)
-        >>> # save_overlay(image, result.maps[0], "overlay.png")
-        >>> save_overlay(torch.rand(3, 8, 8), torch.rand(8, 8), "/tmp/hookscope_overlay.png").name
-        'hookscope_overlay.png'
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "overlay.png")  # for a CAM: result.maps[0]
+        >>> save_overlay(torch.rand(3, 8, 8), torch.rand(8, 8), path).name
+        'overlay.png'
     """
     blended = overlay(image, cam_map, alpha=alpha, colormap=colormap)
     pil = _need("PIL.Image")
