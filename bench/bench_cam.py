@@ -87,7 +87,7 @@ def torchcam_map(method: str, model: nn.Module, x: torch.Tensor, targets: list[i
     import torchcam.methods as tcm
 
     kwargs = {"fc_layer": "fc"} if method == "cam" else {}
-    extractor = getattr(tcm, TORCHCAM[method])(model, target_layers="layer4", **kwargs)
+    extractor = getattr(tcm, TORCHCAM[method])(model, target_layer="layer4", **kwargs)  # torchcam's own keyword
     try:
         grad = method not in ("cam", "scorecam")
         with torch.set_grad_enabled(grad):

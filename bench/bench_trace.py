@@ -26,7 +26,7 @@ from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when
 def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
     def traced(inputs: bool) -> Callable[[], Any]:
         def run() -> Any:
-            with trace(model, inputs=inputs) as t:
+            with trace(model, keep="io" if inputs else "output") as t:
                 model(x)
             return t.rows
         return run
