@@ -42,6 +42,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Recording: a module called twice", "fc", "fcc"),
     ("Recording: keep='input'", "fc", "fcc"),
     ("Trace", "fc", "fcc"),
+    ("Watch", "fc", "fcc"),  # the last calls watched: fc runs last
     ("Summary", "fc", "fcc"),
     ("GradientFlow", "fc", "fcc"),
     ("Diff", "fc", "fcc"),

@@ -11,7 +11,7 @@ import torch
 
 from ._tree import tree_map
 from .core.result import Result, jsonable
-from .core.text import shape_text, table
+from .core.text import dtype_text, shape_text, table
 from .core.guard import Slot, guardable, protect, storage_key
 from .errors import RecordError, did_you_mean
 from .selection import strip_prefix
@@ -374,7 +374,7 @@ class CallRecord:
         slots = [s for s in tensors_of(kept)]
         if not slots:
             return "no tensor"
-        shown = [f"{shape_text(tuple(s.value.shape))} {str(s.value.dtype).replace('torch.', '')}" for s in slots[:3]]
+        shown = [f"{shape_text(tuple(s.value.shape))} {dtype_text(s.value.dtype)}" for s in slots[:3]]
         return ", ".join(shown) + (f", ... ({len(slots)} tensors)" if len(slots) > 3 else "")
 
     def __repr__(self) -> str:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.text import num, shape_text, table
+from ..core.result import missing
+from ..core.text import dtype_text, num, shape_text, table
 from ._reduce import tensor_stats
 
-__all__ = ["Pending", "StatRow", "event", "gather", "render"]
+__all__ = ["ByModule", "Pending", "StatRow", "event", "gather", "render"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,26 @@ Pending = tuple[str, int, str, str, str, torch.Size, torch.dtype, torch.device, 
 """``(module, call, phase, which, path, shape, dtype, device, stats)``: what a hook hands over."""
 
 
+class ByModule:
+    """Lookups by module name over a result's ``rows`` of :class:`StatRow` (trace and watch):
+    ``r["layer1"]`` gives that module's rows in order, a missing name raises the shared
+    ``KeyError``-compatible error with the closest names, and ``in`` agrees."""
+
+    @property
+    def rows(self) -> list[StatRow]:
+        raise NotImplementedError
+
+    def __getitem__(self, name: str) -> list[StatRow]:
+        rows = self.rows
+        found = [r for r in rows if r.module == name] if isinstance(name, str) else []
+        if not found:
+            raise missing(name, "module", dict.fromkeys(r.module for r in rows))
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and any(r.module == name for r in self.rows)
+
+
 def event(module: str, t: torch.Tensor, *, call: int = 0, phase: str = "forward", which: str = "output",
           path: str = "output") -> Pending:
     """The event a hook makes of tensor ``t`` (its statistics taken now, left on its device).
@@ -113,7 +134,7 @@ def gather(pending: list[Pending], start: int = 0) -> list[StatRow]:
         n = math.prod(shape)
         mean, std, lo, hi, absmax, zeros, nan, inf = v
         rows.append(StatRow(start + i, name, call, phase, which, path, tuple(shape),
-                            str(dtype).replace("torch.", ""), str(device), n, mean, std, lo, hi, absmax,
+                            dtype_text(dtype), str(device), n, mean, std, lo, hi, absmax,
                             zeros / n if n else math.nan, int(nan), int(inf)))
     return rows
 

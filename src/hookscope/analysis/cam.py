@@ -26,7 +26,7 @@ from ..core.hooks import HookGroup
 from ..core.inputs import model_kwargs
 from ..core.result import Result, jsonable, missing
 from ..core.state import kept_rng, restored
-from ..core.text import first_line, num, shape_text, table
+from ..core.text import dtype_text, first_line, num, shape_text, table
 from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, named_modules, unwrap
 from ..selection import layers as select
@@ -77,7 +77,7 @@ class CamRow:
 
 
 def _shape_and_dtype(t: torch.Tensor) -> dict[str, Any]:
-    return {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+    return {"shape": list(t.shape), "dtype": dtype_text(t.dtype)}
 
 
 @dataclass

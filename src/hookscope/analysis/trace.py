@@ -18,20 +18,31 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
-from ..core.result import Result, jsonable, missing
+from ..core.result import Result, jsonable
 from ..core.text import shape_text
 from ..selection import Selector, unwrap
 from ._recorder import RecorderSession, param_targets, recorded, select
-from ._rows import Pending, StatRow, gather, render
+from ._rows import ByModule, Pending, StatRow, gather, render
 
 __all__ = ["StatRow", "Trace", "trace"]
 
 
-class Trace(RecorderSession, Result):
+class Trace(ByModule, RecorderSession, Result):
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
 
     After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module; ``in`` agrees),
     ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()`` and ``to_csv()``.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        >>> with trace(net, keep="output") as t:
+        ...     _ = net(torch.ones(1, 2))
+        >>> [r.which for r in t["1"]], "1" in t, "2" in t
+        (['output'], True, False)
+        >>> t["l"]
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.RecordError: no module 'l' in this result. It has: '0', '1'.
     """
 
     _kind = "trace"
@@ -82,29 +93,6 @@ class Trace(RecorderSession, Result):
 
     def __iter__(self) -> Iterator[StatRow]:
         return iter(self.rows)
-
-    def __getitem__(self, name: str) -> list[StatRow]:
-        """The rows of one module, by its qualified name, in execution order.
-
-        Example:
-            >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
-            >>> with trace(net, keep="output") as t:
-            ...     _ = net(torch.ones(1, 2))
-            >>> [r.which for r in t["1"]], "1" in t, "2" in t
-            (['output'], True, False)
-            >>> t["l"]
-            Traceback (most recent call last):
-            ...
-            hookscope.errors.RecordError: no module 'l' in this result. It has: '0', '1'.
-        """
-        rows = self.rows
-        found = [r for r in rows if r.module == name] if isinstance(name, str) else []
-        if not found:
-            raise missing(name, "module", dict.fromkeys(r.module for r in rows))
-        return found
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and any(r.module == name for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
         """The rows as plain data: ``{"rows": [one dict per row]}`` (field name -> value).

@@ -22,7 +22,7 @@ from ..core.result import Result
 from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
 from ._recorder import RecorderSession, param_targets, recorded, select
-from ._rows import Pending, StatRow, gather, render
+from ._rows import ByModule, Pending, StatRow, gather, render
 
 __all__ = ["NonFiniteError", "Watch", "watch"]
 
@@ -37,7 +37,7 @@ def _key(row: StatRow) -> _CallKey:
     return row.module, row.call, row.phase
 
 
-class Watch(RecorderSession, Result):
+class Watch(ByModule, RecorderSession, Result):
     """A context that finds the first non-finite output or gradient; build it with :func:`watch`.
 
     After the block: ``culprit``, ``before``, ``finite``, ``rows``, ``table()`` (also ``str(w)``),

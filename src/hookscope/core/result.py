@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import RecordError, did_you_mean
+from .text import dtype_text
 
 __all__ = ["Result", "jsonable", "missing"]
 
@@ -36,7 +37,7 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return jsonable(obj.detach().cpu().tolist())
     if isinstance(obj, torch.dtype):
-        return str(obj).replace("torch.", "")
+        return dtype_text(obj)
     if isinstance(obj, (torch.device, torch.Size)):
         return str(obj) if isinstance(obj, torch.device) else list(obj)
     if isinstance(obj, enum.Enum):
