@@ -7,6 +7,7 @@ every other object pass through untouched.
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from collections.abc import Callable, Iterator
@@ -33,8 +34,13 @@ def _fields(obj: Any, depth: int) -> dict[str, Any] | None:
     tensors, or ``None`` for anything else: classes, functions, modules, tensors' own types."""
     if depth >= _OBJECT_DEPTH or isinstance(obj, (type, torch.nn.Module, torch.Tensor)) or callable(obj):
         return None
-    attrs = getattr(obj, "__dict__", None)
-    return attrs if isinstance(attrs, dict) and attrs else None
+    attrs = dict(getattr(obj, "__dict__", None) or {})
+    for k in type(obj).__mro__:  # attributes held in __slots__ too
+        slots = getattr(k, "__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                attrs[name] = getattr(obj, name)
+    return attrs or None
 
 
 def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] = torch.Tensor,
@@ -53,6 +59,9 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] =
     """
     if isinstance(obj, leaf):
         return fn(obj)
+    if isinstance(obj, collections.deque):
+        new_items = [tree_map(fn, v, leaf, _depth) for v in obj]
+        return obj if all(a is b for a, b in zip(new_items, obj)) else collections.deque(new_items, obj.maxlen)
     if isinstance(obj, (list, tuple)):
         items = [tree_map(fn, v, leaf, _depth) for v in obj]
         if all(a is b for a, b in zip(items, obj)):
@@ -88,16 +97,48 @@ def tree_map(fn: Callable[[Any], Any], obj: Any, leaf: type | tuple[type, ...] =
         if all(new_attrs[k] is v for k, v in attrs.items()):
             return obj
         other: Any = copy.copy(obj)
-        vars(other).update(new_attrs)  # past any __setattr__ of the class
+        if other is obj or getattr(other, "__dict__", None) is getattr(obj, "__dict__", other):
+            return obj  # a __copy__ that shares its state: never write into the original
+        for k, v in new_attrs.items():
+            object.__setattr__(other, k, v)  # past any __setattr__ of the class; slots too
         return other
     return obj
+
+
+def attributes(obj: Any, depth: int = 0) -> dict[str, Any] | None:
+    """The attributes through which :func:`tree_map` looks into a plain object (``None`` for
+    anything it does not look into); ``depth`` counts the plain objects already gone through.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> attributes(SimpleNamespace(h=1)), attributes(3)
+        ({'h': 1}, None)
+    """
+    return _fields(obj, depth)
+
+
+def exposed(obj: Any) -> set[int]:
+    """``id()`` of the tensors in ``obj`` reached through tuples only (named tuples too): the ones
+    a new container can stand in for. Tensors in lists, dicts, dataclasses or objects sit in a
+    container the model may hold and change, so it must get that very container back.
+
+    Example:
+        >>> a, b = torch.ones(1), torch.ones(1)
+        >>> exposed((a, [b])) == {id(a)}
+        True
+    """
+    if isinstance(obj, torch.Tensor):
+        return {id(obj)}
+    if isinstance(obj, tuple):
+        return set().union(*(exposed(v) for v in obj)) if obj else set()
+    return set()
 
 
 def tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
     """Every tensor in ``obj``, depth first, in container order (the containers of :func:`tree_map`)."""
     if isinstance(obj, torch.Tensor):
         yield obj
-    elif isinstance(obj, (list, tuple)):
+    elif isinstance(obj, (list, tuple, collections.deque)):
         for v in obj:
             yield from tensors(v, _depth)
     elif isinstance(obj, dict):
@@ -123,7 +164,7 @@ def paths(obj: Any, prefix: str = "", _depth: int = 0) -> Iterator[tuple[str, to
     elif isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
         for field, v in zip(getattr(type(obj), "_fields"), obj):
             yield from paths(v, f"{prefix}.{field}", _depth)
-    elif isinstance(obj, (list, tuple)):
+    elif isinstance(obj, (list, tuple, collections.deque)):
         for i, v in enumerate(obj):
             yield from paths(v, f"{prefix}[{i}]", _depth)
     elif isinstance(obj, dict):

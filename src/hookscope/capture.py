@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._tree import tensors, tree_map
+from ._tree import exposed, tensors, tree_map
 from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
@@ -156,13 +156,14 @@ class Capture(Recording):
             return None
 
     # hooks ----------------------------------------------------------------------------------
-    def _keep_tree(self, obj: Any, where: Any, held: Any = None, *, plain: bool = False) -> tuple[Any, Any]:
-        """(tree of slots, tree the model goes on with) for one input (``plain``: its caller holds
-        it) or output."""
+    def _keep_tree(self, obj: Any, where: Any, held: Any = None) -> tuple[Any, Any]:
+        """(tree of slots, tree the model goes on with) for one input or output."""
         kept: list[Slot] = []
+        # a call's kwargs dict is made by PyTorch for the call: its values are the call's own
+        outside = exposed(tuple(obj.values()) if where[0] == "input" and isinstance(obj, dict) else obj)
 
         def one(t: torch.Tensor) -> torch.Tensor:
-            slot, alias = self.retention.keep(t, where, held, plain=plain)
+            slot, alias = self.retention.keep(t, where, held, inner=id(t) not in outside)
             kept.append(slot)
             return alias
 
@@ -212,8 +213,8 @@ class Capture(Recording):
     def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         new_args, new_kwargs = args, kwargs
         if "input" in self.keep:
-            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index), plain=True)
-            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index), plain=True)
+            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index))
+            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index))
             call.set_inputs(kept_args, kept_kwargs)
         if "grad_input" in self.keep:
             new_args = self._watch_inputs(call, new_args)
@@ -232,10 +233,12 @@ class Capture(Recording):
             self._watch_outputs(call, output)
         return new_output
 
-    def _grad_setter(self, grads: list[Slot | None], i: int, where: Any, adopted: bool = False) -> Any:
-        ret = self.retention
+    def _grad_setter(self, grads: list[Slot | None], i: int, where: Any, adopted: bool = False,
+                     key: int | None = None) -> Any:
+        ret, orphans = self.retention, self._orphans
 
         def hook(g: torch.Tensor) -> None:
+            orphans.arrived(key)
             grads[i] = ret.keep_grad(g, where, adopted)
 
         return hook
@@ -249,8 +252,10 @@ class Capture(Recording):
         where = ("grad_output", call.name, call.index)
         for i, t in enumerate(outs):
             if t.requires_grad:
-                self._group.add(t.register_hook(self._grad_setter(grads, i, where)))
-                self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
+                key = self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
+                # a view's gradient goes on to its base as a view of the same memory, which a leaf
+                # (a parameter the output is a view of) may adopt as .grad and accumulate into
+                self._group.add(t.register_hook(self._grad_setter(grads, i, where, t._is_view(), key)))
 
     def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
         # A fresh alias per call, so its hook sees only the gradient that flows through this module

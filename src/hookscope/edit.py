@@ -10,7 +10,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ._tree import tree_map
+from ._tree import paths, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError
@@ -32,14 +32,21 @@ def _as_fn(change: Any, what: str) -> Change | None:
         return cast("Change | None", change)
 
     def replace(old: Any) -> Any:
-        if isinstance(old, torch.Tensor) and isinstance(change, torch.Tensor) and old.shape != change.shape:
+        olds, news = list(paths(old)), list(paths(change))
+        if not olds:  # nothing there to match (an input that was None): the value as given
+            return tree_map(lambda t: t.clone(), change)
+        if [p for p, _ in olds] != [p for p, _ in news]:
             raise HookscopeError(
-                f"the fixed {what} has shape {tuple(change.shape)} but the module's {what} has shape "
-                f"{tuple(old.shape)}; pass a tensor of that shape, or a function"
-            )
-        if isinstance(old, torch.Tensor) and isinstance(change, torch.Tensor):
-            return change.to(device=old.device, dtype=old.dtype, copy=True)  # differentiable
-        return tree_map(lambda t: t.clone(), change)
+                f"the fixed {what} holds tensors at {[p or 'top' for p, _ in news]} but the module's {what} "
+                f"at {[p or 'top' for p, _ in olds]}; pass a value of the same structure, or a function")
+        for (where, o), (_, n) in zip(olds, news):
+            if o.shape != n.shape:
+                raise HookscopeError(
+                    f"the fixed {what}{where} has shape {tuple(n.shape)} but the module's {what}{where} has "
+                    f"shape {tuple(o.shape)}; pass a tensor of that shape, or a function")
+        like = iter([o for _, o in olds])
+        # differentiable copies, on the module's device and in its dtype
+        return tree_map(lambda t: t.to(device=(o := next(like)).device, dtype=o.dtype, copy=True), change)
 
     return replace
 
@@ -156,8 +163,13 @@ class Edit:
             return t
         # input gradients: a fresh alias per call, so only what flows through this module changes
         target = t.view_as(t) if what.startswith("grad_input") else t
-        self._group.add(target.register_hook(fn))
-        self._orphans.watch(target, lambda: self._lost.append(what))
+        orphans, key = self._orphans, self._orphans.watch(target, lambda: self._lost.append(what))
+
+        def hook(g: torch.Tensor) -> Any:
+            orphans.arrived(key)
+            return fn(g)
+
+        self._group.add(target.register_hook(hook))
         return target
 
 

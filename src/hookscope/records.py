@@ -78,20 +78,27 @@ class Retention:
             raise RecordError(f"detach={self.detach!r} is not True or False")
 
     def keep(self, t: torch.Tensor, where: Any, held: Callable[[], set[int]] | None = None, *,
-             plain: bool = False) -> tuple[Slot, torch.Tensor]:
+             inner: bool = False) -> tuple[Slot, torch.Tensor]:
         """Keep ``t``; return its slot and the tensor the model should go on with.
 
         ``held``: the memory (:func:`~hookscope.core.guard.storage_key`) that code outside the
         guard holds plain references to (the module's inputs, parameters and buffers); a tensor
         on it is copied at once under ``"auto"``, since a write through those references is unseen.
-        ``plain``: the caller holds ``t`` itself by a plain reference (a module's input). Writes
-        through it are told by the version counter, which inference tensors lack: such a tensor
-        is copied at once under ``"auto"`` and refused on reading under ``"never"``.
+        Inference tensors (``torch.inference_mode()``) have no version counter, so a write through
+        a reference the guard never sees (the caller's, or the module's own ``self.state``) would
+        leave no trace: they are copied at once under ``"auto"`` and refused on reading under
+        ``"never"``.
+        ``inner``: ``t`` sits in a list, dict or object the model goes on with as it is, so no
+        guarded alias can stand in for it: copied at once under ``"auto"``, watched by its version
+        counter under ``"never"``; ``t`` itself is handed back.
         """
         _check_plain_tensor(t, where)
         v = t.detach() if self.detach else t
-        if plain and v.is_inference() and self.copy != "always":
+        if v.is_inference() and self.copy != "always":
             return self._unwatchable(v, t, where)
+        if inner:
+            slot, _ = self._inner(v, where)
+            return slot, t
         if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
                 and guardable(v):
             if v.numel() * v.element_size() < COPY_BELOW or (held is not None and storage_key(v) in held()):
@@ -110,6 +117,17 @@ class Retention:
         return slot, (protect(t, slot) if self.guard else t)
 
 
+    def _inner(self, v: torch.Tensor, where: Any) -> tuple[Slot, None]:
+        """A record of a tensor no alias can stand in for (see :meth:`keep`'s ``inner``)."""
+        if self.device is not None or self.dtype is not None:
+            dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
+            moved = v.to(device=self.device, dtype=dtype)
+            if moved is not v:
+                return Slot(moved, "copied", where), None
+        if self.copy == "never":
+            return Slot(v, "never", where), None
+        return Slot(v.clone() if v.numel() else v, "copied", where), None
+
     def _unwatchable(self, v: torch.Tensor, t: torch.Tensor, where: Any) -> tuple[Slot, torch.Tensor]:
         """An inference tensor the caller can write unseen: a copy under ``"auto"``, a record that
         refuses to be read under ``"never"``."""
@@ -117,10 +135,10 @@ class Retention:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
             moved = v.to(device=self.device, dtype=dtype)
             return Slot(moved.clone() if moved is v else moved, "copied", where), t
-        slot = Slot(v, "never", where)
-        slot.blind = ("it is an inference tensor (torch.inference_mode()), which has no version counter, and "
-                      "its caller holds it, so a write into it would leave no trace")
-        return slot, t
+        slot = Slot(v, "never", where)  # the guard still names a write made through its alias
+        slot.blind = ("it is an inference tensor (torch.inference_mode()), which has no version counter, so "
+                      "a write into it through a reference hookscope never handed out would leave no trace")
+        return slot, (protect(t, slot) if self.guard and guardable(v) else t)
 
     def guards_any(self) -> bool:
         """Whether :meth:`keep` may hand the model guarded aliases at all."""
@@ -132,6 +150,8 @@ class Retention:
         A run compared with a recorded one must see the same kind of tensors: a guarded alias (and
         every view of it) makes PyTorch skip its fast paths (native attention, nested tensors).
         """
+        if t.is_inference() and self.copy == "auto":
+            return False  # copied at once: no version counter to witness writes
         if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
                 and guardable(t):
             return t.numel() * t.element_size() >= COPY_BELOW and (held is None or storage_key(t) not in held())
@@ -283,8 +303,9 @@ class CallRecord:
         watched, self._watched = self._watched, []
         if any(a._version != v for a, v in watched):
             self.note = (
-                "the module modifies its input in place (inplace=True), which detaches the input "
-                "gradient from it (pytorch/pytorch#61519); read grad_output of the layer before it"
+                "the module modifies its input in place (inplace=True, x += ...), which detaches "
+                "all or part of the input gradient from it (pytorch/pytorch#61519); read grad_output "
+                "of the layer before it"
             )
 
     # what a reader asks of it --------------------------------------------------------------
@@ -349,6 +370,8 @@ class CallRecord:
     @property
     def grad_args(self) -> tuple[Any, ...]:
         """Gradient w.r.t. each positional input (``None`` where there is none)."""
+        if self.note:  # what arrived, if anything, is only part of the gradient
+            raise RecordError(f"no true input gradient for {self.name!r}: {self.note}")
         return tuple(self._fill(self._grads_in, self._skel_in, "grad_input"))
 
     @property
@@ -357,8 +380,6 @@ class CallRecord:
         grads = self.grad_args
         if not grads:
             raise RecordError(f"{self.name!r} has no positional input; read .grad_args")
-        if grads[0] is None and self.note:
-            raise RecordError(f"no input gradient for {self.name!r}: {self.note}")
         return grads[0]
 
     def summary(self) -> tuple[str, str]:

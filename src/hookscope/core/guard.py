@@ -83,7 +83,7 @@ class Slot:
         """The kept tensor; raises :class:`MutationError` if its values were overwritten, or could
         have been with no witness."""
         self._check_version()
-        if self.blind is not None and self.mutated_by is None:
+        if self.mutated_by is None and self.blind is not None:
             raise MutationError(
                 f"the recorded {self.where} cannot be vouched for: {self.blind}; record it with "
                 "copy='auto' (the default) or copy='always'"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -111,50 +110,55 @@ class ThreadScope:
 class Orphans:
     """Tensor hooks on views, and whether a later in-place op orphaned them.
 
-    An in-place op on a view (a ``Flatten`` output, a slice, a per-call alias) rebases its
-    autograd history: the hooks registered on the view before it never fire, and a hook-based
-    record or edit of its gradient would be silently missing. The witness is the view's version
-    counter, read through a ``detach()`` alias that lives only as long as the view's own Python
-    object (no memory is held past it); ``on_lost`` runs when a write is seen, at the latest when
-    :meth:`settle` is called at the end of the block.
+    An in-place op on a view (a ``Flatten`` output, a slice, a per-call alias), on another view of
+    it or on its base rebases autograd history: the hooks registered on the view before it stop
+    seeing (all of) the gradient, and a hook-based record or edit would be silently missing or
+    partial. The witness is the view's version counter, read through a ``detach()`` alias kept
+    until the block ends. A gradient that arrives while the version is unchanged is whole (a write
+    after the backward pass does not matter); one that arrives after a write, or a write with no
+    arrival by :meth:`settle`, calls ``on_lost``. A write into another, non-overlapping view of the
+    same memory counts too: the witness cannot tell it apart, so it errs on the side of an error.
 
     Example:
         >>> lost = []
         >>> orphans = Orphans()
         >>> x = torch.ones(2, 2, requires_grad=True)
         >>> v = (x * 2).view(4)
-        >>> orphans.watch(v, lambda: lost.append("v"))
-        >>> v = v.relu_()  # rebases v's history: the hooks on it will never fire
-        >>> del v
-        >>> lost
+        >>> key = orphans.watch(v, lambda: lost.append("v"))
+        >>> _ = v.register_hook(lambda g: orphans.arrived(key))
+        >>> v = v.relu_()  # rebases v's history: the hook above never fires
+        >>> v.sum().backward()
+        >>> orphans.settle(); lost
         ['v']
     """
 
     def __init__(self) -> None:
-        self._live: dict[int, tuple[Any, torch.Tensor, int, Callable[[], None]]] = {}
+        self._live: dict[int, tuple[torch.Tensor, int, Callable[[], None]]] = {}
         self._lock = threading.Lock()
         self._next = 0
 
-    def watch(self, t: torch.Tensor, on_lost: Callable[[], None]) -> None:
-        """Watch the hooks just registered on ``t`` (nothing to watch unless it is a view)."""
+    def watch(self, t: torch.Tensor, on_lost: Callable[[], None]) -> int | None:
+        """Watch the hooks about to be registered on ``t``; the key for :meth:`arrived`, or
+        ``None`` when there is nothing to watch (``t`` is no view)."""
         if not t._is_view() or t.is_inference():
-            return
+            return None
         with self._lock:
             key, self._next = self._next, self._next + 1
+            self._live[key] = (t.detach(), t._version, on_lost)
+        return key
 
-        def gone(_: Any) -> None:
-            with self._lock:
-                entry = self._live.pop(key, None)
-            if entry is not None and entry[1]._version != entry[2]:
-                entry[3]()
-
-        self._live[key] = (weakref.ref(t, gone), t.detach(), t._version, on_lost)
+    def arrived(self, key: int | None) -> None:
+        """A gradient reached the hooks of ``key``: whole if nothing wrote the view before."""
+        with self._lock:
+            entry = self._live.pop(key, None) if key is not None else None
+        if entry is not None and entry[0]._version != entry[1]:
+            entry[2]()
 
     def settle(self) -> None:
-        """Check the views still alive (their hooks are removed now) and forget every witness."""
+        """The block ends: a view written with no gradient arrived lost its hooks; forget all."""
         with self._lock:
             live, self._live = self._live, {}
-        for _, witness, version, on_lost in live.values():
+        for witness, version, on_lost in live.values():
             if witness._version != version:
                 on_lost()
 

@@ -3,6 +3,7 @@ a few statistics on their device, and every row finished with one transfer per d
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from ..._memory import Scratch, flat
+from ..._tree import attributes
 from ...core.text import dtype_text
 from ...errors import MutationError, RecordError
 from ...records import CallRecord, Recording
@@ -171,7 +173,7 @@ def _gather(pending: Pending) -> list[DiffRow]:
 
 
 # --- pairing two outputs ------------------------------------------------------------------------------
-def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
+def _leaves(obj: Any, path: str = "", depth: int = 0) -> list[tuple[str, Any]]:
     """Every tensor, Python number and ``None`` in ``obj`` with its path, depth first.
 
     Example:
@@ -182,12 +184,16 @@ def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
         return [leaf for i, t in enumerate(obj.unbind()) for leaf in _leaves(t, f"{path}[{i}]")]
     if obj is None or isinstance(obj, (torch.Tensor, *_NUMBERS)):
         return [(path, obj)]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for i, v in enumerate(obj) for leaf in _leaves(v, f"{path}[{i}]")]
+    if isinstance(obj, (list, tuple, collections.deque)):
+        return [leaf for i, v in enumerate(obj) for leaf in _leaves(v, f"{path}[{i}]", depth)]
     if isinstance(obj, dict):
-        return [leaf for k, v in obj.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
+        return [leaf for k, v in obj.items() for leaf in _leaves(v, f"{path}[{k!r}]", depth)]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return [leaf for f in dataclasses.fields(obj) for leaf in _leaves(getattr(obj, f.name), f"{path}.{f.name}")]
+        return [leaf for f in dataclasses.fields(obj)
+                for leaf in _leaves(getattr(obj, f.name), f"{path}.{f.name}", depth)]
+    attrs = attributes(obj, depth)  # plain objects, as capture records them
+    if attrs is not None:
+        return [leaf for k, v in attrs.items() for leaf in _leaves(v, f"{path}.{k}", depth + 1)]
     return []  # strings and other objects are not compared
 
 
