@@ -5,6 +5,7 @@ Each test is written from the defect's description and asserts values, not only 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -614,3 +615,207 @@ def test_recording_inside_a_torch_func_transform_is_one_line():
         with hookscope.capture(m, "0"):
             vmap(m)(torch.randn(5, 4))
     assert "\n" not in str(err.value) and no_hooks(m)
+
+
+# --- third hostile review: mutable containers, the witness's timing, inference-mode outputs ------
+def test_a_module_that_writes_its_input_after_reading_it_never_gives_a_partial_grad_input():
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = nn.Linear(3, 3)
+
+        def forward(self, x):
+            x += self.f(torch.relu(x))  # pre-activation residual, in place
+            return x
+
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(3, 3), Residual(), nn.Linear(3, 1)), torch.randn(2, 3)
+    with hookscope.capture(net, "1", keep="grad_input") as rec:
+        net(x).sum().backward()
+    with pytest.raises(hookscope.RecordError, match="no true input gradient for '1'"):
+        rec["1"].grad_input
+
+
+@pytest.mark.parametrize("keep", ["grad_output", ("output", "grad_output"), "all"])
+def test_the_witness_sees_a_write_through_an_alias_or_a_view_of_the_view(keep):
+    class Reshape(nn.Module):  # output over 1 MiB: handed on as a guarded alias
+        def forward(self, x):
+            return (x * 1).view(x.shape[0], -1)
+
+    net, x = nn.Sequential(Reshape(), nn.ReLU(inplace=True)), torch.randn(4, 2, 40_000, requires_grad=True)
+    with hookscope.capture(net, "0", keep=keep) as rec:
+        net(x).sum().backward()
+    with pytest.raises(hookscope.RecordError, match="no true grad_output"):
+        rec["0"].grad_output
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flat = nn.Flatten(2)
+
+        def forward(self, x):
+            h = self.flat(x * 1).transpose(1, 2)  # the Flatten output object itself is dropped
+            return torch.relu_(h) * 2
+
+    m = M()
+    with pytest.raises(HookscopeError, match="grad_output edit of 'flat' was not applied"):
+        with hookscope.edit(m, "flat", grad_output=hookscope.scale(0.0)):
+            m(torch.randn(2, 3, 4, 4, requires_grad=True)).sum().backward()
+
+
+def test_a_write_after_the_backward_pass_is_no_false_alarm():
+    net, x = nn.Sequential(nn.Linear(4, 1), nn.Flatten(0)), torch.randn(5, 4)
+    with hookscope.capture(net, "1", keep="grad_output") as rec:
+        out = net(x)
+        out.sum().backward()
+        with torch.no_grad():
+            out.clamp_(0, 1)  # post-processing the prediction after the backward pass
+    assert torch.equal(rec["1"].grad_output, torch.ones(5))
+
+
+def test_the_gradient_of_a_parameter_view_survives_accumulation():
+    class Pos(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pe = nn.Parameter(torch.randn(8, 4))
+
+        def forward(self):
+            return self.pe.t()
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = Pos()
+
+        def forward(self, x):
+            return (x @ self.pos()).sum()
+
+    m, xs = M(), [torch.randn(3, 4), torch.randn(3, 4)]
+    with hookscope.capture(m, "pos", keep="grad_output") as rec:
+        for x in xs:
+            m(x).backward()  # two micro-batches, no zero_grad: pe.grad accumulates
+    for call, x in zip(rec["pos"].calls, xs):
+        assert torch.allclose(call.grad_output, x.sum(0)[:, None].expand(4, 8))
+
+
+def test_inference_mode_output_records_survive_a_module_updating_its_own_state():
+    class EMA(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.state = None
+
+        def forward(self, x):
+            if self.state is None:
+                self.state = x * 1
+            else:
+                self.state.mul_(0.5).add_(x)  # writes what it returned last time
+            return self.state
+
+    m = nn.Sequential(EMA(), nn.Identity())
+    with torch.inference_mode(), hookscope.capture(m, "0") as rec:
+        m(torch.ones(BIG))
+        m(torch.ones(BIG))
+    assert rec["0"].calls[0].output[0].item() == 1.0 and rec["0"].calls[1].output[0].item() == 1.5
+
+
+@pytest.mark.parametrize("kind", ["object", "list", "dict"])
+def test_the_model_gets_back_the_very_containers_it_passes_and_returns(kind):
+    from types import SimpleNamespace
+
+    class Attn(nn.Module):  # appends to a cache the caller owns (the generate() pattern)
+        def forward(self, x, cache):
+            keys = cache.keys if kind == "object" else cache if kind == "list" else cache.setdefault("k", [])
+            keys.append(x * 1)
+            return x + torch.cat(keys).mean()
+
+    def generate(capture: bool):
+        m = nn.Sequential(Attn())
+        cache = SimpleNamespace(keys=[]) if kind == "object" else [] if kind == "list" else {}
+        outs = []
+        with hookscope.capture(m, "0", keep="io") if capture else contextlib.nullcontext() as rec:
+            for step in range(3):
+                outs.append(m[0](torch.full((BIG,), float(step ** 2)), cache))
+        n = len(cache.keys if kind == "object" else cache if kind == "list" else cache["k"])
+        return n, [o.mean().item() for o in outs], rec
+
+    plain, hooked = generate(False), generate(True)
+    assert plain[:2] == hooked[:2] and plain[0] == 3
+    rec = hooked[2]
+    assert [c.output.mean().item() for c in rec["0"].calls] == plain[1]
+
+
+def test_slots_deques_and_shared_copies_are_recorded_true_or_left_alone():
+    from collections import deque
+
+    class Base:
+        __slots__ = ("a", "__dict__")
+
+    class Out(Base):
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    class Handle:  # a copy that is itself: hookscope must never write into it
+        def __init__(self, t):
+            self.t = t
+
+        def __copy__(self):
+            return self
+
+    class Heads(nn.Module):
+        def forward(self, x):
+            return Out(x * 1, x * 2), deque([x * 3]), Handle(x * 4)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = Heads()
+
+        def forward(self, x):
+            o, d, h = self.heads(x)
+            o.a.relu_()
+            d[0].relu_()
+            return o.a + d[0] + h.t * 1
+
+    net, x = Net(), torch.tensor([-1.0, 2.0])
+    y0 = net(x)
+    with hookscope.capture(net, "heads") as rec:
+        y1 = net(x)
+    o, d, h = rec["heads"].output
+    assert torch.equal(o.a, x) and torch.equal(o.b, 2 * x) and torch.equal(d[0], 3 * x)
+    assert torch.equal(y0, y1) and isinstance(h.t, torch.Tensor)
+
+
+def test_diff_compares_the_tensors_of_plain_object_outputs():
+    from types import SimpleNamespace
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return SimpleNamespace(logits=x * self.w)
+
+    a, b = nn.Sequential(nn.Linear(4, 4), Head()), nn.Sequential(nn.Linear(4, 4), Head())
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        b[1].w[0] = 100.0
+    d = hookscope.diff(a, b, torch.ones(2, 4))
+    assert d.first is not None and d.first.name == "1" and d.first.path == ".logits"
+
+
+def test_nested_fixed_edit_values_are_checked_and_cast():
+    class Pair(nn.Module):
+        def forward(self, x):
+            return x * 2, x * 3
+
+    m = nn.Sequential(Pair())
+    with pytest.raises(HookscopeError, match=r"fixed output\[1\] has shape \(5,\)"):
+        with hookscope.edit(m, "0", output=(torch.ones(2, 3), torch.ones(5))):
+            m(torch.randn(2, 3))
+    fa = torch.full((2, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    with hookscope.edit(m, "0", output=(fa, torch.zeros(2, 3))):
+        a, b = m(torch.randn(2, 3))
+    assert a.dtype == torch.float32 and torch.equal(a, torch.full((2, 3), -1.0))
+    a.sum().backward()
+    assert torch.equal(fa.grad, torch.ones(2, 3, dtype=torch.float64)) and no_hooks(m)
