@@ -763,26 +763,36 @@ def test_slots_deques_and_shared_copies_are_recorded_true_or_left_alone():
 
     class Heads(nn.Module):
         def forward(self, x):
-            return Out(x * 1, x * 2), deque([x * 3]), Handle(x * 4)
+            return Out(x * 1, x * 2), deque([x * 3])
+
+    class Shared(nn.Module):
+        def forward(self, x):
+            return Handle(x * 4)
 
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.heads = Heads()
+            self.heads, self.shared = Heads(), Shared()
 
         def forward(self, x):
-            o, d, h = self.heads(x)
+            o, d = self.heads(x)
+            h = self.shared(x)
             o.a.relu_()
             d[0].relu_()
-            return o.a + d[0] + h.t * 1
+            h.t.add_(100)
+            return o.a + d[0] + h.t
 
     net, x = Net(), torch.tensor([-1.0, 2.0])
     y0 = net(x)
-    with hookscope.capture(net, "heads") as rec:
-        y1 = net(x)
-    o, d, h = rec["heads"].output
-    assert torch.equal(o.a, x) and torch.equal(o.b, 2 * x) and torch.equal(d[0], 3 * x)
-    assert torch.equal(y0, y1) and isinstance(h.t, torch.Tensor)
+    for copy in ("auto", "always", "never"):
+        with hookscope.capture(net, "heads", "shared", copy=copy) as rec:
+            y1 = net(x)
+        assert torch.equal(y0, y1)
+        with pytest.raises(MutationError, match="copy .copy.copy. is the object itself"):
+            rec["shared"].output  # never the model's live object
+        if copy != "never":
+            o, d = rec["heads"].output
+            assert torch.equal(o.a, x) and torch.equal(o.b, 2 * x) and torch.equal(d[0], 3 * x)
 
 
 def test_diff_compares_the_tensors_of_plain_object_outputs():
@@ -819,3 +829,87 @@ def test_nested_fixed_edit_values_are_checked_and_cast():
     assert a.dtype == torch.float32 and torch.equal(a, torch.full((2, 3), -1.0))
     a.sum().backward()
     assert torch.equal(fa.grad, torch.ones(2, 3, dtype=torch.float64)) and no_hooks(m)
+
+
+# --- fourth hostile review: lists under grad_input, a tensor in two places, long-lived blocks ------
+@pytest.mark.parametrize("keep", ["grad_input", "all"])
+def test_a_list_argument_is_the_callers_list_also_when_input_gradients_are_kept(keep):
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, cache):
+            cache.append(x.sum())
+            return self.lin(x) + cache[0]
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            c = [x[0, 0] * 1]
+            y = self.inner(x, c)
+            return y, len(c)
+
+    m, x = Outer(), torch.randn(2, 4, requires_grad=True)
+    with hookscope.capture(m, "inner", keep=keep) as rec:
+        y, n = m(x)
+        y.sum().backward()
+    assert n == 2  # the module's append reached the caller's list
+    with pytest.raises(hookscope.RecordError, match="inside a list, dict or object"):
+        rec["inner"].grad_input
+
+
+@pytest.mark.parametrize("copy", ["auto", "never"])
+def test_a_tensor_returned_and_kept_in_the_modules_list_stays_one_tensor(monkeypatch, copy):
+    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cache = []
+
+        def forward(self, x):
+            a = x * 2
+            self.cache.append(a)
+            return a, self.cache
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            a, cache = self.inner(x)
+            return cache is self.inner.cache, cache[-1] is a
+
+    m, x = Outer(), torch.tensor([-1.0, 2.0])
+    with hookscope.capture(m, "inner", copy=copy) as rec:
+        same_list, same_tensor = m(x)
+    assert same_list and same_tensor and type(rec["inner"].output[0]) is torch.Tensor
+    assert torch.equal(rec["inner"].output[0], 2 * x) and no_hooks(m)
+
+
+def test_a_capture_open_over_many_steps_stays_flat_with_clear():
+    m = nn.Sequential(nn.Linear(256, 1024), nn.ReLU())
+    x = torch.randn(256, 256)
+    with hookscope.capture(m, "0") as rec:
+        for _ in range(5):
+            rec.clear()
+            m(x)
+        assert len(rec.calls) == 1 and len(rec._slots) == 1  # noqa: SLF001 - what a long loop would keep
+
+
+def test_the_gradient_witness_holds_nothing_once_a_forward_without_backward_is_gone():
+    class View(nn.Module):
+        def forward(self, x):
+            return (x * 1).view(-1)
+
+    m = nn.Sequential(nn.Linear(64, 64), View())
+    with hookscope.capture(m, "1", keep="grad_output") as rec:
+        for _ in range(5):
+            rec.clear()
+            m(torch.randn(8, 64))  # grad mode, no backward: the graph dies with the output
+        assert not rec._orphans._live  # noqa: SLF001 - nothing held for calls whose graph is gone

@@ -117,21 +117,29 @@ def attributes(obj: Any, depth: int = 0) -> dict[str, Any] | None:
     return _fields(obj, depth)
 
 
-def exposed(obj: Any) -> set[int]:
-    """``id()`` of the tensors in ``obj`` reached through tuples only (named tuples too): the ones
-    a new container can stand in for. Tensors in lists, dicts, dataclasses or objects sit in a
-    container the model may hold and change, so it must get that very container back.
+def map_exposed(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """Apply ``fn`` to the tensors of ``obj`` reached through tuples only (named tuples too),
+    keeping the structure: the tensors a new container can stand in for. Lists, dicts,
+    dataclasses and objects are returned as they are, contents untouched: the model may hold them
+    and change them, so it must get those very containers back.
 
     Example:
         >>> a, b = torch.ones(1), torch.ones(1)
-        >>> exposed((a, [b])) == {id(a)}
-        True
+        >>> lst = [b]
+        >>> new = map_exposed(lambda t: t * 2, (a, lst))
+        >>> new[0], new[1] is lst, lst[0]
+        (tensor([2.]), True, tensor([1.]))
     """
     if isinstance(obj, torch.Tensor):
-        return {id(obj)}
+        return fn(obj)
     if isinstance(obj, tuple):
-        return set().union(*(exposed(v) for v in obj)) if obj else set()
-    return set()
+        items = [map_exposed(fn, v) for v in obj]
+        if all(x is y for x, y in zip(items, obj)):
+            return obj
+        if _is_namedtuple(obj):
+            return type(obj)(*items)
+        return tuple(items) if type(obj) is tuple else type(obj)(items)
+    return obj
 
 
 def tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._tree import exposed, tensors, tree_map
+from ._tree import map_exposed, tensors, tree_map
 from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
@@ -48,6 +48,33 @@ ORPHANED = ("its output is a view of another tensor (Flatten, a slice, a reshape
             "rewrote after the module returned, and PyTorch then drops the gradient hooks of the view; "
             "make that op out of place (inplace=False)")
 
+
+
+def _inside_containers(obj: Any) -> set[int]:
+    """``id()`` of the tensors of ``obj`` found in a list, dict or object (all tensors but those
+    reached through tuples only)."""
+    through_tuples: list[int] = []
+
+    def note(t: torch.Tensor) -> torch.Tensor:
+        through_tuples.append(id(t))
+        return t
+
+    map_exposed(note, obj)
+    every: dict[int, int] = {}
+    for t in tensors(obj):
+        every[id(t)] = every.get(id(t), 0) + 1
+    for i in through_tuples:
+        every[i] -= 1
+    return {i for i, n in every.items() if n > 0}
+
+
+def _unkeepable(where: Any) -> Slot:
+    """A record that refuses to be read: the value held an object whose copy is the object itself,
+    so its tensors could not be kept apart from the model's."""
+    slot = Slot(torch.empty(0), "copied", where, fix="")
+    slot.blind = ("it holds an object whose copy (copy.copy) is the object itself, so its tensors could not "
+                  "be kept apart from the model's; return a tuple, list, dict, dataclass or plain object")
+    return slot
 
 class Capture(Recording):
     """A context that records selected modules; after the block it is the :class:`Recording`.
@@ -133,6 +160,23 @@ class Capture(Recording):
         """Remove every hook now (the context does this by itself on exit). Idempotent."""
         self._close()
 
+    def clear(self) -> None:
+        """Forget every record and what it kept (a capture left open over many batches stays flat).
+
+        Example:
+            >>> import torch, hookscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+            >>> with hookscope.capture(net) as rec:
+            ...     for _ in range(3):
+            ...         rec.clear()
+            ...         _ = net(torch.ones(1, 2))
+            >>> len(rec.calls)
+            1
+        """
+        slots, self._slots = self._slots, []
+        release(slots)
+        super().clear()
+
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Call the model inside this capture; with ``stop=True`` returns ``None`` once stopped.
 
@@ -157,23 +201,55 @@ class Capture(Recording):
 
     # hooks ----------------------------------------------------------------------------------
     def _keep_tree(self, obj: Any, where: Any, held: Any = None) -> tuple[Any, Any]:
-        """(tree of slots, tree the model goes on with) for one input or output."""
-        kept: list[Slot] = []
-        # a call's kwargs dict is made by PyTorch for the call: its values are the call's own
-        outside = exposed(tuple(obj.values()) if where[0] == "input" and isinstance(obj, dict) else obj)
+        """(tree of slots, tree the model goes on with) for one input or output.
 
-        def one(t: torch.Tensor) -> torch.Tensor:
-            slot, alias = self.retention.keep(t, where, held, inner=id(t) not in outside)
+        Tensors reached through tuples are kept as :meth:`Retention.keep` says (large ones handed
+        on as guarded aliases); tensors inside lists, dicts and objects are recorded as copies and
+        their containers handed back untouched, since the model may hold and change them.
+        """
+        if isinstance(obj, torch.Tensor):  # the common case, without the walks below
+            slot, alias = self.retention.keep(obj, where, held)
+            self._file([slot])
+            return slot, alias
+        kept: list[Slot] = []
+        exposed: dict[int, Slot] = {}
+        inside = _inside_containers(obj)
+
+        def hand_on(t: torch.Tensor) -> torch.Tensor:
+            if id(t) in inside:  # also in a list, dict or object: recorded as a copy, never aliased
+                return t
+            slot, alias = self.retention.keep(t, where, held)
             kept.append(slot)
+            exposed[id(t)] = slot
             return alias
 
-        aliases = tree_map(one, obj)
-        slots = self._slots
-        slots.extend(kept)
+        occurrences: list[None] = []
+
+        def record(t: torch.Tensor) -> Slot:
+            occurrences.append(None)
+            slot = exposed.get(id(t))
+            if slot is None:
+                slot = self.retention.keep(t, where, held, inner=True)[0]
+                kept.append(slot)
+            return slot
+
+        if where[0] == "input" and isinstance(obj, dict):  # kwargs: a dict PyTorch made for the call
+            new = {k: map_exposed(hand_on, v) for k, v in obj.items()}
+            aliases = obj if all(new[k] is v for k, v in obj.items()) else new
+        else:
+            aliases = map_exposed(hand_on, obj)
+        slots = tree_map(record, obj)
+        self._file(kept)
+        found: list[Slot] = []
+        tree_map(found.append, slots, leaf=Slot)
+        if len(found) < len(occurrences):  # an object whose copy is itself still holds live tensors
+            return _unkeepable(where), aliases
+        return slots, aliases
+
+    def _file(self, kept: list[Slot]) -> None:
+        self._slots.extend(kept)
         if self._group.closed:  # closed meanwhile by another thread: keep nothing watched
             release(kept)
-        it = iter(kept)
-        return tree_map(lambda t: next(it), obj), aliases
 
     def _ours(self, module: nn.Module, target: nn.Module) -> bool:
         """A call this capture records: not from a thread that existed before it opened."""
@@ -255,32 +331,35 @@ class Capture(Recording):
                 key = self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
                 # a view's gradient goes on to its base as a view of the same memory, which a leaf
                 # (a parameter the output is a view of) may adopt as .grad and accumulate into
-                self._group.add(t.register_hook(self._grad_setter(grads, i, where, t._is_view(), key)))
+                hook = self._grad_setter(grads, i, where, t._is_view(), key)
+                self._group.add(t.register_hook(hook))
+                self._orphans.bind(key, hook)
 
     def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
         # A fresh alias per call, so its hook sees only the gradient that flows through this module
-        # (the input itself may feed other modules too, e.g. a residual branch).
-        watched: list[torch.Tensor] = []
-
-        leaves: list[bool] = []
+        # (the input itself may feed other modules too, e.g. a residual branch). Only tensors
+        # reached through tuples: a list or dict the caller passed is handed on as it is.
+        grad_on = torch.is_grad_enabled()
+        aliases: dict[int, torch.Tensor] = {}
 
         def alias(t: torch.Tensor) -> torch.Tensor:
-            leaves.append(t.is_leaf)
-            if not (t.requires_grad and torch.is_grad_enabled()):
-                watched.append(t)
+            if not (t.requires_grad and grad_on):
                 return t
-            a = t.view_as(t)
-            watched.append(a)
+            aliases[id(t)] = a = t.view_as(t)
             return a
 
-        new_args: tuple[Any, ...] = tree_map(alias, args)
-        grads = call.expect_grad_input(tree_map(lambda t: HOLE, args), len(watched))
+        new_args: tuple[Any, ...] = map_exposed(alias, args)
+        every = list(tensors(args))
+        grads = call.expect_grad_input(tree_map(lambda t: HOLE, args), len(every))
         where = ("grad_input", call.name, call.index)
-        for i, a in enumerate(watched):
-            if a.requires_grad and torch.is_grad_enabled():
+        for i, t in enumerate(every):
+            a = aliases.get(id(t))
+            if a is not None:
                 # a leaf's .grad would adopt a view of this gradient and accumulate into it
-                self._group.add(a.register_hook(self._grad_setter(grads, i, where, leaves[i])))
+                self._group.add(a.register_hook(self._grad_setter(grads, i, where, t.is_leaf)))
                 call.watch_input(a)
+            elif t.requires_grad and grad_on:
+                call.unwatchable_input()
         return new_args
 
 

@@ -10,7 +10,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ._tree import paths, tree_map
+from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError
@@ -130,7 +130,8 @@ class Edit:
             kwargs = kwargs or {}
             new_args, new_kwargs = _change_inputs(name, self._inputs, args, kwargs)
             if grad_change is not None and new_args:
-                first = tree_map(lambda t: self._hook_grad(t, grad_change, f"grad_input {name}"), new_args[0])
+                first = _hook_first_input(new_args[0], lambda t: self._hook_grad(t, grad_change, f"grad_input {name}"),
+                                          name)
                 new_args = (first, *new_args[1:])
             if not counted_later:
                 self.counts[name] += 1
@@ -170,7 +171,24 @@ class Edit:
             return fn(g)
 
         self._group.add(target.register_hook(hook))
+        orphans.bind(key, hook)
         return target
+
+
+def _hook_first_input(first: Any, hook: Callable[[torch.Tensor], torch.Tensor], name: str) -> Any:
+    """``first`` with ``hook`` applied to the tensors reached through tuples (a list or dict the
+    caller passed goes on as it is); a tensor needing a gradient inside one cannot be edited."""
+    visited: set[int] = set()
+
+    def visit(t: torch.Tensor) -> torch.Tensor:
+        visited.add(id(t))
+        return hook(t)
+
+    new = map_exposed(visit, first)
+    if torch.is_grad_enabled() and any(t.requires_grad and id(t) not in visited for t in tensors(first)):
+        raise HookscopeError(f"edit(grad_input=...) cannot reach the tensors inside the list, dict or object "
+                             f"that {name!r} receives first; edit grad_output of the layer that makes them")
+    return new
 
 
 def _change_inputs(

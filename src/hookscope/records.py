@@ -298,6 +298,12 @@ class CallRecord:
         """The output gradient's hooks were orphaned: reading ``grad_output`` raises, saying ``why``."""
         self._lost_out = why
 
+    def unwatchable_input(self) -> None:
+        """An input tensor inside a list, dict or object needs its gradient: no per-call alias can
+        stand in for it there, so this call's input gradient cannot be told apart."""
+        self.note = ("its input holds tensors inside a list, dict or object, where no per-call alias can "
+                     "stand in for them; read grad_output of the layer before it")
+
     def check_inputs(self) -> None:
         """After the call: note why no input gradient will arrive if the module wrote its input."""
         watched, self._watched = self._watched, []

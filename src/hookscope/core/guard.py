@@ -84,10 +84,9 @@ class Slot:
         have been with no witness."""
         self._check_version()
         if self.mutated_by is None and self.blind is not None:
-            raise MutationError(
-                f"the recorded {self.where} cannot be vouched for: {self.blind}; record it with "
-                "copy='auto' (the default) or copy='always'"
-            )
+            fix = "copy='auto' (the default) or copy='always'" if self.fix is None else self.fix
+            raise MutationError(f"the recorded {self.where} cannot be vouched for: {self.blind}"
+                                + (f"; record it with {fix}" if fix else ""))
         if self.mutated_by is not None:
             fix = self.fix or ("copy='always'" if self.policy == "auto"
                                 else "copy='auto' (the default) or copy='always'")

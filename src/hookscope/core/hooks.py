@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -134,6 +135,7 @@ class Orphans:
 
     def __init__(self) -> None:
         self._live: dict[int, tuple[torch.Tensor, int, Callable[[], None]]] = {}
+        self._refs: dict[int, Any] = {}  # key -> weak reference to the hook
         self._lock = threading.Lock()
         self._next = 0
 
@@ -147,17 +149,37 @@ class Orphans:
             self._live[key] = (t.detach(), t._version, on_lost)
         return key
 
+    def bind(self, key: int | None, hook: Callable[..., Any]) -> None:
+        """Judge ``key`` as soon as ``hook`` is gone (its autograd graph freed, or the hook removed):
+        no gradient can arrive after that, and the witness need not hold the memory any longer."""
+        if key is None:
+            return
+
+        def gone(_: Any) -> None:
+            with self._lock:
+                entry = self._live.pop(key, None)
+                self._refs.pop(key, None)
+            if entry is not None and entry[0]._version != entry[1]:
+                entry[2]()
+
+        with self._lock:
+            if key in self._live:
+                self._refs[key] = weakref.ref(hook, gone)
+
     def arrived(self, key: int | None) -> None:
         """A gradient reached the hooks of ``key``: whole if nothing wrote the view before."""
+        if key is None:
+            return
         with self._lock:
-            entry = self._live.pop(key, None) if key is not None else None
+            entry = self._live.pop(key, None)
+            self._refs.pop(key, None)
         if entry is not None and entry[0]._version != entry[1]:
             entry[2]()
 
     def settle(self) -> None:
         """The block ends: a view written with no gradient arrived lost its hooks; forget all."""
         with self._lock:
-            live, self._live = self._live, {}
+            live, self._live, self._refs = self._live, {}, {}
         for witness, version, on_lost in live.values():
             if witness._version != version:
                 on_lost()

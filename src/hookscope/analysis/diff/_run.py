@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
-from ..._tree import exposed, tensors, tree_map
+from ..._tree import map_exposed, tensors, tree_map
 from ...capture import boundary_modules, capture
 from ...core.calls import CallStack
 from ...core.compiled import HookRefresh, eager, is_compiled
@@ -174,8 +174,7 @@ class Tracker:
             except BaseException as e:
                 self.failed.append(e)
                 raise
-            outside = exposed(out)  # as capture(): tensors in lists, dicts, objects are not aliased
-            new = tree_map(lambda t: self.hand_on(t) if id(t) in outside else t, out)
+            new = map_exposed(self.hand_on, out)  # as capture(): lists, dicts, objects handed back as they are
             return None if new is out else new
         return post
 
