@@ -26,3 +26,42 @@ def test_bad_layer_is_one_line_nonzero_and_no_traceback():
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "layer9.conv1" in lines[0] and "Did you mean" in lines[0]
+
+
+# --- hookscope layers: the names every selector and "did you mean" refers to -----------------------
+def test_layers_lists_names_types_and_output_shapes(capsys):
+    import json
+
+    import hookscope
+    from hookscope.zoo import TinyResNet
+
+    assert main(["layers", "tiny", "layer1.*"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    body = [line.split() for line in out[2:-1]]
+    expected = [n for n in hookscope.names(TinyResNet()) if n.startswith("layer1.")]
+    assert [b[0] for b in body] == expected and body[1][:3] == ["layer1.0.conv1", "Conv2d", "1x16x32x32"]
+    assert out[-1].startswith(f"{len(expected)} layer(s)")
+    assert main(["layers", "tiny", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == hookscope.names(TinyResNet())
+    assert rows[-1] == {"name": "fc", "type": "Linear", "output": "1x10"}
+
+
+def test_layers_without_running_needs_no_input(tmp_path, capsys):
+    src = tmp_path / "m.py"
+    src.write_text("import torch\nclass Odd(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "        self.a = torch.nn.Linear(7, 2)\n    def forward(self, x):\n        return self.a(x)\n")
+    assert main(["layers", f"{src}:Odd", "--no-run", "--json"]) == 0
+    assert __import__("json").loads(capsys.readouterr().out) == [{"name": "a", "type": "Linear"}]
+    assert main(["layers", f"{src}:Odd"]) == 2  # no known input: asks for one, one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give the example input's shape" in err[0]
+    assert main(["layers", f"{src}:Odd", "--input", "1x3"]) == 2  # an input that does not fit
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "forward pass failed in 'a' (Linear)" in err[0]
+
+
+def test_a_bad_pattern_names_the_closest_layers_and_the_command():
+    r = subprocess.run([sys.executable, "-m", "hookscope", "layers", "tiny", "laye1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "Did you mean 'layer1'" in r.stderr and "hookscope layers MODEL" in r.stderr

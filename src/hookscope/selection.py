@@ -210,7 +210,7 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
                 hint = f" Some real names: {shown}{more}."
             raise SelectionError(
                 f"selector {_describe(sel)} matches no module of {type(inner).__name__}.{hint} "
-                "List them all with hookscope.names(model)"
+                "List them all with hookscope.names(model), or `hookscope layers MODEL` in a shell"
             )
         for n, m in hits:  # a module reachable under two names is keyed by the name selected
             chosen.setdefault(id(m), (n, m))

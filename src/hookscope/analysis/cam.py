@@ -492,7 +492,7 @@ def _last_conv(p: _Pass, model_name: str) -> str:
     spatial = [name for name, t, _ in p.watched if t.shape[2] * t.shape[3] > 1]
     if not spatial:
         raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
-                             "pass; pass layers= (see hookscope.names(model))")
+                             "pass; pass layers= (see hookscope.names(model) or `hookscope layers MODEL`)")
     name = spatial[-1]
     calls = sum(1 for n, _, _ in p.watched if n == name)
     if calls > 1:

@@ -14,7 +14,7 @@ from typing import NoReturn
 from ..errors import HookscopeError
 
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
-COMMAND_NAMES = ("demo", "summary", "trace", "watch", "diff", "cam")
+COMMAND_NAMES = ("demo", "layers", "summary", "trace", "watch", "diff", "cam")
 
 
 def _commands() -> dict[str, ModuleType]:

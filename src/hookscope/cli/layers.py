@@ -1,0 +1,60 @@
+"""``hookscope layers MODEL [PATTERN]``: the names every selector and "did you mean" refers to.
+
+Lists each module's qualified name (as ``named_modules()`` gives it on the unwrapped model), its
+type, and, from one forward pass on the example input, the shape of what it returned. With
+``--no-run`` nothing runs: names and types only, for a model whose input is not known yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..analysis.summary import summary
+from ..core.text import shape_text, table
+from ..selection import layers
+from ._load import add_model_arguments, example_input, load_model
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "layers",
+        help="list the model's layer names (what selectors match), types and output shapes",
+        description="Lists every module's qualified name, type and output shape (from one forward pass "
+        "on a seeded random input), or only those PATTERN selects (a name, a glob such as "
+        "'layer*.conv1', or 're:REGEX'). Example: hookscope layers torchvision:resnet18 'layer1.*'",
+    )
+    add_model_arguments(p)
+    p.add_argument("pattern", nargs="?", default=None, metavar="PATTERN",
+                   help="only the layers this selector matches (default: every layer)")
+    p.add_argument("--no-run", action="store_true",
+                   help="list names and types without running the model (no output shapes)")
+    p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
+
+
+def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
+    """Each module's output shape(s) from one forward pass, by name (calls after the first: '...')."""
+    if args.no_run:
+        return {}
+    s = summary(model, example_input(args.model, args.input, seed=args.seed))
+    shown: dict[str, str] = {}
+    for r in s.rows:
+        text = ", ".join(shape_text(o) for o in r.output_shapes) or "-"
+        shown[r.name] = text if r.name not in shown else f"{shown[r.name]}; {text}"
+    return shown
+
+
+def run(args: argparse.Namespace) -> int:
+    model = load_model(args.model, seed=args.seed)
+    chosen = layers(model, args.pattern) if args.pattern is not None else layers(model)
+    shapes = _shapes(model, args)
+    rows = [{"name": n, "type": type(m).__name__, **({} if args.no_run else {"output": shapes.get(n, "not called")})}
+            for n, m in chosen]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    head = ["layer", "type"] + ([] if args.no_run else ["output"])
+    print("\n".join(table(head, [list(r.values()) for r in rows], left={0, 1, 2})))
+    print(f"{len(rows)} layer(s); select them by these names in every hookscope command and call")
+    return 0
