@@ -48,22 +48,12 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Diff", "fc", "fcc"),
     ("TensorGrads", "y", "z"),
 ]
-LACKS: dict[tuple[str, str], str] = {}  # (check, case) -> what a result lacks today; none now
 # to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}}
 
 
 def _kind(case: str) -> str:
     return case.split(":")[0]
-
-
-def _cases(check: str, cases: list[Any]) -> list[Any]:
-    """``cases`` as pytest params, each marked strict xfail where :data:`LACKS` says it lacks ``check``."""
-    def param(case: Any) -> Any:
-        reason = LACKS.get((check, case[0] if isinstance(case, tuple) else case))
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        return pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=marks)
-    return [param(c) for c in cases]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +109,7 @@ def test_the_tables_name_every_public_result_type(results):
         assert isinstance(r, RESULT_TYPES[_kind(case)]), case
 
 
-@pytest.mark.parametrize("case", _cases("table", RESULT_CASES))
+@pytest.mark.parametrize("case", RESULT_CASES)
 def test_every_result_has_a_table_that_is_its_str(results, case):
     r = results[case]
     text = r.table()
@@ -128,12 +118,12 @@ def test_every_result_has_a_table_that_is_its_str(results, case):
         assert isinstance(r.rows, list) and r.rows
 
 
-@pytest.mark.parametrize("case", _cases("to_dict", RESULT_CASES))
+@pytest.mark.parametrize("case", RESULT_CASES)
 def test_every_result_has_to_dict(results, case):
     assert isinstance(results[case].to_dict(), dict)
 
 
-@pytest.mark.parametrize("case", _cases("to_json", RESULT_CASES))
+@pytest.mark.parametrize("case", RESULT_CASES)
 def test_every_result_writes_one_line_of_json_by_default(results, case):
     r = results[case]
     text = r.to_json()
@@ -142,13 +132,13 @@ def test_every_result_writes_one_line_of_json_by_default(results, case):
     assert json.loads(r.to_json(indent=2)) == json.loads(text)
 
 
-@pytest.mark.parametrize("case", _cases("json_is_dict", RESULT_CASES))
+@pytest.mark.parametrize("case", RESULT_CASES)
 def test_to_json_is_to_dict_as_json(results, case):
     r = results[case]
     assert r.to_json(**FULL_JSON.get(case, {})) == json.dumps(jsonable(r.to_dict()), allow_nan=False)
 
 
-@pytest.mark.parametrize("case, good, bad", _cases("lookup", LOOKUPS))
+@pytest.mark.parametrize("case, good, bad", LOOKUPS)
 def test_lookups_raise_a_key_error_and_in_agrees(results, case, good, bad):
     r = results[case]
     assert good in r and r[good] is not None
