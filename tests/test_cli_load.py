@@ -108,3 +108,25 @@ def test_corrupt_and_state_dict_files_say_what_a_model_file_must_be(tmp_path):
     torch.save(nn.Linear(2, 2).state_dict(), weights)
     with pytest.raises(HookscopeError, match="gave a OrderedDict, not an nn.Module; it looks like a state_dict"):
         load_model(str(weights))
+
+
+def test_the_demo_spec_is_the_trained_demo_model_with_its_input():
+    from hookscope.synthetic import shapes
+    from hookscope.zoo import DemoNet, demo_model
+
+    model = load_model("demo")
+    assert isinstance(model, DemoNet) and not model.training
+    data = shapes(4, seed=99)
+    assert torch.equal(model(data.images), demo_model()(data.images))  # the shipped weights, not seed-0 ones
+    assert example_input("demo", None).shape == (1, 3, 64, 64)
+    with pytest.raises(HookscopeError, match="use tiny, demo, torchvision:NAME"):
+        load_model("dmeo")
+
+
+def test_a_whole_pickled_model_with_weights_gets_those_weights(tmp_path):
+    saved = tmp_path / "m.pt"
+    torch.save(nn.Sequential(nn.Linear(2, 2)), saved)
+    other = nn.Sequential(nn.Linear(2, 2))
+    torch.save(other.state_dict(), tmp_path / "w.pt")
+    model = load_model(str(saved), trust_pickle=True, weights=str(tmp_path / "w.pt"))
+    assert torch.equal(model[0].weight, other[0].weight)

@@ -30,13 +30,14 @@ RESULT_TYPES = {n: o for n, o in PUBLIC.items() if inspect.isclass(o) and hasatt
 LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
-              "Edit"}
+              "Edit", "FeatureRow", "ComparisonRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
 # a case is a public result type, and after a colon the kind of run it comes from
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
-                "TensorGrads", "GradientFlow", "Summary", "Diff", "CamResult", "Curve"]
+                "TensorGrads", "GradientFlow", "Summary", "Diff", "CamResult", "Curve", "FeatureMaps",
+                "ReferenceComparison"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -49,7 +50,8 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("TensorGrads", "y", "z"),
 ]
 # to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
-FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}}
+FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}, "FeatureMaps": {"maps": True},
+                                        "ReferenceComparison": {"maps": True}}
 
 
 def _kind(case: str) -> str:
@@ -98,6 +100,8 @@ def results(net: nn.Module) -> dict[str, object]:
     return {
         **_captures(net, x), "Trace": t, "Watch": w, "TensorGrads": g, "GradientFlow": flow,
         "Summary": hookscope.summary(net, x), "Diff": hookscope.diff(net, net, x), "CamResult": res, "Curve": curve,
+        "FeatureMaps": hookscope.feature_maps(net, x, "layer1"),
+        "ReferenceComparison": hookscope.compare_references(net, x, "layer1.0.bn1"),
     }
 
 
@@ -168,6 +172,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "settings": lambda **kw: hookscope.settings(**kw),
         "Settings": lambda **kw: hookscope.Settings(**kw),
         "cam": lambda **kw: hookscope.cam(net, x, **kw),
+        "feature_maps": lambda **kw: hookscope.feature_maps(net, x, "layer1", **kw),
+        "compare_references": lambda **kw: hookscope.compare_references(net, x, "layer1", **kw),
         "channels_first": lambda **kw: hookscope.channels_first(torch.zeros(1, 2, 2, 3), **kw),
         "channels_last": lambda **kw: hookscope.channels_last(torch.zeros(1, 3, 2, 2), **kw),
         "tokens_to_grid": lambda **kw: hookscope.tokens_to_grid(**kw),

@@ -11,6 +11,14 @@ Example:
 
 from . import metrics
 from .analysis.cam import CamResult, CamRow, cam, channels_first, channels_last, tokens_to_grid
+from .analysis.features import (
+    ComparisonRow,
+    FeatureMaps,
+    FeatureRow,
+    ReferenceComparison,
+    compare_references,
+    feature_maps,
+)
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
 from .analysis.trace import StatRow, Trace, trace
@@ -40,6 +48,10 @@ __all__ = [
     "channels_last",
     "metrics",
     "tokens_to_grid",
+    "FeatureMaps",
+    "ReferenceComparison",
+    "feature_maps",
+    "compare_references",
     "Diff",
     "DiffRow",
     "Settings",

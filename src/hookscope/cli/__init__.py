@@ -13,8 +13,9 @@ from typing import NoReturn
 
 from ..errors import HookscopeError
 
+_FOLDER_OUT = ("report", "demo")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
-COMMAND_NAMES = ("demo", "layers", "summary", "trace", "watch", "diff", "cam")
+COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam")
 
 
 def _commands() -> dict[str, ModuleType]:
@@ -60,14 +61,16 @@ def _os_error(e: OSError) -> str:
 def _check_out(args: argparse.Namespace) -> None:
     """An --out that is a folder fails before the model runs, not after (every command with --out)."""
     out = getattr(args, "out", None)
+    if args.command in _FOLDER_OUT:  # their --out is a folder, checked by the command
+        return
     if isinstance(out, str) and os.path.isdir(out):
         raise HookscopeError(f"cannot write --out {out}: it is a folder; give a file path such as "
-                             f"{os.path.join(out, 'out.png' if args.command == 'cam' else 'out.txt')}")
+                             f"{os.path.join(out, 'out.png' if args.command in ('cam', 'features') else 'out.txt')}")
 
 
 def _run(module: ModuleType, args: argparse.Namespace) -> int:
     """Run one command; every user mistake becomes one line on stderr and exit status 2."""
-    from ._load import trusting_pickles
+    from ._load import model_session
 
     def fail(message: str) -> int:
         print(f"hookscope {args.command}: error: {_one_line(message)}", file=sys.stderr)
@@ -75,7 +78,7 @@ def _run(module: ModuleType, args: argparse.Namespace) -> int:
 
     try:
         _check_out(args)
-        with trusting_pickles(bool(getattr(args, "trust_pickle", False))):
+        with model_session(args):
             return int(module.run(args) or 0)
     except HookscopeError as e:
         return fail(str(e))

@@ -1,8 +1,9 @@
 """Turn a MODEL argument and an --input shape into a model and an example input, for every command.
 
 MODEL is one of:
-  ``tiny``                      the bundled TinyResNet (3x32x32)
-  ``torchvision:NAME``          any torchvision model builder, built with weights=None
+  ``tiny``                      the bundled TinyResNet (3x32x32), random weights
+  ``demo``                      the bundled DemoNet (3x64x64), trained on hookscope's synthetic shapes
+  ``torchvision:NAME``          any torchvision model builder: random weights, or ``--weights NAME``
   ``package.module:ATTR``       an importable nn.Module class or factory (called with no arguments)
   ``path/to/file.py:ATTR``      the same, from a Python file
   ``path/to/model.pt``          a file torch.save wrote; see the security model below
@@ -12,6 +13,11 @@ Security model: ``package.module:ATTR`` and ``file.py:ATTR`` import and run that
 ``torch.load(weights_only=True)``, which rebuilds tensors and plain containers and runs no code. A
 whole pickled model (``torch.save(model)``) cannot be read that way: unpickling it runs whatever
 code the file names, so it is loaded (``weights_only=False``) only with ``--trust-pickle``.
+
+``--weights FILE`` (a ``state_dict``, or a checkpoint dict holding one) is read the same way and
+loaded strictly; ``--weights NAME`` names torchvision's weights (``DEFAULT``, ``IMAGENET1K_V1``),
+fetched through torch.hub and checked to be plain weights before torchvision reads them. A model
+left with random weights says so once on stderr, when the command succeeds.
 """
 
 from __future__ import annotations
@@ -21,15 +27,19 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import json
 import math
 import os
 import pickle
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any, cast
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -37,11 +47,16 @@ from torch import nn
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
 
-__all__ = ["TRUST_FLAG", "add_model_arguments", "check_seed", "example_input", "load_model", "parse_shape",
-           "random_input", "seed_arg", "trusting_pickles"]
+__all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
+           "check_seed", "class_names", "example_input", "load_model", "load_weights", "model_session",
+           "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
+           "trusting_pickles", "usual_shape"]
 
-_DEFAULT_SHAPES = {"tiny": (1, 3, 32, 32)}
+DEMO_SPEC = "demo"
+_DEFAULT_SHAPES = {"tiny": (1, 3, 32, 32), DEMO_SPEC: (1, 3, 64, 64)}
 TRUST_FLAG = "--trust-pickle"
+# Suffixes that make --weights a file even when it does not exist (then: "no such file", not "no such weights")
+_WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors")
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.manual_seed accepts
 _CODE_RUNS = "file.py:ATTR and package.module:ATTR import and run that Python code"
 _SAFER = ("safer: save model.state_dict() and pass a file.py:ATTR factory that builds the model and "
@@ -50,15 +65,29 @@ _trust_pickle: ContextVar[bool] = ContextVar("hookscope_trust_pickle", default=F
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The MODEL positional and the --input / --seed / --trust-pickle options every model command shares."""
+    """The MODEL positional and the --input / --seed / --weights / --trust-pickle options of every model command.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> add_model_arguments(p)
+        >>> args = p.parse_args(["torchvision:resnet18", "--weights", "DEFAULT"])
+        >>> args.model, args.weights, args.trust_pickle
+        ('torchvision:resnet18', 'DEFAULT', False)
+    """
     p.add_argument("model", metavar="MODEL",
-                   help=f"tiny | torchvision:NAME | package.module:ATTR | file.py:ATTR | model.pt. {_CODE_RUNS}: "
-                        "use only code you trust. A .pt or .pth file is read with "
+                   help=f"tiny | demo | torchvision:NAME | package.module:ATTR | file.py:ATTR | model.pt. "
+                        f"{_CODE_RUNS}: use only code you trust. A .pt or .pth file is read with "
                         "torch.load(weights_only=True), which runs no code; a whole pickled model "
-                        f"(torch.save(model)) needs {TRUST_FLAG}")
+                        f"(torch.save(model)) needs {TRUST_FLAG}. tiny and torchvision models without "
+                        "--weights have random weights; demo is trained on hookscope's generated shapes")
     p.add_argument("--input", metavar="SHAPE", default=None,
                    help="example input shape such as 1x3x224x224 (default: 1x3x32x32 for tiny, "
-                        "1x3x224x224 for torchvision models)")
+                        "1x3x64x64 for demo, 1x3x224x224 for torchvision models)")
+    p.add_argument("--weights", metavar="FILE|NAME", default=None,
+                   help="load these weights into MODEL: a state_dict file (.pt/.pth read with "
+                        "torch.load(weights_only=True), or .safetensors), loaded strictly; or, for "
+                        "torchvision:NAME, torchvision's weight name such as DEFAULT or IMAGENET1K_V1 "
+                        "(downloaded once into torch.hub's cache)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed for weights and input (default 0)")
     p.epilog = f"Security: {_CODE_RUNS}; a whole pickled model is loaded only with {TRUST_FLAG}."
     p.add_argument(TRUST_FLAG, action="store_true",
@@ -96,6 +125,62 @@ def trusting_pickles(trust: bool) -> Iterator[None]:
         yield
     finally:
         _trust_pickle.reset(token)
+
+
+@dataclass
+class _Session:
+    """One command's model options, and the warnings it says if it succeeds."""
+
+    model: str | None
+    weights: str | None
+    warnings: list[str] = field(default_factory=list)
+
+
+_session: ContextVar[_Session | None] = ContextVar("hookscope_session", default=None)
+# Commands whose output (names, shapes, parameter counts) does not depend on the weights' values
+_WEIGHTLESS = ("layers", "summary")
+
+
+@contextlib.contextmanager
+def model_session(args: argparse.Namespace) -> Iterator[None]:
+    """One command's run: ``--trust-pickle`` and ``--weights`` apply to ``load_model(args.model)``, and
+    a warning (random weights) goes to stderr once, after the command succeeded.
+
+    A failed command says only its one-line error. Inside another session (a command that opens its
+    own within the CLI's) it does nothing: the outer one holds the options and speaks.
+
+    Example:
+        >>> import contextlib, io
+        >>> err = io.StringIO()
+        >>> with contextlib.redirect_stderr(err), model_session(argparse.Namespace(model="tiny")):
+        ...     _ = load_model("tiny"), load_model("tiny")
+        >>> err.getvalue().count("warning: tiny has random weights")
+        1
+    """
+    if _session.get() is not None:
+        yield
+        return
+    session = _Session(getattr(args, "model", None), getattr(args, "weights", None))
+    token = _session.set(session)
+    try:
+        with trusting_pickles(bool(getattr(args, "trust_pickle", False))):
+            yield
+    finally:
+        _session.reset(token)
+    if getattr(args, "command", None) in _WEIGHTLESS:
+        return
+    for line in dict.fromkeys(session.warnings):  # only reached when the command did not raise
+        print(f"hookscope: warning: {line}", file=sys.stderr)
+
+
+def _warn_random(spec: str) -> None:
+    session = _session.get()
+    if session is None:  # a library call, not a command: nobody to tell on stderr
+        return
+    fix = ("pass --weights DEFAULT for torchvision's trained weights, or --weights FILE"
+           if spec.startswith("torchvision:") else f"pass --weights FILE, or use MODEL {DEMO_SPEC} (trained)")
+    session.warnings.append(f"{spec} has random weights (no --weights): its predictions and maps mean "
+                            f"nothing; {fix}")
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -303,48 +388,386 @@ def _is_module_name(where: str) -> bool:
     return all(part.isidentifier() for part in where.split("."))
 
 
-def _torchvision(spec: str) -> nn.Module:
+def _tvm() -> Any:
     try:
         import torchvision.models as tvm
     except ImportError:
         raise HookscopeError(
             "torchvision models need the vision extra: pip install 'hookscope[vision]'"
         ) from None
+    return tvm
+
+
+def _torchvision_name(spec: str) -> tuple[Any, str]:
+    """(torchvision.models, NAME) for ``torchvision:NAME``, NAME checked against torchvision's list."""
+    tvm = _tvm()
     name = spec.split(":", 1)[1]
     available = tvm.list_models()
     if name not in available:
         raise HookscopeError(f"torchvision has no model {name!r}.{did_you_mean(name, available)}")
-    model: nn.Module = tvm.get_model(name, weights=None)
+    return tvm, name
+
+
+def _torchvision(spec: str, weights: Any = None) -> nn.Module:
+    tvm, name = _torchvision_name(spec)
+    if weights is None:
+        return cast(nn.Module, tvm.get_model(name, weights=None))
+    path = _fetch(weights)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cast(nn.Module, tvm.get_model(name, weights=weights))
+    except (RuntimeError, ValueError, KeyError) as e:  # a cached file of another model, or cut short
+        raise HookscopeError(f"torchvision cannot load {weights} into {name} from {path} ({type(e).__name__}: "
+                             f"{_first_line(e)}); delete that file to download it again") from e
+
+
+def _is_weights_file(text: str) -> bool:
+    """Whether --weights names a file (existing or not) rather than torchvision weights."""
+    seps = [s for s in (os.sep, os.altsep) if s]
+    return os.path.lexists(text) or any(s in text for s in seps) or text.lower().endswith(_WEIGHT_SUFFIXES)
+
+
+def torchvision_weights(spec: str, weights: str) -> Any | None:
+    """The torchvision weights (a ``WeightsEnum`` member) ``--weights`` names for ``torchvision:NAME``.
+
+    ``weights`` is ``DEFAULT``, a member name such as ``IMAGENET1K_V1``, or the full
+    ``ResNet18_Weights.IMAGENET1K_V1``. None when ``weights`` is a file or MODEL is not torchvision's.
+
+    Example:
+        >>> torchvision_weights("torchvision:resnet18", "DEFAULT")
+        ResNet18_Weights.IMAGENET1K_V1
+        >>> torchvision_weights("tiny", "weights.pt") is None
+        True
+    """
+    if not spec.startswith("torchvision:") or _is_weights_file(weights):
+        return None
+    tvm, name = _torchvision_name(spec)
+    enum = tvm.get_model_weights(name)
+    names = list(enum.__members__)
+    owner, _, member = weights.rpartition(".")
+    if owner and owner != enum.__name__:
+        raise HookscopeError(f"--weights {weights} are not weights of {name}; its weights are {enum.__name__}.NAME, "
+                             f"NAME one of {', '.join(names)}")
+    if member not in enum.__members__:
+        raise HookscopeError(f"{spec} has no weights {member!r}; give one of {', '.join(names)}, or a weights "
+                             f"file.{did_you_mean(member, names)}")
+    return enum[member]
+
+
+def _fetch(weights: Any) -> str:
+    """The cached file of torchvision weights, downloaded (hash-checked) when missing.
+
+    torchvision reads that file with ``weights_only=False``; reading it first with ``weights_only=True``
+    makes sure it holds nothing but tensors, whoever put it in the cache.
+    """
+    url = weights.url
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(url).path))
+    if not os.path.exists(path):
+        _download(url, path, weights)
+    try:
+        _check_plain(path)
+    except Exception as e:
+        raise HookscopeError(f"{path}, the cached file of {weights}, is not plain weights ({type(e).__name__}: "
+                             f"{_first_line(e)}); delete it to download it again") from e
+    return path
+
+
+def _check_plain(path: str) -> None:
+    """Raises unless ``torch.load(weights_only=True)`` reads the file; mapped, so the tensors stay on disk."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):  # a file from before torch 1.6 cannot be mapped: read it whole
+            raise
+        _read(path, weights_only=True)
+
+
+def _download(url: str, path: str, weights: Any) -> None:
+    if sys.stderr.isatty():  # a person watching; tqdm's bar follows. Scripts get their one line only
+        print(f"hookscope: downloading {weights} to {path}", file=sys.stderr)
+    hashed = re.search(r"-([a-f0-9]+)\.", os.path.basename(path))  # what torchvision's check_hash checks
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.hub.download_url_to_file(url, path, hashed.group(1) if hashed else None, progress=sys.stderr.isatty())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise HookscopeError(
+            f"cannot download {weights} ({type(e).__name__}: {_first_line(e)}); where the network allows, "
+            f"download {url} to {path}, or pass --weights FILE (a state_dict)"
+        ) from e
+
+
+# --- --weights FILE: a state_dict, read with weights_only=True unless the user vouches for it -----
+def _weights_file(path: str, trust: bool) -> Any:
+    if os.path.isdir(path):
+        raise HookscopeError(f"--weights {path} is a folder; give a weights file (torch.save(model.state_dict()))")
+    if not os.path.isfile(path):
+        hint = "" if _is_weights_file(path) else " (weight names such as DEFAULT are for torchvision:NAME models)"
+        raise HookscopeError(f"no such weights file: {path}{hint}")
+    if os.path.getsize(path) == 0:
+        raise HookscopeError(f"cannot load --weights {path}: the file is empty")
+    if path.lower().endswith(".safetensors"):
+        return _safetensors(path)
+    try:
+        return _read(path, weights_only=True)
+    except OSError as e:
+        raise HookscopeError(f"cannot read --weights {path}: {e.strerror or e}") from e
+    except pickle.UnpicklingError as e:
+        if not trust:
+            raise _pickled_weights(path, e) from None
+    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF...)
+        raise HookscopeError(f"cannot load --weights {path} with torch.load ({type(e).__name__}: {_first_line(e)}); "
+                             "give a file torch.save(model.state_dict(), path) or safetensors wrote") from e
+    try:
+        return _read(path, weights_only=False)
+    except Exception as e:
+        raise HookscopeError(f"cannot load --weights {path} ({type(e).__name__}: {_first_line(e)})") from e
+
+
+def _pickled_weights(path: str, e: Exception) -> HookscopeError:
+    """The one line for a weights file that ``weights_only=True`` refuses."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    if found:
+        what = f"--weights {path} holds pickled objects (it names {found.group(1)}), not only tensors"
+    else:
+        op = re.search(r"Unsupported operand \d+", str(e))
+        what = (f"cannot load --weights {path} with torch.load(weights_only=True) "
+                f"({op.group(0) if op else type(e).__name__}): it is corrupt, or holds pickled objects")
+    return HookscopeError(f"{what}; unpickling runs whatever code the file holds, so hookscope reads it only "
+                          f"with {TRUST_FLAG}, for a file you trust; safer: torch.save(model.state_dict(), path)")
+
+
+def _safetensors(path: str) -> Any:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise HookscopeError(f"reading {path} needs safetensors, from the dump extra: "
+                             "pip install 'hookscope[dump]'") from None
+    try:
+        return load_file(path, device="cpu")
+    except Exception as e:
+        raise HookscopeError(f"cannot load --weights {path} with safetensors ({type(e).__name__}: "
+                             f"{_first_line(e)})") from e
+
+
+def _state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    """The state_dict in what the file held: itself, or a training checkpoint's "state_dict" / "model"."""
+    if isinstance(obj, Mapping) and not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        inner = [obj[k] for k in ("state_dict", "model") if isinstance(obj.get(k), (Mapping, nn.Module))]
+        obj = inner[0] if inner else obj
+    if isinstance(obj, nn.Module):  # a whole model, unpickled with --trust-pickle
+        obj = obj.state_dict()
+    if isinstance(obj, Mapping) and obj and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in obj.items()):
+        return dict(obj)
+    held = (f"a dict of {_few([str(k) for k in obj], 'key', 'keys')}" if isinstance(obj, Mapping) and obj
+            else f"an empty {type(obj).__name__}" if isinstance(obj, Mapping) else f"a {type(obj).__name__}")
+    raise HookscopeError(f"--weights {path} holds {held}, not a state_dict: give tensors by parameter name "
+                         "(torch.save(model.state_dict(), path)), or a checkpoint holding them under "
+                         "'state_dict' or 'model'")
+
+
+def _few(items: Sequence[str], one: str, many: str) -> str:
+    """``2 missing keys: a, b`` / ``5 missing keys: a, b, c, ... (2 more)``."""
+    shown = ", ".join(items[:3]) + (f", ... ({len(items) - 3} more)" if len(items) > 3 else "")
+    return f"{len(items)} {one if len(items) == 1 else many}: {shown}"
+
+
+def _unwrapped(state: dict[str, torch.Tensor], expected: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    for prefix in ("module.", "_orig_mod."):  # saved from (Distributed)DataParallel, or a torch.compile'd model
+        if state and all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in expected):
+            state = {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+def _mismatches(expected: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> list[str]:
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} (file {shape_text(tuple(state[k].shape))}, model {shape_text(tuple(expected[k].shape))})"
+              for k in expected if k in state and isinstance(expected[k], torch.Tensor)
+              and tuple(state[k].shape) != tuple(expected[k].shape)]
+    parts = [(missing, "missing key", "missing keys"), (unexpected, "unexpected key", "unexpected keys"),
+             (shapes, "shape mismatch", "shape mismatches")]
+    return [_few(items, one, many) for items, one, many in parts if items]
+
+
+def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spec: str | None = None) -> nn.Module:
+    """Load a weights file into ``model``, strictly; what does not fit is named in one line.
+
+    The file is a ``state_dict`` (or a checkpoint holding one under ``"state_dict"`` / ``"model"``,
+    keys saved from a ``DataParallel`` or compiled model unwrapped), read with
+    ``torch.load(weights_only=True)``, or a ``.safetensors`` file (the ``dump`` extra). Pickled
+    objects in it are refused unless ``trust_pickle``.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "w.pt")
+        >>> torch.save(nn.Linear(2, 3).state_dict(), path)
+        >>> load_weights(nn.Linear(2, 2), path)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --weights .../w.pt does not fit Linear: 2 shape mismatches: weight (file 3x2, model 2x2), bias (file 3, model 2); ...
+    """
+    expected = model.state_dict()
+    state = _unwrapped(_state_dict(_weights_file(path, trust_pickle), path), expected)
+    what = f"{spec} ({type(model).__name__})" if spec else type(model).__name__
+    problems = _mismatches(expected, state)
+    if problems:
+        raise HookscopeError(f"--weights {path} does not fit {what}: {'; '.join(problems)}; give the "
+                             "state_dict() of this very architecture")
+    try:
+        model.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise HookscopeError(f"cannot load --weights {path} into {what}: {_first_line(e)}") from e
     return model
 
 
-def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None) -> nn.Module:
-    """Build or load the model a MODEL argument names, in eval mode.
+def _architecture(spec: str, seed: int, trust: bool, *, trained: bool, named: Any) -> nn.Module:
+    """The model ``spec`` names: the demo model ``trained`` or not, torchvision's with ``named`` weights."""
+    if spec == "tiny":
+        from ..zoo import TinyResNet
+
+        return TinyResNet(seed=seed)
+    if spec == DEMO_SPEC:
+        from ..zoo import demo_model
+
+        return demo_model(pretrained=trained)
+    if spec.startswith("torchvision:"):
+        return _torchvision(spec, named)
+    if ":" in spec:
+        where, attr = spec.rsplit(":", 1)
+        if where.endswith(".py"):
+            return _build(_attr(_exec_file(where), attr, where), spec)
+        if _is_module_name(where):
+            return _build(_attr(_import(where), attr, where), spec)
+    if spec.endswith((".pt", ".pth", ".py")) or os.path.lexists(spec) or os.sep in spec:
+        return _from_path(spec, trust)
+    raise HookscopeError(
+        f"MODEL {spec!r} is not understood; use tiny, {DEMO_SPEC}, torchvision:NAME, package.module:ATTR, "
+        "file.py:ATTR or a saved model.pt"
+    )
+
+
+def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, weights: str | None = None) -> nn.Module:
+    """Build or load the model a MODEL argument names, with ``weights`` if given, in eval mode.
 
     ``trust_pickle`` (default: what the enclosing :func:`trusting_pickles` says, else False) allows
     a whole pickled model, loaded with ``torch.load(weights_only=False)``; without it a model file is
     read with ``weights_only=True`` only, which runs no code from the file.
+
+    ``weights`` (default: inside :func:`model_session`, the command's ``--weights`` when ``spec`` is
+    its MODEL) is a file for :func:`load_weights`, or torchvision's weight name for
+    ``torchvision:NAME`` (see :func:`torchvision_weights`). ``tiny`` and torchvision models left
+    with random weights add a warning to the session.
+
+    Example:
+        >>> model = load_model("tiny")
+        >>> type(model).__name__, model.training
+        ('TinyResNet', False)
     """
     torch.manual_seed(check_seed(seed))
     trust = _trust_pickle.get() if trust_pickle is None else trust_pickle
-    if spec == "tiny":
-        from ..zoo import TinyResNet
+    session = _session.get()
+    if weights is None and session is not None and spec == session.model:
+        weights = session.weights
+    named = torchvision_weights(spec, weights) if weights is not None else None
+    model = _architecture(spec, seed, trust, trained=weights is None, named=named)
+    if weights is not None and named is None:
+        load_weights(model, weights, trust_pickle=trust, spec=spec)
+    elif weights is None and (spec == "tiny" or spec.startswith("torchvision:")):
+        _warn_random(spec)
+    return model.eval()
 
-        return TinyResNet(seed=seed).eval()
-    if spec.startswith("torchvision:"):
-        return _torchvision(spec).eval()
-    if ":" in spec:
-        where, attr = spec.rsplit(":", 1)
-        if where.endswith(".py"):
-            return _build(_attr(_exec_file(where), attr, where), spec).eval()
-        if _is_module_name(where):
-            return _build(_attr(_import(where), attr, where), spec).eval()
-    if spec.endswith((".pt", ".pth", ".py")) or os.path.lexists(spec) or os.sep in spec:
-        return _from_path(spec, trust).eval()
-    raise HookscopeError(
-        f"MODEL {spec!r} is not understood; use tiny, torchvision:NAME, package.module:ATTR, "
-        "file.py:ATTR or a saved model.pt"
-    )
+
+# --- class names: --classes FILE, torchvision's weights, or the demo model's ------------------------
+def add_class_arguments(p: argparse.ArgumentParser) -> None:
+    """``--classes FILE``: the model's class names, for commands that show predictions.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> add_class_arguments(p)
+        >>> p.parse_args(["--classes", "names.txt"]).classes
+        'names.txt'
+    """
+    p.add_argument("--classes", metavar="FILE", default=None,
+                   help="the model's class names, one per line or a JSON list, in class order (default: "
+                        "the categories of torchvision's --weights NAME, or the demo model's classes)")
+
+
+def read_class_names(path: str) -> list[str]:
+    """The class names in a file: one per line (blank lines skipped), or a JSON list of strings.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "names.json")
+        >>> _ = open(path, "w").write('["cat", "dog"]')
+        >>> read_class_names(path)
+        ['cat', 'dog']
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        said = "no such file" if isinstance(e, FileNotFoundError) else (
+            getattr(e, "strerror", None) or f"{type(e).__name__}: {_first_line(e)}")
+        raise HookscopeError(f"cannot read --classes {path}: {said}; give a text file, one class name per line") from e
+    how = "write one name per line, or a JSON list of strings"
+    if text.lstrip().startswith("["):
+        try:
+            names = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise HookscopeError(f"--classes {path} is not valid JSON ({e.msg}, line {e.lineno}); {how}") from None
+        if not all(isinstance(n, str) for n in names):
+            raise HookscopeError(f"--classes {path} is a JSON list of other things than strings; {how}")
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise HookscopeError(f"--classes {path} holds no class names; {how}")
+    return cast(list[str], names)
+
+
+def class_names(args: argparse.Namespace) -> list[str] | None:
+    """The model's class names: ``--classes FILE``, else torchvision's ``--weights NAME`` categories,
+    else the demo model's classes for MODEL ``demo``; None when nothing says.
+
+    Example:
+        >>> class_names(argparse.Namespace(model="demo", weights=None, classes=None))[:3]
+        ['circle', 'square', 'triangle']
+        >>> class_names(argparse.Namespace(model="torchvision:resnet18", weights="DEFAULT"))[:2]
+        ['tench', 'goldfish']
+    """
+    path = getattr(args, "classes", None)
+    if path is not None:
+        return read_class_names(path)
+    weights = getattr(args, "weights", None)
+    named = torchvision_weights(args.model, weights) if weights is not None else None
+    if named is not None:
+        categories = named.meta.get("categories")
+        return [str(c) for c in categories] if categories else None
+    if args.model == DEMO_SPEC:
+        from ..zoo import DEMO_CLASSES
+
+        return list(DEMO_CLASSES)
+    return None
+
+
+def check_class_names(names: Sequence[str], outputs: int, args: argparse.Namespace) -> None:
+    """One line when the class names are not one per model output.
+
+    Example:
+        >>> check_class_names(["a", "b"], 3, argparse.Namespace(model="m.py:Net", classes="names.txt"))
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --classes names.txt gives 2 class names but the model has 3 outputs; give one name per output, in class order
+    """
+    if len(names) == outputs:
+        return
+    source = (f"--classes {args.classes}" if getattr(args, "classes", None) is not None
+              else f"--weights {args.weights}" if getattr(args, "weights", None) is not None else f"MODEL {args.model}")
+    raise HookscopeError(f"{source} gives {len(names)} class names but the model has {outputs} outputs; "
+                         "give one name per output, in class order")
 
 
 # --- example inputs --------------------------------------------------------------------------------
@@ -380,15 +803,22 @@ def random_input(dims: Sequence[int], what: str, generator: torch.Generator | No
                              f"created: {_first_line(e) or type(e).__name__}{fix}") from e
 
 
+def usual_shape(spec: str) -> tuple[int, ...] | None:
+    """The shape of MODEL ``spec``'s usual input, or None when hookscope does not know it.
+
+    Example:
+        >>> usual_shape("demo"), usual_shape("torchvision:resnet18"), usual_shape("net.py:build")
+        ((1, 3, 64, 64), (1, 3, 224, 224), None)
+    """
+    if spec in _DEFAULT_SHAPES:
+        return _DEFAULT_SHAPES[spec]
+    return (1, 3, 224, 224) if spec.startswith("torchvision:") else None
+
+
 def example_input(spec: str, shape: str | None, seed: int = 0) -> torch.Tensor:
     """A seeded random input of ``shape`` (or the model's usual one)."""
-    if shape is not None:
-        dims = parse_shape(shape)
-    elif spec in _DEFAULT_SHAPES:
-        dims = _DEFAULT_SHAPES[spec]
-    elif spec.startswith("torchvision:"):
-        dims = (1, 3, 224, 224)
-    else:
+    dims = parse_shape(shape) if shape is not None else usual_shape(spec)
+    if dims is None:
         raise HookscopeError(f"give the example input's shape for {spec!r}, e.g. --input 1x3x224x224")
     gen = torch.Generator().manual_seed(check_seed(seed))
     return random_input(dims, f"--input {shape_text(dims)}", gen)

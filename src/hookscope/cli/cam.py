@@ -1,42 +1,63 @@
-"""``hookscope cam``: a class activation map of a model's prediction, saved as an overlay PNG."""
+"""``hookscope cam``: class activation maps of a model's predictions, saved as overlay PNGs, drawn side by
+side for several methods (``--plot``), or printed as JSON."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.text import shape_text
-from ..errors import HookscopeError
-from ._load import add_model_arguments, example_input, load_model, parse_shape
+from ..errors import HookscopeError, did_you_mean
+from ._images import add_image_arguments, load_images
+from ._load import (
+    add_class_arguments,
+    add_model_arguments,
+    check_class_names,
+    class_names,
+    example_input,
+    load_model,
+    model_session,
+)
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
-_METHODS_HELP = "cam, gradcam (default), gradcam++, xgradcam, hirescam, layercam, scorecam, eigencam"
+if TYPE_CHECKING:
+    from ..analysis.cam import CamResult
+
+_METHODS_HELP = ("cam, gradcam (default), gradcam++, xgradcam, hirescam, layercam, scorecam, eigencam; "
+                 "a comma list such as gradcam,layercam runs each on the same input")
+EXAMPLE = """\
+Examples:
+  hookscope cam demo --image shapes/ --method gradcam,gradcam++,layercam --plot cams.png
+  hookscope cam torchvision:resnet18 --weights DEFAULT --image cat.jpg --out cat_cam.png
+  hookscope cam tiny --input 2x3x32x32 --json"""
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "cam",
-        help="draw a class activation map (Grad-CAM and family) over the input, as a PNG",
-        description="Runs MODEL on an image (--image) or a seeded random input (--input), computes a "
-        "class activation map for the predicted class (or --target), prints the class, its score "
-        "and the layer used, and saves the map blended over the input.",
+        help="draw class activation maps (Grad-CAM and family) over the input, as PNGs",
+        description=textwrap.fill(
+            "Runs MODEL on images (--image: files or folders) or a seeded random input (--input), computes "
+            "a class activation map for the predicted class (or --target) with each --method, prints the "
+            "class (and its name), its score and the layer used, and saves the maps blended over the input "
+            "(--out), the methods side by side (--plot), or prints JSON (--json).", 79),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
-    p.add_argument("--image", metavar="PATH", default=None,
-                   help="an image file (instead of --input); resized to the model's usual input size")
-    p.add_argument("--size", metavar="HxW", default=None,
-                   help="resize --image to this size (default: 32x32 for tiny, 224x224 for torchvision, "
-                        "else the image's own size)")
-    p.add_argument("--normalize", choices=("auto", "imagenet", "none"), default="auto",
-                   help="normalise --image with ImageNet's mean and std (auto: for torchvision models)")
+    p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 79)
+    add_class_arguments(p)
+    add_image_arguments(p)
+    p.add_argument("--normalize", dest="preset", choices=("auto", "imagenet", "none"), default=argparse.SUPPRESS,
+                   help="the older name of --preset")
     p.add_argument("--layer", metavar="L", action="append", default=None,
                    help="layer name or glob; repeat to fuse several (default: the last Conv2d)")
     p.add_argument("--fuse", choices=("mean", "max"), default="mean", help="how several layers are fused")
-    p.add_argument("--method", metavar="M", default="gradcam", help=_METHODS_HELP)
+    p.add_argument("--method", metavar="M[,M...]", default="gradcam", help=_METHODS_HELP)
     p.add_argument("--target", metavar="K", type=int, default=None,
                    help="class index (default: the predicted class of each input)")
     p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
@@ -46,37 +67,48 @@ def add_parser(sub: Any) -> None:
                    help="a 4-D layer's output is B x C x h x w (first) or B x h x w x C (last, Swin stages); "
                         "auto (default): told by the modules around the layer, else an error")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the map in the overlay (default 0.5)")
-    p.add_argument("--out", metavar="PNG", required=True,
-                   help="where to save the overlay; a batch of N saves NAME_0.png ... NAME_{N-1}.png")
+    p.add_argument("--out", metavar="PNG", default=None,
+                   help="save each map over its image here; a batch of N saves NAME_0.png ... NAME_{N-1}.png, "
+                        "several methods NAME_METHOD.png")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="save the input and every method's map side by side, titled with class and score "
+                        "(a batch: NAME_0.png ...)")
+    p.add_argument("--json", action="store_true",
+                   help="print the results as JSON (one object, a list for several methods), nothing else")
 
 
-def _load_image(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
-    """(model input 1 x 3 x H x W, picture 3 x H x W in [0, 1])."""
-    from ..viz.overlay import as_image
+def _methods(text: str) -> list[str]:
+    """``gradcam,layercam`` -> both, each checked before any runs."""
+    from ..analysis.cam import METHODS
 
-    size: tuple[int, ...] | None = None
-    if args.size is not None:
-        size = parse_shape(args.size)
-        if len(size) != 2:
-            raise HookscopeError(f"--size {args.size!r} is not HxW; write it like 224x224")
-    picture = as_image(args.image)
-    if size is None:
-        try:
-            size = tuple(example_input(args.model, None).shape[-2:])
-        except HookscopeError:  # a model whose usual input size we do not know: keep the image's
-            size = tuple(picture.shape[-2:])
-    if tuple(picture.shape[-2:]) != size:
-        picture = torch.nn.functional.interpolate(
-            picture[None], size=size, mode="bilinear", align_corners=False, antialias=True
-        )[0].clamp(0, 1)
-    normalize = args.normalize
-    if normalize == "auto":
-        normalize = "imagenet" if args.model.startswith("torchvision:") else "none"
-    x = picture[None]
-    if normalize == "imagenet":
-        mean = torch.tensor(_IMAGENET_MEAN).view(1, 3, 1, 1)
-        x = (x - mean) / torch.tensor(_IMAGENET_STD).view(1, 3, 1, 1)
-    return x, picture
+    methods = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise HookscopeError(f"--method {text!r} names no method; give one or more of {', '.join(METHODS)}")
+    for m in methods:
+        if m not in METHODS:
+            raise HookscopeError(f"--method {m!r} is not a CAM method; give one or more of {', '.join(METHODS)}, "
+                                 f"comma-separated.{did_you_mean(m, METHODS)}")
+    return list(dict.fromkeys(methods))
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    """Every option's mistake, before the model is built; returns the methods."""
+    if args.image and args.input is not None:
+        raise HookscopeError("give either --image PATH or --input SHAPE, not both")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise HookscopeError(f"--alpha {args.alpha:g} is not a weight; give a number from 0 to 1")
+    if args.tokens is not None and args.tokens < 0:
+        raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
+    if args.tokens is not None and args.layout != "auto":
+        raise HookscopeError("give either --tokens SKIP (a layer of tokens) or --layout (a 4-D layer), not both")
+    if args.out is None and args.plot is None and not args.json:
+        raise HookscopeError("say what to make: --out PNG (the maps over the images), --plot PNG (the methods "
+                             "side by side) or --json")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        folder = Path(path).parent if path is not None else Path(".")
+        if not folder.is_dir():
+            raise HookscopeError(f"{flag} {path}: no such folder {str(folder)!r}; create it first")
+    return _methods(args.method)
 
 
 def _picture(x: torch.Tensor) -> torch.Tensor:
@@ -86,50 +118,136 @@ def _picture(x: torch.Tensor) -> torch.Tensor:
     return (img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)
 
 
-def _paths(out: str, n: int) -> list[Path]:
+def _paths(out: str | None, n: int, tag: str = "") -> list[Path | None]:
+    """Where image i's picture goes: ``out`` itself for one image, else ``NAME_i``; ``tag`` appended."""
+    if out is None:
+        return [None] * n
     path = Path(out)
+    suffix, tag = path.suffix or ".png", f"_{tag}" if tag else ""
     if n == 1:
-        return [path]
-    return [path.with_name(f"{path.stem}_{i}{path.suffix or '.png'}") for i in range(n)]
+        return [path.with_name(f"{path.stem}{tag}{suffix}") if tag else path]
+    return [path.with_name(f"{path.stem}_{i}{tag}{suffix}") for i in range(n)]
+
+
+@dataclass
+class _Inputs:
+    x: torch.Tensor
+    pictures: list[torch.Tensor]
+    files: list[str] | None  # image paths, None for a random input
+
+
+def _inputs(args: argparse.Namespace) -> _Inputs:
+    if args.image:
+        found = load_images(args)
+        return _Inputs(found.x, list(found.pictures), found.paths)
+    x = example_input(args.model, args.input, seed=args.seed)
+    if x.dim() != 4:
+        raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
+    return _Inputs(x, [_picture(x[i]) for i in range(x.shape[0])], None)
+
+
+def _check_names(model: torch.nn.Module, x: torch.Tensor, names: list[str] | None, args: argparse.Namespace) -> None:
+    """Class names must be one per output; run after the CAM, so a bad input already said its one line."""
+    if names is None:
+        return
+    with torch.no_grad():
+        out = model(x[:1])
+    if isinstance(out, torch.Tensor) and out.dim() == 2:
+        check_class_names(names, out.shape[-1], args)
+
+
+def _label(k: int | None, score: float | None, names: list[str] | None) -> str:
+    if k is None or score is None:
+        return "no class scores"
+    name = f" ({names[k]})" if names is not None and 0 <= k < len(names) else ""
+    return f"class {k}{name}, score {score:.4f}"
+
+
+def _row_facts(results: list[CamResult]) -> tuple[list[int | None], list[float | None]]:
+    """Targets and scores per image, from the first method that has them (Eigen-CAM may not)."""
+    n = results[0].maps.shape[0]
+    for r in results:
+        if r.targets is not None and r.scores is not None:
+            return list(r.targets.tolist()), list(r.scores.float().tolist())
+    return [None] * n, [None] * n
+
+
+def _save(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+          args: argparse.Namespace) -> tuple[dict[str, list[Path | None]], list[Path | None]]:
+    """The overlays (per method, per image) and the side-by-side plots (per image) written."""
+    from ..viz.overlay import save_overlay
+
+    n = len(inputs.pictures)
+    overlays = {r.method: _paths(args.out, n, r.method if len(results) > 1 else "") for r in results}
+    for r in results:
+        for i, path in enumerate(overlays[r.method]):
+            if path is not None:
+                save_overlay(inputs.pictures[i], r.maps[i], path, alpha=args.alpha)
+    plots = _paths(args.plot, n)
+    if args.plot is not None:
+        from ..viz.plots import plot_cams, save_figure
+
+        for i, path in enumerate(plots):
+            assert path is not None
+            save_figure(plot_cams(inputs.pictures[i], results, index=i, class_names=names, alpha=args.alpha), path)
+    return overlays, plots
+
+
+def _report(model: torch.nn.Module, results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+            written: tuple[dict[str, list[Path | None]], list[Path | None]], args: argparse.Namespace) -> None:
+    first, (overlays, plots) = results[0], written
+    methods = ", ".join(r.method for r in results)
+    print(f"{type(model).__name__}, input {shape_text(tuple(inputs.x.shape))}, method{'s' if len(results) > 1 else ''} "
+          f"{methods}, layer{'s' if len(first.layers) > 1 else ''} {', '.join(first.layers)}")
+    for name, layout in first.layouts.items():
+        if layout == "BHWC" and args.layout == "auto":
+            print(f"layer {name}: B x h x w x C (channels last), permuted to B x C x h x w")
+    targets, scores = _row_facts(results)
+    for i in range(len(inputs.pictures)):
+        paths = [str(p[i]) for p in (*overlays.values(), plots) if p[i] is not None]
+        file = f" ({Path(inputs.files[i]).name})" if inputs.files is not None else ""
+        print(f"image {i}{file}: {_label(targets[i], scores[i], names)}" + (f" -> {', '.join(paths)}" if paths else ""))
+
+
+def _json(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+          written: tuple[dict[str, list[Path | None]], list[Path | None]], args: argparse.Namespace) -> str:
+    """Each result's own JSON, plus the model, the image files, the class names and the files written."""
+    overlays, plots = written
+    objects = []
+    for r in results:
+        data = json.loads(r.to_json())
+        for row in data["rows"]:
+            i, k = row["image"], row["target"]
+            row["class_name"] = names[k] if names is not None and isinstance(k, int) and 0 <= k < len(names) else None
+            row["file"] = inputs.files[i] if inputs.files is not None else None
+            row["out"] = str(overlays[r.method][i]) if overlays[r.method][i] is not None else None
+            row["plot"] = str(plots[i]) if plots[i] is not None else None
+        data.update(model=args.model, weights=args.weights, input=list(inputs.x.shape), class_names=names)
+        objects.append(data)
+    return json.dumps(objects[0] if len(objects) == 1 else objects, indent=2)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.cam import cam, channels_first, channels_last, tokens_to_grid
-    from ..viz.overlay import save_overlay
+    with model_session(args):  # the CLI may hold one already; if not, warnings are said from here
+        return _run(args)
 
-    if args.image is not None and args.input is not None:
-        raise HookscopeError("give either --image PATH or --input SHAPE, not both")
-    if not 0.0 <= args.alpha <= 1.0:
-        raise HookscopeError(f"--alpha {args.alpha:g} is not a weight; give a number from 0 to 1")
-    if args.tokens is not None and args.tokens < 0:
-        raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
-    if args.tokens is not None and args.layout != "auto":
-        raise HookscopeError("give either --tokens SKIP (a layer of tokens) or --layout (a 4-D layer), not both")
-    folder = Path(args.out).parent
-    if not folder.is_dir():
-        raise HookscopeError(f"--out {args.out}: no such folder {str(folder)!r}; create it first")
-    model = load_model(args.model, seed=args.seed)
-    if args.image is not None:
-        x, first = _load_image(args)
-        pictures = [first]
-    else:
-        x = example_input(args.model, args.input, seed=args.seed)
-        if x.dim() != 4:
-            raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
-        pictures = [_picture(x[i]) for i in range(x.shape[0])]
+
+def _run(args: argparse.Namespace) -> int:
+    from ..analysis.cam import cam, channels_first, channels_last, tokens_to_grid
+
+    methods = _check(args)
+    names = class_names(args)
+    model = load_model(args.model, seed=args.seed, weights=args.weights)
+    inputs = _inputs(args)
     chosen = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}
     reshape = tokens_to_grid(args.tokens) if args.tokens is not None else shapers[args.layout]
-    result = cam(model, x, layers=chosen, method=args.method, target=args.target, fuse=args.fuse, reshape=reshape)
-    print(f"{type(model).__name__}, input {shape_text(tuple(x.shape))}, method {result.method}, "
-          f"layer{'s' if len(result.layers) > 1 else ''} {', '.join(result.layers)}")
-    for name, layout in result.layouts.items():
-        if layout == "BHWC" and args.layout == "auto":
-            print(f"layer {name}: B x h x w x C (channels last), permuted to B x C x h x w")
-    targets = result.targets.tolist() if result.targets is not None else [None] * x.shape[0]
-    scores = result.scores.tolist() if result.scores is not None else None
-    for i, path in enumerate(_paths(args.out, x.shape[0])):
-        save_overlay(pictures[i], result.maps[i], path, alpha=args.alpha)
-        said = f"class {targets[i]}, score {scores[i]:.4f}" if scores is not None else "no class scores"
-        print(f"image {i}: {said} -> {path}")
+    results = [cam(model, inputs.x, layers=chosen, method=m, target=args.target, fuse=args.fuse, reshape=reshape)
+               for m in methods]
+    _check_names(model, inputs.x, names, args)
+    written = _save(results, inputs, names, args)
+    if args.json:
+        print(_json(results, inputs, names, written, args))
+    else:
+        _report(model, results, inputs, names, written, args)
     return 0

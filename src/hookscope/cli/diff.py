@@ -7,10 +7,13 @@ import argparse
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..analysis.diff import ATOL, RTOL, Settings, diff, settings
 from ..errors import HookscopeError
+from ..viz.plots import plot_diff
 from ._load import add_model_arguments, example_input, load_model
+from ._common import add_examples, add_plot_argument, check_plot, save_plot
 
 _AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +44,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--b-compile", action="store_true", help="run B through torch.compile")
     p.add_argument("--only-diverging", action="store_true", help="print only the rows beyond tolerance")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_plot_argument(p, "the error of every output along execution order, the tolerance and the first "
+                         "divergence marked")
+    add_examples(p, ("hookscope diff tiny --b-autocast bfloat16", "where bfloat16 autocast departs from float32"),
+                 ("hookscope diff tiny --b-train --plot diff.png", "train mode against eval mode, drawn"),
+                 ("hookscope diff tiny tiny --b-seed 1 --only-diverging", "two differently seeded models"),
+                 ("hookscope diff a.pt b.pt --input 1x3x224x224 --json", "two saved models, for programs"))
 
 
 def _setting(args: argparse.Namespace, side: str) -> Settings:
@@ -49,12 +58,22 @@ def _setting(args: argparse.Namespace, side: str) -> Settings:
                     autocast=_AUTOCAST[dtype] if dtype else None)
 
 
-def run(args: argparse.Namespace) -> int:
-    model_a = load_model(args.model, args.seed)
+def _models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    """A and B; B is A itself unless another MODEL or --b-seed is given. --weights are A's, and B's
+    when B is the same MODEL."""
+    weights = getattr(args, "weights", None)
+    extra: dict[str, Any] = {} if weights is None else {"weights": weights}
+    model_a = load_model(args.model, args.seed, **extra)
     if args.model_b is None and args.b_seed is None:
-        model_b = model_a
-    else:
-        model_b = load_model(args.model_b or args.model, args.seed if args.b_seed is None else args.b_seed)
+        return model_a, model_a
+    spec_b = args.model_b or args.model
+    seed_b = args.seed if args.b_seed is None else args.b_seed
+    return model_a, load_model(spec_b, seed_b, **(extra if spec_b == args.model else {}))
+
+
+def run(args: argparse.Namespace) -> int:
+    check_plot(args.plot)
+    model_a, model_b = _models(args)
     if args.b_compile:
         if not hasattr(torch, "compile"):
             raise HookscopeError("--b-compile needs torch.compile (PyTorch 2.0 or later)")
@@ -68,5 +87,7 @@ def run(args: argparse.Namespace) -> int:
             "nothing was compared: no selected module returned a tensor or a number in either run; "
             "pick modules that run with --layers (default: every module)"
         )
+    if args.plot:
+        save_plot(args.plot, plot_diff(result), quiet=args.json)
     same = result.first is None and not (result.unmatched.a_only or result.unmatched.b_only)
     return 0 if same else 1

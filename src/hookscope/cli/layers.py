@@ -14,7 +14,8 @@ from typing import Any
 from ..analysis.summary import summary
 from ..core.text import shape_text, table
 from ..selection import layers
-from ._load import add_model_arguments, example_input, load_model
+from ._load import add_model_arguments, example_input
+from ._common import add_examples, model_from
 
 
 def add_parser(sub: Any) -> None:
@@ -23,7 +24,7 @@ def add_parser(sub: Any) -> None:
         help="list the model's layer names (what selectors match), types and output shapes",
         description="Lists every module's qualified name, type and output shape (from one forward pass "
         "on a seeded random input), or only those PATTERN selects (a name, a glob such as "
-        "'layer*.conv1', or 're:REGEX'). Example: hookscope layers torchvision:resnet18 'layer1.*'",
+        "'layer*.conv1', or 're:REGEX').",
     )
     add_model_arguments(p)
     p.add_argument("pattern", nargs="?", default=None, metavar="PATTERN",
@@ -31,6 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-run", action="store_true",
                    help="list names and types without running the model (no output shapes)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
+    add_examples(p, ("hookscope layers torchvision:resnet18 'layer1.*'", "the names a glob selects, with shapes"),
+                 ("hookscope layers tiny 're:.*conv\\d$' --json", "a regular expression, for programs"),
+                 ("hookscope layers model.pt --no-run", "names and types without an input"))
 
 
 def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
@@ -46,7 +50,7 @@ def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model, seed=args.seed)
+    model = model_from(args)
     chosen = layers(model, args.pattern) if args.pattern is not None else layers(model)
     shapes = _shapes(model, args)
     rows = [{"name": n, "type": type(m).__name__, **({} if args.no_run else {"output": shapes.get(n, "not called")})}

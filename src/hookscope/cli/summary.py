@@ -7,7 +7,8 @@ from typing import Any
 
 from ..analysis.summary import summary
 from ..errors import HookscopeError
-from ._load import add_model_arguments, example_input, load_model
+from ._load import add_model_arguments, example_input
+from ._common import add_examples, model_from
 
 
 def add_parser(sub: Any) -> None:
@@ -22,12 +23,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--depth", type=int, default=None, metavar="N",
                    help="show modules down to this depth of the tree (0: the model only; default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
+    add_examples(p, ("hookscope summary torchvision:resnet18 --depth 2", "the tree two levels deep, with totals"),
+                 ("hookscope summary model.py:build --input 1x3x64x64", "your own model (its code runs)"),
+                 ("hookscope summary tiny --json", "every call's numbers, for programs"))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 0:
         raise HookscopeError(f"--depth {args.depth} is negative; pass 0 or more")
-    model = load_model(args.model, seed=args.seed)
+    model = model_from(args)
     x = example_input(args.model, args.input, seed=args.seed)
     result = summary(model, x, depth=args.depth)
     print(result.to_json(indent=2) if args.json else result.table(), end="" if not args.json else "\n")

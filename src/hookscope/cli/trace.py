@@ -6,18 +6,13 @@ import argparse
 import os
 from typing import Any
 
-import torch
-from torch import nn
-
-from .._tree import first_tensor
 from ..analysis.gradflow import gradient_flow
-from ..analysis._recorder import RecorderSession
 from ..analysis.trace import trace
 from ..errors import HookscopeError
-from ._load import add_model_arguments, example_input, load_model
-
-LOSS_HELP = ("--backward differentiates loss = output.float().logsumexp(-1).sum() (the first tensor of "
-             "the output; a 0-d output is used as it is)")
+from ..viz.plots import plot_gradient_flow, plot_trace
+from ._common import (LOSS_HELP, add_examples, add_plot_argument, check_plot, keep_for, model_from, run_model,
+                      save_plot)
+from ._load import add_model_arguments, example_input
 
 
 def add_parser(sub: Any) -> None:
@@ -36,41 +31,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--grad-flow", action="store_true",
                    help="print per-layer gradient norms with vanishing / exploding flags instead (implies --backward)")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format (default table)")
+    p.add_argument("--json", action="store_true", help="print JSON for programs (the same as --format json)")
     p.add_argument("--out", metavar="FILE", default=None, help="write to FILE instead of standard output")
+    add_plot_argument(p, "per-layer std and max |x| of the outputs (and gradients) along execution order; with "
+                         "--grad-flow, the gradient norms with the vanishing and exploding bands")
+    add_examples(p, ("hookscope trace tiny", "every layer's statistics as a table"),
+                 ("hookscope trace torchvision:resnet18 --backward --plot trace.png", "forward and backward, drawn"),
+                 ("hookscope trace tiny --grad-flow --plot flow.png", "gradient norms per layer, flagged"),
+                 ("hookscope trace tiny --layers 'layer1.*' --json > trace.json", "the rows for programs"))
 
 
-def backward_loss(output: Any) -> torch.Tensor:
-    """The scalar the CLI differentiates: ``logsumexp`` over the last dimension, summed."""
-    t = first_tensor(output)
-    if t is None or not (t.is_floating_point() or t.is_complex()):
-        raise HookscopeError("the model's output holds no floating-point tensor, so there is nothing "
-                             "to differentiate; drop --backward")
-    if not t.requires_grad:
-        raise HookscopeError("the model's output does not require grad (frozen parameters?); drop --backward")
-    t = t.float()
-    return t.logsumexp(-1).sum() if t.dim() else t
-
-
-def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool) -> None:
-    """One forward pass (and the backward of :func:`backward_loss`) inside ``session``: an exception
-    the model raises in its forward leaves the block as a one-line ForwardError naming the module."""
-    with session:
-        with torch.set_grad_enabled(backward):
-            out = model(x)
-        if backward:
-            backward_loss(out).backward()
-
-
-def keep_for(*, inputs: bool, backward: bool) -> tuple[str, ...]:
-    """The ``keep=`` of a command: outputs, with inputs and gradients as its flags ask.
-
-    Example:
-        >>> keep_for(inputs=True, backward=True)
-        ('output', 'input', 'grads')
-    """
-    return ("output",) + ("input",) * inputs + ("grads",) * backward
-
-
+# --- shared by the commands: examples in --help, --plot, the model with its weights ----------------
 def _check_out(path: str | None) -> None:
     """Refuse an --out whose folder does not exist before the model runs, not after."""
     folder = os.path.dirname(os.path.abspath(path)) if path else ""
@@ -87,23 +58,37 @@ def write_out(path: str, text: str) -> None:
         raise HookscopeError(f"cannot write --out {path}: {e.strerror or e}") from e
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.grad_flow and args.format == "csv":
+def _format(args: argparse.Namespace) -> str:
+    if args.json and args.format == "csv":
+        raise HookscopeError("give --json or --format csv, not both")
+    fmt = "json" if args.json else str(args.format)
+    if args.grad_flow and fmt == "csv":
         raise HookscopeError("--grad-flow prints a table or JSON; use --format table or --format json")
+    return fmt
+
+
+def run(args: argparse.Namespace) -> int:
+    fmt = _format(args)
     _check_out(args.out)
-    model = load_model(args.model, seed=args.seed)
+    check_plot(args.plot)
+    model = model_from(args)
     x = example_input(args.model, args.input, seed=args.seed)
     backward = args.backward or args.grad_flow
-    t = trace(model, *args.layers, keep=keep_for(inputs=not args.no_inputs, backward=backward))
+    # the parameters' own gradients give the gradient-flow plot its largest |grad| per layer
+    t = trace(model, *args.layers, keep=keep_for(inputs=not args.no_inputs, backward=backward),
+              param_grads=args.grad_flow and args.plot is not None)
     run_model(t, model, x, backward=backward)
-    if args.grad_flow:
-        flow = gradient_flow(model, *args.layers, trace=t)
-        text = flow.to_json(indent=1) if args.format == "json" else flow.table()
+    flow = gradient_flow(model, *args.layers, trace=t) if args.grad_flow else None
+    if flow is not None:
+        text = flow.to_json(indent=1) if fmt == "json" else flow.table()
     else:
-        text = {"table": t.table, "json": lambda: t.to_json(indent=1), "csv": t.to_csv}[args.format]()
+        text = {"table": t.table, "json": lambda: t.to_json(indent=1), "csv": t.to_csv}[fmt]()
     if args.out:
         write_out(args.out, text)
-        print(f"wrote {args.format} to {args.out}")
+        print(f"wrote {fmt} to {args.out}")
     else:
         print(text.rstrip("\n"))
+    if args.plot:
+        figure = plot_trace(t) if flow is None else plot_gradient_flow(flow, trace=t)
+        save_plot(args.plot, figure, quiet=fmt == "json" and not args.out)
     return 0

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from ..analysis.watch import watch
-from ._load import add_model_arguments, example_input, load_model
-from .trace import LOSS_HELP, keep_for, run_model
+from ._load import add_model_arguments, example_input
+from ._common import LOSS_HELP, add_examples, keep_for, model_from, run_model
 
 
 def add_parser(sub: Any) -> None:
@@ -27,13 +27,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--last", type=int, default=5, metavar="N",
                    help="module calls shown before the culprit, with all their records (default 5)")
     p.add_argument("--inputs", action="store_true", help="check each module's inputs too")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON for programs (finite, checked, culprit, rows) instead of the report")
+    add_examples(p, ("hookscope watch tiny --backward", "the first NaN or Inf, forward or backward"),
+                 ("hookscope watch model.py:build --input 8x3x64x64 --inputs", "inputs checked too"),
+                 ("hookscope watch tiny --backward --json", "the culprit and the calls before it, for programs"))
 
 
 def run(args: argparse.Namespace) -> int:
-    model = load_model(args.model, seed=args.seed)
+    model = model_from(args)
     x = example_input(args.model, args.input, seed=args.seed)
     # gradients are checked whenever there are any: the library's default, with --backward or not
     w = watch(model, *args.layers, last=args.last, keep=keep_for(inputs=args.inputs, backward=True))
     run_model(w, model, x, backward=args.backward)
-    print(w.table())
+    print(w.to_json(indent=2) if args.json else w.table())
     return 0 if w.finite else 1

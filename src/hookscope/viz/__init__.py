@@ -1,4 +1,4 @@
-"""Pictures of what hookscope recorded. Takes tensors and records, never registers a hook.
+"""Pictures of what hookscope recorded. Takes tensors and results, never registers a hook itself.
 
 matplotlib and pillow come from the viz extra (``pip install 'hookscope[viz]'``) and are imported
 only when a picture is drawn, so ``import hookscope.viz`` works without them.
@@ -11,5 +11,9 @@ Example:
 """
 
 from .overlay import as_image, overlay, save_overlay
+from .features import comparison_grid, feature_grid, plot_feature_maps, plot_reference_comparison, save_feature_maps
+from .plots import plot_cams, plot_diff, plot_gradient_flow, plot_trace, save_figure
 
-__all__ = ["as_image", "overlay", "save_overlay"]
+__all__ = ["as_image", "overlay", "save_overlay", "plot_cams", "plot_diff", "plot_gradient_flow", "plot_trace",
+           "save_figure", "comparison_grid", "feature_grid", "plot_feature_maps", "plot_reference_comparison",
+           "save_feature_maps"]

@@ -1,0 +1,243 @@
+"""``hookscope features``: a layer's feature maps as a labelled grid PNG, or story 6's comparison of what a
+hook keeping references reads against what the layer produced."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..analysis.features import BY, compare_references, feature_maps
+from ..core.text import shape_text, table
+from ..errors import HookscopeError
+from ..viz.features import REDUCTIONS, SCALES
+from ._images import add_image_arguments, load_images
+from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
+
+if TYPE_CHECKING:
+    from ..analysis.features import FeatureMaps, ReferenceComparison
+
+_PRINTED = 16  # rows printed when every channel is drawn (--json prints them all)
+EXAMPLE = """\
+Examples:
+  hookscope features demo --layer layer1 --image shapes/ --out layer1.png
+  hookscope features torchvision:resnet18 --weights DEFAULT --image cat.jpg --layer layer4 --top 32 --out l4.png
+  hookscope features torchvision:alexnet --layer features.0 --compare-references --out trap.png
+  hookscope features torchvision:vit_b_16 --layer encoder.layers.encoder_layer_11 --tokens 1 --reduce pca \\
+      --out vit.png"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "features",
+        help="draw a layer's feature maps (its output channels) as a labelled grid PNG",
+        description=textwrap.fill(
+            "Runs MODEL on images (--image: files or folders) or a seeded random input (--input), keeps what "
+            "--layer produced (its true output, also where an in-place op rewrites it later), prints each "
+            "channel's statistics and draws the channels as a grid of tiles labelled by channel, one row per "
+            "image, the input beside it (--out; MODEL demo without --image draws one generated shape). "
+            "--compare-references draws what a hook that keeps "
+            "output.detach() reads beside what the layer produced, the channels that differ framed in red.",
+            100),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(p)
+    p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 100)
+    add_image_arguments(p)
+    p.add_argument("--layer", metavar="L", required=True,
+                   help="the layer whose output is drawn: a name from `hookscope layers MODEL`")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--top", metavar="K", type=int, default=None,
+                       help="only the K channels with the largest --by over the images, largest first")
+    which.add_argument("--channels", metavar="LIST", default=None, help="only these channels, e.g. 0,5,9")
+    p.add_argument("--by", choices=BY, default="mean", help="what --top ranks channels by (default mean)")
+    p.add_argument("--scale", choices=SCALES, default="shared",
+                   help="shared (default): one colour scale over every tile, with a colour bar; channel: each "
+                        "tile scaled to its own min and max")
+    p.add_argument("--reduce", choices=REDUCTIONS, default=None,
+                   help="one map instead of a tile per channel: the mean or max over the channels, or pca "
+                        "(the first 3 principal components of the channels as red, green and blue)")
+    p.add_argument("--overlay", metavar="ALPHA", type=float, default=None,
+                   help="blend each tile over the input image with this weight (0: image only, 1: map only)")
+    p.add_argument("--columns", metavar="N", type=int, default=None, help="tiles per row (default: a square grid)")
+    p.add_argument("--colormap", metavar="NAME", default="viridis", help="a matplotlib colormap (default viridis)")
+    p.add_argument("--compare-references", action="store_true",
+                   help="draw what a hook keeping output.detach() reads beside what the layer produced (story 6: "
+                        "an in-place op after the layer rewrites what the reference points to)")
+    p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
+                   help="the layer gives B x tokens x C (a vision transformer): drop the first SKIP tokens "
+                        "(a class token: 1) and lay the rest on a square grid")
+    p.add_argument("--layout", choices=("auto", "first", "last"), default="auto",
+                   help="a 4-D output is B x C x h x w (first) or B x h x w x C (last, Swin stages); auto "
+                        "(default): as it comes, refused where the layer acts on the last dimension")
+    p.add_argument("--out", metavar="PNG", required=True,
+                   help="where to save the picture (--compare-references on a batch of N: NAME_0.png ...)")
+    p.add_argument("--json", action="store_true",
+                   help="print the rows as JSON instead of the table (the picture is still written)")
+
+
+def _channels(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise HookscopeError(f"--channels {text!r} is not a list of channel indices; write it like 0,5,9")
+    return [int(p) for p in parts]
+
+
+def _check(args: argparse.Namespace) -> list[int] | None:
+    """Every option's mistake, before the model is built; returns the channels asked for."""
+    if args.image and args.input is not None:
+        raise HookscopeError("give either --image PATH or --input SHAPE, not both")
+    if args.top is not None and args.top < 1:
+        raise HookscopeError(f"--top {args.top} must be at least 1 channel")
+    if args.columns is not None and args.columns < 1:
+        raise HookscopeError(f"--columns {args.columns} must be at least 1 tile per row")
+    if args.overlay is not None and not 0.0 <= args.overlay <= 1.0:
+        raise HookscopeError(f"--overlay {args.overlay:g} is not a weight; give a number from 0 to 1")
+    if args.tokens is not None and args.tokens < 0:
+        raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
+    if args.tokens is not None and args.layout != "auto":
+        raise HookscopeError("give either --tokens SKIP (a layer of tokens) or --layout (a 4-D layer), not both")
+    if args.compare_references and (args.reduce is not None or args.overlay is not None):
+        raise HookscopeError("--compare-references draws the channels side by side; drop --reduce and --overlay")
+    folder = Path(args.out).parent
+    if not folder.is_dir():
+        raise HookscopeError(f"--out {args.out}: no such folder {str(folder)!r}; create it first")
+    return _channels(args.channels)
+
+
+def _picture(x: torch.Tensor) -> torch.Tensor:
+    """A random input shown as a picture: min-max scaled, grey when it has no 3 channels."""
+    img = x if x.shape[0] == 3 else x.mean(dim=0, keepdim=True)
+    lo, hi = img.min(), img.max()
+    return ((img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)).expand(3, -1, -1)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | None]:
+    """(model input, pictures B x 3 x H x W in [0, 1] or None, image file names or None)."""
+    if args.image:
+        found = load_images(args)
+        return found.x, found.pictures, found.names
+    if args.model == DEMO_SPEC and args.input is None:  # a picture the demo model knows says more than noise
+        from ..synthetic import shapes
+
+        data = shapes(1, seed=args.seed)
+        return data.images, data.images, [f"a generated {data.classes[int(data.labels[0])]} (seed {args.seed})"]
+    x = example_input(args.model, args.input, seed=args.seed)
+    pictures = torch.stack([_picture(x[i]) for i in range(x.shape[0])]) if x.dim() == 4 else None
+    return x, pictures, None
+
+
+def _reshape(args: argparse.Namespace) -> Any:
+    from ..analysis.cam import channels_first, channels_last, tokens_to_grid
+
+    if args.tokens is not None:
+        return tokens_to_grid(args.tokens)
+    return {"auto": None, "first": channels_first, "last": channels_last}[args.layout]
+
+
+def _ranges(channels: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for c in channels:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"
+
+
+def _shown(res: FeatureMaps, args: argparse.Namespace, channels: list[int] | None) -> list[int]:
+    """The channels the picture shows, in its order (top-k: over every image, as the figure ranks them)."""
+    if args.top is not None:
+        return res.top(args.top, by=args.by)
+    return channels if channels is not None else list(range(res.maps.shape[1]))
+
+
+def _print_features(res: FeatureMaps, shown: list[int], model: torch.nn.Module, x: torch.Tensor,
+                    names: list[str] | None, out: Path, args: argparse.Namespace) -> None:
+    b, c, h, w = res.maps.shape
+    how = "" if res.layout == "BCHW" else f" (from {shape_text(res.output_shape)} through --tokens/--layout)"
+    print(f"{type(model).__name__}, input {shape_text(tuple(x.shape))}, layer {res.layer}: {c} channels of "
+          f"{h}x{w}{how}")
+    for i, name in enumerate(names or []):
+        print(f"image {i}: {name}")
+    printed = shown
+    if args.top is None and args.channels is None and len(shown) > _PRINTED:
+        printed = res.top(_PRINTED, by="mean")
+        print(f"the {_PRINTED} channels of largest mean (every channel is drawn; --json prints every row):")
+    rows = res.rows
+    body = [[str(k), f"{rows[k].mean:.4g}", f"{rows[k].min:.4g}", f"{rows[k].max:.4g}", f"{rows[k].std:.4g}",
+             f"{rows[k].zeros:.0%}"] for k in printed]
+    print("\n".join(table(["channel", "mean", "min", "max", "std", "zeros"], body)))
+    what = f"{args.reduce} of {len(shown)} channels" if args.reduce else f"{len(shown)} channel tiles"
+    print(f"{what} -> {out}")
+
+
+def _features(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
+              channels: list[int] | None, args: argparse.Namespace) -> None:
+    from ..viz.features import plot_feature_maps, save_feature_maps
+
+    res = feature_maps(model, x, args.layer, reshape=_reshape(args))
+    shown = _shown(res, args, channels)
+    fig = plot_feature_maps(res, picture=pictures, overlay_alpha=args.overlay, channels=channels, top_k=args.top,
+                            by=args.by, scale=args.scale, reduce=args.reduce, columns=args.columns,
+                            colormap=args.colormap)
+    out = save_feature_maps(fig, args.out)
+    if args.json:
+        data = json.loads(res.to_json())
+        data.update(model=args.model, weights=args.weights, input=list(x.shape), files=names, shown=shown,
+                    out=str(out))
+        print(json.dumps(data, indent=2))
+    else:
+        _print_features(res, shown, model, x, names, out, args)
+
+
+def _paths(out: str, n: int) -> list[Path]:
+    path = Path(out)
+    return [path] if n == 1 else [path.with_name(f"{path.stem}_{i}{path.suffix or '.png'}") for i in range(n)]
+
+
+def _comparison(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
+                channels: list[int] | None, args: argparse.Namespace) -> None:
+    from ..viz.features import plot_reference_comparison, save_feature_maps
+
+    comp = compare_references(model, x, args.layer, reshape=_reshape(args))
+    paths = [save_feature_maps(plot_reference_comparison(
+        comp, image=i, channels=channels, top_k=args.top, by=args.by, scale=args.scale, columns=args.columns,
+        colormap=args.colormap, picture=pictures), path) for i, path in enumerate(_paths(args.out, x.shape[0]))]
+    if args.json:
+        data = json.loads(comp.to_json())
+        data.update(model=args.model, weights=args.weights, input=list(x.shape), files=names,
+                    out=[str(p) for p in paths])
+        print(json.dumps(data, indent=2))
+        return
+    print(f"{type(model).__name__}, input {shape_text(tuple(x.shape))}, layer {comp.layer}: "
+          f"{comp.true.shape[1]} channels of {comp.true.shape[2]}x{comp.true.shape[3]}")
+    print(comp.table().splitlines()[0])
+    if comp.changed:
+        print(f"channels rewritten after the layer ran: {_ranges(comp.changed)}; hookscope.capture kept the true "
+              "values (the right-hand grid)")
+    for i, path in enumerate(paths):
+        print(f"image {i}{f' ({names[i]})' if names else ''} -> {path}")
+
+
+def run(args: argparse.Namespace) -> int:
+    with model_session(args):  # the CLI may hold one already; if not, warnings are said from here
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    channels = _check(args)
+    model = load_model(args.model, seed=args.seed, weights=args.weights)
+    x, pictures, names = _inputs(args)
+    if args.compare_references:
+        _comparison(model, x, pictures, names, channels, args)
+    else:
+        _features(model, x, pictures, names, channels, args)
+    return 0
