@@ -1,8 +1,10 @@
-"""``hookscope demo``: capture a small residual network forward and backward, and show the in-place trap."""
+"""``hookscope demo``: the trained demo model on generated images: its predictions, the in-place trap that
+hooks keeping references fall into, and an HTML report of it all."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import torch
@@ -13,21 +15,35 @@ from ..core.hooks import hook_count
 from ..core.text import shape_text, table
 from ..errors import HookscopeError
 from ..records import Recording
-from ..zoo import TinyResNet
-from ._load import random_input, seed_arg
+from ..synthetic import ShapeSet, shapes
+from ..zoo import DEMO_CLASSES, demo_model
+from ._load import seed_arg
+
+_MOST = 4096  # images the demo draws at once
+EXAMPLE = """Example:
+  hookscope demo                      # 4 images, report in ./hookscope-demo
+  hookscope demo --batch 8 --out /tmp/demo-report
+  hookscope demo 'layer3.*' --no-report --json
+"""
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="capture the bundled model's layers forward and backward and print what was recorded",
-        description="Runs the bundled TinyResNet on a random batch, records every convolution and "
-        "batch norm (outputs and their gradients), and compares with a naive hook that keeps "
-        "references, which in-place ops silently rewrite.",
+        help="run the trained demo model on generated images, show the in-place trap, write an HTML report",
+        description="Runs the bundled DemoNet (trained on hookscope's generated shapes) on a batch of new "
+        "images, records every convolution and batch norm (outputs and their gradients), compares with a "
+        "naive hook that keeps references (which in-place ReLUs silently rewrite), and writes an HTML report "
+        "(feature maps, CAMs with faithfulness scores, trace, gradient flow) whose path it prints.",
+        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("layers", nargs="*", help="layer names or globs (default: every Conv2d and BatchNorm2d)")
-    p.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="random seed (default 0)")
+    p.add_argument("--batch", type=int, default=4, help="how many generated images (default 4)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the generated images (default 0)")
+    p.add_argument("--out", metavar="DIR", default="hookscope-demo",
+                   help="the report's folder (default ./hookscope-demo; an earlier report there is replaced)")
+    p.add_argument("--no-report", action="store_true", help="print the tables only")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON instead of tables")
 
 
 def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,41 +60,74 @@ def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, tor
     return kept
 
 
-def _rows(model: nn.Module, rec: Recording, naive: dict[str, torch.Tensor]) -> list[list[str]]:
-    """One row per layer: its output, the gradient's norm, and whether the naive hook read it back."""
+def _layers(model: nn.Module, rec: Recording, naive: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """Per layer: its output, the gradient's norm, and whether the naive hook read it back."""
     kinds = {name: type(m).__name__ for name, m in model.named_modules()}
-    rows = []
+    found = []
     for name in rec:
         out, grad = rec[name].output, rec[name].grad_output
-        same = torch.equal(naive[name], out)
-        verdict = "same" if same else f"WRONG (min {naive[name].min().item():.3f}, rewritten in place)"
-        gnorm = f"{grad.norm().item():.4f}" if grad is not None else "-"
-        rows.append([name, kinds[name], shape_text(tuple(out.shape)), f"{out.min().item():.3f}",
-                     f"{out.max().item():.3f}", gnorm, verdict])
-    return rows
+        found.append({"layer": name, "type": kinds[name], "shape": list(out.shape), "min": out.min().item(),
+                      "max": out.max().item(), "grad_norm": grad.norm().item() if grad is not None else None,
+                      "naive_same": torch.equal(naive[name], out), "naive_min": naive[name].min().item()})
+    return found
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.batch < 1:
-        raise HookscopeError(f"--batch {args.batch} must be at least 1")
-    model = TinyResNet(seed=args.seed).eval()
-    torch.manual_seed(args.seed)
-    x = random_input((args.batch, 3, 32, 32), f"--batch {args.batch}", fix="give a smaller --batch")
+def _predictions(logits: torch.Tensor, data: ShapeSet) -> list[dict[str, Any]]:
+    probs = logits.detach().softmax(-1)
+    p, k = probs.max(-1)
+    return [{"image": i, "class": DEMO_CLASSES[int(k[i])], "probability": float(p[i]),
+             "truth": DEMO_CLASSES[int(data.labels[i])]} for i in range(len(k))]
+
+
+def _print(found: dict[str, Any], x: torch.Tensor, calls: int, hooks: int) -> None:
+    print(f"DemoNet (trained on generated shapes), {len(found['predictions'])} new images "
+          f"{shape_text(tuple(x.shape))}:")
+    for r in found["predictions"]:
+        print(f"  image {r['image']}: {r['class']} ({r['probability']:.2f}), truth {r['truth']}")
+    print(f"\n{calls} calls recorded, forward and backward\n")
+    body = [[r["layer"], r["type"], shape_text(tuple(r["shape"])), f"{r['min']:.3f}", f"{r['max']:.3f}",
+             "-" if r["grad_norm"] is None else f"{r['grad_norm']:.4f}",
+             "same" if r["naive_same"] else f"WRONG (min {r['naive_min']:.3f}, rewritten in place)"]
+            for r in found["layers"]]
+    head = ["layer", "type", "output shape", "min", "max", "|grad|", "naive hook"]
+    print("\n".join(table(head, body, left={0, 1, 2}, pad_last=False)))
+    wrong = sum(not r["naive_same"] for r in found["layers"])
+    print(f"\n{wrong} of {len(body)} layers read back wrong through a hook that keeps references;")
+    print("hookscope returned what each layer really produced (tensors under 1 MiB are copied at once,")
+    print("larger ones only just before something overwrites them).")
+    print(f"Hooks left on the model: {hooks}.")
+
+
+def _record(model: nn.Module, args: argparse.Namespace, x: torch.Tensor) -> tuple[Recording, torch.Tensor]:
     selectors: list[Any] = list(args.layers) or [(nn.Conv2d, nn.BatchNorm2d)]
-
     with capture(model, *selectors, keep=("output", "grad_output")) as rec:
         logits = model(x)
         logits.logsumexp(dim=1).sum().backward()
-    naive = _naive(model, list(rec), x)
+    model.zero_grad(set_to_none=True)
+    return rec, logits
 
-    body = _rows(model, rec, naive)
-    rewritten = sum(row[-1] != "same" for row in body)
-    print(f"TinyResNet, input {shape_text(tuple(x.shape))}: {len(rec.calls)} calls recorded, "
-          "forward and backward\n")
-    head = ["layer", "type", "output shape", "min", "max", "|grad|", "naive hook"]
-    print("\n".join(table(head, body, left={0, 1, 2}, pad_last=False)))
-    print(f"\n{rewritten} of {len(rec)} layers read back wrong through a hook that keeps references;")
-    print("hookscope returned what each layer really produced (tensors under 1 MiB are copied at once,")
-    print("larger ones only just before something overwrites them).")
-    print(f"Hooks left on the model: {hook_count(model)}.")
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.batch <= _MOST:
+        raise HookscopeError(f"--batch {args.batch} must be at least 1" if args.batch < 1 else
+                             f"--batch {args.batch} is more than the demo draws ({_MOST}); give a smaller --batch")
+    model = demo_model()
+    data = shapes(args.batch, seed=args.seed)
+    rec, logits = _record(model, args, data.images)
+    found: dict[str, Any] = {"predictions": _predictions(logits, data),
+                             "layers": _layers(model, rec, _naive(model, list(rec), data.images))}
+    found["hooks_left"] = hook_count(model)
+    if not args.no_report:
+        from ..report import build_report
+
+        path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
+                            class_names=DEMO_CLASSES, baselines=data.backgrounds, title="hookscope demo: DemoNet on generated shapes",
+                            overwrite=True)
+        found["report"] = str(path / "index.html")
+    if args.json:
+        print(json.dumps(found, indent=1))
+        return 0
+    _print(found, data.images, len(rec.calls), found["hooks_left"])
+    if "report" in found:
+        print(f"\nReport: {found['report']}")
     return 0

@@ -1,0 +1,83 @@
+"""``hookscope report MODEL --out DIR``: a self-contained HTML report of a model on some inputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import torch
+
+from ..errors import HookscopeError
+from ._images import add_image_arguments, load_images
+from ._load import add_class_arguments, add_model_arguments, class_names, example_input, load_model
+
+EXAMPLE = """Example:
+  hookscope report demo --out demo-report
+  hookscope report torchvision:resnet18 --weights DEFAULT --image photos/ --out r18 --methods gradcam,scorecam
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write an HTML report (summary, feature maps, CAMs with faithfulness, trace, NaN/Inf check, "
+             "gradient flow) to a folder",
+        description="Runs MODEL on images (--image), on generated demo images (MODEL demo), or on a seeded "
+        "random input (--input), and writes DIR/index.html with its pictures under DIR/img and every number "
+        "in DIR/report.json. The folder appears only when complete; an existing folder is replaced only "
+        "with --overwrite, and only if it holds a report or nothing.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(p)
+    add_image_arguments(p)
+    add_class_arguments(p)
+    p.epilog = EXAMPLE + "\n" + (p.epilog or "")
+    p.add_argument("--images", metavar="N", type=int, default=4,
+                   help="for MODEL demo without --image: how many generated images (default 4)")
+    p.add_argument("--layers", nargs="+", metavar="L", default=None,
+                   help="layers whose feature maps to draw (default: up to four top-level layers)")
+    p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
+                   help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam)")
+    p.add_argument("--out", metavar="DIR", required=True, help="the folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds an earlier report")
+    p.add_argument("--json", action="store_true", help="print the report's paths as JSON")
+
+
+Inputs = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
+def _inputs(args: argparse.Namespace) -> Inputs:
+    """(inputs, pictures, masks, baselines): images given, generated demo images, or a random input."""
+    if args.image:
+        if args.input is not None:
+            raise HookscopeError("give either --image PATH or --input SHAPE, not both")
+        found = load_images(args)
+        return found.x, found.pictures, None, None
+    if args.model == "demo" and args.input is None:
+        from ..synthetic import shapes
+
+        if args.images < 1:
+            raise HookscopeError(f"--images {args.images} must be at least 1")
+        data = shapes(args.images, seed=args.seed)
+        return data.images, data.images, data.masks, data.backgrounds
+    x = example_input(args.model, args.input, seed=args.seed)
+    return x, None, None, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import build_report
+
+    methods = [] if args.methods.strip() == "none" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
+    x, pictures, masks, baselines = _inputs(args)
+    path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=class_names(args),
+                        baselines=baselines,
+                        layers=args.layers, methods=methods, title=f"hookscope report: {args.model}",
+                        overwrite=args.overwrite, overwrite_flag="--overwrite")
+    index = path / "index.html"
+    if args.json:
+        print(json.dumps({"report": str(path), "index": str(index), "json": str(path / "report.json")}))
+    else:
+        print(f"wrote the report to {index}")
+    return 0

@@ -1,0 +1,84 @@
+"""Report sections about the model as a whole: predictions, summary, trace, the NaN/Inf check, gradient flow."""
+
+from __future__ import annotations
+
+import torch
+
+from ..analysis.gradflow import gradient_flow
+from ..analysis.summary import summary
+from ..analysis.trace import Trace, trace
+from ..analysis.watch import watch
+from ..core.text import num
+from .html import Figure, Section
+from .subject import Subject, loss_of
+
+__all__ = ["debug_sections", "predictions", "summary_section"]
+
+_SHOWN = 8  # images listed one by one; more are summed up
+
+
+def predictions(s: Subject) -> Section:
+    """The model's prediction for each input: class (with its name) and probability."""
+    with torch.no_grad():
+        out = s.model(s.x)
+    logits = out if isinstance(out, torch.Tensor) else None
+    sec = Section("predictions", "Predictions")
+    if logits is None or logits.dim() != 2:
+        sec.paragraphs.append("The model's output is not a B x classes tensor: no predictions shown.")
+        return sec
+    probs = logits.float().softmax(-1)
+    p, k = probs.max(-1)
+    rows = [{"image": i, "class": int(k[i]), "name": s.label(int(k[i])), "prob": float(p[i])}
+            for i in range(len(k))]
+    sec.facts = [(f"image {r['image']}", f"class {r['name']}, probability {r['prob']:.3f}") for r in rows[:_SHOWN]]
+    if len(rows) > _SHOWN:
+        sec.paragraphs.append(f"{len(rows) - _SHOWN} more images in report.json.")
+    sec.data = rows
+    return sec
+
+
+def summary_section(s: Subject) -> Section:
+    """Layers, parameters, multiply-adds and shapes (``hookscope.summary``)."""
+    result = summary(s.model, s.x)
+    data = result.to_dict()
+    sec = Section("summary", "Summary", text=result.table(), text_title="every layer", data=data)
+    totals = data.get("totals", {}) if isinstance(data, dict) else {}
+    sec.facts = [(k.replace("_", " "), num(v) if isinstance(v, (int, float)) else str(v))
+                 for k, v in totals.items() if not isinstance(v, (dict, list))]
+    return sec
+
+
+def _traced(s: Subject) -> Trace:
+    t = trace(s.model, keep=("output", "grads"), param_grads=True)
+    with t:
+        loss_of(s.model(s.x)).backward()
+    return t
+
+
+def debug_sections(s: Subject) -> list[Section]:
+    """Trace (forward and backward statistics), the NaN/Inf check and gradient flow, from two passes."""
+    from ..viz.plots import plot_gradient_flow, plot_trace, save_figure
+
+    t = _traced(s)
+    flow = gradient_flow(s.model, trace=t)
+    s.model.zero_grad(set_to_none=True)  # the NaN/Inf check sees this pass's gradients only
+    w = watch(s.model)
+    with w:
+        loss_of(s.model(s.x)).backward()
+    tr = Section("trace", "Trace", text=t.table(), text_title=f"every row ({len(t.rows)})",
+                 paragraphs=["Per layer standard deviation and largest |x| of outputs (forward) and of "
+                             "their gradients (backward, loss = logsumexp of the logits), in execution order."],
+                 data=t.to_dict())
+    tr.figures.append(Figure(s.relative(save_figure(plot_trace(t), s.image("trace"))), "trace"))
+    ok = w.finite
+    nf = Section("nonfinite", "NaN / Inf check", data=w.to_dict(),
+                 paragraphs=["Every output and gradient was finite."] if ok else [],
+                 text=None if ok else w.table(), text_title="where it first appeared",
+                 warning=None if ok else "Non-finite values found.")
+    gf = Section("gradflow", "Gradient flow", text=flow.table(), text_title="every layer", data=flow.to_dict(),
+                 paragraphs=[f"Vanishing (< {flow.vanish:g}): {', '.join(flow.vanishing) or 'none'}; "
+                             f"exploding (> {flow.explode:g}): {', '.join(flow.exploding) or 'none'}."])
+    drawn = save_figure(plot_gradient_flow(flow, trace=t), s.image("gradflow"))
+    gf.figures.append(Figure(s.relative(drawn), "gradient flow"))
+    return [tr, nf, gf]
+
