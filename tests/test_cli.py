@@ -66,3 +66,13 @@ def test_a_bad_pattern_names_the_closest_layers_and_the_command():
     r = subprocess.run([sys.executable, "-m", "hookscope", "layers", "tiny", "laye1"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "Did you mean 'layer1'" in r.stderr and "hookscope layers MODEL" in r.stderr
+
+
+def test_an_unknown_command_names_the_closest_one(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["repot", "demo"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown command 'repot'. Did you mean 'report'?" in err[0]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from ..errors import HookscopeError
+from ..errors import HookscopeError, did_you_mean
 
 _FOLDER_OUT = ("report", "demo")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
@@ -36,6 +36,10 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        bad = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
+        if bad:  # argparse lists every command; name the one meant (Python < 3.14 does not)
+            hint = did_you_mean(bad.group(1), COMMAND_NAMES) or f" Commands: {', '.join(COMMAND_NAMES)}."
+            message = f"unknown command {bad.group(1)!r}.{hint}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

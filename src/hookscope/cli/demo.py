@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
                             class_names=DEMO_CLASSES, baselines=data.backgrounds, title="hookscope demo: DemoNet on generated shapes",
                             overwrite=True)
-        found["report"] = str(path / "index.html")
+        found["report"] = str((path / "index.html").resolve())
     if args.json:
         print(json.dumps(found, indent=1))
         return 0

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                         baselines=baselines,
                         layers=args.layers, methods=methods, title=f"hookscope report: {args.model}",
                         overwrite=args.overwrite, overwrite_flag="--overwrite")
-    index = path / "index.html"
+    index = (path / "index.html").resolve()
     if args.json:
         print(json.dumps({"report": str(path), "index": str(index), "json": str(path / "report.json")}))
     else:
