@@ -43,9 +43,15 @@ def summary_section(s: Subject) -> Section:
     data = result.to_dict()
     sec = Section("summary", "Summary", text=result.table(), text_title="every layer", data=data)
     totals = data.get("totals", {}) if isinstance(data, dict) else {}
-    sec.facts = [(k.replace("_", " "), num(v) if isinstance(v, (int, float)) else str(v))
-                 for k, v in totals.items() if not isinstance(v, (dict, list))]
+    sec.facts = [(k.replace("_", " "), _figure(v)) for k, v in totals.items() if not isinstance(v, (dict, list))]
     return sec
+
+
+def _figure(v: object) -> str:
+    """A total as people read it: counts with thousands separators, other numbers short."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:,}" if isinstance(v, int) else num(v)
 
 
 def _traced(s: Subject) -> Trace:
