@@ -167,11 +167,11 @@ def test_a_layer_without_spatial_layout_says_which_reshape_helps(layer, reshape,
     assert no_hooks(net)
 
 
-def test_a_4d_output_of_a_last_dimension_module_is_refused_as_channels_last():
-    net = ChannelsLast()
-    with pytest.raises(HookscopeError, match=r"channels last.*hookscope.channels_last.*--layout last"):
-        feature_maps(net, torch.randn(1, 3, 4, 4), "norm")
-    assert feature_maps(net, torch.randn(1, 3, 4, 4), "norm", reshape=hookscope.channels_first).maps.shape[1] == 4
+def test_a_4d_output_of_a_last_dimension_module_is_read_as_channels_last():
+    net, x = ChannelsLast(), torch.randn(1, 3, 4, 4)
+    res = feature_maps(net, x, "norm")  # a LayerNorm over the last dim makes B x h x w x C
+    assert res.layout == "BHWC" and torch.equal(res.maps, net.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+    assert feature_maps(net, x, "norm", reshape=hookscope.channels_first).maps.shape[1] == 4  # the user decides
 
 
 def test_layer_errors_are_one_line_and_leave_no_hook(x):

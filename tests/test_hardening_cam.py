@@ -250,7 +250,7 @@ def test_a_layer_that_reads_both_ways_is_refused_in_one_line_naming_it_and_the_f
         cam(net, x, layers="mix")
     text = one_line(e)
     assert "layer 'mix'" in text and "(2, 4, 4, 4)" in text
-    assert "reshape=hookscope.analysis.cam.channels_last" in text and "channels_first" in text
+    assert "reshape=hookscope.channels_last" in text and "channels_first" in text
     assert hook_count(net) == 0
     res = cam(net, x, layers="mix", reshape=channels_last)  # the fix the line names
     expected, _ = hand_gradcam(net, x, net.mix, last=True)

@@ -30,6 +30,7 @@ from ..core.text import dtype_text, first_line, num, shape_text, table
 from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, named_modules, unwrap
 from ..selection import layers as select
+from ._layout import LayoutProbe
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
 from ._targets import (Target, batch_coupled, call_model, class_targets, is_function, per_sample,
                        read_logits, rows_of, user_scores)
@@ -258,13 +259,7 @@ class _Pass:
         self.kept: dict[str, list[torch.Tensor | None]] = {n: [] for n, _ in keep}
         self.watched: list[tuple[str, torch.Tensor, int]] = []  # (name, output, its version), in finish order
         self.head: tuple[str, nn.Module, Any, Any] | None = None  # the last nn.Linear call
-        # what tells a kept 4-D output's layout (see _layout): the copy handed on, the last module with
-        # a known layout to finish inside the layer, and the modules with a known layout that read it
-        self.handed: dict[str, torch.Tensor] = {}
-        self.running: set[str] = set()
-        self.made: tuple[nn.Module, torch.Tensor] | None = None  # the last 4-D output of a module of known layout
-        self.inner: dict[str, tuple[nn.Module, torch.Size]] = {}
-        self.readers: dict[str, list[nn.Module]] = {n: [] for n, _ in keep}
+        self.probe = LayoutProbe([n for n, _ in keep])  # what tells a kept 4-D output's layout
 
 
 def _keeper(p: _Pass, name: str) -> Any:
@@ -280,7 +275,7 @@ def _keeper(p: _Pass, name: str) -> Any:
         # Keep `a`, hand the model a copy: a later in-place op (ReLU(inplace=True), out += identity)
         # would rewrite the kept values and move `a`'s autograd history past it (pytorch/pytorch#61519).
         copy = a.clone()
-        p.handed[name] = copy
+        p.probe.hand(name, copy)
         return tree_map(lambda u: copy if u is t else u, output)
 
     return hook
@@ -310,7 +305,7 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
         for name, module in keep:
             group.add(module.register_forward_hook(_keeper(p, name)))
         if probe is not None:  # after the keepers, so that they see the copies handed on
-            _add_probes(p, probe, keep, group)
+            p.probe.attach(probe, keep, group)
         for name, module in watch:
             group.add(module.register_forward_hook(_watcher(name, p)))
         for name, module in heads:
@@ -318,121 +313,8 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
         p.output = call_model(model, (x,), kw)  # a failure names where it failed
     finally:
         group.remove()
-        p.made, p.handed = None, {}  # the readers are known now: keep no extra tensor alive
+        p.probe.release()  # the readers are known now: keep no extra tensor alive
     return p
-
-
-# --- channels first or last: what a kept 4-D activation's dimensions mean ----------------------------
-# Types whose 4-D tensors hold channels in dim 1 (they convolve, normalise or pool the last two dims).
-_FIRST_TYPES: tuple[type[nn.Module], ...] = (
-    nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.InstanceNorm2d, nn.GroupNorm,
-    nn.LocalResponseNorm, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Upsample,
-    nn.PixelShuffle, nn.PixelUnshuffle)
-# Exact types normalising the last dimension (subclasses such as ConvNeXt's LayerNorm2d permute first).
-_LAST_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
-# Modules whose output has their input's layout (applied element by element).
-_SAME_LAYOUT: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid,
-    nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Identity, nn.Dropout, nn.AlphaDropout)
-_PERMUTES = {(0, 2, 3, 1): "last", (0, 3, 1, 2): "first"}  # torchvision.ops.Permute(dims): the layout it makes
-_FIX = ("pass reshape=hookscope.analysis.cam.channels_last if it is B x h x w x C, or "
-        "reshape=hookscope.analysis.cam.channels_first if it is B x C x h x w (CLI: --layout last|first)")
-
-
-def _decides(m: nn.Module) -> bool:
-    return isinstance(m, (*_FIRST_TYPES, nn.Linear)) or type(m) in _LAST_NORMS or type(m).__name__ == "Permute"
-
-
-def _layout_of(m: nn.Module, shape: torch.Size, reading: bool) -> str | None:
-    """``"first"`` / ``"last"``: where ``m``'s type puts the channels of the 4-D tensor it makes (or reads)."""
-    if isinstance(m, nn.Linear):
-        return "last" if shape[-1] == (m.in_features if reading else m.out_features) else None
-    if type(m) in _LAST_NORMS:
-        return "last" if tuple(getattr(m, "normalized_shape", ())) == (shape[-1],) else None
-    dims = getattr(m, "dims", None)
-    if type(m).__name__ == "Permute" and isinstance(dims, (list, tuple)) and tuple(dims) in _PERMUTES:
-        made = _PERMUTES[tuple(dims)]
-        return made if not reading else "first" if made == "last" else "last"
-    if isinstance(m, _FIRST_TYPES):
-        attrs = ("in_channels" if reading else "out_channels", "num_features", "num_channels")
-        n = next((v for v in (getattr(m, a, None) for a in attrs) if isinstance(v, int)), None)
-        return "first" if n is None or n == shape[1] else None  # pooling: no channel count
-    return None
-
-
-def _maker(p: _Pass) -> Any:
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor) and output.ndim == 4:
-            p.made = (module, output)
-            for name in p.running:  # the last one to run inside a kept layer
-                p.inner[name] = (module, output.shape)
-
-    return hook
-
-
-def _starter(p: _Pass, name: str, same_layout: bool) -> Any:
-    def hook(module: nn.Module, args: Any) -> None:
-        p.running.add(name)
-        t = args[0] if args else None
-        if same_layout and p.made is not None and t is p.made[1]:  # a ReLU right after a Conv2d
-            p.inner[name] = (p.made[0], p.made[1].shape)
-
-    return hook
-
-
-def _reader(p: _Pass) -> Any:
-    def hook(module: nn.Module, args: Any) -> None:
-        t = args[0] if args else None
-        for name, copy in p.handed.items():
-            if t is copy:
-                p.readers[name].append(module)
-
-    return hook
-
-
-def _add_probes(p: _Pass, model: nn.Module, keep: list[tuple[str, nn.Module]], group: HookGroup) -> None:
-    """Hooks that record what tells each kept layer's layout: modules of known layout inside it and reading it."""
-    for name, module in keep:
-        group.add(module.register_forward_pre_hook(_starter(p, name, isinstance(module, _SAME_LAYOUT))))
-    for m in {id(m): m for m in model.modules() if _decides(m)}.values():
-        group.add(m.register_forward_pre_hook(_reader(p)))
-        group.add(m.register_forward_hook(_maker(p)))
-    for name, module in keep:  # after every other hook on the layer
-        group.add(module.register_forward_hook(lambda m, a, o, n=name: p.running.discard(n)))
-
-
-def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
-    """Is an ``h x w`` grid the input's ``H x W`` seen through one stride (within rounding)?"""
-    return abs(h * size[1] - w * size[0]) <= max(size)
-
-
-def _layout(name: str, shape: torch.Size, p: _Pass, size: tuple[int, int]) -> str:
-    """``"first"`` or ``"last"``: where layer ``name``'s 4-D output keeps its channels; one line if not known.
-
-    Told by the last module of known layout to run inside the layer (if its output has the layer's
-    shape) and by the modules of known layout that read the output; failing both, by which reading
-    gives a grid of the input's aspect ratio.
-    """
-    said: dict[str, str] = {}
-    if name in p.inner and p.inner[name][1] == shape:
-        made = _layout_of(p.inner[name][0], shape, reading=False)
-        if made is not None:
-            said[made] = f"the {type(p.inner[name][0]).__name__} that makes it"
-    for m in p.readers[name]:
-        read = _layout_of(m, shape, reading=True)
-        if read is not None:
-            said.setdefault(read, f"the {type(m).__name__} that reads it")
-    if len(said) == 2:
-        raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels first to "
-                             f"{said['first']} but channels last to {said['last']}; {_FIX}")
-    if said:
-        return next(iter(said))
-    fits = [lay for lay, (h, w) in (("first", shape[2:]), ("last", shape[1:3])) if _fits(h, w, size)]
-    if len(fits) == 1:
-        return fits[0]
-    raise HookscopeError(f"layer {name!r} gives a 4-D activation of shape {tuple(shape)}, and neither the modules "
-                         f"around it nor the input's {size[0]} x {size[1]} tell whether that is B x C x h x w or "
-                         f"B x h x w x C; {_FIX}")
 
 
 def _shapers(acts: dict[str, torch.Tensor], p: _Pass, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
@@ -444,7 +326,7 @@ def _shapers(acts: dict[str, torch.Tensor], p: _Pass, reshape: Callable[[torch.T
     for n, a in acts.items():
         if reshape is not None:
             shapers[n], layouts[n] = reshape, "reshape="
-        elif probed and a.ndim == 4 and _layout(n, a.shape, p, size) == "last":
+        elif probed and a.ndim == 4 and p.probe.layout(n, a.shape, size) == "last":
             shapers[n], layouts[n] = channels_last, "BHWC"
         else:  # a layer found by cam() itself is a Conv2d's output or the map the head pools
             shapers[n], layouts[n] = None, "BCHW"
@@ -506,7 +388,7 @@ def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor], 
          probe: bool) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
     """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls).
 
-    ``probe``: also record what tells the chosen layers' layouts (see :func:`_layout`).
+    ``probe``: also record what tells the chosen layers' layouts (see :class:`._layout.LayoutProbe`).
     """
     heads = _of_type(inner, nn.Linear) if method == "cam" else []
     if chosen is not None:

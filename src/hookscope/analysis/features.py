@@ -26,8 +26,9 @@ from ..core.result import Result, jsonable
 from ..core.state import restored
 from ..core.text import first_line, num, shape_text, table
 from ..errors import HookscopeError
-from ..selection import Selector, check_hookable
+from ..selection import Selector, check_hookable, unwrap
 from ..selection import layers as select
+from ._layout import LayoutProbe
 from ._targets import call_model
 
 __all__ = ["BY", "ComparisonRow", "FeatureMaps", "FeatureRow", "ReferenceComparison", "compare_references",
@@ -37,6 +38,7 @@ BY = ("mean", "max", "sum")  # what top() ranks channels by
 Reshape = Callable[[Any], torch.Tensor]
 _TOKENS = "reshape=hookscope.tokens_to_grid(1) for B x tokens x C with a class token (CLI: --tokens 1)"
 _LAST = "reshape=hookscope.channels_last for B x h x w x C (CLI: --layout last)"
+_LAYOUTS = {"first": "BCHW", "last": "BHWC"}  # how a 4-D output was read, by where its channels are
 
 
 def _summary(t: torch.Tensor) -> dict[str, Any]:
@@ -90,7 +92,8 @@ class FeatureMaps(Result):
         maps: ``B x C x h x w`` float32 on the CPU, detached: what the layer produced (after
             ``reshape=``), not what a later in-place op left of it.
         layer: the layer's qualified name (of the unwrapped model).
-        layout: ``"BCHW"`` (the output as it came) or ``"reshape="`` (your function made it so).
+        layout: ``"BCHW"`` (the output as it came), ``"BHWC"`` (channels last, permuted: told by the
+            modules that make and read it) or ``"reshape="`` (your function made it so).
         output_shape: the shape of the layer's output before ``reshape=``.
     """
 
@@ -150,8 +153,8 @@ class FeatureMaps(Result):
                   0     1    0    2    1    50%
         """
         b, c, h, w = self.maps.shape
-        how = "B x C x h x w as it came" if self.layout == "BCHW" else \
-            f"from {shape_text(self.output_shape)} through reshape="
+        how = {"BCHW": "B x C x h x w as it came", "BHWC": "B x h x w x C, permuted"}.get(
+            self.layout, f"from {shape_text(self.output_shape)} through reshape=")
         head = (f"{self.layer}: {b} image{'s' if b != 1 else ''}, {c} channel{'s' if c != 1 else ''} "
                 f"of {h}x{w} ({how})")
         body = [[str(r.channel), num(r.mean), num(r.min), num(r.max), num(r.std), f"{r.zeros:.0%}"]
@@ -212,7 +215,7 @@ class ReferenceComparison(Result):
         true: ``B x C x h x w``: what the layer produced, as :func:`hookscope.capture` kept it.
         differs: ``C`` booleans: the channels an op rewrote after the layer ran (in any image).
         layer: the layer's qualified name.
-        layout: ``"BCHW"`` or ``"reshape="``, as in :class:`FeatureMaps`.
+        layout: ``"BCHW"``, ``"BHWC"`` or ``"reshape="``, as in :class:`FeatureMaps`.
     """
 
     stored: torch.Tensor
@@ -220,6 +223,18 @@ class ReferenceComparison(Result):
     differs: torch.Tensor
     layer: str
     layout: str = "BCHW"
+
+    @property
+    def differs_by_image(self) -> torch.Tensor:
+        """``B x C`` booleans: the channels an op rewrote, image by image (``differs`` is their ``any``).
+
+        Example:
+            >>> true = torch.tensor([[-1., 2.], [3., 4.]]).view(2, 2, 1, 1)
+            >>> ReferenceComparison(true.relu(), true, torch.tensor([True, False]), "conv").differs_by_image
+            tensor([[ True, False],
+                    [False, False]])
+        """
+        return _unequal(self.stored, self.true).flatten(2).any(2)
 
     @property
     def changed(self) -> list[int]:
@@ -309,19 +324,11 @@ def _only_call(name: str, outputs: list[Any]) -> Any:
     return outputs[0]
 
 
-def _channels_last_hint(name: str, module: nn.Module, t: torch.Tensor) -> None:
-    """A 4-D output of a module acting on the last dimension is most likely ``B x h x w x C``: say so."""
-    last = getattr(module, "out_features", None) if isinstance(module, nn.Linear) else \
-        getattr(module, "normalized_shape", (None,))[-1] if isinstance(module, nn.LayerNorm) else None
-    permuted = type(module).__name__ == "Permute" and tuple(getattr(module, "dims", ())) == (0, 2, 3, 1)
-    if permuted or (last is not None and last == t.shape[-1]):
-        raise HookscopeError(f"layer {name!r} ({type(module).__name__}) gives {shape_text(tuple(t.shape))}, most "
-                             f"likely B x h x w x C (channels last); pass {_LAST}, or "
-                             "reshape=hookscope.channels_first if it is B x C x h x w (CLI: --layout first)")
+def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: str = "first") -> torch.Tensor:
+    """The layer's output as ``B x C x h x w`` float32 on the CPU, or one line saying which reshape= helps.
 
-
-def _as_maps(name: str, module: nn.Module, out: Any, reshape: Reshape | None, batch: int) -> torch.Tensor:
-    """The layer's output as ``B x C x h x w`` float32 on the CPU, or one line saying which reshape= helps."""
+    ``layout``: where a 4-D output keeps its channels (``"last"``: permuted to channels first).
+    """
     found = list(tensors(out))
     t = found[0] if len(found) == 1 else None
     if reshape is not None:
@@ -334,8 +341,8 @@ def _as_maps(name: str, module: nn.Module, out: Any, reshape: Reshape | None, ba
     elif t is None:
         raise HookscopeError(f"layer {name!r} returns {len(found)} tensors, not one; pick the submodule that makes "
                              "the one you want, or pass reshape= a function of the whole output that returns it")
-    elif t.ndim == 4:
-        _channels_last_hint(name, module, t)
+    elif t.ndim == 4 and layout == "last":
+        t = t.permute(0, 3, 1, 2)
     if not isinstance(t, torch.Tensor) or t.ndim != 4 or t.shape[0] != batch or t.shape[2] * t.shape[3] == 0:
         _no_layout(name, t, reshape is not None, batch)
     return t.detach().to("cpu", torch.float32).contiguous()
@@ -373,22 +380,54 @@ def _naive_keeper(store: list[Any]) -> Callable[[nn.Module, Any, Any], None]:
     return hook
 
 
-def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str, Any] | None,
-         naive: bool) -> tuple[str, nn.Module, Any, Any]:
-    """One forward pass in eval mode: (name, module, true output, what a reference-keeping hook holds)."""
+@dataclass
+class _Ran:
+    """What one forward pass left: the layer, its output, what a reference-keeping hook holds, its layout."""
+
+    name: str
+    out: Any
+    kept: Any
+    layout: str
+
+
+def _hander(probe: LayoutProbe, name: str) -> Callable[[nn.Module, Any, Any], None]:
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        t = next(tensors(output), None)
+        if t is not None:
+            probe.hand(name, t)  # what the model goes on with: its readers tell the layout
+
+    return hook
+
+
+def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, reshape: Reshape | None) -> str:
+    found = list(tensors(ran_out))
+    if reshape is not None or len(found) != 1 or found[0].ndim != 4:
+        return "first"
+    shape = found[0].shape
+    size = (int(x.shape[-2]), int(x.shape[-1])) if x.ndim == 4 else (int(shape[2]), int(shape[3]))
+    return probe.layout(name, shape, size)
+
+
+def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str, Any] | None, naive: bool,
+         reshape: Reshape | None) -> _Ran:
+    """One forward pass in eval mode, with the layer's output kept and its layout probed."""
     kw = model_kwargs(kwargs)
     name, module = _one_layer(model, layer)
     stored: list[Any] = []
-    group = HookGroup()
+    probe, group = LayoutProbe([name]), HookGroup()
     try:
         if naive:  # registered first, so it sees the layer's own output, as a hand-written hook does
             group.add(module.register_forward_hook(_naive_keeper(stored)))
         with restored(model, train=False), torch.no_grad(), capture(model, module, copy="always") as rec:
+            group.add(module.register_forward_hook(_hander(probe, name)))  # after capture's: sees what goes on
+            probe.attach(unwrap(model)[0], [(name, module)], group)
             call_model(model, (x,), kw)
     finally:
         group.remove()
+        probe.release()
     true = _only_call(name, [c.output for c in rec[name].calls if c.returned])
-    return name, module, true, _only_call(name, stored) if naive else None
+    kept = _only_call(name, stored) if naive else None
+    return _Ran(name, true, kept, _layout_of(true, name, probe, x, reshape))
 
 
 def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
@@ -400,10 +439,12 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
     maps are what the layer produced even where an in-place op (``ReLU(inplace=True)``) rewrote
     its output afterwards. No hook is left on the model.
 
-    A 4-D output is taken as ``B x C x h x w`` as it comes; one from a module that acts on the last
-    dimension (``Linear``, ``LayerNorm``, torchvision's ``Permute``) is refused as most likely
-    channels last. Other layouts go through ``reshape=``: :func:`hookscope.channels_last` for
-    ``B x h x w x C`` (Swin stages), :func:`hookscope.tokens_to_grid` for ``B x tokens x C`` (ViT).
+    A 4-D output's layout is told, as in :func:`hookscope.cam`, by the modules that make and read it
+    (Conv2d, BatchNorm, pooling: channels first; Linear, LayerNorm, ``Permute``: channels last) or,
+    failing them, by the grid with the input's aspect ratio: ``B x h x w x C`` (Swin stages) is
+    permuted (``layout == "BHWC"``), and a layout nothing decides is refused in one line. Other
+    layouts go through ``reshape=``: :func:`hookscope.channels_last` / ``channels_first`` to say
+    it yourself, :func:`hookscope.tokens_to_grid` for ``B x tokens x C`` (ViT).
     A layer with no spatial layout (a ``Linear``'s ``B x C``) is refused in one line.
 
     Args:
@@ -430,11 +471,11 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
         (torch.Size([2, 16, 32, 32]), 'layer1', 16)
     """
     batch = _check_inputs(x)
-    name, module, out, _ = _run(model, x, layer, kwargs, naive=False)
-    maps = _as_maps(name, module, out, reshape, batch)
-    first = next(tensors(out), None)
+    ran = _run(model, x, layer, kwargs, False, reshape)
+    maps = _as_maps(ran.name, ran.out, reshape, batch, ran.layout)
+    first = next(tensors(ran.out), None)
     shape = tuple(first.shape) if first is not None else tuple(maps.shape)
-    return FeatureMaps(maps, name, "BCHW" if reshape is None else "reshape=", shape)
+    return FeatureMaps(maps, ran.name, _LAYOUTS[ran.layout] if reshape is None else "reshape=", shape)
 
 
 def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
@@ -461,8 +502,9 @@ def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, re
         (True, False, [0, 1, 2, 3])
     """
     batch = _check_inputs(x)
-    name, module, out, kept = _run(model, x, layer, kwargs, naive=True)
-    true = _as_maps(name, module, out, reshape, batch)
-    stored = _as_maps(name, module, kept, reshape, batch).clone()  # our own memory, not the model's
+    ran = _run(model, x, layer, kwargs, True, reshape)
+    name = ran.name
+    true = _as_maps(name, ran.out, reshape, batch, ran.layout)
+    stored = _as_maps(name, ran.kept, reshape, batch, ran.layout).clone()  # our own memory, not the model's
     differs = _unequal(stored, true).transpose(0, 1).flatten(1).any(1)
-    return ReferenceComparison(stored, true, differs, name, "BCHW" if reshape is None else "reshape=")
+    return ReferenceComparison(stored, true, differs, name, _LAYOUTS[ran.layout] if reshape is None else "reshape=")

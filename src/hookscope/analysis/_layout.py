@@ -1,0 +1,164 @@
+"""Channels first or last: what a 4-D activation's dimensions mean, told by the modules around it.
+
+Shared by the analyses that read a layer's output as a picture (CAM, feature maps). A
+:class:`LayoutProbe` hooks, for one forward pass, the modules whose type fixes a layout (Conv2d,
+BatchNorm, pooling put channels in dim 1; Linear, LayerNorm and torchvision's ``Permute`` in the
+last dim); :meth:`LayoutProbe.layout` then answers from the last such module to run inside the layer
+and from those that read its output, and, failing both, from which reading gives a grid of the
+input's aspect ratio. It never guesses: a conflict or no evidence is a one-line error naming the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.hooks import HookGroup
+from ..errors import HookscopeError
+
+__all__ = ["FIX", "LayoutProbe", "fits"]
+
+# Types whose 4-D tensors hold channels in dim 1 (they convolve, normalise or pool the last two dims).
+_FIRST_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.SyncBatchNorm, nn.InstanceNorm2d, nn.GroupNorm,
+    nn.LocalResponseNorm, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Upsample,
+    nn.PixelShuffle, nn.PixelUnshuffle)
+# Exact types normalising the last dimension (subclasses such as ConvNeXt's LayerNorm2d permute first).
+_LAST_NORMS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.RMSNorm)
+# Modules whose output has their input's layout (applied element by element).
+_SAME_LAYOUT: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid,
+    nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Identity, nn.Dropout, nn.AlphaDropout)
+_PERMUTES = {(0, 2, 3, 1): "last", (0, 3, 1, 2): "first"}  # torchvision.ops.Permute(dims): the layout it makes
+FIX = ("pass reshape=hookscope.channels_last if it is B x h x w x C, or reshape=hookscope.channels_first if "
+       "it is B x C x h x w (CLI: --layout last|first)")
+
+
+def _decides(m: nn.Module) -> bool:
+    return isinstance(m, (*_FIRST_TYPES, nn.Linear)) or type(m) in _LAST_NORMS or type(m).__name__ == "Permute"
+
+
+def _layout_of(m: nn.Module, shape: torch.Size, reading: bool) -> str | None:
+    """``"first"`` / ``"last"``: where ``m``'s type puts the channels of the 4-D tensor it makes (or reads)."""
+    if isinstance(m, nn.Linear):
+        return "last" if shape[-1] == (m.in_features if reading else m.out_features) else None
+    if type(m) in _LAST_NORMS:
+        return "last" if tuple(getattr(m, "normalized_shape", ())) == (shape[-1],) else None
+    dims = getattr(m, "dims", None)
+    if type(m).__name__ == "Permute" and isinstance(dims, (list, tuple)) and tuple(dims) in _PERMUTES:
+        made = _PERMUTES[tuple(dims)]
+        return made if not reading else "first" if made == "last" else "last"
+    if isinstance(m, _FIRST_TYPES):
+        attrs = ("in_channels" if reading else "out_channels", "num_features", "num_channels")
+        n = next((v for v in (getattr(m, a, None) for a in attrs) if isinstance(v, int)), None)
+        return "first" if n is None or n == shape[1] else None  # pooling: no channel count
+    return None
+
+
+def fits(h: int, w: int, size: tuple[int, int]) -> bool:
+    """Is an ``h x w`` grid the input's ``H x W`` seen through one stride (within rounding)?
+
+    Example:
+        >>> fits(7, 7, (224, 224)), fits(7, 768, (224, 224))
+        (True, False)
+    """
+    return abs(h * size[1] - w * size[0]) <= max(size)
+
+
+class LayoutProbe:
+    """Hooks that record, during one forward pass, what tells each kept layer's 4-D layout.
+
+    Call :meth:`hand` from the layer's own forward hook with the tensor the model goes on with (so
+    the modules that read it are recognised), :meth:`attach` after registering that hook, and
+    :meth:`layout` once the pass is over.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+        >>> probe, group = LayoutProbe(["1"]), HookGroup()
+        >>> probe.attach(net, [("1", net[1])], group)
+        >>> _ = net(torch.zeros(1, 3, 8, 8)); group.remove()
+        >>> probe.layout("1", torch.Size([1, 4, 6, 6]), (8, 8))
+        'first'
+    """
+
+    def __init__(self, names: list[str]) -> None:
+        self.handed: dict[str, torch.Tensor] = {}
+        self.running: set[str] = set()
+        self.made: tuple[nn.Module, torch.Tensor] | None = None  # the last 4-D output of a module of known layout
+        self.inner: dict[str, tuple[nn.Module, torch.Size]] = {}
+        self.readers: dict[str, list[nn.Module]] = {n: [] for n in names}
+
+    def hand(self, name: str, tensor: torch.Tensor) -> None:
+        """Layer ``name`` handed ``tensor`` on to the rest of the model."""
+        self.handed[name] = tensor
+
+    def release(self) -> None:
+        """Keep no tensor alive once the pass is over (the readers and makers are known then)."""
+        self.made, self.handed = None, {}
+
+    def _maker(self) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.ndim == 4:
+                self.made = (module, output)
+                for name in self.running:  # the last one to run inside a kept layer
+                    self.inner[name] = (module, output.shape)
+
+        return hook
+
+    def _starter(self, name: str, same_layout: bool) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.running.add(name)
+            t = args[0] if args else None
+            if same_layout and self.made is not None and t is self.made[1]:  # a ReLU right after a Conv2d
+                self.inner[name] = (self.made[0], self.made[1].shape)
+
+        return hook
+
+    def _reader(self) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            t = args[0] if args else None
+            for name, copy in self.handed.items():
+                if t is copy:
+                    self.readers[name].append(module)
+
+        return hook
+
+    def attach(self, model: nn.Module, keep: list[tuple[str, nn.Module]], group: HookGroup) -> None:
+        """Hook ``model``'s modules of known layout and the kept layers; the handles go into ``group``."""
+        for name, module in keep:
+            group.add(module.register_forward_pre_hook(self._starter(name, isinstance(module, _SAME_LAYOUT))))
+        for m in {id(m): m for m in model.modules() if _decides(m)}.values():
+            group.add(m.register_forward_pre_hook(self._reader()))
+            group.add(m.register_forward_hook(self._maker()))
+        for name, module in keep:  # after every other hook on the layer
+            group.add(module.register_forward_hook(lambda m, a, o, n=name: self.running.discard(n)))
+
+    def layout(self, name: str, shape: torch.Size, size: tuple[int, int]) -> str:
+        """``"first"`` or ``"last"``: where layer ``name``'s 4-D output keeps its channels; one line if not known.
+
+        Told by the last module of known layout to run inside the layer (if its output has the layer's
+        shape) and by the modules of known layout that read the output; failing both, by which reading
+        gives a grid of the input's aspect ratio (``size``).
+        """
+        said: dict[str, str] = {}
+        if name in self.inner and self.inner[name][1] == shape:
+            made = _layout_of(self.inner[name][0], shape, reading=False)
+            if made is not None:
+                said[made] = f"the {type(self.inner[name][0]).__name__} that makes it"
+        for m in self.readers.get(name, []):
+            read = _layout_of(m, shape, reading=True)
+            if read is not None:
+                said.setdefault(read, f"the {type(m).__name__} that reads it")
+        if len(said) == 2:
+            raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels first to "
+                                 f"{said['first']} but channels last to {said['last']}; {FIX}")
+        if said:
+            return next(iter(said))
+        grids = [lay for lay, (h, w) in (("first", shape[2:]), ("last", shape[1:3])) if fits(h, w, size)]
+        if len(grids) == 1:
+            return grids[0]
+        raise HookscopeError(f"layer {name!r} gives a 4-D activation of shape {tuple(shape)}, and neither the "
+                             f"modules around it nor the input's {size[0]} x {size[1]} tell whether that is "
+                             f"B x C x h x w or B x h x w x C; {FIX}")
