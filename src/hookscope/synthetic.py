@@ -77,8 +77,10 @@ def shapes(n: int, *, seed: int = 0, size: int = 64) -> ShapeSet:
 
     Args:
         n: how many images (0 is allowed).
-        seed: the seed of the CPU generator that draws everything: the same seed gives the same
-            images on every machine.
+        seed: the seed of the CPU generator that draws everything: the same ``n`` and seed give
+            the same images on every machine. The whole batch is drawn at once, so image ``i``
+            depends on ``n`` too: ``shapes(4, seed=0)`` are not the first four of
+            ``shapes(400, seed=0)`` (slice one large set when you need that).
         size: the side ``S`` of the square images, at least 16.
 
     Returns:

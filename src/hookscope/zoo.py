@@ -48,22 +48,24 @@ class TinyResNet(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 16, seed: int | None = 0) -> None:
         super().__init__()
-        if seed is not None:
-            torch.manual_seed(seed)
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
-        )
-        self.layer1 = nn.Sequential(Block(width), Block(width))
-        self.down = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
-        self.layer2 = nn.Sequential(Block(2 * width))
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(2 * width, num_classes)
-        for m in self.modules():  # as if trained a little: batch norms that do something
-            if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None and m.running_var is not None:
-                nn.init.uniform_(m.weight, 0.5, 1.5)
-                nn.init.normal_(m.bias, 0.0, 0.2)
-                m.running_mean.normal_(0.0, 0.2)
-                m.running_var.uniform_(0.5, 2.0)
+        # a seed must not reset the caller's global generator: draw the weights from a forked one
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+            )
+            self.layer1 = nn.Sequential(Block(width), Block(width))
+            self.down = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1)
+            self.layer2 = nn.Sequential(Block(2 * width))
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(2 * width, num_classes)
+            for m in self.modules():  # as if trained a little: batch norms that do something
+                if isinstance(m, nn.BatchNorm2d) and m.running_mean is not None and m.running_var is not None:
+                    nn.init.uniform_(m.weight, 0.5, 1.5)
+                    nn.init.normal_(m.bias, 0.0, 0.2)
+                    m.running_mean.normal_(0.0, 0.2)
+                    m.running_var.uniform_(0.5, 2.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layer2(self.down(self.layer1(self.stem(x))))
