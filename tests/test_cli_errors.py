@@ -64,7 +64,7 @@ def test_an_unwritable_out_file_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "prefix", "message"), [
     (["trace", "tiny", "--seed", "x"], "hookscope trace: error: ", "argument --seed: invalid int value: 'x'"),
     (["watch"], "hookscope watch: error: ", "the following arguments are required: MODEL"),
-    (["nosuchcommand"], "hookscope: error: ", "invalid choice: 'nosuchcommand'"),
+    (["nosuchcommand"], "hookscope: error: ", "unknown command 'nosuchcommand'. Commands: demo, report"),
 ])
 def test_argument_errors_are_one_line_with_a_hint_and_exit_2(capsys, argv, prefix, message):
     with pytest.raises(SystemExit) as exit_:

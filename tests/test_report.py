@@ -86,8 +86,7 @@ def test_text_from_the_model_is_escaped(tmp_path: Path) -> None:
 
 def test_an_existing_folder_is_refused_unless_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "r"
-    out.mkdir()
-    (out / "report.json").write_text("{}")
+    build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), out, methods=[])
     with pytest.raises(HookscopeError, match="exists; give overwrite=True"):
         build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), out, methods=[])
     build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), out, methods=[], overwrite=True)
@@ -218,3 +217,65 @@ def test_demo_builds_its_report_and_prints_the_path(tmp_path: Path, capsys: pyte
     assert main(["demo", "--batch", "2", "--out", str(out), "--json"]) == 0  # its own report is replaced
     doc = json.loads(capsys.readouterr().out)
     assert doc["hooks_left"] == 0 and len(doc["predictions"]) == 2 and doc["report"].endswith("index.html")
+
+
+@pytest.mark.parametrize("planted", [{"name": "report.json", "text": "{}"},
+                                     {"name": "report.json", "text": '{"hookscope_report": 1}', "extra": True}])
+def test_a_folder_is_a_report_only_if_it_holds_nothing_else(tmp_path: Path, planted: dict,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "proj"
+    out.mkdir()
+    (out / planted["name"]).write_text(planted["text"])
+    if planted.get("extra"):
+        (out / "index.html").write_text("mine")
+        (out / "notes").mkdir()
+    (out / "thesis.tex").write_text("precious")
+    assert main(["demo", "--batch", "1", "--out", str(out)]) == 2
+    assert "not a hookscope report, so it is not replaced" in capsys.readouterr().err
+    assert main(["report", "demo", "--images", "1", "--methods", "none", "--out", str(out), "--overwrite"]) == 2
+    assert (out / "thesis.tex").read_text() == "precious" and sorted(p.name for p in tmp_path.iterdir()) == ["proj"]
+
+
+def test_the_current_folder_is_never_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "results.csv").write_text("data")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "demo", "--images", "1", "--methods", "none", "--out", ".", "--overwrite"]) == 2
+    assert main(["demo", "--batch", "1", "--out", str(tmp_path.parent)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("is the current folder or holds it" in line for line in err)
+    assert (tmp_path / "results.csv").read_text() == "data"
+
+
+def test_a_killed_runs_hidden_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".r.partial-{dead.stdout.strip()}-abc123"
+    live = tmp_path / f".r.partial-{os.getpid()}-xyz789"  # a writer still running: left alone
+    for p in (stale, live):
+        (p / "img").mkdir(parents=True)
+    build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), tmp_path / "r", methods=[])
+    assert not stale.exists() and live.exists() and (tmp_path / "r" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "bogus"], "--methods: unknown method 'bogus'; choose from"),
+    (["--methods", ","], "--methods ',' names no method"),
+    (["--images", "100000"], "--images 100000 must be from 1 to 512"),
+    (["--layers", "layer9"], "selector 'layer9' matches no module of DemoNet"),
+    (["--classes", "CLASSES"], "gives 8 class names but the model has 6 outputs"),
+])
+def test_report_mistakes_are_one_line_before_any_work(tmp_path: Path, argv: list[str], message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(f"c{i}" for i in range(8)))
+    argv = [str(names) if a == "CLASSES" else a for a in argv]
+    assert main(["report", "demo", "--out", str(tmp_path / "r"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["names.txt"]
+
+
+def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layers", "tiny", "nosuch", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.strip().splitlines()[-1].startswith("hookscope layers: error:")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from ..errors import HookscopeError, did_you_mean
+from ..errors import HookscopeError
 
 _FOLDER_OUT = ("report", "demo")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
@@ -38,7 +40,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         bad = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
         if bad:  # argparse lists every command; name the one meant (Python < 3.14 does not)
-            hint = did_you_mean(bad.group(1), COMMAND_NAMES) or f" Commands: {', '.join(COMMAND_NAMES)}."
+            near = difflib.get_close_matches(bad.group(1), COMMAND_NAMES, n=1, cutoff=0.7)
+            hint = f" Did you mean {near[0]!r}?" if near else f" Commands: {', '.join(COMMAND_NAMES)}."
             message = f"unknown command {bad.group(1)!r}.{hint}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -72,11 +75,14 @@ def _check_out(args: argparse.Namespace) -> None:
                              f"{os.path.join(out, 'out.png' if args.command in ('cam', 'features') else 'out.txt')}")
 
 
-def _run(module: ModuleType, args: argparse.Namespace) -> int:
-    """Run one command; every user mistake becomes one line on stderr and exit status 2."""
+def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> int:
+    """Run one command; every user mistake becomes one line on stderr and exit status 2 (``--debug``:
+    the traceback first)."""
     from ._load import model_session
 
     def fail(message: str) -> int:
+        if debug:
+            traceback.print_exc()
         print(f"hookscope {args.command}: error: {_one_line(message)}", file=sys.stderr)
         return 2
 
@@ -111,15 +117,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog=SECURITY_NOTE,
     )
     parser.add_argument("--version", action="version", version=f"hookscope {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback with an error (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = _commands()
     for module in commands.values():
         module.add_parser(sub)
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in given  # anywhere: `hookscope --debug trace ...` or `hookscope trace ... --debug`
+    args = parser.parse_args([a for a in given if a != "--debug"])
     if args.command is None:
         parser.print_help()
         return 2
-    return _run(commands[args.command], args)
+    return _run(commands[args.command], args, debug)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from ..synthetic import ShapeSet, shapes
 from ..zoo import DEMO_CLASSES, demo_model
 from ._load import seed_arg
 
-_MOST = 4096  # images the demo draws at once
+_MOST = 512  # images the demo draws at once: every conv and batch norm output and gradient is kept
 EXAMPLE = """Example:
   hookscope demo                      # 4 images, report in ./hookscope-demo
   hookscope demo --batch 8 --out /tmp/demo-report
@@ -111,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.batch <= _MOST:
         raise HookscopeError(f"--batch {args.batch} must be at least 1" if args.batch < 1 else
                              f"--batch {args.batch} is more than the demo draws ({_MOST}); give a smaller --batch")
+    if not args.no_report:  # a folder that cannot be written fails now, not after the model ran
+        from ..report import check_target
+
+        check_target(Path(args.out).absolute(), overwrite=True, flag="--out ANOTHER_FOLDER")
     model = demo_model()
     data = shapes(args.batch, seed=args.seed)
     rec, logits = _record(model, args, data.images)

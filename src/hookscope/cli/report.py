@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import HookscopeError
 from ._images import add_image_arguments, load_images
-from ._load import add_class_arguments, add_model_arguments, class_names, example_input, load_model
+from ._load import (add_class_arguments, add_model_arguments, check_class_names, class_names, example_input,
+                    load_model)
 
+_MOST = 512  # generated images at once: every layer's output and gradient of each is kept for a while
 EXAMPLE = """Example:
   hookscope report demo --out demo-report
   hookscope report torchvision:resnet18 --weights DEFAULT --image photos/ --out r18 --methods gradcam,scorecam
@@ -34,7 +37,7 @@ def add_parser(sub: Any) -> None:
     add_class_arguments(p)
     p.epilog = EXAMPLE + "\n" + (p.epilog or "")
     p.add_argument("--images", metavar="N", type=int, default=4,
-                   help="for MODEL demo without --image: how many generated images (default 4)")
+                   help=f"for MODEL demo without --image: how many generated images (default 4, at most {_MOST})")
     p.add_argument("--layers", nargs="+", metavar="L", default=None,
                    help="layers whose feature maps to draw (default: up to four top-level layers)")
     p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
@@ -57,25 +60,52 @@ def _inputs(args: argparse.Namespace) -> Inputs:
     if args.model == "demo" and args.input is None:
         from ..synthetic import shapes
 
-        if args.images < 1:
-            raise HookscopeError(f"--images {args.images} must be at least 1")
         data = shapes(args.images, seed=args.seed)
         return data.images, data.images, data.masks, data.backgrounds
     x = example_input(args.model, args.input, seed=args.seed)
     return x, None, None, None
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..report import build_report
+def _methods(text: str) -> list[str]:
+    from ..analysis.cam import METHODS
 
-    methods = [] if args.methods.strip() == "none" else [m.strip() for m in args.methods.split(",") if m.strip()]
+    if text.strip() == "none":
+        return []
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise HookscopeError(f"--methods {text!r} names no method; give some, such as gradcam,layercam, or none")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise HookscopeError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}, or none")
+    return methods
+
+
+def _names(args: argparse.Namespace, model: torch.nn.Module, x: torch.Tensor) -> list[str] | None:
+    """The class names, checked against the model's outputs (one forward of the first input)."""
+    names = class_names(args)
+    if names is not None:
+        with torch.no_grad():
+            out = model(x[:1])
+        if isinstance(out, torch.Tensor) and out.dim() == 2:
+            check_class_names(names, out.shape[-1], args)
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import build_report, check_target
+
+    methods = _methods(args.methods)
+    if not 1 <= args.images <= _MOST:
+        raise HookscopeError(f"--images {args.images} must be from 1 to {_MOST}")
+    check_target(Path(args.out).absolute(), overwrite=args.overwrite, flag="--overwrite")
     model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
     x, pictures, masks, baselines = _inputs(args)
-    path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=class_names(args),
+    path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=_names(args, model, x),
                         baselines=baselines,
                         layers=args.layers, methods=methods, title=f"hookscope report: {args.model}",
                         overwrite=args.overwrite, overwrite_flag="--overwrite")
-    index = (path / "index.html").resolve()
+    path = path.resolve()
+    index = path / "index.html"
     if args.json:
         print(json.dumps({"report": str(path), "index": str(index), "json": str(path / "report.json")}))
     else:

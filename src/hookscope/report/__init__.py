@@ -6,6 +6,6 @@ Needs the ``viz`` extra (matplotlib, Pillow).
 """
 
 from .build import build_report
-from .folder import staged_folder
+from .folder import check_target, staged_folder
 
-__all__ = ["build_report", "staged_folder"]
+__all__ = ["build_report", "check_target", "staged_folder"]

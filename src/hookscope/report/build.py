@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..analysis.cam import METHODS
 from ..core.result import jsonable
 from ..core.state import restored
 from ..core.text import shape_text
 from ..errors import HookscopeError
+from ..selection import layers as select
 from .checks import debug_sections, predictions, summary_section
 from .folder import MARKER, staged_folder
 from .html import Section, page
@@ -41,6 +43,15 @@ def _check(x: torch.Tensor, pictures: torch.Tensor | None, masks: torch.Tensor |
                              f"{shape_text(tuple(x.shape))}; give one B x 3 x H x W picture per input")
     if masks is not None and (masks.dim() != 3 or masks.shape[0] != x.shape[0]):
         raise HookscopeError(f"masks {shape_text(tuple(masks.shape))} are not one H x W mask per input")
+
+
+def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequence[str]) -> None:
+    """Unknown methods and layers fail before any work, not after the first sections."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise HookscopeError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    for name in layers or []:
+        select(model, name)  # a name that matches nothing says so, with the closest names
 
 
 def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str]) -> list[Section]:
@@ -102,6 +113,7 @@ def build_report(
         >>> shutil.rmtree(root)
     """
     _check(inputs, pictures, masks)
+    _check_choices(model, layers, methods)
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
     with staged_folder(out, overwrite=overwrite, flag=overwrite_flag) as folder:

@@ -9,6 +9,7 @@ from ..analysis.summary import summary
 from ..analysis.trace import Trace, trace
 from ..analysis.watch import watch
 from ..core.text import num
+from ..errors import HookscopeError
 from .html import Figure, Section
 from .subject import Subject, loss_of
 
@@ -26,11 +27,16 @@ def predictions(s: Subject) -> Section:
     if logits is None or logits.dim() != 2:
         sec.paragraphs.append("The model's output is not a B x classes tensor: no predictions shown.")
         return sec
-    probs = logits.float().softmax(-1)
-    p, k = probs.max(-1)
-    rows = [{"image": i, "class": int(k[i]), "name": s.label(int(k[i])), "prob": float(p[i])}
-            for i in range(len(k))]
-    sec.facts = [(f"image {r['image']}", f"class {r['name']}, probability {r['prob']:.3f}") for r in rows[:_SHOWN]]
+    p, k = logits.float().softmax(-1).max(-1)
+    names = s.class_names
+    if names is not None and len(names) != logits.shape[1]:
+        raise HookscopeError(f"class_names has {len(names)} names but the model has {logits.shape[1]} outputs; "
+                             "give one name per output, in class order")
+    classes, probs = k.tolist(), p.tolist()
+    rows = [{"image": i, "class": c, "name": names[c] if names is not None else None, "prob": probs[i]}
+            for i, c in enumerate(classes)]
+    sec.facts = [(f"image {i}", f"class {s.label(c)}, probability {probs[i]:.3f}")
+                 for i, c in enumerate(classes[:_SHOWN])]
     if len(rows) > _SHOWN:
         sec.paragraphs.append(f"{len(rows) - _SHOWN} more images in report.json.")
     sec.data = rows

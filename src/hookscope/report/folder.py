@@ -1,13 +1,17 @@
 """Write a folder all at once: built under a hidden temporary name beside it, then renamed into place.
 
 A crash (even SIGKILL) while the folder is built leaves the old folder, or none, never half a new one:
-the rename is the one step that makes it visible. Only an empty folder or one this module wrote
-(it holds the marker file) is ever replaced, and only when the caller says so.
+the rename is the one step that makes it visible; the hidden folder a killed run leaves is removed
+by the next run (its name holds the writer's process id). Only an empty folder or a report this
+module wrote (nothing but ``index.html``, ``img/*.png`` and a ``report.json`` that says it is one) is
+ever replaced, and only when the caller says so; never the current folder or one that holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
 import shutil
 import tempfile
@@ -17,24 +21,71 @@ from pathlib import Path
 
 from ..errors import HookscopeError
 
-__all__ = ["MARKER", "staged_folder"]
+__all__ = ["MARKER", "check_target", "staged_folder"]
 
 MARKER = "report.json"
 
 
-def _check_target(out: Path, *, overwrite: bool, flag: str) -> None:
-    """Refuse, before any work, a target that exists (without ``overwrite``) or that is not ours."""
+def _is_report(folder: Path) -> bool:
+    """Only what this module writes: ``index.html``, ``img/`` of PNGs, and a ``report.json`` that says so."""
+    names = {p.name for p in folder.iterdir()}
+    if not names <= {"index.html", "img", MARKER} or MARKER not in names:
+        return False
+    img = folder / "img"
+    if img.exists() and (not img.is_dir() or any(p.suffix != ".png" or p.is_dir() for p in img.iterdir())):
+        return False
+    try:
+        doc = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "hookscope_report" in doc
+
+
+def check_target(out: Path, *, overwrite: bool, flag: str) -> None:
+    """Refuse, before any work, a target that exists (without ``overwrite``) or that is not ours.
+
+    Example:
+        >>> check_target(Path("/no/such/folder/r"), overwrite=False, flag="--overwrite")
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: cannot write /no/such/folder/r: no folder /no/such/folder; create it first
+    """
     if not out.parent.is_dir():
         raise HookscopeError(f"cannot write {out}: no folder {out.parent}; create it first")
-    if not out.exists() and not out.is_symlink():
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise HookscopeError(f"{out} is the current folder or holds it; give a new folder's path, such as "
+                             f"{here / 'report'}")
+    if out.is_symlink():
+        raise HookscopeError(f"{out} is a symbolic link; give the path of a folder itself")
+    if not out.exists():
         return
-    if not out.is_dir() or out.is_symlink():
+    if not out.is_dir():
         raise HookscopeError(f"{out} exists and is not a folder; choose another path")
     if not overwrite:
         raise HookscopeError(f"{out} exists; give {flag} to replace it, or choose another path")
-    if any(out.iterdir()) and not (out / MARKER).is_file():
+    if any(out.iterdir()) and not _is_report(out):
         raise HookscopeError(f"{out} holds files that are not a hookscope report, so it is not replaced; "
                              "choose another path")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _clean_stale(out: Path) -> None:
+    """Remove hidden folders that a killed earlier run left beside ``out`` (their writer is gone)."""
+    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*-*"):
+        kind, _, rest = p.name[len(out.name) + 2:].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind in ("partial", "old") and pid.isdigit() and not _alive(int(pid)) and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _sync_tree(root: Path) -> None:
@@ -54,7 +105,7 @@ def _publish(tmp: Path, out: Path) -> None:
     """Move ``tmp`` to ``out``; an old ``out`` is moved aside first and removed only afterwards."""
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.replace(out, old)
     os.replace(tmp, out)
     if old is not None:
@@ -81,8 +132,9 @@ def staged_folder(out: str | os.PathLike[str], *, overwrite: bool = False,
         >>> import shutil; shutil.rmtree(root)
     """
     target = Path(out).absolute()
-    _check_target(target, overwrite=overwrite, flag=flag)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    check_target(target, overwrite=overwrite, flag=flag)
+    _clean_stale(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{os.getpid()}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a report is meant to be read
     try:
         yield tmp
