@@ -45,6 +45,15 @@ def tick_labels(ax) -> list[str]:
     return [t.get_text() for t in ax.get_xticklabels()]
 
 
+RED = (214, 39, 40)  # tab:red
+
+
+def marker_pixel(ax, png: np.ndarray, x: float, y: float) -> np.ndarray:
+    """The saved PNG's pixel at ``x`` in data and ``y`` in axes fraction (where NaN/Inf crosses sit)."""
+    px, py = ax.get_xaxis_transform().transform((x, y))
+    return png[int(png.shape[0] - py), int(px)].astype(int)
+
+
 class Sqrt(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.sqrt()
@@ -75,7 +84,11 @@ def test_trace_lines_are_the_rows_std_and_max_forward_and_backward():
     assert drawn["output std"] == ([0, 1, 2], [r.std for r in outputs])
     assert drawn["output max |x|"][1] == [r.absmax for r in outputs]
     drawn = lines(backward)
-    assert drawn["gradient std"][1] == [grads[(r.module, r.call)].std for r in outputs]
+    # the model's output gets a gradient of ones: std 0, drawn on the bottom edge of the log axis
+    low = backward.get_ylim()[0]
+    assert [grads[(r.module, r.call)].std for r in outputs][2] == 0.0
+    assert drawn["gradient std"][1] == [grads[(r.module, r.call)].std or low for r in outputs]
+    assert drawn["0 (on the bottom edge)"] == ([2], [low])
     assert drawn["gradient max |x|"][1] == [grads[(r.module, r.call)].absmax for r in outputs]
     assert tick_labels(backward) == ["0", "1", "2"] and forward.get_yscale() == "log"
     assert "all finite" in forward.get_title() and "first non-finite" not in lines(forward)
@@ -123,6 +136,34 @@ def test_a_gradient_that_is_the_first_non_finite_row_is_marked_at_the_module_tha
     assert (first.module, first.which) == ("2", "grad_input")
     fig = plot_trace(t)
     assert [lines(ax)["first non-finite"][0] for ax in fig.axes] == [[2, 2], [2, 2]]
+
+
+@pytest.mark.parametrize("bad", [0, 2])
+def test_non_finite_outputs_are_marked_on_top_and_an_infinite_max_sits_on_the_top_edge(bad):
+    # weight[0, 0] = Inf turns [1, 1] into [Inf, 1], and the next identity layer's 0 * Inf makes NaN
+    net = chain(4, bad=bad)
+    with hookscope.trace(net, keep="output") as t:
+        net(torch.ones(1, 2))
+    ax = plot_trace(t).axes[0]
+    drawn, (low, high) = lines(ax), ax.get_ylim()
+    assert drawn[f"NaN/Inf ({4 - bad})"] == (list(range(bad, 4)), [0.95] * (4 - bad))
+    assert drawn["output max |x|"][1][bad] == high and math.isnan(drawn["output std"][1][bad])
+    assert same(drawn["output max |x|"][1][bad + 1:], [math.nan] * (3 - bad))
+    assert drawn["output std"][1][:bad] == [low] * bad  # [1, 1] has std 0: on the bottom edge
+    assert drawn.get("0 (on the bottom edge)", ([], []))[0] == list(range(bad))
+
+
+def test_a_gradient_holding_inf_is_marked_on_the_backward_panel_and_zero_stds_on_its_bottom_edge():
+    net = nn.Sequential(nn.Identity(), nn.ReLU(), Sqrt(), nn.Identity())
+    with hookscope.trace(net, keep="all") as t:
+        net(torch.tensor([-1.0, 4.0], requires_grad=True)).sum().backward()
+    forward, backward = plot_trace(t).axes
+    drawn, (low, high) = lines(backward), backward.get_ylim()
+    # gradients at the outputs: 0: [0, 0.25]; 1: [Inf, 0.25] (sqrt at 0); 2 and 3: [1, 1]
+    assert drawn["NaN/Inf (1)"][0] == [1] and not any(k.startswith("NaN/Inf") for k in lines(forward))
+    assert same(drawn["gradient std"][1], [0.125, math.nan, low, low])
+    assert drawn["gradient max |x|"][1] == [0.25, high, 1.0, 1.0]
+    assert drawn["0 (on the bottom edge)"] == ([2, 3], [low, low])
 
 
 def test_three_hundred_layers_get_thinned_readable_labels_fast():
@@ -211,6 +252,32 @@ def test_a_layer_without_parameters_is_a_gap_not_a_zero():
     assert same(y, [flow["0"].param_norm, math.nan, flow["2"].param_norm])
 
 
+def test_all_zero_gradients_are_drawn_on_the_bottom_edge_not_left_out():
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    net(torch.ones(1, 4)).mul(0).sum().backward()
+    flow = hookscope.gradient_flow(net)
+    assert [r.param_norm for r in flow.rows] == [0.0, 0.0]
+    for ax, label in zip(plot_gradient_flow(flow).axes, ["|grad params| (L2 norm)", "rms |grad| of parameters"]):
+        low = ax.get_ylim()[0]
+        assert lines(ax)[label] == ([0, 1], [low, low])
+        assert lines(ax)["0 (on the bottom edge)"] == ([0, 1], [low, low])
+        assert not any(k.startswith("NaN/Inf") for k in lines(ax))
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_nan_and_inf_gradients_are_marked_on_top_not_dropped(poison):
+    # y = w2 w1 w0 x: dy/dw0 = w1 w2 = 2 stays finite, dy/dw1 and dy/dw2 carry w0
+    net = three_scalars((poison, 1.0, 2.0))
+    net(torch.ones(1, 1)).sum().backward()
+    flow = hookscope.gradient_flow(net)
+    assert [r.flag for r in flow.rows] == ["ok", "non-finite", "non-finite"]
+    top, bottom = plot_gradient_flow(flow).axes
+    high = top.get_ylim()[1]
+    drawn = lines(top)["|grad params| (L2 norm)"][1]
+    assert same(drawn, [2.0, poison, poison] if math.isnan(poison) else [2.0, high, high])
+    assert lines(top)["NaN/Inf (2)"][0] == [1, 2] and lines(bottom)["NaN/Inf (2)"][0] == [1, 2]
+
+
 # --- diff ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [0, 2, 4])
 def test_diff_plot_marks_the_perturbed_layer_as_the_first_divergence(k):
@@ -227,8 +294,10 @@ def test_diff_plot_marks_the_perturbed_layer_as_the_first_divergence(k):
     first = [i for i, r in enumerate(d.rows) if r is d.first][0]
     assert first == k  # rows: '0' ... '4', then the model ''
     assert drawn["first divergence"][0] == [k, k]
-    assert drawn["max |a - b|"] == (list(range(6)), [r.max_abs for r in d.rows])
-    assert same(drawn["max |a - b| / max |b|"][1], [r.max_rel for r in d.rows])
+    low = ax.get_ylim()[0]  # the layers before k are equal: error 0, drawn on the bottom edge
+    assert drawn["max |a - b|"] == (list(range(6)), [r.max_abs or low for r in d.rows])
+    assert same(drawn["max |a - b| / max |b|"][1], [r.max_rel or low for r in d.rows])
+    assert [r.max_abs for r in d.rows[:k]] == [0.0] * k and drawn.get("0 (on the bottom edge)", [[]])[0] == [*range(k)]
     assert drawn[f"atol {d.atol:g}"][1] == [d.atol, d.atol] and drawn[f"rtol {d.rtol:g}"][1] == [d.rtol, d.rtol]
     assert stripes(ax) == {f"beyond tolerance ({6 - k})": list(range(k, 6))}
     assert tick_labels(ax)[-1] == "(model)" and f"first divergence: {k}" in ax.get_title()
@@ -240,8 +309,45 @@ def test_equal_runs_draw_no_divergence_and_zero_errors_sit_on_the_bottom_edge():
     d = hookscope.diff(net, net, torch.ones(1, 2))
     ax = plot_diff(d).axes[0]
     assert "first divergence" not in lines(ax) and not ax.collections
-    assert lines(ax)["max |a - b|"][1] == [0.0, 0.0, 0.0] and ax.get_ylim()[0] < d.rtol
+    low = ax.get_ylim()[0]
+    assert low < d.rtol and [r.max_abs for r in d.rows] == [0.0, 0.0, 0.0]
+    assert lines(ax)["max |a - b|"][1] == [low] * 3 and lines(ax)["max |a - b| / max |b|"][1] == [low] * 3
+    assert lines(ax)["0 (on the bottom edge)"] == ([0, 1, 2], [low] * 3)
     assert "first divergence: none" in ax.get_title()
+
+
+@pytest.mark.parametrize(("k", "side"), [(0, "b"), (2, "b"), (1, "a")])
+def test_nan_in_one_run_only_is_marked_and_named_though_the_finite_errors_are_zero(tmp_path, k, side):
+    torch.manual_seed(0)
+    a = nn.Sequential(*[nn.Linear(3, 3) for _ in range(4)])
+    b = nn.Sequential(*[nn.Linear(3, 3) for _ in range(4)])
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        (a if side == "a" else b)[k].weight[0, 0] = math.nan
+    d = hookscope.diff(a, b, torch.randn(2, 3))
+    assert [r.max_abs for r in d.rows] == [0.0] * 5 and d.first is d.rows[k]  # NaN places are left out
+    fig = plot_diff(d)
+    ax = fig.axes[0]
+    drawn, why = lines(ax), f"NaN in {side.upper()} only"
+    assert drawn[f"NaN/Inf ({5 - k})"] == (list(range(k, 5)), [0.95] * (5 - k))
+    assert drawn.get("0 (on the bottom edge)", ([], []))[0] == list(range(k))  # only the rows truly equal
+    assert any(text.get_text() == f" first divergence: {k} ({why})" for text in ax.texts)
+    assert f"first divergence: {k} ({why})" in ax.get_title()
+    png = read_png(save_figure(fig, tmp_path / "diff.png"))
+    assert all(np.abs(marker_pixel(ax, png, i, 0.95) - RED).max() <= 8 for i in range(k, 5))
+    assert no_hooks(a) and no_hooks(b)
+
+
+def test_an_infinite_error_sits_on_the_top_edge_and_is_named():
+    a = chain(3)
+    b = chain(3, bad=1)
+    d = hookscope.diff(a, b, torch.ones(1, 2))
+    assert math.isinf(d.rows[1].max_abs) and d.rows[0].max_abs == 0.0
+    ax = plot_diff(d).axes[0]
+    low, high = ax.get_ylim()
+    drawn = lines(ax)
+    assert drawn["max |a - b|"][1][:2] == [low, high] and drawn["NaN/Inf (3)"][0] == [1, 2, 3]
+    assert "first divergence: 1 (|a - b| = Inf)" in ax.get_title()
 
 
 def test_a_diff_that_compared_nothing_cannot_be_drawn():

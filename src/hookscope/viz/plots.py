@@ -5,6 +5,11 @@ own Agg canvas: no global state, so figures can be drawn from threads and server
 with their last reference. :func:`save_figure` writes one as a PNG atomically. Takes results and
 tensors only: nothing here registers a hook. matplotlib (and Pillow, for overlays) come from the
 viz extra and are imported when a picture is drawn.
+
+Lines are drawn on log axes, which have no place for 0, Inf or NaN; so that no value goes unseen,
+a 0 is drawn on the bottom edge (with a hollow circle, labelled "0 (on the bottom edge)"), +Inf on
+the top edge, and a layer whose values hold NaN or Inf gets a red cross near the top (labelled
+"NaN/Inf (count)"). A layer with no value at all (no parameters, no gradient) is a gap.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
 
@@ -96,12 +101,15 @@ def _leave_room(fig: Figure, chars: int, *, title_lines: int = 1) -> None:
                         hspace=0.08)
 
 
-def _finite_positive(values: Iterable[float]) -> list[float]:
-    return [v for v in values if math.isfinite(v) and v > 0]
+Values: TypeAlias = Sequence[float | None]  # one per layer; None: the layer has no such number (a gap, unmarked)
 
 
-def _log_axis(ax: Axes, values: Iterable[float], *, floor: float = 1e-8) -> tuple[float, float]:
-    """A log y axis spanning the positive values (zeros sit on the bottom edge); its limits."""
+def _finite_positive(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v) and v > 0]
+
+
+def _log_axis(ax: Axes, values: Iterable[float | None], *, floor: float = 1e-8) -> tuple[float, float]:
+    """A log y axis spanning the positive finite values; its limits (zeros and Inf go on the edges)."""
     shown = _finite_positive(values)
     lo, hi = (min(shown) / 3, max(shown) * 3) if shown else (floor, 1.0)
     if hi <= lo:
@@ -111,16 +119,58 @@ def _log_axis(ax: Axes, values: Iterable[float], *, floor: float = 1e-8) -> tupl
     return lo, hi
 
 
+def _on_axis(ys: Values, lo: float, hi: float) -> list[float]:
+    """The y a line draws for each value on a log axis from ``lo`` to ``hi``.
+
+    A log scale has no place for 0 or Inf, and would leave an empty panel for an all-zero
+    gradient: 0 is drawn on the bottom edge and +Inf on the top edge; no value and NaN are gaps
+    (a NaN is marked by :func:`_mark_edges`).
+
+    Example:
+        >>> _on_axis([0.0, 5.0, math.inf, None, math.nan], 1.0, 10.0)
+        [1.0, 5.0, 10.0, nan, nan]
+    """
+    return [math.nan if v is None or math.isnan(v) else lo if v <= 0 else hi if math.isinf(v) else v for v in ys]
+
+
+def _zeros(series: Iterable[Values], skip: Iterable[int] = ()) -> list[int]:
+    """The layers (but those in ``skip``) where some line's value is exactly 0."""
+    left_out = set(skip)
+    return [i for i, vs in enumerate(zip(*series)) if i not in left_out and any(v == 0 for v in vs if v is not None)]
+
+
+def _non_finite(series: Iterable[Values]) -> list[int]:
+    """The layers where some line's value is NaN or Inf."""
+    return [i for i, vs in enumerate(zip(*series)) if any(v is not None and not math.isfinite(v) for v in vs)]
+
+
+def _mark_edges(ax: Axes, zeros: Sequence[int], bad: Sequence[int], lo: float) -> None:
+    """Hollow circles on the bottom edge at the ``zeros``, so an exact 0 reads as one and not as a
+    tiny value; red crosses near the top at the ``bad`` layers, whose NaN or Inf no line can show."""
+    if zeros:
+        ax.plot(zeros, [lo] * len(zeros), linestyle="none", marker="o", markersize=5, markerfacecolor="none",
+                color="0.3", clip_on=False, zorder=3, label="0 (on the bottom edge)")
+    if bad:  # in axes fraction: a NaN has no height, and the top edge is where Inf values go
+        ax.plot(bad, [0.95] * len(bad), linestyle="none", marker="X", markersize=6, color=_RED,
+                transform=ax.get_xaxis_transform(), zorder=3, label=f"NaN/Inf ({len(bad)})")
+
+
+def _draw(ax: Axes, x: Sequence[int], series: dict[str, Values], lo: float, hi: float, *,
+          bad: Sequence[int] | None = None, **style: Any) -> None:
+    """Each series as a line (see :func:`_on_axis`), then its zeros and NaN/Inf marked on the edges;
+    ``bad`` (the layers holding NaN or Inf) is found from the values when not given."""
+    for label, ys in series.items():
+        ax.plot(x, _on_axis(ys, lo, hi), label=label, **style)
+    bad = _non_finite(series.values()) if bad is None else bad
+    _mark_edges(ax, _zeros(series.values(), bad), bad, lo)
+
+
 def _mark(axes: Sequence[Axes], x: float, label: str, text: str) -> None:
     """A red vertical line at ``x`` on every panel, and ``text`` beside it on the first."""
     for ax in axes:
         ax.axvline(x, color=_RED, linestyle="--", linewidth=1.2, label=label)
     axes[0].text(x, 1.0, f" {text}", transform=axes[0].get_xaxis_transform(), color=_RED,
                  fontsize=8, ha="left", va="bottom", clip_on=False)
-
-
-def _nan(v: float | None) -> float:
-    return math.nan if v is None else float(v)
 
 
 # --- CAM methods side by side ---------------------------------------------------------------------------
@@ -207,7 +257,7 @@ def _in_execution_order(rows: Sequence[FlowRow], trace: _HasRows | None) -> list
     return [r for _, r in sorted(enumerate(rows), key=lambda p: (order.get(p[1].module, len(order)), p[0]))]
 
 
-def _max_grads(trace: _HasRows, names: Sequence[str]) -> dict[str, list[float]]:
+def _max_grads(trace: _HasRows, names: Sequence[str]) -> dict[str, Values]:
     """Per layer, the largest |grad| of its own parameters and of the gradients reaching its outputs."""
     found: dict[str, dict[str, float]] = {"grad_param": {}, "grad_output": {}}
     for r in trace.rows:
@@ -216,7 +266,7 @@ def _max_grads(trace: _HasRows, names: Sequence[str]) -> dict[str, list[float]]:
             old = kept.get(r.module, r.absmax)
             kept[r.module] = math.nan if math.isnan(old) or math.isnan(r.absmax) else max(old, r.absmax)
     words = {"grad_param": "max |grad| of parameters", "grad_output": "max |grad| at outputs"}
-    return {words[w]: [by.get(n, math.nan) for n in names] for w, by in found.items() if by}
+    return {words[w]: [by.get(n) for n in names] for w, by in found.items() if by}
 
 
 def _shade_bands(ax: Axes, flow: GradientFlow, lo: float, hi: float) -> None:
@@ -243,6 +293,8 @@ def plot_gradient_flow(flow: GradientFlow, *, trace: _HasRows | None = None) -> 
     ``flow.vanish`` and above ``flow.explode``; every flagged layer is marked by a vertical stripe.
     Bottom panel, per element: the root mean square ``|grad params| / sqrt(params)`` and, from a
     trace, the largest |grad| (of the parameters with ``param_grads=True``, and at the outputs).
+    A zero gradient is drawn on the bottom edge (hollow circle), an infinite one on the top edge,
+    and a layer whose gradients are NaN or Inf gets a red cross near the top of the panel.
 
     Args:
         flow: what :func:`hookscope.gradient_flow` returned.
@@ -262,22 +314,22 @@ def plot_gradient_flow(flow: GradientFlow, *, trace: _HasRows | None = None) -> 
     if not rows:
         raise HookscopeError("the gradient flow holds no layer, so there is nothing to plot")
     x = list(range(len(rows)))
-    norms = {"|grad params| (L2 norm)": [_nan(r.param_norm) for r in rows]}
+    norms: dict[str, Values] = {"|grad params| (L2 norm)": [r.param_norm for r in rows]}
     if any(r.act_norm is not None for r in rows):
-        norms["|grad output| (L2 norm)"] = [_nan(r.act_norm) for r in rows]
-    each = {"rms |grad| of parameters": [_nan(r.param_norm) / math.sqrt(r.params) if r.params else math.nan
-                                         for r in rows]}
+        norms["|grad output| (L2 norm)"] = [r.act_norm for r in rows]
+    each: dict[str, Values] = {"rms |grad| of parameters": [
+        None if r.param_norm is None or not r.params else r.param_norm / math.sqrt(r.params) for r in rows]}
     if trace is not None:
         each.update(_max_grads(trace, [r.module for r in rows]))
     fig = _figure(_width(len(rows)), 4.8)
     top, bottom = fig.subplots(2, 1, sharex=True)
-    for ax, lines in ((top, norms), (bottom, each)):
-        for label, ys in lines.items():  # dots: a layer between two without parameters stays visible
-            ax.plot(x, ys, marker=".", markersize=4, linewidth=1.2, label=label)
     lo, hi = _log_axis(top, [v for ys in norms.values() for v in ys] + [flow.vanish, flow.explode])
     _shade_bands(top, flow, lo, hi)
     _mark_flagged(top, rows)
-    _log_axis(bottom, [v for ys in each.values() for v in ys])
+    low = _log_axis(bottom, [v for ys in each.values() for v in ys])
+    for ax, lines, limits in ((top, norms, (lo, hi)), (bottom, each, low)):
+        # dots: a layer between two without parameters stays visible
+        _draw(ax, x, lines, *limits, marker=".", markersize=4, linewidth=1.2)
     top.set_ylabel("norm")
     bottom.set_ylabel("per element")
     for ax in (top, bottom):
@@ -312,16 +364,24 @@ def _position(row: StatRow, outputs: Sequence[StatRow]) -> int:
     return next((i for i, o in enumerate(outputs) if o.index > row.index), len(outputs) - 1)
 
 
-def _gradients(rows: Sequence[StatRow], outputs: Sequence[StatRow]) -> tuple[list[float], list[float]] | None:
-    """The std and max |x| of the gradient that reached each output (NaN where none did), or None."""
+def _gradients(rows: Sequence[StatRow], outputs: Sequence[StatRow]) -> list[StatRow | None] | None:
+    """The row of the gradient that reached each output (None where none did), or None if none did."""
     where = {(o.module, o.call, o.path): i for i, o in enumerate(outputs)}
-    std, top = [math.nan] * len(outputs), [math.nan] * len(outputs)
-    found = False
+    found: list[StatRow | None] = [None] * len(outputs)
     for r in rows:
         i = where.get((r.module, r.call, r.path)) if r.which == "grad_output" else None
-        if i is not None and math.isnan(top[i]):
-            std[i], top[i], found = r.std, r.absmax, True
-    return (std, top) if found else None
+        if i is not None and found[i] is None:
+            found[i] = r
+    return found if any(g is not None for g in found) else None
+
+
+def _trace_panel(ax: Axes, what: str, drawn: Sequence[StatRow | None], dots: str | None) -> None:
+    """The std and max |x| of each row drawn (a gap for None), its NaN and Inf marked."""
+    std = [None if r is None else r.std for r in drawn]
+    top = [None if r is None else r.absmax for r in drawn]
+    bad = [i for i, r in enumerate(drawn) if r is not None and not r.finite]
+    _draw(ax, range(len(drawn)), {f"{what} std": std, f"{what} max |x|": top}, *_log_axis(ax, std + top),
+          bad=bad, marker=dots, linewidth=1.2)
 
 
 def plot_trace(t: _HasRows) -> Figure:
@@ -331,7 +391,9 @@ def plot_trace(t: _HasRows) -> Figure:
     The x axis holds the forward outputs in the order the calls finished (an inner module before
     the block holding it); a gradient is drawn at the output it reached. The first row that is not
     finite (forward or backward, in the trace's order) is marked with a red vertical line at its
-    layer, labelled with its module and its NaN and Inf counts.
+    layer, labelled with its module and its NaN and Inf counts, and every output (or gradient)
+    holding NaN or Inf gets a red cross near the top of its panel. A std or max of 0 is drawn on
+    the bottom edge (hollow circle), an infinite max on the top edge.
 
     Args:
         t: a finished :func:`hookscope.trace` (a :func:`hookscope.watch` works too: its rows).
@@ -342,8 +404,10 @@ def plot_trace(t: _HasRows) -> Figure:
         >>> with hookscope.trace(net, keep="all") as t:
         ...     net(torch.ones(1, 2)).sum().backward()
         >>> fig = plot_trace(t)
-        >>> [line.get_label() for ax in fig.axes for line in ax.lines]
-        ['output std', 'output max |x|', 'gradient std', 'gradient max |x|']
+        >>> [line.get_label() for line in fig.axes[0].lines]
+        ['output std', 'output max |x|']
+        >>> [line.get_label() for line in fig.axes[1].lines]  # sum() sends back ones: std 0
+        ['gradient std', 'gradient max |x|', '0 (on the bottom edge)']
     """
     rows = list(t.rows)
     outputs = [r for r in rows if r.which == "output"]
@@ -352,15 +416,12 @@ def plot_trace(t: _HasRows) -> Figure:
     grads = _gradients(rows, outputs)
     fig = _figure(_width(len(outputs)), 4.8 if grads else 2.6)
     axes = list(fig.subplots(2 if grads else 1, 1, sharex=True, squeeze=False)[:, 0])
-    x = list(range(len(outputs)))
     dots = "." if len(outputs) <= 60 else None
-    panels = [("forward", "output", [r.std for r in outputs], [r.absmax for r in outputs])]
+    panels: list[tuple[str, str, Sequence[StatRow | None]]] = [("forward", "output", outputs)]
     if grads:
-        panels.append(("backward", "gradient", *grads))
-    for ax, (phase, what, std, top) in zip(axes, panels):
-        ax.plot(x, std, marker=dots, linewidth=1.2, label=f"{what} std")
-        ax.plot(x, top, marker=dots, linewidth=1.2, label=f"{what} max |x|")
-        _log_axis(ax, std + top)
+        panels.append(("backward", "gradient", grads))
+    for ax, (phase, what, drawn) in zip(axes, panels):
+        _trace_panel(ax, what, drawn, dots)
         ax.set_ylabel(phase)
         ax.grid(True, which="major", alpha=0.3)
     bad = next((r for r in rows if not r.finite), None)
@@ -391,14 +452,32 @@ def _diff_labels(rows: Sequence[DiffRow]) -> list[str]:
             + (f"[{r.part}]" if parts[(r.name, r.call)] > 1 else "") for r in rows]
 
 
+def _non_finite_why(r: DiffRow) -> str:
+    """Why ``r`` diverges when NaN or Inf is the reason ("" if not): a NaN in one run only is left
+    out of the errors (they may read 0), and an infinite error has no place on a log axis.
+
+    Example:
+        >>> from hookscope.analysis.diff import DiffRow
+        >>> _non_finite_why(DiffRow("fc", 0, 0, "differs", max_abs=0.0, nan_b_only=3))
+        'NaN in B only'
+    """
+    said = [f"NaN in {run} only" for n, run in ((r.nan_a_only, "A"), (r.nan_b_only, "B")) if n]
+    if math.isinf(r.max_abs):
+        said.append("|a - b| = Inf")
+    return ", ".join(said)
+
+
 def plot_diff(d: Diff) -> Figure:
     """The error of every compared output along execution order (log scale), with the tolerance.
 
     Two lines: ``max |a - b|`` (against the dashed ``atol``) and ``max |a - b| / max |b|``
     (against the dotted ``rtol``); an element diverges where ``|a - b| > atol + rtol * |b|``, so
     every row beyond tolerance (or of another shape or structure) gets a light red stripe, and the
-    first divergence a red dashed line labelled with its layer. Equal outputs (error 0) sit on the
-    bottom edge.
+    first divergence a red dashed line labelled with its layer. Equal outputs (error 0) are drawn
+    on the bottom edge, marked by hollow circles; an infinite error on the top edge. NaN in one
+    run only is left out of the errors (which may then read 0): such rows, and rows with an
+    infinite error, get a red cross near the top ("NaN/Inf"), and the first divergence's label
+    says why (``"NaN in B only"``, ``"|a - b| = Inf"``).
 
     Args:
         d: what :func:`hookscope.diff` returned.
@@ -414,30 +493,31 @@ def plot_diff(d: Diff) -> Figure:
     rows = list(d.rows)
     if not rows:
         raise HookscopeError("the diff compared nothing, so there is nothing to plot; pick modules that run")
-    x = list(range(len(rows)))
     abs_err, rel_err = [r.max_abs for r in rows], [r.max_rel for r in rows]
     fig = _figure(_width(len(rows)), 2.8)
     ax = fig.subplots()
-    dots = "." if len(rows) <= 60 else None
-    ax.plot(x, abs_err, marker=dots, linewidth=1.2, color="tab:blue", label="max |a - b|")
-    ax.plot(x, rel_err, marker=dots, linewidth=1.2, color="tab:orange", label="max |a - b| / max |b|")
-    _log_axis(ax, abs_err + rel_err + [d.atol, d.rtol], floor=1e-12)
-    for tol, name, style, colour in ((d.atol, "atol", "--", "tab:blue"), (d.rtol, "rtol", ":", "tab:orange")):
-        if tol > 0:
-            ax.axhline(tol, color=colour, linestyle=style, linewidth=1, label=f"{name} {tol:g}")
+    lo, hi = _log_axis(ax, abs_err + rel_err + [d.atol, d.rtol], floor=1e-12)
+    bad = [i for i, r in enumerate(rows) if _non_finite_why(r)]
+    _draw(ax, range(len(rows)), {"max |a - b|": abs_err, "max |a - b| / max |b|": rel_err}, lo, hi, bad=bad,
+          marker="." if len(rows) <= 60 else None, linewidth=1.2)
+    for tol, name, style, line in ((d.atol, "atol", "--", ax.lines[0]), (d.rtol, "rtol", ":", ax.lines[1])):
+        if tol > 0:  # in the colour of the error it bounds
+            ax.axhline(tol, color=line.get_color(), linestyle=style, linewidth=1, label=f"{name} {tol:g}")
     beyond = [i for i, r in enumerate(rows) if r.diverges]
     if beyond:
         ax.vlines(beyond, 0, 1, transform=ax.get_xaxis_transform(), colors=_RED, alpha=0.2, linewidth=2,
                   label=f"beyond tolerance ({len(beyond)})")
     labels = _diff_labels(rows)
     first = next((i for i, r in enumerate(rows) if r is d.first), None)
+    said = "none" if first is None else labels[first]
     if first is not None:
-        _mark([ax], first, "first divergence", f"first divergence: {labels[first]}")
+        why = _non_finite_why(rows[first])
+        said += f" ({why})" if why else ""
+        _mark([ax], first, "first divergence", f"first divergence: {said}")
     ax.set_ylabel("error")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     chars = _label_axis(ax, labels, keep=first)
-    said = "none" if first is None else labels[first]
     ax.set_title(f"diff: {len(rows)} outputs, first divergence: {said}\nA: {_short(d.run_a)}   B: {_short(d.run_b)}",
                  fontsize=9, pad=14 if first is not None else 6)
     _leave_room(fig, chars, title_lines=3)
