@@ -357,9 +357,9 @@ def _no_layout(name: str, t: Any, reshaped: bool, batch: int) -> NoReturn:
         why = (f"3 dimensions: B x tokens x C (a transformer) or B x C x L; pass {_TOKENS}, or "
                "reshape=hookscope.tokens_to_grid(0) for tokens without one")
     elif isinstance(t, torch.Tensor) and t.ndim == 2:
-        why = ("no spatial layout (B x C, as from a Linear or a pooled layer); pick a layer with a B x C x h x w "
-               "output (`hookscope layers MODEL` shows each one's), or, for a flattened map, pass "
-               "reshape=lambda t: t.view(B, C, h, w)")
+        why = ("no spatial layout (B x C, as from a Linear or a pooled layer: no h x w to draw); pick an earlier "
+               "layer with a B x C x h x w output (`hookscope layers MODEL` shows each layer's output), or pass "
+               "reshape= a function that makes B x C x h x w of a flattened map")
     else:
         why = f"not B x C x h x w; pass reshape= a function that returns B x C x h x w ({_TOKENS}; {_LAST})"
     raise HookscopeError(f"layer {name!r} gives {shape}: {why}")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps, ReferenceComparison
 
 _PRINTED = 16  # rows printed when every channel is drawn (--json prints them all)
+_R = TypeVar("_R")
 EXAMPLE = """\
 Examples:
   hookscope features demo --layer layer1 --image shapes/ --out layer1.png
@@ -75,7 +77,10 @@ def add_parser(sub: Any) -> None:
                    help="a 4-D output is B x C x h x w (first) or B x h x w x C (last, Swin stages); auto "
                         "(default): as it comes, refused where the layer acts on the last dimension")
     p.add_argument("--out", metavar="PNG", required=True,
-                   help="where to save the picture (--compare-references on a batch of N: NAME_0.png ...)")
+                   help="where to save the picture (--compare-references on a batch of N: NAME_0.png ...); "
+                        "an existing file is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the picture(s) --out names if they exist (checked before the model runs)")
     p.add_argument("--json", action="store_true",
                    help="print the rows as JSON instead of the table (the picture is still written)")
 
@@ -179,11 +184,25 @@ def _print_features(res: FeatureMaps, shown: list[int], model: torch.nn.Module, 
     print(f"{what} -> {out}")
 
 
+def _collect(analysis: Callable[..., _R], model: torch.nn.Module, x: torch.Tensor, args: argparse.Namespace) -> _R:
+    return analysis(model, x, args.layer, reshape=_reshape(args))
+
+
+def _drawable(layer: str, maps: torch.Tensor) -> None:
+    """Refuse maps of one pixel (a pooled layer, ``--layer pool``) before anything is printed or drawn."""
+    _, c, h, w = maps.shape
+    if h * w == 1:
+        raise HookscopeError(f"layer {layer!r} gives {c} channels of 1x1: no spatial extent to draw (a pooled "
+                             "layer); pick an earlier layer with maps larger than 1x1 (`hookscope layers MODEL` "
+                             "shows each layer's output)")
+
+
 def _features(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
               channels: list[int] | None, args: argparse.Namespace) -> None:
     from ..viz.features import plot_feature_maps, save_feature_maps
 
-    res = feature_maps(model, x, args.layer, reshape=_reshape(args))
+    res = _collect(feature_maps, model, x, args)
+    _drawable(res.layer, res.maps)
     shown = _shown(res, args, channels)
     fig = plot_feature_maps(res, picture=pictures, overlay_alpha=args.overlay, channels=channels, top_k=args.top,
                             by=args.by, scale=args.scale, reduce=args.reduce, columns=args.columns,
@@ -203,11 +222,27 @@ def _paths(out: str, n: int) -> list[Path]:
     return [path] if n == 1 else [path.with_name(f"{path.stem}_{i}{path.suffix or '.png'}") for i in range(n)]
 
 
+def _check_outputs(args: argparse.Namespace, batch: int) -> None:
+    """Refuse, in one line, when a file the command will write is there already (without --overwrite)
+    or is a folder: called before the model is loaded, so that a refusal costs nothing."""
+    paths = _paths(args.out, batch if args.compare_references else 1)
+    folders = [p for p in paths if p.is_dir()]
+    if folders:
+        raise HookscopeError(f"--out {args.out}: {folders[0]} is a folder; give a file path such as "
+                             f"{folders[0] / 'maps.png'}")
+    there = [p for p in paths if p.exists()]
+    if there and not args.overwrite:
+        more = f" (and {len(there) - 1} more of the {len(paths)} files it writes)" if len(there) > 1 else ""
+        which = "" if paths == [Path(args.out)] else f" writes {there[0]}, which"
+        raise HookscopeError(f"--out {args.out}{which} exists{more}; pass --overwrite to replace it, or another --out")
+
+
 def _comparison(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
                 channels: list[int] | None, args: argparse.Namespace) -> None:
     from ..viz.features import plot_reference_comparison, save_feature_maps
 
-    comp = compare_references(model, x, args.layer, reshape=_reshape(args))
+    comp = _collect(compare_references, model, x, args)
+    _drawable(comp.layer, comp.true)
     paths = [save_feature_maps(plot_reference_comparison(
         comp, image=i, channels=channels, top_k=args.top, by=args.by, scale=args.scale, columns=args.columns,
         colormap=args.colormap, picture=pictures), path) for i, path in enumerate(_paths(args.out, x.shape[0]))]
@@ -234,8 +269,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     channels = _check(args)
+    x, pictures, names = _inputs(args)  # before the model: the batch says which files --out makes
+    _check_outputs(args, x.shape[0])
     model = load_model(args.model, seed=args.seed, weights=args.weights)
-    x, pictures, names = _inputs(args)
     if args.compare_references:
         _comparison(model, x, pictures, names, channels, args)
     else:
