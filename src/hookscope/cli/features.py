@@ -20,7 +20,7 @@ from ._images import add_image_arguments, load_images
 from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
 
 if TYPE_CHECKING:
-    from ..analysis.features import FeatureMaps, ReferenceComparison
+    from ..analysis.features import FeatureMaps
 
 _PRINTED = 16  # rows printed when every channel is drawn (--json prints them all)
 _R = TypeVar("_R")
