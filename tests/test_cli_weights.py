@@ -524,10 +524,10 @@ def test_json_is_the_results_own_json_plus_names_and_paths(tmp_path, capsys):
     data = json.loads(out)
     assert [d["method"] for d in data] == ["gradcam", "eigencam"]
     from hookscope.analysis.cam import cam
-    from hookscope.cli._load import example_input
+    from hookscope.synthetic import shapes
 
-    x = example_input("demo", None)
-    own = json.loads(cam(load_model("demo"), x, method="gradcam").to_json())
+    generated = shapes(1, seed=0)  # MODEL demo without --image: a generated shape, not noise
+    own = json.loads(cam(load_model("demo"), generated.images, method="gradcam").to_json())
     extra = {"model", "weights", "input", "class_names"}
     assert set(data[0]) == set(own) | extra
     assert {k: v for k, v in data[0].items() if k not in extra and k != "rows"} == \
@@ -535,6 +535,7 @@ def test_json_is_the_results_own_json_plus_names_and_paths(tmp_path, capsys):
     row = data[0]["rows"][0]
     assert row["class_name"] == DEMO_CLASSES[row["target"]]
     assert row["plot"] == str(tmp_path / "p.png") and row["out"] is None and row["file"] is None
+    assert row["generated"] == generated.classes[int(generated.labels[0])]
     assert data[0]["class_names"] == list(DEMO_CLASSES) and data[0]["model"] == "demo"
     assert read_png(tmp_path / "p.png").shape[1] > 3 * read_png(tmp_path / "p.png").shape[0] / 2  # 3 panels wide
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..core.text import first_line
 from ..errors import HookscopeError
-from ._load import DEMO_SPEC, parse_shape, torchvision_weights, usual_shape
+from ._load import DEMO_SPEC, check_fits, parse_shape, torchvision_weights, usual_shape
 
 __all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files",
            "load_images", "preset_for", "read_image", "transform"]
@@ -170,6 +171,8 @@ def preset_for(spec: str, choice: str = "auto", weights: str | None = None, size
 def image_files(paths: Sequence[str]) -> list[str]:
     """Each path that is a file, and the image files of each folder (sorted by name), in order.
 
+    Hidden files in a folder (``.x.png``, macOS's ``._x.png`` resource forks) are skipped.
+
     Example:
         >>> import tempfile
         >>> image_files([tempfile.mkdtemp()])
@@ -181,7 +184,7 @@ def image_files(paths: Sequence[str]) -> list[str]:
     for path in paths:
         if os.path.isdir(path):
             inside = sorted(f for f in os.listdir(path) if f.lower().endswith(IMAGE_SUFFIXES)
-                            and os.path.isfile(os.path.join(path, f)))
+                            and not f.startswith(".") and os.path.isfile(os.path.join(path, f)))
             if not inside:
                 raise HookscopeError(f"--image {path} holds no image file ({', '.join(IMAGE_SUFFIXES[:3])}, ...); "
                                      "give a folder of images or an image file")
@@ -220,7 +223,7 @@ def read_image(path: str) -> torch.Tensor:
 
 
 def _undecodable(path: str, e: Exception) -> HookscopeError:
-    said = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    said = first_line(e) or type(e).__name__
     return HookscopeError(f"cannot read image {path}: {said}; give a PNG, JPEG or another image format Pillow reads")
 
 
@@ -282,7 +285,17 @@ def load_images(args: argparse.Namespace) -> Images:
     paths = image_files([str(p) for p in given if p is not None])
     if not paths:
         raise HookscopeError("give an image with --image PATH (a file or a folder of images)")
-    pictures = [transform(read_image(path), preset) for path in paths]
-    _same_size(pictures, paths)
-    batch = torch.stack(pictures)
+    size = f"{preset.size[0]}x{preset.size[1]}" if preset.size is not None else "their own size"
+    if preset.size is not None:  # a huge --size fails in one line here, not deep in the resizing
+        check_fits((len(paths), 3, *preset.size), f"{len(paths)} image{'s' if len(paths) > 1 else ''} at {size}",
+                   fix="give a smaller --size")
+    try:
+        pictures = [transform(read_image(path), preset) for path in paths]
+        _same_size(pictures, paths)
+        batch = torch.stack(pictures)
+    except HookscopeError:
+        raise
+    except (RuntimeError, MemoryError) as e:  # fits in memory on paper, but the allocation failed
+        raise HookscopeError(f"{len(paths)} image{'s' if len(paths) > 1 else ''} at {size} cannot be held in memory "
+                             f"({first_line(e) or type(e).__name__}); give a smaller --size") from e
     return Images(preset.normalise(batch), batch.clamp(0, 1), [os.path.basename(p) for p in paths], paths, preset)

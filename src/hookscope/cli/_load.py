@@ -44,12 +44,12 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from ..core.text import shape_text
+from ..core.text import first_line, shape_text
 from ..errors import HookscopeError, did_you_mean
 
 __all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
-           "check_seed", "class_names", "example_input", "load_model", "load_weights", "model_session",
-           "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
+           "check_fits", "check_seed", "class_names", "example_input", "load_model", "load_weights",
+           "model_session", "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
            "trusting_pickles", "usual_shape"]
 
 DEMO_SPEC = "demo"
@@ -133,6 +133,7 @@ class _Session:
 
     model: str | None
     weights: str | None
+    command: str | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -160,7 +161,7 @@ def model_session(args: argparse.Namespace) -> Iterator[None]:
     if _session.get() is not None:
         yield
         return
-    session = _Session(getattr(args, "model", None), getattr(args, "weights", None))
+    session = _Session(getattr(args, "model", None), getattr(args, "weights", None), getattr(args, "command", None))
     token = _session.set(session)
     try:
         with trusting_pickles(bool(getattr(args, "trust_pickle", False))):
@@ -228,20 +229,39 @@ def _build(factory: Any, spec: str) -> nn.Module:
     else:
         model = factory
     if not isinstance(model, nn.Module):
-        hint = ""
-        if isinstance(model, Mapping) and any(isinstance(v, torch.Tensor) for v in model.values()):
-            hint = ("; it looks like a state_dict (weights without the model's code): write a file.py "
-                    "with def build(): m = Net(); m.load_state_dict(torch.load('weights.pt', "
-                    "weights_only=True)); return m, and pass file.py:build (its code runs)")
+        hint = _state_dict_hint(model, spec) if isinstance(model, Mapping) else ""
         raise HookscopeError(f"{spec!r} gave a {type(model).__name__}, not an nn.Module{hint}")
     return model
 
 
+def _state_dict_hint(held: Mapping[Any, Any], spec: str) -> str:
+    """For weights given as MODEL: pass the architecture as MODEL and the file as ``--weights``."""
+    if not any(isinstance(v, torch.Tensor) for v in held.values()):
+        return ""
+    session = _session.get()
+    command = session.command if session is not None and session.command else "COMMAND"
+    arch = _bundled_fit(held) or "ARCH"
+    forms = "" if arch != "ARCH" else f" (ARCH: tiny, {DEMO_SPEC}, torchvision:NAME or file.py:ATTR)"
+    return (f"; it looks like a state_dict (weights without the model's code): pass the architecture as MODEL "
+            f"and this file as --weights: hookscope {command} {arch} --weights {spec}{forms}; or write a file.py "
+            "with def build(): m = Net(); m.load_state_dict(torch.load('weights.pt', weights_only=True)); "
+            "return m, and pass file.py:build (its code runs)")
+
+
+def _bundled_fit(held: Mapping[Any, Any]) -> str | None:
+    """``tiny`` or ``demo`` when the weights have exactly that bundled model's names and shapes."""
+    from ..zoo import TinyResNet, demo_model
+
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in held.items()):
+        return None
+    for name, build in (("tiny", TinyResNet), (DEMO_SPEC, lambda: demo_model(pretrained=False))):
+        expected = build().state_dict()
+        if not _mismatches(expected, _unwrapped(dict(held), expected)):
+            return name
+    return None
+
+
 # --- running the user's code: its mistakes become one line naming where they were raised ---------
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
-
-
 def _raised_at(tb: TracebackType | None, path: str | None) -> str:
     """`` (file, line N, in f)``: the innermost frame in ``path`` if given, else the innermost one."""
     frames = []
@@ -281,7 +301,7 @@ def _run_user_code(fn: Any, doing: str, path: str | None) -> Any:
         ) from None
     except Exception as e:
         raise HookscopeError(
-            f"{doing} raised {type(e).__name__}: {_first_line(e)}{_raised_at(e.__traceback__, path)}; "
+            f"{doing} raised {type(e).__name__}: {first_line(e)}{_raised_at(e.__traceback__, path)}; "
             "fix that code (hookscope only called it)"
         ) from e
 
@@ -366,8 +386,9 @@ def _load_file(path: str, trust: bool) -> Any:
 
 
 def _unreadable(path: str, e: BaseException) -> HookscopeError:
+    why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
     return HookscopeError(
-        f"cannot load {path} with torch.load ({type(e).__name__}: {_first_line(e)}); MODEL.pt must be "
+        f"cannot load {path} with torch.load ({why}); MODEL.pt must be "
         f"a whole model saved with torch.save(model) (loaded with {TRUST_FLAG}), with its class importable "
         "here, or weights that a file.py:ATTR factory loads"
     )
@@ -418,8 +439,26 @@ def _torchvision(spec: str, weights: Any = None) -> nn.Module:
             warnings.simplefilter("ignore")
             return cast(nn.Module, tvm.get_model(name, weights=weights))
     except (RuntimeError, ValueError, KeyError) as e:  # a cached file of another model, or cut short
+        problems = _cached_mismatches(tvm, name, path)
+        if problems:
+            raise HookscopeError(f"{path}, the cached file of {weights}, does not fit {name}: {'; '.join(problems)}; "
+                                 "delete that file to download it again") from e
         raise HookscopeError(f"torchvision cannot load {weights} into {name} from {path} ({type(e).__name__}: "
-                             f"{_first_line(e)}); delete that file to download it again") from e
+                             f"{first_line(e)}); delete that file to download it again") from e
+
+
+def _cached_mismatches(tvm: Any, name: str, path: str) -> list[str]:
+    """What does not fit between a cached file and the bare architecture, as ``--weights FILE`` says it."""
+    try:
+        expected = tvm.get_model(name, weights=None).state_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # an unreadable file: the caller's message says what torchvision said
+        return []
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return []
+    return _mismatches(expected, state)
 
 
 def _is_weights_file(text: str) -> bool:
@@ -469,7 +508,7 @@ def _fetch(weights: Any) -> str:
         _check_plain(path)
     except Exception as e:
         raise HookscopeError(f"{path}, the cached file of {weights}, is not plain weights ({type(e).__name__}: "
-                             f"{_first_line(e)}); delete it to download it again") from e
+                             f"{first_line(e)}); delete it to download it again") from e
     return path
 
 
@@ -485,6 +524,19 @@ def _check_plain(path: str) -> None:
         _read(path, weights_only=True)
 
 
+def _offline_hint(url: str, path: str) -> str:
+    """What to do when torchvision's weights cannot be downloaded; ``layers`` and ``summary`` need no values."""
+    fix = f"where the network allows, download {url} to {path}, or pass --weights FILE (a state_dict)"
+    session = _session.get()
+    command = session.command if session is not None else None
+    if command not in _WEIGHTLESS:
+        return fix
+    # torchvision builds some models differently with weights (frozen batch norms, no aux heads, a larger
+    # input size), so the architecture is only certain with the file: say so rather than guess
+    return (f"`hookscope {command}` does not use the weights' values: drop --weights to see the architecture "
+            f"without them (the same for most models), or {fix}")
+
+
 def _download(url: str, path: str, weights: Any) -> None:
     if sys.stderr.isatty():  # a person watching; tqdm's bar follows. Scripts get their one line only
         print(f"hookscope: downloading {weights} to {path}", file=sys.stderr)
@@ -494,8 +546,7 @@ def _download(url: str, path: str, weights: Any) -> None:
         torch.hub.download_url_to_file(url, path, hashed.group(1) if hashed else None, progress=sys.stderr.isatty())
     except (OSError, RuntimeError, ValueError) as e:
         raise HookscopeError(
-            f"cannot download {weights} ({type(e).__name__}: {_first_line(e)}); where the network allows, "
-            f"download {url} to {path}, or pass --weights FILE (a state_dict)"
+            f"cannot download {weights} ({type(e).__name__}: {first_line(e)}); {_offline_hint(url, path)}"
         ) from e
 
 
@@ -517,13 +568,24 @@ def _weights_file(path: str, trust: bool) -> Any:
     except pickle.UnpicklingError as e:
         if not trust:
             raise _pickled_weights(path, e) from None
-    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF...)
-        raise HookscopeError(f"cannot load --weights {path} with torch.load ({type(e).__name__}: {_first_line(e)}); "
-                             "give a file torch.save(model.state_dict(), path) or safetensors wrote") from e
+    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF, KeyError on text...)
+        why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
+        raise HookscopeError(f"--weights {path} is not a weights file torch can read ({why}); give a file "
+                             "torch.save(model.state_dict(), path) or safetensors wrote") from e
     try:
         return _read(path, weights_only=False)
     except Exception as e:
-        raise HookscopeError(f"cannot load --weights {path} ({type(e).__name__}: {_first_line(e)})") from e
+        raise HookscopeError(f"cannot load --weights {path} ({type(e).__name__}: {first_line(e)})") from e
+
+
+def _is_text(path: str) -> bool:
+    """Whether the file starts as text (a note, JSON, a wrong path's content): printable UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512).decode("utf-8")
+    except (OSError, UnicodeDecodeError):  # a multi-byte character cut at 512 bytes is rare enough
+        return False
+    return all(c.isprintable() or c in "\t\n\r\f" for c in head)
 
 
 def _pickled_weights(path: str, e: Exception) -> HookscopeError:
@@ -549,7 +611,7 @@ def _safetensors(path: str) -> Any:
         return load_file(path, device="cpu")
     except Exception as e:
         raise HookscopeError(f"cannot load --weights {path} with safetensors ({type(e).__name__}: "
-                             f"{_first_line(e)})") from e
+                             f"{first_line(e)})") from e
 
 
 def _state_dict(obj: Any, path: str) -> dict[str, torch.Tensor]:
@@ -620,7 +682,7 @@ def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spe
     try:
         model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, ValueError) as e:
-        raise HookscopeError(f"cannot load --weights {path} into {what}: {_first_line(e)}") from e
+        raise HookscopeError(f"cannot load --weights {path} into {what}: {first_line(e)}") from e
     return model
 
 
@@ -711,7 +773,7 @@ def read_class_names(path: str) -> list[str]:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         said = "no such file" if isinstance(e, FileNotFoundError) else (
-            getattr(e, "strerror", None) or f"{type(e).__name__}: {_first_line(e)}")
+            getattr(e, "strerror", None) or f"{type(e).__name__}: {first_line(e)}")
         raise HookscopeError(f"cannot read --classes {path}: {said}; give a text file, one class name per line") from e
     how = "write one name per line, or a JSON list of strings"
     if text.lstrip().startswith("["):
@@ -786,21 +848,34 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def random_input(dims: Sequence[int], what: str, generator: torch.Generator | None = None, *,
-                 fix: str = "give a smaller shape") -> torch.Tensor:
-    """``torch.randn(*dims)``, refused in one line if it cannot fit in this machine's memory."""
+def check_fits(dims: Sequence[int], what: str, *, fix: str = "give a smaller shape") -> None:
+    """Refuse, in one line, a float32 tensor of shape ``dims`` that cannot fit in this machine's memory.
+
+    Example:
+        >>> check_fits((1, 3, 64, 64), "--input 1x3x64x64")
+        >>> check_fits((2**40, 2**40), "--size 2**40 squared", fix="give a smaller --size")
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --size 2**40 squared is 1,208,925,819,614,629,174,706,176 values (...)...; give a smaller --size
+    """
     numel = math.prod(dims)
     nbytes = 4 * numel
     memory = _memory_bytes()
-    fix = f"; {fix}"
     if numel >= 2**63 or (memory is not None and nbytes > memory):
         room = f"more than this machine's {_size(memory)} of memory" if memory else "too large"
-        raise HookscopeError(f"{what} is {numel:,} values ({_size(nbytes)} of float32), {room}{fix}")
+        raise HookscopeError(f"{what} is {numel:,} values ({_size(nbytes)} of float32), {room}; {fix}")
+
+
+def random_input(dims: Sequence[int], what: str, generator: torch.Generator | None = None, *,
+                 fix: str = "give a smaller shape") -> torch.Tensor:
+    """``torch.randn(*dims)``, refused in one line if it cannot fit in this machine's memory."""
+    check_fits(dims, what, fix=fix)
     try:
         return torch.randn(*dims, generator=generator)
     except (RuntimeError, MemoryError) as e:
-        raise HookscopeError(f"{what} ({numel:,} values, {_size(nbytes)} of float32) cannot be "
-                             f"created: {_first_line(e) or type(e).__name__}{fix}") from e
+        numel = math.prod(dims)
+        raise HookscopeError(f"{what} ({numel:,} values, {_size(4 * numel)} of float32) cannot be "
+                             f"created: {first_line(e) or type(e).__name__}; {fix}") from e
 
 
 def usual_shape(spec: str) -> tuple[int, ...] | None:

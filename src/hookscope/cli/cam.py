@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +17,9 @@ import torch
 
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
-from ._images import add_image_arguments, load_images
+from ._images import IMAGE_SUFFIXES, add_image_arguments, load_images
 from ._load import (
+    DEMO_SPEC,
     add_class_arguments,
     add_model_arguments,
     check_class_names,
@@ -42,7 +46,8 @@ def add_parser(sub: Any) -> None:
         "cam",
         help="draw class activation maps (Grad-CAM and family) over the input, as PNGs",
         description=textwrap.fill(
-            "Runs MODEL on images (--image: files or folders) or a seeded random input (--input), computes "
+            "Runs MODEL on images (--image: files or folders) or a seeded random input (--input; MODEL demo "
+            "without either: one generated shape), computes "
             "a class activation map for the predicted class (or --target) with each --method, prints the "
             "class (and its name), its score and the layer used, and saves the maps blended over the input "
             "(--out), the methods side by side (--plot), or prints JSON (--json).", 79),
@@ -62,17 +67,22 @@ def add_parser(sub: Any) -> None:
                    help="class index (default: the predicted class of each input)")
     p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
                    help="the layer gives B x tokens x C (a vision transformer): drop the first SKIP tokens "
-                        "(a class token: 1) and lay the rest on a square grid")
+                        "(a class token: 1) and lay the rest on a square grid (or --grid)")
+    p.add_argument("--grid", metavar="HxW", default=None,
+                   help="with --tokens: lay the tokens left on an H x W grid, for a non-square one (e.g. 14x18)")
     p.add_argument("--layout", choices=("auto", "first", "last"), default="auto",
                    help="a 4-D layer's output is B x C x h x w (first) or B x h x w x C (last, Swin stages); "
                         "auto (default): told by the modules around the layer, else an error")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the map in the overlay (default 0.5)")
     p.add_argument("--out", metavar="PNG", default=None,
                    help="save each map over its image here; a batch of N saves NAME_0.png ... NAME_{N-1}.png, "
-                        "several methods NAME_METHOD.png")
+                        "several methods NAME_METHOD.png; an existing file is refused unless --overwrite, an "
+                        "input image always")
     p.add_argument("--plot", metavar="PNG", default=None,
                    help="save the input and every method's map side by side, titled with class and score "
                         "(a batch: NAME_0.png ...)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files --out and --plot name if they exist (checked before the model runs)")
     p.add_argument("--json", action="store_true",
                    help="print the results as JSON (one object, a list for several methods), nothing else")
 
@@ -101,6 +111,9 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise HookscopeError(f"--tokens {args.tokens} must be 0 or more tokens to drop")
     if args.tokens is not None and args.layout != "auto":
         raise HookscopeError("give either --tokens SKIP (a layer of tokens) or --layout (a 4-D layer), not both")
+    if args.grid is not None and args.tokens is None:
+        raise HookscopeError(f"--grid {args.grid} lays out a layer of tokens; give --tokens SKIP too "
+                             "(a class token: 1)")
     if args.out is None and args.plot is None and not args.json:
         raise HookscopeError("say what to make: --out PNG (the maps over the images), --plot PNG (the methods "
                              "side by side) or --json")
@@ -109,6 +122,16 @@ def _check(args: argparse.Namespace) -> list[str]:
         if not folder.is_dir():
             raise HookscopeError(f"{flag} {path}: no such folder {str(folder)!r}; create it first")
     return _methods(args.method)
+
+
+def _grid(text: str | None) -> tuple[int, int] | None:
+    """``--grid 14x18`` -> ``(14, 18)``."""
+    if text is None:
+        return None
+    found = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not found or int(found.group(1)) < 1 or int(found.group(2)) < 1:
+        raise HookscopeError(f"--grid {text!r} is not HxW; write it like 14x14")
+    return int(found.group(1)), int(found.group(2))
 
 
 def _picture(x: torch.Tensor) -> torch.Tensor:
@@ -134,12 +157,19 @@ class _Inputs:
     x: torch.Tensor
     pictures: list[torch.Tensor]
     files: list[str] | None  # image paths, None for a random input
+    generated: list[str] | None = None  # the class of each generated shape, for MODEL demo alone
 
 
 def _inputs(args: argparse.Namespace) -> _Inputs:
     if args.image:
         found = load_images(args)
         return _Inputs(found.x, list(found.pictures), found.paths)
+    if args.model == DEMO_SPEC and args.input is None:  # a shape the demo model knows says more than noise
+        from ..synthetic import shapes
+
+        data = shapes(1, seed=args.seed)
+        classes = [data.classes[int(k)] for k in data.labels]
+        return _Inputs(data.images, list(data.images), None, classes)
     x = example_input(args.model, args.input, seed=args.seed)
     if x.dim() != 4:
         raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
@@ -205,7 +235,8 @@ def _report(model: torch.nn.Module, results: list[CamResult], inputs: _Inputs, n
     targets, scores = _row_facts(results)
     for i in range(len(inputs.pictures)):
         paths = [str(p[i]) for p in (*overlays.values(), plots) if p[i] is not None]
-        file = f" ({Path(inputs.files[i]).name})" if inputs.files is not None else ""
+        file = (f" ({Path(inputs.files[i]).name})" if inputs.files is not None
+                else f" (generated {inputs.generated[i]})" if inputs.generated is not None else "")
         print(f"image {i}{file}: {_label(targets[i], scores[i], names)}" + (f" -> {', '.join(paths)}" if paths else ""))
 
 
@@ -220,11 +251,74 @@ def _json(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
             i, k = row["image"], row["target"]
             row["class_name"] = names[k] if names is not None and isinstance(k, int) and 0 <= k < len(names) else None
             row["file"] = inputs.files[i] if inputs.files is not None else None
+            row["generated"] = inputs.generated[i] if inputs.generated is not None else None
             row["out"] = str(overlays[r.method][i]) if overlays[r.method][i] is not None else None
             row["plot"] = str(plots[i]) if plots[i] is not None else None
         data.update(model=args.model, weights=args.weights, input=list(inputs.x.shape), class_names=names)
         objects.append(data)
     return json.dumps(objects[0] if len(objects) == 1 else objects, indent=2)
+
+
+def _written(args: argparse.Namespace, n: int, methods: list[str]) -> list[tuple[str, Path]]:
+    """Every file the command writes, with the option that names it (``--out NAME``): overlays, then plots."""
+    tag = len(methods) > 1
+    found = [(f"--out {args.out}", p) for m in methods for p in _paths(args.out, n, m if tag else "")]
+    found += [(f"--plot {args.plot}", p) for p in _paths(args.plot, n)]
+    return [(option, p) for option, p in found if p is not None]
+
+
+def _subject(option: str, path: Path) -> str:
+    """``--out o.png`` when it is the file, ``--out o.png writes o_0.png, which`` when it names several."""
+    return option if Path(option.split(" ", 1)[1]) == path else f"{option} writes {path}, which"
+
+
+def _in_folder(path: Path, folders: list[Path]) -> Path | None:
+    """The --image folder that would read ``path`` back as an image next time, if any."""
+    if path.name.startswith(".") or not path.name.lower().endswith(IMAGE_SUFFIXES):
+        return None
+    return next((f for f in folders if path.parent == f), None)
+
+
+def _check_outputs(args: argparse.Namespace, inputs: _Inputs, methods: list[str]) -> None:
+    """Refuse, before the model runs, a file to write that is an input image, a folder, written twice,
+    in an --image folder (the next run would read it as an image) or there already without --overwrite."""
+    written = _written(args, len(inputs.pictures), methods)
+    images = {os.path.realpath(f) for f in inputs.files or []}
+    folders = [Path(os.path.realpath(f)) for f in args.image or [] if os.path.isdir(f)]
+    seen: dict[str, str] = {}
+    for option, path in written:
+        real, what = os.path.realpath(path), _subject(option, path)
+        if real in seen:
+            raise HookscopeError(f"{seen[real]} and {option} both write {path}; give them different names")
+        seen[real] = option
+        if path.is_dir():
+            raise HookscopeError(f"{what} is a folder; give a file path such as {path / 'cam.png'}")
+        if real in images:
+            raise HookscopeError(f"{what} is one of the --image files; give another path, an input is never "
+                                 "overwritten")
+        folder = _in_folder(Path(real), folders)
+        if folder is not None:
+            raise HookscopeError(f"{what} is in the --image folder {folder}, whose images are all read (the "
+                                 "next run would read it back as an input); write it outside that folder")
+    there = [(option, path) for option, path in written if path.exists()]
+    if there and not args.overwrite:
+        option, path = there[0]
+        more = f" (and {len(there) - 1} more of the {len(written)} files to write)" if len(there) > 1 else ""
+        raise HookscopeError(f"{_subject(option, path)} exists{more}; pass --overwrite to replace it, or give "
+                             "another path")
+
+
+def _for_the_cli(e: HookscopeError) -> HookscopeError:
+    """The analysis's grid error, with the CLI's options (--grid, --tokens) instead of Python's (grid=)."""
+    found = re.search(r"reshape= failed on layer ('.*?')'s output .*: (\d+) tokens after skipping (\d+) do not "
+                      r"fill a (\d+) x (\d+) grid", str(e))
+    if found is None:
+        return e
+    layer = found.group(1)
+    n, skip, h, w = (int(found.group(k)) for k in range(2, 6))
+    a = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0) if n > 0 else 1  # the squarest grid
+    return HookscopeError(f"--tokens {skip}: layer {layer} leaves {n} tokens, which do not fill a {h}x{w} grid; "
+                          f"pass --grid HxW with H x W = {n} (such as {a}x{max(n // a, 1)}), or another --tokens SKIP")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -236,14 +330,22 @@ def _run(args: argparse.Namespace) -> int:
     from ..analysis.cam import cam, channels_first, channels_last, tokens_to_grid
 
     methods = _check(args)
+    grid = _grid(args.grid)
     names = class_names(args)
-    model = load_model(args.model, seed=args.seed, weights=args.weights)
+    model = load_model(args.model, seed=args.seed, weights=args.weights)  # a bad MODEL is said first
     inputs = _inputs(args)
+    _check_outputs(args, inputs, methods)  # the batch says which files are written; checked before any runs
     chosen = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}
-    reshape = tokens_to_grid(args.tokens) if args.tokens is not None else shapers[args.layout]
-    results = [cam(model, inputs.x, layers=chosen, method=m, target=args.target, fuse=args.fuse, reshape=reshape)
-               for m in methods]
+    reshape = tokens_to_grid(args.tokens, grid=grid) if args.tokens is not None else shapers[args.layout]
+    try:
+        results = [cam(model, inputs.x, layers=chosen, method=m, target=args.target, fuse=args.fuse,
+                       reshape=reshape) for m in methods]
+    except HookscopeError as e:
+        said = _for_the_cli(e)
+        if said is e:
+            raise  # as it was, its cause kept
+        raise said from None
     _check_names(model, inputs.x, names, args)
     written = _save(results, inputs, names, args)
     if args.json:

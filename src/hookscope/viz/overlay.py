@@ -33,6 +33,8 @@ def as_image(image: ImageLike) -> torch.Tensor:
     """An image file, PIL image or tensor as a 3 x H x W float tensor in [0, 1] on the CPU.
 
     Grey images (1 x H x W or H x W) are repeated over 3 channels, ``uint8`` tensors divided by 255.
+    16-bit pictures (PIL modes ``I;16`` and ``I``) are divided by 65535; float pictures (mode ``F``)
+    are taken as they are and must lie in [0, 1].
 
     Example:
         >>> as_image(torch.full((1, 2, 2), 255, dtype=torch.uint8)).shape
@@ -43,17 +45,14 @@ def as_image(image: ImageLike) -> torch.Tensor:
         if not os.path.isfile(image):
             raise HookscopeError(f"no such image file: {os.fspath(image)}")
         with pil.open(image) as im:
-            image = im.convert("RGB")
+            return _from_pil(im, f"image {os.fspath(image)}")
     if not isinstance(image, torch.Tensor):
         if not (hasattr(image, "convert") and hasattr(image, "size")):
             raise HookscopeError(
                 f"image must be a 3 x H x W tensor in [0, 1], a PIL image or a file path, "
                 f"not {type(image).__name__}"
             )
-        import numpy as np
-
-        array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-        return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+        return _from_pil(image, f"the PIL image (mode {getattr(image, 'mode', '?')})")
     t = image.detach().to("cpu")
     if t.dim() == 4 and t.shape[0] == 1:
         t = t[0]
@@ -72,6 +71,45 @@ def as_image(image: ImageLike) -> torch.Tensor:
             "input normalisation first (x * std + mean)"
         )
     return t.expand(3, -1, -1)
+
+
+# Pillow's modes whose values are not 8-bit: convert("RGB") would clip them to 255, not scale them
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _from_pil(im: Any, name: str) -> torch.Tensor:
+    """A PIL image as 3 x H x W in [0, 1]: 8-bit modes through RGB, 16-bit scaled, float kept."""
+    import numpy as np
+
+    mode = str(im.mode)
+    if mode in _SIXTEEN_BIT or mode == "F":
+        values = np.asarray(im).astype(np.float64)
+        if mode == "F":
+            _check_float(values, name)
+        else:
+            _check_sixteen(values, name)
+            values = values / 65535.0
+        grey = torch.from_numpy(values.astype(np.float32))
+        return grey[None].expand(3, -1, -1).contiguous()
+    array = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+
+
+def _check_float(values: Any, name: str) -> None:
+    import numpy as np
+
+    if not np.isfinite(values).all():
+        raise HookscopeError(f"{name} holds NaN or infinite values; save it with finite values in [0, 1]")
+    if values.size and (values.min() < 0 or values.max() > 1):
+        raise HookscopeError(f"{name} holds float values in [{values.min():.4g}, {values.max():.4g}], not [0, 1]; "
+                             "save it scaled to [0, 1], or as an 8- or 16-bit image")
+
+
+def _check_sixteen(values: Any, name: str) -> None:
+    """Mode ``I`` holds 32-bit integers; only those a 16-bit picture holds are read as one."""
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise HookscopeError(f"{name} holds integer values in [{values.min():.0f}, {values.max():.0f}], beyond "
+                             "16 bits (0 to 65535); save it as an 8- or 16-bit image")
 
 
 def _map_tensor(cam_map: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
