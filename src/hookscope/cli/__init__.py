@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
+from ..core.text import first_line
 from ..errors import HookscopeError
 
 _FOLDER_OUT = ("report", "demo")
@@ -98,14 +99,10 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
     except OSError as e:  # a path that cannot be read or written: the environment, not a bug
         return fail(_os_error(e))
     except MemoryError as e:
-        return fail(f"out of memory ({_first(e)}); give a smaller --input or --batch")
+        return fail(f"out of memory ({first_line(e)}); give a smaller --input or --batch")
     except KeyboardInterrupt:
         print("hookscope: interrupted", file=sys.stderr)
         return 130
-
-
-def _first(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

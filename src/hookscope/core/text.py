@@ -91,13 +91,20 @@ def num(v: float | None, digits: int = 4) -> str:
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message (its type name when the message is empty).
+    """The first line of an exception's message (its type name when the message is empty); past
+    ``limit`` characters, cut at a word and ended with "...".
 
     Example:
         >>> first_line(ValueError("bad shape\\n  more detail"))
         'bad shape'
         >>> first_line(KeyError())
         'KeyError'
+        >>> first_line(ValueError("one two three"), limit=9)
+        'one two...'
     """
     lines = str(exc).strip().splitlines()
-    return (lines[0] if lines and lines[0].strip() else type(exc).__name__)[:limit]
+    line = lines[0] if lines and lines[0].strip() else type(exc).__name__
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    return (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;:.") + "..."
