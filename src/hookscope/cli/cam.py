@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import textwrap
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ import torch
 
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
-from ._images import IMAGE_SUFFIXES, add_image_arguments, load_images
+from ._images import add_image_arguments, load_images
 from ._load import (
     DEMO_SPEC,
     add_class_arguments,
@@ -28,6 +27,7 @@ from ._load import (
     load_model,
     model_session,
 )
+from ._outputs import check_outputs
 
 if TYPE_CHECKING:
     from ..analysis.cam import CamResult
@@ -267,45 +267,9 @@ def _written(args: argparse.Namespace, n: int, methods: list[str]) -> list[tuple
     return [(option, p) for option, p in found if p is not None]
 
 
-def _subject(option: str, path: Path) -> str:
-    """``--out o.png`` when it is the file, ``--out o.png writes o_0.png, which`` when it names several."""
-    return option if Path(option.split(" ", 1)[1]) == path else f"{option} writes {path}, which"
-
-
-def _in_folder(path: Path, folders: list[Path]) -> Path | None:
-    """The --image folder that would read ``path`` back as an image next time, if any."""
-    if path.name.startswith(".") or not path.name.lower().endswith(IMAGE_SUFFIXES):
-        return None
-    return next((f for f in folders if path.parent == f), None)
-
-
 def _check_outputs(args: argparse.Namespace, inputs: _Inputs, methods: list[str]) -> None:
-    """Refuse, before the model runs, a file to write that is an input image, a folder, written twice,
-    in an --image folder (the next run would read it as an image) or there already without --overwrite."""
-    written = _written(args, len(inputs.pictures), methods)
-    images = {os.path.realpath(f) for f in inputs.files or []}
-    folders = [Path(os.path.realpath(f)) for f in args.image or [] if os.path.isdir(f)]
-    seen: dict[str, str] = {}
-    for option, path in written:
-        real, what = os.path.realpath(path), _subject(option, path)
-        if real in seen:
-            raise HookscopeError(f"{seen[real]} and {option} both write {path}; give them different names")
-        seen[real] = option
-        if path.is_dir():
-            raise HookscopeError(f"{what} is a folder; give a file path such as {path / 'cam.png'}")
-        if real in images:
-            raise HookscopeError(f"{what} is one of the --image files; give another path, an input is never "
-                                 "overwritten")
-        folder = _in_folder(Path(real), folders)
-        if folder is not None:
-            raise HookscopeError(f"{what} is in the --image folder {folder}, whose images are all read (the "
-                                 "next run would read it back as an input); write it outside that folder")
-    there = [(option, path) for option, path in written if path.exists()]
-    if there and not args.overwrite:
-        option, path = there[0]
-        more = f" (and {len(there) - 1} more of the {len(written)} files to write)" if len(there) > 1 else ""
-        raise HookscopeError(f"{_subject(option, path)} exists{more}; pass --overwrite to replace it, or give "
-                             "another path")
+    """Every file to write checked before the model runs (see :func:`._outputs.check_outputs`)."""
+    check_outputs(_written(args, len(inputs.pictures), methods), args.image, overwrite=args.overwrite)
 
 
 def _for_the_cli(e: HookscopeError) -> HookscopeError:

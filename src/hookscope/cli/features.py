@@ -18,6 +18,7 @@ from ..errors import HookscopeError
 from ..viz.features import REDUCTIONS, SCALES
 from ._images import add_image_arguments, load_images
 from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
+from ._outputs import check_outputs
 
 if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps
@@ -223,18 +224,9 @@ def _paths(out: str, n: int) -> list[Path]:
 
 
 def _check_outputs(args: argparse.Namespace, batch: int) -> None:
-    """Refuse, in one line, when a file the command will write is there already (without --overwrite)
-    or is a folder: called before the model is loaded, so that a refusal costs nothing."""
+    """Every picture to write checked before the model is loaded (see :func:`._outputs.check_outputs`)."""
     paths = _paths(args.out, batch if args.compare_references else 1)
-    folders = [p for p in paths if p.is_dir()]
-    if folders:
-        raise HookscopeError(f"--out {args.out}: {folders[0]} is a folder; give a file path such as "
-                             f"{folders[0] / 'maps.png'}")
-    there = [p for p in paths if p.exists()]
-    if there and not args.overwrite:
-        more = f" (and {len(there) - 1} more of the {len(paths)} files it writes)" if len(there) > 1 else ""
-        which = "" if paths == [Path(args.out)] else f" writes {there[0]}, which"
-        raise HookscopeError(f"--out {args.out}{which} exists{more}; pass --overwrite to replace it, or another --out")
+    check_outputs([(f"--out {args.out}", p) for p in paths], args.image, overwrite=args.overwrite)
 
 
 def _comparison(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,

@@ -6,7 +6,9 @@ matplotlib (colormaps) and pillow (image files) are imported when first needed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Union
 
@@ -44,8 +46,9 @@ def as_image(image: ImageLike) -> torch.Tensor:
         pil = _need("PIL.Image")
         if not os.path.isfile(image):
             raise HookscopeError(f"no such image file: {os.fspath(image)}")
-        with pil.open(image) as im:
-            return _from_pil(im, f"image {os.fspath(image)}")
+        ops = _need("PIL.ImageOps")
+        with pil.open(image) as im:  # a phone's photo is stored sideways with an EXIF note to turn it
+            return _from_pil(ops.exif_transpose(im), f"image {os.fspath(image)}")
     if not isinstance(image, torch.Tensor):
         if not (hasattr(image, "convert") and hasattr(image, "size")):
             raise HookscopeError(
@@ -178,5 +181,14 @@ def save_overlay(
     out = Path(path)
     if out.parent and not out.parent.exists():
         raise HookscopeError(f"cannot write {out}: the folder {out.parent} does not exist")
-    pil.fromarray(array).save(out, format="PNG")
+    # written under a fresh name and renamed: a crash, or an output that is an input under another
+    # name (a hard link), never leaves a half-written file in place of the old one
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            pil.fromarray(array).save(f, format="PNG")
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # gone already after a successful rename
     return out
