@@ -249,10 +249,11 @@ def test_the_current_folder_is_never_replaced(tmp_path: Path, monkeypatch: pytes
 
 def test_a_killed_runs_hidden_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".r.partial-{dead.stdout.strip()}-abc123"
-    live = tmp_path / f".r.partial-{os.getpid()}-xyz789"  # a writer still running: left alone
+    stale = tmp_path / f".r.partial-{dead.stdout.strip()}-abc_1234"
+    live = tmp_path / f".r.partial-{os.getpid()}-xyz_7890"  # a writer still running: left alone
     for p in (stale, live):
         (p / "img").mkdir(parents=True)
+        (p / ".hookscope-partial").touch()
     build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), tmp_path / "r", methods=[])
     assert not stale.exists() and live.exists() and (tmp_path / "r" / "index.html").is_file()
 

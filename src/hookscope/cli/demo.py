@@ -108,14 +108,29 @@ def _record(model: nn.Module, args: argparse.Namespace, x: torch.Tensor) -> tupl
     return rec, logits
 
 
+_TITLE = "hookscope demo: DemoNet on generated shapes"
+
+
+def _check_out(out: Path) -> None:
+    """The demo replaces its own earlier report only: not another command's, not a folder of files."""
+    from ..report import check_target
+
+    check_target(out, overwrite=True, flag="--out ANOTHER_FOLDER")
+    try:
+        title = json.loads((out / "report.json").read_text(encoding="utf-8")).get("title")
+    except (OSError, ValueError, AttributeError):
+        return  # no folder, an empty one, or one check_target has vetted
+    if title != _TITLE:
+        raise HookscopeError(f"{out} holds a report the demo did not write ({title!r}); give another --out, or "
+                             "remove it yourself")
+
+
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.batch <= _MOST:
         raise HookscopeError(f"--batch {args.batch} must be at least 1" if args.batch < 1 else
                              f"--batch {args.batch} is more than the demo draws ({_MOST}); give a smaller --batch")
     if not args.no_report:  # a folder that cannot be written fails now, not after the model ran
-        from ..report import check_target
-
-        check_target(Path(args.out).absolute(), overwrite=True, flag="--out ANOTHER_FOLDER")
+        _check_out(Path(args.out))
     model = demo_model()
     data = shapes(args.batch, seed=args.seed)
     rec, logits = _record(model, args, data.images)
@@ -126,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         from ..report import build_report
 
         path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
-                            class_names=DEMO_CLASSES, baselines=data.backgrounds, title="hookscope demo: DemoNet on generated shapes",
+                            class_names=DEMO_CLASSES, baselines=data.backgrounds, title=_TITLE,
                             overwrite=True)
         found["report"] = str((path / "index.html").resolve())
     if args.json:

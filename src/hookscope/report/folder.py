@@ -10,9 +10,9 @@ ever replaced, and only when the caller says so; never the current folder or one
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -31,8 +31,12 @@ def _is_report(folder: Path) -> bool:
     names = {p.name for p in folder.iterdir()}
     if not names <= {"index.html", "img", MARKER} or MARKER not in names:
         return False
+    files = [folder / n for n in names if n != "img"]
+    if any(p.is_symlink() or not p.is_file() for p in files):
+        return False
     img = folder / "img"
-    if img.exists() and (not img.is_dir() or any(p.suffix != ".png" or p.is_dir() for p in img.iterdir())):
+    if img.exists() and (img.is_symlink() or not img.is_dir()
+                         or any(p.suffix != ".png" or p.is_symlink() or not p.is_file() for p in img.iterdir())):
         return False
     try:
         doc = json.loads((folder / MARKER).read_text(encoding="utf-8"))
@@ -50,6 +54,7 @@ def check_target(out: Path, *, overwrite: bool, flag: str) -> None:
         ...
         hookscope.errors.HookscopeError: cannot write /no/such/folder/r: no folder /no/such/folder; create it first
     """
+    out = Path(os.path.abspath(out))  # `a/img/..` is `a`, and messages show the path plainly
     if not out.parent.is_dir():
         raise HookscopeError(f"cannot write {out}: no folder {out.parent}; create it first")
     here = Path.cwd().resolve()
@@ -69,22 +74,28 @@ def check_target(out: Path, *, overwrite: bool, flag: str) -> None:
                              "choose another path")
 
 
+_STAMP = ".hookscope-partial"  # inside every hidden folder this module makes: what the cleanup looks for
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # someone else's process: alive
+    except (OSError, OverflowError, ValueError):  # someone else's process, or not a process id: leave it
         return True
     return True
 
 
 def _clean_stale(out: Path) -> None:
-    """Remove hidden folders that a killed earlier run left beside ``out`` (their writer is gone)."""
-    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*-*"):
-        kind, _, rest = p.name[len(out.name) + 2:].partition("-")
-        pid = rest.split("-", 1)[0]
-        if kind in ("partial", "old") and pid.isdigit() and not _alive(int(pid)) and p.is_dir():
+    """Remove hidden folders that a killed earlier run left beside ``out``: only names this module makes
+    (``.NAME.partial-PID-XXXXXXXX``, ``.NAME.old-PID-hhhhhhhh``), holding its stamp, whose process is gone."""
+    shape = re.compile(rf"\.{re.escape(out.name)}\.(?:partial-(\d{{1,9}})-[a-z0-9_]{{8}}|old-(\d{{1,9}})-[0-9a-f]{{8}})")
+    for p in out.parent.iterdir():
+        found = shape.fullmatch(p.name)
+        if found is None or p.is_symlink() or not (p / _STAMP).is_file():
+            continue
+        if not _alive(int(found.group(1) or found.group(2))):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -107,6 +118,7 @@ def _publish(tmp: Path, out: Path) -> None:
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.replace(out, old)
+        (old / _STAMP).touch()  # ours to remove, should this process die before it does
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -131,13 +143,15 @@ def staged_folder(out: str | os.PathLike[str], *, overwrite: bool = False,
         ['r']
         >>> import shutil; shutil.rmtree(root)
     """
-    target = Path(out).absolute()
+    target = Path(os.path.abspath(out))  # `a/img/..` is `a`: the name must be the folder's own
     check_target(target, overwrite=overwrite, flag=flag)
     _clean_stale(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{os.getpid()}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a report is meant to be read
     try:
+        (tmp / _STAMP).touch()
         yield tmp
+        (tmp / _STAMP).unlink()
         _sync_tree(tmp)
         _publish(tmp, target)
     except BaseException:
