@@ -79,20 +79,22 @@ class LayoutProbe:
         >>> probe, group = LayoutProbe(["1"]), HookGroup()
         >>> probe.attach(net, [("1", net[1])], group)
         >>> _ = net(torch.zeros(1, 3, 8, 8)); group.remove()
-        >>> probe.layout("1", torch.Size([1, 4, 6, 6]), (8, 8))
+        >>> probe.layout("1", torch.zeros(1, 4, 6, 6), (8, 8))
         'first'
     """
 
     def __init__(self, names: list[str]) -> None:
         self.handed: dict[str, torch.Tensor] = {}
+        self.strides: dict[str, tuple[int, ...]] = {}  # of what each layer really produced (a copy may differ)
         self.running: set[str] = set()
         self.made: tuple[nn.Module, torch.Tensor] | None = None  # the last 4-D output of a module of known layout
-        self.inner: dict[str, tuple[nn.Module, torch.Size]] = {}
+        self.inner: dict[str, tuple[nn.Module, torch.Size, tuple[int, ...]]] = {}  # module, shape, strides
         self.readers: dict[str, list[nn.Module]] = {n: [] for n in names}
 
     def hand(self, name: str, tensor: torch.Tensor) -> None:
         """Layer ``name`` handed ``tensor`` on to the rest of the model."""
         self.handed[name] = tensor
+        self.strides[name] = tensor.stride()
 
     def release(self) -> None:
         """Keep no tensor alive once the pass is over (the readers and makers are known then)."""
@@ -103,7 +105,7 @@ class LayoutProbe:
             if isinstance(output, torch.Tensor) and output.ndim == 4:
                 self.made = (module, output)
                 for name in self.running:  # the last one to run inside a kept layer
-                    self.inner[name] = (module, output.shape)
+                    self.inner[name] = (module, output.shape, output.stride())
 
         return hook
 
@@ -112,7 +114,7 @@ class LayoutProbe:
             self.running.add(name)
             t = args[0] if args else None
             if same_layout and self.made is not None and t is self.made[1]:  # a ReLU right after a Conv2d
-                self.inner[name] = (self.made[0], self.made[1].shape)
+                self.inner[name] = (self.made[0], self.made[1].shape, self.made[1].stride())
 
         return hook
 
@@ -135,15 +137,18 @@ class LayoutProbe:
         for name, module in keep:  # after every other hook on the layer
             group.add(module.register_forward_hook(lambda m, a, o, n=name: self.running.discard(n)))
 
-    def layout(self, name: str, shape: torch.Size, size: tuple[int, int]) -> str:
-        """``"first"`` or ``"last"``: where layer ``name``'s 4-D output keeps its channels; one line if not known.
+    def layout(self, name: str, t: torch.Tensor, size: tuple[int, int]) -> str:
+        """``"first"`` or ``"last"``: where layer ``name``'s 4-D output ``t`` keeps its channels; one line if
+        not known.
 
-        Told by the last module of known layout to run inside the layer (if its output has the layer's
-        shape) and by the modules of known layout that read the output; failing both, by which reading
-        gives a grid of the input's aspect ratio (``size``).
+        Told by the last module of known layout to run inside the layer (if its output has the shape
+        and strides of ``t``: a permuted view of it, even of the same shape, is not its layout) and by
+        the modules of known layout that read the output; failing both, by which reading gives a grid
+        of the input's aspect ratio (``size``).
         """
         said: dict[str, str] = {}
-        if name in self.inner and self.inner[name][1] == shape:
+        shape = t.shape
+        if name in self.inner and self.inner[name][1:] == (shape, self.strides.get(name, t.stride())):
             made = _layout_of(self.inner[name][0], shape, reading=False)
             if made is not None:
                 said[made] = f"the {type(self.inner[name][0]).__name__} that makes it"

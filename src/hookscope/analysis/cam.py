@@ -326,7 +326,7 @@ def _shapers(acts: dict[str, torch.Tensor], p: _Pass, reshape: Callable[[torch.T
     for n, a in acts.items():
         if reshape is not None:
             shapers[n], layouts[n] = reshape, "reshape="
-        elif probed and a.ndim == 4 and p.probe.layout(n, a.shape, size) == "last":
+        elif probed and a.ndim == 4 and p.probe.layout(n, a, size) == "last":
             shapers[n], layouts[n] = channels_last, "BHWC"
         else:  # a layer found by cam() itself is a Conv2d's output or the map the head pools
             shapers[n], layouts[n] = None, "BCHW"

@@ -405,7 +405,7 @@ def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, res
         return "first"
     shape = found[0].shape
     size = (int(x.shape[-2]), int(x.shape[-1])) if x.ndim == 4 else (int(shape[2]), int(shape[3]))
-    return probe.layout(name, shape, size)
+    return probe.layout(name, found[0], size)
 
 
 def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str, Any] | None, naive: bool,
