@@ -14,7 +14,7 @@ from torch import nn
 
 from hookscope.core import hook_count
 
-__all__ = ["no_hooks", "Net", "ConvReLU", "Pair", "FakeModelOutput", "Structured"]
+__all__ = ["cached_torchvision_weights", "no_hooks", "Net", "ConvReLU", "Pair", "FakeModelOutput", "Structured"]
 
 
 def no_hooks(model: nn.Module) -> bool:
@@ -86,3 +86,23 @@ class Structured(nn.Module):
         if self.kind == "namedtuple":
             return torch.max(y, dim=1)
         return y
+
+
+def cached_torchvision_weights(tmp_path: Any, monkeypatch: Any, name: str) -> tuple[nn.Module, Any, Any]:
+    """TORCH_HOME under ``tmp_path`` with ``name``'s DEFAULT weights in torch.hub's cache: a randomly
+    initialised model's (seed 3), made here, so that loading by weight name needs no network.
+
+    Returns (that model, the weights enum member, the cached file's path).
+    """
+    import os
+
+    import torchvision
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    folder = tmp_path / "torch_home" / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.manual_seed(3)
+    fake = torchvision.models.get_model(name, weights=None).eval()
+    torch.save(fake.state_dict(), folder / os.path.basename(weights.url))
+    return fake, weights, folder / os.path.basename(weights.url)

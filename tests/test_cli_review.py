@@ -23,6 +23,8 @@ from torch import nn
 from hookscope import HookscopeError
 from hookscope.cli import main
 from hookscope.cli._images import image_files, read_image
+from helpers import cached_torchvision_weights
+
 import hookscope.cli._load as load
 from hookscope.viz import as_image
 
@@ -268,16 +270,7 @@ def test_hidden_files_in_a_folder_are_skipped(tmp_path, capsys):
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """TORCH_HOME with squeezenet1_1's weights cached: a randomly initialised model's, made here."""
-    import torchvision
-
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    weights = torchvision.models.get_model_weights(TV).DEFAULT
-    folder = tmp_path / "torch_home" / "hub" / "checkpoints"
-    folder.mkdir(parents=True)
-    torch.manual_seed(3)
-    fake = torchvision.models.get_model(TV, weights=None).eval()
-    torch.save(fake.state_dict(), folder / os.path.basename(weights.url))
-    return fake, weights, folder / os.path.basename(weights.url)
+    return cached_torchvision_weights(tmp_path, monkeypatch, TV)
 
 
 @pytest.mark.parametrize("command", ["layers", "summary"])

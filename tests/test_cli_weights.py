@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import no_hooks
+from helpers import cached_torchvision_weights, no_hooks
 from PIL import Image
 from torch import nn
 
@@ -193,16 +193,7 @@ def test_safetensors_weights_need_the_dump_extra(tmp_path, monkeypatch, capsys):
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """TORCH_HOME with squeezenet1_1's ImageNet weights cached: random ones, made here (seed 3)."""
-    import torchvision
-
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
-    weights = torchvision.models.get_model_weights(TV).DEFAULT
-    folder = tmp_path / "torch_home" / "hub" / "checkpoints"
-    folder.mkdir(parents=True)
-    torch.manual_seed(3)
-    fake = torchvision.models.get_model(TV, weights=None).eval()
-    torch.save(fake.state_dict(), folder / os.path.basename(weights.url))
-    return fake, weights, folder / os.path.basename(weights.url)
+    return cached_torchvision_weights(tmp_path, monkeypatch, TV)
 
 
 @pytest.mark.parametrize("name", ["DEFAULT", "IMAGENET1K_V1", "SqueezeNet1_1_Weights.IMAGENET1K_V1"])
