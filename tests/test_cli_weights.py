@@ -8,7 +8,6 @@ from a randomly initialised model and put where torch.hub looks first (``$TORCH_
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -22,7 +21,6 @@ from helpers import cached_torchvision_weights, no_hooks
 from PIL import Image
 from torch import nn
 
-import hookscope.cli
 from hookscope import HookscopeError
 from hookscope.cli import main
 from hookscope.cli._images import load_images, preset_for
@@ -361,8 +359,6 @@ def test_a_session_gives_the_commands_weights_to_its_model_only(tmp_path):
         assert not torch.equal(load_model("hookscope.zoo:TinyResNet")(x), trained(x))
 
 
-@pytest.mark.skipif("model_session" not in inspect.getsource(hookscope.cli._run),
-                    reason="cli/__init__.py's _run does not enter _load.model_session yet")
 def test_every_model_command_honours_weights_and_warns(tmp_path, capsys):
     torch.save(TinyResNet(num_classes=5).state_dict(), tmp_path / "five.pt")
     for command in ("summary", "trace", "watch", "diff", "layers"):
