@@ -633,6 +633,15 @@ def test_scorecam_progress_bar_on_request_only(capsys, monkeypatch):
     assert err == "".join(f"\rscorecam: {i}/4 batches" for i in range(1, 5)) + "\n"
 
 
+def test_scorecam_shows_no_bar_in_a_log_however_long_the_run(capsys, monkeypatch):
+    import hookscope.analysis._cam_methods as methods
+
+    monkeypatch.setattr(methods, "_SHOW_AFTER", 0.0)  # every run "long"
+    net, x = DeadChannels().eval(), torch.randn(1, 3, 8, 8)
+    cam(net, x, layers="relu", method="scorecam", batch_size=1)  # stderr captured: not a terminal
+    assert capsys.readouterr().err == ""
+
+
 # --- issue 10: the result protocol, layers=, kwargs=, ForwardError --------------------------------
 def test_cam_result_speaks_the_result_protocol():
     import json

@@ -238,7 +238,8 @@ def _score_weights(scorer: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_
             job_scores[i * batch_size:i * batch_size + len(chunk)] = got
             if bar is not None:
                 bar.step()
-            elif progress or (progress is None and (time.perf_counter() - started) * n_batches > _SHOW_AFTER):
+            elif progress or (progress is None and sys.stderr.isatty()  # no bar in logs and pipes
+                              and (time.perf_counter() - started) * n_batches > _SHOW_AFTER):
                 bar = _Progress(n_batches, i + 1)
     finally:
         if bar is not None:

@@ -631,7 +631,8 @@ def cam(
         fuse: ``"mean"`` or ``"max"`` over layers.
         batch_size: Score-CAM's masked inputs per forward.
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
-            shown when the first batch says the whole run will take over 5 seconds.
+            shown when stderr is a terminal and the first batch says the whole run will take over
+            5 seconds.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``. A tensor with ``B`` rows
             goes with its samples: Score-CAM's masked inputs get the rows of the images they mask.
         layer: the old name of ``layers=`` (until hookscope 0.3; it warns).
