@@ -34,7 +34,7 @@ import pickle
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
@@ -365,24 +365,36 @@ def _pickled(path: str, e: Exception) -> HookscopeError:
     )
 
 
-def _load_file(path: str, trust: bool) -> Any:
-    """Weights and tensors through ``weights_only=True``; a whole pickled model only if ``trust``."""
+_Refusal = Callable[[str, Exception], HookscopeError]
+
+
+def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, foreign: _Refusal,
+                  retry_foreign: bool, failed: _Refusal) -> Any:
+    """``torch.load(weights_only=True)``, and the full unpickler only when the user vouched (``trust``);
+    each failure one line: an empty or unreadable file, ``pickled`` objects refused, a ``foreign`` file
+    (corrupt, text: it fails in many ways) refused unless ``retry_foreign``, the full unpickler ``failed``."""
     if os.path.getsize(path) == 0:
-        raise HookscopeError(f"cannot load {path}: the file is empty")
+        raise HookscopeError(f"cannot load {label}: the file is empty")
     try:
         return _read(path, weights_only=True)
     except OSError as e:
-        raise HookscopeError(f"cannot read {path}: {e.strerror or e}") from e
+        raise HookscopeError(f"cannot read {label}: {e.strerror or e}") from e
     except pickle.UnpicklingError as e:
         if not trust:
-            raise _pickled(path, e) from None
-    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF...)
-        if not trust:
-            raise _unreadable(path, e) from e
+            raise pickled(path, e) from None
+    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF, KeyError on text...)
+        if not retry_foreign:
+            raise foreign(path, e) from e
     try:
         return _read(path, weights_only=False)
     except Exception as e:
-        raise _unreadable(path, e) from e
+        raise failed(path, e) from e
+
+
+def _load_file(path: str, trust: bool) -> Any:
+    """Weights and tensors through ``weights_only=True``; a whole pickled model only if ``trust``."""
+    return _load_checked(path, path, trust=trust, pickled=_pickled, foreign=_unreadable, retry_foreign=trust,
+                         failed=_unreadable)
 
 
 def _unreadable(path: str, e: BaseException) -> HookscopeError:
@@ -557,25 +569,20 @@ def _weights_file(path: str, trust: bool) -> Any:
     if not os.path.isfile(path):
         hint = "" if _is_weights_file(path) else " (weight names such as DEFAULT are for torchvision:NAME models)"
         raise HookscopeError(f"no such weights file: {path}{hint}")
-    if os.path.getsize(path) == 0:
-        raise HookscopeError(f"cannot load --weights {path}: the file is empty")
-    if path.lower().endswith(".safetensors"):
+    if os.path.getsize(path) > 0 and path.lower().endswith(".safetensors"):
         return _safetensors(path)
-    try:
-        return _read(path, weights_only=True)
-    except OSError as e:
-        raise HookscopeError(f"cannot read --weights {path}: {e.strerror or e}") from e
-    except pickle.UnpicklingError as e:
-        if not trust:
-            raise _pickled_weights(path, e) from None
-    except Exception as e:  # a corrupt or foreign file fails in many ways (zip, EOF, KeyError on text...)
-        why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
-        raise HookscopeError(f"--weights {path} is not a weights file torch can read ({why}); give a file "
-                             "torch.save(model.state_dict(), path) or safetensors wrote") from e
-    try:
-        return _read(path, weights_only=False)
-    except Exception as e:
-        raise HookscopeError(f"cannot load --weights {path} ({type(e).__name__}: {first_line(e)})") from e
+    return _load_checked(path, f"--weights {path}", trust=trust, pickled=_pickled_weights, foreign=_not_weights,
+                         retry_foreign=False, failed=_failed_weights)
+
+
+def _not_weights(path: str, e: Exception) -> HookscopeError:
+    why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
+    return HookscopeError(f"--weights {path} is not a weights file torch can read ({why}); give a file "
+                          "torch.save(model.state_dict(), path) or safetensors wrote")
+
+
+def _failed_weights(path: str, e: Exception) -> HookscopeError:
+    return HookscopeError(f"cannot load --weights {path} ({type(e).__name__}: {first_line(e)})")
 
 
 def _is_text(path: str) -> bool:
