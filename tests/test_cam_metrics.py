@@ -32,6 +32,11 @@ class DictPixelSum(PixelSum):
         return FakeModelOutput(logits=super().forward(x), hidden=x)
 
 
+class TuplePixelSum(PixelSum):  # an output holding no logits
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (super().forward(x), x)
+
+
 # image [[4, 3], [2, 1]]; its map is itself, so pixels go in the order 4, 3, 2, 1
 X = torch.tensor([[[[4.0, 3.0], [2.0, 1.0]]]])
 MAP = X[:, 0]
@@ -194,8 +199,9 @@ def test_bad_arguments_are_one_line_errors(kwargs, match):
 
 def test_model_output_the_target_cannot_read():
     model = DictPixelSum()
-    with pytest.raises(HookscopeError, match=r"returns a FakeModelOutput.*output=lambda o: o.logits"):
-        deletion(model, X, MAP, target=0)
+    assert torch.allclose(deletion(model, X, MAP, target=0).scores, deletion(PixelSum(), X, MAP, target=0).scores)
+    with pytest.raises(HookscopeError, match=r"returns a tuple.*output=lambda o: o.logits"):
+        deletion(TuplePixelSum(), X, MAP, target=0)
     with pytest.raises(HookscopeError, match=r"target= returned \(1, 2\).*shape \(1,\)"):
         deletion(model, X, MAP, target=lambda o: o["logits"])
     with pytest.raises(HookscopeError, match=r"maps of shape \(2, 2, 2\) do not fit 1 images"):

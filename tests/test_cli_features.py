@@ -169,7 +169,7 @@ def test_a_token_layer_without_tokens_names_the_fix(tmp_path, capsys, models):
     assert main(["features", f"{models}:Tokens", "--input", "1x3x4x4", "--layer", "block",
                  "--out", str(tmp_path / "t.png")]) == 2
     line = one_error(capsys)
-    assert "B x tokens x C" in line and "--tokens 1" in line
+    assert "17 tokens of 4 channels" in line and "--tokens K" in line
 
 
 def test_help_has_an_example(capsys):

@@ -1,11 +1,14 @@
-"""Channels first or last: what a 4-D activation's dimensions mean, told by the modules around it.
+"""What an activation's dimensions mean, told by the modules around it: channels first or last, or tokens.
 
 Shared by the analyses that read a layer's output as a picture (CAM, feature maps). A
 :class:`LayoutProbe` hooks, for one forward pass, the modules whose type fixes a layout (Conv2d,
 BatchNorm, pooling put channels in dim 1; Linear, LayerNorm and torchvision's ``Permute`` in the
 last dim); :meth:`LayoutProbe.layout` then answers from the last such module to run inside the layer
 and from those that read its output, and, failing both, from which reading gives a grid of the
-input's aspect ratio. It never guesses: a conflict or no evidence is a one-line error naming the fix.
+input's aspect ratio. :meth:`LayoutProbe.tokens` reads ``B x N x C`` as ``k`` prefix tokens then an
+``h x w`` grid, from the model's prefix count (:func:`prefix_tokens`), the patch embedding's grid seen
+in the pass and the input's size. It never guesses: a conflict or no evidence is a one-line error
+naming the fix.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from torch import nn
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError
 
-__all__ = ["FIX", "LayoutProbe", "fits"]
+__all__ = ["FIX", "MAX_PREFIX", "TOKENS_FIX", "LayoutProbe", "fits", "grid_of_tokens", "prefix_tokens"]
 
 # Types whose 4-D tensors hold channels in dim 1 (they convolve, normalise or pool the last two dims).
 _FIRST_TYPES: tuple[type[nn.Module], ...] = (
@@ -34,6 +37,59 @@ _SAME_LAYOUT: tuple[type[nn.Module], ...] = (
 _PERMUTES = {(0, 2, 3, 1): "last", (0, 3, 1, 2): "first"}  # torchvision.ops.Permute(dims): the layout it makes
 FIX = ("pass reshape=hookscope.channels_last if it is B x h x w x C, or reshape=hookscope.channels_first if "
        "it is B x C x h x w (CLI: --layout last|first)")
+
+
+TOKENS_FIX = ("pass reshape=hookscope.tokens_to_grid(skip=K), K the class/distillation/register tokens before the "
+              "h x w patches, e.g. tokens_to_grid(1) for a class token (CLI: --tokens K)")
+MAX_PREFIX = 16  # prefix tokens (class, distillation, registers) a token layout may start with
+# Parameters that each add tokens before the patches, by the name of their attribute (timm, torchvision, HF).
+_TOKEN_PARAMS = ("cls_token", "class_token", "dist_token", "distillation_token", "reg_token", "register_tokens")
+# HF configs whose embeddings put a known number of tokens before the patches (Swin: none, at every stage).
+_HF_PREFIX = {"vit": 1, "deit": 2, "swin": 0, "swinv2": 0, "donut-swin": 0, "maskformer-swin": 0, "dinov2": 1,
+              "beit": 1, "data2vec-vision": 1}
+
+
+def prefix_tokens(model: nn.Module) -> int | None:
+    """How many tokens the model puts before its ``h x w`` patches, when it says so; ``None`` if it does not.
+
+    timm's ``num_prefix_tokens``, a transformers config's ``model_type`` (ViT: 1, DeiT: 2, Swin: 0;
+    plus ``num_register_tokens``), else the class / distillation / register token parameters
+    (torchvision's ``class_token``, 1 x n x C each).
+
+    Example:
+        >>> from torchvision.models import VisionTransformer
+        >>> prefix_tokens(VisionTransformer(32, 8, 1, 2, 16, 32)), prefix_tokens(nn.Linear(2, 2))
+        (1, None)
+    """
+    for m in model.modules():
+        n = getattr(m, "num_prefix_tokens", None)
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind in _HF_PREFIX:
+        regs = getattr(config, "num_register_tokens", 0)
+        return _HF_PREFIX[kind] + (regs if isinstance(regs, int) else 0)
+    counts = [p.shape[1] for name, p in model.named_parameters()
+              if name.rsplit(".", 1)[-1] in _TOKEN_PARAMS and p.ndim == 3]
+    return sum(counts) if counts else None
+
+
+def grid_of_tokens(t: torch.Tensor, skip: int, h: int, w: int) -> torch.Tensor:
+    """``B x (skip + h*w) x C`` -> ``B x C x h x w``: the first ``skip`` tokens dropped, the rest row by row.
+
+    Example:
+        >>> grid_of_tokens(torch.arange(10.).view(1, 5, 2), 1, 2, 2)[0, 0]
+        tensor([[2., 4.],
+                [6., 8.]])
+    """
+    return t[:, skip:].transpose(1, 2).reshape(t.shape[0], t.shape[2], h, w)
+
+
+def _strided(size: tuple[int, int]) -> list[tuple[int, int]]:
+    """Every ``h x w`` grid that is the input's ``H x W`` through one integer stride."""
+    H, W = size
+    return [(H // s, W // s) for s in range(1, min(H, W) + 1) if H % s == 0 and W % s == 0]
 
 
 def _decides(m: nn.Module) -> bool:
@@ -90,6 +146,8 @@ class LayoutProbe:
         self.made: tuple[nn.Module, torch.Tensor] | None = None  # the last 4-D output of a module of known layout
         self.inner: dict[str, tuple[nn.Module, torch.Size, tuple[int, ...]]] = {}  # module, shape, strides
         self.readers: dict[str, list[nn.Module]] = {n: [] for n in names}
+        self.inner3: dict[str, tuple[nn.Module, torch.Size, tuple[int, ...]]] = {}  # the same, of 3-D outputs
+        self.grids: set[tuple[int, int, int]] = set()  # (channels, h, w) of every Conv2d output in the pass
 
     def hand(self, name: str, tensor: torch.Tensor) -> None:
         """Layer ``name`` handed ``tensor`` on to the rest of the model."""
@@ -102,7 +160,12 @@ class LayoutProbe:
 
     def _maker(self) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.ndim == 3:  # a token layer's evidence only
+                for name in self.running:
+                    self.inner3[name] = (module, output.shape, output.stride())
             if isinstance(output, torch.Tensor) and output.ndim == 4:
+                if isinstance(module, nn.Conv2d):  # a patch embedding's grid, if tokens are made of it
+                    self.grids.add((int(output.shape[1]), int(output.shape[2]), int(output.shape[3])))
                 self.made = (module, output)
                 for name in self.running:  # the last one to run inside a kept layer
                     self.inner[name] = (module, output.shape, output.stride())
@@ -137,6 +200,49 @@ class LayoutProbe:
         for name, module in keep:  # after every other hook on the layer
             group.add(module.register_forward_hook(lambda m, a, o, n=name: self.running.discard(n)))
 
+    def _said(self, name: str, shape: torch.Size, strides: tuple[int, ...]) -> dict[str, str]:
+        """Where the modules that make and read the layer's output put its channels, and which module says so."""
+        said: dict[str, str] = {}
+        inner = (self.inner3 if len(shape) == 3 else self.inner).get(name)
+        if inner is not None and inner[1:] == (shape, self.strides.get(name, strides)):
+            made = _layout_of(inner[0], shape, reading=False)
+            if made is not None:
+                said[made] = f"the {type(inner[0]).__name__} that makes it"
+        for m in self.readers.get(name, []):
+            read = _layout_of(m, shape, reading=True)
+            if read is not None:
+                said.setdefault(read, f"the {type(m).__name__} that reads it")
+        return said
+
+    def tokens(self, name: str, t: torch.Tensor, size: tuple[int, int], prefix: int | None) -> tuple[int, int, int]:
+        """``(k, h, w)``: layer ``name``'s ``B x N x C`` output ``t`` is ``k`` prefix tokens then an ``h x w``
+        grid, row by row; one line naming ``tokens_to_grid`` if that is not certain.
+
+        Readings are ``N = k + h*w`` with ``k <= MAX_PREFIX`` and the grid that of a Conv2d seen in the
+        pass with ``C`` channels (a patch embedding flattened into the tokens) or the input's ``size``
+        through one integer stride. ``prefix`` (the model's own count) keeps the readings with that ``k``;
+        without it, a Conv2d's grid decides, and else the one strided reading if a ``Linear`` or
+        ``LayerNorm`` over ``C`` makes or reads ``t`` (so ``B x C x L`` is not read as tokens).
+        """
+        N, C = int(t.shape[1]), int(t.shape[2])
+        seen = {(N - h * w, h, w) for c, h, w in self.grids if c == C and 0 <= N - h * w <= MAX_PREFIX}
+        strided = {(N - h * w, h, w) for h, w in _strided(size) if 0 <= N - h * w <= MAX_PREFIX}
+        if prefix is not None:
+            fits_k = {r for r in seen | strided if r[0] == prefix}
+            pool = {r for r in fits_k if r in seen} or fits_k  # a grid seen wins over a rounding of the input
+        elif seen:
+            pool = seen
+        else:
+            pool = strided if "last" in self._said(name, t.shape, t.stride()) else set()
+        if len(pool) == 1:
+            return next(iter(pool))
+        shown = " or ".join(f"{k} + {h}x{w}" for k, h, w in sorted(pool | strided)[:4]) or "none"
+        why = ("several readings fit" if len(pool) > 1 else
+               f"the model puts {prefix} tokens first and no grid fits" if prefix is not None else
+               "nothing tells how many prefix tokens come before the patches")
+        raise HookscopeError(f"layer {name!r} gives {N} tokens of {C} channels (shape {tuple(t.shape)}; readings "
+                             f"as prefix + grid: {shown}) and {why}; {TOKENS_FIX}")
+
     def layout(self, name: str, t: torch.Tensor, size: tuple[int, int]) -> str:
         """``"first"`` or ``"last"``: where layer ``name``'s 4-D output ``t`` keeps its channels; one line if
         not known.
@@ -146,16 +252,8 @@ class LayoutProbe:
         the modules of known layout that read the output; failing both, by which reading gives a grid
         of the input's aspect ratio (``size``).
         """
-        said: dict[str, str] = {}
         shape = t.shape
-        if name in self.inner and self.inner[name][1:] == (shape, self.strides.get(name, t.stride())):
-            made = _layout_of(self.inner[name][0], shape, reading=False)
-            if made is not None:
-                said[made] = f"the {type(self.inner[name][0]).__name__} that makes it"
-        for m in self.readers.get(name, []):
-            read = _layout_of(m, shape, reading=True)
-            if read is not None:
-                said.setdefault(read, f"the {type(m).__name__} that reads it")
+        said = self._said(name, shape, t.stride())
         if len(said) == 2:
             raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels first to "
                                  f"{said['first']} but channels last to {said['last']}; {FIX}")

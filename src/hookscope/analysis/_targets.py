@@ -22,8 +22,9 @@ from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
 from ..selection import named_modules, unwrap
 
-__all__ = ["Target", "batch_coupled", "call_user", "check_range", "class_targets", "is_function", "read_logits",
-           "user_scores", "per_sample", "rows_of", "forward_failure", "call_model"]
+__all__ = ["Target", "anchored", "batch_coupled", "call_user", "check_range", "class_targets", "for_rows",
+           "is_function", "logits_of", "read_logits", "user_scores", "per_sample", "rows_of", "forward_failure",
+           "call_model"]
 
 Target = int | Sequence[int] | torch.Tensor | Callable[[Any], torch.Tensor] | None
 _USER_MISTAKES = (AttributeError, KeyError, IndexError, TypeError, ValueError)
@@ -50,18 +51,38 @@ def call_user(fn: Callable[[Any], Any], value: Any, what: str) -> Any:
                              f"({type(e).__name__}: {first_line(e)}); fix the {what} function") from e
 
 
+def logits_of(out: Any) -> torch.Tensor | None:
+    """The ``logits`` tensor a model output holds (a Hugging Face ``ModelOutput``'s ``.logits``, a dict's
+    ``"logits"``), ``None`` when it holds none.
+
+    Example:
+        >>> logits_of({"logits": torch.zeros(2, 5)}).shape, logits_of((torch.zeros(2),))
+        (torch.Size([2, 5]), None)
+    """
+    found = getattr(out, "logits", None)
+    if found is None and isinstance(out, Mapping):
+        found = out.get("logits")
+    return found if isinstance(found, torch.Tensor) else None
+
+
 def read_logits(output: Callable[[Any], torch.Tensor] | None, out: Any, batch: int) -> torch.Tensor:
     """``batch x classes`` logits: ``out`` itself, or what ``output(out)`` picks from it.
+
+    With ``output=None``, an output that is not a tensor but holds a ``logits`` tensor (a Hugging Face
+    ``ModelOutput``'s ``.logits``, a dict's ``"logits"``) is read there, as every Hugging Face user
+    writes by hand; it must still be ``batch x classes``.
 
     Example:
         >>> read_logits(lambda o: o["logits"], {"logits": torch.zeros(2, 5)}, 2).shape
         torch.Size([2, 5])
+        >>> read_logits(None, {"logits": torch.zeros(2, 5)}, 2).shape
+        torch.Size([2, 5])
     """
     if output is None:
-        if not isinstance(out, torch.Tensor):
+        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+        if logits is None:
             raise HookscopeError(f"the model returns a {type(out).__name__}, not a logits tensor; pass "
                                  "output= a function that picks B x classes logits, e.g. output=lambda o: o.logits")
-        logits = out
     else:
         logits = call_user(output, out, "output=")
     if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[0] != batch:
@@ -69,6 +90,33 @@ def read_logits(output: Callable[[Any], torch.Tensor] | None, out: Any, batch: i
         raise HookscopeError(f"class targets need B x classes logits (B={batch}), got {shape}; pass output= "
                              "that returns them, or a target function that returns one score per sample")
     return logits
+
+
+def anchored(target: Any, output: Callable[[Any], torch.Tensor] | None, out: Any) -> Any:
+    """The target to score perturbed copies of the inputs whose own model output is ``out`` (read
+    through ``output=`` first): ``target.anchor(...)`` for a target that has it (a region predicted on
+    the inputs stays where it was, a box is checked to be found there), else ``target`` itself.
+
+    Example:
+        >>> anchored(len, None, torch.zeros(2)) is len
+        True
+    """
+    anchor = getattr(target, "anchor", None)
+    if not is_function(target) or not callable(anchor):
+        return target
+    return anchor(out if output is None else call_user(output, out, "output="))
+
+
+def for_rows(target: Any, rows: torch.Tensor) -> Any:
+    """The target for a batch made of the samples ``rows`` (which may repeat): ``target.take(rows)`` for
+    a target that holds data per sample (a mask, a box, a reference per image), else ``target`` itself.
+
+    Example:
+        >>> for_rows(len, torch.tensor([0, 0])) is len
+        True
+    """
+    take = getattr(target, "take", None)
+    return take(rows) if is_function(target) and callable(take) else target
 
 
 def class_targets(target: Target, batch: int, classes: int | None = None,

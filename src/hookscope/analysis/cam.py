@@ -30,10 +30,10 @@ from ..core.text import dtype_text, first_line, num, shape_text, table
 from ..errors import HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, named_modules, unwrap
 from ..selection import layers as select
-from ._layout import LayoutProbe
+from ._layout import LayoutProbe, fits, grid_of_tokens, prefix_tokens
 from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, score_weights
-from ._targets import (Target, batch_coupled, call_model, class_targets, is_function, per_sample,
-                       read_logits, rows_of, user_scores)
+from ._targets import (Target, anchored, batch_coupled, call_model, class_targets, for_rows, is_function,
+                       per_sample, read_logits, rows_of, user_scores)
 
 __all__ = ["METHODS", "CamResult", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
 
@@ -105,8 +105,13 @@ class CamResult(Result):
             batch of masked inputs).
         masked: how many masked inputs Score-CAM evaluated (channels with equal masks share one).
         layouts: per layer name, how its activation was read: ``"BCHW"`` (as it came),
-            ``"BHWC"`` (channels last, as Swin stages: permuted to ``B x C x h x w`` first) or
-            ``"reshape="`` (your function).
+            ``"BHWC"`` (channels last, as Swin stages: permuted to ``B x C x h x w`` first),
+            ``"tokens(k=1, 14x14)"`` (``B x (k + h*w) x C`` tokens: the ``k`` prefix tokens dropped, the
+            rest laid out row by row) or ``"reshape="`` (your function).
+        chosen: with ``layers=None``, the layer chosen and why, e.g. ``"blocks.11.norm1 (the last block's
+            first norm, before the last attention 'blocks.11.attn')"``; ``None`` when you chose.
+        notes: what makes maps say less than they seem to, one line each, also given as warnings:
+            a sample whose score's gradient at a layer is exactly zero (its map is all zero).
     """
 
     maps: torch.Tensor
@@ -118,6 +123,8 @@ class CamResult(Result):
     forwards: int = 1
     masked: int = 0
     layouts: dict[str, str] = field(default_factory=dict)
+    chosen: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.raw = _ByLayer(self.raw)
@@ -154,7 +161,9 @@ class CamResult(Result):
                 f"{self.maps.shape[0]} map{'s' if self.maps.shape[0] != 1 else ''} of {size}, {counted}")
         body = [[str(r.image), "-" if r.target is None else str(r.target), num(r.score), f"{r.peak}"]
                 for r in self.rows]
-        return "\n".join([head, *table(["image", "target", "score", "peak (y, x)"], body, left={3})])
+        said = ([f"layer chosen automatically: {self.chosen}"] if self.chosen else []) + [
+            f"note: {n}" for n in self.notes]
+        return "\n".join([head, *said, *table(["image", "target", "score", "peak (y, x)"], body, left={3})])
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain Python data, tensors kept as tensors (``maps``, ``raw``, ``targets``,
@@ -171,6 +180,8 @@ class CamResult(Result):
             "method": self.method,
             "layers": list(self.layers),
             "layouts": dict(self.layouts),
+            "chosen": self.chosen,
+            "notes": list(self.notes),
             "forwards": self.forwards,
             "masked": self.masked,
             "rows": [dataclasses.asdict(r) for r in self.rows],
@@ -215,12 +226,11 @@ def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callab
     def reshape(t: torch.Tensor) -> torch.Tensor:
         if t.ndim != 3:
             raise ValueError(f"expected B x tokens x C, got {t.ndim} dimensions; a layer of tokens needs it")
-        body = t[:, skip:]
-        n = body.shape[1]
-        h, w = grid if grid is not None else (math.isqrt(n), math.isqrt(n))
+        n = t.shape[1] - skip
+        h, w = grid if grid is not None else (math.isqrt(max(n, 0)), math.isqrt(max(n, 0)))
         if h * w != n:
             raise ValueError(f"{n} tokens after skipping {skip} do not fill a {h} x {w} grid; pass grid=(h, w) or skip=")
-        return body.transpose(1, 2).reshape(t.shape[0], t.shape[2], h, w)
+        return grid_of_tokens(t, skip, h, w)
 
     return reshape
 
@@ -258,8 +268,11 @@ class _Pass:
         self.output: Any = None
         self.kept: dict[str, list[torch.Tensor | None]] = {n: [] for n, _ in keep}
         self.watched: list[tuple[str, torch.Tensor, int]] = []  # (name, output, its version), in finish order
+        self.order: list[tuple[bool, str, nn.Module, Any]] = []  # (started?, name, module, output): every call
         self.head: tuple[str, nn.Module, Any, Any] | None = None  # the last nn.Linear call
         self.probe = LayoutProbe([n for n, _ in keep])  # what tells a kept 4-D output's layout
+        self.probed = False  # the probe was attached
+        self.modules: dict[str, nn.Module] = {}  # of the watched layers, by name
 
 
 def _keeper(p: _Pass, name: str) -> Any:
@@ -285,6 +298,14 @@ def _watcher(name: str, p: _Pass) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.ndim == 4:
             p.watched.append((name, output, output._version))
+        p.order.append((False, name, module, output if isinstance(output, torch.Tensor) else None))
+
+    return hook
+
+
+def _starts(name: str, p: _Pass) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        p.order.append((True, name, module, None))
 
     return hook
 
@@ -306,7 +327,9 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
             group.add(module.register_forward_hook(_keeper(p, name)))
         if probe is not None:  # after the keepers, so that they see the copies handed on
             p.probe.attach(probe, keep, group)
+            p.probed = True
         for name, module in watch:
+            group.add(module.register_forward_pre_hook(_starts(name, p)))
             group.add(module.register_forward_hook(_watcher(name, p)))
         for name, module in heads:
             group.add(module.register_forward_hook(_head_watcher(name, p)))
@@ -318,15 +341,21 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
 
 
 def _shapers(acts: dict[str, torch.Tensor], p: _Pass, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
-             probed: bool, size: tuple[int, int]
+             prefix: int | None, size: tuple[int, int]
              ) -> tuple[dict[str, Callable[[torch.Tensor], torch.Tensor] | None], dict[str, str]]:
-    """Per layer, what turns its activation (and gradient) into ``B x C x h x w``, and its layout's name."""
+    """Per layer, what turns its activation (and gradient) into ``B x C x h x w``, and its layout's name.
+
+    ``prefix``: the model's own count of tokens before the patches (``None``: it does not say).
+    """
     shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {}
     layouts: dict[str, str] = {}
     for n, a in acts.items():
         if reshape is not None:
             shapers[n], layouts[n] = reshape, "reshape="
-        elif probed and a.ndim == 4 and p.probe.layout(n, a, size) == "last":
+        elif p.probed and a.ndim == 3:
+            k, h, w = p.probe.tokens(n, a, size, prefix)
+            shapers[n], layouts[n] = tokens_to_grid(k, (h, w)), f"tokens(k={k}, {h}x{w})"
+        elif p.probed and a.ndim == 4 and p.probe.layout(n, a, size) == "last":
             shapers[n], layouts[n] = channels_last, "BHWC"
         else:  # a layer found by cam() itself is a Conv2d's output or the map the head pools
             shapers[n], layouts[n] = None, "BCHW"
@@ -369,41 +398,96 @@ def _gap_source(p: _Pass, model_name: str) -> str:
                          f"{hname!r} is not the spatial mean of any layer's output; use method='gradcam'")
 
 
-def _last_conv(p: _Pass, model_name: str) -> str:
-    """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output (a squeeze-excitation 1 x 1 has no map)."""
-    spatial = [name for name, t, _ in p.watched if t.shape[2] * t.shape[3] > 1]
+def _last_conv(p: _Pass, model_name: str) -> tuple[str, str]:
+    """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output (a squeeze-excitation 1 x 1 has no map), and why.
+
+    A depthwise last convolution (ConvNeXt's, ``groups`` = channels) sits in the middle of its block:
+    the LayerNorm, the channel MLP, the layer scale (1e-6 at initialisation) and the skip path all
+    come after it, so its map leaves out the block's channel mixing and nearly all of its output.
+    There the block's output is taken, the last stage's output that torchcam and pytorch-grad-cam use,
+    if it has the convolution's channels (``B x C x h x w``); other CNNs keep their last convolution.
+    """
+    spatial = [(n, t) for n, t, _ in p.watched if isinstance(p.modules.get(n), nn.Conv2d) and t.shape[2] * t.shape[3] > 1]
     if not spatial:
         raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
                              "pass; pass layers= (see hookscope.names(model) or `hookscope layers MODEL`)")
-    name = spatial[-1]
-    calls = sum(1 for n, _, _ in p.watched if n == name)
+    name = spatial[-1][0]
+    calls = sum(1 for n, _ in spatial if n == name)
     if calls > 1:
         raise HookscopeError(f"the last convolution {name!r} ran {calls} times in the forward pass; CAM needs one "
                              "output per layer, so pass layers= a layer that runs once")
-    return name
+    conv = cast(nn.Conv2d, p.modules[name])
+    if not (conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels):
+        return name, "the last Conv2d with a spatial output"
+    last, now = [(t, v) for _, t, v in p.watched if t.shape[2] * t.shape[3] > 1][-1]
+    # the innermost module that returned it as it is now: not torchvision's StochasticDepth, whose
+    # output the block then adds its input to in place
+    block = next(n for n, t, v in p.watched if t is last and v == now)
+    if last.shape[1] != conv.out_channels or block == name or sum(1 for n, _, _ in p.watched if n == block) > 1:
+        return name, "the last Conv2d with a spatial output"
+    return block, f"the last block's output: the last Conv2d, {name!r}, is depthwise, inside that block"
+
+
+def _is_attention(m: nn.Module) -> bool:
+    return isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention")
+
+
+def _before_attention(p: _Pass, size: tuple[int, int]) -> tuple[str | None, str]:
+    """The norm that ran last before the last attention-like module, in the same block, and why; ``None``
+    and why not when no attention ran or that norm's output is no grid of the input (MaxViT's windows)."""
+    starts = [(i, n) for i, (start, n, m, _) in enumerate(p.order) if start and _is_attention(m)]
+    if not starts:
+        return None, ""
+    ran = {n for _, n in starts}
+    att = starts[-1][1]
+    while "." in att and att.rsplit(".", 1)[0] in ran:  # an attention inside an attention (HF's SelfAttention)
+        att = att.rsplit(".", 1)[0]
+    i = max(j for j, n in starts if n == att)
+    block = att.rsplit(".", 1)[0] + "." if "." in att else ""
+    norm = next(((n, out) for start, n, m, out in reversed(p.order[:i]) if not start and "Norm" in type(m).__name__
+                 and n.startswith(block) and not n.startswith(att + ".")), None)
+    if norm is None:
+        raise HookscopeError(f"the last attention {att!r} has no norm before it in its block (a post-norm "
+                             "transformer?); pass layers= the input of the last token mixing (`hookscope layers MODEL`)")
+    name, out = norm
+    if isinstance(out, torch.Tensor) and out.ndim == 4 and not (
+            fits(out.shape[1], out.shape[2], size) or fits(out.shape[2], out.shape[3], size)):
+        return None, f"; the norm before the last attention, {name!r}, gives {tuple(out.shape)}: no grid of the input"
+    return name, f"the last block's first norm, before the last attention {att!r}"
 
 
 def _run(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor], kw: dict[str, Any],
-         chosen: list[tuple[str, nn.Module]] | None, method: str,
-         probe: bool) -> tuple[_Pass, list[tuple[str, nn.Module]], int]:
-    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls).
+         chosen: list[tuple[str, nn.Module]] | None, method: str, probe: bool,
+         size: tuple[int, int]) -> tuple[_Pass, list[tuple[str, nn.Module]], int, str | None]:
+    """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls, why
+    the layer was chosen: ``None`` when it was given).
 
     ``probe``: also record what tells the chosen layers' layouts (see :class:`._layout.LayoutProbe`).
     """
     heads = _of_type(inner, nn.Linear) if method == "cam" else []
     if chosen is not None:
-        return _hooked_forward(model, fresh(), kw, chosen, [], heads, inner if probe else None), chosen, 1
+        return _hooked_forward(model, fresh(), kw, chosen, [], heads, inner if probe else None), chosen, 1, None
     # Watch without copying, then use the layer's output as it is if nothing rewrote it in place.
-    watch = _of_type(inner, nn.Module if method == "cam" else nn.Conv2d)
+    watch = _of_type(inner, nn.Module)
     p = _hooked_forward(model, fresh(), kw, [], watch, heads)
-    name = _gap_source(p, type(inner).__name__) if method == "cam" else _last_conv(p, type(inner).__name__)
-    found = [(name, dict(watch)[name])]
+    p.modules = dict(watch)
+    norm, why = (None, "") if method == "cam" else _before_attention(p, size)
+    if norm is not None:  # its layout (tokens, channels last) is probed in a pass that keeps it
+        found = [(norm, p.modules[norm])]
+        return _hooked_forward(model, fresh(), kw, found, [], heads, inner), found, 2, f"{norm} ({why})"
+    if method == "cam":
+        name, why = _gap_source(p, type(inner).__name__), "the layer the head pools"
+    else:
+        name, conv = _last_conv(p, type(inner).__name__)
+        why = conv + why
+    found = [(name, p.modules[name])]
     _, t, version = next(w for w in reversed(p.watched) if w[0] == name)
+    p.order, p.watched = [], []  # hold no other layer's output any longer
     if t._version == version:
         p.kept = {name: [t]}
-        return p, found, 1
+        return p, found, 1, f"{name} ({why})"
     # an in-place op rewrote that output after the layer ran: run again, keeping a copy of it
-    return _hooked_forward(model, fresh(), kw, found, [], heads), found, 2
+    return _hooked_forward(model, fresh(), kw, found, [], heads), found, 2, f"{name} ({why})"
 
 
 def _reaches(t: torch.Tensor, target: torch.Tensor) -> bool:
@@ -433,7 +517,7 @@ def _as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.T
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         fix = "make reshape= return" if reshape is not None else "pass reshape= a function to"
         raise HookscopeError(f"layer {name!r} gives an activation of shape {shape}, not B x C x h x w (B={B}); "
-                             f"{fix} B x C x h x w, e.g. reshape=hookscope.analysis.cam.tokens_to_grid(skip=1) "
+                             f"{fix} B x C x h x w, e.g. reshape=hookscope.tokens_to_grid(skip=1) "
                              "for ViT tokens (CLI: --tokens 1)")
     return t
 
@@ -494,7 +578,8 @@ def _scores(target: Target, output: Callable[[Any], torch.Tensor] | None, out: A
 def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tensor] | None,
             targets: torch.Tensor | None, kw: dict[str, Any], B: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Score-CAM's scores of a batch of masked inputs; ``rows`` are their samples (one input: every row)."""
-    spread = per_sample(kw, B)  # keyword inputs with a row per sample go with each masked input
+    # keyword inputs, or a target's data (hookscope.targets), with a row per sample go with each masked input
+    spread = per_sample(kw, B) or callable(getattr(target, "take", None))
 
     def scores(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if spread and batch.shape[0] != len(rows):  # the zero image differs per sample only by its kwargs
@@ -502,7 +587,7 @@ def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tens
         out = call_model(model, (batch,), rows_of(kw, rows, B) if spread else kw)
         n = batch.shape[0]
         if targets is None:  # a target function, which scores each row on its own
-            fn = cast(Callable[[Any], Any], target)
+            fn = cast(Callable[[Any], Any], for_rows(target, rows))
             return user_scores(fn, output, out, n, f"a batch of {n} masked inputs").float().expand(len(rows))
         logits = read_logits(output, out, n).float()
         return logits.expand(len(rows), -1).gather(1, targets[rows].unsqueeze(1)).squeeze(1)
@@ -511,16 +596,30 @@ def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tens
 
 
 def _gradient_maps(method: str, acts: dict[str, torch.Tensor], A: dict[str, torch.Tensor], score: torch.Tensor,
-                   shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
-                   reshape: Callable[[torch.Tensor], torch.Tensor] | None, coupled: str | None
-                   ) -> dict[str, torch.Tensor]:
-    G = _layer_grads(acts, score, shapers, reshape, coupled)
-    return {n: gradient_map(method, A[n], G[n].to(A[n].dtype)) for n in acts}
+                   shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None], coupled: str | None,
+                   logits: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The maps, and one note per layer where the score's gradient is exactly zero for some sample."""
+    G = _layer_grads(acts, score, shapers, coupled)
+    notes = [note for n in acts if (note := _blank(n, G[n], logits))]
+    return {n: gradient_map(method, A[n], G[n].to(A[n].dtype)) for n in acts}, notes
+
+
+def _blank(name: str, G: torch.Tensor, logits: torch.Tensor | None) -> str | None:
+    """One line when the score's gradient at a layer is exactly zero for a sample: its map is blank, not an answer."""
+    dead = (G.flatten(1).abs().amax(1) == 0).nonzero().flatten().tolist()
+    if not dead:
+        return None
+    equal = logits is not None and bool((logits[dead].amax(1) == logits[dead].amin(1)).all())
+    cause = ("all logits are equal: an untrained or zero-initialised head (torchvision's ViT with weights=None)?"
+             if equal else "the score does not vary with this layer there (a dead or saturated path?)")
+    return (f"the score's gradient at layer {name!r} is exactly zero for sample{'s' if len(dead) > 1 else ''} "
+            f"{', '.join(map(str, dead))}, so {'their maps are all zero and say' if len(dead) > 1 else 'its map is all zero and says'} "
+            f"nothing; {cause}")
 
 
 def _layer_grads(acts: dict[str, torch.Tensor], score: torch.Tensor,
                  shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
-                 reshape: Callable[[torch.Tensor], torch.Tensor] | None, coupled: str | None) -> dict[str, torch.Tensor]:
+                 coupled: str | None) -> dict[str, torch.Tensor]:
     """``d score_b / d A_b`` per layer, ``B x C x h x w``: one ``autograd.grad`` of the summed scores, or, when
     the samples of a batch interact (``coupled``: a batch norm on batch statistics), one per sample."""
     names, B = list(acts), score.shape[0]
@@ -535,7 +634,7 @@ def _layer_grads(acts: dict[str, torch.Tensor], score: torch.Tensor,
                                      "flows back to it); pick a layer the score depends on")
             G = _as_4d(n, g, shapers[n], B)
             rows = slice(None) if len(rounds) == 1 else slice(b, b + 1)
-            if reshape is not None:  # the user's: it may drop tokens
+            if shapers[n] is not None:  # a reshape (yours, or the token layout's) may drop tokens
                 lost = (G[rows].flatten(1).abs().amax(1) == 0) & (g[rows].flatten(1).abs().amax(1) > 0)
                 if bool(lost.any()):
                     raise HookscopeError(
@@ -612,12 +711,28 @@ def cam(
     aspect ratio. Modules that disagree, or two readings that both fit, give one line asking for
     ``reshape=channels_last`` or ``reshape=channels_first``.
 
+    A 3-D activation ``B x N x C`` (a ViT's, DeiT's or Swin's tokens) is read as ``k`` prefix tokens
+    (class, distillation, registers; dropped from the activation and its gradient) then an ``h x w``
+    grid row by row, when that is certain: ``k`` from the model (timm's ``num_prefix_tokens``, a
+    transformers config, the token parameters) and the grid from the patch embedding's ``Conv2d``
+    output seen in the pass or the input's ``H x W`` through one integer stride; else a
+    ``Conv2d``'s grid with ``C`` channels and ``k <= 16``; else the one such strided reading of a
+    ``Linear``/``LayerNorm``'s output. Two readings, or none, give one line asking for
+    ``reshape=hookscope.tokens_to_grid(skip=K)`` (CLI: ``--tokens K``). A sample whose score's
+    gradient at the layer is exactly zero (all logits equal: an untrained head) gets an all-zero
+    map and a warning, kept in ``CamResult.notes``.
+
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
         inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
         layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
-            maps that are upsampled, normalised and fused. ``None``: the last ``nn.Conv2d`` with a
-            spatial output in execution order (``"cam"``: the layer the head pools).
+            maps that are upsampled, normalised and fused. ``None``: found in a first pass and stated
+            in ``CamResult.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
+            or a module whose class name ends in ``Attention`` ran), the norm that ran last before
+            the last attention in its block, i.e. the input of the last token mixing, as the CAM
+            literature (ViT ``blocks[-1].norm1``, Swin ``layers[-1].blocks[-1].norm1``); else the last
+            ``nn.Conv2d`` with a spatial output in execution order, or, when that one is depthwise
+            (ConvNeXt), its block's output; ``"cam"``: the layer the head pools.
         method: one of :data:`METHODS` (``"Grad-CAM++"`` and ``"grad_cam"`` spellings accepted).
         target: ``None`` (each sample's predicted class, from the same forward pass), a class index
             for all, one index per sample, or a function of the model's output (through ``output``
@@ -662,7 +777,10 @@ def cam(
     # every module's flag back (0.5 ms on resnet50 at batch 1, measured: 0.7% of the forward).
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
     with kept, torch.inference_mode(False), torch.enable_grad():
-        return _cam(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress)
+        res = _cam(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress)
+    for note in res.notes:  # a blank map must not pass for an answer: said here, and kept in res.notes
+        warnings.warn(note, UserWarning, stacklevel=2)
+    return res
 
 
 def _renamed(layers: Selector | Sequence[Selector] | None,
@@ -707,9 +825,9 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str,
 
     probed = chosen is not None and reshape is None
     coupled = batch_coupled(inner)  # samples that interact: gradient methods take one gradient per sample
-    p, chosen, forwards = _run(model, inner, fresh, kw, chosen, method, probed)
+    p, chosen, forwards, why = _run(model, inner, fresh, kw, chosen, method, probed, size)
     acts = _activations(p, chosen, leaf)
-    shapers, layouts = _shapers(acts, p, reshape, probed, size)
+    shapers, layouts = _shapers(acts, p, reshape, prefix_tokens(inner) if p.probed else None, size)
     A = {n: _work(_as_4d(n, a.detach(), shapers[n], B)) for n, a in acts.items()}
     score, targets, logits = _scores(target, output, p.output, B, method)
     if method not in GRADIENT_METHODS:  # gradient methods find out from autograd.grad itself
@@ -719,15 +837,17 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str,
                 what = "the target score" if score is not None else "the model's output"
                 raise HookscopeError(f"layer {n!r}'s output does not reach {what}; pick a layer the output depends on")
     masked = 0
+    notes: list[str] = []
     if method in GRADIENT_METHODS:
-        raw = _gradient_maps(method, acts, A, score, shapers, reshape, coupled)  # type: ignore[arg-type]
+        raw, notes = _gradient_maps(method, acts, A, score, shapers, coupled, logits)  # type: ignore[arg-type]
     elif method == "eigencam":
         raw = {n: eigen_map(a) for n, a in A.items()}
     elif method == "cam":
         raw = {n: _cam_rows(n, a, p, logits, targets) for n, a in A.items()}  # type: ignore[arg-type]
     else:
         raw = {}
-        scorer = _scorer(model, target, output, targets, kw, B)
+        # anchored: a region predicted on the inputs stays put on the masked ones, a box lost there scores 0
+        scorer = _scorer(model, anchored(target, output, p.output), output, targets, kw, B)
         for n, a in A.items():
             weights, runs, calls = score_weights(scorer, original, a, batch_size=batch_size, progress=progress)
             raw[n] = torch.einsum("bk,bkhw->bhw", weights, a).clamp(min=0)
@@ -741,7 +861,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str,
         maps = _normalise(stacked.mean(0) if fuse == "mean" else stacked.amax(0))
     return CamResult(maps=maps, raw=raw, targets=targets,
                      scores=None if score is None else score.detach(), layers=list(raw), method=method,
-                     forwards=forwards, masked=masked, layouts=layouts)
+                     forwards=forwards, masked=masked, layouts=layouts, chosen=why, notes=notes)
 
 
 def _cam_rows(name: str, A: torch.Tensor, p: _Pass, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
 from ..errors import HookscopeError, did_you_mean
-from ._targets import (Target, batch_coupled, call_model, check_range, class_targets, is_function,
+from ._targets import (Target, anchored, batch_coupled, call_model, check_range, class_targets, is_function,
                        read_logits, rows_of, user_scores)
 
 __all__ = [
@@ -170,7 +170,10 @@ def deletion(
         target: class index for every image, one index per image (sequence or tensor), ``None``
             for the class the model predicts on ``inputs`` (one extra forward), or a callable that
             gets the model's output for the ``B`` images of one step and returns ``B`` scores
-            (``score=`` is then not applied).
+            (``score=`` is then not applied), such as the targets of :mod:`hookscope.targets`. A
+            target with an ``anchor`` method is anchored on the model's output for ``inputs``
+            first (one extra forward): a predicted region stays where it was on the inputs, a box
+            found there scores 0 once the model no longer detects it.
         output: how to get ``N x classes`` logits from the model's output (tuples, dicts, Hugging
             Face ``ModelOutput``), for example ``lambda out: out.logits``.
         steps: number of deletion steps; the curve has ``steps + 1`` points.
@@ -262,6 +265,7 @@ def _curve(
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(h * w, device=inputs.device).expand(b, h * w))
     with restored(model, train=False), torch.no_grad():
+        target = _anchor(model, inputs, kw, target, output)
         targets = None if is_function(target) else _curve_targets(model, inputs, kw, target, output)
         scores = _step_scores(kind, model, inputs, kw, substrate, rank, counts, target, targets, output, score,
                               batch_size)
@@ -392,6 +396,14 @@ def _curve_targets(model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], t
     return class_targets(target, inputs.shape[0], device=inputs.device)
 
 
+def _anchor(model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], target: Target,
+            output: Callable[[Any], torch.Tensor] | None) -> Target:
+    """A target with an ``anchor`` method fixed on the model's output for the inputs themselves."""
+    if not is_function(target) or not callable(getattr(target, "anchor", None)):
+        return target  # no extra forward for a plain function
+    return anchored(target, output, call_model(model, (inputs.clone(),), kw))  # type: ignore[no-any-return]
+
+
 def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:
     if score == "prob" and logits.shape[1] == 1:
         raise HookscopeError("score='prob' is a softmax over classes, always 1 for a model with one logit; use "
@@ -405,8 +417,11 @@ def _call_target(fn: Callable[[Any], torch.Tensor], output: Callable[[Any], torc
     """Call the user's target once per step, each time on the output rows of the ``b`` images
     (read through ``output=`` first, as :func:`hookscope.cam` does)."""
     values = []
+    # one output per image (torchvision detection models: a list of dicts) is cut as a list
+    listed = isinstance(out, (list, tuple)) and len(out) == copies * b and all(isinstance(o, Mapping) for o in out)
     for j in range(copies):
-        part = tree_map(lambda t: t[j * b : (j + 1) * b] if t.dim() and t.shape[0] == copies * b else t, out)
+        part = out[j * b : (j + 1) * b] if listed else tree_map(
+            lambda t: t[j * b : (j + 1) * b] if t.dim() and t.shape[0] == copies * b else t, out)
         values.append(user_scores(fn, output, part, b, f"a batch of {b} images").float())
     return torch.cat(values)
 

@@ -28,7 +28,7 @@ from ..core.text import first_line, num, shape_text, table
 from ..errors import HookscopeError
 from ..selection import Selector, check_hookable, unwrap
 from ..selection import layers as select
-from ._layout import LayoutProbe
+from ._layout import LayoutProbe, grid_of_tokens, prefix_tokens
 from ._targets import call_model
 
 __all__ = ["BY", "ComparisonRow", "FeatureMaps", "FeatureRow", "ReferenceComparison", "compare_references",
@@ -39,6 +39,11 @@ Reshape = Callable[[Any], torch.Tensor]
 _TOKENS = "reshape=hookscope.tokens_to_grid(1) for B x tokens x C with a class token (CLI: --tokens 1)"
 _LAST = "reshape=hookscope.channels_last for B x h x w x C (CLI: --layout last)"
 _LAYOUTS = {"first": "BCHW", "last": "BHWC"}  # how a 4-D output was read, by where its channels are
+Layout = str | tuple[int, int, int]  # "first" / "last" for 4-D outputs; (k, h, w) for k prefix tokens + h x w
+
+
+def _layout_name(layout: Layout) -> str:
+    return _LAYOUTS[layout] if isinstance(layout, str) else "tokens(k={}, {}x{})".format(*layout)
 
 
 def _summary(t: torch.Tensor) -> dict[str, Any]:
@@ -93,7 +98,8 @@ class FeatureMaps(Result):
             ``reshape=``), not what a later in-place op left of it.
         layer: the layer's qualified name (of the unwrapped model).
         layout: ``"BCHW"`` (the output as it came), ``"BHWC"`` (channels last, permuted: told by the
-            modules that make and read it) or ``"reshape="`` (your function made it so).
+            modules that make and read it), ``"tokens(k=1, 14x14)"`` (``B x (k + h*w) x C`` tokens, the
+            ``k`` prefix tokens dropped) or ``"reshape="`` (your function made it so).
         output_shape: the shape of the layer's output before ``reshape=``.
     """
 
@@ -215,7 +221,7 @@ class ReferenceComparison(Result):
         true: ``B x C x h x w``: what the layer produced, as :func:`hookscope.capture` kept it.
         differs: ``C`` booleans: the channels an op rewrote after the layer ran (in any image).
         layer: the layer's qualified name.
-        layout: ``"BCHW"``, ``"BHWC"`` or ``"reshape="``, as in :class:`FeatureMaps`.
+        layout: ``"BCHW"``, ``"BHWC"``, ``"tokens(k=1, 14x14)"`` or ``"reshape="``, as in :class:`FeatureMaps`.
     """
 
     stored: torch.Tensor
@@ -324,10 +330,11 @@ def _only_call(name: str, outputs: list[Any]) -> Any:
     return outputs[0]
 
 
-def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: str = "first") -> torch.Tensor:
+def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: Layout = "first") -> torch.Tensor:
     """The layer's output as ``B x C x h x w`` float32 on the CPU, or one line saying which reshape= helps.
 
-    ``layout``: where a 4-D output keeps its channels (``"last"``: permuted to channels first).
+    ``layout``: where a 4-D output keeps its channels (``"last"``: permuted to channels first), or
+    ``(k, h, w)``: a 3-D output is ``k`` prefix tokens (dropped) then an ``h x w`` grid.
     """
     found = list(tensors(out))
     t = found[0] if len(found) == 1 else None
@@ -343,6 +350,8 @@ def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: s
                              "the one you want, or pass reshape= a function of the whole output that returns it")
     elif t.ndim == 4 and layout == "last":
         t = t.permute(0, 3, 1, 2)
+    elif t.ndim == 3 and isinstance(layout, tuple):
+        t = grid_of_tokens(t, *layout)
     if not isinstance(t, torch.Tensor) or t.ndim != 4 or t.shape[0] != batch or t.shape[2] * t.shape[3] == 0:
         _no_layout(name, t, reshape is not None, batch)
     return t.detach().to("cpu", torch.float32).contiguous()
@@ -387,7 +396,7 @@ class _Ran:
     name: str
     out: Any
     kept: Any
-    layout: str
+    layout: Layout
 
 
 def _hander(probe: LayoutProbe, name: str) -> Callable[[nn.Module, Any, Any], None]:
@@ -399,11 +408,14 @@ def _hander(probe: LayoutProbe, name: str) -> Callable[[nn.Module, Any, Any], No
     return hook
 
 
-def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, reshape: Reshape | None) -> str:
+def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, reshape: Reshape | None,
+               prefix: int | None) -> Layout:
     found = list(tensors(ran_out))
-    if reshape is not None or len(found) != 1 or found[0].ndim != 4:
+    if reshape is not None or len(found) != 1 or found[0].ndim not in (3, 4):
         return "first"
     shape = found[0].shape
+    if found[0].ndim == 3:  # tokens: the input's size is one of the clues (none for an input of another rank)
+        return probe.tokens(name, found[0], (int(x.shape[-2]), int(x.shape[-1])) if x.ndim == 4 else (0, 0), prefix)
     size = (int(x.shape[-2]), int(x.shape[-1])) if x.ndim == 4 else (int(shape[2]), int(shape[3]))
     return probe.layout(name, found[0], size)
 
@@ -427,7 +439,7 @@ def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str
         probe.release()
     true = _only_call(name, [c.output for c in rec[name].calls if c.returned])
     kept = _only_call(name, stored) if naive else None
-    return _Ran(name, true, kept, _layout_of(true, name, probe, x, reshape))
+    return _Ran(name, true, kept, _layout_of(true, name, probe, x, reshape, prefix_tokens(unwrap(model)[0])))
 
 
 def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
@@ -442,7 +454,10 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
     A 4-D output's layout is told, as in :func:`hookscope.cam`, by the modules that make and read it
     (Conv2d, BatchNorm, pooling: channels first; Linear, LayerNorm, ``Permute``: channels last) or,
     failing them, by the grid with the input's aspect ratio: ``B x h x w x C`` (Swin stages) is
-    permuted (``layout == "BHWC"``), and a layout nothing decides is refused in one line. Other
+    permuted (``layout == "BHWC"``), and a layout nothing decides is refused in one line. A 3-D
+    output ``B x N x C`` (ViT, DeiT, Swin tokens) is read, as in :func:`hookscope.cam`, as ``k``
+    prefix tokens then an ``h x w`` grid where that is certain (``layout == "tokens(k=1, 14x14)"``),
+    and refused in one line naming :func:`hookscope.tokens_to_grid` where it is not. Other
     layouts go through ``reshape=``: :func:`hookscope.channels_last` / ``channels_first`` to say
     it yourself, :func:`hookscope.tokens_to_grid` for ``B x tokens x C`` (ViT).
     A layer with no spatial layout (a ``Linear``'s ``B x C``) is refused in one line.
@@ -475,7 +490,7 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
     maps = _as_maps(ran.name, ran.out, reshape, batch, ran.layout)
     first = next(tensors(ran.out), None)
     shape = tuple(first.shape) if first is not None else tuple(maps.shape)
-    return FeatureMaps(maps, ran.name, _LAYOUTS[ran.layout] if reshape is None else "reshape=", shape)
+    return FeatureMaps(maps, ran.name, _layout_name(ran.layout) if reshape is None else "reshape=", shape)
 
 
 def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
@@ -507,4 +522,4 @@ def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, re
     true = _as_maps(name, ran.out, reshape, batch, ran.layout)
     stored = _as_maps(name, ran.kept, reshape, batch, ran.layout).clone()  # our own memory, not the model's
     differs = _unequal(stored, true).transpose(0, 1).flatten(1).any(1)
-    return ReferenceComparison(stored, true, differs, name, _LAYOUTS[ran.layout] if reshape is None else "reshape=")
+    return ReferenceComparison(stored, true, differs, name, _layout_name(ran.layout) if reshape is None else "reshape=")
