@@ -181,6 +181,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "layers": lambda **kw: hookscope.layers(net, "fc", **kw),
         "names": lambda **kw: hookscope.names(net, **kw),
         "unwrap": lambda **kw: hookscope.unwrap(net, **kw),
+        "At": lambda **kw: hookscope.At((slice(None), -1), **kw),
         "Retention": lambda **kw: hookscope.Retention(**kw),
         "deletion": lambda **kw: metrics.deletion(net, x, maps, **kw),
         "insertion": lambda **kw: metrics.insertion(net, x, maps, **kw),

@@ -9,7 +9,7 @@ Example:
     torch.Size([2, 8])
 """
 
-from . import metrics
+from . import metrics, targets
 from .analysis.cam import CamResult, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
     ComparisonRow,
@@ -36,7 +36,7 @@ from .errors import (
 )
 from .grads import GradRecord, TensorGrads, grads
 from .records import CallRecord, LayerRecord, Recording, Retention
-from .selection import layers, names, unwrap
+from .selection import At, at, layers, names, unwrap
 
 __version__ = "0.1.0"
 
@@ -47,6 +47,7 @@ __all__ = [
     "channels_first",
     "channels_last",
     "metrics",
+    "targets",
     "tokens_to_grid",
     "FeatureMaps",
     "ReferenceComparison",
@@ -85,6 +86,8 @@ __all__ = [
     "capture",
     "edit",
     "grads",
+    "At",
+    "at",
     "layers",
     "names",
     "scale",

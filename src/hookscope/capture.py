@@ -16,7 +16,7 @@ from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, s
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
-from .selection import Selector, aliases_of, check_hookable, layers
+from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
 
 __all__ = ["capture", "Capture", "FIELDS", "boundary_modules", "check_hookable"]
 
@@ -93,8 +93,10 @@ class Capture(Recording):
         retention: Retention,
         stop: bool,
         aliases: dict[str, str] | None = None,
+        at: At | None = None,
     ) -> None:
         super().__init__([n for n, _ in selected], aliases, keep)
+        self.at = at  # positions of the main output tensor to keep, or None for the whole output
         self._model: nn.Module | None = model
         self._targets: list[tuple[str, nn.Module]] | None = selected
         self.retention = retention
@@ -303,8 +305,14 @@ class Capture(Recording):
             call.check_inputs()
         new_output = output
         if "output" in self.keep and not self._group.closed:
-            kept, new_output = self._keep_tree(output, ("output", call.name, call.index), held)
-            call.set_output(kept)
+            where = ("output", call.name, call.index)
+            if self.at is not None:  # a record of the slice alone; the model goes on with its output as is
+                slot = self.retention.keep(self.at.take(output, call.name), where, inner=True)[0]
+                self._file([slot])
+                call.set_output(slot)
+            else:
+                kept, new_output = self._keep_tree(output, where, held)
+                call.set_output(kept)
         if "grad_output" in self.keep:
             self._watch_outputs(call, output)
         return new_output
@@ -381,6 +389,7 @@ def capture(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     stop: bool = False,
+    at: At | Any = None,
 ) -> Capture:
     """Record what the selected modules receive and produce, one record per call.
 
@@ -399,6 +408,11 @@ def capture(
         device, dtype: move / cast records (for example ``device="cpu"``).
         stop: end the forward pass once every selected module has run once (later layers are not
             computed). Use ``rec.run(x)``, or know that the rest of the ``with`` block is skipped.
+        at: keep only these positions of each output's main tensor, e.g. ``hookscope.at[:, -1]``
+            (the last token): the output itself when it is a tensor, else its first tensor (the
+            hidden states of a ``(hidden, cache)`` tuple). The record's ``output`` is then that
+            slice (a copy; under ``copy="never"`` a view that raises on reading if overwritten).
+            Positions that do not fit an output raise one line. Works with ``keep="output"``.
 
     Returns:
         A context manager; inside and after the block it maps names to :class:`LayerRecord`.
@@ -412,6 +426,10 @@ def capture(
         True
     """
     fields = parse_keep(keep)
+    positions = as_at(at)
+    if positions is not None and fields != {"output"}:
+        raise HookscopeError(f"at= picks positions of the output, so it works with keep='output' only (got "
+                             f"{sorted(fields)}); capture the rest without at= and index the records")
     if stop and fields & {"grad_input", "grad_output"}:
         raise HookscopeError(
             "stop=True ends the forward pass early, so no backward pass can record gradients; "
@@ -420,4 +438,4 @@ def capture(
     retention = Retention(copy=copy, detach=detach, device=device, dtype=dtype)  # type: ignore[arg-type]
     selected = layers(model, *selectors)
     check_hookable(selected)
-    return Capture(model, selected, fields, retention, stop, aliases_of(model, selected))
+    return Capture(model, selected, fields, retention, stop, aliases_of(model, selected), positions)

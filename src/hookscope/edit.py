@@ -14,7 +14,7 @@ from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError
-from .selection import Selector, check_hookable, layers
+from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
 
@@ -68,8 +68,10 @@ class Edit:
         selected: list[tuple[str, nn.Module]],
         changes: dict[str, Change | None],
         inputs: dict[int | str, Change],
+        at: At | None = None,
     ) -> None:
         self._model = model
+        self._at = at  # the output change applies to these positions of the main output tensor
         self._targets: list[tuple[str, nn.Module]] | None = selected
         self._changes = changes
         self._inputs = inputs
@@ -148,7 +150,9 @@ class Edit:
             if not self._ours(module, target):
                 return None
             new = output
-            if change is not None:
+            if change is not None and self._at is not None:
+                new = self._at.put(output, change, name)
+            elif change is not None:
                 got = change(output)
                 new = output if got is None else got
             if grad_change is not None:
@@ -230,6 +234,7 @@ def edit(
     output: Any = None,
     grad_input: Any = None,
     grad_output: Any = None,
+    at: At | Any = None,
 ) -> Edit:
     """Rewrite what the selected modules receive or produce, for the duration of a ``with`` block.
 
@@ -242,6 +247,12 @@ def edit(
     - ``output``: the whole output (a tensor, tuple, dict, ...), after the module runs;
     - ``grad_output``: the gradient arriving at each output tensor, before it flows into the module;
     - ``grad_input``: the gradient the module sends back to its first input.
+
+    ``at`` (for example ``hookscope.at[:, -1]``, the last token) limits the ``output`` change to
+    those positions of the output's main tensor (the output itself when it is a tensor, else its
+    first tensor, such as the hidden states of a ``(hidden, cache)`` tuple): the change receives
+    that slice (a copy) and its result replaces the slice out of place, the rest untouched and
+    gradients flowing to both. Positions that do not fit raise one line.
 
     Hooks run in the order contexts were entered: a capture entered after an edit sees the edited
     values, one entered before sees the originals.
@@ -269,9 +280,14 @@ def edit(
         raise HookscopeError(
             "edit() needs at least one of input=, inputs=, output=, grad_input=, grad_output="
         )
+    positions = as_at(at)
+    if positions is not None and (by_input or changes["output"] is None or changes["grad_input"]
+                                  or changes["grad_output"]):
+        raise HookscopeError("at= picks positions of the output, so it goes with output= alone; "
+                             "make the other changes in a second edit(...) without at=")
     selected = layers(model, *selectors)
     check_hookable(selected)
-    return Edit(model, selected, changes, by_input)
+    return Edit(model, selected, changes, by_input, positions)
 
 
 def _input_changes(input: Any, inputs: Mapping[int | str, Any] | None) -> dict[int | str, Change]:

@@ -15,9 +15,10 @@ from typing import Union
 import torch
 from torch import nn
 
+from ._tree import first_tensor, tree_map
 from .errors import HookscopeError, SelectionError, did_you_mean
 
-__all__ = ["Selector", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
+__all__ = ["Selector", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
            "check_hookable"]
 
 Predicate = Callable[[str, nn.Module], bool]
@@ -260,3 +261,125 @@ def names(model: nn.Module) -> list[str]:
         ['0', '1']
     """
     return [n for n, _ in named_modules(model) if n]
+
+
+_ROOT: object = object()  # the bare indexer ``at``, before any position is given
+
+
+def _index_text(part: object) -> str:
+    if part is Ellipsis:
+        return "..."
+    if isinstance(part, slice):
+        text = ":".join("" if v is None else str(v) for v in (part.start, part.stop))
+        return text + (f":{part.step}" if part.step is not None else "")
+    if isinstance(part, torch.Tensor):
+        return f"tensor({part.tolist()})" if part.numel() <= 8 else f"tensor(shape {tuple(part.shape)})"
+    return repr(part)
+
+
+def _check_index_part(part: object) -> None:
+    ok = part is None or part is Ellipsis or (isinstance(part, int) and not isinstance(part, bool))
+    if isinstance(part, slice):
+        ok = all(v is None or (isinstance(v, int) and not isinstance(v, bool))
+                 for v in (part.start, part.stop, part.step))
+    elif isinstance(part, list):
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in part)
+    elif isinstance(part, torch.Tensor):
+        ok = part.dtype == torch.bool or not (part.is_floating_point() or part.is_complex())
+    if not ok:
+        raise HookscopeError(
+            f"{_index_text(part)} ({type(part).__name__}) is not a tensor position; index with ints, "
+            "slices, ..., None, lists of ints or integer/bool tensors, e.g. hookscope.at[:, -1]")
+
+
+class At:
+    """Positions in a module's main output tensor, written as an index: ``at[:, -1]``.
+
+    ``hookscope.at`` is the indexer: ``at[:, -1]`` (the last token of a ``batch x tokens x
+    features`` output), ``at[0, 3:5]``, ``at[..., 7]``. The main tensor is the output itself when
+    it is a tensor, else its first tensor (the hidden states of a tuple ``(hidden, cache)``, the
+    first field of a ``ModelOutput``). :func:`~hookscope.capture` records only those positions;
+    :func:`~hookscope.edit` changes only them.
+
+    Example:
+        >>> import torch
+        >>> at[:, -1]
+        at[:, -1]
+        >>> at[:, -1].take((torch.arange(6).reshape(1, 3, 2), None), "h.0")
+        tensor([[4, 5]])
+    """
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: object = _ROOT) -> None:
+        if index is not _ROOT:
+            for part in index if isinstance(index, tuple) else (index,):
+                _check_index_part(part)
+        self.index = index
+
+    def __getitem__(self, index: object) -> At:
+        return At(index)
+
+    def __repr__(self) -> str:
+        if self.index is _ROOT:
+            return "at"
+        parts = self.index if isinstance(self.index, tuple) else (self.index,)
+        return f"at[{', '.join(_index_text(p) for p in parts)}]"
+
+    def main(self, output: object, name: str) -> torch.Tensor:
+        """The tensor the positions apply to: ``output`` itself, or its first tensor."""
+        if self.index is _ROOT:
+            raise HookscopeError("at needs positions: write at[:, -1] (the last token), not at alone")
+        main = output if isinstance(output, torch.Tensor) else first_tensor(output)
+        if main is None:
+            raise HookscopeError(f"the output of {name!r} holds no tensor, so {self!r} has nothing to index; "
+                                 "select a module that returns a tensor")
+        return main
+
+    def take(self, output: object, name: str) -> torch.Tensor:
+        """The positions of ``output``'s main tensor (a view), or a one-line error if they do not fit."""
+        main = self.main(output, name)
+        try:
+            return main[self.index]  # type: ignore[index]
+        except (IndexError, RuntimeError, TypeError, ValueError):
+            raise HookscopeError(
+                f"{self!r} does not fit the output of {name!r}, a tensor of shape {tuple(main.shape)}; "
+                "pick positions inside that shape (at[:, -1] is the last token of batch x tokens x features)"
+            ) from None
+
+    def put(self, output: object, change: Callable[[torch.Tensor], object], name: str) -> object:
+        """``output`` with its main tensor's positions replaced by ``change(positions)``, out of place:
+        the rest of the tensor is untouched and gradients flow to both."""
+        main = self.main(output, name)
+        old = self.take(output, name).clone()  # changed in place by ``change``, the model never sees it
+        got = change(old)
+        new_part = old if got is None else got
+        if not isinstance(new_part, torch.Tensor):
+            raise HookscopeError(f"the change of {self!r} in {name!r} returned {type(new_part).__name__}; "
+                                 "return a tensor (or None after changing it in place)")
+        new = main.clone()
+        try:
+            new[self.index] = new_part  # type: ignore[index]
+        except (IndexError, RuntimeError, TypeError, ValueError):
+            raise HookscopeError(
+                f"the change of {self!r} in {name!r} returned shape {tuple(new_part.shape)}, which does not "
+                f"fit positions of shape {tuple(old.shape)}; return a tensor of that shape") from None
+        return new if output is main else tree_map(lambda t: new if t is main else t, output)
+
+
+at = At()
+"""The position indexer: ``hookscope.at[:, -1]`` (see :class:`At`)."""
+
+
+def as_at(value: object) -> At | None:
+    """``at=`` as given to capture or edit: ``None``, an :class:`At`, or a bare index turned into one.
+
+    Example:
+        >>> as_at((slice(None), -1))
+        at[:, -1]
+    """
+    if isinstance(value, At) and value.index is _ROOT:
+        raise HookscopeError("at= needs positions: write at=hookscope.at[:, -1] (the last token), not at=hookscope.at")
+    if value is None or isinstance(value, At):
+        return value
+    return At(value)
