@@ -120,7 +120,8 @@ def test_plot_mistakes_are_one_line_before_the_model_runs(tmp_path, capsys):
 # --- diff ----------------------------------------------------------------------------------------
 def test_diff_plot_and_json_are_those_of_the_same_comparison(tmp_path, capsys):
     out = tmp_path / "diff.png"
-    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--json", "--plot", str(out)]) == 1
+    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--rtol", str(RTOL), "--atol", str(ATOL), "--json", "--plot",
+                 str(out)]) == 1
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert f"wrote plot to {out}" in captured.err

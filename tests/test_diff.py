@@ -12,7 +12,7 @@ from torch import nn
 
 from hookscope import HookscopeError, MutationError, RecordError
 from hookscope.errors import ForwardError
-from hookscope.analysis.diff import diff, settings
+from hookscope.analysis.diff import ATOL, RTOL, diff, settings
 from hookscope.cli import main
 from hookscope.zoo import TinyResNet
 
@@ -160,7 +160,9 @@ def test_float32_against_bfloat16_autocast():
     for name in ("0", "2"):
         r = d[name][0]
         assert 0 < r.max_rel < 0.05 and r.cosine > 0.999
-    assert d.first.name == "0"
+    # bfloat16's own tolerance by default (see test_diff_dtypes.py); float32's when asked for
+    assert d.first is None and {r.tolerance for r in d} == {"bfloat16"}
+    assert diff(net, net, x, b=settings(autocast=torch.bfloat16), rtol=RTOL, atol=ATOL).first.name == "0"
     assert "autocast bfloat16" in d.run_b and no_hooks(net)
 
 
@@ -227,7 +229,7 @@ def test_an_unknown_keyword_is_a_one_line_error():
 def test_a_plain_context_factory_is_a_setting():
     net = nn.Sequential(nn.Linear(4, 4))
     d = diff(net, net, torch.randn(2, 4), b=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-    assert d["0"][0].dtype_b == "bfloat16" and d.first.name == "0"
+    assert d["0"][0].dtype_b == "bfloat16" and d["0"][0].tolerance == "bfloat16" and d.first is None
 
 
 @pytest.mark.slow
@@ -414,9 +416,10 @@ def test_cli_settings_and_seeds(capsys):
     assert main(["diff", "tiny", "tiny", "--b-seed", "1", "--only-diverging"]) == 1
     out = capsys.readouterr().out
     assert "first divergence: stem.0 (call 0)" in out
-    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--layers", "stem.0", "fc"]) == 1
+    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--layers", "stem.0", "fc"]) == 0
     out = capsys.readouterr().out
-    assert "bfloat16" in out and "layer1" not in out
+    assert "within bfloat16 tolerance" in out and "layer1" not in out
+    assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--layers", "stem.0", "fc", "--rtol", "1.3e-6"]) == 1
 
 
 def test_cli_bad_layer_is_one_line_and_status_2():

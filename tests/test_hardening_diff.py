@@ -182,7 +182,7 @@ def test_cli_identical_runs_with_nan_are_the_same(tmp_path, capsys):
     ("kwargs", "words"),
     [
         (dict(atol="x"), "atol='x' is not a number"),
-        (dict(rtol=None), "rtol=None is not a number"),
+        (dict(rtol=[1e-3]), "rtol=[0.001] is not a number"),  # None is the default now
         (dict(rtol=True), "rtol=True is not a number"),
         (dict(atol=-1e-3), "atol=-0.001 is not a finite number >= 0"),
         (dict(rtol=math.nan), "rtol=nan is not a finite number >= 0"),

@@ -14,6 +14,7 @@ in-place trap of kept references does not apply to them.
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import warnings
 import weakref
@@ -28,6 +29,7 @@ from .._tree import paths, tree_map
 from ..capture import parse_keep
 from ..core.calls import CallStack
 from ..core.compiled import HookRefresh, eager
+from ..core.guard import plain
 from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
@@ -35,7 +37,7 @@ from ..selection import Selector, check_hookable, layers, named_modules, unwrap
 from ._reduce import Scratch, tensor_stats
 from ._rows import Pending
 
-__all__ = ["Recorder", "RecorderSession", "param_targets", "recorded",
+__all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded",
            "refresh_for", "select"]
 
 _T = TypeVar("_T")
@@ -113,6 +115,11 @@ class _Memo:
         self._seen[key] = (weakref.ref(t, forget), version, s)
         return s
 
+    def known(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s statistics were taken at its current version (it was an output)."""
+        hit = self._seen.get(id(t))
+        return hit is not None and hit[0]() is t and not t.is_inference() and hit[1] == t._version
+
     def _drop(self, key: int, ref: Any) -> None:
         hit = self._seen.get(key)
         if hit is not None and hit[0] is ref:
@@ -150,7 +157,26 @@ def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
     return list(found.values())
 
 
-_Call = tuple[int, list[tuple[str, torch.Tensor, int]]]  # (call index, per-call input aliases)
+Context = tuple["str | None", int, str, "str | None"]
+"""Where a call's inputs were made: ``(parent, parent's call, parent's class, after)``: the innermost
+watched module running (``""`` the model's own forward; ``None`` the caller: a model input), and
+its direct child that finished last in that call (``None`` if none had yet)."""
+_Box = list["str | None"]  # the last direct child of an open call that finished: set by the child
+_Call = tuple[int, list[tuple[str, torch.Tensor, int]], str, nn.Module, _Box]  # call, aliases, name, module, box
+_RootCall = tuple[int, _Box, list[tuple["weakref.ref[torch.Tensor]", int]]]  # call, box, the model's inputs
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether a CPU tensor holds no NaN and no Inf: one ``sum`` (a sum of finite values is finite
+    unless it overflows: then the exact check)."""
+    t = plain(t).detach()  # no autograd node, no guard of a kept alias
+    wide = t if t.element_size() >= 4 else t.float()  # half precision overflows at 65504
+    return math.isfinite(abs(wide.sum().item())) or bool(torch.isfinite(t).all())
+
+
+def _same(t: torch.Tensor, refs: list[tuple[weakref.ref[torch.Tensor], int]]) -> bool:
+    """Whether ``t`` is one of these tensors, unchanged since."""
+    return any(r() is t and v == t._version for r, v in refs)
 
 
 class Recorder:
@@ -164,6 +190,13 @@ class Recorder:
     so that a failure in it, outside every selected module, is named too. ``keep`` is the set of
     fields recorded (see :func:`recorded`).
 
+    With ``received`` (watch), each call's inputs that no watched call output (made by the running
+    parent's own code) are checked for NaN and Inf: on the CPU with one ``sum`` (finite sum, finite
+    tensor; the exact check only when it is not), an event ``which="received"`` only when one is
+    found; on other devices the statistics of each such input as an event, with no synchronisation.
+    ``on_context`` is then told, for each call with an input event, where its inputs were made
+    (:data:`Context`).
+
     Every module hook runs eagerly (:func:`~hookscope.core.compiled.eager`): under
     ``torch.compile`` the graph breaks around it instead of Dynamo tracing it. A hook that PyTorch
     still calls after :meth:`close` (another thread was between a module's hooks when the block
@@ -172,8 +205,11 @@ class Recorder:
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  sink: Callable[[Pending], None], root: nn.Module | None = None,
-                 params: Sequence[tuple[str, str, nn.Parameter]] = ()) -> None:
+                 params: Sequence[tuple[str, str, nn.Parameter]] = (), received: bool = False,
+                 on_context: Callable[[str, int, str, Context], None] | None = None) -> None:
         self.selected, self.keep, self.sink = selected, keep, sink
+        self.received = received and "output" in keep  # the outputs' statistics say what was checked
+        self.on_context = on_context
         # read in every hook: plain attributes, not set lookups
         self.inputs, self.outputs = "input" in keep, "output" in keep
         self.grad_inputs, self.grad_outputs = "grad_input" in keep, "grad_output" in keep
@@ -185,7 +221,8 @@ class Recorder:
         self.last_done: str | None = None  # the selected module that finished last in this forward
         self._memo = _Memo()
         self._open: CallStack[_Call] = CallStack()
-        self._root_open: CallStack[bool] = CallStack()
+        self._root_open: CallStack[_RootCall] = CallStack()
+        self._root_calls = itertools.count()
         self._own_code: set[CodeType] = set()  # our forward hooks, to tell our errors from the model's
 
     def attach(self) -> None:
@@ -263,7 +300,12 @@ class Recorder:
                 return
             if self._root_open.top() is None:
                 self.last_done = None  # a new forward pass: what ran in the one before is not "before"
-            self._push(self._root_open, True)
+            found = _input_paths(args, kwargs) if self.received else []
+            refs = [(weakref.ref(t), t._version) for _, t in found]
+            call = next(self._root_calls)
+            entry: _RootCall = (call, [None], refs)
+            if self._push(self._root_open, entry) and self.enabled:
+                self._check("", call, found, (None, 0, "", None))  # the model's input
 
         def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
             self._root_open.pop()
@@ -299,14 +341,20 @@ class Recorder:
                 return None
             call = next(counter)
             aliases: list[tuple[str, torch.Tensor, int]] = []
-            if not self._push(self._open, (call, aliases)) or not self.enabled:
+            context = self._context(module) if self.received else None
+            entry: _Call = (call, aliases, name, module, [None])
+            if not self._push(self._open, entry) or not self.enabled:
                 return None
-            if not (self.inputs or self.grad_inputs):
+            if not (self.inputs or self.grad_inputs or self.received):
                 return None  # nothing of the inputs is wanted: not even walked
             found = _input_paths(args, kwargs)
             if self.inputs:
+                if context is not None and self.on_context is not None:
+                    self.on_context(name, call, "input", context)
                 for path, t in found:
                     self._emit(name, call, "forward", "input", path, t)
+            elif context is not None:
+                self._check(name, call, found, context)
             if self.grad_inputs and found and torch.is_grad_enabled():
                 new_args = self._alias_inputs(args, found, aliases)
                 return None if new_args is args else (new_args, kwargs)
@@ -314,10 +362,12 @@ class Recorder:
 
         def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
             top = self._open.pop()
-            call, aliases = top if top is not None else (-1, [])
+            call, aliases = (top[0], top[1]) if top is not None else (-1, [])
             output, error = rest[-1], sys.exc_info()[1]
             if self.group.closed:
                 return
+            if self.received:
+                self._finished(name)
             if output is None and error is not None:  # always_call: the forward raised
                 self._failed(error, label, args, rest[0])
                 return
@@ -328,6 +378,40 @@ class Recorder:
                     self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
 
         return pre, post
+
+    def _context(self, module: nn.Module) -> Context:
+        """Where the inputs of a call of ``module`` starting now were made (see :data:`Context`)."""
+        top = self._open.top()
+        if top is not None:
+            return top[2], top[0], type(top[3]).__name__, top[4][0]
+        root = self._root_open.top()
+        if root is None or module is self.root:
+            return None, 0, "", None
+        return "", root[0], type(self.root).__name__, root[1][0]
+
+    def _finished(self, name: str) -> None:
+        """Note ``name`` as the last child that finished in the call running around it."""
+        top = self._open.top()
+        if top is not None:
+            top[4][0] = name
+        elif (root := self._root_open.top()) is not None:
+            root[1][0] = name
+
+    def _check(self, name: str, call: int, found: list[tuple[str, torch.Tensor]], context: Context) -> None:
+        """Check the inputs of a call that no watched call output (see :class:`Recorder`)."""
+        root = self._root_open.top()
+        told = False
+        for path, t in found:
+            if not (t.is_floating_point() or t.is_complex()) or self._memo.known(t):
+                continue  # integers are finite; an output's statistics are already an event
+            if name and root is not None and _same(t, root[2]):
+                continue  # the model's input, checked once when the forward began
+            if t.device.type == "cpu" and _finite(t):
+                continue
+            if not told and self.on_context is not None:
+                self.on_context(name, call, "received", context)
+                told = True
+            self._emit(name, call, "forward", "received", path, t)
 
     def _outputs(self, name: str, call: int, output: Any) -> None:
         """The events of one call's outputs, and the hooks on their gradients."""
@@ -372,8 +456,10 @@ class RecorderSession:
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  sink: Callable[[Pending], None], root: nn.Module | None,
-                 params: Sequence[tuple[str, str, nn.Parameter]], model: nn.Module | None) -> None:
-        self._rec = Recorder(selected, keep=keep, sink=sink, root=root, params=params)
+                 params: Sequence[tuple[str, str, nn.Parameter]], model: nn.Module | None,
+                 received: bool = False, on_context: Callable[[str, int, str, Context], None] | None = None) -> None:
+        self._rec = Recorder(selected, keep=keep, sink=sink, root=root, params=params, received=received,
+                             on_context=on_context)
         self._refresh = refresh_for(model, root, selected)
         self._used = False
 

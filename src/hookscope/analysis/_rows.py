@@ -28,6 +28,8 @@ class StatRow:
     backward pass accumulated into it); ``path`` says where the tensor sits (``input[0]``,
     ``output.logits``, or the parameter's name such as ``weight``). ``call`` counts the module's
     calls from 0; for ``grad_param`` it counts the gradients that parameter received in the block.
+    ``which="own_forward"``: a :func:`~hookscope.watch` culprit made by the module's own forward
+    code, between two of its children (see :class:`~hookscope.analysis.watch.OwnForward`).
     """
 
     index: int

@@ -21,10 +21,10 @@ from torch import nn
 from ..core.result import Result
 from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
-from ._recorder import RecorderSession, param_targets, recorded, select
+from ._recorder import Context, RecorderSession, param_targets, recorded, select
 from ._rows import ByModule, Pending, StatRow, gather, render
 
-__all__ = ["NonFiniteError", "Watch", "watch"]
+__all__ = ["NonFiniteError", "OwnForward", "Watch", "watch"]
 
 RESOLVE_EVERY = 4096
 """Without ``raise_on_nonfinite``, the statistics are read back once per this many records (one
@@ -35,6 +35,58 @@ _CallKey = tuple[str, int, str]  # (module, call, phase): the records of one cal
 
 def _key(row: StatRow) -> _CallKey:
     return row.module, row.call, row.phase
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnForward(StatRow):
+    """A culprit made by a module's own forward code, between two of its children (or before the
+    first): ``module`` and ``call`` are the parent's (``""`` the model), ``which`` is
+    ``"own_forward"``, ``path`` names what the next child received (``"p.b input[0]"``), the
+    statistics are of that tensor, and ``note`` says it in words.
+
+    Example:
+        >>> class Parent(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.a, self.b = nn.Identity(), nn.Identity()
+        ...     def forward(self, x):
+        ...         return self.b(self.a(x) / 0)
+        >>> net = nn.Sequential(Parent())
+        >>> with watch(net) as w:
+        ...     _ = net(torch.ones(1, 2))
+        >>> w.culprit.describe()
+        "appeared in '0' (Parent)'s own forward, between '0.a' (finite output) and '0.b' (received Inf input): 0 NaN, 2 Inf of 2 values"
+    """
+
+    note: str = ""
+
+    def describe(self) -> str:
+        """The note, then the non-finite counts."""
+        return f"{self.note}: {self.nan} NaN, {self.inf} Inf of {self.numel} values"
+
+
+def _own(row: StatRow, context: Context) -> OwnForward:
+    """The culprit when ``row`` (what a call received) was made by the running parent's own code."""
+    parent, call, kind, after = context
+    what = " and ".join(w for k, w in ((row.nan, "NaN"), (row.inf, "Inf")) if k)
+    where = f"the model's own forward ({kind})" if parent == "" else f"{parent!r} ({kind})'s own forward"
+    child = f"{row.module!r} (received {what} input)"
+    when = f"between {after!r} (finite output) and {child}" if after is not None else f"before its first child {child}"
+    fields = {**dataclasses.asdict(row), "module": parent or "", "call": call, "which": "own_forward",
+              "path": f"{row.module} {row.path}"}
+    return OwnForward(**fields, note=f"appeared in {where}, {when}")
+
+
+def _numbered(rows: list[StatRow], start: int) -> list[StatRow]:
+    """Rows numbered from ``start`` leaving out the checks of what a call received (never shown:
+    a check takes the number of the record after it)."""
+    if all(r.which != "received" for r in rows):
+        return rows
+    out, i = [], start
+    for r in rows:
+        out.append(dataclasses.replace(r, index=i))
+        i += r.which != "received"
+    return out
 
 
 class Watch(ByModule, RecorderSession, Result):
@@ -59,7 +111,14 @@ class Watch(ByModule, RecorderSession, Result):
         self._culprit: StatRow | None = None
         self._before: list[StatRow] = []
         self._lock = threading.RLock()
-        super().__init__(selected, keep=keep, sink=self._take, root=root, params=params, model=model)
+        self._contexts: dict[tuple[str, int], Context] = {}  # where the inputs of pending calls came from
+        self._from_caller = False  # the model's input was not finite: no module's code made that
+        super().__init__(selected, keep=keep, sink=self._take, root=root, params=params, model=model,
+                         received=True, on_context=self._note)
+
+    def _note(self, name: str, call: int, kind: str, context: Context) -> None:
+        with self._lock:
+            self._contexts[(name, call)] = context
 
     def _take(self, event: Pending) -> None:
         with self._lock:
@@ -86,22 +145,42 @@ class Watch(ByModule, RecorderSession, Result):
         rows = [r for k in [*keep, own] for r in self._recent.get(k, [])]
         return sorted(rows, key=lambda r: r.index)
 
+    def _blame(self, row: StatRow) -> StatRow | None:
+        """The culprit for the first non-finite record ``row``; None if it is not one (the model's
+        input, which the first module that outputs it is named for, as ever)."""
+        if row.phase != "forward" or row.which not in ("input", "received"):
+            return row
+        context = self._contexts.get((row.module, row.call))
+        if context is not None and context[0] is None and row.which == "received":
+            self._from_caller = True
+        if context is None or context[0] is None or self._from_caller:
+            return row if row.which == "input" else None
+        return _own(row, context)
+
     def _resolve(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
             if not pending or self._culprit is not None:
                 return
-            for row in gather(pending, start=self.checked):
-                if not row.finite:
-                    self._culprit, self._before = row, self._calls_before(row)
+            rows = _numbered(gather(pending, start=self.checked), self.checked)
+            try:
+                for row in rows:
+                    hidden = row.which == "received"  # a check, not a record to show
+                    self.checked += not hidden
+                    culprit = None if row.finite else self._blame(row)
+                    if culprit is None:
+                        if not hidden:
+                            self._keep(row)
+                        continue
+                    self._culprit, self._before = culprit, self._calls_before(culprit)
                     self._recent.clear()
                     self._rec.enabled = False  # nothing after the culprit matters
-                    self.checked = row.index + 1
                     if self.raise_on_nonfinite:
-                        raise NonFiniteError(row, self._before)
+                        raise NonFiniteError(culprit, self._before)
                     return
-                self._keep(row)
-            self.checked += len(pending)
+            finally:
+                for item in pending:
+                    self._contexts.pop((item[0], item[1]), None)
 
     @property
     def culprit(self) -> StatRow | None:
@@ -239,7 +318,13 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     the block that contains it), then backward records in the order gradients arrive; for a
     gradient, ``grad_input`` (what a module sent back to its input) names the module that made it
     non-finite, as ``sqrt`` at 0 does, and ``grad_param`` the module whose parameter's ``.grad``
-    is non-finite (``path`` names the parameter). Without ``raise_on_nonfinite`` the statistics
+    is non-finite (``path`` names the parameter). A value a module's own forward code makes
+    between two of its children is that module's (an :class:`OwnForward` culprit: "appeared in
+    'p' (Parent)'s own forward, between 'p.a' (finite output) and 'p.b' (received NaN input)"; the
+    innermost running watched module, ``""`` for the model); to know it, each call's inputs that no
+    watched call produced are checked (one ``sum`` on the CPU, nothing recorded when finite). A
+    non-finite model input is not a module's doing: the first module that outputs it is named.
+    Without ``raise_on_nonfinite`` the statistics
     stay on the device until read (``culprit``, ``table()``, or every :data:`RESOLVE_EVERY`
     records).
 

@@ -29,6 +29,7 @@ from ._match import matched
 from ._result import Diff, DiffRow, Unmatched
 from ._run import Shared, record
 from ._settings import RunSetting, Settings, as_settings, describe_run, settings
+from ._tolerance import Policy, depths
 
 __all__ = ["diff", "Diff", "DiffRow", "Settings", "settings", "Unmatched", "RTOL", "ATOL"]
 
@@ -41,8 +42,8 @@ def diff(
     layers: Selector | Sequence[Selector] | None = None,
     a: RunSetting = None,
     b: RunSetting = None,
-    rtol: float = RTOL,
-    atol: float = ATOL,
+    rtol: float | None = None,
+    atol: float | None = None,
     seed: int | None = 0,
     no_grad: bool = True,
     copy: str | None = None,
@@ -79,7 +80,17 @@ def diff(
         a, b: how each run is made: :func:`settings` (``train=``, ``autocast=``, ``context=``) or a
             function that returns a context manager.
         rtol, atol: an output diverges where ``|a - b| > atol + rtol * |b|`` anywhere (B is the
-            reference); finite numbers >= 0; defaults: ``torch.testing``'s float32 tolerances.
+            reference); finite numbers >= 0, used for every output when either is given. Left
+            out: ``torch.testing``'s float32 tolerances (1.3e-6, 1e-5), except where either run
+            computed in bfloat16 or float16 (a tensor of that dtype on either side, or a compared
+            call that ran under autocast to it, or came after one): there the output follows that
+            dtype's tolerance, ``|a - b| <= atol + rtol * sqrt(depth) * max|b|`` with
+            ``torch.testing``'s ``rtol``/``atol`` for the dtype (bfloat16 1.6e-2 and 1e-5,
+            float16 1e-3 and 1e-5), against the tensor's scale (rounding makes an element near
+            zero as wrong as the terms that summed to it), grown with the square root of the
+            module's depth (how many leaf modules come up to its last one), as rounding errors
+            add up; ``DiffRow.tolerance`` names the dtype, and the table says "within bfloat16
+            tolerance".
         seed: the seed both runs start from (an int); ``None`` leaves the RNG alone.
         no_grad: run without autograd (default); ``False`` to compare a grad-mode forward pass.
         copy, device: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
@@ -101,7 +112,8 @@ def diff(
     check_models(model_a, model_b)
     if not inputs and not kwargs:
         raise HookscopeError("diff needs the inputs both runs share: diff(model_a, model_b, x)")
-    rtol, atol = tolerance("rtol", rtol), tolerance("atol", atol)
+    rtol = None if rtol is None else tolerance("rtol", rtol)
+    atol = None if atol is None else tolerance("atol", atol)
     check_run_args(kwargs, seed, no_grad, copy, device)
     set_a, set_b = as_settings(a, "a"), as_settings(b, "b")
     targets_a, targets_b, unmatched = matched(model_a, model_b, layers)
@@ -112,7 +124,8 @@ def diff(
     shared = Shared(inputs, kw, seed, rng, no_grad, copy, device)
     run_a = record(model_a, targets_a, set_a, shared, label="A")
     assert run_a.rec is not None  # run A is recorded
-    streamed = Streamed(run_a.rec, rtol, atol)
+    policy = Policy(rtol, atol, depths(model_a))
+    streamed = Streamed(run_a.rec, policy, run_a.cast)
     run_b = record(model_b, targets_b, set_b, shared, label="B", on_output=streamed)
-    return Diff(streamed.rows(run_a.done, run_b.done), unmatched, rtol=rtol, atol=atol,
+    return Diff(streamed.rows(run_a.done, run_b.done), unmatched, rtol=policy.base.rtol, atol=policy.base.atol,
                 run_a=describe_run(model_a, set_a), run_b=describe_run(model_b, set_b))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,17 +17,15 @@ from ...core.text import dtype_text
 from ...errors import MutationError, RecordError
 from ...records import CallRecord, Recording
 from ._result import DIFFERS, MISSING_A, MISSING_B, OK, SHAPE, STRUCTURE, DiffRow
+from ._tolerance import ATOL, RTOL, Policy, Tol
 
 __all__ = ["RTOL", "ATOL", "Streamed"]
 
-RTOL = 1.3e-6
-"""Default relative tolerance: ``torch.testing.assert_close``'s for float32."""
-ATOL = 1e-5
-"""Default absolute tolerance: ``torch.testing.assert_close``'s for float32."""
 
 _NSTATS = 10  # the length of what _stats returns
 _NUMBERS = (bool, int, float, complex)
 Pending = list[tuple[DiffRow, "torch.Tensor | None"]]  # rows, and their statistics still on a device
+Pick = Callable[[torch.dtype, torch.dtype], Tol]  # the tolerance of a pair of tensors of these dtypes
 
 
 # --- the statistics of one pair of tensors ----------------------------------------------------------
@@ -38,9 +37,11 @@ def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
     return torch.float32  # float16 / bfloat16 / float32 are exact in float32
 
 
-def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: Scratch | None = None) -> torch.Tensor:
+def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: Scratch | None = None,
+           *, scaled: bool = False) -> torch.Tensor:
     """``[max|a-b|, max|b|, |a|, |b|, |a-b|, elements within tolerance, NaN in both, same Inf in
     both, NaN in A only, NaN in B only]`` in float64 on ``a``'s device (see :class:`DiffRow`).
+    Within tolerance: ``|a - b| <= atol + rtol * |b|``, or with ``scaled``, ``<= atol + rtol * max|b|``.
 
     No host synchronisation, except on the CPU where there is nothing to wait for: there an equal
     pair (the usual case before the first divergence) is recognised in one early-exit pass, and
@@ -57,15 +58,15 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: 
         if x.dtype == y.dtype and torch.equal(x, y):
             return torch.tensor([0.0] * 5 + [float(n)] + [0.0] * 4, dtype=torch.float64)
         if x.is_floating_point() and y.is_floating_point():
-            found = _host_stats(x, y, rtol, atol, scratch or Scratch())
+            found = _host_stats(x, y, rtol, atol, scratch or Scratch(), scaled=scaled)
             if found is not None:
                 return torch.tensor(found, dtype=torch.float64)
-        return _device_stats(x, y, rtol, atol, work=torch.float64)
-    return _device_stats(x, y, rtol, atol)
+        return _device_stats(x, y, rtol, atol, work=torch.float64, scaled=scaled)
+    return _device_stats(x, y, rtol, atol, scaled=scaled)
 
 
 def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float,
-                  work: torch.dtype | None = None) -> torch.Tensor:
+                  work: torch.dtype | None = None, *, scaled: bool = False) -> torch.Tensor:
     """:func:`_stats` anywhere, for any values (NaN, infinities, complex), with no synchronisation."""
     n = x.numel()
     if n == 0:
@@ -87,6 +88,8 @@ def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float,
         gap = torch.where(differ & (gap < 1), torch.ones_like(gap), gap)
     limit = y.abs()
     max_b = limit.max()
+    if scaled:  # against the tensor's scale: one bound for every element
+        limit = max_b.expand_as(limit).clone()
     # a finite limit, so that an infinity in B alone is beyond tolerance, as in torch.isclose
     limit.mul_(rtol).add_(atol).clamp_(max=torch.finfo(work).max)
     acc = torch.float32 if x.device.type == "mps" else torch.float64  # sums of squares overflow float32
@@ -99,7 +102,8 @@ def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float,
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
-def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scratch: Scratch) -> list[float] | None:
+def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scratch: Scratch,
+                *, scaled: bool = False) -> list[float] | None:
     """:func:`_stats` of two CPU tensors that differ, in ~6 memory passes; None where a value is
     not finite (the general path handles NaN, infinities and overflow) or the tensors are empty."""
     work = _work_dtype(x, y)
@@ -118,8 +122,11 @@ def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scra
     norms = [math.sqrt(torch.dot(v, v).item()) for v in (xs, ys, gap)]
     if not all(map(math.isfinite, norms)):  # a float32 sum of squares overflowed
         norms = [torch.linalg.vector_norm(v, dtype=torch.float64).item() for v in (xs, ys, gap)]
-    if max_abs <= atol:  # nothing can be beyond the tolerance
+    if max_abs <= atol + (rtol * max_b if scaled else 0.0):  # nothing can be beyond the tolerance
         within = n
+    elif scaled:
+        beyond = torch.gt(gap.abs_(), atol + rtol * max_b, out=scratch.get(n, torch.bool))
+        within = n - int(torch.count_nonzero(beyond).item())
     else:  # beyond where |a - b| > atol + rtol |b|, as torch.isclose has it
         limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:])
         torch.add(torch.tensor(atol, dtype=work), limit, alpha=rtol, out=limit)  # atol + rtol |b|
@@ -227,9 +234,10 @@ def _structure(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "the outputs are built differently"
 
 
-def _pair(name: str, call: int, out_a: Any, out_b: Any, rtol: float, atol: float,
-          pending: Pending, scratch: Scratch | None = None) -> None:
-    """The rows of one call, their statistics still pending: tensor by tensor, paired by path."""
+def _pair(name: str, call: int, out_a: Any, out_b: Any, pick: Pick, pending: Pending,
+          scratch: Scratch | None = None) -> None:
+    """The rows of one call, their statistics still pending: tensor by tensor, paired by path, each
+    pair compared with the tolerance ``pick`` gives for its two dtypes."""
     la, lb = dict(_leaves(out_a)), dict(_leaves(out_b))
     values_a = [p for p, v in la.items() if v is not None]
     if not values_a and not any(v is not None for v in lb.values()):
@@ -240,13 +248,15 @@ def _pair(name: str, call: int, out_a: Any, out_b: Any, rtol: float, atol: float
         return
     for part, p in enumerate(values_a):  # paired by path: a dict's key order does not matter
         (a, da), (b, db) = _value(la[p]), _value(lb[p])
-        row = DiffRow(name, call, part, OK, tuple(a.shape), tuple(b.shape), da, db, numel=a.numel(), path=p)
+        tol = pick(a.dtype, b.dtype)
+        row = DiffRow(name, call, part, OK, tuple(a.shape), tuple(b.shape), da, db, numel=a.numel(), path=p,
+                      rtol=tol.rtol, atol=tol.atol, tolerance=tol.precision)
         if row.shape_a != row.shape_b:
             pending.append((dataclasses.replace(row, status=SHAPE), None))
         elif da == db == "int":
-            pending.append((row, _int_stats(la[p], lb[p], rtol, atol)))
+            pending.append((row, _int_stats(la[p], lb[p], tol.rtol, tol.atol)))
         else:
-            pending.append((row, _stats(a, b, rtol, atol, scratch)))
+            pending.append((row, _stats(a, b, tol.rtol, tol.atol, scratch, scaled=tol.scaled)))
 
 
 def _returned(call: CallRecord) -> bool:
@@ -264,33 +274,38 @@ class Streamed:
     """Compares each output of run B with the same call of run A as B produces it.
 
     Run B keeps nothing: half the memory of recording both runs, and each comparison reads B's
-    output while it is still in cache.
+    output while it is still in cache. ``cast_a`` is the narrowest autocast dtype run A's compared
+    calls ran under; B's comes with each output (see :class:`~._tolerance.Policy`).
 
     Example:
         >>> import hookscope
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
         >>> with hookscope.capture(net) as rec:
         ...     out = net(torch.ones(1, 2))
-        >>> compare = Streamed(rec, RTOL, ATOL)
+        >>> compare = Streamed(rec, Policy(None, None, {}))
         >>> compare("0", out + 1)
         >>> [(r.name, r.status, r.max_abs) for r in compare.rows(["0"], ["0"])]
         [('0', 'differs', 1.0)]
     """
 
-    def __init__(self, rec_a: Recording, rtol: float, atol: float) -> None:
-        self.rec_a, self.rtol, self.atol = rec_a, rtol, atol
+    def __init__(self, rec_a: Recording, policy: Policy, cast_a: torch.dtype | None = None) -> None:
+        self.rec_a, self.policy, self.cast_a = rec_a, policy, cast_a
         self.calls: dict[str, int] = {}
         self.returned: dict[str, list[CallRecord]] = {}  # run A's calls of a name that returned
         self.scratch = Scratch()
         self.pending: dict[tuple[str, int], Pending] = {}
 
-    def __call__(self, name: str, out_b: Any) -> None:
+    def __call__(self, name: str, out_b: Any, cast_b: torch.dtype | None = None) -> None:
         k = self.calls.get(name, 0)
         self.calls[name] = k + 1
         calls_a = self._returned(name)
         if k < len(calls_a):
             rows: Pending = []
-            _pair(name, k, calls_a[k].output, out_b, self.rtol, self.atol, rows, self.scratch)
+
+            def pick(da: torch.dtype, db: torch.dtype) -> Tol:
+                return self.policy(name, da, db, self.cast_a, cast_b)
+
+            _pair(name, k, calls_a[k].output, out_b, pick, rows, self.scratch)
             self.pending[(name, k)] = rows
 
     def _returned(self, name: str) -> list[CallRecord]:

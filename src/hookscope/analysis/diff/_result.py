@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from ...core.result import Result, jsonable, missing
 from ...core.text import shape_text, table
+from ._tolerance import low_precision_tolerance
 
 __all__ = ["DiffRow", "Unmatched", "Diff", "OK", "DIFFERS", "SHAPE", "STRUCTURE", "MISSING_A", "MISSING_B"]
 
@@ -37,6 +38,12 @@ class DiffRow:
     nested output (``"[0]"``, ``"['logits']"``, ``".hidden"``; ``""`` for a plain tensor); Python
     numbers in an output are compared as values too.
 
+    ``rtol`` and ``atol`` are the tolerance this output was compared with. ``tolerance`` names the
+    low-precision dtype it follows (``"bfloat16"``, ``"float16"``) where a run computed in one and
+    no ``rtol``/``atol`` was given: then an element is beyond it where
+    ``|a - b| > atol + rtol * max|b|`` (``rtol`` already grown with depth, see :func:`~hookscope.diff`);
+    ``""`` for the element-wise float32 default or the user's own numbers.
+
     Example:
         >>> DiffRow("fc", 0, 0, "shape", (2, 4), (2, 5)).diverges
         True
@@ -61,6 +68,9 @@ class DiffRow:
     nan_b_only: int = 0
     path: str = ""
     note: str = ""
+    rtol: float = math.nan
+    atol: float = math.nan
+    tolerance: str = ""
 
     @property
     def diverges(self) -> bool:
@@ -94,6 +104,8 @@ def _status(r: DiffRow) -> str:
         same = " and ".join(f"{k} {what}" for k, what in ((r.nan, "NaN"), (r.inf, "Inf")) if k)
         notes.append(f"{same} at the same places")
     text = r.status if r.status != DIFFERS else f"DIFFERS ({r.mismatched}/{r.numel})"
+    if r.tolerance and r.status in (OK, DIFFERS):
+        text += f", {'within' if r.status == OK else 'beyond'} {r.tolerance} tolerance"
     return "; ".join([text, *notes, *([r.note] if r.note else [])])
 
 
@@ -101,13 +113,36 @@ def _what(f: DiffRow) -> str:
     """What is wrong with the first divergent row, in words."""
     if f.status == DIFFERS:
         beyond = f.mismatched - f.nan_a_only - f.nan_b_only
-        said = [f"{beyond} of {f.numel} elements beyond tolerance, max abs {f.max_abs:.3e}"] if beyond else []
+        which = f"{f.tolerance} tolerance (rtol {short(f.rtol)} of max|b| here)" if f.tolerance else "tolerance"
+        said = [f"{beyond} of {f.numel} elements beyond {which}, max abs {f.max_abs:.3e}"] if beyond else []
         return ", ".join([*said, _nan_places(f)] if f.nan_a_only or f.nan_b_only else said) or f.status
     if f.status == SHAPE:
         return f"shape {shape_text(f.shape_a)} in A, {shape_text(f.shape_b)} in B"
     if f.status == STRUCTURE:
         return f"structure: {f.note}"
     return f.status
+
+
+def short(v: float) -> str:
+    """A tolerance in a short scientific form: ``1.6e-2``, ``1e-5``.
+
+    Example:
+        >>> short(0.016), short(1e-05), short(0.0)
+        ('1.6e-2', '1e-5', '0')
+    """
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    mantissa, exponent = f"{v:.1e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _low(rows: Sequence[DiffRow]) -> dict[str, int]:
+    """The low-precision tolerances followed, with how many outputs each."""
+    found: dict[str, int] = {}
+    for r in rows:
+        if r.tolerance:
+            found[r.tolerance] = found.get(r.tolerance, 0) + 1
+    return found
 
 
 def _pair(a: str | None, b: str | None) -> str:
@@ -134,8 +169,8 @@ class Diff(Result):
         >>> from hookscope import diff, settings
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
         >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
-        >>> [r.name for r in d], d.first.name, d["0"][0].dtype_b, "0" in d
-        (['0', '1', ''], '0', 'bfloat16', True)
+        >>> [r.name for r in d], d.first, d["0"][0].dtype_b, d["0"][0].tolerance, "0" in d
+        (['0', '1', ''], None, 'bfloat16', 'bfloat16', True)
     """
 
     def __init__(
@@ -208,7 +243,9 @@ class Diff(Result):
         if not self.rows:
             out.append("nothing compared: no selected module returned a tensor or a number in either run")
         elif self.first is None:
-            out.append("no divergence: every compared output is within tolerance")
+            low = ", ".join(f"{k} within {p} tolerance: rtol {short(rtol)} x sqrt(depth), atol {short(atol)}"
+                            for p, (k, rtol, atol) in self._bounds().items())
+            out.append("no divergence: every compared output is within tolerance" + (f" ({low})" if low else ""))
         else:
             i, f = next((i, r) for i, r in enumerate(self.rows) if r is self.first)
             out.append(f"first divergence: {labels[i]} (call {f.call}): {_what(f)}")
@@ -225,6 +262,9 @@ class Diff(Result):
             >>> from hookscope import diff, settings
             >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
             >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
+            >>> print(d.table().splitlines()[-1])
+            no divergence: every compared output is within tolerance (3 within bfloat16 tolerance: rtol 1.6e-2 x sqrt(depth), atol 1e-5)
+            >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16), rtol=0, atol=0)
             >>> print(d.table(only_diverging=True).splitlines()[-1])  # doctest: +ELLIPSIS
             first divergence: 0 (call 0): ... of 8 elements beyond tolerance, max abs ...
         """
@@ -235,11 +275,18 @@ class Diff(Result):
             f"run A: {self.run_a}",
             f"run B: {self.run_b}",
             f"{len(self.rows)} outputs compared; tolerance |a - b| <= {self.atol:g} + {self.rtol:g} * |b|",
+            *[f"{k} of them computed in {p} follow {p} tolerance (rtol {short(rtol)}, atol {short(atol)}): "
+              f"|a - b| <= atol + rtol * sqrt(depth) * max|b|" for p, (k, rtol, atol) in self._bounds().items()],
             "",
             *table(head, body, left={0, 1, 2, 6}, rule="columns"),
             "",
         ]
         return "\n".join(out + self._verdict(labels))
+
+    def _bounds(self) -> dict[str, tuple[int, float, float]]:
+        """Each low-precision tolerance followed: how many outputs, and its ``rtol`` and ``atol``
+        as torch.testing gives them (before depth)."""
+        return {p: (k, *low_precision_tolerance(p)) for p, k in _low(self.rows).items()}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data: settings, tolerance, rows, first divergence and unmatched names; shapes as

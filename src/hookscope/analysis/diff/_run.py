@@ -24,6 +24,7 @@ from ...errors import ForwardError, RecordError
 from ...records import CopyPolicy, Recording, Retention
 from ...selection import unwrap
 from ._settings import Settings
+from ._tolerance import narrowest
 
 try:  # private, but the only way to step outside the caller's dispatch modes
     from torch.utils._python_dispatch import _disable_current_modes as _no_modes
@@ -33,7 +34,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["Shared", "Run", "record", "fresh_inputs"]
 
 Named = list[tuple[str, nn.Module]]
-OnOutput = Callable[[str, Any], None]
+OnOutput = Callable[[str, Any, "torch.dtype | None"], None]  # name, output, autocast dtype so far
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Run(NamedTuple):
 
     rec: Recording | None  # None for a run compared as it went (see Streamed)
     done: list[str]  # names of the compared calls, in the order they finished
+    cast: torch.dtype | None  # the narrowest autocast dtype a compared call ran under, if any
 
 
 # --- the inputs of one run ------------------------------------------------------------------------
@@ -149,6 +151,7 @@ class Tracker:
         self.model, self.label, self.device_type = model, label, device_type
         self.on_output, self.like_a = on_output, like_a
         self.done: list[str] = []
+        self.cast: torch.dtype | None = None  # see Run.cast
         self.running: CallStack[Open] = CallStack()
         self.failed: list[BaseException] = []  # errors of the comparison, not of the model
         self.markers: list[Slot] = []  # slots that keep nothing, for the aliases handed on
@@ -166,11 +169,13 @@ class Tracker:
             while (top := self.running.pop()) is not None and top[1] is not module:
                 pass
             self.done.append(name)
+            if torch.is_autocast_enabled(self.device_type):  # before _outside_the_run turns it off
+                self.cast = narrowest(self.cast, torch.get_autocast_dtype(self.device_type))
             if self.on_output is None:
                 return None
             try:
                 with _outside_the_run(self.device_type):
-                    self.on_output(name, tree_map(plain, out))  # now, before an in-place op rewrites it
+                    self.on_output(name, tree_map(plain, out), self.cast)  # now, before an in-place op rewrites it
             except BaseException as e:
                 self.failed.append(e)
                 raise
@@ -263,4 +268,4 @@ def record(model: nn.Module, targets: Named, setting: Settings, shared: Shared, 
                     _unshare_buffers(rec, inner)
         finally:
             track.close()
-    return Run(rec, track.done)
+    return Run(rec, track.done, track.cast)
