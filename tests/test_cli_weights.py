@@ -276,8 +276,9 @@ def test_class_names_from_a_file_are_shown_next_to_each_prediction(tmp_path, cap
                  "--out", str(out_png)]) == 0
     out, _ = stderr_lines(capsys)
     lines = out.splitlines()
-    assert lines[1].startswith("image 0: class 3 (thing3), score ") and lines[1].endswith(f"-> {tmp_path}/o_0.png")
-    assert lines[2].startswith("image 1: class 3 (thing3), score ")
+    assert lines[1] == "layer chosen automatically: layer2.0.conv2 (the last Conv2d with a spatial output)"
+    assert lines[2].startswith("image 0: class 3 (thing3), score ") and lines[2].endswith(f"-> {tmp_path}/o_0.png")
+    assert lines[3].startswith("image 1: class 3 (thing3), score ")
 
 
 def test_the_demo_model_names_its_classes(capsys):
@@ -487,6 +488,7 @@ def test_several_methods_save_an_overlay_each_and_a_side_by_side_plot(tmp_path, 
     out, err = stderr_lines(capsys)
     lines = out.splitlines()
     assert lines[0] == "DemoNet, input 2x3x64x64, methods gradcam, layercam, layer layer3.3" and err == []
+    assert lines.pop(1) == "layer chosen automatically: layer3.3 (the last Conv2d with a spatial output)"
     # the same pictures made by hand from the public API
     model = demo_model()
     pictures = torch.from_numpy(np.stack([read_png(tmp_path / f"s{i}.png") for i in range(2)])).permute(0, 3, 1, 2) / 255

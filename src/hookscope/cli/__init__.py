@@ -8,6 +8,7 @@ import importlib
 import os
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
@@ -47,10 +48,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+MODELS_NOTE = (
+    "MODEL: tiny | demo | torchvision:NAME | hf:CLASS_OR_TASK --config PATH (a transformers class such as "
+    "GPT2LMHeadModel, or a task such as causal-lm, built from a folder save_pretrained wrote or a config JSON) | "
+    "timm:NAME | package.module:ATTR | file.py:ATTR | model.pt. Token models take --input-ids or --text."
+)
 SECURITY_NOTE = (
     "Security: MODEL as file.py:ATTR or package.module:ATTR imports and runs that Python code; a "
     "model file (.pt, .pth) is read with torch.load(weights_only=True), which runs no code, and a "
-    "whole pickled model only with --trust-pickle, which runs any code the file holds."
+    "whole pickled model only with --trust-pickle, which runs any code the file holds. hf: reads local "
+    "files only and never runs a model repository's own code (trust_remote_code stays off)."
 )
 
 
@@ -111,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = _Parser(
         prog="hookscope", description="See inside and steer any PyTorch model through hooks.",
-        epilog=SECURITY_NOTE,
+        epilog="\n\n".join(textwrap.fill(note, 79) for note in (MODELS_NOTE, SECURITY_NOTE)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hookscope {__version__}")
     parser.add_argument("--debug", action="store_true",

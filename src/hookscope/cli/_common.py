@@ -130,12 +130,14 @@ def backward_loss(output: Any) -> torch.Tensor:
     return t.logsumexp(-1).sum() if t.dim() else t
 
 
-def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool) -> None:
-    """One forward pass (and the backward of :func:`backward_loss`) inside ``session``: an exception
-    the model raises in its forward leaves the block as a one-line ForwardError naming the module."""
+def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool,
+              kwargs: dict[str, Any] | None = None) -> None:
+    """One forward pass ``model(x, **kwargs)`` (and the backward of :func:`backward_loss`) inside
+    ``session``: an exception the model raises in its forward leaves the block as a one-line
+    ForwardError naming the module."""
     with session:
         with torch.set_grad_enabled(backward):
-            out = model(x)
+            out = model(x, **(kwargs or {}))
         if backward:
             backward_loss(out).backward()
 

@@ -7,6 +7,19 @@ MODEL is one of:
   ``package.module:ATTR``       an importable nn.Module class or factory (called with no arguments)
   ``path/to/file.py:ATTR``      the same, from a Python file
   ``path/to/model.pt``          a file torch.save wrote; see the security model below
+  ``hf:CLASS_OR_TASK``          a transformers model (the hf extra) built from ``--config PATH``: a folder
+                                ``save_pretrained`` wrote (config.json, and its weights when present) or
+                                a config JSON file; CLASS_OR_TASK a class name (``GPT2LMHeadModel``,
+                                ``AutoModelForCausalLM``) or a task (``causal-lm``, ``masked-lm``,
+                                ``seq2seq-lm``, ``image-classification``, ``sequence-classification``...)
+  ``timm:NAME``                 ``timm.create_model(NAME, pretrained=False)`` (the timm extra)
+
+``hf:`` reads local files only, never downloads, and never runs a repository's own code
+(``trust_remote_code`` stays off); a ``pytorch_model.bin`` is checked with
+``torch.load(weights_only=True)`` first. A folder without weights gives random weights (said once).
+Token models get token ids (``--input-ids``, ``--text`` with the folder's tokenizer, or seeded random
+ids), with the keyword inputs the model takes (``attention_mask``, ``decoder_input_ids``); see
+``_inputs.py``.
 
 Security model: ``package.module:ATTR`` and ``file.py:ATTR`` import and run that Python code, as
 ``python file.py`` would; point them only at code you trust. Any other file is read with
@@ -46,11 +59,12 @@ from torch import nn
 
 from ..core.text import first_line, shape_text
 from ..errors import HookscopeError, did_you_mean
+from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_model, timm_model
 
 __all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
            "check_fits", "check_seed", "class_names", "example_input", "load_model", "load_weights",
            "model_session", "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
-           "trusting_pickles", "usual_shape"]
+           "trusting_pickles", "usual_shape", "warn"]
 
 DEMO_SPEC = "demo"
 _DEFAULT_SHAPES = {"tiny": (1, 3, 32, 32), DEMO_SPEC: (1, 3, 64, 64)}
@@ -75,14 +89,28 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         ('torchvision:resnet18', 'DEFAULT', False)
     """
     p.add_argument("model", metavar="MODEL",
-                   help=f"tiny | demo | torchvision:NAME | package.module:ATTR | file.py:ATTR | model.pt. "
+                   help=f"tiny | demo | torchvision:NAME | hf:CLASS_OR_TASK (with --config) | timm:NAME | "
+                        "package.module:ATTR | file.py:ATTR | model.pt. "
                         f"{_CODE_RUNS}: use only code you trust. A .pt or .pth file is read with "
                         "torch.load(weights_only=True), which runs no code; a whole pickled model "
                         f"(torch.save(model)) needs {TRUST_FLAG}. tiny and torchvision models without "
-                        "--weights have random weights; demo is trained on hookscope's generated shapes")
+                        "--weights have random weights; demo is trained on hookscope's generated shapes. "
+                        "hf:CLASS_OR_TASK is a transformers class (GPT2LMHeadModel, AutoModelForCausalLM) or a "
+                        "task (causal-lm, masked-lm, seq2seq-lm, image-classification, sequence-classification); "
+                        "timm:NAME is timm.create_model(NAME, pretrained=False)")
     p.add_argument("--input", metavar="SHAPE", default=None,
                    help="example input shape such as 1x3x224x224 (default: 1x3x32x32 for tiny, "
-                        "1x3x64x64 for demo, 1x3x224x224 for torchvision models)")
+                        "1x3x64x64 for demo, 1x3x224x224 for torchvision models, the model's own for timm "
+                        "and hf image models); for hf token models BATCHxLENGTH of random token ids "
+                        "(default 1x16)")
+    p.add_argument("--config", metavar="PATH", default=None,
+                   help="for hf:CLASS_OR_TASK: a folder save_pretrained wrote (config.json, and weights "
+                        "when present: random weights otherwise) or a config JSON file; local files only")
+    p.add_argument("--input-ids", metavar="IDS", default=None,
+                   help="token ids as the input, such as '15496 11 995'; several sequences of one length "
+                        "separated by ';'")
+    p.add_argument("--text", metavar="TEXT", default=None,
+                   help="text as the input, tokenized by the tokenizer in the --config folder (hf models)")
     p.add_argument("--weights", metavar="FILE|NAME", default=None,
                    help="load these weights into MODEL: a state_dict file (.pt/.pth read with "
                         "torch.load(weights_only=True), or .safetensors), loaded strictly; or, for "
@@ -134,6 +162,7 @@ class _Session:
     model: str | None
     weights: str | None
     command: str | None = None
+    config: str | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -161,7 +190,8 @@ def model_session(args: argparse.Namespace) -> Iterator[None]:
     if _session.get() is not None:
         yield
         return
-    session = _Session(getattr(args, "model", None), getattr(args, "weights", None), getattr(args, "command", None))
+    session = _Session(getattr(args, "model", None), getattr(args, "weights", None), getattr(args, "command", None),
+                       getattr(args, "config", None))
     token = _session.set(session)
     try:
         with trusting_pickles(bool(getattr(args, "trust_pickle", False))):
@@ -174,12 +204,25 @@ def model_session(args: argparse.Namespace) -> Iterator[None]:
         print(f"hookscope: warning: {line}", file=sys.stderr)
 
 
+def warn(line: str) -> None:
+    """Say ``line`` as a ``hookscope: warning:`` on stderr once the command succeeded (at once outside one)."""
+    session = _session.get()
+    if session is None:
+        print(f"hookscope: warning: {line}", file=sys.stderr)
+    else:
+        session.warnings.append(line)
+
+
 def _warn_random(spec: str) -> None:
     session = _session.get()
     if session is None:  # a library call, not a command: nobody to tell on stderr
         return
     fix = ("pass --weights DEFAULT for torchvision's trained weights, or --weights FILE"
-           if spec.startswith("torchvision:") else f"pass --weights FILE, or use MODEL {DEMO_SPEC} (trained)")
+           if spec.startswith("torchvision:") else
+           "give --config a folder that save_pretrained wrote with the weights, or --weights FILE"
+           if spec.startswith(HF_PREFIX) else
+           "pass --weights FILE (a state_dict)" if spec.startswith(TIMM_PREFIX) else
+           f"pass --weights FILE, or use MODEL {DEMO_SPEC} (trained)")
     session.warnings.append(f"{spec} has random weights (no --weights): its predictions and maps mean "
                             f"nothing; {fix}")
 
@@ -705,6 +748,8 @@ def _architecture(spec: str, seed: int, trust: bool, *, trained: bool, named: An
         return demo_model(pretrained=trained)
     if spec.startswith("torchvision:"):
         return _torchvision(spec, named)
+    if spec.startswith(TIMM_PREFIX):
+        return timm_model(spec)
     if ":" in spec:
         where, attr = spec.rsplit(":", 1)
         if where.endswith(".py"):
@@ -714,12 +759,13 @@ def _architecture(spec: str, seed: int, trust: bool, *, trained: bool, named: An
     if spec.endswith((".pt", ".pth", ".py")) or os.path.lexists(spec) or os.sep in spec:
         return _from_path(spec, trust)
     raise HookscopeError(
-        f"MODEL {spec!r} is not understood; use tiny, {DEMO_SPEC}, torchvision:NAME, package.module:ATTR, "
-        "file.py:ATTR or a saved model.pt"
+        f"MODEL {spec!r} is not understood; use tiny, {DEMO_SPEC}, torchvision:NAME, hf:CLASS_OR_TASK, timm:NAME, "
+        "package.module:ATTR, file.py:ATTR or a saved model.pt"
     )
 
 
-def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, weights: str | None = None) -> nn.Module:
+def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, weights: str | None = None,
+               config: str | None = None) -> nn.Module:
     """Build or load the model a MODEL argument names, with ``weights`` if given, in eval mode.
 
     ``trust_pickle`` (default: what the enclosing :func:`trusting_pickles` says, else False) allows
@@ -728,8 +774,9 @@ def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, we
 
     ``weights`` (default: inside :func:`model_session`, the command's ``--weights`` when ``spec`` is
     its MODEL) is a file for :func:`load_weights`, or torchvision's weight name for
-    ``torchvision:NAME`` (see :func:`torchvision_weights`). ``tiny`` and torchvision models left
-    with random weights add a warning to the session.
+    ``torchvision:NAME`` (see :func:`torchvision_weights`). ``config`` (default: the session's
+    ``--config`` for its MODEL) is the folder or JSON an ``hf:`` model is built from. ``tiny``,
+    torchvision, timm and hf models left with random weights add a warning to the session.
 
     Example:
         >>> model = load_model("tiny")
@@ -739,13 +786,22 @@ def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, we
     torch.manual_seed(check_seed(seed))
     trust = _trust_pickle.get() if trust_pickle is None else trust_pickle
     session = _session.get()
-    if weights is None and session is not None and spec == session.model:
-        weights = session.weights
+    if session is not None and spec == session.model:
+        weights = session.weights if weights is None else weights
+        config = session.config if config is None else config
+    if config is not None and not spec.startswith(HF_PREFIX):
+        raise HookscopeError(f"--config is for hf:CLASS_OR_TASK models, not {spec}; drop it, or write MODEL as "
+                             "hf:CLASS_OR_TASK (hf:causal-lm, hf:GPT2LMHeadModel...)")
     named = torchvision_weights(spec, weights) if weights is not None else None
-    model = _architecture(spec, seed, trust, trained=weights is None, named=named)
+    random = weights is None and (spec == "tiny" or spec.startswith(("torchvision:", TIMM_PREFIX)))
+    if spec.startswith(HF_PREFIX):
+        built = hf_model(spec, config, check_pickle=lambda path: _weights_file(path, False))
+        model, random = built.model, weights is None and not built.trained
+    else:
+        model = _architecture(spec, seed, trust, trained=weights is None, named=named)
     if weights is not None and named is None:
         load_weights(model, weights, trust_pickle=trust, spec=spec)
-    elif weights is None and (spec == "tiny" or spec.startswith("torchvision:")):
+    elif random:
         _warn_random(spec)
     return model.eval()
 

@@ -8,7 +8,9 @@ import json
 import math
 import re
 import textwrap
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,17 +19,19 @@ import torch
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
 from ._images import add_image_arguments, load_images
+from ._inputs import hf_logits, model_input
 from ._load import (
     DEMO_SPEC,
     add_class_arguments,
     add_model_arguments,
     check_class_names,
     class_names,
-    example_input,
     load_model,
     model_session,
+    warn,
 )
 from ._outputs import check_outputs
+from ._thirdparty import is_hf_model
 
 if TYPE_CHECKING:
     from ..analysis.cam import CamResult
@@ -158,30 +162,37 @@ class _Inputs:
     pictures: list[torch.Tensor]
     files: list[str] | None  # image paths, None for a random input
     generated: list[str] | None = None  # the class of each generated shape, for MODEL demo alone
+    kwargs: dict[str, Any] = field(default_factory=dict)  # the model's keyword inputs
+    output: Callable[[Any], Any] | None = None  # how to read the scores (a transformers output's .logits)
 
 
-def _inputs(args: argparse.Namespace) -> _Inputs:
+def _inputs(args: argparse.Namespace, model: torch.nn.Module) -> _Inputs:
     if args.image:
         found = load_images(args)
-        return _Inputs(found.x, list(found.pictures), found.paths)
+        return _Inputs(found.x, list(found.pictures), found.paths, output=hf_logits if is_hf_model(model) else None)
     if args.model == DEMO_SPEC and args.input is None:  # a shape the demo model knows says more than noise
         from ..synthetic import shapes
 
         data = shapes(1, seed=args.seed)
         classes = [data.classes[int(k)] for k in data.labels]
         return _Inputs(data.images, list(data.images), None, classes)
-    x = example_input(args.model, args.input, seed=args.seed)
+    given = model_input(args, model)
+    x = given.x
+    if not x.is_floating_point():
+        raise HookscopeError(f"cam draws maps over images, but {type(model).__name__} takes token ids; look into a "
+                             "token model with trace, watch or summary")
     if x.dim() != 4:
         raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
-    return _Inputs(x, [_picture(x[i]) for i in range(x.shape[0])], None)
+    return _Inputs(x, [_picture(x[i]) for i in range(x.shape[0])], None, kwargs=given.kwargs, output=given.output)
 
 
-def _check_names(model: torch.nn.Module, x: torch.Tensor, names: list[str] | None, args: argparse.Namespace) -> None:
+def _check_names(model: torch.nn.Module, inputs: _Inputs, names: list[str] | None, args: argparse.Namespace) -> None:
     """Class names must be one per output; run after the CAM, so a bad input already said its one line."""
     if names is None:
         return
     with torch.no_grad():
-        out = model(x[:1])
+        out = model(inputs.x[:1], **inputs.kwargs)
+    out = inputs.output(out) if inputs.output is not None else out
     if isinstance(out, torch.Tensor) and out.dim() == 2:
         check_class_names(names, out.shape[-1], args)
 
@@ -229,9 +240,14 @@ def _report(model: torch.nn.Module, results: list[CamResult], inputs: _Inputs, n
     methods = ", ".join(r.method for r in results)
     print(f"{type(model).__name__}, input {shape_text(tuple(inputs.x.shape))}, method{'s' if len(results) > 1 else ''} "
           f"{methods}, layer{'s' if len(first.layers) > 1 else ''} {', '.join(first.layers)}")
+    if first.chosen is not None:
+        print(f"layer chosen automatically: {first.chosen}")
     for name, layout in first.layouts.items():
         if layout == "BHWC" and args.layout == "auto":
             print(f"layer {name}: B x h x w x C (channels last), permuted to B x C x h x w")
+        elif layout.startswith("tokens(") and args.tokens is None:
+            print(f"layer {name}: B x tokens x C read as {layout}: the k prefix tokens dropped, the patches "
+                  "put back on their h x w grid")
     targets, scores = _row_facts(results)
     for i in range(len(inputs.pictures)):
         paths = [str(p[i]) for p in (*overlays.values(), plots) if p[i] is not None]
@@ -297,20 +313,24 @@ def _run(args: argparse.Namespace) -> int:
     grid = _grid(args.grid)
     names = class_names(args)
     model = load_model(args.model, seed=args.seed, weights=args.weights)  # a bad MODEL is said first
-    inputs = _inputs(args)
+    inputs = _inputs(args, model)
     _check_outputs(args, inputs, methods)  # the batch says which files are written; checked before any runs
     chosen = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}
     reshape = tokens_to_grid(args.tokens, grid=grid) if args.tokens is not None else shapers[args.layout]
     try:
-        results = [cam(model, inputs.x, layers=chosen, method=m, target=args.target, fuse=args.fuse,
-                       reshape=reshape) for m in methods]
+        with warnings.catch_warnings():  # said once, as the CLI says warnings, from the results' notes
+            warnings.simplefilter("ignore", UserWarning)
+            results = [cam(model, inputs.x, layers=chosen, method=m, target=args.target, fuse=args.fuse,
+                           reshape=reshape, kwargs=inputs.kwargs, output=inputs.output) for m in methods]
     except HookscopeError as e:
         said = _for_the_cli(e)
         if said is e:
             raise  # as it was, its cause kept
         raise said from None
-    _check_names(model, inputs.x, names, args)
+    for note in dict.fromkeys(n for r in results for n in r.notes):
+        warn(note)
+    _check_names(model, inputs, names, args)
     written = _save(results, inputs, names, args)
     if args.json:
         print(_json(results, inputs, names, written, args))

@@ -12,7 +12,8 @@ from torch import nn
 from ..analysis.diff import ATOL, RTOL, Settings, diff, settings
 from ..errors import HookscopeError
 from ..viz.plots import plot_diff
-from ._load import add_model_arguments, example_input, load_model
+from ._inputs import model_input
+from ._load import add_model_arguments, load_model
 from ._common import add_examples, add_plot_argument, check_plot, save_plot
 
 _AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,8 +35,10 @@ def add_parser(sub: Any) -> None:
                    help="build B with this seed instead of --seed (e.g. two differently initialised models)")
     p.add_argument("--layers", nargs="+", metavar="LAYER", default=None,
                    help="names or globs of the modules to compare (default: every module)")
-    p.add_argument("--rtol", type=float, default=RTOL, help=f"relative tolerance (default {RTOL:g})")
-    p.add_argument("--atol", type=float, default=ATOL, help=f"absolute tolerance (default {ATOL:g})")
+    p.add_argument("--rtol", type=float, default=None,
+                   help=f"relative tolerance (default: float32's {RTOL:g}, or the bfloat16 / float16 tolerance "
+                        "for outputs a run computed in that dtype; giving --rtol or --atol sets both for every output)")
+    p.add_argument("--atol", type=float, default=None, help=f"absolute tolerance (default {ATOL:g}; see --rtol)")
     for side in ("a", "b"):
         up = side.upper()
         p.add_argument(f"--{side}-train", action="store_true", help=f"run {up} in training mode")
@@ -78,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         if not hasattr(torch, "compile"):
             raise HookscopeError("--b-compile needs torch.compile (PyTorch 2.0 or later)")
         model_b = torch.compile(model_b)  # type: ignore[assignment]
-    x = example_input(args.model, args.input, args.seed)
-    result = diff(model_a, model_b, x, layers=args.layers, a=_setting(args, "a"), b=_setting(args, "b"),
+    given = model_input(args, model_a)
+    result = diff(model_a, model_b, given.x, kwargs=given.kwargs, layers=args.layers, a=_setting(args, "a"), b=_setting(args, "b"),
                   rtol=args.rtol, atol=args.atol, seed=args.seed)
     print(result.to_json(indent=2) if args.json else result.table(only_diverging=args.only_diverging))
     if not result.rows:  # "no divergence" would claim what was never checked

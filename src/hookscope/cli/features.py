@@ -17,7 +17,9 @@ from ..core.text import shape_text, table
 from ..errors import HookscopeError
 from ..viz.features import REDUCTIONS, SCALES
 from ._images import add_image_arguments, load_images
+from ._inputs import ModelInput, model_input
 from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
+from ._thirdparty import HF_PREFIX, TIMM_PREFIX
 from ._outputs import check_outputs
 
 if TYPE_CHECKING:
@@ -124,19 +126,23 @@ def _picture(x: torch.Tensor) -> torch.Tensor:
     return ((img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)).expand(3, -1, -1)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | None]:
-    """(model input, pictures B x 3 x H x W in [0, 1] or None, image file names or None)."""
+def _inputs(args: argparse.Namespace, model: torch.nn.Module | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None, list[str] | None, dict[str, Any]]:
+    """(model input, pictures B x 3 x H x W in [0, 1] or None, image file names or None, keyword inputs);
+    ``model`` is needed for a model whose input its own config says (hf:, timm:, token ids)."""
     if args.image:
         found = load_images(args)
-        return found.x, found.pictures, found.names
+        return found.x, found.pictures, found.names, {}
     if args.model == DEMO_SPEC and args.input is None:  # a picture the demo model knows says more than noise
         from ..synthetic import shapes
 
         data = shapes(1, seed=args.seed)
-        return data.images, data.images, [f"a generated {data.classes[int(data.labels[0])]} (seed {args.seed})"]
-    x = example_input(args.model, args.input, seed=args.seed)
-    pictures = torch.stack([_picture(x[i]) for i in range(x.shape[0])]) if x.dim() == 4 else None
-    return x, pictures, None
+        return data.images, data.images, [f"a generated {data.classes[int(data.labels[0])]} (seed {args.seed})"], {}
+    given = (model_input(args, model) if model is not None
+             else ModelInput(example_input(args.model, args.input, seed=args.seed)))
+    x = given.x
+    pictures = torch.stack([_picture(x[i]) for i in range(x.shape[0])]) if given.is_image else None
+    return x, pictures, None, given.kwargs
 
 
 def _reshape(args: argparse.Namespace) -> Any:
@@ -185,8 +191,9 @@ def _print_features(res: FeatureMaps, shown: list[int], model: torch.nn.Module, 
     print(f"{what} -> {out}")
 
 
-def _collect(analysis: Callable[..., _R], model: torch.nn.Module, x: torch.Tensor, args: argparse.Namespace) -> _R:
-    return analysis(model, x, args.layer, reshape=_reshape(args))
+def _collect(analysis: Callable[..., _R], model: torch.nn.Module, x: torch.Tensor, args: argparse.Namespace,
+             kwargs: dict[str, Any]) -> _R:
+    return analysis(model, x, args.layer, reshape=_reshape(args), kwargs=kwargs)
 
 
 def _drawable(layer: str, maps: torch.Tensor) -> None:
@@ -199,10 +206,10 @@ def _drawable(layer: str, maps: torch.Tensor) -> None:
 
 
 def _features(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
-              channels: list[int] | None, args: argparse.Namespace) -> None:
+              channels: list[int] | None, args: argparse.Namespace, kwargs: dict[str, Any]) -> None:
     from ..viz.features import plot_feature_maps, save_feature_maps
 
-    res = _collect(feature_maps, model, x, args)
+    res = _collect(feature_maps, model, x, args, kwargs)
     _drawable(res.layer, res.maps)
     shown = _shown(res, args, channels)
     fig = plot_feature_maps(res, picture=pictures, overlay_alpha=args.overlay, channels=channels, top_k=args.top,
@@ -230,10 +237,10 @@ def _check_outputs(args: argparse.Namespace, batch: int) -> None:
 
 
 def _comparison(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
-                channels: list[int] | None, args: argparse.Namespace) -> None:
+                channels: list[int] | None, args: argparse.Namespace, kwargs: dict[str, Any]) -> None:
     from ..viz.features import plot_reference_comparison, save_feature_maps
 
-    comp = _collect(compare_references, model, x, args)
+    comp = _collect(compare_references, model, x, args, kwargs)
     _drawable(comp.layer, comp.true)
     paths = [save_feature_maps(plot_reference_comparison(
         comp, image=i, channels=channels, top_k=args.top, by=args.by, scale=args.scale, columns=args.columns,
@@ -261,11 +268,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     channels = _check(args)
-    x, pictures, names = _inputs(args)  # before the model: the batch says which files --out makes
+    # the input comes before the model (the batch says which files --out makes), unless the model says it
+    early = None
+    if not args.image and (str(args.model).startswith((HF_PREFIX, TIMM_PREFIX)) or args.input_ids is not None
+                           or args.text is not None):
+        early = load_model(args.model, seed=args.seed, weights=args.weights)
+    x, pictures, names, kwargs = _inputs(args, early)
     _check_outputs(args, x.shape[0])
-    model = load_model(args.model, seed=args.seed, weights=args.weights)
+    model = early if early is not None else load_model(args.model, seed=args.seed, weights=args.weights)
     if args.compare_references:
-        _comparison(model, x, pictures, names, channels, args)
+        _comparison(model, x, pictures, names, channels, args, kwargs)
     else:
-        _features(model, x, pictures, names, channels, args)
+        _features(model, x, pictures, names, channels, args, kwargs)
     return 0

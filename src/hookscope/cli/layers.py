@@ -14,7 +14,8 @@ from typing import Any
 from ..analysis.summary import summary
 from ..core.text import shape_text, table
 from ..selection import layers
-from ._load import add_model_arguments, example_input
+from ._inputs import model_input
+from ._load import add_model_arguments
 from ._common import add_examples, model_from
 
 
@@ -41,7 +42,8 @@ def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
     """Each module's output shape(s) from one forward pass, by name (calls after the first: '...')."""
     if args.no_run:
         return {}
-    s = summary(model, example_input(args.model, args.input, seed=args.seed))
+    given = model_input(args, model)
+    s = summary(model, given.x, kwargs=given.kwargs)
     shown: dict[str, str] = {}
     for r in s.rows:
         text = ", ".join(shape_text(o) for o in r.output_shapes) or "-"

@@ -11,8 +11,8 @@ import torch
 
 from ..errors import HookscopeError
 from ._images import add_image_arguments, load_images
-from ._load import (add_class_arguments, add_model_arguments, check_class_names, class_names, example_input,
-                    load_model)
+from ._inputs import model_input
+from ._load import add_class_arguments, add_model_arguments, check_class_names, class_names, load_model
 
 _MOST = 512  # generated images at once: every layer's output and gradient of each is kept for a while
 EXAMPLE = """Example:
@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
 Inputs = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
 
-def _inputs(args: argparse.Namespace) -> Inputs:
+def _inputs(args: argparse.Namespace, model: torch.nn.Module) -> Inputs:
     """(inputs, pictures, masks, baselines): images given, generated demo images, or a random input."""
     if args.image:
         if args.input is not None:
@@ -62,8 +62,12 @@ def _inputs(args: argparse.Namespace) -> Inputs:
 
         data = shapes(args.images, seed=args.seed)
         return data.images, data.images, data.masks, data.backgrounds
-    x = example_input(args.model, args.input, seed=args.seed)
-    return x, None, None, None
+    given = model_input(args, model)
+    if not given.is_image or given.kwargs:
+        raise HookscopeError(f"report draws maps over images, but {type(model).__name__} takes "
+                             f"{'token ids' if not given.x.is_floating_point() else 'other inputs'}; look into it "
+                             "with summary, trace or watch")
+    return given.x, None, None, None
 
 
 def _methods(text: str) -> list[str]:
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise HookscopeError(f"--images {args.images} must be from 1 to {_MOST}")
     check_target(Path(args.out).absolute(), overwrite=args.overwrite, flag="--overwrite")
     model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
-    x, pictures, masks, baselines = _inputs(args)
+    x, pictures, masks, baselines = _inputs(args, model)
     path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=_names(args, model, x),
                         baselines=baselines,
                         layers=args.layers, methods=methods, title=f"hookscope report: {args.model}",

@@ -7,7 +7,8 @@ from typing import Any
 
 from ..analysis.summary import summary
 from ..errors import HookscopeError
-from ._load import add_model_arguments, example_input
+from ._inputs import model_input
+from ._load import add_model_arguments
 from ._common import add_examples, model_from
 
 
@@ -25,14 +26,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
     add_examples(p, ("hookscope summary torchvision:resnet18 --depth 2", "the tree two levels deep, with totals"),
                  ("hookscope summary model.py:build --input 1x3x64x64", "your own model (its code runs)"),
-                 ("hookscope summary tiny --json", "every call's numbers, for programs"))
+                 ("hookscope summary tiny --json", "every call's numbers, for programs"),
+                 ("hookscope summary hf:causal-lm --config gpt2-folder --input-ids '15496 11 995'",
+                  "a transformers model save_pretrained wrote, on token ids"),
+                 ("hookscope summary timm:resnet18 --input 1x3x64x64", "a timm model (random weights)"))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.depth is not None and args.depth < 0:
         raise HookscopeError(f"--depth {args.depth} is negative; pass 0 or more")
     model = model_from(args)
-    x = example_input(args.model, args.input, seed=args.seed)
-    result = summary(model, x, depth=args.depth)
+    given = model_input(args, model)
+    result = summary(model, given.x, kwargs=given.kwargs, depth=args.depth)
     print(result.to_json(indent=2) if args.json else result.table(), end="" if not args.json else "\n")
     return 0

@@ -12,7 +12,8 @@ from ..errors import HookscopeError
 from ..viz.plots import plot_gradient_flow, plot_trace
 from ._common import (LOSS_HELP, add_examples, add_plot_argument, check_plot, keep_for, model_from, run_model,
                       save_plot)
-from ._load import add_model_arguments, example_input
+from ._inputs import model_input
+from ._load import add_model_arguments
 
 
 def add_parser(sub: Any) -> None:
@@ -72,12 +73,12 @@ def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     check_plot(args.plot)
     model = model_from(args)
-    x = example_input(args.model, args.input, seed=args.seed)
+    given = model_input(args, model)
     backward = args.backward or args.grad_flow
     # the parameters' own gradients give the gradient-flow plot its largest |grad| per layer
     t = trace(model, *args.layers, keep=keep_for(inputs=not args.no_inputs, backward=backward),
               param_grads=args.grad_flow and args.plot is not None)
-    run_model(t, model, x, backward=backward)
+    run_model(t, model, given.x, backward=backward, kwargs=given.kwargs)
     flow = gradient_flow(model, *args.layers, trace=t) if args.grad_flow else None
     if flow is not None:
         text = flow.to_json(indent=1) if fmt == "json" else flow.table()

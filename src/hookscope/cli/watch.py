@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from ..analysis.watch import watch
-from ._load import add_model_arguments, example_input
+from ._inputs import model_input
+from ._load import add_model_arguments
 from ._common import LOSS_HELP, add_examples, keep_for, model_from, run_model
 
 
@@ -36,9 +37,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = model_from(args)
-    x = example_input(args.model, args.input, seed=args.seed)
+    given = model_input(args, model)
     # gradients are checked whenever there are any: the library's default, with --backward or not
     w = watch(model, *args.layers, last=args.last, keep=keep_for(inputs=args.inputs, backward=True))
-    run_model(w, model, x, backward=args.backward)
+    run_model(w, model, given.x, backward=args.backward, kwargs=given.kwargs)
     print(w.to_json(indent=2) if args.json else w.table())
     return 0 if w.finite else 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from ..analysis.gradflow import gradient_flow
@@ -22,6 +24,8 @@ def predictions(s: Subject) -> Section:
     """The model's prediction for each input: class (with its name) and probability."""
     with torch.no_grad():
         out = s.model(s.x)
+    if not isinstance(out, torch.Tensor):  # a transformers ModelOutput, or a dict holding "logits"
+        out = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
     logits = out if isinstance(out, torch.Tensor) else None
     sec = Section("predictions", "Predictions")
     if logits is None or logits.dim() != 2:

@@ -1,0 +1,260 @@
+"""The input every model command runs MODEL on: a tensor and the model's keyword inputs.
+
+Image models get a seeded random ``--input`` shape. Token models get token ids, never floats:
+``--input-ids "15496 11 995"`` (several sequences of one length separated by ``;``), ``--text`` through
+the tokenizer in the ``--config`` folder, or seeded random ids in the vocabulary (``--input BxL``,
+default 1x16). A transformers model also gets the keyword inputs it takes: ``attention_mask`` to
+match the ids, ``decoder_input_ids`` for an encoder-decoder (T5); a transformers image model gets
+``pixel_values`` of its config's size, and its outputs are read through ``.logits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.text import shape_text
+from ..errors import HookscopeError
+from ._load import check_fits, check_seed, example_input, parse_shape, random_input
+from ._thirdparty import TIMM_PREFIX, hf_tokenizer, is_hf_model, timm_input_size
+
+__all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]
+
+_TOKENS_DEFAULT = (1, 16)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """What a command runs the model on: ``model(x, **kwargs)``.
+
+    Attributes:
+        x: the positional input (an image batch, or token ids ``B x L`` of dtype long).
+        kwargs: the model's keyword inputs (``attention_mask``, ``decoder_input_ids``), for ``kwargs=``.
+        output: how the analyses read the scores from the model's output (``.logits`` of a
+            transformers output), or None for a model that returns them.
+
+    Example:
+        >>> mi = ModelInput(torch.zeros(1, 3), {})
+        >>> mi.is_image, mi.kwargs
+        (False, {})
+    """
+
+    x: torch.Tensor
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    output: Callable[[Any], Any] | None = None
+
+    @property
+    def is_image(self) -> bool:
+        """Whether ``x`` is a floating-point ``B x C x H x W`` batch (what CAM and feature maps draw)."""
+        return self.x.dim() == 4 and self.x.is_floating_point()
+
+
+def hf_logits(output: Any) -> Any:
+    """The ``.logits`` of a transformers output, or the output itself when it has none.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> hf_logits(SimpleNamespace(logits=1)), hf_logits(2)
+        (1, 2)
+    """
+    return getattr(output, "logits", output)
+
+
+def parse_ids(text: str) -> torch.Tensor:
+    """``--input-ids``: whole numbers separated by spaces or commas; ``;`` starts another sequence.
+
+    Example:
+        >>> parse_ids("15496 11 995").tolist()
+        [[15496, 11, 995]]
+        >>> parse_ids("1 2; 3 4").shape
+        torch.Size([2, 2])
+        >>> parse_ids("1 two 3")
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --input-ids '1 two 3' are not token ids: 'two' is not a whole number; write them like '15496 11 995' (several sequences separated by ';')
+    """
+    how = "write them like '15496 11 995' (several sequences separated by ';')"
+    rows: list[list[int]] = []
+    for part in text.split(";"):
+        words = [w for w in re.split(r"[\s,]+", part.strip()) if w]
+        bad = next((w for w in words if not re.fullmatch(r"[+-]?\d+", w)), None)
+        if bad is not None:
+            raise HookscopeError(f"--input-ids {text!r} are not token ids: {bad!r} is not a whole number; {how}")
+        if words:
+            rows.append([int(w) for w in words])
+    if not rows:
+        raise HookscopeError(f"--input-ids {text!r} holds no token id; {how}")
+    lengths = sorted({len(r) for r in rows})
+    if len(lengths) > 1:
+        raise HookscopeError(f"--input-ids {text!r} holds sequences of lengths {', '.join(map(str, lengths))}; "
+                             "give sequences of one length (or one sequence)")
+    if any(abs(i) >= 2**63 for r in rows for i in r):
+        raise HookscopeError(f"--input-ids {text!r} holds a number too large to be a token id; {how}")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """How many token ids the model embeds: its input embedding's rows (transformers), else the first
+    ``nn.Embedding``'s; None when it has none."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    except (NotImplementedError, AttributeError):  # a transformers model without a token embedding
+        embedding = None
+    rows = getattr(embedding, "num_embeddings", None)
+    if isinstance(rows, int):
+        return rows
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) else None
+
+
+def _check_ids(ids: torch.Tensor, model: nn.Module, source: str) -> None:
+    """Every id in ``[0, vocab size)``, or one line naming the first that is not."""
+    vocab = _vocab_size(model)
+    if vocab is None or ids.numel() == 0:
+        return
+    bad = ((ids < 0) | (ids >= vocab)).flatten().nonzero()
+    if bad.numel():
+        first = int(ids.flatten()[int(bad[0])])
+        fix = ("the tokenizer is not this model's: give --config a folder holding the model's own tokenizer"
+               if source == "--text" else f"give ids from 0 to {vocab - 1}")
+        raise HookscopeError(f"{source}: token id {first} is out of the vocabulary of {type(model).__name__} "
+                             f"(vocab size {vocab}); {fix}")
+    positions = _max_positions(model)
+    if positions is not None and ids.shape[-1] > positions:
+        raise HookscopeError(f"{source}: {ids.shape[-1]} tokens are more than the {positions} positions "
+                             f"{type(model).__name__} has; give at most {positions}")
+
+
+def _max_positions(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for name in ("n_positions", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _text_ids(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``--text`` through the tokenizer in the ``--config`` folder: (ids, its attention mask)."""
+    tokenizer = hf_tokenizer(getattr(args, "config", None))
+    encoded = tokenizer(args.text, return_tensors="pt")
+    ids = encoded["input_ids"]
+    if ids.numel() == 0:
+        raise HookscopeError(f"--text {args.text!r} gives no tokens; give some text")
+    mask = encoded.get("attention_mask")
+    return ids.long(), mask if isinstance(mask, torch.Tensor) else None
+
+
+def _token_ids(args: argparse.Namespace, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, str]:
+    """(ids, attention mask or None, where they came from): --text, --input-ids, or seeded random ids."""
+    if getattr(args, "text", None) is not None:
+        ids, mask = _text_ids(args)
+        return ids, mask, "--text"
+    if getattr(args, "input_ids", None) is not None:
+        return parse_ids(args.input_ids), None, "--input-ids"
+    dims = parse_shape(args.input) if args.input is not None else _TOKENS_DEFAULT
+    if len(dims) != 2:
+        raise HookscopeError(f"--input {args.input} is not BATCHxLENGTH: {type(model).__name__} takes token ids; "
+                             "write it like 1x16 (or give --input-ids or --text)")
+    vocab = _vocab_size(model)
+    if vocab is None:
+        raise HookscopeError(f"cannot tell how many token ids {type(model).__name__} has; give --input-ids")
+    check_fits(dims, f"--input {shape_text(dims)}")
+    gen = torch.Generator().manual_seed(check_seed(args.seed))
+    return torch.randint(0, vocab, dims, generator=gen), None, f"--input {shape_text(dims)}"
+
+
+def _token_kwargs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
+    """The keyword inputs a transformers token model takes with ``ids``: a matching attention mask,
+    and for an encoder-decoder the decoder's ids (the ids shifted right behind the start token)."""
+    params = inspect.signature(model.forward).parameters
+    kw: dict[str, Any] = {}
+    if "attention_mask" in params:
+        kw["attention_mask"] = mask if mask is not None else torch.ones_like(ids)
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        start = getattr(config, "decoder_start_token_id", None)
+        start = start if isinstance(start, int) else getattr(config, "pad_token_id", None) or 0
+        kw["decoder_input_ids"] = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
+    if "use_cache" in params:  # one forward pass to look into: no key/value cache in the outputs
+        kw["use_cache"] = False
+    return kw
+
+
+def _image_size(model: nn.Module) -> tuple[int, ...] | None:
+    """``C x H x W`` a transformers image model's config says, or None."""
+    config = getattr(model, "config", None)
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", 3)
+    if isinstance(size, int):
+        return (channels, size, size)
+    if isinstance(size, (tuple, list)) and len(size) == 2:
+        return (channels, int(size[0]), int(size[1]))
+    return None
+
+
+def _no_tokens(args: argparse.Namespace, model: nn.Module, takes: str) -> None:
+    given = "--text" if getattr(args, "text", None) is not None else "--input-ids"
+    if getattr(args, "text", None) is not None or getattr(args, "input_ids", None) is not None:
+        raise HookscopeError(f"{given} gives token ids but {type(model).__name__} takes {takes}; give --input "
+                             "SHAPE instead")
+
+
+def _hf_input(args: argparse.Namespace, model: nn.Module) -> ModelInput:
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    if main == "input_ids":
+        ids, mask, source = _token_ids(args, model)
+        _check_ids(ids, model, source)
+        return ModelInput(ids, _token_kwargs(model, ids, mask), hf_logits)
+    _no_tokens(args, model, main)
+    size = _image_size(model) if main == "pixel_values" else None
+    dims = parse_shape(args.input) if args.input is not None else (1, *size) if size is not None else None
+    if dims is None:
+        raise HookscopeError(f"give the shape of {type(model).__name__}'s {main}, e.g. --input 1x3x224x224")
+    gen = torch.Generator().manual_seed(check_seed(args.seed))
+    return ModelInput(random_input(dims, f"--input {shape_text(dims)}", gen), {}, hf_logits)
+
+
+def _check_options(args: argparse.Namespace, model: nn.Module) -> None:
+    text, ids = getattr(args, "text", None), getattr(args, "input_ids", None)
+    if text is not None and ids is not None:
+        raise HookscopeError("give either --text or --input-ids, not both")
+    if (text is not None or ids is not None) and args.input is not None:
+        raise HookscopeError(f"give either --input SHAPE or {'--text' if text is not None else '--input-ids'}, "
+                             "not both")
+    if text is not None and not is_hf_model(model):
+        raise HookscopeError("--text needs a transformers model with its tokenizer: MODEL hf:CLASS_OR_TASK "
+                             "--config FOLDER; give --input-ids for other models")
+
+
+def model_input(args: argparse.Namespace, model: nn.Module) -> ModelInput:
+    """The input the command runs ``model`` (the one ``args.model`` names) on; see the module's text.
+
+    Example:
+        >>> args = argparse.Namespace(model="m.py:build", input=None, seed=0, input_ids="3 1 2", text=None)
+        >>> model_input(args, nn.Embedding(10, 4)).x.tolist()
+        [[3, 1, 2]]
+        >>> model_input(args, nn.Embedding(3, 4))
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --input-ids: token id 3 is out of the vocabulary of Embedding (vocab size 3); give ids from 0 to 2
+    """
+    _check_options(args, model)
+    if is_hf_model(model):
+        return _hf_input(args, model)
+    if getattr(args, "input_ids", None) is not None:
+        ids = parse_ids(args.input_ids)
+        _check_ids(ids, model, "--input-ids")
+        return ModelInput(ids)
+    shape = args.input
+    if shape is None and str(args.model).startswith(TIMM_PREFIX):
+        size = timm_input_size(model)
+        shape = "x".join(map(str, (1, *size))) if size is not None else None
+    return ModelInput(example_input(args.model, shape, seed=args.seed))
