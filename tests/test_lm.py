@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -209,6 +210,39 @@ def test_at_bad_arguments_are_refused_in_one_line(call, match):
     model = gpt2()
     with pytest.raises(HookscopeError, match=match) as e:
         with call(model):
+            model(IDS)
+    assert "\n" not in str(e.value) and no_hooks(model)
+
+
+def test_at_names_the_tensor_it_picked_when_the_first_is_not_the_hidden_state():
+    model = gpt2()
+    with pytest.raises(HookscopeError, match=r"whose first tensor, output\.loss, is a tensor of shape \(\)") as e:
+        with hookscope.capture(model, "", at=at[:, -1]):
+            model(IDS, labels=IDS)  # a ModelOutput whose first field is the loss
+    assert "\n" not in str(e.value) and no_hooks(model)
+
+
+def test_at_takes_numpy_integers_as_python_ints():
+    import numpy as np
+
+    assert repr(at[:, np.int64(-1)]) == "at[:, -1]" and at[np.int32(0):np.int64(2), [np.int64(1)]].index == (
+        slice(0, 2, None), [1])
+    model = gpt2()
+    with hookscope.capture(model, "transformer.h.0", at=at[:, np.int64(2)]) as rec:
+        model(IDS)
+    with hookscope.capture(model, "transformer.h.0") as full:
+        model(IDS)
+    assert torch.equal(rec["transformer.h.0"].output, full["transformer.h.0"].output[:, 2])
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda t: t.mean(), "returned torch.float32 of shape ()"),  # would broadcast silently
+    (lambda t: t.double(), "returned torch.float64 of shape (1, 32)"),  # would be cast silently
+])
+def test_edit_at_refuses_a_change_of_another_shape_or_dtype(change, said):
+    model = gpt2()
+    with pytest.raises(HookscopeError, match=re.escape(said)) as e:
+        with hookscope.edit(model, "transformer.h.0", output=change, at=at[:, -1]):
             model(IDS)
     assert "\n" not in str(e.value) and no_hooks(model)
 

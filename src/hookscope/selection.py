@@ -8,6 +8,7 @@ it wraps (``1.a`` for the child of ``model[1] = torch.compile(model[1])``, not `
 from __future__ import annotations
 
 import fnmatch
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Union
@@ -15,7 +16,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from ._tree import first_tensor, tree_map
+from ._tree import paths, tree_map
 from .errors import HookscopeError, SelectionError, did_you_mean
 
 __all__ = ["Selector", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
@@ -277,19 +278,33 @@ def _index_text(part: object) -> str:
     return repr(part)
 
 
-def _check_index_part(part: object) -> None:
-    ok = part is None or part is Ellipsis or (isinstance(part, int) and not isinstance(part, bool))
-    if isinstance(part, slice):
-        ok = all(v is None or (isinstance(v, int) and not isinstance(v, bool))
-                 for v in (part.start, part.stop, part.step))
+def _whole(v: object) -> int | None:
+    """``v`` as an int if it is a whole-number position (Python or numpy integer, not a bool), else None."""
+    if isinstance(v, (bool, torch.Tensor)) or not hasattr(v, "__index__"):
+        return None
+    return operator.index(v)
+
+
+def _index_part(part: object) -> object:
+    """``part`` of an index, numpy integers made ints, or a one-line error if it is not a tensor position."""
+    if part is None or part is Ellipsis:
+        return part
+    if isinstance(part, torch.Tensor):
+        if part.dtype == torch.bool or not (part.is_floating_point() or part.is_complex()):
+            return part
+    elif isinstance(part, slice):
+        ends = [None if v is None else _whole(v) for v in (part.start, part.stop, part.step)]
+        if all(e is not None or v is None for e, v in zip(ends, (part.start, part.stop, part.step))):
+            return slice(*ends)
     elif isinstance(part, list):
-        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in part)
-    elif isinstance(part, torch.Tensor):
-        ok = part.dtype == torch.bool or not (part.is_floating_point() or part.is_complex())
-    if not ok:
-        raise HookscopeError(
-            f"{_index_text(part)} ({type(part).__name__}) is not a tensor position; index with ints, "
-            "slices, ..., None, lists of ints or integer/bool tensors, e.g. hookscope.at[:, -1]")
+        whole = [_whole(v) for v in part]
+        if all(w is not None for w in whole):
+            return whole
+    elif (n := _whole(part)) is not None:
+        return n
+    raise HookscopeError(
+        f"{_index_text(part)} ({type(part).__name__}) is not a tensor position; index with ints, "
+        "slices, ..., None, lists of ints or integer/bool tensors, e.g. hookscope.at[:, -1]")
 
 
 class At:
@@ -312,9 +327,10 @@ class At:
     __slots__ = ("index",)
 
     def __init__(self, index: object = _ROOT) -> None:
-        if index is not _ROOT:
-            for part in index if isinstance(index, tuple) else (index,):
-                _check_index_part(part)
+        if isinstance(index, tuple):
+            index = tuple(_index_part(p) for p in index)
+        elif index is not _ROOT:
+            index = _index_part(index)
         self.index = index
 
     def __getitem__(self, index: object) -> At:
@@ -326,37 +342,44 @@ class At:
         parts = self.index if isinstance(self.index, tuple) else (self.index,)
         return f"at[{', '.join(_index_text(p) for p in parts)}]"
 
-    def main(self, output: object, name: str) -> torch.Tensor:
-        """The tensor the positions apply to: ``output`` itself, or its first tensor."""
+    def main(self, output: object, name: str) -> tuple[torch.Tensor, str]:
+        """The tensor the positions apply to, ``output`` itself or its first tensor, and where it is."""
         if self.index is _ROOT:
             raise HookscopeError("at needs positions: write at[:, -1] (the last token), not at alone")
-        main = output if isinstance(output, torch.Tensor) else first_tensor(output)
-        if main is None:
+        if isinstance(output, torch.Tensor):
+            return output, "output"
+        found = next(paths(output, "output"), None)
+        if found is None:
             raise HookscopeError(f"the output of {name!r} holds no tensor, so {self!r} has nothing to index; "
                                  "select a module that returns a tensor")
-        return main
+        return found[1], found[0]
 
     def take(self, output: object, name: str) -> torch.Tensor:
         """The positions of ``output``'s main tensor (a view), or a one-line error if they do not fit."""
-        main = self.main(output, name)
+        main, where = self.main(output, name)
         try:
             return main[self.index]  # type: ignore[index]
         except (IndexError, RuntimeError, TypeError, ValueError):
+            what = "a tensor" if where == "output" else f"whose first tensor, {where}, is a tensor"
             raise HookscopeError(
-                f"{self!r} does not fit the output of {name!r}, a tensor of shape {tuple(main.shape)}; "
-                "pick positions inside that shape (at[:, -1] is the last token of batch x tokens x features)"
-            ) from None
+                f"{self!r} does not fit the output of {name!r}, {what} of shape {tuple(main.shape)}; pick "
+                "positions inside that shape (at[:, -1] is the last token of batch x tokens x features), or "
+                "select the module whose output holds the tensor you mean") from None
 
     def put(self, output: object, change: Callable[[torch.Tensor], object], name: str) -> object:
         """``output`` with its main tensor's positions replaced by ``change(positions)``, out of place:
         the rest of the tensor is untouched and gradients flow to both."""
-        main = self.main(output, name)
+        main, _ = self.main(output, name)
         old = self.take(output, name).clone()  # changed in place by ``change``, the model never sees it
         got = change(old)
         new_part = old if got is None else got
         if not isinstance(new_part, torch.Tensor):
             raise HookscopeError(f"the change of {self!r} in {name!r} returned {type(new_part).__name__}; "
                                  "return a tensor (or None after changing it in place)")
+        if new_part.shape != old.shape or new_part.dtype != old.dtype:  # no silent broadcast or cast
+            raise HookscopeError(
+                f"the change of {self!r} in {name!r} returned {new_part.dtype} of shape {tuple(new_part.shape)} for "
+                f"positions holding {old.dtype} of shape {tuple(old.shape)}; return a tensor of that shape and dtype")
         new = main.clone()
         try:
             new[self.index] = new_part  # type: ignore[index]
