@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -416,3 +417,94 @@ def test_a_failing_target_inside_cam_leaves_no_hook():
     assert no_hooks(net)
     assert repr(Segmentation(1, torch.ones(5, 5))) == "Segmentation(1, mask=5x5)"
     assert repr(Similarity(torch.ones(3, 4))) == "Similarity(reference=3x4, dim=-1)"
+
+
+# --- review F2: one row for all in take(), detection parsing, Class as a class index ------------------
+ONE_FOR_ALL = [
+    ("segmentation", lambda: TinySeg().eval(), "body",
+     lambda m: Segmentation(2, mask=m[:1]), lambda m: Segmentation(2, mask=m[:1].expand(3, 8, 10))),
+    ("class", lambda: nn.Sequential(TinyEmbed(), nn.Identity()).eval(), "0.conv", lambda m: Class([3]),
+     lambda m: Class([3, 3, 3])),
+    ("similarity", lambda: nn.Sequential(TinyEmbed(), nn.Identity()).eval(), "0.conv",
+     lambda m: Similarity(torch.linspace(-1, 1, 5)[None]),
+     lambda m: Similarity(torch.linspace(-1, 1, 5)[None].expand(3, 5))),
+]
+
+
+@pytest.mark.parametrize("name, make, layer, one, every", ONE_FOR_ALL, ids=[c[0] for c in ONE_FOR_ALL])
+def test_scorecam_with_one_row_for_all_samples_equals_that_row_given_per_sample(name, make, layer, one, every):
+    torch.manual_seed(1)
+    net = make()
+    x = torch.randn(3, 3, 8, 10)
+    mask = torch.rand(1, 8, 10) > 0.5
+    a = hookscope.cam(net, x, layers=layer, method="scorecam", target=one(mask))
+    b = hookscope.cam(net, x, layers=layer, method="scorecam", target=every(mask))
+    assert torch.allclose(a.raw[layer], b.raw[layer]) and torch.allclose(a.scores, b.scores)
+    assert a.raw[layer].flatten(1).amax(1).gt(0).all() and no_hooks(net)
+    picked = one(mask).take(torch.tensor([2, 0]))
+    assert picked(net(x[[2, 0]])).tolist() == every(mask).take(torch.tensor([2, 0]))(net(x[[2, 0]])).tolist()
+
+
+def test_take_of_too_few_rows_is_one_line():
+    with pytest.raises(hookscope.HookscopeError, match="holds 2 class indices .* sample 2") as e:
+        Class([3, 1]).take(torch.tensor([0, 2]))
+    one_line(e)
+    assert Class([3, 1]).take(torch.tensor([1, 1, 0])).class_index == [1, 1, 3]
+    with pytest.raises(hookscope.HookscopeError, match="boxes for 2 images but the batch has image 2") as e:
+        Detection([[1], [1]], [[[0, 0, 4, 4]], [[0, 0, 2, 2]]]).take(torch.tensor([2]))
+    one_line(e)
+
+
+def test_detection_parses_single_boxes_and_numpy():
+    dets = [{"boxes": torch.tensor([[0.0, 0, 4, 4], [2, 2, 8, 8], [4, 0, 10, 6]]), "labels": torch.tensor([1, 2, 1]),
+             "scores": torch.tensor([0.5, 0.25, 0.125])}] * 2
+    # image 0: one 1-D box (label 1 at detection 0); image 1: two boxes (label 2 at 1, label 1 at 2)
+    mixed = Detection([[1], [2, 1]], [torch.tensor([0.0, 0, 4, 4]), torch.tensor([[2.0, 2, 8, 8], [4, 0, 10, 6]])])
+    assert mixed(dets).tolist() == [0.5, 0.375]
+    assert [b.shape for b in mixed.boxes] == [(1, 4), (2, 4)] and not mixed.shared
+    # labels per image make a list of single boxes one box per image; flat labels make them K boxes for all
+    assert Detection([[1], [2]], [[0, 0, 4, 4], [2, 2, 8, 8]])(dets).tolist() == [0.5, 0.25]
+    k_for_all = Detection([1, 2], [torch.tensor([0.0, 0, 4, 4]), torch.tensor([2.0, 2, 8, 8])])
+    assert k_for_all.shared and k_for_all(dets).tolist() == [0.75, 0.75]
+    assert Detection(np.int64(1), [[0, 0, 4, 4]])(dets).tolist() == [0.5, 0.5]
+    assert Detection(np.array([1]), np.array([[0, 0, 4, 4]]))(dets).tolist() == [0.5, 0.5]
+    assert Detection(np.array([[1], [2]]), np.array([[[0, 0, 4, 4]], [[2, 2, 8, 8]]]))(dets).tolist() == [0.5, 0.25]
+    assert Detection(torch.tensor(2), np.array([2, 2, 8, 8]))(dets[:1]).tolist() == [0.25]
+
+
+BAD_DETECTION = [
+    ("boxes of image 1 of shape \\(3,\\) are not K x 4 .* B x K x 4",
+     lambda: Detection([[1], [2]], [[[0, 0, 4, 4]], [0, 0, 4]])),
+    ("boxes .* are not numbers of shape K x 4",
+     lambda: Detection([1, 2], [torch.tensor([0.0, 0, 4, 4]), torch.tensor([1.0])])),
+    ("labels of image 0 1.5 are not class indices", lambda: Detection([1.5, 2], [[[0, 0, 4, 4]], [[2, 2, 8, 8]]])),
+    ("labels of shape \\(1, 1\\)", lambda: Detection(np.array([[1]]), np.array([[0, 0, 4, 4]]))),
+    ("labels=1 is not", lambda: Detection(1, torch.ones(2, 1, 4).cumsum(2))),
+    ("label -1 is negative", lambda: Detection([-1], [[0, 0, 4, 4]])),
+    ("2 labels for 1 boxes of image 0", lambda: Detection([[1, 2]], [[[0, 0, 4, 4]]])),
+]
+
+
+@pytest.mark.parametrize("match, call", BAD_DETECTION, ids=[b[0][:30] for b in BAD_DETECTION])
+def test_bad_detection_is_one_line(match, call):
+    with pytest.raises(hookscope.HookscopeError, match=match) as e:
+        call()
+    one_line(e)
+
+
+@pytest.mark.parametrize("score", ["prob", "logit"])
+@pytest.mark.parametrize("kind", ["deletion", "insertion"])
+def test_curves_treat_class_as_its_class_index(kind, score):
+    torch.manual_seed(2)
+    net = TinyEmbed().eval()
+    x, saliency = torch.randn(2, 3, 5, 5), torch.rand(2, 5, 5)
+    curve = getattr(metrics, kind)
+    for obj, plain in [(Class(3), 3), (Class([3, 1]), [3, 1]), (Class(torch.tensor(4)), 4)]:
+        a = curve(net, x, saliency, target=obj, steps=3, score=score, baseline="zeros")
+        b = curve(net, x, saliency, target=plain, steps=3, score=score, baseline="zeros")
+        assert torch.equal(a.scores, b.scores) and torch.equal(a.targets, b.targets)
+    with torch.no_grad():
+        first = net(x).softmax(1)[:, 3] if score == "prob" else net(x)[:, 3]
+    step = 0 if kind == "deletion" else -1  # the images themselves
+    assert torch.allclose(curve(net, x, saliency, target=Class(3), steps=3, score=score).scores[:, step], first)
+    assert Class(np.int64(2)).class_index == 2 and Class(np.array([1, 0])).class_index == [1, 0]

@@ -12,7 +12,10 @@ Two optional methods tell hookscope more than a plain function can:
   A region predicted on the inputs stays where it was; a box is checked to be detected there, and
   counts 0 on a perturbed input where it no longer is. The curves call it by themselves.
 - ``take(rows)``: the target for a batch made of the samples ``rows`` (per-sample masks, boxes or
-  references picked for them).
+  references picked for them; one given for all samples serves every one).
+
+:class:`Class` also has ``class_index``: :func:`hookscope.cam` and the curves treat it as that class
+index, so ``target=Class(3)`` is ``target=3`` (the curves' ``score="prob"`` applies).
 
 Example:
     >>> import torch
@@ -24,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +51,27 @@ def _fit(data: torch.Tensor, n: int, what: str) -> torch.Tensor:
                          f"{n} rows; give one per sample of this batch, or one for all")
 
 
+def _take(data: torch.Tensor, rows: torch.Tensor, what: str) -> torch.Tensor:
+    """The rows ``rows`` of per-sample ``data``: each sample's own, or the one row for all, as :func:`_fit`."""
+    if data.shape[0] == 1:
+        return data.expand(len(rows), *data.shape[1:])
+    rows = rows.to(data.device)
+    if len(rows) and int(rows.max()) >= data.shape[0]:
+        raise HookscopeError(f"the target holds {data.shape[0]} {what} (one per sample) but the batch has sample "
+                             f"{int(rows.max())}; give one per sample of this batch, or one for all")
+    return data[rows]
+
+
+def _rank(x: Any) -> int:
+    """How many dimensions ``x`` has: a tensor's or numpy array's ``ndim``, a nested list's depth, 0 for a number."""
+    ndim = getattr(x, "ndim", None)
+    if isinstance(ndim, int):
+        return ndim
+    if isinstance(x, (list, tuple)):
+        return 1 + (_rank(x[0]) if len(x) else 0)
+    return 0
+
+
 def _shape(t: Any) -> str:
     return "x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
@@ -66,9 +91,21 @@ class Class:
     """
 
     def __init__(self, index: Index) -> None:
-        self.shared = isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0)
-        n = 1 if self.shared else len(index)  # type: ignore[arg-type]
-        self.index = class_targets(index, n)
+        self.shared = _rank(index) == 0  # an int, a 0-d tensor, a numpy integer
+        self.index = class_targets(index, 1 if self.shared else len(index))  # type: ignore[arg-type]
+
+    @property
+    def class_index(self) -> int | list[int]:
+        """The class: one int for every sample, or the list of one int per sample.
+
+        :func:`hookscope.cam` and the curves of :mod:`hookscope.metrics` treat a target that has it as
+        that class index (``target=Class(3)`` is ``target=3``: ``score="prob"`` applies, ``targets`` is filled).
+
+        Example:
+            >>> Class(3).class_index, Class([2, 0]).class_index
+            (3, [2, 0])
+        """
+        return int(self.index[0]) if self.shared else [int(i) for i in self.index.tolist()]
 
     def __call__(self, out: Any) -> torch.Tensor:
         t = out if isinstance(out, torch.Tensor) else logits_of(out)
@@ -79,7 +116,7 @@ class Class:
 
     def take(self, rows: torch.Tensor) -> Class:
         """The target for the samples ``rows``: their own classes."""
-        return self if self.shared else Class(self.index[rows.to(self.index.device)])
+        return self if self.shared else Class(_take(self.index, rows, "class indices"))
 
     def __repr__(self) -> str:
         return f"Class({self.index[0].item() if self.shared else self.index.tolist()})"
@@ -178,37 +215,74 @@ class Segmentation:
         """The target for the samples ``rows``: their own masks."""
         if self.mask is None or self.mask.ndim == 2:
             return self
-        return Segmentation(self.category, self.mask[rows.to(self.mask.device)])
+        return Segmentation(self.category, _take(self.mask, rows, "masks"))
 
     def __repr__(self) -> str:
         return f"Segmentation({self.category}, mask={'None' if self.mask is None else _shape(self.mask)})"
 
 
+def _per_image(boxes: Any, labels: Any) -> bool:
+    """Boxes given per image: a ``B x K x 4`` array, a list holding some ``K_i x 4``, or labels listed per image."""
+    if _rank(boxes) == 3:
+        return True
+    listed = isinstance(boxes, (list, tuple)) and len(boxes) > 0
+    nested = isinstance(labels, (list, tuple)) and any(_rank(lab) >= 1 for lab in labels)
+    return listed and (any(_rank(b) == 2 for b in boxes) or (nested and all(_rank(b) == 1 for b in boxes)))
+
+
+def _box_tensor(b: Any, where: str) -> torch.Tensor:
+    """A checked float ``K x 4`` from a tensor, numpy array or list; one box ``(x0, y0, x1, y1)`` is ``1 x 4``."""
+    try:
+        if isinstance(b, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in b):  # K boxes as K tensors
+            b = torch.stack([torch.as_tensor(e).detach().float() for e in b])
+        t = b.detach().float() if isinstance(b, torch.Tensor) else torch.as_tensor(b, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise HookscopeError(f"boxes{where} ({type(b).__name__}) are not numbers of shape K x 4; pass a K x 4 "
+                             "tensor of corners (x0, y0, x1, y1), or a list of K_i x 4 per image") from None
+    if t.ndim == 1 and t.shape[0] == 4:
+        t = t[None]
+    if t.ndim != 2 or t.shape[1] != 4 or t.shape[0] == 0:
+        raise HookscopeError(f"boxes{where} of shape {tuple(t.shape)} are not K x 4 (x0, y0, x1, y1) with K >= 1 "
+                             "(or one box of 4); per image, pass a list of K_i x 4 or a B x K x 4 tensor")
+    bad = ~t.isfinite().all(1) | (t[:, 2] <= t[:, 0]) | (t[:, 3] <= t[:, 1])
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        raise HookscopeError(f"box {k}{where} {t[k].tolist()} is empty or not finite; boxes are corners "
+                             "(x0, y0, x1, y1) with x1 > x0 and y1 > y0, in the input's pixels")
+    return t
+
+
+def _label_tensor(lab: Any, k: int, where: str) -> torch.Tensor:
+    """``k`` class indices (long) from an int, a numpy integer, a list, a tensor or an array of them."""
+    try:
+        if isinstance(lab, (bool, str, bytes)) or lab is None:
+            raise TypeError
+        t = torch.as_tensor([operator.index(lab)]) if _rank(lab) == 0 else torch.as_tensor(lab).detach()
+    except (TypeError, ValueError, RuntimeError):
+        raise HookscopeError(f"labels{where} {lab!r} are not class indices; pass one int per box") from None
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.ndim != 1:
+        raise HookscopeError(f"labels{where} of shape {tuple(t.shape)} ({t.dtype}) are not one int per box; "
+                             "pass K ints, or per image a list of K_i ints")
+    if t.shape[0] != k:
+        raise HookscopeError(f"{t.shape[0]} labels for {k} boxes{where}; give one label per box")
+    if bool((t < 0).any()):
+        raise HookscopeError(f"label {int(t.min())}{where} is negative; labels are class indices from 0")
+    return t.long()
+
+
 def _boxes(boxes: Any, labels: Any) -> tuple[list[torch.Tensor], list[torch.Tensor], bool]:
     """Checked ``(boxes, labels, shared)``: one ``K x 4`` / ``K`` pair for all images, or one per image."""
-    per_image = (isinstance(boxes, torch.Tensor) and boxes.ndim == 3) or (
-        isinstance(boxes, (list, tuple)) and len(boxes) > 0 and torch.as_tensor(boxes[0]).ndim == 2)
+    per_image = _per_image(boxes, labels)
+    if per_image and _rank(labels) == 0:
+        raise HookscopeError(f"boxes are given per image but labels={labels!r} is not; give a list of labels per image")
     bs, ls = (list(boxes), list(labels)) if per_image else ([boxes], [labels])
     if len(bs) != len(ls):
         raise HookscopeError(f"{len(bs)} images of boxes but {len(ls)} of labels; give labels per image as the boxes")
     out_b, out_l = [], []
     for i, (b, lab) in enumerate(zip(bs, ls)):
         where = f" of image {i}" if per_image else ""
-        t = torch.as_tensor(b, dtype=torch.float32) if not isinstance(b, torch.Tensor) else b.detach().float()
-        if t.ndim == 1 and t.shape[0] == 4:
-            t = t[None]
-        if t.ndim != 2 or t.shape[1] != 4 or t.shape[0] == 0:
-            raise HookscopeError(f"boxes{where} of shape {tuple(t.shape)} are not K x 4 (x0, y0, x1, y1) with K >= 1")
-        bad = ~t.isfinite().all(1) | (t[:, 2] <= t[:, 0]) | (t[:, 3] <= t[:, 1])
-        if bool(bad.any()):
-            k = int(bad.nonzero()[0, 0])
-            raise HookscopeError(f"box {k}{where} {t[k].tolist()} is empty or not finite; boxes are corners "
-                                 "(x0, y0, x1, y1) with x1 > x0 and y1 > y0, in the input's pixels")
-        count = 1 if isinstance(lab, int) or (isinstance(lab, torch.Tensor) and lab.ndim == 0) else len(lab)
-        if count != t.shape[0]:
-            raise HookscopeError(f"{count} labels for {t.shape[0]} boxes{where}; give one label per box")
-        out_l.append(class_targets([lab] if count == 1 and not isinstance(lab, Sequence) else lab, t.shape[0]))
-        out_b.append(t)
+        out_b.append(_box_tensor(b, where))
+        out_l.append(_label_tensor(lab, out_b[-1].shape[0], where))
     return out_b, out_l, not per_image
 
 
@@ -248,8 +322,10 @@ class Detection:
     0, as it should, once :meth:`anchor` checked it on the inputs themselves (the curves do).
 
     Args:
-        labels: the class of each box: ``K`` ints for every image, or a list of ``K_i`` ints per image.
-        boxes: ``K x 4`` corners ``(x0, y0, x1, y1)`` for every image, or a list of ``K_i x 4`` per image.
+        labels: the class of each box: ``K`` ints for every image, or a list of ``K_i`` ints per image
+            (ints, numpy integers, lists, tensors or numpy arrays).
+        boxes: ``K x 4`` corners ``(x0, y0, x1, y1)`` for every image, or per image a list of ``K_i x 4``
+            (or a ``B x K x 4`` tensor); a box of 4 numbers alone is one box. Tensors, numpy arrays or lists.
         iou: the least intersection over union of a match, in ``(0, 1]``.
 
     Example:
@@ -311,6 +387,9 @@ class Detection:
         if self.shared or len(self.boxes) == 1:
             return self
         picked = rows.tolist()
+        if picked and max(picked) >= len(self.boxes):
+            raise HookscopeError(f"Detection holds boxes for {len(self.boxes)} images but the batch has image "
+                                 f"{max(picked)}; give boxes for each image of this batch")
         return self._copy([self.boxes[r] for r in picked], [self.labels[r] for r in picked], strict=self.strict)
 
     def _copy(self, boxes: list[torch.Tensor], labels: list[torch.Tensor], strict: bool) -> Detection:
@@ -378,7 +457,7 @@ class Similarity:
 
     def take(self, rows: torch.Tensor) -> Similarity:
         """The target for the samples ``rows``: their own references."""
-        return self if self.shared else Similarity(self.reference[rows.to(self.reference.device)], self.dim)
+        return self if self.shared else Similarity(_take(self.reference, rows, "references"), self.dim)
 
     def __repr__(self) -> str:
         return f"Similarity(reference={_shape(self.reference)}, dim={self.dim})"

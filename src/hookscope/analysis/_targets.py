@@ -22,7 +22,8 @@ from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
 from ..selection import named_modules, unwrap
 
-__all__ = ["Target", "anchored", "batch_coupled", "call_user", "check_range", "class_targets", "for_rows",
+__all__ = ["Target", "anchored", "batch_coupled", "call_user", "check_range", "class_index_of", "class_targets",
+           "for_rows",
            "is_function", "logits_of", "read_logits", "user_scores", "per_sample", "rows_of", "forward_failure",
            "call_model"]
 
@@ -117,6 +118,21 @@ def for_rows(target: Any, rows: torch.Tensor) -> Any:
     """
     take = getattr(target, "take", None)
     return take(rows) if is_function(target) and callable(take) else target
+
+
+def class_index_of(target: Any) -> Any:
+    """The class index a target object stands for (its ``class_index``, as :class:`hookscope.targets.Class`
+    has), else ``target`` itself: ``target=Class(3)`` then means exactly ``target=3``.
+
+    Example:
+        >>> class Three:
+        ...     class_index = 3
+        ...     def __call__(self, out): return out[:, 3]
+        >>> class_index_of(Three()), class_index_of([1, 2])
+        (3, [1, 2])
+    """
+    index = getattr(target, "class_index", None) if is_function(target) else None
+    return target if index is None else index
 
 
 def class_targets(target: Target, batch: int, classes: int | None = None,

@@ -24,8 +24,8 @@ from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
 from ..errors import HookscopeError, did_you_mean
-from ._targets import (Target, anchored, batch_coupled, call_model, check_range, class_targets, is_function,
-                       read_logits, rows_of, user_scores)
+from ._targets import (Target, anchored, batch_coupled, call_model, check_range, class_index_of, class_targets,
+                       is_function, read_logits, rows_of, user_scores)
 
 __all__ = [
     "Curve",
@@ -170,7 +170,8 @@ def deletion(
         target: class index for every image, one index per image (sequence or tensor), ``None``
             for the class the model predicts on ``inputs`` (one extra forward), or a callable that
             gets the model's output for the ``B`` images of one step and returns ``B`` scores
-            (``score=`` is then not applied), such as the targets of :mod:`hookscope.targets`. A
+            (``score=`` is then not applied), such as the targets of :mod:`hookscope.targets`
+            (``Class(3)``, which has a ``class_index``, is ``3``: ``score=`` applies). A
             target with an ``anchor`` method is anchored on the model's output for ``inputs``
             first (one extra forward): a predicted region stays where it was on the inputs, a box
             found there scores 0 once the model no longer detects it.
@@ -246,6 +247,7 @@ def _curve(
     kw: dict[str, Any],
 ) -> Curve:
     _check_curve(kind, inputs, steps, batch_size, score)
+    target = class_index_of(target)  # target=Class(3) is target=3: score= applies, targets filled
     b, _, h, w = inputs.shape
     coupled = batch_coupled(model)
     if coupled is not None and (b > 1 or batch_size > 1):
