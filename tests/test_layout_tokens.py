@@ -132,12 +132,17 @@ def test_the_last_blocks_output_reaches_the_head_through_the_class_token_only_an
 
 
 class LinearTokens(nn.Module):
-    """Patches embedded by a Linear (no Conv2d grid), ``extra`` learned tokens concatenated under an unknown name."""
+    """Patches embedded by a Linear (no Conv2d grid), ``extra`` tokens concatenated under an unknown name: learned
+    (a 1 x extra x C parameter, which counts them) or a buffer (nothing counts them)."""
 
-    def __init__(self, extra: int, patch: int = 8) -> None:
+    def __init__(self, extra: int, patch: int = 8, learned: bool = True) -> None:
         super().__init__()
         self.patch, self.embed = patch, nn.Linear(3 * patch * patch, 16)
-        self.extra = nn.Parameter(torch.randn(1, extra, 16))
+        self.extra: torch.Tensor
+        if learned:
+            self.extra = nn.Parameter(torch.randn(1, extra, 16))
+        else:
+            self.register_buffer("extra", torch.randn(1, extra, 16))
         self.norm = nn.LayerNorm(16)
         self.head = nn.Linear(16, 5)
 
@@ -149,7 +154,7 @@ class LinearTokens(nn.Module):
 
 def test_token_counts_nothing_decides_are_refused_in_one_line_and_one_strided_reading_is_taken():
     # 17 tokens of a 32 x 32 input: 1 + 4x4, 13 + 2x2 or 16 + 1x1, and nothing says which
-    model = LinearTokens(extra=1).eval()
+    model = LinearTokens(extra=1, learned=False).eval()
     with pytest.raises(HookscopeError, match=r"17 tokens.*1 \+ 4x4 or 13 \+ 2x2.*tokens_to_grid\(skip=K\).*--tokens K") as e:
         cam(model, torch.randn(2, 3, 32, 32), layers="norm")
     assert "\n" not in str(e.value) and no_hooks(model)

@@ -13,6 +13,7 @@ naming the fix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from torch import nn
 from ..core.hooks import HookGroup
 from ..errors import HookscopeError
 
-__all__ = ["FIX", "MAX_PREFIX", "TOKENS_FIX", "LayoutProbe", "fits", "grid_of_tokens", "prefix_tokens"]
+__all__ = ["FIX", "MAX_PREFIX", "REORDER_FIX", "TOKENS_FIX", "LayoutProbe", "fits", "grid_of_tokens", "prefix_tokens"]
 
 # Types whose 4-D tensors hold channels in dim 1 (they convolve, normalise or pool the last two dims).
 _FIRST_TYPES: tuple[type[nn.Module], ...] = (
@@ -40,11 +41,17 @@ FIX = ("pass reshape=hookscope.channels_last if it is B x h x w x C, or reshape=
 
 
 TOKENS_FIX = ("pass reshape=hookscope.tokens_to_grid(skip=K), K the class/distillation/register tokens before the "
-              "h x w patches, e.g. tokens_to_grid(1) for a class token (CLI: --tokens K)")
+              "h x w patches, e.g. tokens_to_grid(1) for a class token, plus grid=(h, w) when h != w "
+              "(CLI: --tokens K --grid HxW)")
+REORDER_FIX = ("pass reshape= a function that puts its tokens back in raster order as B x C x h x w (timm Hiera: "
+               "model.forward_intermediates gives the stage outputs rerolled; ViTMAE: its ids_restore)")
 MAX_PREFIX = 16  # prefix tokens (class, distillation, registers) a token layout may start with
 # Parameters that each add tokens before the patches, by the name of their attribute (timm, torchvision, HF).
 _TOKEN_PARAMS = ("cls_token", "class_token", "dist_token", "distillation_token", "reg_token", "register_tokens")
 # HF configs whose embeddings put a known number of tokens before the patches (Swin: none, at every stage).
+# Class-name parts of modules that re-order tokens (timm's Hiera keeps them "unrolled": not row by row); a
+# module with a ``random_masking`` method (HF ViTMAE's embeddings) shuffles them, whatever its mask ratio.
+_REORDERS = ("Unroll", "Reroll")
 _HF_PREFIX = {"vit": 1, "deit": 2, "swin": 0, "swinv2": 0, "donut-swin": 0, "maskformer-swin": 0, "dinov2": 1,
               "beit": 1, "data2vec-vision": 1}
 
@@ -148,6 +155,8 @@ class LayoutProbe:
         self.readers: dict[str, list[nn.Module]] = {n: [] for n in names}
         self.inner3: dict[str, tuple[nn.Module, torch.Size, tuple[int, ...]]] = {}  # the same, of 3-D outputs
         self.grids: set[tuple[int, int, int]] = set()  # (channels, h, w) of every Conv2d output in the pass
+        self.reorder: str | None = None  # a module that re-orders tokens (Hiera's Unroll): no raster reading holds
+        self.learned: dict[int, int] = {}  # channels -> tokens in 1 x n x C parameters (n <= MAX_PREFIX, no "pos")
 
     def hand(self, name: str, tensor: torch.Tensor) -> None:
         """Layer ``name`` handed ``tensor`` on to the rest of the model."""
@@ -190,15 +199,31 @@ class LayoutProbe:
 
         return hook
 
-    def attach(self, model: nn.Module, keep: list[tuple[str, nn.Module]], group: HookGroup) -> None:
-        """Hook ``model``'s modules of known layout and the kept layers; the handles go into ``group``."""
+    def attach(self, model: nn.Module, keep: list[tuple[str, nn.Module]], group: HookGroup, *,
+               wrap: Callable[[Any], Any] | None = None) -> None:
+        """Hook ``model``'s modules of known layout and the kept layers; the handles go into ``group``.
+
+        ``wrap`` is applied to every hook (``hookscope.core.compiled.eager`` for a compiled model)."""
+        w = wrap if wrap is not None else (lambda f: f)
         for name, module in keep:
-            group.add(module.register_forward_pre_hook(self._starter(name, isinstance(module, _SAME_LAYOUT))))
+            group.add(module.register_forward_pre_hook(w(self._starter(name, isinstance(module, _SAME_LAYOUT)))))
         for m in {id(m): m for m in model.modules() if _decides(m)}.values():
-            group.add(m.register_forward_pre_hook(self._reader()))
-            group.add(m.register_forward_hook(self._maker()))
+            group.add(m.register_forward_pre_hook(w(self._reader())))
+            group.add(m.register_forward_hook(w(self._maker())))
         for name, module in keep:  # after every other hook on the layer
-            group.add(module.register_forward_hook(lambda m, a, o, n=name: self.running.discard(n)))
+            group.add(module.register_forward_hook(w(lambda m, a, o, n=name: self.running.discard(n))))
+        self.reorder = next((f"{n!r} ({type(m).__name__})" for n, m in model.named_modules() if any(
+            r in type(m).__name__ for r in _REORDERS) or callable(getattr(m, "random_masking", None))), None)
+        for pname, p in model.named_parameters():  # learned tokens: evidence for k when the model says nothing
+            if p.ndim == 3 and p.shape[0] == 1 and p.shape[1] <= MAX_PREFIX and "pos" not in pname.lower():
+                self.learned[int(p.shape[2])] = self.learned.get(int(p.shape[2]), 0) + int(p.shape[1])
+
+    def _in_order(self, name: str, shape: torch.Size) -> None:
+        """One line if the model re-orders its tokens, so that no row-by-row reading of the layer is certain."""
+        if self.reorder is not None:
+            raise HookscopeError(f"layer {name!r} gives {tuple(shape)}, but the model holds {self.reorder}, which "
+                                 "re-orders or shuffles tokens (not row by row), so no grid reading is certain; "
+                                 f"{REORDER_FIX}")
 
     def _said(self, name: str, shape: torch.Size, strides: tuple[int, ...]) -> dict[str, str]:
         """Where the modules that make and read the layer's output put its channels, and which module says so."""
@@ -219,24 +244,35 @@ class LayoutProbe:
         grid, row by row; one line naming ``tokens_to_grid`` if that is not certain.
 
         Readings are ``N = k + h*w`` with ``k <= MAX_PREFIX`` and the grid that of a Conv2d seen in the
-        pass with ``C`` channels (a patch embedding flattened into the tokens) or the input's ``size``
-        through one integer stride. ``prefix`` (the model's own count) keeps the readings with that ``k``;
-        without it, a Conv2d's grid decides, and else the one strided reading if a ``Linear`` or
-        ``LayerNorm`` over ``C`` makes or reads ``t`` (so ``B x C x L`` is not read as tokens).
+        pass with ``C`` channels (a patch embedding flattened into the tokens) or, when no such Conv2d
+        ran, the input's ``size`` through one integer stride. ``prefix`` (the model's own count) keeps
+        the readings with that ``k``; without it, a Conv2d's grid decides, and else the one strided
+        reading with ``k = 0`` or ``k`` the tokens of the model's ``1 x n x C`` parameters, if a
+        ``Linear`` or ``LayerNorm`` over ``C`` makes or reads ``t`` (so ``B x C x L`` is not read as
+        tokens). A Conv2d grid of ``C`` channels that no reading matches (MAE's random masking drops
+        patches) is refused: the input's size is no evidence then. So is any layer of a model that
+        re-orders or shuffles its tokens (Hiera's ``Unroll``, ViTMAE's ``random_masking``).
         """
+        self._in_order(name, t.shape)
         N, C = int(t.shape[1]), int(t.shape[2])
-        seen = {(N - h * w, h, w) for c, h, w in self.grids if c == C and 0 <= N - h * w <= MAX_PREFIX}
+        embedded = {(h, w) for c, h, w in self.grids if c == C}
+        seen = {(N - h * w, h, w) for h, w in embedded if 0 <= N - h * w <= MAX_PREFIX}
         strided = {(N - h * w, h, w) for h, w in _strided(size) if 0 <= N - h * w <= MAX_PREFIX}
+        if embedded and not seen:
+            grids = " or ".join(sorted(f"{h}x{w}" for h, w in embedded))
+            raise HookscopeError(f"layer {name!r} gives {N} tokens of {C} channels, but a Conv2d made a {grids} grid "
+                                 f"of {C} channels that no count of prefix tokens (0 to {MAX_PREFIX}) completes to "
+                                 f"{N} (patches dropped or unfolded, as MAE and MobileViT do?); {TOKENS_FIX}")
         if prefix is not None:
-            fits_k = {r for r in seen | strided if r[0] == prefix}
-            pool = {r for r in fits_k if r in seen} or fits_k  # a grid seen wins over a rounding of the input
+            pool = {r for r in (seen or strided) if r[0] == prefix}  # a grid seen wins over a rounding of the input
         elif seen:
             pool = seen
         else:
-            pool = strided if "last" in self._said(name, t.shape, t.stride()) else set()
+            ks = {0, self.learned.get(C, 0)}
+            pool = {r for r in strided if r[0] in ks} if "last" in self._said(name, t.shape, t.stride()) else set()
         if len(pool) == 1:
             return next(iter(pool))
-        shown = " or ".join(f"{k} + {h}x{w}" for k, h, w in sorted(pool | strided)[:4]) or "none"
+        shown = " or ".join(f"{k} + {h}x{w}" for k, h, w in sorted(pool | seen | strided)[:4]) or "none"
         why = ("several readings fit" if len(pool) > 1 else
                f"the model puts {prefix} tokens first and no grid fits" if prefix is not None else
                "nothing tells how many prefix tokens come before the patches")
@@ -250,7 +286,7 @@ class LayoutProbe:
         Told by the last module of known layout to run inside the layer (if its output has the shape
         and strides of ``t``: a permuted view of it, even of the same shape, is not its layout) and by
         the modules of known layout that read the output; failing both, by which reading gives a grid
-        of the input's aspect ratio (``size``).
+        of the input's aspect ratio (``size``). The reading the modules tell must give such a grid too.
         """
         shape = t.shape
         said = self._said(name, shape, t.stride())
@@ -258,7 +294,13 @@ class LayoutProbe:
             raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels first to "
                                  f"{said['first']} but channels last to {said['last']}; {FIX}")
         if said:
-            return next(iter(said))
+            lay = next(iter(said))
+            h, w = shape[2:] if lay == "first" else shape[1:3]
+            if not fits(h, w, size):  # a Linear along the width of a B x C x h x w map is no channel dim
+                raise HookscopeError(f"layer {name!r}'s output of shape {tuple(shape)} is channels {lay} to "
+                                     f"{said[lay]}, but its {h} x {w} grid is no grid of the input's {size[0]} x "
+                                     f"{size[1]}; {FIX}")
+            return lay
         grids = [lay for lay, (h, w) in (("first", shape[2:]), ("last", shape[1:3])) if fits(h, w, size)]
         if len(grids) == 1:
             return grids[0]

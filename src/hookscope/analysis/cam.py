@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._tree import first_tensor, tensors, tree_map
+from ..core.compiled import HookRefresh, eager, is_compiled
 from ..core.hooks import HookGroup
 from ..core.inputs import model_kwargs
 from ..core.result import Result, jsonable, missing
@@ -111,7 +113,8 @@ class CamResult(Result):
         chosen: with ``layers=None``, the layer chosen and why, e.g. ``"blocks.11.norm1 (the last block's
             first norm, before the last attention 'blocks.11.attn')"``; ``None`` when you chose.
         notes: what makes maps say less than they seem to, one line each, also given as warnings:
-            a sample whose score's gradient at a layer is exactly zero (its map is all zero).
+            a sample whose score's gradient at a layer is exactly zero (its map is all zero), or whose
+            Score-CAM masked inputs all score the same (its channels all weigh the same).
     """
 
     maps: torch.Tensor
@@ -322,20 +325,24 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
                     probe: nn.Module | None = None) -> _Pass:
     p = _Pass(keep)
     group = HookGroup()
+    refresh = HookRefresh(model)  # a compiled model: traced anew with the hooks, which run eagerly between pieces
+    hook: Callable[[Any], Any] = eager if is_compiled(model) else (lambda f: f)
     try:
         for name, module in keep:
-            group.add(module.register_forward_hook(_keeper(p, name)))
+            group.add(module.register_forward_hook(hook(_keeper(p, name))))
         if probe is not None:  # after the keepers, so that they see the copies handed on
-            p.probe.attach(probe, keep, group)
+            p.probe.attach(probe, keep, group, wrap=hook)
             p.probed = True
         for name, module in watch:
-            group.add(module.register_forward_pre_hook(_starts(name, p)))
-            group.add(module.register_forward_hook(_watcher(name, p)))
+            group.add(module.register_forward_pre_hook(hook(_starts(name, p))))
+            group.add(module.register_forward_hook(hook(_watcher(name, p))))
         for name, module in heads:
-            group.add(module.register_forward_hook(_head_watcher(name, p)))
+            group.add(module.register_forward_hook(hook(_head_watcher(name, p))))
+        refresh.open()
         p.output = call_model(model, (x,), kw)  # a failure names where it failed
     finally:
         group.remove()
+        refresh.close()
         p.probe.release()  # the readers are known now: keep no extra tensor alive
     return p
 
@@ -398,56 +405,113 @@ def _gap_source(p: _Pass, model_name: str) -> str:
                          f"{hname!r} is not the spatial mean of any layer's output; use method='gradcam'")
 
 
+def _depthwise(m: nn.Module | None) -> bool:
+    return isinstance(m, nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels == m.out_channels
+
+
 def _last_conv(p: _Pass, model_name: str) -> tuple[str, str]:
     """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output (a squeeze-excitation 1 x 1 has no map), and why.
 
-    A depthwise last convolution (ConvNeXt's, ``groups`` = channels) sits in the middle of its block:
-    the LayerNorm, the channel MLP, the layer scale (1e-6 at initialisation) and the skip path all
-    come after it, so its map leaves out the block's channel mixing and nearly all of its output.
-    There the block's output is taken, the last stage's output that torchcam and pytorch-grad-cam use,
-    if it has the convolution's channels (``B x C x h x w``); other CNNs keep their last convolution.
+    In a ConvNeXt block the last convolution (depthwise, or the 1 x 1 ``fc2`` of timm's ``conv_mlp``)
+    sits inside the residual branch: the layer scale (1e-6 at initialisation) and the skip path come
+    after it, so its map leaves out nearly all of the block's output. The rule: take the innermost
+    module that contains the last convolution (an ancestor) and returned the pass's last spatial map
+    as it is now; if that block is the innermost module holding both that convolution and a depthwise
+    ``Conv2d`` that ran (or that convolution is the depthwise one) and its output has the
+    convolution's channels and ``h x w``, take the block's output (the last stage's output that
+    torchcam and pytorch-grad-cam use). ResNet, VGG, DenseNet, MobileNet and EfficientNet end in a
+    block without a depthwise convolution (or none contains the last one) and keep their last convolution.
     """
     spatial = [(n, t) for n, t, _ in p.watched if isinstance(p.modules.get(n), nn.Conv2d) and t.shape[2] * t.shape[3] > 1]
     if not spatial:
         raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
                              "pass; pass layers= (see hookscope.names(model) or `hookscope layers MODEL`)")
-    name = spatial[-1][0]
+    name, out = spatial[-1]
     calls = sum(1 for n, _ in spatial if n == name)
     if calls > 1:
         raise HookscopeError(f"the last convolution {name!r} ran {calls} times in the forward pass; CAM needs one "
                              "output per layer, so pass layers= a layer that runs once")
-    conv = cast(nn.Conv2d, p.modules[name])
-    if not (conv.groups > 1 and conv.groups == conv.in_channels == conv.out_channels):
-        return name, "the last Conv2d with a spatial output"
+    keep = name, "the last Conv2d with a spatial output"
     last, now = [(t, v) for _, t, v in p.watched if t.shape[2] * t.shape[3] > 1][-1]
-    # the innermost module that returned it as it is now: not torchvision's StochasticDepth, whose
-    # output the block then adds its input to in place
-    block = next(n for n, t, v in p.watched if t is last and v == now)
-    if last.shape[1] != conv.out_channels or block == name or sum(1 for n, _, _ in p.watched if n == block) > 1:
-        return name, "the last Conv2d with a spatial output"
-    return block, f"the last block's output: the last Conv2d, {name!r}, is depthwise, inside that block"
+    # the innermost ancestor of the convolution that returned it as it is now: not torchvision's
+    # StochasticDepth, whose output the block then adds its input to in place, nor a pooling branch
+    block = next((n for n, t, v in p.watched if t is last and v == now and name.startswith(n + ".")), None)
+    if block is None or last.shape[1:] != out.shape[1:] or sum(1 for n, _, _ in p.watched if n == block) > 1:
+        return keep
+    dw = next((n for n, _, _ in reversed(p.watched) if n.startswith(block + ".") and _depthwise(p.modules.get(n))),
+              None)
+    # the block is the innermost module holding both (MaxViT's MBConv, inside a layer that attends after it, is not)
+    if dw is None or (dw != name and os.path.commonprefix([dw.split("."), name.split(".")]) != block.split(".")):
+        return keep
+    if dw == name:
+        return block, f"the last block's output: the last Conv2d, {name!r}, is depthwise, inside that block"
+    return block, (f"the last block's output: the last Conv2d, {name!r}, is inside that block, in the residual "
+                   f"branch of its depthwise Conv2d {dw!r} (ConvNeXt)")
+
+
+_ATTENTION_ENDS = ("MHSA", "GPSA")  # ConViT's
+_NOT_ATTENTION_ENDS = ("Layer", "Stage")  # a block holding an attention, as CaiT's LayerScaleBlockClassAttn
 
 
 def _is_attention(m: nn.Module) -> bool:
-    return isinstance(m, nn.MultiheadAttention) or type(m).__name__.endswith("Attention")
+    """A token-mixing attention: ``nn.MultiheadAttention``, or a class named like one (``...Attention``,
+    ``...Attn``: CaiT's ``TalkingHeadAttn``, ``ClassAttn``; ConViT's ``MHSA``, ``GPSA``), not a block holding one."""
+    kind = type(m).__name__
+    if isinstance(m, nn.MultiheadAttention):
+        return True
+    named = "Attention" in kind or "Attn" in kind or kind.endswith(_ATTENTION_ENDS)
+    return named and "Block" not in kind and not kind.endswith(_NOT_ATTENTION_ENDS)
+
+
+def _in_blocks(name: str, modules: dict[str, nn.Module]) -> bool:
+    """Does module ``name`` sit in a repeated block: a child of an ``nn.ModuleList``, or of an ``nn.Sequential``
+    whose children are all of one class (not, say, a pooling head's attention after the encoder)?"""
+    parts = name.split(".")
+    for i in range(1, len(parts)):
+        box = modules.get(".".join(parts[:i]))
+        if isinstance(box, nn.ModuleList) or (
+                isinstance(box, nn.Sequential) and len({type(c) for c in box.children()}) == 1):
+            return True
+    return False
+
+
+def _attentions(p: _Pass) -> list[tuple[int, str, str]]:
+    """``(index in p.order, outermost name, innermost name)`` of every attention that ran, in order: the index
+    of the last start of the innermost attention in it; those in repeated blocks only, if any are (SigLIP's
+    pooling head runs one after the encoder)."""
+    starts = [(i, n) for i, (start, n, m, _) in enumerate(p.order) if start and _is_attention(m)]
+    ran = {n for _, n in starts}
+    last: dict[str, tuple[int, str]] = {}
+    for i, inner in starts:  # an attention inside an attention (HF's SelfAttention, MaxViT's partition)
+        att = inner
+        while "." in att and att.rsplit(".", 1)[0] in ran:
+            att = att.rsplit(".", 1)[0]
+        last[att] = (i, inner)
+    found = sorted((i, n, inner) for n, (i, inner) in last.items())
+    inside = [a for a in found if _in_blocks(a[1], p.modules)]
+    return inside or found
 
 
 def _before_attention(p: _Pass, size: tuple[int, int]) -> tuple[str | None, str]:
     """The norm that ran last before the last attention-like module, in the same block, and why; ``None``
-    and why not when no attention ran or that norm's output is no grid of the input (MaxViT's windows)."""
-    starts = [(i, n) for i, (start, n, m, _) in enumerate(p.order) if start and _is_attention(m)]
-    if not starts:
+    and why not when no attention ran or that norm's output is no grid of the input (MaxViT's windows).
+
+    The last attention in repeated blocks (a module list) counts; with none there, the last one that has a
+    norm before it in its block. No such norm before the last attention of the blocks (post-norm: Swin V2,
+    torch's ``norm_first=False``) is refused."""
+    atts = _attentions(p)
+    if not atts:
         return None, ""
-    ran = {n for _, n in starts}
-    att = starts[-1][1]
-    while "." in att and att.rsplit(".", 1)[0] in ran:  # an attention inside an attention (HF's SelfAttention)
-        att = att.rsplit(".", 1)[0]
-    i = max(j for j, n in starts if n == att)
-    block = att.rsplit(".", 1)[0] + "." if "." in att else ""
-    norm = next(((n, out) for start, n, m, out in reversed(p.order[:i]) if not start and "Norm" in type(m).__name__
-                 and n.startswith(block) and not n.startswith(att + ".")), None)
+    blocks = _in_blocks(atts[-1][1], p.modules)
+    norm, att = None, atts[-1][1]
+    for i, att, inner in reversed(atts if not blocks else atts[-1:]):
+        block = att.rsplit(".", 1)[0] + "." if "." in att else ""
+        norm = next(((n, out) for start, n, m, out in reversed(p.order[:i]) if not start and "Norm" in type(m).__name__
+                     and n.startswith(block) and not n.startswith(inner + ".")), None)
+        if norm is not None:
+            break
     if norm is None:
-        raise HookscopeError(f"the last attention {att!r} has no norm before it in its block (a post-norm "
+        raise HookscopeError(f"the last attention {atts[-1][1]!r} has no norm before it in its block (a post-norm "
                              "transformer?); pass layers= the input of the last token mixing (`hookscope layers MODEL`)")
     name, out = norm
     if isinstance(out, torch.Tensor) and out.ndim == 4 and not (
@@ -617,6 +681,18 @@ def _blank(name: str, G: torch.Tensor, logits: torch.Tensor | None) -> str | Non
             f"nothing; {cause}")
 
 
+def _flat_scores(name: str, weights: torch.Tensor) -> str | None:
+    """One line when every masked input of a sample scored the same (softmax weights all equal, exactly): its
+    Score-CAM map is then the plain sum of the channels, whatever the target."""
+    flat = ((weights.amax(1) == weights.amin(1)) if weights.shape[1] > 1 else torch.zeros(0, dtype=torch.bool))
+    dead = flat.nonzero().flatten().tolist()
+    if not dead:
+        return None
+    return (f"every masked input of sample{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} scores the "
+            f"same at layer {name!r}, so all channels weigh the same and the map is the sum of the activations, "
+            "not the target's; an untrained or zero-initialised head (all logits equal)?")
+
+
 def _layer_grads(acts: dict[str, torch.Tensor], score: torch.Tensor,
                  shapers: dict[str, Callable[[torch.Tensor], torch.Tensor] | None],
                  coupled: str | None) -> dict[str, torch.Tensor]:
@@ -715,10 +791,14 @@ def cam(
     (class, distillation, registers; dropped from the activation and its gradient) then an ``h x w``
     grid row by row, when that is certain: ``k`` from the model (timm's ``num_prefix_tokens``, a
     transformers config, the token parameters) and the grid from the patch embedding's ``Conv2d``
-    output seen in the pass or the input's ``H x W`` through one integer stride; else a
-    ``Conv2d``'s grid with ``C`` channels and ``k <= 16``; else the one such strided reading of a
-    ``Linear``/``LayerNorm``'s output. Two readings, or none, give one line asking for
-    ``reshape=hookscope.tokens_to_grid(skip=K)`` (CLI: ``--tokens K``). A sample whose score's
+    output seen in the pass or, when no ``Conv2d`` of ``C`` channels ran, the input's ``H x W``
+    through one integer stride; else a ``Conv2d``'s grid with ``C`` channels and ``k <= 16``; else
+    the one strided reading of a ``Linear``/``LayerNorm``'s output with ``k = 0`` or ``k`` the tokens
+    of the model's ``1 x n x C`` parameters. Two readings, or none, a patch embedding's grid no
+    reading matches (MAE's masking), or a model that re-orders its tokens (Hiera, ViTMAE) give one
+    line asking for ``reshape=hookscope.tokens_to_grid(skip=K)`` (CLI: ``--tokens K``, ``--grid HxW``
+    when not square). A 4-D reading the modules tell must also give a grid of the input's aspect
+    ratio. A ``torch.compile``'d model runs with the hooks eager between graph pieces. A sample whose score's
     gradient at the layer is exactly zero (all logits equal: an untrained head) gets an all-zero
     map and a warning, kept in ``CamResult.notes``.
 
@@ -728,14 +808,18 @@ def cam(
         layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
             maps that are upsampled, normalised and fused. ``None``: found in a first pass and stated
             in ``CamResult.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
-            or a module whose class name ends in ``Attention`` ran), the norm that ran last before
-            the last attention in its block, i.e. the input of the last token mixing, as the CAM
-            literature (ViT ``blocks[-1].norm1``, Swin ``layers[-1].blocks[-1].norm1``); else the last
-            ``nn.Conv2d`` with a spatial output in execution order, or, when that one is depthwise
-            (ConvNeXt), its block's output; ``"cam"``: the layer the head pools.
+            or a class named ``...Attention``, ``...Attn``, ``MHSA``, ``GPSA`` ran), the norm that ran
+            last before the last attention of the repeated blocks (a module list; a pooling head's
+            attention after them does not count) in its block, i.e. the input of the last token
+            mixing, as the CAM literature (ViT ``blocks[-1].norm1``, Swin
+            ``layers[-1].blocks[-1].norm1``); a post-norm one (Swin V2) is refused; else the last
+            ``nn.Conv2d`` with a spatial output in execution order, or, when it sits in a block with a
+            depthwise ``Conv2d`` before the block's residual add (ConvNeXt: the depthwise conv or
+            timm's 1 x 1 ``mlp.fc2``), that block's output; ``"cam"``: the layer the head pools.
         method: one of :data:`METHODS` (``"Grad-CAM++"`` and ``"grad_cam"`` spellings accepted).
         target: ``None`` (each sample's predicted class, from the same forward pass), a class index
-            for all, one index per sample, or a function of the model's output (through ``output``
+            for all, one index per sample (also as an object with a ``class_index``, such as
+            ``hookscope.targets.Class``), or a function of the model's output (through ``output``
             if given) returning ``B`` scores, e.g. a segmentation region's summed logit or a cosine
             similarity to an embedding. Score-CAM calls the function on the outputs of batches of
             masked inputs too, so it must score each row on its own.
@@ -768,6 +852,10 @@ def cam(
     """
     layers = _renamed(layers, layer)
     method = _check_method(method)
+    index = getattr(target, "class_index", None)  # hookscope.targets.Class: its class, an int or a list of ints
+    if isinstance(index, (list, tuple)) and len(index) == 1:  # Class([3]): one row for every sample
+        index = index[0]
+    target = target if index is None else index
     kw = model_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
     chosen = None if layers is None else select(model, cast(Selector, layers))  # lists are flattened there
@@ -851,6 +939,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str,
         for n, a in A.items():
             weights, runs, calls = score_weights(scorer, original, a, batch_size=batch_size, progress=progress)
             raw[n] = torch.einsum("bk,bkhw->bhw", weights, a).clamp(min=0)
+            notes += [note] if (note := _flat_scores(n, weights)) else []
             masked, forwards = masked + runs, forwards + calls
     ups = [_normalise(F.interpolate(r.unsqueeze(1), size=size, mode="bilinear", align_corners=False).squeeze(1))
            for r in raw.values()]

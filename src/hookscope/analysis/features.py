@@ -337,7 +337,7 @@ def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: L
     ``(k, h, w)``: a 3-D output is ``k`` prefix tokens (dropped) then an ``h x w`` grid.
     """
     found = list(tensors(out))
-    t = found[0] if len(found) == 1 else None
+    t = found[0] if len(found) == 1 or (found and reshape is None) else None  # several: the first, as cam() reads
     if reshape is not None:
         try:
             t = reshape(t if t is not None else out)
@@ -346,8 +346,8 @@ def _as_maps(name: str, out: Any, reshape: Reshape | None, batch: int, layout: L
                                  f"{shape_text(tuple(found[0].shape)) if found else '-'}: "
                                  f"{type(e).__name__}: {first_line(e)}") from None
     elif t is None:
-        raise HookscopeError(f"layer {name!r} returns {len(found)} tensors, not one; pick the submodule that makes "
-                             "the one you want, or pass reshape= a function of the whole output that returns it")
+        raise HookscopeError(f"layer {name!r} returns no tensor; pick the submodule that makes the one you want, "
+                             "or pass reshape= a function of the whole output that returns it")
     elif t.ndim == 4 and layout == "last":
         t = t.permute(0, 3, 1, 2)
     elif t.ndim == 3 and isinstance(layout, tuple):
@@ -410,8 +410,8 @@ def _hander(probe: LayoutProbe, name: str) -> Callable[[nn.Module, Any, Any], No
 
 def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, reshape: Reshape | None,
                prefix: int | None) -> Layout:
-    found = list(tensors(ran_out))
-    if reshape is not None or len(found) != 1 or found[0].ndim not in (3, 4):
+    found = list(tensors(ran_out))[:1]  # a layer returning several tensors (HF Swin's stages): the first, as cam()
+    if reshape is not None or not found or found[0].ndim not in (3, 4):
         return "first"
     shape = found[0].shape
     if found[0].ndim == 3:  # tokens: the input's size is one of the clues (none for an input of another rank)
@@ -468,7 +468,8 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
             positional input).
         layer: one layer: its name, a glob or type matching exactly one module, or the module.
         reshape: turns the layer's output into ``B x C x h x w``; it receives the tensor (or, for a
-            layer returning several tensors, the whole output).
+            layer returning several tensors, the whole output). Without it, a layer returning several
+            tensors (an HF Swin stage's tuple) is read by its first, as :func:`hookscope.cam` does.
         kwargs: the model's keyword inputs, e.g. ``{"attention_mask": m}``.
 
     Returns:
