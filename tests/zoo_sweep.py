@@ -32,6 +32,8 @@ class Entry:
     build: Callable[[], Built]
     image: bool = False  # a classifier of B x 3 x H x W images: CAM runs on the automatic layer
     output: Callable[[Any], torch.Tensor] | None = None
+    refused: str | None = None  # the automatic layer is refused, saying this; CAM then runs on cam_layers
+    cam_layers: str | None = None
 
 
 @dataclass
@@ -146,7 +148,10 @@ def torchvision_classifiers() -> list[Entry]:
     for name in torchvision.models.list_models(module=torchvision.models):
         size = next((s for k, s in _TRANSFORMER_SIZES.items() if name.startswith(k)), _SMALL)
         size = 96 if name == "inception_v3" else size
-        out.append(Entry(f"torchvision:{name}", _torchvision(name, size), image=True))
+        post_norm = name.startswith("swin_v2")  # x + norm(attn(x)): no norm before the last attention
+        out.append(Entry(f"torchvision:{name}", _torchvision(name, size), image=True,
+                         refused="post-norm" if post_norm else None,
+                         cam_layers="features.7.0" if post_norm else None))
     return out
 
 
@@ -269,10 +274,17 @@ def _check_summary(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 def _check_cam(entry: Entry, model: nn.Module, args: tuple[Any, ...]) -> str:
     x = args[0]
-    res = hookscope.cam(model, x, output=entry.output)
+    if entry.refused is not None:
+        try:
+            hookscope.cam(model, x, output=entry.output)
+        except hookscope.HookscopeError as e:
+            assert entry.refused in str(e) and "\n" not in str(e), f"refused otherwise: {e}"
+        else:
+            raise AssertionError(f"the automatic layer was not refused ({entry.refused})")
+    res = hookscope.cam(model, x, output=entry.output, layers=entry.cam_layers)
     assert res.maps.shape == (x.shape[0], *x.shape[-2:]), f"CAM maps of shape {tuple(res.maps.shape)}"
     assert bool(torch.isfinite(res.maps).all()), "CAM map not finite"
-    return f"cam on {res.layers[0]}"
+    return f"cam on {res.layers[0]}" + (f" after a refusal ({entry.refused})" if entry.refused else "")
 
 
 def check(entry: Entry) -> Outcome:
