@@ -441,8 +441,9 @@ def test_tiny_resnet_against_itself_covers_every_module():
 
 
 # --- the CPU fast path against the general one ----------------------------------------------------
+@pytest.mark.parametrize("spread", [0.0, 0.05])
 @pytest.mark.parametrize("case", ["noise", "bfloat16", "near", "layouts", "float64", "int", "empty"])
-def test_cpu_fast_comparison_equals_the_general_one(case):
+def test_cpu_fast_comparison_equals_the_general_one(case, spread):
     from hookscope.analysis.diff._compare import _device_stats, _host_stats
     from hookscope._memory import Scratch
 
@@ -456,12 +457,12 @@ def test_cpu_fast_comparison_equals_the_general_one(case):
          "int": a.round().int(),
          "empty": a[:0]}[case]
     a = a[:0] if case == "empty" else a
-    host = _host_stats(a, b, 1e-3, 1e-4, Scratch())
-    want = _device_stats(a, b, 1e-3, 1e-4).tolist()
+    host = _host_stats(a, b, 1e-3, 1e-4, Scratch(), spread=spread)
+    want = _device_stats(a, b, 1e-3, 1e-4, spread=spread).tolist()
     if case == "empty":
         assert host is None
         return
-    assert host == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert host == pytest.approx(want, rel=1e-5, abs=1e-7, nan_ok=True)  # the scale: NaN without spread
     if case == "near":
         assert host[5] == a.numel()  # all within tolerance
     if case == "noise":

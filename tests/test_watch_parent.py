@@ -218,3 +218,105 @@ def test_all_finite_takes_no_extra_statistics_and_no_extra_records(monkeypatch):
     assert w.finite and w.checked == 6 and len(calls) == 4
     assert all(r.which == "output" for r in w.rows)
     assert w.table() == "all finite: 6 outputs and gradients checked, no NaN and no Inf"
+
+
+# --- with selectors: a module not watched may have made it ----------------------------------------------
+class Gap(nn.Module):
+    """``a``, then ``mid`` (made NaN here, a module that may be left unwatched), then ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.mid, self.b = eye(), Parent(nan), eye()
+
+    def forward(self, x):
+        return self.b(self.mid(self.a(x)))
+
+
+def test_with_selectors_a_nan_made_in_an_unwatched_module_names_no_module():
+    net = Gap()
+    with watch(net, nn.Linear) as w:  # the Linears only: mid (Parent) is not watched
+        net(X)
+    c = w.culprit
+    assert no_hooks(net)
+    # the NaN came from mid's own code, between 'mid.a' and 'mid.b': mid is not watched, so no
+    # module is named as its maker; the model ("") only holds it
+    assert (c.module, c.which, c.path, c.nan) == ("", "unwatched", "mid.b input[0]", 4)
+    assert c.describe() == (
+        "appeared outside the watched modules, between 'mid.a' (finite output) and 'mid.b' (received NaN input): "
+        "in the forward of the model or of a module in it that is not watched (watch without selectors to "
+        "name it): 4 NaN, 0 Inf of 4 values")
+    # watched without selectors, it is named: mid's own forward
+    c = culprit_of(net).culprit
+    assert (c.module, c.which) == ("mid", "own_forward")
+    # every child of the watched parent watched: the parent's own forward, as without selectors
+    with watch(net, "mid", "mid.a", "mid.b") as w:
+        net(X)
+    assert (w.culprit.module, w.culprit.which) == ("mid", "own_forward")
+
+
+def test_tiny_llama_eager_attention_overflow_is_not_blamed_on_the_model():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+    ll = transformers.LlamaForCausalLM(config).eval()
+    attn = ll.model.layers[1].self_attn
+    with torch.no_grad():  # scores overflow, softmax makes NaN: in LlamaAttention's own code
+        attn.q_proj.weight.mul_(1e20)
+        attn.k_proj.weight.mul_(1e20)
+    ids = torch.randint(0, 100, (1, 6))
+    with watch(ll, nn.Linear) as w:
+        ll(ids)
+    c = w.culprit
+    assert (c.module, c.which, c.nan) == ("", "unwatched", 112)
+    assert c.describe().startswith("appeared outside the watched modules, between 'model.layers.1.self_attn.v_proj' "
+                                   "(finite output) and 'model.layers.1.self_attn.o_proj' (received NaN input)")
+    assert "the model's own forward" not in c.describe()
+    with watch(ll) as w:
+        ll(ids)
+    assert (w.culprit.module, w.culprit.which) == ("model.layers.1.self_attn", "own_forward")
+    assert no_hooks(ll)
+
+
+# --- a non-finite model input counts for its own forward pass only ---------------------------------------
+class Cleans(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = eye(), eye()
+
+    def forward(self, x, bad=False):
+        h = self.a(torch.nan_to_num(x))  # missing values in the data are allowed and cleaned
+        return self.b(nan(h) if bad else h)
+
+
+def test_a_cleaned_nan_input_does_not_excuse_a_later_forwards_own_nan():
+    net = Cleans()
+    with watch(net) as w:
+        net(torch.tensor([[math.nan, 1.0, 2.0, 3.0]]))  # all outputs finite
+        net(X, bad=True)  # the model's own code makes NaN
+    c = w.culprit
+    assert (c.module, c.call, c.which, c.path, c.nan) == ("", 1, "own_forward", "b input[0]", 4)
+    assert c.describe().startswith("appeared in the model's own forward (Cleans), between 'a' (finite output) "
+                                   "and 'b' (received NaN input)")
+    # within the forward whose input held the NaN, it is still the input's
+    with watch(net) as w:
+        net(torch.tensor([[math.nan, 1.0, 2.0, 3.0]]), bad=True)
+    assert (w.culprit.module, w.culprit.which) == ("b", "output")
+    assert no_hooks(net)
+
+
+# --- torch.inference_mode ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [None, nan])
+def test_watch_under_inference_mode(make):
+    net = nn.Sequential(eye(), Parent(make), nn.ReLU())
+    with torch.inference_mode():
+        x = X.clone()  # an inference tensor: it has no version counter
+        with watch(net) as w:
+            net(x)
+            net(x)
+    assert no_hooks(net)
+    if make is None:
+        assert w.finite and w.checked == 10  # 5 outputs (0, 1.a, 1.b, 1, 2), twice
+    else:
+        c = w.culprit
+        assert (c.module, c.call, c.which, c.nan) == ("1", 0, "own_forward", 4)

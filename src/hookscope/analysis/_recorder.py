@@ -157,10 +157,11 @@ def param_targets(model: nn.Module, selected: list[tuple[str, nn.Module]], *,
     return list(found.values())
 
 
-Context = tuple["str | None", int, str, "str | None"]
-"""Where a call's inputs were made: ``(parent, parent's call, parent's class, after)``: the innermost
-watched module running (``""`` the model's own forward; ``None`` the caller: a model input), and
-its direct child that finished last in that call (``None`` if none had yet)."""
+Context = tuple["str | None", int, str, "str | None", int]
+"""Where a call's inputs were made: ``(parent, parent's call, parent's class, after, forward)``: the
+innermost watched module running (``""`` the model's own forward; ``None`` the caller: a model
+input), its direct child that finished last in that call (``None`` if none had yet), and which
+forward pass of the model it is (counted from 0; -1 outside any)."""
 _Box = list["str | None"]  # the last direct child of an open call that finished: set by the child
 _Call = tuple[int, list[tuple[str, torch.Tensor, int]], str, nn.Module, _Box]  # call, aliases, name, module, box
 _RootCall = tuple[int, _Box, list[tuple["weakref.ref[torch.Tensor]", int]]]  # call, box, the model's inputs
@@ -168,15 +169,22 @@ _RootCall = tuple[int, _Box, list[tuple["weakref.ref[torch.Tensor]", int]]]  # c
 
 def _finite(t: torch.Tensor) -> bool:
     """Whether a CPU tensor holds no NaN and no Inf: one ``sum`` (a sum of finite values is finite
-    unless it overflows: then the exact check)."""
+    unless it overflows: then the exact check). On the CPU ``.item()`` waits for no device: it costs
+    what a small op costs (a 4-layer GPT-2 forward, one thread: 34 checks, ~0.3 ms of watch's ~8 ms)."""
     t = plain(t).detach()  # no autograd node, no guard of a kept alias
     wide = t if t.element_size() >= 4 else t.float()  # half precision overflows at 65504
     return math.isfinite(abs(wide.sum().item())) or bool(torch.isfinite(t).all())
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s version counter; -1 for an inference tensor, which has none (``torch.inference_mode``)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _same(t: torch.Tensor, refs: list[tuple[weakref.ref[torch.Tensor], int]]) -> bool:
-    """Whether ``t`` is one of these tensors, unchanged since."""
-    return any(r() is t and v == t._version for r, v in refs)
+    """Whether ``t`` is one of these tensors, unchanged since (an inference tensor can be rewritten
+    unseen: never the same)."""
+    return any(r() is t and v == _version(t) and v >= 0 for r, v in refs)
 
 
 class Recorder:
@@ -301,11 +309,11 @@ class Recorder:
             if self._root_open.top() is None:
                 self.last_done = None  # a new forward pass: what ran in the one before is not "before"
             found = _input_paths(args, kwargs) if self.received else []
-            refs = [(weakref.ref(t), t._version) for _, t in found]
+            refs = [(weakref.ref(t), _version(t)) for _, t in found]
             call = next(self._root_calls)
             entry: _RootCall = (call, [None], refs)
             if self._push(self._root_open, entry) and self.enabled:
-                self._check("", call, found, (None, 0, "", None))  # the model's input
+                self._check("", call, found, (None, 0, "", None, call))  # the model's input
 
         def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
             self._root_open.pop()
@@ -381,13 +389,13 @@ class Recorder:
 
     def _context(self, module: nn.Module) -> Context:
         """Where the inputs of a call of ``module`` starting now were made (see :data:`Context`)."""
-        top = self._open.top()
+        top, root = self._open.top(), self._root_open.top()
+        forward = root[0] if root is not None else -1
         if top is not None:
-            return top[2], top[0], type(top[3]).__name__, top[4][0]
-        root = self._root_open.top()
+            return top[2], top[0], type(top[3]).__name__, top[4][0], forward
         if root is None or module is self.root:
-            return None, 0, "", None
-        return "", root[0], type(self.root).__name__, root[1][0]
+            return None, 0, "", None, forward
+        return "", root[0], type(self.root).__name__, root[1][0], forward
 
     def _finished(self, name: str) -> None:
         """Note ``name`` as the last child that finished in the call running around it."""

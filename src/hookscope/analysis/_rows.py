@@ -29,7 +29,9 @@ class StatRow:
     ``output.logits``, or the parameter's name such as ``weight``). ``call`` counts the module's
     calls from 0; for ``grad_param`` it counts the gradients that parameter received in the block.
     ``which="own_forward"``: a :func:`~hookscope.watch` culprit made by the module's own forward
-    code, between two of its children (see :class:`~hookscope.analysis.watch.OwnForward`).
+    code, between two of its children (see :class:`~hookscope.analysis.watch.OwnForward`);
+    ``which="unwatched"``: one made outside the watched modules, by code no watched module can be
+    named for (watch with selectors).
     """
 
     index: int

@@ -44,6 +44,12 @@ class OwnForward(StatRow):
     ``"own_forward"``, ``path`` names what the next child received (``"p.b input[0]"``), the
     statistics are of that tensor, and ``note`` says it in words.
 
+    With selectors, a parent that has a child not watched cannot tell its own code from that
+    child's: then ``which`` is ``"unwatched"``, ``module`` is the innermost watched module
+    running (``""`` the model), which holds the maker without being named as it, and ``note``
+    says "appeared outside the watched modules, between ... : in the forward of the model or of
+    a module in it that is not watched (watch without selectors to name it)".
+
     Example:
         >>> class Parent(nn.Module):
         ...     def __init__(self):
@@ -65,16 +71,23 @@ class OwnForward(StatRow):
         return f"{self.note}: {self.nan} NaN, {self.inf} Inf of {self.numel} values"
 
 
-def _own(row: StatRow, context: Context) -> OwnForward:
-    """The culprit when ``row`` (what a call received) was made by the running parent's own code."""
-    parent, call, kind, after = context
+def _own(row: StatRow, context: Context, certain: bool) -> OwnForward:
+    """The culprit when ``row`` (what a call received) was made by the running parent's own code;
+    or, unless ``certain``, somewhere inside the parent: in its own code or in a module it holds
+    that is not watched (which one cannot be told, and none is named)."""
+    parent, call, kind, after, _ = context
     what = " and ".join(w for k, w in ((row.nan, "NaN"), (row.inf, "Inf")) if k)
-    where = f"the model's own forward ({kind})" if parent == "" else f"{parent!r} ({kind})'s own forward"
     child = f"{row.module!r} (received {what} input)"
-    when = f"between {after!r} (finite output) and {child}" if after is not None else f"before its first child {child}"
-    fields = {**dataclasses.asdict(row), "module": parent or "", "call": call, "which": "own_forward",
-              "path": f"{row.module} {row.path}"}
-    return OwnForward(**fields, note=f"appeared in {where}, {when}")
+    when = f"between {after!r} (finite output) and {child}" if after is not None else f"before {child}"
+    fields = {**dataclasses.asdict(row), "module": parent or "", "call": call, "path": f"{row.module} {row.path}"}
+    if not certain:
+        inside = "the model" if parent == "" else f"{parent!r} ({kind})"
+        note = (f"appeared outside the watched modules, {when}: in the forward of {inside} or of a module "
+                "in it that is not watched (watch without selectors to name it)")
+        return OwnForward(**{**fields, "which": "unwatched"}, note=note)
+    where = f"the model's own forward ({kind})" if parent == "" else f"{parent!r} ({kind})'s own forward"
+    when = when if after is not None else f"before its first child {child}"
+    return OwnForward(**{**fields, "which": "own_forward"}, note=f"appeared in {where}, {when}")
 
 
 def _numbered(rows: list[StatRow], start: int) -> list[StatRow]:
@@ -112,7 +125,10 @@ class Watch(ByModule, RecorderSession, Result):
         self._before: list[StatRow] = []
         self._lock = threading.RLock()
         self._contexts: dict[tuple[str, int], Context] = {}  # where the inputs of pending calls came from
-        self._from_caller = False  # the model's input was not finite: no module's code made that
+        # the forward passes whose model input was not finite: no module's code made what followed
+        self._from_caller: set[int] = set()
+        self._watched = {name for name, _ in selected}
+        self._root = root
         super().__init__(selected, keep=keep, sink=self._take, root=root, params=params, model=model,
                          received=True, on_context=self._note)
 
@@ -152,10 +168,19 @@ class Watch(ByModule, RecorderSession, Result):
             return row
         context = self._contexts.get((row.module, row.call))
         if context is not None and context[0] is None and row.which == "received":
-            self._from_caller = True
-        if context is None or context[0] is None or self._from_caller:
+            self._from_caller.add(context[4])
+        if context is None or context[0] is None or context[4] in self._from_caller:
             return row if row.which == "input" else None
-        return _own(row, context)
+        return _own(row, context, self._all_watched(context[0]))
+
+    def _all_watched(self, parent: str) -> bool:
+        """Whether every direct child of ``parent`` is watched: then code that ran inside it and
+        outside its watched children is its own forward's."""
+        if self._root is None:
+            return False
+        module = self._root.get_submodule(parent) if parent else self._root
+        prefix = f"{parent}." if parent else ""
+        return all(f"{prefix}{n}" in self._watched for n, _ in module.named_children())
 
     def _resolve(self) -> None:
         with self._lock:
@@ -322,8 +347,11 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     between two of its children is that module's (an :class:`OwnForward` culprit: "appeared in
     'p' (Parent)'s own forward, between 'p.a' (finite output) and 'p.b' (received NaN input)"; the
     innermost running watched module, ``""`` for the model); to know it, each call's inputs that no
-    watched call produced are checked (one ``sum`` on the CPU, nothing recorded when finite). A
-    non-finite model input is not a module's doing: the first module that outputs it is named.
+    watched call produced are checked (one ``sum`` on the CPU, nothing recorded when finite). With
+    selectors, where that module has children not watched, no module is named as the maker
+    (``which="unwatched"``: "appeared outside the watched modules, between ..."). A non-finite
+    model input is not a module's doing: the first module that outputs it is named, in that
+    forward pass (a later pass's own NaN is still its maker's).
     Without ``raise_on_nonfinite`` the statistics
     stay on the device until read (``culprit``, ``table()``, or every :data:`RESOLVE_EVERY`
     records).

@@ -27,7 +27,7 @@ from ._arguments import check_models, check_run_args, tolerance
 from ._compare import ATOL, RTOL, Streamed
 from ._match import matched
 from ._result import Diff, DiffRow, Unmatched
-from ._run import Shared, record
+from ._run import Shared, by_call, record
 from ._settings import RunSetting, Settings, as_settings, describe_run, settings
 from ._tolerance import Policy, depths
 
@@ -80,17 +80,20 @@ def diff(
         a, b: how each run is made: :func:`settings` (``train=``, ``autocast=``, ``context=``) or a
             function that returns a context manager.
         rtol, atol: an output diverges where ``|a - b| > atol + rtol * |b|`` anywhere (B is the
-            reference); finite numbers >= 0, used for every output when either is given. Left
-            out: ``torch.testing``'s float32 tolerances (1.3e-6, 1e-5), except where either run
-            computed in bfloat16 or float16 (a tensor of that dtype on either side, or a compared
-            call that ran under autocast to it, or came after one): there the output follows that
-            dtype's tolerance, ``|a - b| <= atol + rtol * sqrt(depth) * max|b|`` with
-            ``torch.testing``'s ``rtol``/``atol`` for the dtype (bfloat16 1.6e-2 and 1e-5,
-            float16 1e-3 and 1e-5), against the tensor's scale (rounding makes an element near
-            zero as wrong as the terms that summed to it), grown with the square root of the
-            module's depth (how many leaf modules come up to its last one), as rounding errors
-            add up; ``DiffRow.tolerance`` names the dtype, and the table says "within bfloat16
-            tolerance".
+            reference); finite numbers >= 0, used for every output when either is given (the other
+            is then torch.testing's float32 one, and the table says which was filled in). Left
+            out: ``torch.testing``'s float32 tolerances (1.3e-6, 1e-5), except for the outputs of
+            a run that had computed in bfloat16 or float16 up to them (a tensor of that dtype in a
+            compared output of that run, or a compared call under autocast to it, at that call or
+            before it: sticky, in call order): there ``|a - b| <= atol + eps * |b| + spread *
+            scale``, with the dtype's ``eps`` (bfloat16 2**-7, float16 2**-10), ``scale`` the
+            robust root mean square of B's output (masked values such as ``-1e9`` left out) and
+            ``spread = 6 * eps * sqrt(depth)`` (``depth``: how many leaf modules come up to this
+            one), the measured reach of rounding (at most ~4 times the largest error of a model
+            against itself on TinyResNet, resnet18 and deep MLPs). ``spread`` is the detection
+            limit: a change below that fraction of an output's scale cannot be told from rounding,
+            and each row and the table say it ("changes below 34% of scale unseen").
+            ``DiffRow.tolerance`` names the dtype.
         seed: the seed both runs start from (an int); ``None`` leaves the RNG alone.
         no_grad: run without autograd (default); ``False`` to compare a grad-mode forward pass.
         copy, device: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
@@ -125,7 +128,20 @@ def diff(
     run_a = record(model_a, targets_a, set_a, shared, label="A")
     assert run_a.rec is not None  # run A is recorded
     policy = Policy(rtol, atol, depths(model_a))
-    streamed = Streamed(run_a.rec, policy, run_a.cast)
+    streamed = Streamed(run_a.rec, policy, by_call(run_a.done, run_a.cast))
     run_b = record(model_b, targets_b, set_b, shared, label="B", on_output=streamed)
     return Diff(streamed.rows(run_a.done, run_b.done), unmatched, rtol=policy.base.rtol, atol=policy.base.atol,
-                run_a=describe_run(model_a, set_a), run_b=describe_run(model_b, set_b))
+                run_a=describe_run(model_a, set_a), run_b=describe_run(model_b, set_b), filled=_filled(rtol, atol))
+
+
+def _filled(rtol: float | None, atol: float | None) -> str:
+    """Which tolerance was filled in when only the other was given, in words; ``""`` otherwise.
+
+    Example:
+        >>> _filled(0.01, None)
+        "rtol given; atol not given: torch.testing's float32 default 1e-05 used"
+    """
+    if (rtol is None) == (atol is None):
+        return ""
+    given, other, value = ("rtol", "atol", ATOL) if atol is None else ("atol", "rtol", RTOL)
+    return f"{given} given; {other} not given: torch.testing's float32 default {value:g} used"

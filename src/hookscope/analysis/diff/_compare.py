@@ -17,12 +17,12 @@ from ...core.text import dtype_text
 from ...errors import MutationError, RecordError
 from ...records import CallRecord, Recording
 from ._result import DIFFERS, MISSING_A, MISSING_B, OK, SHAPE, STRUCTURE, DiffRow
-from ._tolerance import ATOL, RTOL, Policy, Tol
+from ._tolerance import ATOL, RTOL, SENTINEL, Policy, Tol
 
 __all__ = ["RTOL", "ATOL", "Streamed"]
 
 
-_NSTATS = 10  # the length of what _stats returns
+_NSTATS = 11  # the length of what _stats returns
 _NUMBERS = (bool, int, float, complex)
 Pending = list[tuple[DiffRow, "torch.Tensor | None"]]  # rows, and their statistics still on a device
 Pick = Callable[[torch.dtype, torch.dtype], Tol]  # the tolerance of a pair of tensors of these dtypes
@@ -38,10 +38,11 @@ def _work_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
 
 
 def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: Scratch | None = None,
-           *, scaled: bool = False) -> torch.Tensor:
+           *, spread: float = 0.0) -> torch.Tensor:
     """``[max|a-b|, max|b|, |a|, |b|, |a-b|, elements within tolerance, NaN in both, same Inf in
-    both, NaN in A only, NaN in B only]`` in float64 on ``a``'s device (see :class:`DiffRow`).
-    Within tolerance: ``|a - b| <= atol + rtol * |b|``, or with ``scaled``, ``<= atol + rtol * max|b|``.
+    both, NaN in A only, NaN in B only, scale]`` in float64 on ``a``'s device (see :class:`DiffRow`).
+    Within tolerance: ``|a - b| <= atol + rtol * |b| + spread * scale``; ``scale`` (see
+    :func:`_scale`) is taken only where ``spread`` is not 0, else NaN.
 
     No host synchronisation, except on the CPU where there is nothing to wait for: there an equal
     pair (the usual case before the first divergence) is recognised in one early-exit pass, and
@@ -56,17 +57,54 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, scratch: 
     n = x.numel()
     if x.device.type == "cpu":
         if x.dtype == y.dtype and torch.equal(x, y):
-            return torch.tensor([0.0] * 5 + [float(n)] + [0.0] * 4, dtype=torch.float64)
+            return torch.tensor([0.0] * 5 + [float(n)] + [0.0] * 4 + [math.nan], dtype=torch.float64)
         if x.is_floating_point() and y.is_floating_point():
-            found = _host_stats(x, y, rtol, atol, scratch or Scratch(), scaled=scaled)
+            found = _host_stats(x, y, rtol, atol, scratch or Scratch(), spread=spread)
             if found is not None:
                 return torch.tensor(found, dtype=torch.float64)
-        return _device_stats(x, y, rtol, atol, work=torch.float64, scaled=scaled)
-    return _device_stats(x, y, rtol, atol, scaled=scaled)
+        return _device_stats(x, y, rtol, atol, work=torch.float64, spread=spread)
+    return _device_stats(x, y, rtol, atol, spread=spread)
+
+
+_SAMPLE = 4096  # elements the median of a large output is taken over (a fixed pseudo-random sample)
+
+
+def _median(absb: torch.Tensor) -> torch.Tensor:
+    """The median of the non-zero magnitudes ``absb`` (0-d; NaN when none is non-zero), over a
+    fixed pseudo-random sample of :data:`_SAMPLE` of them when there are more (no stride that a
+    periodic mask could line up with), so that it costs next to nothing on a large output.
+
+    Example:
+        >>> _median(torch.tensor([0.0, 1.0, 3.0, 2.0])).item(), _median(torch.zeros(3)).isnan().item()
+        (2.0, True)
+    """
+    flat = absb.reshape(-1)
+    if flat.numel() > _SAMPLE:
+        g = torch.Generator(device=flat.device).manual_seed(0)
+        flat = flat[torch.randint(flat.numel(), (_SAMPLE,), generator=g, device=flat.device)]
+    return torch.nanmedian(torch.where(flat > 0, flat, torch.nan))
+
+
+def _scale(absb: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The robust root mean square of ``|b|`` (0-d, float64, no synchronisation): over the finite
+    elements (and ``valid`` ones), leaving out those above ``SENTINEL`` times the median of the
+    non-zero ones (masked values such as ``-1e9``); 0 when nothing is left.
+
+    Example:
+        >>> _scale(torch.tensor([3.0, 4.0, 0.0, 1e9, float("inf")])).item()
+        2.886751345948129
+    """
+    ok = torch.isfinite(absb) if valid is None else valid & torch.isfinite(absb)
+    med = _median(torch.where(ok, absb, 0))  # NaN when none is non-zero
+    keep = ok & (absb <= torch.nan_to_num(med * SENTINEL, nan=math.inf))
+    acc = torch.float32 if absb.device.type == "mps" else torch.float64
+    norm = torch.linalg.vector_norm(torch.where(keep, absb, 0), dtype=acc)
+    scale: torch.Tensor = norm / keep.sum().clamp(min=1).to(acc).sqrt()
+    return scale
 
 
 def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float,
-                  work: torch.dtype | None = None, *, scaled: bool = False) -> torch.Tensor:
+                  work: torch.dtype | None = None, *, spread: float = 0.0) -> torch.Tensor:
     """:func:`_stats` anywhere, for any values (NaN, infinities, complex), with no synchronisation."""
     n = x.numel()
     if n == 0:
@@ -88,24 +126,27 @@ def _device_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float,
         gap = torch.where(differ & (gap < 1), torch.ones_like(gap), gap)
     limit = y.abs()
     max_b = limit.max()
-    if scaled:  # against the tensor's scale: one bound for every element
-        limit = max_b.expand_as(limit).clone()
+    scale = _scale(limit, ~skip) if spread else torch.tensor(math.nan, dtype=torch.float64, device=x.device)
     # a finite limit, so that an infinity in B alone is beyond tolerance, as in torch.isclose
-    limit.mul_(rtol).add_(atol).clamp_(max=torch.finfo(work).max)
+    limit.mul_(rtol).add_(atol)
+    if spread:  # against the tensor's scale too: rounding makes an element near 0 as wrong as its terms
+        limit.add_((spread * scale).to(work))
+    limit.clamp_(max=torch.finfo(work).max)
     acc = torch.float32 if x.device.type == "mps" else torch.float64  # sums of squares overflow float32
     norms = [torch.linalg.vector_norm(t, dtype=acc) for t in (x, y, gap)]
     ok = ((gap <= limit) | agree) & ~nan_one
     nan_row = nan_both.any(dim=1)
     counts = [ok.all(dim=1), nan_row, agree.any(dim=1) & ~nan_row, nan_one.any(dim=1) & nan_x.any(dim=1),
               nan_one.any(dim=1) & nan_y.any(dim=1)]
-    parts = [gap.max(), max_b, *norms, *(c.sum() for c in counts)]
+    parts = [gap.max(), max_b, *norms, *(c.sum() for c in counts), scale]
     return torch.stack([p.to(torch.float64) for p in parts])
 
 
 def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scratch: Scratch,
-                *, scaled: bool = False) -> list[float] | None:
-    """:func:`_stats` of two CPU tensors that differ, in ~6 memory passes; None where a value is
-    not finite (the general path handles NaN, infinities and overflow) or the tensors are empty."""
+                *, spread: float = 0.0) -> list[float] | None:
+    """:func:`_stats` of two CPU tensors that differ, in ~6 memory passes (more with ``spread``);
+    None where a value is not finite (the general path handles NaN, infinities and overflow) or
+    the tensors are empty."""
     work = _work_dtype(x, y)
     n = x.numel()
     if n == 0:
@@ -122,17 +163,25 @@ def _host_stats(x: torch.Tensor, y: torch.Tensor, rtol: float, atol: float, scra
     norms = [math.sqrt(torch.dot(v, v).item()) for v in (xs, ys, gap)]
     if not all(map(math.isfinite, norms)):  # a float32 sum of squares overflowed
         norms = [torch.linalg.vector_norm(v, dtype=torch.float64).item() for v in (xs, ys, gap)]
-    if max_abs <= atol + (rtol * max_b if scaled else 0.0):  # nothing can be beyond the tolerance
+    scale = _host_scale(ys, max_b, norms[1]) if spread else math.nan
+    floor = atol + (spread * scale if spread else 0.0)  # the part of the bound every element has
+    if max_abs <= floor:  # nothing can be beyond the tolerance
         within = n
-    elif scaled:
-        beyond = torch.gt(gap.abs_(), atol + rtol * max_b, out=scratch.get(n, torch.bool))
-        within = n - int(torch.count_nonzero(beyond).item())
-    else:  # beyond where |a - b| > atol + rtol |b|, as torch.isclose has it
+    else:  # beyond where |a - b| > atol + rtol |b| (+ spread * scale), as torch.isclose has it
         limit = torch.abs(ys, out=scratch.get(2 * n, work)[n:])
-        torch.add(torch.tensor(atol, dtype=work), limit, alpha=rtol, out=limit)  # atol + rtol |b|
+        torch.add(torch.tensor(floor, dtype=work), limit, alpha=rtol, out=limit)
         beyond = torch.gt(gap.abs_(), limit, out=scratch.get(n, torch.bool))
         within = n - int(torch.count_nonzero(beyond).item())
-    return [max_abs, max_b, *norms, float(within), 0.0, 0.0, 0.0, 0.0]
+    return [max_abs, max_b, *norms, float(within), 0.0, 0.0, 0.0, 0.0, scale]
+
+
+def _host_scale(ys: torch.Tensor, max_b: float, norm_b: float) -> float:
+    """:func:`_scale` of finite CPU values whose largest magnitude and norm are known: the plain
+    root mean square, already at hand, unless some value is large enough to be a masked one."""
+    med = _median(ys.abs()).item()
+    if math.isnan(med) or max_b <= SENTINEL * med:
+        return norm_b / math.sqrt(ys.numel())
+    return float(_scale(ys.abs()).item())
 
 
 def _int_stats(a: int, b: int, rtol: float, atol: float) -> torch.Tensor:
@@ -143,12 +192,12 @@ def _int_stats(a: int, b: int, rtol: float, atol: float) -> torch.Tensor:
         sizes = [float(gap), float(abs(b)), float(abs(a)), float(abs(b)), float(gap)]
     except OverflowError:  # beyond float64's range
         within, sizes = gap == 0, [big if abs(v) > 2**1000 else float(abs(v)) for v in (gap, b, a, b, gap)]
-    return torch.tensor([*sizes, float(within), 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    return torch.tensor([*sizes, float(within), 0.0, 0.0, 0.0, 0.0, math.nan], dtype=torch.float64)
 
 
 def _finish(row: DiffRow, s: list[float]) -> DiffRow:
     """``row`` with the numbers of its statistics ``s`` (from :func:`_stats`, on the host)."""
-    max_abs, max_b, na, nb, nd, within, nan, inf, nan_a, nan_b = s
+    max_abs, max_b, na, nb, nd, within, nan, inf, nan_a, nan_b, scale = s
     if max_abs == 0:
         rel, cos = 0.0, 1.0
     else:
@@ -163,7 +212,7 @@ def _finish(row: DiffRow, s: list[float]) -> DiffRow:
     status = DIFFERS if mismatched > 0 else OK
     return dataclasses.replace(row, max_abs=max_abs, max_rel=rel, cosine=cos, mismatched=mismatched,
                                status=status, nan=int(nan), inf=int(inf), nan_a_only=int(nan_a),
-                               nan_b_only=int(nan_b))
+                               nan_b_only=int(nan_b), scale=scale)
 
 
 def _gather(pending: Pending) -> list[DiffRow]:
@@ -250,13 +299,13 @@ def _pair(name: str, call: int, out_a: Any, out_b: Any, pick: Pick, pending: Pen
         (a, da), (b, db) = _value(la[p]), _value(lb[p])
         tol = pick(a.dtype, b.dtype)
         row = DiffRow(name, call, part, OK, tuple(a.shape), tuple(b.shape), da, db, numel=a.numel(), path=p,
-                      rtol=tol.rtol, atol=tol.atol, tolerance=tol.precision)
+                      rtol=tol.rtol, atol=tol.atol, spread=tol.spread, tolerance=tol.precision)
         if row.shape_a != row.shape_b:
             pending.append((dataclasses.replace(row, status=SHAPE), None))
         elif da == db == "int":
             pending.append((row, _int_stats(la[p], lb[p], tol.rtol, tol.atol)))
         else:
-            pending.append((row, _stats(a, b, tol.rtol, tol.atol, scratch, scaled=tol.scaled)))
+            pending.append((row, _stats(a, b, tol.rtol, tol.atol, scratch, spread=tol.spread)))
 
 
 def _returned(call: CallRecord) -> bool:
@@ -274,8 +323,9 @@ class Streamed:
     """Compares each output of run B with the same call of run A as B produces it.
 
     Run B keeps nothing: half the memory of recording both runs, and each comparison reads B's
-    output while it is still in cache. ``cast_a`` is the narrowest autocast dtype run A's compared
-    calls ran under; B's comes with each output (see :class:`~._tolerance.Policy`).
+    output while it is still in cache. ``casts_a`` gives, for each call of run A, the low precision
+    that run had computed in up to it (``None``: none); B's comes with each output (see
+    :class:`~._tolerance.Policy`).
 
     Example:
         >>> import hookscope
@@ -288,8 +338,9 @@ class Streamed:
         [('0', 'differs', 1.0)]
     """
 
-    def __init__(self, rec_a: Recording, policy: Policy, cast_a: torch.dtype | None = None) -> None:
-        self.rec_a, self.policy, self.cast_a = rec_a, policy, cast_a
+    def __init__(self, rec_a: Recording, policy: Policy,
+                 casts_a: dict[tuple[str, int], torch.dtype | None] | None = None) -> None:
+        self.rec_a, self.policy, self.casts_a = rec_a, policy, casts_a or {}
         self.calls: dict[str, int] = {}
         self.returned: dict[str, list[CallRecord]] = {}  # run A's calls of a name that returned
         self.scratch = Scratch()
@@ -303,7 +354,9 @@ class Streamed:
             rows: Pending = []
 
             def pick(da: torch.dtype, db: torch.dtype) -> Tol:
-                return self.policy(name, da, db, self.cast_a, cast_b)
+                return self.policy(name, da, db, cast_a, cast_b)
+
+            cast_a = self.casts_a.get((name, k))  # run A's k-th call of name that returned
 
             _pair(name, k, calls_a[k].output, out_b, pick, rows, self.scratch)
             self.pending[(name, k)] = rows

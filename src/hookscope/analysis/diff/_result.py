@@ -38,11 +38,14 @@ class DiffRow:
     nested output (``"[0]"``, ``"['logits']"``, ``".hidden"``; ``""`` for a plain tensor); Python
     numbers in an output are compared as values too.
 
-    ``rtol`` and ``atol`` are the tolerance this output was compared with. ``tolerance`` names the
-    low-precision dtype it follows (``"bfloat16"``, ``"float16"``) where a run computed in one and
-    no ``rtol``/``atol`` was given: then an element is beyond it where
-    ``|a - b| > atol + rtol * max|b|`` (``rtol`` already grown with depth, see :func:`~hookscope.diff`);
-    ``""`` for the element-wise float32 default or the user's own numbers.
+    ``rtol``, ``atol`` and ``spread`` are the tolerance this output was compared with: an element
+    is beyond it where ``|a - b| > atol + rtol * |b| + spread * scale``. ``tolerance`` names the
+    low-precision dtype it follows (``"bfloat16"``, ``"float16"``) where a run had computed in one
+    up to this output and no ``rtol``/``atol`` was given: then ``rtol`` is the dtype's eps,
+    ``scale`` the robust root mean square of B's output (masked values such as ``-1e9`` left out)
+    and ``spread`` the detection limit, the fraction of that scale below which a change cannot be
+    told from rounding (see :func:`~hookscope.diff`). ``""``, ``spread`` 0 and ``scale`` NaN for
+    the element-wise float32 default or the user's own numbers.
 
     Example:
         >>> DiffRow("fc", 0, 0, "shape", (2, 4), (2, 5)).diverges
@@ -71,6 +74,8 @@ class DiffRow:
     rtol: float = math.nan
     atol: float = math.nan
     tolerance: str = ""
+    spread: float = 0.0
+    scale: float = math.nan
 
     @property
     def diverges(self) -> bool:
@@ -106,6 +111,7 @@ def _status(r: DiffRow) -> str:
     text = r.status if r.status != DIFFERS else f"DIFFERS ({r.mismatched}/{r.numel})"
     if r.tolerance and r.status in (OK, DIFFERS):
         text += f", {'within' if r.status == OK else 'beyond'} {r.tolerance} tolerance"
+        text += f" (changes below {percent(r.spread)} of scale unseen)" if r.status == OK else ""
     return "; ".join([text, *notes, *([r.note] if r.note else [])])
 
 
@@ -113,7 +119,8 @@ def _what(f: DiffRow) -> str:
     """What is wrong with the first divergent row, in words."""
     if f.status == DIFFERS:
         beyond = f.mismatched - f.nan_a_only - f.nan_b_only
-        which = f"{f.tolerance} tolerance (rtol {short(f.rtol)} of max|b| here)" if f.tolerance else "tolerance"
+        which = (f"{f.tolerance} tolerance ({percent(f.spread)} of scale {f.scale:.3g} here)" if f.tolerance
+                 else "tolerance")
         said = [f"{beyond} of {f.numel} elements beyond {which}, max abs {f.max_abs:.3e}"] if beyond else []
         return ", ".join([*said, _nan_places(f)] if f.nan_a_only or f.nan_b_only else said) or f.status
     if f.status == SHAPE:
@@ -134,6 +141,16 @@ def short(v: float) -> str:
         return f"{v:g}"
     mantissa, exponent = f"{v:.1e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def percent(v: float) -> str:
+    """A fraction as a percentage with two significant digits: ``10%``, ``3.9%``, ``0.49%``.
+
+    Example:
+        >>> percent(0.106), percent(0.039), percent(0.0049)
+        ('11%', '3.9%', '0.49%')
+    """
+    return f"{v * 100:.2g}%" if v * 100 < 10 else f"{v * 100:.0f}%"
 
 
 def _low(rows: Sequence[DiffRow]) -> dict[str, int]:
@@ -182,8 +199,10 @@ class Diff(Result):
         atol: float,
         run_a: str,
         run_b: str,
+        filled: str = "",
     ) -> None:
         self.rows = list(rows)
+        self.filled = filled  # which of rtol/atol was filled in when the user gave only the other
         self.unmatched = unmatched
         self.rtol, self.atol = rtol, atol
         self.run_a, self.run_b = run_a, run_b
@@ -243,12 +262,12 @@ class Diff(Result):
         if not self.rows:
             out.append("nothing compared: no selected module returned a tensor or a number in either run")
         elif self.first is None:
-            low = ", ".join(f"{k} within {p} tolerance: rtol {short(rtol)} x sqrt(depth), atol {short(atol)}"
-                            for p, (k, rtol, atol) in self._bounds().items())
+            low = ", ".join(f"{k} within {p} tolerance" for p, (k, *_) in self._bounds().items())
             out.append("no divergence: every compared output is within tolerance" + (f" ({low})" if low else ""))
         else:
             i, f = next((i, r) for i, r in enumerate(self.rows) if r is self.first)
             out.append(f"first divergence: {labels[i]} (call {f.call}): {_what(f)}")
+        out += self._limits()
         for side, names in (("A", self.unmatched.a_only), ("B", self.unmatched.b_only)):
             if names:
                 out.append(f"only in {side} ({len(names)}, not compared): {', '.join(names)}")
@@ -262,8 +281,11 @@ class Diff(Result):
             >>> from hookscope import diff, settings
             >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
             >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16))
-            >>> print(d.table().splitlines()[-1])
-            no divergence: every compared output is within tolerance (3 within bfloat16 tolerance: rtol 1.6e-2 x sqrt(depth), atol 1e-5)
+            >>> *_, verdict, limits = d.table().splitlines()
+            >>> print(verdict)
+            no divergence: every compared output is within tolerance (3 within bfloat16 tolerance)
+            >>> print(limits)
+            changes below 4.7% to 6.6% (at '1') of an output's scale cannot be told from bfloat16 rounding here
             >>> d = diff(net, net, torch.ones(2, 4), b=settings(autocast=torch.bfloat16), rtol=0, atol=0)
             >>> print(d.table(only_diverging=True).splitlines()[-1])  # doctest: +ELLIPSIS
             first divergence: 0 (call 0): ... of 8 elements beyond tolerance, max abs ...
@@ -274,18 +296,33 @@ class Diff(Result):
         out = [
             f"run A: {self.run_a}",
             f"run B: {self.run_b}",
-            f"{len(self.rows)} outputs compared; tolerance |a - b| <= {self.atol:g} + {self.rtol:g} * |b|",
-            *[f"{k} of them computed in {p} follow {p} tolerance (rtol {short(rtol)}, atol {short(atol)}): "
-              f"|a - b| <= atol + rtol * sqrt(depth) * max|b|" for p, (k, rtol, atol) in self._bounds().items()],
+            f"{len(self.rows)} outputs compared; tolerance |a - b| <= {self.atol:g} + {self.rtol:g} * |b|"
+            + (f" ({self.filled})" if self.filled else ""),
+            *[f"{k} of them computed in {p} follow {p} tolerance: |a - b| <= atol + eps * |b| + spread * scale "
+              f"(eps {short(eps)}, atol {short(atol)}, spread {short(spread)} x sqrt(depth), scale: the output's "
+              "root mean square, masked values left out)" for p, (k, eps, atol, spread) in self._bounds().items()],
             "",
             *table(head, body, left={0, 1, 2, 6}, rule="columns"),
             "",
         ]
         return "\n".join(out + self._verdict(labels))
 
-    def _bounds(self) -> dict[str, tuple[int, float, float]]:
-        """Each low-precision tolerance followed: how many outputs, and its ``rtol`` and ``atol``
-        as torch.testing gives them (before depth)."""
+    def _limits(self) -> list[str]:
+        """What the low-precision tolerances let pass unseen: the detection limits, in words."""
+        out = []
+        for p in self._bounds():
+            rows = [(r.spread, -i) for i, r in enumerate(self.rows) if r.tolerance == p]
+            (lo, _), (hi, i) = min(rows), max(rows)  # the first output with the largest limit
+            i = -i
+            label = self._labels()[i]
+            label = label if label == "(model)" else repr(label)
+            where = f"{percent(lo)} to {percent(hi)} (at {label})" if hi > lo else percent(hi)
+            out.append(f"changes below {where} of an output's scale cannot be told from {p} rounding here")
+        return out
+
+    def _bounds(self) -> dict[str, tuple[int, float, float, float]]:
+        """Each low-precision tolerance followed: how many outputs, its ``eps``, ``atol`` and
+        ``spread`` at depth 1."""
         return {p: (k, *low_precision_tolerance(p)) for p, k in _low(self.rows).items()}
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,14 +24,14 @@ from ...errors import ForwardError, RecordError
 from ...records import CopyPolicy, Recording, Retention
 from ...selection import unwrap
 from ._settings import Settings
-from ._tolerance import narrowest
+from ._tolerance import low_precision, narrowest
 
 try:  # private, but the only way to step outside the caller's dispatch modes
     from torch.utils._python_dispatch import _disable_current_modes as _no_modes
 except ImportError:  # pragma: no cover
     _no_modes = contextlib.nullcontext  # type: ignore[assignment]
 
-__all__ = ["Shared", "Run", "record", "fresh_inputs"]
+__all__ = ["Shared", "Run", "record", "fresh_inputs", "by_call"]
 
 Named = list[tuple[str, nn.Module]]
 OnOutput = Callable[[str, Any, "torch.dtype | None"], None]  # name, output, autocast dtype so far
@@ -55,7 +55,23 @@ class Run(NamedTuple):
 
     rec: Recording | None  # None for a run compared as it went (see Streamed)
     done: list[str]  # names of the compared calls, in the order they finished
-    cast: torch.dtype | None  # the narrowest autocast dtype a compared call ran under, if any
+    cast: list[torch.dtype | None]  # for each call of ``done``: the low precision computed in so far
+
+
+def by_call(done: list[str], casts: list[torch.dtype | None]) -> dict[tuple[str, int], torch.dtype | None]:
+    """``Run.cast`` keyed by ``(name, k)``: the ``k``-th call of ``name`` that finished.
+
+    Example:
+        >>> by_call(["0", "0", ""], [None, torch.bfloat16, torch.bfloat16])
+        {('0', 0): None, ('0', 1): torch.bfloat16, ('', 0): torch.bfloat16}
+    """
+    seen: dict[str, int] = {}
+    found: dict[tuple[str, int], torch.dtype | None] = {}
+    for name, cast in zip(done, casts):
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        found[(name, k)] = cast
+    return found
 
 
 # --- the inputs of one run ------------------------------------------------------------------------
@@ -138,6 +154,21 @@ def _outside_the_run(device_type: str) -> Iterator[None]:
         yield
 
 
+def _so_far(cast: torch.dtype | None, device_type: str, out: Any) -> torch.dtype | None:
+    """The low precision a run computed in up to this output: ``cast`` so far, narrowed by the
+    autocast running now and by a bfloat16/float16 tensor in the output. Sticky: an output cast
+    back to float32 later still carries the error of what was computed before it.
+
+    Example:
+        >>> _so_far(None, "cpu", (torch.ones(1, dtype=torch.float16), 2)), _so_far(None, "cpu", torch.ones(1))
+        (torch.float16, None)
+    """
+    found = [t.dtype for t in tensors(out) if low_precision(t.dtype)]
+    if torch.is_autocast_enabled(device_type):  # before _outside_the_run turns it off
+        found.append(torch.get_autocast_dtype(device_type))
+    return narrowest(cast, *found) if found else cast
+
+
 Open = tuple[str, nn.Module, tuple[Any, ...], dict[str, Any]]  # a running call: name, module, inputs
 _NOTHING = torch.empty(0)  # what a run B marker keeps (never written: a write clones it first)
 
@@ -151,7 +182,8 @@ class Tracker:
         self.model, self.label, self.device_type = model, label, device_type
         self.on_output, self.like_a = on_output, like_a
         self.done: list[str] = []
-        self.cast: torch.dtype | None = None  # see Run.cast
+        self.cast: torch.dtype | None = None  # the low precision this run computed in so far
+        self.casts: list[torch.dtype | None] = []  # see Run.cast
         self.running: CallStack[Open] = CallStack()
         self.failed: list[BaseException] = []  # errors of the comparison, not of the model
         self.markers: list[Slot] = []  # slots that keep nothing, for the aliases handed on
@@ -169,8 +201,8 @@ class Tracker:
             while (top := self.running.pop()) is not None and top[1] is not module:
                 pass
             self.done.append(name)
-            if torch.is_autocast_enabled(self.device_type):  # before _outside_the_run turns it off
-                self.cast = narrowest(self.cast, torch.get_autocast_dtype(self.device_type))
+            self.cast = _so_far(self.cast, self.device_type, out)
+            self.casts.append(self.cast)
             if self.on_output is None:
                 return None
             try:
@@ -268,4 +300,4 @@ def record(model: nn.Module, targets: Named, setting: Settings, shared: Shared, 
                     _unshare_buffers(rec, inner)
         finally:
             track.close()
-    return Run(rec, track.done, track.cast)
+    return Run(rec, track.done, track.casts)
