@@ -3,23 +3,28 @@ and normalised the way the model's weights expect (``--preset``).
 
 A preset is what torchvision's ``weights.transforms()`` holds for a classifier: resize the shorter side,
 crop the centre, subtract a mean and divide by a std. ``auto`` picks the weights' own preset for a
-torchvision weight name, ``demo`` for the demo model, ``imagenet`` for other torchvision models and
+torchvision weight name, ``demo`` for the demo model, ``imagenet`` for other torchvision models, timm's
+``pretrained_cfg`` (size, crop, mean, std) for ``timm:NAME``, the ``--config`` folder's
+``preprocessor_config.json`` (else the config's image size, values in [0, 1], said once) for ``hf:``, and
 ``none`` (values in [0, 1], the model's usual size) for the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ..core.text import first_line
 from ..errors import HookscopeError
-from ._load import DEMO_SPEC, check_fits, parse_shape, torchvision_weights, usual_shape
+from ._load import DEMO_SPEC, check_fits, parse_shape, torchvision_weights, usual_shape, warn
+from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_config, hf_preprocessing, timm_pretrained_cfg
 
 __all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files",
            "load_images", "preset_for", "read_image", "transform"]
@@ -112,7 +117,8 @@ def add_image_arguments(p: argparse.ArgumentParser) -> None:
                    help="how images become the input: imagenet (resize 256, crop 224, ImageNet mean/std), "
                         "demo (64x64, values in [0, 1]), none (values in [0, 1]); auto (default): the "
                         "--weights' own preset for a torchvision weight name, demo for the demo model, "
-                        "imagenet for torchvision models, else none")
+                        "imagenet for torchvision models, timm's pretrained_cfg for timm:NAME, the --config "
+                        "folder's preprocessor_config.json (else its image size) for hf:, else none")
 
 
 def _size_arg(text: str) -> tuple[int, int]:
@@ -141,8 +147,70 @@ def _from_weights(weights: object, name: str) -> Preset | None:
                   mode if mode in ("bilinear", "bicubic") else "bilinear")
 
 
-def preset_for(spec: str, choice: str = "auto", weights: str | None = None, size: str | None = None) -> Preset:
-    """The preset ``--preset choice`` means for MODEL ``spec`` with ``--weights`` and ``--size``.
+def _mode(value: object) -> str:
+    """timm's interpolation name or a PIL resample code (2 bilinear, 3 bicubic) as a resize mode."""
+    return "bicubic" if value in ("bicubic", 3) else "bilinear"
+
+
+def _timm_preset(spec: str) -> Preset | None:
+    """timm's eval transform for ``timm:NAME`` (its ``pretrained_cfg``): resize the shorter side to
+    ``size / crop_pct``, crop the centre, the model's mean and std."""
+    cfg = timm_pretrained_cfg(spec)
+    shape = cfg.get("input_size") if cfg is not None else None
+    if cfg is None or not isinstance(shape, (tuple, list)) or len(shape) != 3:
+        return None
+    h, w = int(shape[1]), int(shape[2])
+    crop = cfg.get("crop_pct") or 0.875
+    resize = math.floor(min(h, w) / float(crop)) if cfg.get("crop_mode", "center") == "center" and h == w else None
+    mean, std = _floats(cfg.get("mean")), _floats(cfg.get("std"))
+    return Preset(spec, (h, w), resize, mean if std else None, std if mean else None, _mode(cfg.get("interpolation")))
+
+
+def _floats(value: Any) -> tuple[float, ...] | None:
+    """A list of numbers (a mean or std) as floats; None for anything else."""
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, (int, float)) for v in value):
+        return tuple(float(v) for v in value)
+    return None
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    """``224``, ``[224, 224]`` or ``{"height": 224, "width": 224}`` as ``(H, W)``; None otherwise."""
+    if isinstance(value, dict):
+        value = (value.get("height"), value.get("width")) if "height" in value else value.get("shortest_edge")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    return None
+
+
+def _hf_preset(spec: str, config: str | None) -> Preset | None:
+    """A transformers image model's input: its config's ``image_size``, and the resize, mean and std
+    of ``preprocessor_config.json`` in the folder (without one: values in [0, 1], said once)."""
+    size = _pair(getattr(hf_config(config), "image_size", None))
+    pre = hf_preprocessing(config)
+    if pre is None:
+        if size is not None:
+            warn(f"{spec}: --config {config} holds no preprocessor_config.json, so images are resized to "
+                 f"{size[0]}x{size[1]} and kept in [0, 1] (preset none, no mean/std); give --preset imagenet if "
+                 "the model was trained on ImageNet's mean and std")
+        return Preset("none", size) if size is not None else None
+    crop = _pair(pre.get("crop_size")) if pre.get("do_center_crop") else None
+    resized = _pair(pre.get("size"))
+    size = size or crop or resized
+    shortest = pre.get("size", {}).get("shortest_edge") if isinstance(pre.get("size"), dict) else None
+    resize = shortest if crop is not None and isinstance(shortest, int) else None
+    mean, std = _floats(pre.get("image_mean")), _floats(pre.get("image_std"))
+    norm = bool(pre.get("do_normalize", True)) and mean is not None and std is not None
+    return Preset("preprocessor_config.json", size, resize, mean if norm else None, std if norm else None,
+                  _mode(pre.get("resample")))
+
+
+def preset_for(spec: str, choice: str = "auto", weights: str | None = None, size: str | None = None,
+               config: str | None = None) -> Preset:
+    """The preset ``--preset choice`` means for MODEL ``spec`` with ``--weights``, ``--size`` and
+    ``--config``: ``auto`` is timm's ``pretrained_cfg`` for ``timm:NAME`` and the folder's
+    ``preprocessor_config.json`` (else the config's image size) for ``hf:``.
 
     Example:
         >>> preset_for("demo").size, preset_for("demo").mean
@@ -156,6 +224,10 @@ def preset_for(spec: str, choice: str = "auto", weights: str | None = None, size
     if choice == "auto":
         tv = torchvision_weights(spec, weights) if weights is not None else None
         chosen = _from_weights(tv, str(tv)) if tv is not None else None
+        if spec.startswith(TIMM_PREFIX):
+            chosen = _timm_preset(spec)
+        elif spec.startswith(HF_PREFIX):
+            chosen = _hf_preset(spec, config)
         choice = "demo" if spec == DEMO_SPEC else "imagenet" if spec.startswith("torchvision:") else "none"
     if chosen is None:
         chosen = {
@@ -267,7 +339,7 @@ def _same_size(pictures: list[torch.Tensor], paths: list[str]) -> None:
 def load_images(args: argparse.Namespace) -> Images:
     """Read ``args.image`` (files and folders) into a batch, resized and normalised by the preset.
 
-    Reads ``args.image``, ``args.size``, ``args.preset``, ``args.model`` and ``args.weights``.
+    Reads ``args.image``, ``args.size``, ``args.preset``, ``args.model``, ``args.weights`` and ``args.config``.
 
     Example:
         >>> import os, tempfile
@@ -280,7 +352,7 @@ def load_images(args: argparse.Namespace) -> Images:
         ((1, 3, 64, 64), ['red.png'], [1.0, 0.0, 0.0])
     """
     preset = preset_for(args.model, getattr(args, "preset", "auto") or "auto", getattr(args, "weights", None),
-                        getattr(args, "size", None))
+                        getattr(args, "size", None), getattr(args, "config", None))
     given = args.image if isinstance(args.image, list) else [args.image]
     paths = image_files([str(p) for p in given if p is not None])
     if not paths:

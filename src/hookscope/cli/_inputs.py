@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.text import shape_text
+from ..core.text import first_line, shape_text
 from ..errors import HookscopeError
 from ._load import check_fits, check_seed, example_input, parse_shape, random_input
-from ._thirdparty import TIMM_PREFIX, hf_tokenizer, is_hf_model, timm_input_size
+from ._thirdparty import TIMM_PREFIX, hf_tokenizer, is_hf_model, timm_input_size, tokenizer_files
 
 __all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]
 
@@ -101,11 +101,13 @@ def parse_ids(text: str) -> torch.Tensor:
 
 
 def _vocab_size(model: nn.Module) -> int | None:
-    """How many token ids the model embeds: its input embedding's rows (transformers), else the first
-    ``nn.Embedding``'s; None when it has none."""
+    """How many token ids the model embeds: its input embedding's rows (``get_input_embeddings()``, or
+    the model itself when it is an ``nn.Embedding``), else its config's ``vocab_size``; None when
+    nothing says: which of a model's embeddings takes the ids is not guessed (a position table may
+    come first)."""
     get = getattr(model, "get_input_embeddings", None)
     try:
-        embedding = get() if callable(get) else next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+        embedding = get() if callable(get) else model if isinstance(model, nn.Embedding) else None
     except (NotImplementedError, AttributeError):  # a transformers model without a token embedding
         embedding = None
     rows = getattr(embedding, "num_embeddings", None)
@@ -118,10 +120,8 @@ def _vocab_size(model: nn.Module) -> int | None:
 def _check_ids(ids: torch.Tensor, model: nn.Module, source: str) -> None:
     """Every id in ``[0, vocab size)``, or one line naming the first that is not."""
     vocab = _vocab_size(model)
-    if vocab is None or ids.numel() == 0:
-        return
-    bad = ((ids < 0) | (ids >= vocab)).flatten().nonzero()
-    if bad.numel():
+    bad = ((ids < 0) | (ids >= vocab)).flatten().nonzero() if vocab is not None else torch.zeros(0)
+    if vocab is not None and bad.numel():
         first = int(ids.flatten()[int(bad[0])])
         fix = ("the tokenizer is not this model's: give --config a folder holding the model's own tokenizer"
                if source == "--text" else f"give ids from 0 to {vocab - 1}")
@@ -134,21 +134,40 @@ def _check_ids(ids: torch.Tensor, model: nn.Module, source: str) -> None:
 
 
 def _max_positions(model: nn.Module) -> int | None:
+    """How many tokens the config's position table holds room for: its size, less the offset
+    RoBERTa-style models start positions at (``padding_idx + 1``)."""
     config = getattr(model, "config", None)
     for name in ("n_positions", "max_position_embeddings"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
-            return value
+            return value - _position_offset(model)
     return None
+
+
+def _position_offset(model: nn.Module) -> int:
+    """``padding_idx + 1`` when the position embedding has a padding row (RoBERTa, XLM-R: positions are
+    numbered after it), else 0."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "position_embeddings" and isinstance(module, nn.Embedding):
+            return module.padding_idx + 1 if module.padding_idx is not None else 0
+    return 0
 
 
 def _text_ids(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``--text`` through the tokenizer in the ``--config`` folder: (ids, its attention mask)."""
     tokenizer = hf_tokenizer(getattr(args, "config", None))
-    encoded = tokenizer(args.text, return_tensors="pt")
+    folder = str(args.config)  # a folder: hf_tokenizer said so
+    try:
+        encoded = tokenizer(args.text, return_tensors="pt")
+    except Exception as e:  # a tokenizer read from broken files may fail only when used
+        raise HookscopeError(f"--text: the tokenizer in --config {folder} ({', '.join(tokenizer_files(folder))}) "
+                             f"fails on it ({type(e).__name__}: {first_line(e)}); write it again with "
+                             "tokenizer.save_pretrained(folder), or pass --input-ids") from None
     ids = encoded["input_ids"]
     if ids.numel() == 0:
-        raise HookscopeError(f"--text {args.text!r} gives no tokens; give some text")
+        fix = "give some text" if not args.text.strip() else "check that those files hold its vocabulary, or pass --input-ids"
+        raise HookscopeError(f"--text {args.text!r} gives no tokens with the tokenizer in --config {folder} "
+                             f"({', '.join(tokenizer_files(folder))}); {fix}")
     mask = encoded.get("attention_mask")
     return ids.long(), mask if isinstance(mask, torch.Tensor) else None
 
@@ -167,7 +186,10 @@ def _token_ids(args: argparse.Namespace, model: nn.Module) -> tuple[torch.Tensor
     vocab = _vocab_size(model)
     if vocab is None:
         raise HookscopeError(f"cannot tell how many token ids {type(model).__name__} has; give --input-ids")
-    check_fits(dims, f"--input {shape_text(dims)}")
+    if vocab < 1:
+        raise HookscopeError(f"{type(model).__name__} embeds {vocab} token ids (its config's vocab_size), so no "
+                             "token id fits; give --config a config with a positive vocab_size")
+    check_fits(dims, f"--input {shape_text(dims)}", dtype=torch.long)
     gen = torch.Generator().manual_seed(check_seed(args.seed))
     return torch.randint(0, vocab, dims, generator=gen), None, f"--input {shape_text(dims)}"
 
@@ -179,14 +201,25 @@ def _token_kwargs(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor | None
     kw: dict[str, Any] = {}
     if "attention_mask" in params:
         kw["attention_mask"] = mask if mask is not None else torch.ones_like(ids)
-    config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
-        start = getattr(config, "decoder_start_token_id", None)
-        start = start if isinstance(start, int) else getattr(config, "pad_token_id", None) or 0
-        kw["decoder_input_ids"] = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)
+    decoder = _decoder_ids(model, ids.shape[0])
+    if decoder is not None:
+        kw["decoder_input_ids"] = torch.cat([decoder, ids[:, :-1]], dim=1)
     if "use_cache" in params:  # one forward pass to look into: no key/value cache in the outputs
         kw["use_cache"] = False
     return kw
+
+
+def _decoder_ids(model: nn.Module, batch: int) -> torch.Tensor | None:
+    """An encoder-decoder's (``config.is_encoder_decoder``) decoder start: ``batch x 1`` of its
+    ``decoder_start_token_id`` (else its pad id, else 0); None for other models."""
+    config = getattr(model, "config", None)
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    if "decoder_input_ids" not in inspect.signature(model.forward).parameters:
+        return None
+    start = getattr(config, "decoder_start_token_id", None)
+    start = start if isinstance(start, int) else getattr(config, "pad_token_id", None) or 0
+    return torch.full((batch, 1), int(start), dtype=torch.long)
 
 
 def _image_size(model: nn.Module) -> tuple[int, ...] | None:
@@ -198,6 +231,18 @@ def _image_size(model: nn.Module) -> tuple[int, ...] | None:
     if isinstance(size, (tuple, list)) and len(size) == 2:
         return (channels, int(size[0]), int(size[1]))
     return None
+
+
+def _features_size(model: nn.Module) -> tuple[int, ...] | None:
+    """``mel bins x frames`` a speech encoder's config says (Whisper: two frames per source position)."""
+    config = getattr(model, "config", None)
+    bins, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    return (bins, 2 * positions) if isinstance(bins, int) and isinstance(positions, int) else None
+
+
+# An example --input for a transformers model's main input, when its config does not give the shape
+_EXAMPLE_SHAPES = {"pixel_values": "1x3x224x224", "input_values": "1x16000 (a second of 16 kHz audio)",
+                   "input_features": "1x80x3000 (mel bins x frames)"}
 
 
 def _no_tokens(args: argparse.Namespace, model: nn.Module, takes: str) -> None:
@@ -214,12 +259,15 @@ def _hf_input(args: argparse.Namespace, model: nn.Module) -> ModelInput:
         _check_ids(ids, model, source)
         return ModelInput(ids, _token_kwargs(model, ids, mask), hf_logits)
     _no_tokens(args, model, main)
-    size = _image_size(model) if main == "pixel_values" else None
+    size = _image_size(model) if main == "pixel_values" else _features_size(model) if main == "input_features" else None
     dims = parse_shape(args.input) if args.input is not None else (1, *size) if size is not None else None
     if dims is None:
-        raise HookscopeError(f"give the shape of {type(model).__name__}'s {main}, e.g. --input 1x3x224x224")
+        raise HookscopeError(f"give the shape of {type(model).__name__}'s {main}, e.g. --input "
+                             f"{_EXAMPLE_SHAPES.get(main, '1x3x224x224')}")
     gen = torch.Generator().manual_seed(check_seed(args.seed))
-    return ModelInput(random_input(dims, f"--input {shape_text(dims)}", gen), {}, hf_logits)
+    decoder = _decoder_ids(model, dims[0])
+    kwargs = {} if decoder is None else {"decoder_input_ids": decoder}
+    return ModelInput(random_input(dims, f"--input {shape_text(dims)}", gen), kwargs, hf_logits)
 
 
 def _check_options(args: argparse.Namespace, model: nn.Module) -> None:

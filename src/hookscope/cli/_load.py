@@ -618,6 +618,32 @@ def _weights_file(path: str, trust: bool) -> Any:
                          retry_foreign=False, failed=_failed_weights)
 
 
+def _check_folder_bin(path: str) -> None:
+    """A ``pytorch_model.bin`` in an ``hf:`` model's ``--config`` folder, read with ``weights_only=True``
+    only: pickled objects in it are refused (nothing is unpickled), in words about the folder."""
+    folder = os.path.dirname(path) or "."
+
+    def pickled(path: str, e: Exception) -> HookscopeError:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"it names {found.group(1)}" if found else "or it is corrupt"
+        return HookscopeError(f"--config {folder}: {os.path.basename(path)} holds pickled objects ({what}), not "
+                              "only tensors; unpickling runs whatever code the file holds, so hookscope reads it "
+                              f"only with {TRUST_FLAG}, for a folder you trust; safer: model.save_pretrained(folder) "
+                              "writes model.safetensors")
+
+    def foreign(path: str, e: Exception) -> HookscopeError:
+        why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
+        return HookscopeError(f"--config {folder}: {os.path.basename(path)} is not a weights file torch can read "
+                              f"({why}); write it again with model.save_pretrained(folder), or remove it for "
+                              "random weights")
+
+    if not os.path.isfile(path):
+        raise HookscopeError(f"--config {folder}: its weights index names {os.path.basename(path)}, which is not "
+                             "there; write the model again with model.save_pretrained(folder)")
+    _load_checked(path, f"--config {folder}: {os.path.basename(path)}", trust=False, pickled=pickled,
+                  foreign=foreign, retry_foreign=False, failed=foreign)
+
+
 def _not_weights(path: str, e: Exception) -> HookscopeError:
     why = "it holds text" if _is_text(path) else f"{type(e).__name__}: {first_line(e)}"
     return HookscopeError(f"--weights {path} is not a weights file torch can read ({why}); give a file "
@@ -723,7 +749,7 @@ def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spe
         hookscope.errors.HookscopeError: --weights .../w.pt does not fit Linear: 2 shape mismatches: weight (file 3x2, model 2x2), bias (file 3, model 2); ...
     """
     expected = model.state_dict()
-    state = _unwrapped(_state_dict(_weights_file(path, trust_pickle), path), expected)
+    state = _with_tied(model, _unwrapped(_state_dict(_weights_file(path, trust_pickle), path), expected))
     what = f"{spec} ({type(model).__name__})" if spec else type(model).__name__
     problems = _mismatches(expected, state)
     if problems:
@@ -734,6 +760,22 @@ def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spe
     except (RuntimeError, TypeError, ValueError) as e:
         raise HookscopeError(f"cannot load --weights {path} into {what}: {first_line(e)}") from e
     return model
+
+
+def _with_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each tied parameter's missing names filled from a name it holds: save_pretrained
+    writes a tied weight once (``lm_head.weight`` is ``transformer.wte.weight``)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    filled = dict(state)
+    for group in names.values():
+        held = next((n for n in group if n in state), None)
+        if held is None:
+            continue
+        for name in group:
+            filled.setdefault(name, state[held])
+    return filled
 
 
 def _architecture(spec: str, seed: int, trust: bool, *, trained: bool, named: Any) -> nn.Module:
@@ -795,8 +837,10 @@ def load_model(spec: str, seed: int = 0, *, trust_pickle: bool | None = None, we
     named = torchvision_weights(spec, weights) if weights is not None else None
     random = weights is None and (spec == "tiny" or spec.startswith(("torchvision:", TIMM_PREFIX)))
     if spec.startswith(HF_PREFIX):
-        built = hf_model(spec, config, check_pickle=lambda path: _weights_file(path, False))
+        built = hf_model(spec, config, check_pickle=_check_folder_bin, trust_pickle=trust)
         model, random = built.model, weights is None and not built.trained
+        for note in built.notes if weights is None else ():
+            warn(note)
     else:
         model = _architecture(spec, seed, trust, trained=weights is None, named=named)
     if weights is not None and named is None:
@@ -911,8 +955,10 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_fits(dims: Sequence[int], what: str, *, fix: str = "give a smaller shape") -> None:
-    """Refuse, in one line, a float32 tensor of shape ``dims`` that cannot fit in this machine's memory.
+def check_fits(dims: Sequence[int], what: str, *, fix: str = "give a smaller shape",
+               dtype: torch.dtype = torch.float32) -> None:
+    """Refuse, in one line, a tensor of shape ``dims`` and ``dtype`` (float32 unless said) that cannot fit
+    in this machine's memory.
 
     Example:
         >>> check_fits((1, 3, 64, 64), "--input 1x3x64x64")
@@ -920,13 +966,18 @@ def check_fits(dims: Sequence[int], what: str, *, fix: str = "give a smaller sha
         Traceback (most recent call last):
         ...
         hookscope.errors.HookscopeError: --size 2**40 squared is 1,208,925,819,614,629,174,706,176 values (...)...; give a smaller --size
+        >>> check_fits((2**20, 2**20), "--input 1048576x1048576", dtype=torch.long)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --input 1048576x1048576 is 1,099,511,627,776 values (8.8 TB of int64), ...
     """
     numel = math.prod(dims)
-    nbytes = 4 * numel
+    nbytes = dtype.itemsize * numel
     memory = _memory_bytes()
     if numel >= 2**63 or (memory is not None and nbytes > memory):
         room = f"more than this machine's {_size(memory)} of memory" if memory else "too large"
-        raise HookscopeError(f"{what} is {numel:,} values ({_size(nbytes)} of float32), {room}; {fix}")
+        kind = str(dtype).removeprefix("torch.")
+        raise HookscopeError(f"{what} is {numel:,} values ({_size(nbytes)} of {kind}), {room}; {fix}")
 
 
 def random_input(dims: Sequence[int], what: str, generator: torch.Generator | None = None, *,
