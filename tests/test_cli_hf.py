@@ -203,6 +203,23 @@ def test_cam_on_a_vit_reads_the_logits_and_scores_the_predicted_class(folders: d
     assert row["file"] == str(picture) and 0 <= row["target"] < 5 and no_hooks(built[1])
 
 
+def test_cam_names_the_classes_the_config_names_and_not_its_placeholders(folders: dict[str, Any], capsys: Any,
+                                                                         tmp_path: Any) -> None:
+    named = tmp_path / "named"
+    vit = T.ViTForImageClassification(T.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        id2label={0: "cat", 1: "dog", 2: "fox"}, label2id={"cat": 0, "dog": 1, "fox": 2})).eval()
+    _quiet_save(vit, str(named))
+    assert main(["cam", "hf:image-classification", "--config", str(named), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        k = int(vit(x).logits.argmax())
+    assert data["class_names"] == ["cat", "dog", "fox"] and data["rows"][0]["class_name"] == ["cat", "dog", "fox"][k]
+    assert main(["cam", "hf:image-classification", "--config", folders["vit_dir"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["class_names"] is None  # LABEL_0 ... LABEL_4 name nothing
+
+
 def test_features_and_report_on_a_vit(folders: dict[str, Any], capsys: Any, tmp_path: Any) -> None:
     out = tmp_path / "f.png"
     assert main(["features", "hf:image-classification", "--config", folders["vit_dir"], "--layer",

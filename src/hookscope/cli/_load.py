@@ -59,7 +59,7 @@ from torch import nn
 
 from ..core.text import first_line, shape_text
 from ..errors import HookscopeError, did_you_mean
-from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_model, timm_model
+from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_config, hf_model, timm_model
 
 __all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
            "check_fits", "check_seed", "class_names", "example_input", "load_model", "load_weights",
@@ -899,7 +899,8 @@ def read_class_names(path: str) -> list[str]:
 
 def class_names(args: argparse.Namespace) -> list[str] | None:
     """The model's class names: ``--classes FILE``, else torchvision's ``--weights NAME`` categories,
-    else the demo model's classes for MODEL ``demo``; None when nothing says.
+    else the demo model's classes for MODEL ``demo``, else an ``hf:`` model's ``id2label`` (unless it
+    holds transformers' placeholders ``LABEL_0``...); None when nothing says.
 
     Example:
         >>> class_names(argparse.Namespace(model="demo", weights=None, classes=None))[:3]
@@ -919,7 +920,19 @@ def class_names(args: argparse.Namespace) -> list[str] | None:
         from ..zoo import DEMO_CLASSES
 
         return list(DEMO_CLASSES)
+    if args.model.startswith(HF_PREFIX) and getattr(args, "config", None) is not None:
+        return _config_labels(hf_config(args.config))
     return None
+
+
+def _config_labels(config: Any) -> list[str] | None:
+    """A transformers config's ``id2label`` names in class order; None for its placeholders (LABEL_0...)."""
+    labels = getattr(config, "id2label", None) or {}
+    try:
+        names = [str(labels[i]) for i in range(len(labels))]
+    except (KeyError, TypeError):  # not numbered 0 .. n-1: say nothing rather than mislabel
+        return None
+    return None if not names or names == [f"LABEL_{i}" for i in range(len(names))] else names
 
 
 def check_class_names(names: Sequence[str], outputs: int, args: argparse.Namespace) -> None:
