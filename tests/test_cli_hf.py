@@ -220,6 +220,20 @@ def test_cam_names_the_classes_the_config_names_and_not_its_placeholders(folders
     assert json.loads(capsys.readouterr().out)["class_names"] is None  # LABEL_0 ... LABEL_4 name nothing
 
 
+def test_a_size_the_vit_cannot_take_names_the_size_it_states(folders: dict[str, Any], capsys: Any,
+                                                             tmp_path: Any) -> None:
+    from PIL import Image
+
+    picture = tmp_path / "wide.png"
+    Image.new("RGB", (50, 40), (200, 10, 10)).save(picture)
+    argv = ["cam", "hf:image-classification", "--config", folders["vit_dir"], "--image", str(picture), "--json"]
+    assert main([*argv, "--size", "40x50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("hookscope cam: error: the forward pass failed") and err.endswith(
+        "the model states 32x32 inputs: give --size 32x32, or leave --size out")
+    assert main(argv) == 0  # its own size, without --size
+
+
 def test_features_and_report_on_a_vit(folders: dict[str, Any], capsys: Any, tmp_path: Any) -> None:
     out = tmp_path / "f.png"
     assert main(["features", "hf:image-classification", "--config", folders["vit_dir"], "--layer",

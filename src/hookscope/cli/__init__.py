@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from ..core.text import first_line
-from ..errors import HookscopeError
+from ..errors import ForwardError, HookscopeError
 
 _FOLDER_OUT = ("report", "demo")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
@@ -98,6 +98,11 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
         _check_out(args)
         with model_session(args):
             return int(module.run(args) or 0)
+    except ForwardError as e:  # a forward pass that failed on --image: the size the model states, if another
+        from ._images import size_hint
+
+        hint = size_hint(args)
+        return fail(str(e) if hint is None else f"{_one_line(str(e))}; {hint}")
     except HookscopeError as e:
         return fail(str(e))
     except BrokenPipeError:  # `hookscope demo | head`

@@ -26,7 +26,7 @@ from ..errors import HookscopeError
 from ._load import DEMO_SPEC, check_fits, parse_shape, torchvision_weights, usual_shape, warn
 from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_config, hf_preprocessing, timm_pretrained_cfg
 
-__all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files",
+__all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files", "size_hint",
            "load_images", "preset_for", "read_image", "transform"]
 
 PRESETS = ("auto", "imagenet", "demo", "none")
@@ -334,6 +334,26 @@ def _same_size(pictures: list[torch.Tensor], paths: list[str]) -> None:
                 f"the images differ in size ({paths[0]} is {first[0]}x{first[1]}, {path} is "
                 f"{picture.shape[-2]}x{picture.shape[-1]}) and the model's input size is unknown; give --size HxW"
             )
+
+
+def size_hint(args: argparse.Namespace) -> str | None:
+    """For a forward pass that failed on ``--image``s: the size an ``hf:`` / ``timm:`` model states for
+    itself, when ``--size`` asked for another; None otherwise.
+
+    Example:
+        >>> size_hint(argparse.Namespace(model="demo", image=["a.png"], size="32x32")) is None
+        True
+    """
+    size, spec = getattr(args, "size", None), str(getattr(args, "model", ""))
+    if not getattr(args, "image", None) or size is None or not spec.startswith((HF_PREFIX, TIMM_PREFIX)):
+        return None
+    try:
+        own = preset_for(spec, "auto", getattr(args, "weights", None), None, getattr(args, "config", None)).size
+    except HookscopeError:
+        return None
+    if own is None or own == _size_arg(size):
+        return None
+    return f"the model states {own[0]}x{own[1]} inputs: give --size {own[0]}x{own[1]}, or leave --size out"
 
 
 def load_images(args: argparse.Namespace) -> Images:
