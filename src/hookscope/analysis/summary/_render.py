@@ -18,6 +18,7 @@ __all__ = ["render"]
 
 _HEADERS = ("Layer (type)", "Output shape", "Params", "Total", "Trainable", "Buffers", "Mult-adds", "Mode", "Notes")
 _LEFT = {0, 1, 7, 8}
+_ZEROS = 3  # where the "Zeros" column goes when the model holds a mask or a zero weight: after Params
 
 
 def _scaled(n: float, units: tuple[str, ...], base: int) -> str:
@@ -47,6 +48,15 @@ def _macs_cell(macs: int, partial: bool) -> str:
     return f"{macs:,}" if macs else "-"
 
 
+def _percent(zeros: int | None, total: int) -> str:
+    if zeros is None:
+        return "?"  # values that cannot be read (meta device)
+    if not total:
+        return "-"
+    share = 100 * zeros / total
+    return "<0.1%" if 0 < share < 0.1 else ">99.9%" if 99.9 < share < 100 else f"{share:.1f}%"
+
+
 def _notes(r: Row) -> str:
     notes = []
     if r.calls > 1:
@@ -54,19 +64,20 @@ def _notes(r: Row) -> str:
     if r.call == 0:  # what is true of the module is said once, on its first call
         notes += [f"{k} shared with {v}" for k, v in r.shared.items()]
         notes += [f"also named {a}" for a in r.aliases]
+        notes += [f"{k} masked" for k in r.masked]
     if r.uncounted:
         notes.append(f"mult-adds not counted: {', '.join(r.uncounted)}")
     return "; ".join(notes)
 
 
-def _cells(r: Row) -> list[str]:
+def _cells(r: Row, zeros: bool) -> list[str]:
     label = "  " * r.depth + (f"{r.name} ({r.type})" if r.name else r.type)
     first = r.call == 0  # counts of the module on its first call; "--" on the others
     if r.params_total == 0:
         trainable = "-"
     else:
         trainable = "yes" if r.frozen_total == 0 else "no" if r.trainable_total == 0 else "partial"
-    return [
+    cells = [
         label,
         _shapes(r.output_shapes) if r.called else "(not called)",
         f"{r.params:,}" if first else "--",
@@ -77,6 +88,9 @@ def _cells(r: Row) -> list[str]:
         "train" if r.training else "eval",
         _notes(r),
     ]
+    if zeros:
+        cells.insert(_ZEROS, _percent(r.zeros, r.params) if first else "--")
+    return cells
 
 
 def _uncounted(s: Summary) -> str:
@@ -85,14 +99,27 @@ def _uncounted(s: Summary) -> str:
     return "; ".join(where[:3]) + (f" and {len(where) - 3} more (Row.uncounted)" if len(where) > 3 else "")
 
 
+def _zeros_line(s: Summary) -> list[str]:
+    t = s.totals
+    if not t.sparse:
+        return []
+    zeros = "?" if t.zeros is None else _count(t.zeros)
+    n = len(t.masked)
+    masks = (f"; {n} masked tensor{'s' if n > 1 else ''} ({', '.join(t.masked[:3])}{', ...' if n > 3 else ''}), "
+             "each counted once as <name>_orig, its mask a buffer") if n else ""
+    return [f"Zeros: {zeros} of {t.params:,} params ({_percent(t.zeros, t.params)}){masks}"]
+
+
 def _footer(s: Summary) -> list[str]:
     t = s.totals
     return [
         f"Params: {_count(t.params)}; trainable {t.trainable:,}, frozen {t.frozen:,} "
         "(shared tensors counted once)",
+        *_zeros_line(s),
         f"Param bytes: {_bytes(t.param_bytes)}",
         f"Buffers: {t.buffers} tensors, {t.buffer_numel:,} elements, {_bytes(t.buffer_bytes)}",
-        f"Mult-adds: {_count(t.macs)}" + (f" at least; not counted: {_uncounted(s)}" if t.macs_partial else ""),
+        f"Mult-adds: {_count(t.macs)}" + (f" at least; not counted: {_uncounted(s)}" if t.macs_partial else "")
+        + (" (dense: a masked weight's zeros are multiplied too)" if t.masked else ""),
         f"Input bytes: {_bytes(t.input_bytes)}",
         f"Activation bytes (new outputs of innermost calls): {_bytes(t.activation_bytes)}",
         f"Module calls: {t.calls}; modules: {t.modules}, never called: {t.not_called}",
@@ -108,7 +135,10 @@ def render(s: Summary) -> str:
         >>> print(render(summary(torch.nn.ReLU(), torch.zeros(2))).splitlines()[4])
         ReLU          2                0      0          -        0          -  train
     """
-    head, *body = table(_HEADERS, [_cells(r) for r in s.rows], left=_LEFT, rule=None, pad_last=False)
+    zeros = s.totals.sparse
+    headers = (*_HEADERS[:_ZEROS], "Zeros", *_HEADERS[_ZEROS:]) if zeros else _HEADERS
+    left = {i + (zeros and i >= _ZEROS) for i in _LEFT}
+    head, *body = table(headers, [_cells(r, zeros) for r in s.rows], left=left, rule=None, pad_last=False)
     rule = "=" * len(head)  # the header's last cell is never empty: it is as wide as the table
     got = ", ".join(f"{shape_text(shape)} {dtype}" for shape, dtype in s.inputs)
     depth = "" if s.depth is None else f", depth <= {s.depth}"

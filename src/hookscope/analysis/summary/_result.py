@@ -147,7 +147,7 @@ class Summary(Result):
             "inputs": [{"shape": list(s), "dtype": d} for s, d in self.inputs],
             "depth": self.depth,
             "rows": [r.to_dict() for r in self.rows],
-            "totals": dataclasses.asdict(self.totals),
+            "totals": {**dataclasses.asdict(self.totals), "sparsity": self.totals.sparsity},
         }
 
     def __repr__(self) -> str:

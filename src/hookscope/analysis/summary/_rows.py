@@ -19,6 +19,7 @@ from torch.nn.parameter import is_lazy
 
 from ...core.text import dtype_text
 from ...selection import aliases_of
+from .._sparsity import module_zeros
 
 __all__ = ["Shape", "Call", "Row", "numel", "nbytes", "described", "rows_of"]
 
@@ -81,7 +82,10 @@ class Row:
     of the functions its own forward calls (``@``, ``F.linear``, ``einsum``, attention...).
     ``uncounted`` names the products this call computed but could not count (``einsum`` of three
     operands, ``tensordot``...); ``macs_partial`` says ``macs`` is then only a lower bound, also
-    when the uncounted product ran in a nested call.
+    when the uncounted product ran in a nested call. ``zeros`` counts the zero elements of the
+    module's own parameters as ``params`` counts them, a masked parameter (``weight_orig`` with a
+    ``weight_mask`` buffer, as ``torch.nn.utils.prune`` leaves it) as the weight it computes with
+    (``None``: values that cannot be read, e.g. on the meta device); ``masked`` names those parameters.
     """
 
     name: str
@@ -106,6 +110,15 @@ class Row:
     macs: int = 0
     macs_partial: bool = False
     uncounted: tuple[str, ...] = ()
+    zeros: int | None = 0
+    masked: tuple[str, ...] = ()
+
+    @property
+    def sparsity(self) -> float | None:
+        """Fraction of the module's own parameter elements that are zero (0.0 without parameters)."""
+        if self.zeros is None:
+            return None
+        return self.zeros / self.params if self.params else 0.0
 
     @property
     def frozen_total(self) -> int:
@@ -126,7 +139,7 @@ class Row:
             >>> d["type"], d["output_shapes"], d["params_total"], d["macs"]
             ('Linear', [(3, 2)], 10, 24)
         """
-        return {**dataclasses.asdict(self), "frozen_total": self.frozen_total}
+        return {**dataclasses.asdict(self), "frozen_total": self.frozen_total, "sparsity": self.sparsity}
 
 
 # --- the static facts of each module ---------------------------------------------------------------
@@ -159,6 +172,7 @@ def _templates(model: nn.Module, selected: Named) -> dict[str, Row]:
     for name, m in selected:
         own, shared, params = _own_parameters(name, m, owner)
         subtree = list(m.parameters())  # distinct by identity, as PyTorch counts them
+        zeros = module_zeros(m)
         out[name] = Row(
             name=name,
             type=type(m).__name__,
@@ -172,6 +186,8 @@ def _templates(model: nn.Module, selected: Named) -> dict[str, Row]:
             trainable_total=sum(numel(p) for p in subtree if p.requires_grad),
             shared=shared,
             aliases=tuple(aliases.get(name, ())),
+            zeros=zeros.zeros,
+            masked=zeros.masked,
         )
     return out
 

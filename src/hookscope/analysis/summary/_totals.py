@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from .._sparsity import model_zeros
 from ._rows import Call, Row, Shape, nbytes, numel
 
 __all__ = ["Totals", "totals_of", "tensor_shapes"]
@@ -22,7 +23,11 @@ class Totals:
     """Whole-model figures: each parameter and buffer tensor once, the mult-adds of every call.
 
     ``macs_partial``: some call computed a product that could not be counted (see ``Row.uncounted``),
-    so ``macs`` is a lower bound.
+    so ``macs`` is a lower bound. ``zeros``: zero elements among the ``params`` (a masked parameter
+    as the weight it computes with; ``None`` when values cannot be read, on the meta device);
+    ``masked``: the qualified names of masked parameters (``"fc.weight"`` for ``fc.weight_orig`` with
+    its ``fc.weight_mask`` buffer, counted once as a parameter; the mask is a buffer); ``sparse``:
+    a mask or a zero in a weight of 2 or more dimensions, so the table shows sparsity.
     """
 
     params: int
@@ -39,6 +44,16 @@ class Totals:
     modules: int
     not_called: int
     macs_partial: bool = False
+    zeros: int | None = 0
+    masked: tuple[str, ...] = ()
+    sparse: bool = False
+
+    @property
+    def sparsity(self) -> float | None:
+        """Fraction of the parameter elements that are zero (0.0 without parameters; ``None`` unknown)."""
+        if self.zeros is None:
+            return None
+        return self.zeros / self.params if self.params else 0.0
 
 
 def totals_of(model: nn.Module, calls: list[Call], rows: list[Row], inputs: list[torch.Tensor]) -> Totals:
@@ -54,6 +69,7 @@ def totals_of(model: nn.Module, calls: list[Call], rows: list[Row], inputs: list
         (9, 36, 8)
     """
     params, buffers = list(model.parameters()), list(model.buffers())
+    zeros = model_zeros(model)
     return Totals(
         params=sum(numel(p) for p in params),
         trainable=sum(numel(p) for p in params if p.requires_grad),
@@ -69,6 +85,9 @@ def totals_of(model: nn.Module, calls: list[Call], rows: list[Row], inputs: list
         modules=len({r.name for r in rows}),
         not_called=sum(1 for r in rows if not r.called),
         macs_partial=any(c.uncounted for c in calls),
+        zeros=zeros.zeros,
+        masked=zeros.masked,
+        sparse=bool(zeros.masked or zeros.in_weights),
     )
 
 
