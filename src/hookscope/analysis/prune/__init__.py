@@ -1,0 +1,14 @@
+"""Pruning through hooks: masks applied by forward pre-hooks (the layout of ``torch.nn.utils.prune``),
+channel importance measured on data, and physical removal of pruned channels along the dependency
+graph recorded in one forward pass.
+
+Laid out by concern: ``_masks`` (the pre-hook mechanism), ``_methods`` (mask criteria, one table),
+``_weights`` (the public masking functions), ``_importance`` (channel importance, one table),
+``_graph*`` (the dependency tracer), ``_compact`` (physical removal), ``_channels`` (structured
+channel pruning on the graph), ``_compare`` (before / after). Must not import: any other
+analysis module, ``cli``, ``viz``.
+"""
+
+from ._weights import PruneResult, PruneRow, prune, remove, sparsity
+
+__all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow"]
