@@ -9,6 +9,8 @@ channel pruning on the graph), ``_compare`` (before / after). Must not import: a
 analysis module, ``cli``, ``viz``.
 """
 
+from ._importance import Importance, ImportanceRow, channel_importance
 from ._weights import PruneResult, PruneRow, prune, remove, sparsity
 
-__all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow"]
+__all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
+           "channel_importance", "Importance", "ImportanceRow"]
