@@ -9,8 +9,12 @@ channel pruning on the graph), ``_compare`` (before / after). Must not import: a
 analysis module, ``cli``, ``viz``.
 """
 
+from ._compact import compact, mask_channels
+from ._graph import BlockedGroup, Group, GroupMember, Groups, Site, channel_groups
 from ._importance import Importance, ImportanceRow, channel_importance
 from ._weights import PruneResult, PruneRow, prune, remove, sparsity
 
 __all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
+           "channel_groups", "Groups", "Group", "GroupMember", "Site", "BlockedGroup",
+           "mask_channels", "compact",
            "channel_importance", "Importance", "ImportanceRow"]

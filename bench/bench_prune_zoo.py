@@ -1,0 +1,119 @@
+"""Compaction across the torchvision classification zoo (and the segmentation models with --dense):
+for each model (random weights, the sizes of tests/zoo_sweep.py), trace the channel groups, mask ~30%
+of the channels of every removable group by the L2 norm of the producers' rows, compact, and check the
+compacted model's outputs against the masked model's.
+
+Run: .venv/bin/python bench/bench_prune_zoo.py [--dense] [NAME_SUBSTRING ...] > /tmp/prune_zoo.md
+Prints a markdown table and the count of models compacted (fewer parameters, outputs equal).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import torch  # noqa: E402
+import zoo_sweep  # noqa: E402
+
+from hookscope.analysis.prune._compact import compact, mask_channels  # noqa: E402
+from hookscope.analysis.prune._graph import Groups, channel_groups  # noqa: E402
+from hookscope.analysis.prune._graph_verify import output_gap  # noqa: E402
+
+FRACTION = 0.3
+HUGE = ("vit_h_14", "regnet_y_128gf", "vit_l_", "regnet_y_32gf", "regnet_y_16gf")
+
+
+def l2_drop(model: torch.nn.Module, groups: Groups, fraction: float) -> dict[int, list[int]]:
+    """The ``fraction`` of each group's channels with the smallest L2 norm of their producer rows."""
+    mods = dict(model.named_modules())
+    out: dict[int, list[int]] = {}
+    for g in groups.groups:
+        k = int(g.size * fraction)
+        if k < 1:
+            continue
+        score = torch.zeros(g.size, dtype=torch.float64)
+        for m in g.members:
+            if m.role != "producer":
+                continue
+            t = getattr(mods[m.module], m.name).detach().double()
+            rows = t.movedim(m.dim, 0).reshape(t.shape[m.dim], -1).pow(2).sum(1)
+            score += torch.tensor([float(rows[list(p)].sum()) for p in m.positions])
+        out[g.index] = score.argsort()[:k].tolist()
+    return out
+
+
+def _params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def run(entry: zoo_sweep.Entry) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": entry.name.split(":")[-1]}
+    t0 = time.perf_counter()
+    try:
+        model, args, kwargs = entry.build()
+        row["before"] = _params(model)
+        t1 = time.perf_counter()
+        groups = channel_groups(model, *args, kwargs=kwargs)
+        row["trace_s"] = time.perf_counter() - t1
+        row["groups"] = f"{len(groups.groups)}/{len(groups.groups) + len(groups.blocked)}"
+        mask_channels(model, groups, l2_drop(model, groups, FRACTION))
+        small = compact(model, *args, kwargs=kwargs)
+        row["after"] = _params(small)
+        with torch.no_grad():
+            row["gap"] = output_gap(model.eval()(*args, **kwargs), small.eval()(*args, **kwargs), 1.0)[0]
+        row["ok"] = row["after"] < row["before"]
+        row["note"] = "" if row["ok"] else "nothing removed"
+    except Exception as exc:  # the table says why, the sweep goes on
+        row["ok"] = False
+        row["note"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+HEADER = ["| model | params before | after | ratio | groups | max abs diff | trace s | total s | note |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+
+def line(r: dict[str, Any]) -> str:
+    """One markdown row."""
+    before, after = r.get("before"), r.get("after")
+    ratio = f"{after / before:.2f}" if before and after else "-"
+    gap = f"{r['gap']:.1e}" if "gap" in r else "-"
+    return (f"| {r['model']} | {before or '-'} | {after or '-'} | {ratio} | {r.get('groups', '-')} | "
+            f"{gap} | {r.get('trace_s', 0):.1f} | {r['seconds']:.1f} | {r['note']} |")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = HEADER + [line(r) for r in rows]
+    ok = sum(r["ok"] for r in rows)
+    lines.append(f"\n{ok} of {len(rows)} models compacted (fewer parameters, outputs equal to the masked model's)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    dense = "--dense" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    entries = zoo_sweep.torchvision_classifiers() + (zoo_sweep.dense_models()[:3] if dense else [])
+    entries = [e for e in entries if not names or any(n in e.name for n in names)]
+    entries.sort(key=lambda e: any(h in e.name for h in HUGE))  # the huge ones last
+    rows = []
+    for e in entries:
+        r = run(e)
+        print(line(r), file=sys.stderr, flush=True)  # rows as they come: a long sweep can be read early
+        rows.append(r)
+    print(f"Prune zoo, {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, torch {torch.__version__}, {FRACTION:.0%} of each group masked by L2\n")
+    print(table(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,231 @@
+"""Physical removal of masked channels: mask whole channels group-wise, then compact a deep copy
+(slice every member, fix the layers' sizes) and VERIFY it against the masked model on the example
+input; refuse in one line otherwise, the user's model untouched.
+
+Must not import: any other analysis module, ``cli``, ``viz``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._tree import tensors
+from ...errors import HookscopeError
+from ...selection import named_modules, unwrap
+from ._graph_verify import verify
+from ._graph import Group, Groups, assemble, channel_groups, deep_copy, trace_channels
+from ._masks import apply_mask, make_permanent, masked
+
+__all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
+
+Plan = dict[tuple[str, str, int], set[int]]
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
+    for table in (module._parameters, module._buffers):
+        t = table.get(name)
+        if t is not None:
+            return t
+    t = getattr(module, name, None)
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def mask_channels(model: nn.Module, groups: Groups, drop: Mapping[int, Sequence[int]]) -> None:
+    """Zero channels group-wise by masks (forward pre-hooks): the producers' weight rows and bias and
+    every follower (BatchNorm weight and bias, depthwise rows, layer scales). Consumers need no mask:
+    they read zeros. ``drop`` maps a group index to channel indices of that group.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+        >>> x = torch.randn(1, 3, 2, 2)
+        >>> mask_channels(net, channel_groups(net, x), {0: [1, 3]})
+        >>> net[0].weight.flatten(1).abs().sum(1).gt(0).tolist(), net[0].bias.ne(0).tolist()
+        ([True, False, True, False], [True, False, True, False])
+    """
+    inner, _ = unwrap(model)
+    mods = dict(named_modules(inner))
+    by_index = {g.index: g for g in groups.groups}
+    for gi, chans in drop.items():
+        g = by_index.get(gi)
+        if g is None:
+            raise HookscopeError(f"there is no removable channel group {gi}; pass one of "
+                                 f"{sorted(by_index)[:10]} (groups.table() lists them)")
+        bad = [k for k in chans if not 0 <= k < g.size]
+        if bad:
+            raise HookscopeError(f"group {gi} has {g.size} channels, so channel {bad[0]} does not exist; "
+                                 f"pass indices in [0, {g.size})")
+    for gi, chans in drop.items():
+        for m in by_index[gi].members:
+            module = mods.get(m.module)
+            if m.role == "consumer" or module is None or m.name in module._buffers:
+                continue
+            t = _tensor(module, m.name)
+            if t is None:
+                continue
+            pos = [p for k in chans for p in m.positions[k]]
+            mask = torch.ones(t.shape, dtype=t.dtype, device=t.device)
+            mask.index_fill_(m.dim, torch.tensor(pos, dtype=torch.long, device=t.device), 0)
+            apply_mask(module, m.name, mask)
+
+
+def _permanent(model: nn.Module) -> None:
+    mods = dict(named_modules(model))
+    for qualname, name in masked(model):
+        make_permanent(mods[qualname], name)
+
+
+def dropped_channels(model: nn.Module, groups: Groups) -> dict[int, list[int]]:
+    """The channels of each group that are zero in every producer and follower parameter (masked or
+    zero weights): the ones :func:`compact` removes. Masks are read through their pre-hooks.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+        >>> x = torch.randn(1, 3, 2, 2); gs = channel_groups(net, x)
+        >>> mask_channels(net, gs, {0: [2]}); dropped_channels(net, gs)
+        {0: [2]}
+    """
+    inner, _ = unwrap(model)
+    mods = dict(named_modules(inner))
+    out: dict[int, list[int]] = {}
+    for g in groups.groups:
+        zero = _zero_channels(g, mods)
+        if zero:
+            out[g.index] = zero
+    return out
+
+
+def _zero_channels(g: Group, mods: dict[str, nn.Module]) -> list[int]:
+    owners = [m for m in g.members if m.role != "consumer" and m.module in mods
+              and m.name not in mods[m.module]._buffers]
+    if not any(m.role == "producer" for m in owners):
+        return []
+    alive = torch.zeros(g.size, dtype=torch.bool)
+    for m in owners:
+        t = _tensor(mods[m.module], m.name)
+        if t is None:
+            return []
+        nz = t.detach().ne(0).movedim(m.dim, 0).reshape(t.shape[m.dim], -1).any(1).cpu()
+        idx = torch.tensor([p for pos in m.positions for p in pos], dtype=torch.long)
+        chan = torch.repeat_interleave(torch.arange(g.size), torch.tensor([len(p) for p in m.positions]))
+        if idx.numel():
+            alive |= torch.zeros(g.size, dtype=torch.uint8).scatter_reduce(
+                0, chan, nz[idx].to(torch.uint8), "amax").bool()
+    zero = (~alive).nonzero().flatten().tolist()
+    return _keep_one(g, mods, zero)
+
+
+def _keep_one(g: Group, mods: dict[str, nn.Module], zero: list[int]) -> list[int]:
+    """Every member keeps at least one position (a conv of 0 channels cannot run): un-drop one."""
+    gone = set(zero)
+    for m in g.members:
+        t = _tensor(mods[m.module], m.name) if m.module in mods else None
+        held = [k for k in gone if m.positions[k]]
+        if t is not None and held and sum(len(m.positions[k]) for k in held) >= t.shape[m.dim]:
+            gone.discard(max(held))
+    return sorted(gone)
+
+
+def _plan(groups: Groups, drop: dict[int, list[int]]) -> Plan:
+    plan: Plan = {}
+    by_index = {g.index: g for g in groups.groups}
+    for gi, chans in drop.items():
+        for m in by_index[gi].members:
+            plan.setdefault((m.module, m.name, m.dim), set()).update(p for k in chans for p in m.positions[k])
+    return plan
+
+
+def _slice(model: nn.Module, plan: Plan) -> None:
+    """Remove the planned positions from every parameter and buffer (shared ones everywhere) and set
+    the layers' size attributes from the new shapes."""
+    mods = dict(named_modules(model))
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for m in model.modules():
+        for n, t in (*m._parameters.items(), *m._buffers.items()):
+            if t is not None:
+                owners.setdefault(id(t), []).append((m, n))
+    depthwise = {q for q, m in mods.items() if isinstance(m, nn.modules.conv._ConvNd)
+                 and m.groups > 1 and m.groups == m.in_channels == m.out_channels}
+    for (q, name, dim), drop in plan.items():
+        t = _tensor(mods[q], name)
+        if t is None or not drop:
+            continue
+        keep = torch.tensor([i for i in range(t.shape[dim]) if i not in drop], dtype=torch.long, device=t.device)
+        data = t.detach().index_select(dim, keep)
+        new: torch.Tensor = nn.Parameter(data, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) \
+            else data
+        places = owners.pop(id(t), [(mods[q], name)])
+        for m, n in places:
+            if isinstance(new, nn.Parameter):
+                m._parameters[n] = new
+            else:
+                m._buffers[n] = new
+        owners[id(new)] = places
+    for q in {k[0] for k in plan}:
+        _fix_sizes(mods[q], q in depthwise)
+
+
+def _fix_sizes(m: nn.Module, depthwise: bool) -> None:
+    if isinstance(m, nn.modules.conv._ConvNd):
+        w = m.weight
+        if depthwise:
+            m.groups = m.in_channels = m.out_channels = w.shape[0]
+        elif m.transposed:
+            m.in_channels, m.out_channels = w.shape[0], w.shape[1] * m.groups
+        else:
+            m.out_channels, m.in_channels = w.shape[0], w.shape[1] * m.groups
+    elif isinstance(m, nn.Linear):
+        m.out_features, m.in_features = m.weight.shape
+    elif isinstance(m, nn.modules.batchnorm._NormBase):
+        t = m.weight if m.weight is not None else m.running_mean
+        if t is not None:
+            m.num_features = t.shape[0]
+    elif isinstance(m, nn.Embedding):
+        m.embedding_dim = m.weight.shape[1]
+    elif type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers' GPT-2 layer: weight (in, out)
+        cw = m._parameters.get("weight")
+        if cw is not None:
+            setattr(m, "nf", cw.shape[1])
+
+
+def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None,
+            atol: float = 1e-5, allow_unseen: bool = False) -> nn.Module:
+    """A NEW model with every masked (all-zero) channel physically removed along its group, its
+    masks made permanent, verified to give the masked model's outputs on the example input (max abs
+    difference below ``atol`` times the outputs' scale, at least 1). The user's model is never touched;
+    on a mismatch or a shape error the compaction is refused naming the first module that differs.
+    Layers that do not run on the example input (auxiliary heads run only in training) cannot be
+    followed: compaction is refused unless ``allow_unseen=True`` (they are then left as they are).
+
+    Example:
+        >>> torch.manual_seed(0); net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+        ...     nn.Conv2d(8, 4, 1)).eval()
+        <torch._C.Generator object at ...>
+        >>> x = torch.randn(1, 3, 6, 6)
+        >>> mask_channels(net, channel_groups(net, x), {0: [0, 1, 2]})
+        >>> small = compact(net, x)
+        >>> small[0].out_channels, small[1].num_features, small[3].in_channels
+        (5, 5, 5)
+        >>> bool((small(x) - net(x)).abs().max() < 1e-5)
+        True
+    """
+    inner, _ = unwrap(model)
+    kw = dict(kwargs or {})
+    work = deep_copy(inner)
+    _permanent(work)
+    groups = assemble(trace_channels(work, inputs, kw), work)
+    drop = dropped_channels(work, groups)
+    if drop and groups.unseen and not allow_unseen:
+        raise HookscopeError(
+            f"compaction refused: {', '.join(repr(u) for u in groups.unseen[:3])}"
+            f"{' ...' if len(groups.unseen) > 3 else ''} did not run on the example input, so the channels "
+            "they read cannot be followed; pass allow_unseen=True to leave them as they are (they may then "
+            "fail on the compacted model), or remove them")
+    _slice(work, _plan(groups, drop))
+    verify(inner, work, inputs, kw, atol, groups, drop)
+    for (_, a), (_, b) in zip(inner.named_modules(), work.named_modules()):
+        b.training = a.training
+    return work

@@ -1,0 +1,145 @@
+"""The check that makes compaction safe: run the masked model and the compacted copy on the example
+input and compare; when they differ, name the first module whose (kept) output differs, or the module
+that raised. Every temporary hook is removed and every training flag restored, also on error.
+
+Must not import: any other analysis module, ``cli``, ``viz``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._tree import tensors
+from ...errors import HookscopeError
+from ...selection import named_modules
+from ._graph import Groups
+
+__all__ = ["verify", "output_gap"]
+
+
+def _run(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    flags = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            return model(*inputs, **kw)
+    finally:
+        for m, f in flags.items():
+            m.training = f
+
+
+def output_gap(ref: Any, got: Any, atol: float) -> tuple[float, str]:
+    """Largest absolute difference between two nested outputs, and what is wrong ('' when within
+    ``atol`` times the scale of the reference, at least 1).
+
+    Example:
+        >>> output_gap((torch.ones(2),), (torch.ones(2) + 1e-7,), 1e-5)[1]
+        ''
+    """
+    a, b = list(tensors(ref)), list(tensors(got))
+    if len(a) != len(b):
+        return float("inf"), f"{len(b)} output tensors instead of {len(a)}"
+    worst = 0.0
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape:
+            return float("inf"), f"output {i} has shape {tuple(y.shape)} instead of {tuple(x.shape)}"
+        if not x.is_floating_point():
+            if not torch.equal(x, y):
+                return float("inf"), f"output {i} differs"
+            continue
+        gap = float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
+        scale = max(1.0, float(x.double().abs().max()) if x.numel() else 1.0)
+        worst = max(worst, gap)
+        if not gap <= atol * scale:
+            return gap, f"output {i} differs by {gap:.3g} (tolerance {atol * scale:.3g})"
+    return worst, ""
+
+
+def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """First output tensor of every module, by name, and the stack of modules running when it raised."""
+    seen: dict[str, torch.Tensor] = {}
+    stack: list[str] = []
+    handles = []
+
+    def pre(name: str) -> Any:
+        return lambda m, a: stack.append(name)
+
+    def post(name: str) -> Any:
+        def hook(m: nn.Module, a: Any, out: Any) -> None:
+            stack.pop()
+            t = next(tensors(out), None)
+            if t is not None:
+                seen.setdefault(name, t.detach().clone())
+        return hook
+
+    try:
+        for name, m in named_modules(model):
+            handles.append(m.register_forward_pre_hook(pre(name or "(model)")))
+            handles.append(m.register_forward_hook(post(name or "(model)")))
+        try:
+            _run(model, inputs, kw)
+        except Exception:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, stack
+
+
+def _kept(ref: torch.Tensor, name: str, groups: Groups, drop: dict[int, list[int]]) -> torch.Tensor:
+    """The reference output of ``name`` with the removed channels taken out (via the group sites)."""
+    by_dim: dict[int, set[int]] = {}
+    for g in groups.groups:
+        for s in g.sites:
+            if s.module == name:
+                by_dim.setdefault(s.dim, set()).update(p for k in drop.get(g.index, []) for p in s.positions[k])
+    for d, gone in by_dim.items():
+        if d < ref.dim():
+            keep = [i for i in range(ref.shape[d]) if i not in gone]
+            ref = ref.index_select(d, torch.tensor(keep, dtype=torch.long, device=ref.device))
+    return ref
+
+
+def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
+                      atol: float, groups: Groups, drop: dict[int, list[int]]) -> str:
+    ref, _ = _outputs(inner, inputs, kw)
+    got, stack = _outputs(work, inputs, kw)
+    if stack:
+        return f"'{stack[-1]}' raised"
+    for name, r in ref.items():
+        o = got.get(name)
+        if o is None or name == "(model)":
+            continue
+        r = _kept(r, name, groups, drop) if r.shape != o.shape else r
+        if r.shape == o.shape and r.is_floating_point() and output_gap(r, o, atol)[1]:
+            return f"first at '{name}'"
+    return "no single module output differs"
+
+
+def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], atol: float,
+           groups: Groups, drop: dict[int, list[int]]) -> None:
+    """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input.
+
+    Example:
+        >>> verify(nn.Linear(2, 2), nn.Linear(2, 2), (torch.randn(1, 2),), {}, 1e-5, Groups([], []), {})
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: compaction refused: the compacted model's output 0 differs ...
+    """
+    ref = _run(inner, inputs, kw)
+    try:
+        got = _run(work, inputs, kw)
+    except Exception as exc:
+        where = _first_difference(inner, work, inputs, kw, atol, groups, drop)
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookscopeError(f"compaction refused: the compacted model fails ({where}: {type(exc).__name__}: "
+                             f"{msg[:200]}); your model is unchanged, and the groups of channel_groups() "
+                             "show what was followed") from None
+    gap, problem = output_gap(ref, got, atol)
+    if problem:
+        where = _first_difference(inner, work, inputs, kw, atol, groups, drop)
+        raise HookscopeError(f"compaction refused: the compacted model's {problem}, {where}; your model is "
+                             "unchanged (a dependency the tracer could not see: report this model)")

@@ -1,0 +1,269 @@
+"""Physical removal of masked channels (issue 15, point 3): compacted outputs equal the masked model's
+(max abs diff < 1e-5), parameter counts equal the ones worked out by hand, refusals leave the model
+untouched, no hook is left behind, training flags are kept."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import no_hooks
+from torch import nn
+
+from hookscope.analysis.prune._compact import compact, dropped_channels, mask_channels
+from hookscope.analysis.prune._graph import Group, Groups, channel_groups
+from hookscope.core import hook_count
+from hookscope.errors import HookscopeError
+
+
+def _params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _group(gs: Groups, producer: str) -> Group:
+    return next(g for g in gs.groups if producer in g.producers)
+
+
+def _seeded(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+
+
+def _prune(model: nn.Module, x: torch.Tensor, producer: str, k: int) -> tuple[nn.Module, int, Groups]:
+    """Mask the first k channels of the group of ``producer``, compact, check outputs; return the
+    compacted model and the parameters removed."""
+    gs = channel_groups(model, x)
+    mask_channels(model, gs, {_group(gs, producer).index: list(range(k))})
+    small = compact(model, x)
+    with torch.no_grad():
+        gap = float((small(x) - model(x)).abs().max())
+    assert gap < 1e-5, gap
+    assert no_hooks(small)
+    return small, _params(model) - _params(small), gs
+
+
+def _torchvision(name: str) -> nn.Module:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)  # float64: an untrained deep net's large outputs keep 1e-5 meaningful
+    return torchvision.models.get_model(name, weights=None).double().eval()
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_resnet18_inner_group_removes_rows_bn_entries_and_next_columns(k: int) -> None:
+    small, removed, _ = _prune(_torchvision("resnet18"), _seeded(1, 3, 64, 64, dtype=torch.float64), "layer1.0.conv1", k)
+    # conv1 rows (64 x 3 x 3 each), bn1 weight and bias, conv2 input columns (64 x 3 x 3 each)
+    assert removed == k * 64 * 9 + 2 * k + k * 64 * 9
+    assert small.layer1[0].conv1.out_channels == small.layer1[0].bn1.num_features == 64 - k
+    assert small.layer1[0].conv2.in_channels == 64 - k
+
+
+@pytest.mark.slow
+def test_resnet18_residual_stream_group_reaches_every_branch() -> None:
+    k = 3
+    small, removed, gs = _prune(_torchvision("resnet18"), _seeded(1, 3, 64, 64, dtype=torch.float64), "conv1", k)
+    assert sorted(_group(gs, "conv1").producers) == ["conv1", "layer1.0.conv2", "layer1.1.conv2"]
+    per = (3 * 49 + 2  # stem conv rows + bn1
+           + 64 * 9 + 64 * 9 + 2  # layer1.0: conv1 columns, conv2 rows, bn2
+           + 64 * 9 + 64 * 9 + 2  # layer1.1: the same
+           + 128 * 9 + 128)  # layer2.0: conv1 columns and downsample columns
+    assert removed == k * per
+    assert small.layer2[0].downsample[0].in_channels == 64 - k
+
+
+@pytest.mark.slow
+def test_resnet50_bottleneck_group() -> None:
+    k = 4
+    _, removed, _ = _prune(_torchvision("resnet50"), _seeded(1, 3, 64, 64, dtype=torch.float64), "layer1.0.conv1", k)
+    assert removed == k * (64 * 1 + 2 + 64 * 9)  # 1x1 rows, bn1, 3x3 columns
+
+
+def test_mobilenet_v2_depthwise_follows_the_expansion() -> None:
+    k = 7
+    small, removed, _ = _prune(_torchvision("mobilenet_v2"), _seeded(1, 3, 64, 64, dtype=torch.float64), "features.2.conv.0.0", k)
+    # expand rows (16), bn (2), depthwise rows (9), bn (2), project columns (24)
+    assert removed == k * (16 + 2 + 9 + 2 + 24)
+    dw = small.features[2].conv[1][0]
+    assert dw.groups == dw.in_channels == dw.out_channels == 96 - k
+
+
+@pytest.mark.slow
+def test_vgg11_bn_first_conv() -> None:
+    k = 10
+    _, removed, _ = _prune(_torchvision("vgg11_bn"), _seeded(1, 3, 64, 64, dtype=torch.float64), "features.0", k)
+    assert removed == k * (27 + 1 + 2 + 128 * 9)  # rows, bias, bn, next conv's columns (128 x 3 x 3)
+
+
+@pytest.mark.slow
+def test_densenet121_stem_reaches_every_layer_of_the_first_block() -> None:
+    k = 2
+    _, removed, _ = _prune(_torchvision("densenet121"), _seeded(1, 3, 64, 64, dtype=torch.float64), "features.conv0", k)
+    # conv0 rows (3 x 7 x 7), norm0; six dense layers each read it (norm1 weight+bias, conv1 columns x 128);
+    # transition1 reads it too (norm weight+bias, conv columns x 128)
+    assert removed == k * (147 + 2 + 6 * (2 + 128) + 2 + 128)
+
+
+def test_demo_model_every_group_masked_and_outputs_equal() -> None:
+    from hookscope.zoo import demo_model
+
+    net, x = demo_model(), _seeded(2, 3, 64, 64)
+    gs = channel_groups(net, x[:1])
+    assert [g.producers for g in gs.groups] == [["stem.0"], ["layer1.0"], ["layer1.3"], ["layer2.0"],
+                                                ["layer2.3"], ["layer3.0"], ["layer3.3"]]
+    mask_channels(net, gs, {g.index: list(range(0, g.size, 2)) for g in gs.groups})  # every other channel
+    small = compact(net, x)
+    assert torch.allclose(small(x), net(x), atol=1e-5, rtol=0)
+    widths = [3, 16, 32, 32, 64, 64, 64, 64]
+    kept = [3] + [w // 2 for w in widths[1:]]
+    expect = sum(kept[i] * kept[i + 1] * 9 + 2 * kept[i + 1] for i in range(7)) + kept[-1] * 6 + 6
+    assert _params(small) == expect
+
+
+def test_dropped_channels_need_every_producer_and_follower_zero() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(1, 3, 4, 4)
+    gs = channel_groups(net, x)
+    with torch.no_grad():
+        net[0].weight[1] = 0
+        net[0].bias[1] = 0  # zero conv row and bias, but BN bias 1 is not zero: channel 1 is a constant
+    assert dropped_channels(net, gs) == {}
+    with torch.no_grad():
+        net[1].weight[1] = 0
+        net[1].bias[1] = 0
+    assert dropped_channels(net, gs) == {0: [1]}
+
+
+def test_every_channel_masked_keeps_one_so_the_layers_still_run() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(1, 3, 4, 4)
+    mask_channels(net, channel_groups(net, x), {0: [0, 1, 2, 3]})
+    small = compact(net, x)
+    assert small[0].out_channels == 1 and torch.equal(small(x), net(x))
+
+
+class HardCoded(nn.Module):
+    """Flattens with a size fixed when the model was written: the tracer cannot see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 1), nn.Linear(4 * 16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).view(1, 64))
+
+
+def test_refusal_names_the_module_and_leaves_the_model_untouched() -> None:
+    net, x = HardCoded().train(), _seeded(1, 3, 4, 4)
+    mask_channels(net, channel_groups(net, x), {0: [0]})
+    state, hooks = copy.deepcopy(net.state_dict()), hook_count(net)
+    with pytest.raises(HookscopeError, match=r"compaction refused: .*'\(model\)' raised.*unchanged") as err:
+        compact(net, x)
+    assert "\n" not in str(err.value)
+    after = net.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state)
+    assert hook_count(net) == hooks and all(m.training for m in net.modules())
+
+
+def test_train_mode_kept_wrapped_model_and_requires_grad() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(1, 3, 4, 4)
+    net[3].weight.requires_grad_(False)
+    gs = channel_groups(nn.DataParallel(net), x)
+    mask_channels(nn.DataParallel(net), gs, {0: [2]})
+    net.train()
+    small = compact(nn.DataParallel(net), x)
+    assert isinstance(small, nn.Sequential) and small[1].training and net[1].training
+    assert small[3].weight.requires_grad is False and small[0].weight.requires_grad is True
+    assert not any(n.endswith("_orig") for n, _ in small.named_parameters())
+    assert no_hooks(small) and net[1].num_batches_tracked == 0  # the verification ran in eval mode
+
+
+@pytest.mark.parametrize("bad, match", [({5: [0]}, "no removable channel group 5"),
+                                        ({0: [4]}, "channel 4 does not exist")])
+def test_mask_channels_bad_input_is_one_line(bad: dict[int, list[int]], match: str) -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+    gs = channel_groups(net, _seeded(1, 3, 2, 2))
+    with pytest.raises(HookscopeError, match=match):
+        mask_channels(net, gs, bad)
+    assert no_hooks(net)
+
+
+def test_grouped_conv_stripe_removed_from_every_group() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 3, padding=1, groups=2), nn.ReLU(),
+                        nn.Conv2d(4, 1, 1)).eval()
+    x = _seeded(1, 3, 5, 5)
+    gs = channel_groups(net, x)
+    mask_channels(net, gs, {_group(gs, "1").index: [0]})
+    small = compact(net, x)
+    assert (small[1].in_channels, small[1].out_channels, small[1].groups, small[3].in_channels) == (4, 2, 2, 2)
+    assert _params(net) - _params(small) == 2 * (2 * 9) + 2 + 2  # two rows of 2x3x3, their bias, two columns
+    assert torch.allclose(small(x), net(x), atol=1e-6, rtol=0)
+
+
+def test_torch_prune_masks_are_read_and_made_permanent_in_the_copy() -> None:
+    from torch.nn.utils import prune
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(1, 3, 4, 4)
+    prune.ln_structured(net[0], "weight", amount=2, n=2, dim=0)
+    rows = net[0].weight_mask.flatten(1).amax(1).eq(0).nonzero().flatten().tolist()
+    prune.custom_from_mask(net[0], "bias", (torch.arange(4).unsqueeze(0) != torch.tensor(rows).unsqueeze(1)).all(0))
+    small = compact(net, x)
+    assert small[0].out_channels == 2 and small[2].in_channels == 2
+    assert torch.allclose(small(x), net(x), atol=1e-6, rtol=0) and hasattr(net[0], "weight_orig")
+
+
+def test_in_place_residual_add_and_shared_relu_of_tiny_resnet() -> None:
+    from hookscope.zoo import TinyResNet
+
+    net, x = TinyResNet().eval(), _seeded(2, 3, 32, 32)
+    gs = channel_groups(net, x[:1])
+    stem = _group(gs, "stem.0")
+    assert sorted(stem.producers) == ["layer1.0.conv2", "layer1.1.conv2", "stem.0"]  # joined by `out += x`
+    k = 5
+    mask_channels(net, gs, {stem.index: list(range(3, 3 + k))})
+    before = _params(net)
+    small = compact(net, x)
+    # stem rows + bn; per block: conv1 columns, conv2 rows, bn2; then `down` columns (32 x 3 x 3)
+    assert before - _params(small) == k * (27 + 2 + 2 * (144 + 144 + 2) + 288)
+    assert torch.allclose(small(x), net(x), atol=1e-5, rtol=0)
+
+
+class AuxHead(nn.Module):
+    """An auxiliary head that runs only in training, reading the channels of `a`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.out, self.aux = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.out(h) + self.aux(h) if self.training else self.out(h)
+
+
+def test_a_layer_that_did_not_run_refuses_unless_allowed() -> None:
+    net, x = AuxHead().eval(), _seeded(1, 3, 4, 4)
+    gs = channel_groups(net, x)
+    assert gs.unseen == ["aux"] and "did not run on the example input, left as they are: aux" in gs.table()
+    mask_channels(net, gs, {0: [1]})
+    with pytest.raises(HookscopeError, match=r"'aux' did not run on the example input.*allow_unseen=True"):
+        compact(net, x)
+    small = compact(net, x, allow_unseen=True)
+    assert small.a.out_channels == 3 and small.aux.in_channels == 4 and no_hooks(small)
+    assert hook_count(net) == 2  # the two masks (weight, bias of `a`), nothing else
+
+
+def test_layer_scale_parameter_is_masked_and_sliced_with_its_channels() -> None:
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.gamma, self.head = nn.Linear(3, 4), nn.Parameter(torch.arange(1.0, 5.0)), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.gamma * torch.relu(self.fc(x)))
+
+    net, x = Scale(), _seeded(2, 3)
+    mask_channels(net, channel_groups(net, x), {0: [1, 2]})
+    assert net.gamma.tolist() == [1.0, 0.0, 0.0, 4.0]
+    small = compact(net, x)
+    assert small.gamma.tolist() == [1.0, 4.0] and small.fc.out_features == small.head.in_features == 2
+    assert torch.allclose(small(x), net(x), atol=1e-6, rtol=0)
