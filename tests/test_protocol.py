@@ -9,6 +9,7 @@ type and every public callable, so a new one cannot arrive without its row.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Callable
@@ -37,7 +38,7 @@ CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES 
 # a case is a public result type, and after a colon the kind of run it comes from
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamResult", "Curve", "FeatureMaps",
-                "ReferenceComparison"]
+                "ReferenceComparison", "PruneResult", "ChannelPruning", "Groups", "Importance", "Comparison"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -48,6 +49,9 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("GradientFlow", "fc", "fcc"),
     ("Diff", "fc", "fcc"),
     ("TensorGrads", "y", "z"),
+    ("PruneResult", "fc", "fcc"),
+    ("Importance", "stem.2", "fcc"),
+    ("Comparison", "parameters", "params"),
 ]
 # to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -102,7 +106,17 @@ def results(net: nn.Module) -> dict[str, object]:
         "Summary": hookscope.summary(net, x), "Diff": hookscope.diff(net, net, x), "CamResult": res, "Curve": curve,
         "FeatureMaps": hookscope.feature_maps(net, x, "layer1"),
         "ReferenceComparison": hookscope.compare_references(net, x, "layer1.0.bn1"),
+        **_pruning(net, x),
     }
+
+
+def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
+    masked, channels = copy.deepcopy(net), copy.deepcopy(net)
+    chosen = hookscope.prune_channels(channels, x[:1], amount=0.5)
+    return {"PruneResult": hookscope.prune(masked, amount=0.3), "ChannelPruning": chosen,
+            "Groups": hookscope.channel_groups(net, x[:1]),
+            "Importance": hookscope.channel_importance(net, x, {"stem.2": 1}),
+            "Comparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0)}
 
 
 def test_the_tables_name_every_public_result_type(results):
@@ -189,6 +203,14 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "energy_pointing_game": lambda **kw: metrics.energy_pointing_game(maps, masks, **kw),
         "box_mask": lambda **kw: metrics.box_mask([[0, 0, 2, 2]], 4, 4, **kw),
         "blur": lambda **kw: metrics.blur(torch.rand(1, 3, 8, 8), **kw),
+        "prune": lambda **kw: hookscope.prune(copy.deepcopy(net), amount=0.1, **kw),
+        "remove_masks": lambda **kw: hookscope.remove_masks(copy.deepcopy(net), **kw),
+        "sparsity": lambda **kw: hookscope.sparsity(net, **kw),
+        "prune_channels": lambda **kw: hookscope.prune_channels(copy.deepcopy(net), x[:1], amount=0.1, **kw),
+        "compact": lambda **kw: hookscope.compact(net, x[:1], **kw),
+        "channel_groups": lambda **kw: hookscope.channel_groups(net, x[:1], **kw),
+        "channel_importance": lambda **kw: hookscope.channel_importance(net, x, nn.ReLU, **kw),
+        "compare_models": lambda **kw: hookscope.compare_models(net, net, x, repeats=1, warmup=0, **kw),
     }
 
 

@@ -21,6 +21,21 @@ from .analysis.features import (
 )
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
+from .analysis.prune import (
+    ChannelPruning,
+    Comparison,
+    Groups,
+    Importance,
+    PruneResult,
+    channel_groups,
+    channel_importance,
+    compact,
+    compare_models,
+    prune,
+    prune_channels,
+    sparsity,
+)
+from .analysis.prune import remove as remove_masks
 from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
 from .analysis.watch import Watch, watch
@@ -61,6 +76,19 @@ __all__ = [
     "settings",
     "GradientFlow",
     "gradient_flow",
+    "ChannelPruning",
+    "Comparison",
+    "Groups",
+    "Importance",
+    "PruneResult",
+    "channel_groups",
+    "channel_importance",
+    "compact",
+    "compare_models",
+    "prune",
+    "prune_channels",
+    "remove_masks",
+    "sparsity",
     "ForwardError",
     "StatRow",
     "Trace",

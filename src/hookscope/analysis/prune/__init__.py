@@ -5,16 +5,21 @@ graph recorded in one forward pass.
 Laid out by concern: ``_masks`` (the pre-hook mechanism), ``_methods`` (mask criteria, one table),
 ``_weights`` (the public masking functions), ``_importance`` (channel importance, one table),
 ``_graph*`` (the dependency tracer), ``_compact`` (physical removal), ``_channels`` (structured
-channel pruning on the graph), ``_compare`` (before / after). Must not import: any other
-analysis module, ``cli``, ``viz``.
+channel pruning on the graph), ``_compare`` (before / after), ``_resize`` (a model fitted to a
+compacted state_dict). Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
+from ._channels import ChannelPruning, ChannelRow, prune_channels
 from ._compact import compact, mask_channels
+from ._compare import CompareRow, Comparison, compare_models
 from ._graph import BlockedGroup, Group, GroupMember, Groups, Site, channel_groups
 from ._importance import Importance, ImportanceRow, channel_importance
+from ._resize import fit_to
 from ._weights import PruneResult, PruneRow, prune, remove, sparsity
 
 __all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
+           "prune_channels", "ChannelPruning", "ChannelRow",
            "channel_groups", "Groups", "Group", "GroupMember", "Site", "BlockedGroup",
            "mask_channels", "compact",
-           "channel_importance", "Importance", "ImportanceRow"]
+           "channel_importance", "Importance", "ImportanceRow",
+           "compare_models", "Comparison", "CompareRow", "fit_to"]

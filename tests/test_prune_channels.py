@@ -1,0 +1,143 @@
+"""Structured channel pruning along the dependency graph (``hookscope.prune_channels``): which channels
+are chosen, by hand; that every member of a group is masked; that compaction then gives the masked
+model's outputs with the parameter count worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import hookscope
+from hookscope.errors import HookscopeError
+from hookscope.zoo import demo_model
+from hookscope.synthetic import shapes
+
+
+class Residual(nn.Module):
+    """conv a -> bn -> relu, conv b (residual branch) added to conv a's channels, then a 1x1 head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.act = nn.ReLU()
+        self.b = nn.Conv2d(6, 6, 3, padding=1)
+        self.act2 = nn.ReLU()
+        self.head = nn.Conv2d(6, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn(self.a(x)))
+        return self.head(self.act2(y + self.b(y)))
+
+
+def _residual() -> Residual:
+    torch.manual_seed(0)
+    net = Residual().eval()
+    with torch.no_grad():
+        net.bn.weight.uniform_(0.5, 1.5)
+        net.bn.bias.normal_(0, 0.2)
+        net.bn.running_mean.normal_(0, 0.2)
+        net.bn.running_var.uniform_(0.5, 2)
+    return net
+
+
+def test_l2_groups_join_the_residual_branches_and_drop_the_lowest_norms_of_both_producers():
+    net, x = _residual(), torch.randn(1, 3, 8, 8)
+    expected = (net.a.weight.detach().flatten(1).pow(2).sum(1) + net.b.weight.detach().flatten(1).pow(2).sum(1)).sqrt()
+    res = hookscope.prune_channels(net, x, amount=0.5)
+    assert [(r.producers, r.channels, r.removed) for r in res.rows] == [("a, b", 6, 3)]
+    drop = sorted(torch.sort(expected, stable=True).indices[:3].tolist())
+    assert res.drop[res.rows[0].group] == drop
+    for t in (net.a.weight, net.b.weight):                       # producers' rows
+        assert t.flatten(1).abs().sum(1)[drop].eq(0).all() and t.flatten(1).abs().sum(1).ne(0).sum() == 3
+    for t in (net.bn.weight, net.bn.bias, net.b.bias):           # followers and bias
+        assert t[drop].eq(0).all()
+    assert net.head.weight.ne(0).all()                           # consumers read zeros: not masked
+
+
+def test_compacted_residual_model_equals_the_masked_one_with_parameters_counted_by_hand():
+    net, x = _residual(), torch.randn(2, 3, 8, 8)
+    before = sum(p.numel() for p in net.parameters())
+    hookscope.prune_channels(net, x[:1], amount=0.5)
+    small = hookscope.compact(net, x[:1])
+    k = 3  # channels removed from the one group: a's rows (27 each), bn (2), b's rows and columns, bias, head columns
+    expected = before - k * 27 - 2 * k - (6 * 6 * 9 - 3 * 3 * 9) - k - 2 * k
+    assert sum(p.numel() for p in small.parameters()) == expected
+    assert (small.a.out_channels, small.bn.num_features, small.b.in_channels, small.b.out_channels,
+            small.head.in_channels) == (3, 3, 3, 3, 3)
+    with torch.no_grad():
+        assert (small(x) - net(x)).abs().max() < 1e-5
+
+
+def test_global_scope_ranks_groups_by_scores_divided_by_their_mean():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    with torch.no_grad():  # group 0: norms 1, 2, 3, 10; group 1: norms 1, 1, 1, 1 (all at their mean)
+        for k, v in enumerate((1.0, 2.0, 3.0, 10.0)):
+            net[0].weight[k].fill_(v / 3 ** 0.5)
+        for k in range(4):
+            net[2].weight[k].fill_(1.0 / 2.0)
+    res = hookscope.prune_channels(net, torch.randn(1, 3, 2, 2), amount=0.25, scope="global")
+    # normalised: group 0 -> 0.25, 0.5, 0.75, 2.5; group 1 -> 1, 1, 1, 1; the 2 lowest of 8 are in group 0
+    assert {r.producers: r.removed for r in res.rows} == {"0": 2, "2": 0}
+    assert res.drop[res.rows[0].group] == [0, 1]
+
+
+def test_every_group_keeps_a_channel_and_amount_zero_masks_nothing():
+    net, x = _residual(), torch.randn(1, 3, 8, 8)
+    assert hookscope.prune_channels(net, x, amount=0.99).rows[0].kept == 1
+    net = _residual()
+    assert hookscope.prune_channels(net, x, amount=0.0).removed == 0 and not hookscope.sparsity(net).zeros
+
+
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_measured_kinds_score_at_the_activation_modules_and_compact_exactly(kind):
+    data = shapes(48, seed=11)
+    batches = [(data.images[i:i + 16], data.labels[i:i + 16]) for i in range(0, 48, 16)]
+    net = demo_model()
+    res = hookscope.prune_channels(net, data.images[:1], amount=0.5, importance=kind, data=batches)
+    assert [r.scored_at for r in res.rows] == ["stem.2", "layer1.2", "layer1.5", "layer2.2", "layer2.5",
+                                               "layer3.2", "layer3.5"]
+    imp = hookscope.channel_importance(demo_model(), batches, {"layer1.2": 1}, kind=kind)
+    chosen = sorted(torch.sort(imp["layer1.2"], stable=True).indices[:16].tolist())
+    assert res.drop[res.rows[1].group] == chosen
+    small = hookscope.compact(net, data.images[:1])
+    with torch.no_grad():
+        assert (small(data.images) - net(data.images)).abs().max() < 1e-5
+
+
+def test_layers_restricts_the_groups_and_bad_input_is_one_line_and_changes_nothing():
+    net, x = demo_model(), torch.randn(1, 3, 64, 64)
+    res = hookscope.prune_channels(net, x, amount=0.5, layers="layer2.*")
+    assert [r.producers for r in res.rows] == ["layer2.0", "layer2.3"]
+    net = demo_model()
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    for kw, msg in [({"amount": 1.0}, "not a fraction of channels in \\[0, 1\\)"),
+                    ({"amount": 0.5, "importance": "taylr"}, "Did you mean 'taylor'"),
+                    ({"amount": 0.5, "importance": "apoz"}, "measured on data; pass data="),
+                    ({"amount": 0.5, "scope": "layer"}, "scope='layer' is not known"),
+                    ({"amount": 0.5, "layers": "fc"}, "no removable channel group starts at \\['fc'\\]")]:
+        with pytest.raises(HookscopeError, match=msg) as e:
+            hookscope.prune_channels(net, x, **kw)
+        assert "\n" not in str(e.value)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items()) and not hookscope.sparsity(net).zeros
+
+
+def test_a_relu_module_called_on_two_groups_scores_each_group_on_its_own_call():
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(weights=None).eval()
+    x, batches = torch.randn(1, 3, 32, 32), [torch.randn(2, 3, 32, 32) for _ in range(2)]
+    seen: list[torch.Tensor] = []
+    handle = net.layer1[0].bn1.register_forward_hook(lambda m, a, out: seen.append(out.relu().abs().mean((0, 2, 3))))
+    with torch.no_grad():
+        for b in batches:
+            net(b)
+    handle.remove()
+    expected = sorted(torch.sort(torch.stack(seen).mean(0).double(), stable=True).indices[:32].tolist())
+    res = hookscope.prune_channels(net, x, amount=0.5, importance="activation", data=batches)
+    row = next(r for r in res.rows if r.producers == "layer1.0.conv1")
+    assert row.scored_at == "layer1.0.relu#0"      # call 0 of the block's one ReLU: after bn1, not after the add
+    assert res.drop[row.group] == expected
