@@ -19,7 +19,7 @@ from ..errors import ForwardError, HookscopeError
 
 _FOLDER_OUT = ("report", "demo")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
-COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam")
+COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune")
 
 
 def _commands() -> dict[str, ModuleType]:

@@ -63,7 +63,7 @@ from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_config, hf_model, timm_model
 
 __all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
            "check_fits", "check_seed", "class_names", "example_input", "load_model", "load_weights",
-           "model_session", "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
+           "model_session", "note", "parse_shape", "random_input", "read_class_names", "seed_arg", "torchvision_weights",
            "trusting_pickles", "usual_shape", "warn"]
 
 DEMO_SPEC = "demo"
@@ -164,6 +164,7 @@ class _Session:
     command: str | None = None
     config: str | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 _session: ContextVar[_Session | None] = ContextVar("hookscope_session", default=None)
@@ -198,6 +199,8 @@ def model_session(args: argparse.Namespace) -> Iterator[None]:
             yield
     finally:
         _session.reset(token)
+    for line in dict.fromkeys(session.notes):  # what was done to the model, for every command
+        print(f"hookscope: note: {line}", file=sys.stderr)
     if getattr(args, "command", None) in _WEIGHTLESS:
         return
     for line in dict.fromkeys(session.warnings):  # only reached when the command did not raise
@@ -211,6 +214,16 @@ def warn(line: str) -> None:
         print(f"hookscope: warning: {line}", file=sys.stderr)
     else:
         session.warnings.append(line)
+
+
+def note(line: str) -> None:
+    """Say ``line`` as a ``hookscope: note:`` on stderr once the command succeeded, for every command
+    (at once outside one): what hookscope did to the model, such as resizing it to its weights."""
+    session = _session.get()
+    if session is None:
+        print(f"hookscope: note: {line}", file=sys.stderr)
+    else:
+        session.notes.append(line)
 
 
 def _warn_random(spec: str) -> None:
@@ -749,10 +762,11 @@ def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spe
         hookscope.errors.HookscopeError: --weights .../w.pt does not fit Linear: 2 shape mismatches: weight (file 3x2, model 2x2), bias (file 3, model 2); ...
     """
     expected = model.state_dict()
-    state = _with_tied(model, _unwrapped(_state_dict(_weights_file(path, trust_pickle), path), expected))
+    held = _weights_file(path, trust_pickle)
+    state = _with_tied(model, _unwrapped(_state_dict(held, path), expected))
     what = f"{spec} ({type(model).__name__})" if spec else type(model).__name__
     problems = _mismatches(expected, state)
-    if problems:
+    if problems and not _fit_compacted(model, expected, state, path, what, held):
         raise HookscopeError(f"--weights {path} does not fit {what}: {'; '.join(problems)}; give the "
                              "state_dict() of this very architecture")
     try:
@@ -760,6 +774,28 @@ def load_weights(model: nn.Module, path: str, *, trust_pickle: bool = False, spe
     except (RuntimeError, TypeError, ValueError) as e:
         raise HookscopeError(f"cannot load --weights {path} into {what}: {first_line(e)}") from e
     return model
+
+
+def _fit_compacted(model: nn.Module, expected: Mapping[str, Any], state: Mapping[str, torch.Tensor], path: str,
+                   what: str, held: Any) -> bool:
+    """A compacted model's file (``hookscope prune --compact --out`` marks it) with the model's keys, whose
+    tensors only shrink: resize the model's layers to it (said once on stderr) and return True; False for
+    any other misfit (a file of another model with fewer classes is not resized behind the user's back)."""
+    from ..analysis.prune._resize import fit_to, is_compacted, shrinks
+
+    if not is_compacted(held) or set(expected) != set(state):
+        return False
+    changed = [k for k, v in expected.items() if isinstance(v, torch.Tensor) and tuple(v.shape) != tuple(state[k].shape)]
+    if not all(shrinks(tuple(expected[k].shape), tuple(state[k].shape)) for k in changed):
+        return False
+    try:
+        resized = fit_to(model, state)
+    except HookscopeError as e:
+        raise HookscopeError(f"--weights {path} holds smaller tensors than {what} (a compacted model?), but {e}") from e
+    shown = ", ".join(resized[:3]) + (f", ... ({len(resized) - 3} more)" if len(resized) > 3 else "")
+    note(f"--weights {path} is a compacted {what}: resized {len(resized)} layer{'s' * (len(resized) != 1)} to its "
+         f"shapes ({shown})")
+    return True
 
 
 def _with_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
