@@ -53,14 +53,23 @@ def accuracy(model: DemoNet, images: torch.Tensor, labels: torch.Tensor) -> floa
 
 def train(args: argparse.Namespace) -> DemoNet:
     model = DemoNet(seed=INIT_SEED)
+    fit(model, args)
+    return model
+
+
+def fit(model: torch.nn.Module, args: argparse.Namespace, *, seed: int = TRAIN_SEED,
+        log: bool = True) -> torch.nn.Module:
+    """Train ``model`` as the shipped weights were trained (``train`` is this on a fresh DemoNet);
+    ``bench/bench_prune.py`` fine-tunes pruned models with it (a masked layer keeps its zeros: its
+    pre-hook recomputes ``weight = weight_orig * weight_mask`` before every call)."""
     steps = args.epochs * (args.per_epoch // args.batch)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps)
     held_out = shapes(args.eval, seed=EVAL_SEED)
-    order = torch.Generator().manual_seed(TRAIN_SEED)
+    order = torch.Generator().manual_seed(seed)
     for epoch in range(args.epochs):
         t0 = time.perf_counter()
-        data = shapes(args.per_epoch, seed=TRAIN_SEED + epoch)
+        data = shapes(args.per_epoch, seed=seed + epoch)
         perm = torch.randperm(args.per_epoch, generator=order)
         model.train()
         total = 0.0
@@ -72,6 +81,8 @@ def train(args: argparse.Namespace) -> DemoNet:
             opt.step()
             schedule.step()
             total += loss.item()
+        if not log:
+            continue
         acc = accuracy(model, held_out.images, held_out.labels)
         print(f"epoch {epoch + 1}/{args.epochs}: loss {total / (args.per_epoch // args.batch):.4f}, "
               f"held-out accuracy {acc:.2%} ({time.perf_counter() - t0:.1f} s)", flush=True)
