@@ -3,8 +3,10 @@ for each model (random weights, the sizes of tests/zoo_sweep.py), trace the chan
 of the channels of every removable group by the L2 norm of the producers' rows, compact, and check the
 compacted model's outputs against the masked model's.
 
-Run: .venv/bin/python bench/bench_prune_zoo.py [--dense] [NAME_SUBSTRING ...] > /tmp/prune_zoo.md
-Prints a markdown table and the count of models compacted (fewer parameters, outputs equal).
+Run: .venv/bin/python bench/bench_prune_zoo.py [--dense] [NAME ...] > /tmp/prune_zoo.md
+NAME: a model's exact name (resnet50) or a part of names (vit_l_); several may be given.
+Prints a markdown table, a row as each model finishes (flushed, so a crash or a kill loses nothing),
+then the count of models compacted (fewer parameters, outputs equal); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -91,28 +93,33 @@ def line(r: dict[str, Any]) -> str:
             f"{gap} | {r.get('trace_s', 0):.1f} | {r['seconds']:.1f} | {r['note']} |")
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = HEADER + [line(r) for r in rows]
-    ok = sum(r["ok"] for r in rows)
-    lines.append(f"\n{ok} of {len(rows)} models compacted (fewer parameters, outputs equal to the masked model's)")
-    return "\n".join(lines)
+def select(entries: list[zoo_sweep.Entry], names: list[str]) -> list[zoo_sweep.Entry]:
+    """The entries named: a name equal to a model's name picks that model only, else every model
+    whose name contains it; no names: all."""
+    if not names:
+        return entries
+    short = {e.name.split(":")[-1] for e in entries}
+    return [e for e in entries if any(e.name.split(":")[-1] == n if n in short else n in e.name for n in names)]
 
 
 def main(argv: list[str]) -> int:
     dense = "--dense" in argv
     names = [a for a in argv if not a.startswith("--")]
     entries = zoo_sweep.torchvision_classifiers() + (zoo_sweep.dense_models()[:3] if dense else [])
-    entries = [e for e in entries if not names or any(n in e.name for n in names)]
+    entries = select(entries, names)
     entries.sort(key=lambda e: any(h in e.name for h in HUGE))  # the huge ones last
-    rows = []
-    for e in entries:
-        r = run(e)
-        print(line(r), file=sys.stderr, flush=True)  # rows as they come: a long sweep can be read early
-        rows.append(r)
     print(f"Prune zoo, {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}, {FRACTION:.0%} of each group masked by L2\n")
-    print(table(rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+    print("\n".join(HEADER), flush=True)
+    ok = 0
+    for i, e in enumerate(entries):
+        r = run(e)
+        print(line(r), flush=True)  # a row as each model finishes: a crash loses nothing
+        ok += r["ok"]
+        print(f"[{i + 1}/{len(entries)}] {r['model']}: {'ok' if r['ok'] else 'FAILED'} ({r['seconds']:.1f} s)",
+              file=sys.stderr, flush=True)
+    print(f"\n{ok} of {len(entries)} models compacted (fewer parameters, outputs equal to the masked model's)")
+    return 0 if ok == len(entries) else 1
 
 
 if __name__ == "__main__":

@@ -267,3 +267,55 @@ def test_layer_scale_parameter_is_masked_and_sliced_with_its_channels() -> None:
     small = compact(net, x)
     assert small.gamma.tolist() == [1.0, 4.0] and small.fc.out_features == small.head.in_features == 2
     assert torch.allclose(small(x), net(x), atol=1e-6, rtol=0)
+
+
+class Attention(nn.Module):
+    """A block whose ``attn.out_proj`` never runs as a module: MultiheadAttention reads its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.attn, self.head = nn.Linear(3, 8), nn.MultiheadAttention(4, 2, batch_first=True), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.head(torch.relu(self.fc(x)))
+        return self.attn(h, h, h, need_weights=False)[0]
+
+
+def test_a_layer_whose_weights_its_parent_reads_is_seen_and_compaction_goes_through() -> None:
+    net, x = Attention().eval(), _seeded(1, 5, 3)
+    gs = channel_groups(net, x)
+    assert gs.unseen == []  # attn.out_proj did not run, but attention read its weight and bias
+    fc = _group(gs, "fc")
+    assert [g.producers for g in gs.groups] == [["fc"]]  # what attention reads is blocked
+    mask_channels(net, gs, {fc.index: [0, 5, 6]})
+    small = compact(net, x)
+    assert small.fc.out_features == 5 and small.head.in_features == 5 and small.attn.out_proj.in_features == 4
+    assert torch.allclose(small(x), net(x), atol=1e-6, rtol=0) and no_hooks(small)
+
+
+def test_the_compacted_copy_shares_no_memory_with_the_model_and_holds_no_mask() -> None:
+    from torch.nn.utils import prune
+
+    net = nn.Sequential(nn.Conv2d(3, 6, 1), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 4, 1, bias=False), nn.ReLU(),
+                        nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(1, 3, 4, 4)
+    gs = channel_groups(net, x)
+    mask_channels(net, gs, {_group(gs, "0").index: [1, 4]})
+    prune.ln_structured(net[3], "weight", amount=1, n=2, dim=0)  # torch's mask on another group
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    small = compact(net, x)
+    assert (small[0].out_channels, small[3].out_channels, small[5].in_channels) == (4, 3, 3)
+    ptrs = {t.untyped_storage().data_ptr() for t in (*net.parameters(), *net.buffers())}
+    assert not ptrs & {t.untyped_storage().data_ptr() for t in (*small.parameters(), *small.buffers())}
+    assert not [n for n, _ in small.named_buffers() if n.endswith("_mask")] and no_hooks(small)
+    with torch.no_grad():
+        for t in small.parameters():
+            t.add_(1.0)  # training the copy must not move the model
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+
+
+def test_a_copy_of_an_unmasked_model_is_still_a_copy() -> None:
+    net, x = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval(), _seeded(2, 3)
+    small = compact(net, x)
+    assert small is not net and small[0] is not net[0] and small[0].weight is not net[0].weight
+    assert torch.equal(small(x), net(x))

@@ -17,8 +17,8 @@ from ..._tree import tensors
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_verify import verify
-from ._graph import Group, Groups, assemble, channel_groups, deep_copy, trace_channels
-from ._masks import apply_mask, make_permanent, masked
+from ._graph import Group, Groups, assemble, channel_groups, deep_copy, prepared, trace_channels
+from ._masks import apply_mask
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
 
@@ -70,12 +70,6 @@ def mask_channels(model: nn.Module, groups: Groups, drop: Mapping[int, Sequence[
             mask = torch.ones(t.shape, dtype=t.dtype, device=t.device)
             mask.index_fill_(m.dim, torch.tensor(pos, dtype=torch.long, device=t.device), 0)
             apply_mask(module, m.name, mask)
-
-
-def _permanent(model: nn.Module) -> None:
-    mods = dict(named_modules(model))
-    for qualname, name in masked(model):
-        make_permanent(mods[qualname], name)
 
 
 def dropped_channels(model: nn.Module, groups: Groups) -> dict[int, list[int]]:
@@ -214,8 +208,9 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     """
     inner, _ = unwrap(model)
     kw = dict(kwargs or {})
-    work = deep_copy(inner)
-    _permanent(work)
+    work = prepared(inner)  # masks made permanent in a copy that costs one model
+    if work is inner:
+        work = deep_copy(inner)
     groups = assemble(trace_channels(work, inputs, kw), work)
     drop = dropped_channels(work, groups)
     if drop and groups.unseen and not allow_unseen:

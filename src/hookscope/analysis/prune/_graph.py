@@ -165,6 +165,7 @@ class _Mode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.tr.touch((*args, *kwargs.values()))
         try:
             handle(self.tr, func, tuple(args), kwargs, out)
         except Exception as exc:  # a tracer gap must block channels, never break the user's forward
@@ -174,10 +175,11 @@ class _Mode(TorchFunctionMode):
         return out
 
 
-def deep_copy(model: nn.Module) -> nn.Module:
+def deep_copy(model: nn.Module, share: dict[int, Any] | None = None) -> nn.Module:
     """``copy.deepcopy`` that also copies a model whose masked weights are computed tensors (the
     plain attribute ``weight = weight_orig * weight_mask`` of ``torch.nn.utils.prune``, which
     ``deepcopy`` refuses as a non-leaf): those are copied detached, the pre-hook recomputes them.
+    ``share`` maps ``id(tensor)`` to what the copy holds instead (not copied: memory).
 
     Example:
         >>> from torch.nn.utils import prune
@@ -190,12 +192,14 @@ def deep_copy(model: nn.Module) -> nn.Module:
         for v in vars(m).values():
             if isinstance(v, torch.Tensor) and not v.is_leaf:
                 memo[id(v)] = v.detach().clone()
+    memo.update(share or {})
     return copy.deepcopy(model, memo)
 
 
 def prepared(model: nn.Module) -> nn.Module:
     """The unwrapped model, or a deep copy of it with every mask (hookscope's or ``torch.nn.utils.prune``'s)
-    made permanent, so that the weights the layers use are the Parameters themselves.
+    made permanent, so that the weights the layers use are the Parameters themselves. The masks and
+    the computed weights are not copied (they are dropped at once): the copy costs one model, not three.
 
     Example:
         >>> from hookscope.analysis.prune._masks import apply_mask
@@ -207,7 +211,14 @@ def prepared(model: nn.Module) -> nn.Module:
     todo = masked(inner)
     if not todo:
         return inner
-    work = deep_copy(inner)
+    mods = dict(named_modules(inner))
+    share: dict[int, Any] = {}
+    for qualname, name in todo:
+        m = mods[qualname]
+        for t in (m._buffers.get(name + "_mask"), m.__dict__.get(name)):
+            if isinstance(t, torch.Tensor):  # read once by make_permanent below, then gone from the copy
+                share[id(t)] = t.detach()
+    work = deep_copy(inner, share)
     mods = dict(named_modules(work))
     for qualname, name in todo:
         make_permanent(mods[qualname], name)
@@ -310,7 +321,7 @@ def assemble(tr: Tracer, model: nn.Module) -> Groups:
     sites = _sites(tr, {r: (grp.index, k) for grp in groups for k, r in enumerate(_classes_of(grp, tr))})
     for grp in groups:
         grp.sites = sites.get(grp.index, [])
-    used = {id(p) for q, m in named_modules(model) if q in tr.ran for p in m.parameters(False)}
+    used = tr.used | {id(p) for q, m in named_modules(model) if q in tr.ran for p in m.parameters(False)}
     unseen = [q for q, m in named_modules(model)  # a shared weight used by a module that ran is seen
               if q not in tr.ran and any(id(p) not in used for p in m.parameters(False))]
     return Groups(groups, blocked, unseen)

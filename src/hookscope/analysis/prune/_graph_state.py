@@ -41,6 +41,7 @@ class Tracer:
         self.stack: list[str] = []
         self.sites: list[tuple[str, int, torch.Tensor]] = []
         self.ran: set[str] = set()
+        self.used: set[int] = set()  # id() of the parameters and buffers some traced op read
         self.keys_of: dict[int, list[Member]] = {}  # filled when groups are assembled
         self.group_classes: dict[int, list[int]] = {}
 
@@ -129,6 +130,15 @@ class Tracer:
             if old != i:
                 self.union(old, i)
         return True
+
+    def touch(self, items: Iterable[object]) -> None:
+        """Note the parameters among ``items`` (and inside lists or tuples of them) as read by an op:
+        a layer whose weights an op of its parent reads (``nn.MultiheadAttention.out_proj``) was seen."""
+        for a in items:
+            if isinstance(a, (list, tuple)):
+                self.touch(a)
+            elif isinstance(a, torch.Tensor) and id(a) in self.params:
+                self.used.add(id(a))
 
     def here(self) -> str:
         """The module running now (``'(model)'`` at top level)."""
