@@ -141,3 +141,32 @@ def test_a_relu_module_called_on_two_groups_scores_each_group_on_its_own_call():
     row = next(r for r in res.rows if r.producers == "layer1.0.conv1")
     assert row.scored_at == "layer1.0.relu#0"      # call 0 of the block's one ReLU: after bn1, not after the add
     assert res.drop[row.group] == expected
+
+
+def test_pruning_again_takes_the_amount_of_the_live_channels_as_torch_composes():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Conv2d(8, 2, 1)).eval()
+    x = torch.randn(1, 3, 4, 4)
+    first = hookscope.prune_channels(net, x, amount=0.5)
+    second = hookscope.prune_channels(net, x, amount=0.5)           # half of the 4 left
+    third = hookscope.prune_channels(net, x, amount=0.5)            # half of the 2 left
+    assert [(r.removed, r.already, r.kept) for r in (first.rows[0], second.rows[0], third.rows[0])] == \
+        [(4, 0, 4), (2, 4, 2), (1, 6, 1)]
+    assert set(second.drop[0]).isdisjoint(first.drop[0]) and net[0].weight.flatten(1).abs().sum(1).ne(0).sum() == 1
+    assert "before" in second.table()
+
+
+def test_non_finite_scores_are_refused_and_nothing_is_masked():
+    net = demo_model()
+    data = shapes(8, seed=3)
+    images = data.images.clone()
+    images[0, 0, 0, 0] = float("nan")
+    with pytest.raises(HookscopeError, match="not finite: NaN or infinity in the calibration data") as e:
+        hookscope.prune_channels(net, images[:1], amount=0.5, importance="activation", data=[images])
+    assert "\n" not in str(e.value) and not hookscope.sparsity(net).zeros
+
+
+def test_a_model_with_nothing_to_remove_says_so():
+    net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.Conv2d(4, 2, 1)).eval()
+    with pytest.warns(UserWarning, match="no channel of Sequential can be removed"):
+        assert hookscope.prune_channels(net, torch.randn(1, 3, 4, 4), amount=0.5).rows == []

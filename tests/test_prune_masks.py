@@ -694,3 +694,21 @@ def test_a_buffer_and_a_container_are_named_as_such() -> None:
 
     r = prune(net, "1.*", amount=np.float32(0.5), method="ln_structured", dim=np.int64(1))  # numpy numbers work
     assert r.zeros == 3 * round(0.5 * 3)
+
+
+def test_a_pruned_model_pickled_reloaded_and_run_still_deep_copies(tmp_path):
+    import copy as _copy
+
+    from hookscope.analysis.prune import prune as _prune
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
+    _prune(net, amount=0.5)
+    torch.save(net, tmp_path / "net.pt")
+    back = torch.load(tmp_path / "net.pt", weights_only=False)
+    x = torch.randn(3, 4)
+    back(x)
+    twin = _copy.deepcopy(back)                       # raised "Only Tensors created explicitly by the user ..."
+    assert torch.equal(twin(x), back(x))
+    twin[0].weight_orig.data.add_(1.0)
+    assert not torch.equal(twin(x), back(x))          # its own parameters

@@ -60,7 +60,8 @@ def add_parser(sub: Any) -> None:
                    help=f"weight masks: {', '.join(METHODS)} (default l1_unstructured; random ones drawn "
                         "from --seed)")
     p.add_argument("--param", metavar="NAME", default="weight", help="the parameter to mask (default weight)")
-    p.add_argument("--norm", metavar="N", type=float, default=None, help="the norm of ln_structured (default 1)")
+    p.add_argument("--norm", metavar="N", type=_norm, default=None,
+                   help="the norm of ln_structured: a number, inf, fro or nuc (default 1)")
     p.add_argument("--dim", metavar="D", type=int, default=None,
                    help="the channel dim of a structured --method (default 0, output channels)")
     p.add_argument("--scope", choices=("layer", "group", "global"), default=None,
@@ -96,6 +97,16 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- every option's mistake, before the model is built -------------------------------------------
+def _norm(text: str) -> float | str:
+    """--norm: a number (inf too) or torch.norm's names 'fro' and 'nuc'."""
+    if text in ("fro", "nuc"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a norm; give a number, inf, fro or nuc") from None
+
+
 def _pick(value: str, known: tuple[str, ...], option: str) -> str:
     if value not in known:
         raise HookscopeError(f"{option} {value!r} is not known.{did_you_mean(value, known)} Give one of "
@@ -361,8 +372,11 @@ def _save(model: nn.Module, path: str, *, compacted: bool) -> int:
     return os.path.getsize(path)
 
 
-def _written(args: argparse.Namespace, after: nn.Module) -> str:
+def _written(args: argparse.Namespace, after: nn.Module, before: int) -> str:
     params = sum(p.numel() for p in after.parameters())
+    if args.compact and params == before:
+        return (f"wrote the weights to {args.out} ({params:,} parameters): no channel was removed, so they are a "
+                f"state_dict of {args.model} as built, for --weights {args.out}")
     if args.compact:
         return (f"wrote the compacted weights to {args.out} ({params:,} parameters): they do not fit {args.model} "
                 f"as built, load them with --weights {args.out} (hookscope resizes its layers), e.g. "
@@ -392,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(result.table().rstrip("\n") + "\n\n" + comparison.table(), end="")
     if args.out is not None:
-        print(_written(args, after))
+        print(_written(args, after, sum(p.numel() for p in before.parameters())))
     return 0
 
 

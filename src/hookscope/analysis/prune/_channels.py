@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from torch import nn
 from ...core.result import Result
 from ...errors import HookscopeError
 from ...selection import Selector, layers, named_modules, unwrap
-from ._compact import mask_channels
+from ._compact import dropped_channels, mask_channels
 from ._graph import Group, Groups, Site, channel_groups
 from ._importance import Importance, channel_importance
 
@@ -33,7 +34,8 @@ _ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Ha
 
 @dataclass(frozen=True)
 class ChannelRow:
-    """One channel group: its producers, its channels, how many were masked and where it was scored.
+    """One channel group: its producers, its channels, how many were masked now (``removed``) and
+    before (``already``, by an earlier call or by zero weights), and where it was scored.
 
     Example:
         >>> ChannelRow(0, "layer1.0.conv1", 64, 32, "layer1.0.relu").kept
@@ -45,11 +47,12 @@ class ChannelRow:
     channels: int
     removed: int
     scored_at: str
+    already: int = 0
 
     @property
     def kept(self) -> int:
-        """Channels left."""
-        return self.channels - self.removed
+        """Channels left: neither masked now nor before."""
+        return self.channels - self.removed - self.already
 
 
 class ChannelPruning(Result):
@@ -82,12 +85,15 @@ class ChannelPruning(Result):
 
     def table(self) -> str:
         """One line per group, then the totals and what was left out."""
-        lines = [f"{'group':>5}  {'channels':>8}  {'removed':>7}  {'producers':<36}  scored at"]
+        before = any(r.already for r in self.rows)
+        extra = f"  {'before':>6}" if before else ""
+        lines = [f"{'group':>5}  {'channels':>8}  {'removed':>7}{extra}  {'producers':<36}  scored at"]
         for r in self.rows:
             prod = r.producers if len(r.producers) <= 36 else r.producers[:33] + "..."
-            lines.append(f"{r.group:>5}  {r.channels:>8}  {r.removed:>7}  {prod:<36}  {r.scored_at}")
+            was = f"  {r.already:>6}" if before else ""
+            lines.append(f"{r.group:>5}  {r.channels:>8}  {r.removed:>7}{was}  {prod:<36}  {r.scored_at}")
         share = self.removed / self.channels if self.channels else 0.0
-        lines.append(f"{self.removed} of {self.channels} channels masked ({share:.1%}) in {len(self.rows)} groups "
+        lines.append(f"{self.removed} of {self.channels} channels masked now ({share:.1%}) in {len(self.rows)} groups "
                      f"by {self.kind} importance, amount {self.amount:g} per {self.scope}; "
                      f"{len(self.groups.blocked)} groups cannot be pruned (groups.blocked says why)")
         return "\n".join(lines)
@@ -97,7 +103,8 @@ class ChannelPruning(Result):
         return {"kind": self.kind, "amount": self.amount, "scope": self.scope,
                 "channels": self.channels, "removed": self.removed,
                 "rows": [{"group": r.group, "producers": r.producers, "channels": r.channels,
-                          "removed": r.removed, "kept": r.kept, "scored_at": r.scored_at} for r in self.rows],
+                          "removed": r.removed, "already": r.already, "kept": r.kept,
+                          "scored_at": r.scored_at} for r in self.rows],
                 "drop": {str(k): v for k, v in self.drop.items()},
                 "blocked": [{"producers": b.producers, "size": b.size, "reason": b.reason}
                             for b in self.groups.blocked]}
@@ -121,6 +128,10 @@ def _check(amount: object, importance: object, scope: object, data: object) -> f
 
 
 def _chosen(groups: Groups, model: nn.Module, selectors: Sequence[Selector] | None) -> list[Group]:
+    if not groups.groups:
+        reasons = sorted({b.reason for b in groups.blocked})
+        warnings.warn(f"no channel of {type(model).__name__} can be removed ({'; '.join(reasons[:3]) or 'no groups'}); "
+                      "nothing was masked", stacklevel=3)
     if not selectors:
         return list(groups.groups)
     wanted = {name for name, _ in layers(model, *selectors)}
@@ -178,23 +189,36 @@ def _measured(model: nn.Module, chosen: list[Group], mods: Mapping[str, nn.Modul
     return scores, where
 
 
-def _drop(scores: Mapping[int, torch.Tensor], amount: float, scope: str) -> dict[int, list[int]]:
-    """The lowest-scoring channels: ``amount`` of each group, or of all groups ranked together after
-    dividing each group's scores by their mean (groups of different scales become comparable)."""
+def _drop(scores: Mapping[int, torch.Tensor], dead: Mapping[int, list[int]], amount: float,
+          scope: str) -> dict[int, list[int]]:
+    """The lowest-scoring live channels: ``amount`` of each group's live channels, or of all groups'
+    ranked together after dividing each group's scores by their mean (groups of different scales become
+    comparable). Channels already masked are not counted (pruning again takes ``amount`` of what is
+    left, as ``torch.nn.utils.prune`` composes); every group keeps one live channel."""
+    live = {g: [k for k in range(len(s)) if k not in set(dead.get(g, ()))] for g, s in scores.items()}
     if scope == "group":
-        return {g: sorted(torch.sort(s, stable=True).indices[:min(math.floor(amount * len(s)), len(s) - 1)].tolist())
+        return {g: sorted(sorted(live[g], key=lambda k: (float(s[k]), k))[:min(math.floor(amount * len(live[g])),
+                                                                               len(live[g]) - 1)])
                 for g, s in scores.items()}
-    ranked = sorted((float(v) / (float(s.mean()) or 1.0), g, k)
-                    for g, s in scores.items() for k, v in enumerate(s.tolist()))
+    ranked = sorted((float(s[k]) / (float(s[live[g]].mean()) or 1.0), g, k)
+                    for g, s in scores.items() if live[g] for k in live[g])
     budget = math.floor(amount * len(ranked))
     drop: dict[int, list[int]] = {g: [] for g in scores}
     for _, g, k in ranked:
         if budget == 0:
             break
-        if len(drop[g]) < len(scores[g]) - 1:
+        if len(drop[g]) < len(live[g]) - 1:
             drop[g].append(k)
             budget -= 1
     return {g: sorted(v) for g, v in drop.items()}
+
+
+def _finite(scores: Mapping[int, torch.Tensor], where: Mapping[int, str], kind: str) -> None:
+    for g, s in scores.items():
+        if not bool(torch.isfinite(s).all()):
+            raise HookscopeError(f"the {kind} scores of channel group {g} (at {where[g]}) are not finite: NaN or "
+                                 "infinity in the calibration data, the weights or the loss; fix those, the ranking "
+                                 "would be arbitrary")
 
 
 def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: str = "l2", data: Any = None,
@@ -215,7 +239,8 @@ def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: st
     Args:
         model: the model; pruned in place (masks), wrappers seen through.
         *inputs: an example input for the one traced forward pass.
-        amount: the share of channels to mask, in [0, 1).
+        amount: the share of the live channels to mask, in [0, 1): channels already masked (an
+            earlier call, zero weights) are not counted, so pruning again composes as torch's does.
         importance: ``"l1"``, ``"l2"``, ``"activation"``, ``"apoz"`` or ``"taylor"``.
         data: calibration batches for the measured kinds (see :func:`channel_importance`).
         layers: a selector or a list of them: only the groups these modules start.
@@ -247,7 +272,10 @@ def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: st
         where = {g.index: "weights of " + ", ".join(g.producers) for g in chosen}
     else:
         scores, where = _measured(inner, chosen, mods, importance, data, loss, device, max_batches)
-    drop = _drop(scores, share, scope)
+    _finite(scores, where, importance)
+    dead = dropped_channels(inner, groups)
+    drop = _drop(scores, dead, share, scope)
     mask_channels(inner, groups, {g: v for g, v in drop.items() if v})
-    rows = [ChannelRow(g.index, ", ".join(g.producers), g.size, len(drop[g.index]), where[g.index]) for g in chosen]
+    rows = [ChannelRow(g.index, ", ".join(g.producers), g.size, len(drop[g.index]), where[g.index],
+                       len(dead.get(g.index, ()))) for g in chosen]
     return ChannelPruning(importance, share, scope, rows, groups, drop)

@@ -191,6 +191,10 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     masks made permanent, verified to give the masked model's outputs on the example input (max abs
     difference below ``atol`` times the outputs' scale, at least 1). The user's model is never touched;
     on a mismatch or a shape error the compaction is refused naming the first module that differs.
+
+    The groups are those of the path the example input takes: a Python branch on the input's values
+    (``if x.mean() < 0``) is not seen, and the check runs on the example input only; give one that
+    takes the paths you will use.
     Layers that do not run on the example input (auxiliary heads run only in training) cannot be
     followed: compaction is refused unless ``allow_unseen=True`` (they are then left as they are).
 

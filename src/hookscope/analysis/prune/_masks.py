@@ -55,6 +55,8 @@ class MaskHook:
         self._module = None if module is None else weakref.ref(module)
 
     def __call__(self, module: nn.Module, inputs: object) -> None:
+        if self._module is None:  # unpickled: learn the module again, so a later deepcopy can seed it
+            self._module = weakref.ref(module)
         setattr(module, self.name, _product(module, self.name))
 
     def __getstate__(self) -> dict[str, str]:
