@@ -319,3 +319,81 @@ def test_a_copy_of_an_unmasked_model_is_still_a_copy() -> None:
     small = compact(net, x)
     assert small is not net and small[0] is not net[0] and small[0].weight is not net[0].weight
     assert torch.equal(small(x), net(x))
+
+
+def test_compacted_prelu_keeps_the_slopes_of_the_kept_channels_on_any_input() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.p, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(self.p(self.a(x)))
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():
+        net.p.weight.copy_(torch.arange(1.0, 9.0) / 10)
+    x = _seeded(1, 3, 8, 8)  # spatial size 8 = the channel count: must not be read as a trailing dim
+    small, removed, _ = _prune(net, x, "a", 3)
+    assert small.p.weight.tolist() == pytest.approx([0.4, 0.5, 0.6, 0.7, 0.8])
+    assert removed == 3 * 27 + 3 + 3 + 3 * 2 and small.a.out_channels == small.c.in_channels == 5
+    other = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert float((small(other) - net(other)).abs().max()) < 1e-5
+
+
+def test_a_mask_from_the_data_that_keeps_zeros_zero_compacts_exactly_on_an_input_that_uses_it() -> None:
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            low = x[:, :1] < -3
+            return self.c(torch.where(low, 0.0, torch.relu(self.a(x))) * (~low))
+
+    torch.manual_seed(0)
+    net, x = Gate(), _seeded(2, 3, 4, 4).clamp(min=-2)
+    small, removed, _ = _prune(net, x, "a", 4)
+    assert removed == 4 * 27 + 4 + 4 * 2
+    odd = _seeded(2, 3, 4, 4)
+    odd[:, 0, 1, 1] = -5.0
+    with torch.no_grad():
+        assert float((small(odd) - net(odd)).abs().max()) < 1e-5
+
+
+def test_a_buffer_added_to_channels_is_never_masked_and_a_multiplied_one_is_sliced() -> None:
+    class Buf(nn.Module):
+        def __init__(self, add: bool) -> None:
+            super().__init__()
+            self.add, self.a, self.c = add, nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1)
+            self.register_buffer("s", torch.arange(1.0, 5.0).view(1, 4, 1, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            return self.c(y + self.s if self.add else y * self.s)
+
+    torch.manual_seed(0)
+    x = _seeded(1, 3, 4, 4)
+    assert all("a" not in g.producers for g in channel_groups(Buf(True), x).groups)
+    net = Buf(False)
+    small, removed, _ = _prune(net, x, "a", 2)
+    assert small.s.flatten().tolist() == [3.0, 4.0] and removed == 2 * 3 + 2 + 2 * 2
+    assert net.s.flatten().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_compacted_prelu_states_its_new_size_and_loads_back_through_fit_to():
+    import hookscope
+    from hookscope.analysis.prune import fit_to
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 2, 1)).eval()
+    x = torch.randn(1, 3, 6, 6)
+    hookscope.prune_channels(net, x, amount=0.5)
+    small = hookscope.compact(net, x)
+    assert small[1].num_parameters == 4 == small[1].weight.numel()
+    fresh = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(8), nn.Conv2d(8, 2, 1)).eval()
+    fit_to(fresh, small.state_dict())
+    fresh.load_state_dict(small.state_dict())
+    assert fresh[1].num_parameters == 4 and torch.equal(fresh(x), small(x))

@@ -236,3 +236,99 @@ def test_a_layer_scale_parameter_is_a_follower() -> None:
 
     g = channel_groups(Scale(), torch.randn(2, 3)).groups[0]
     assert ("", "gamma", 0, "follower") in _keys(g) and _member(g, "", "gamma", 0) == ((0,), (1,), (2,), (3,))
+
+
+class FromData(nn.Module):
+    """conv a -> relu -> an op with an operand computed from the input (bool or int) -> conv c."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.a, self.c = kind, nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, low = torch.relu(self.a(x)), x[:, :1] < -3  # never true on the example input
+        out = {"where": lambda: torch.where(~low, y, 1.0), "masked_fill": lambda: y.masked_fill(low, 0.5),
+               "int_add": lambda: y + low.long(), "mul": lambda: y * (~low),
+               "where_zero": lambda: torch.where(low, 0.0, y)}[self.kind]()
+        return self.c(out)
+
+
+EXAMPLE = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(1)).clamp(min=-2)
+
+
+@pytest.mark.parametrize("kind", ["where", "masked_fill", "int_add"])
+def test_a_mask_from_the_data_is_tried_both_ways_so_the_example_does_not_decide(kind: str) -> None:
+    gs = channel_groups(FromData(kind), EXAMPLE)  # on another input the masked channels become 1.0 / 0.5 / 1
+    assert all("a" not in g.producers for g in gs.groups)
+    blocked = next(b for b in gs.blocked if "a" in b.producers)
+    assert blocked.size == 8 and blocked.reason == "read by conv2d in 'c' where it is not zero when masked"
+
+
+@pytest.mark.parametrize("kind", ["mul", "where_zero"])
+def test_a_mask_from_the_data_that_keeps_zeros_zero_leaves_the_group_removable(kind: str) -> None:
+    g = _by_producer(channel_groups(FromData(kind), EXAMPLE), "a")
+    assert g.size == 8 and g.blocked == 0 and _member(g, "c", "weight", 1) == tuple((k,) for k in range(8))
+
+
+class PReLUNet(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.a, self.p, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.PReLU(n), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.p(self.a(x)))
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 8, 8), (2, 3, 8, 8), (1, 3, 4, 4), (2, 3, 5, 3)])
+def test_channel_wise_prelu_weight_follows_dim_1_whatever_the_spatial_size(shape: tuple[int, ...]) -> None:
+    gs = channel_groups(PReLUNet(8), torch.randn(*shape, generator=torch.Generator().manual_seed(0)))
+    g = _by_producer(gs, "a")
+    assert g.size == 8 and g.blocked == 0 and ("p", "weight", 0, "follower") in _keys(g)
+    assert _member(g, "p", "weight", 0) == _member(g, "a", "weight", 0) == tuple((k,) for k in range(8))
+
+
+def test_prelu_with_one_parameter_is_pointwise_and_not_a_member() -> None:
+    g = _by_producer(channel_groups(PReLUNet(1), torch.randn(1, 3, 8, 8)), "a")
+    assert g.size == 8 and g.blocked == 0 and {m.module for m in g.members} == {"a", "c"}
+
+
+class Extra(nn.Module):
+    """conv a, then ``op`` with an extra tensor (parameter or buffer) of ``shape``, relu, conv c."""
+
+    def __init__(self, shape: tuple[int, ...], buffer: bool, add: bool) -> None:
+        super().__init__()
+        self.add, self.a, self.c = add, nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+        t = torch.rand(shape, generator=torch.Generator().manual_seed(0)) + 0.5
+        if buffer:
+            self.register_buffer("s", t)
+        else:
+            self.s = nn.Parameter(t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        return self.c(torch.relu(y + self.s if self.add else y * self.s))
+
+
+def test_a_per_channel_buffer_added_to_channels_blocks_them_naming_it() -> None:
+    gs = channel_groups(Extra((1, 8, 1, 1), buffer=True, add=True), X)
+    assert all("a" not in g.producers for g in gs.groups)
+    blocked = next(b for b in gs.blocked if "a" in b.producers)
+    assert blocked.size == 8 and blocked.reason == "a buffer 's' is added to these channels in '(model)': it cannot be masked"
+
+
+def test_a_per_channel_buffer_multiplied_is_a_follower_that_is_sliced_not_masked() -> None:
+    g = _by_producer(channel_groups(Extra((1, 8, 1, 1), buffer=True, add=False), X), "a")
+    assert g.size == 8 and g.blocked == 0 and ("", "s", 1, "follower") in _keys(g)
+    assert _member(g, "", "s", 1) == tuple((k,) for k in range(8))
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 4, 4)])
+@pytest.mark.parametrize("buffer", [False, True])
+def test_a_tensor_that_is_the_same_for_every_channel_is_no_follower(shape: tuple[int, ...], buffer: bool) -> None:
+    # multiplied: masked channels stay zero, every channel is its own (8 channels, not 1 merged group)
+    g = _by_producer(channel_groups(Extra(shape, buffer, add=False), X), "a")
+    assert g.size == 8 and g.blocked == 0 and {m.module for m in g.members} == {"a", "c"}
+    # added: a masked channel becomes relu(0 + s) > 0, and s cannot be sliced per channel: blocked
+    gs = channel_groups(Extra(shape, buffer, add=True), X)
+    blocked = next(b for b in gs.blocked if "a" in b.producers)
+    assert blocked.size == 8 and blocked.reason == "read by conv2d in 'c' where it is not zero when masked"

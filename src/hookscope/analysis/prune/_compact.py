@@ -179,6 +179,8 @@ def _fix_sizes(m: nn.Module, depthwise: bool) -> None:
             m.num_features = t.shape[0]
     elif isinstance(m, nn.Embedding):
         m.embedding_dim = m.weight.shape[1]
+    elif isinstance(m, nn.PReLU):
+        m.num_parameters = m.weight.numel()
     elif type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers' GPT-2 layer: weight (in, out)
         cw = m._parameters.get("weight")
         if cw is not None:

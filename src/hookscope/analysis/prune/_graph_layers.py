@@ -172,6 +172,28 @@ def _batch_norm(tr: Tracer, c: Call) -> None:
     tr.set(c.out, sign * ids.view(view).expand(c.out.shape))
 
 
+def _prelu(tr: Tracer, c: Call) -> None:
+    """F.prelu: a weight of one value is pointwise; one of C values applies along dim 1 (dim 0 of a
+    1-d input) whatever the spatial size: it follows the channels. prelu(0) is 0."""
+    x, w = c.args[0], c.arg(1, "weight")
+    s = tr.shadow(x)
+    if s is None or not isinstance(c.out, torch.Tensor):
+        return
+    if not isinstance(w, torch.Tensor) or w.numel() == 1:
+        from ._graph_ops import pointwise
+
+        pointwise(tr, c)
+        return
+    cdim = 1 if x.dim() >= 2 else 0
+    ids, pairs = row_ids(s, cdim)
+    tr.union_pairs(pairs)
+    if tr.shadow(w) is not None or not tr.member(w, 0, ids, "follower"):
+        tr.block(s, f"prelu in '{tr.here()}' has a weight that is not a parameter")
+        tr.block_tensor(w, f"used as the weight of prelu in '{tr.here()}'")
+        return
+    tr.set(c.out, s.clone())
+
+
 def _norm_over(pos: int) -> Callable[[Tracer, Call], None]:
     """layer_norm / rms_norm / group_norm: statistics over channels change when one is removed."""
     def run(tr: Tracer, c: Call) -> None:
@@ -206,4 +228,5 @@ LAYERS: dict[str, Callable[[Tracer, Call], None]] = {
     "rms_norm": _norm_over(1),
     "group_norm": _norm_over(1),
     "local_response_norm": _norm_over(1),
+    "prelu": _prelu,
 }

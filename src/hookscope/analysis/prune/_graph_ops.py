@@ -23,7 +23,7 @@ __all__ = ["handle", "pointwise", "TABLE", "PRODUCERS"]
 PROBE = 0.6180339887  # the value of a channel that is NOT zero when masked, in the zero test
 
 
-def _zero_input(tr: Tracer, t: Any, follower: bool, inplace: bool) -> Any:
+def _zero_input(tr: Tracer, t: Any, follower: bool, inplace: bool, fill: int | None = None) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
     s = tr.shadow(t)
@@ -36,25 +36,42 @@ def _zero_input(tr: Tracer, t: Any, follower: bool, inplace: bool) -> Any:
     if t.is_floating_point():  # generic positive values: an untracked operand that is zero by chance
         gen = torch.Generator(device=t.device).manual_seed(t.numel())  # must not pass for zero-preserving
         return torch.rand(t.shape, generator=gen, dtype=t.dtype, device=t.device) + 0.5
+    if fill is not None and tr.param(t) is None:  # a mask or count from the data: tried all 0 and all 1
+        return torch.full_like(t, fill)
     return t.clone() if inplace else t
 
 
-def _zero_test(tr: Tracer, c: Call, acc: torch.Tensor, followers: set[int]) -> torch.Tensor:
-    """Negate the ids at positions the op makes non-zero when every tracked channel is zero."""
+def _from_data(tr: Tracer, c: Call) -> bool:
+    """An untracked bool or integer operand that is not a parameter or buffer (``x < 0``): its values
+    depend on the input, so the example's values must not decide whether a channel stays zero."""
+    return any(tr.shadow(t) is None and tr.param(t) is None and not t.is_floating_point() and t.numel() > 0
+               for t in c.tensors())
+
+
+def _probe(tr: Tracer, c: Call, followers: set[int], fill: int | None) -> Any:
     def sub(a: Any, first: bool) -> Any:
         if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
-            return type(a)(_zero_input(tr, t, id(t) in followers, False) for t in a)
-        return _zero_input(tr, a, id(a) in followers, first and c.inplace)
+            return type(a)(_zero_input(tr, t, id(t) in followers, False, fill) for t in a)
+        return _zero_input(tr, a, id(a) in followers, first and c.inplace, fill)
 
     args = [sub(a, i == 0) for i, a in enumerate(c.args)]
     kwargs = {k: sub(v, False) for k, v in c.kwargs.items() if k != "out"}
     try:
-        z = c.func(*args, **kwargs)
+        return c.func(*args, **kwargs)
     except Exception:  # the op refuses the probe values: assume the worst (not zero)
-        return -acc.abs()
-    if not isinstance(z, torch.Tensor) or z.shape != acc.shape:
-        return -acc.abs()
-    nonzero = (z != 0).cpu() & (acc != 0)
+        return None
+
+
+def _zero_test(tr: Tracer, c: Call, acc: torch.Tensor, followers: set[int]) -> torch.Tensor:
+    """Negate the ids at positions the op makes non-zero when every tracked channel is zero (for
+    every value an operand taken from the data may have: as in the example, all 0, all 1)."""
+    nonzero = torch.zeros(acc.shape, dtype=torch.bool)
+    for fill in (None, 0, 1) if _from_data(tr, c) else (None,):
+        z = _probe(tr, c, followers, fill)
+        if not isinstance(z, torch.Tensor) or z.shape != acc.shape:
+            return -acc.abs()
+        nonzero |= (z != 0).cpu()
+    nonzero &= acc != 0
     return torch.where(nonzero, -acc.abs(), acc.abs())
 
 
@@ -103,13 +120,29 @@ def pointwise(tr: Tracer, c: Call) -> None:
         acc = torch.where(acc != 0, acc, sb.abs())
     if not bool(acc.any()):
         return None
-    followers = {id(p) for p in params if _follow(tr, p, acc)}
-    tr.set(out, _zero_test(tr, c, acc, followers))
+    follow = [p for p in params if _follow(tr, p, acc)]
+    followers = {id(p) for p in follow}
+    shadow = _zero_test(tr, c, acc, followers)
+    buffers = [p for p in follow if (tr.param(p) or ("", "", False))[2]]
+    if buffers:  # a buffer cannot be masked: the channels it makes non-zero cannot go
+        unmasked = _zero_test(tr, c, acc, followers - {id(b) for b in buffers})
+        info = tr.param(buffers[0]) or ("", "", True)
+        name = f"{info[0]}.{info[1]}" if info[0] else info[1]
+        tr.block(acc[(unmasked < 0) & (shadow > 0)], f"a buffer '{name}' is added to these channels in "
+                                                     f"'{tr.here()}': it cannot be masked")
+        shadow = unmasked
+    tr.set(out, shadow)
     return None
 
 
 def _follow(tr: Tracer, p: torch.Tensor, acc: torch.Tensor) -> bool:
-    """Parameter ``p`` (a layer scale, a position embedding) meets channels: record along which dim."""
+    """Parameter ``p`` (a layer scale, a position embedding) meets channels: record along which dim.
+    One that is the same for every channel (a scalar, a (1, 1, H, W) map) is no follower: the zero
+    test gives it generic values."""
+    lead = acc.dim() - p.dim()
+    chans = carrying_dims(acc)
+    if lead < 0 or not any(p.shape[d] > 1 and d + lead in chans for d in range(p.dim())):
+        return False
     try:
         idx = torch.arange(p.numel(), dtype=torch.float64).view(p.shape).expand(acc.shape)
     except RuntimeError:
@@ -126,7 +159,7 @@ def _follow(tr: Tracer, p: torch.Tensor, acc: torch.Tensor) -> bool:
     carry = carrying_dims(pshadow) if len(dims) > 1 else set(dims)
     info = tr.param(p)
     if not carry:
-        return True  # the same value for every channel (a scalar): nothing to slice
+        return False
     if len(carry) > 1:
         tr.block(pshadow, f"parameter '{info and info[0]}.{info and info[1]}' meets channels _along "
                           f"several dims in '{tr.here()}'")
@@ -224,7 +257,7 @@ TABLE: dict[str, Handler] = {
         "gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid", "hardtanh", "leaky_relu", "elu",
         "selu", "celu", "mish", "softplus", "exp", "log", "abs", "neg", "sqrt", "rsqrt", "reciprocal",
         "sin", "cos", "erf", "clamp", "clip", "clamp_min", "clamp_max", "square", "sign", "floor",
-        "ceil", "round", "logsigmoid", "threshold", "nan_to_num", "square", "negative", "prelu",
+        "ceil", "round", "logsigmoid", "threshold", "nan_to_num", "square", "negative",
         "hardshrink", "softshrink", "tanhshrink", "silu", "sigmoid", "exp2", "expm1", "log1p",
         "stochastic_depth", *_VALUE_PRESERVING)},
     **{n: _reduction for n in ("sum", "nansum", "mean", "nanmean", "amax", "amin", "max", "min", "std",

@@ -23,7 +23,7 @@ from ...errors import HookscopeError
 __all__ = ["RESIZABLE", "fit_to", "is_compacted", "marked_compacted", "shrinks"]
 
 RESIZABLE: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._NormBase,
-                                          nn.LayerNorm, nn.Embedding)
+                                          nn.LayerNorm, nn.Embedding, nn.PReLU)
 """The layer types whose size attributes :func:`fit_to` knows how to fix."""
 
 _MARK = "hookscope"  # in the root module's entry of the state_dict's ``_metadata``, which torch.save keeps
@@ -119,6 +119,8 @@ def _fix_sizes(m: nn.Module) -> None:
             m.out_channels, m.in_channels = w.shape[0], w.shape[1] * m.groups
     elif isinstance(m, nn.Linear):
         m.out_features, m.in_features = m.weight.shape
+    elif isinstance(m, nn.PReLU):
+        m.num_parameters = m.weight.numel()
     elif isinstance(m, nn.modules.batchnorm._NormBase):
         t = m.weight if m.weight is not None else m.running_mean
         if t is not None:
