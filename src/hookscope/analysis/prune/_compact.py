@@ -18,6 +18,7 @@ from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_verify import verify
 from ._graph import Group, Groups, assemble, channel_groups, deep_copy, prepared, trace_channels
+from ._resize import fix_sizes
 from ._masks import apply_mask
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
@@ -159,32 +160,7 @@ def _slice(model: nn.Module, plan: Plan) -> None:
                 m._buffers[n] = new
         owners[id(new)] = places
     for q in {k[0] for k in plan}:
-        _fix_sizes(mods[q], q in depthwise)
-
-
-def _fix_sizes(m: nn.Module, depthwise: bool) -> None:
-    if isinstance(m, nn.modules.conv._ConvNd):
-        w = m.weight
-        if depthwise:
-            m.groups = m.in_channels = m.out_channels = w.shape[0]
-        elif m.transposed:
-            m.in_channels, m.out_channels = w.shape[0], w.shape[1] * m.groups
-        else:
-            m.out_channels, m.in_channels = w.shape[0], w.shape[1] * m.groups
-    elif isinstance(m, nn.Linear):
-        m.out_features, m.in_features = m.weight.shape
-    elif isinstance(m, nn.modules.batchnorm._NormBase):
-        t = m.weight if m.weight is not None else m.running_mean
-        if t is not None:
-            m.num_features = t.shape[0]
-    elif isinstance(m, nn.Embedding):
-        m.embedding_dim = m.weight.shape[1]
-    elif isinstance(m, nn.PReLU):
-        m.num_parameters = m.weight.numel()
-    elif type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers' GPT-2 layer: weight (in, out)
-        cw = m._parameters.get("weight")
-        if cw is not None:
-            setattr(m, "nf", cw.shape[1])
+        fix_sizes(mods[q], depthwise=q in depthwise)
 
 
 def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None,

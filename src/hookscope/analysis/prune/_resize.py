@@ -20,7 +20,7 @@ from torch import nn
 from ...core.text import shape_text
 from ...errors import HookscopeError
 
-__all__ = ["RESIZABLE", "fit_to", "is_compacted", "marked_compacted", "shrinks"]
+__all__ = ["RESIZABLE", "fit_to", "fix_sizes", "is_compacted", "marked_compacted", "shrinks"]
 
 RESIZABLE: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._NormBase,
                                           nn.LayerNorm, nn.Embedding, nn.PReLU)
@@ -107,11 +107,22 @@ def _check_layer(m: nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> str | N
     return None
 
 
-def _fix_sizes(m: nn.Module) -> None:
-    """Set a resized layer's size attributes from its tensors."""
+def fix_sizes(m: nn.Module, *, depthwise: bool | None = None) -> None:
+    """Set a resized layer's size attributes from its tensors (``compact`` and :func:`fit_to` share it).
+
+    ``depthwise``: whether a conv keeps one group per channel (``None``: as its attributes say).
+
+    Example:
+        >>> conv = nn.Conv2d(4, 4, 3, groups=4)
+        >>> conv.weight = nn.Parameter(conv.weight[:2].detach())
+        >>> fix_sizes(conv); conv.in_channels, conv.out_channels, conv.groups
+        (2, 2, 2)
+    """
     if isinstance(m, nn.modules.conv._ConvNd):
         w = m.weight
-        if m.groups > 1 and m.groups == m.in_channels == m.out_channels:  # depthwise: one group per channel
+        if depthwise is None:
+            depthwise = m.groups > 1 and m.groups == m.in_channels == m.out_channels
+        if depthwise:
             m.groups = m.in_channels = m.out_channels = w.shape[0]
         elif m.transposed:
             m.in_channels, m.out_channels = w.shape[0], w.shape[1] * m.groups
@@ -129,6 +140,10 @@ def _fix_sizes(m: nn.Module) -> None:
         m.normalized_shape = tuple(m.weight.shape)
     elif isinstance(m, nn.Embedding):
         m.embedding_dim = m.weight.shape[1]
+    elif type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers' GPT-2 layer: weight (in, out)
+        cw = m._parameters.get("weight")
+        if cw is not None:
+            setattr(m, "nf", cw.shape[1])
 
 
 def _plan(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[int, tuple[str, nn.Module, dict[str, tuple[int, ...]]]]:
@@ -203,6 +218,6 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
                 _swap(owner._parameters, old, new)
                 _swap(owner._buffers, old, new)
     for _, m, _ in plan.values():
-        _fix_sizes(m)
+        fix_sizes(m)
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return [q for q, m, _ in sorted(plan.values(), key=lambda item: order.get(id(item[1]), 0))]
