@@ -37,28 +37,9 @@ def _data(sizes=(2, 3, 5), seed: int = 1) -> list[tuple[torch.Tensor, torch.Tens
 
 def _outputs(model: nn.Module, name: str, data, *, grads: bool = False):
     """Every output of module ``name`` over ``data`` (and, with ``grads``, d summed-CE / d output),
-    captured by a plain hook on an independent copy of the model."""
-    model = copy.deepcopy(model)
-    module = dict(model.named_modules())[name]
-    seen: list[torch.Tensor] = []
-
-    def keep(m, i, o):
-        if grads:
-            o.retain_grad()
-        seen.append(o)
-
-    handle = module.register_forward_hook(keep)
-    acts, gs = [], []
-    for x, y in data:
-        seen.clear()
-        with torch.set_grad_enabled(grads):
-            out = model(x)
-            if grads:
-                F.cross_entropy(out, y, reduction="sum").backward()
-        acts += [o.detach().clone() for o in seen]
-        gs += [o.grad.clone() for o in seen] if grads else []
-    handle.remove()
-    return acts, gs
+    call after call (batch order within a call), from :func:`_per_call_outputs`."""
+    acts, gs = _per_call_outputs(model, name, data, grads=grads)
+    return [t for k in sorted(acts) for t in acts[k]], [t for k in sorted(gs) for t in gs[k]]
 
 
 def _per_channel(t: torch.Tensor, dim: int = 1) -> torch.Tensor:
