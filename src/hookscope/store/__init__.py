@@ -1,0 +1,21 @@
+"""The store: activations (or any named tensors) on disk as safetensors shards plus a JSON manifest.
+
+Writing happens on a background thread from reused buffers (:class:`StoreWriter`); every file appears under
+its final name only when complete, so a killed run leaves complete shards and tmp leftovers
+(:func:`remove_partial`), never a half-written shard. :func:`open_store` reads a store lazily, memory-mapped,
+and refuses one whose files do not match its manifest. Any safetensors reader opens the shards.
+
+This package imports only torch, numpy and the standard library (and hookscope's errors and result protocol).
+"""
+
+from ._files import (SCHEMA_VERSION, ShardInfo, clear_store, complete_shards, is_store, read_manifest,
+                     remove_partial, shard_path, write_json)
+from ._reader import LayerArray, Store, open_store
+from ._tensors import load_tensors, save_tensors, weights_hash
+from ._writer import ArraySpec, ShardBuffer, StoreWriter
+
+__all__ = [
+    "SCHEMA_VERSION", "ArraySpec", "ShardInfo", "ShardBuffer", "StoreWriter", "shard_path", "complete_shards",
+    "remove_partial", "write_json", "read_manifest", "is_store", "clear_store", "weights_hash", "save_tensors",
+    "load_tensors", "open_store", "Store", "LayerArray",
+]

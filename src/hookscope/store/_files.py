@@ -1,0 +1,321 @@
+"""The files of a store folder: atomic writes (tmp, fsync, rename, fsync of the folder), the shard scan,
+leftovers of killed runs, and clearing a folder that holds nothing but a store.
+
+Layout: ``DIR/manifest.json`` and ``DIR/shards/000000.safetensors``...; a file under a final name is
+complete, because it was renamed there only after its last byte reached the disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.result import jsonable
+from ..errors import HookscopeError
+from ._format import Header, encode_header, parse_header, raw_bytes
+
+__all__ = ["SCHEMA_VERSION", "ShardInfo", "shard_path", "write_file", "write_json", "read_manifest", "read_shard",
+           "complete_shards", "remove_partial", "is_store", "clear_store", "count_complete", "shard_entries", "write_tensors", "SHARD", "TMP"]
+
+SCHEMA_VERSION: int = 1
+"""The version of the store layout and manifest this hookscope writes and reads."""
+
+SHARD = re.compile(r"^(\d{6,})\.safetensors$")
+TMP = re.compile(r"^\..+\.tmp-\d+$")
+_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One complete shard: its number, file (relative to the store), rows, size, crc32 and skipped samples.
+
+    Example:
+        >>> ShardInfo(3, "shards/000003.safetensors", 10, 1234, 99).file
+        'shards/000003.safetensors'
+    """
+
+    shard: int
+    file: str
+    count: int
+    bytes: int
+    crc32: int
+    skipped: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's entry for this shard (without ``skipped``, which the manifest lists once)."""
+        return {"shard": self.shard, "file": self.file, "count": self.count, "bytes": self.bytes,
+                "crc32": self.crc32}
+
+
+def shard_path(root: str | os.PathLike[str], shard: int) -> Path:
+    """Where shard ``shard`` of the store in ``root`` lives.
+
+    Example:
+        >>> shard_path("out", 7).as_posix()
+        'out/shards/000007.safetensors'
+    """
+    return Path(root) / "shards" / f"{shard:06d}.safetensors"
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some network and FUSE file systems cannot fsync a folder; the rename stands
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, chunks: Iterable[bytes | memoryview], check: Callable[[], None] | None = None) -> tuple[int, int]:
+    """Write ``chunks`` to ``path`` atomically: a tmp file, fsync, rename, fsync of the folder. Returns
+    (bytes, crc32). On any error the tmp file is removed and the error raised; ``check`` runs between chunks
+    (it raises to stop).
+
+    Example:
+        >>> import tempfile
+        >>> write_file(Path(tempfile.mkdtemp()) / "a.bin", [b"ab", b"c"]) == (3, zlib.crc32(b"abc"))
+        True
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    size, crc = 0, 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                if check is not None:
+                    check()
+                f.write(chunk)
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return size, crc
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a reader sees the old file or the new one, never a part);
+    tuples, tensors and dtypes are written as :func:`~hookscope.core.result.jsonable` writes them, NaN as "nan".
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "m.json"; write_json(p, {"a": [1, 2]}); json.loads(p.read_text())
+        {'a': [1, 2]}
+    """
+    text = json.dumps(jsonable(obj), indent=1, allow_nan=False).encode() + b"\n"
+    write_file(Path(path), [text])
+
+
+def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the store in ``root``, parsed and checked (a JSON object of a known schema_version and
+    a kind); a missing, truncated or invalid one is refused naming the file.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); write_json(d / "manifest.json", {"schema_version": 1, "kind": "x"})
+        >>> read_manifest(d)["kind"]
+        'x'
+    """
+    path = Path(root) / "manifest.json"
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise HookscopeError(f"{path} is missing: {root} is not a hookscope store (or its run was killed before "
+                             "it started); give a store's folder or run the extract again") from None
+    except OSError as e:
+        raise HookscopeError(f"cannot read {path} ({e.strerror or e}); check its permissions") from None
+    try:
+        doc = json.loads(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise HookscopeError(f"{path} is not valid JSON{where}: it is truncated or corrupted; run the extract "
+                             "again with overwrite=True (--overwrite)") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        raise HookscopeError(f"{path} is not a hookscope manifest (no 'kind'); give a store's folder")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise HookscopeError(f"{path} has schema_version {doc.get('schema_version')!r} and this hookscope reads "
+                             f"{SCHEMA_VERSION}; open it with the hookscope version that wrote it")
+    return doc
+
+
+def read_shard(path: Path) -> tuple[Header, int, int]:
+    """The checked header of a shard file, its size and the crc32 of all its bytes (reads the whole file).
+
+    Example:
+        >>> import tempfile
+        >>> from ._format import encode_header
+        >>> p = Path(tempfile.mkdtemp()) / "s.safetensors"
+        >>> _ = write_file(p, [encode_header([("a", torch.int8, [2])], {})[0], b"xy"])
+        >>> read_shard(p)[0].tensors["a"].shape
+        (2,)
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = parse_header(f, size, path)
+            f.seek(0)
+            crc = 0
+            while chunk := f.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+    except OSError as e:
+        raise HookscopeError(f"cannot read {path} ({e.strerror or e}); check that it exists and is readable") from None
+    return header, size, crc
+
+
+def _shard_info(root: Path, k: int) -> ShardInfo:
+    path = shard_path(root, k)
+    header, size, crc = read_shard(path)
+    index = header.tensors.get("__index__")
+    bad = ""
+    if index is None or index.dtype != torch.int64 or len(index.shape) != 1:
+        bad = "it has no int64 __index__ tensor"
+    elif header.metadata.get("hookscope_shard") != str(k):
+        bad = f"its metadata names shard {header.metadata.get('hookscope_shard')!r}"
+    elif any(not e.shape or e.shape[0] != index.shape[0] for e in header.tensors.values()):
+        bad = "its tensors hold different numbers of rows"
+    try:
+        skipped = json.loads(header.metadata.get("skipped", "[]"))
+    except ValueError:
+        skipped, bad = [], bad or "its 'skipped' metadata is not JSON"
+    if bad:
+        raise HookscopeError(f"{path} is not a hookscope shard ({bad}); delete it and write it again")
+    assert index is not None
+    return ShardInfo(k, f"shards/{path.name}", index.shape[0], size, crc, tuple(skipped))
+
+
+def complete_shards(root: str | os.PathLike[str]) -> dict[int, ShardInfo]:
+    """Every complete shard in ``root/shards``, checked (header, rows, crc32 computed); tmp leftovers of killed
+    runs are ignored. A corrupted shard is refused naming the file.
+
+    Example:
+        >>> import tempfile
+        >>> complete_shards(tempfile.mkdtemp())
+        {}
+    """
+    folder = Path(root) / "shards"
+    if not folder.is_dir():
+        return {}
+    found = sorted(int(m.group(1)) for p in folder.iterdir() if (m := SHARD.match(p.name)))
+    return {k: _shard_info(Path(root), k) for k in found}
+
+
+def count_complete(root: Path) -> int:
+    """How many shard files are under a final name in ``root/shards`` (no file is read).
+
+    Example:
+        >>> count_complete(Path("/nonexistent"))
+        0
+    """
+    try:
+        return sum(1 for name in os.listdir(root / "shards") if SHARD.match(name))
+    except OSError:
+        return 0
+
+
+def remove_partial(root: str | os.PathLike[str]) -> None:
+    """Delete the tmp files killed runs left in ``root`` and ``root/shards``.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / ".manifest.json.tmp-12").write_text("{")
+        1
+        >>> remove_partial(d); list(d.iterdir())
+        []
+    """
+    for folder in (Path(root), Path(root) / "shards"):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if TMP.match(p.name) and p.is_file():
+                    p.unlink(missing_ok=True)
+
+
+def _foreign(root: Path) -> list[Path]:
+    """Files in ``root`` that a store does not hold."""
+    ours = {"manifest.json", "shards"}
+    bad = [p for p in root.iterdir() if p.name not in ours and not TMP.match(p.name)]
+    shards = root / "shards"
+    if shards.exists() and not shards.is_dir():
+        bad.append(shards)
+    elif shards.is_dir():
+        bad += [p for p in shards.iterdir() if not (SHARD.match(p.name) or TMP.match(p.name)) or p.is_dir()]
+    return bad + ([root / "manifest.json"] if (root / "manifest.json").is_dir() else [])
+
+
+def is_store(root: str | os.PathLike[str]) -> bool:
+    """Whether ``root`` holds a hookscope store: a manifest.json, or a shards/ folder holding only shards.
+
+    Example:
+        >>> import tempfile
+        >>> is_store(tempfile.mkdtemp())
+        False
+    """
+    path = Path(root)
+    if (path / "manifest.json").is_file():
+        return True
+    shards = path / "shards"
+    return shards.is_dir() and all(SHARD.match(p.name) or TMP.match(p.name) for p in shards.iterdir())
+
+
+def clear_store(root: str | os.PathLike[str]) -> None:
+    """Remove the store in ``root`` (manifest.json, shards/ and tmp leftovers); refused, with nothing removed,
+    when ``root`` holds any other file.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); write_json(d / "manifest.json", {}); clear_store(d); list(d.iterdir())
+        []
+    """
+    path = Path(root)
+    if not path.is_dir():
+        return
+    bad = _foreign(path)
+    if bad:
+        raise HookscopeError(f"{path} holds {bad[0]}, which is not part of a hookscope store, so it is not "
+                             "cleared; give a folder that holds only a store, or remove that file")
+    shards = path / "shards"
+    if shards.is_dir():
+        for p in shards.iterdir():
+            p.unlink()
+        shards.rmdir()
+    for p in path.iterdir():
+        p.unlink()
+    _fsync_dir(path)
+
+
+def shard_entries(arrays: Mapping[str, torch.Tensor], count: int) -> tuple[list[tuple[str, torch.dtype, Sequence[int]]], list[torch.Tensor]]:
+    """Header entries and tensors of the first ``count`` rows of each array (views, no copy).
+
+    Example:
+        >>> shard_entries({"a": torch.zeros(4, 2)}, 3)[0]
+        [('a', torch.float32, (3, 2))]
+    """
+    views = [t[:count].contiguous() for t in arrays.values()]
+    return [(n, v.dtype, tuple(v.shape)) for n, v in zip(arrays, views)], views
+
+
+def write_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+                  check: Callable[[], None] | None = None) -> tuple[int, int]:
+    """Write contiguous CPU ``tensors`` as one safetensors file, atomically; (bytes, crc32).
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "t.safetensors"
+        >>> write_tensors(p, {"a": torch.zeros(2)}, {})[0] == p.stat().st_size
+        True
+    """
+    head, order = encode_header([(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()], metadata)
+    return write_file(path, [head, *(raw_bytes(tensors[n]) for n in order)], check)
