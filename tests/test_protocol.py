@@ -31,14 +31,14 @@ RESULT_TYPES = {n: o for n, o in PUBLIC.items() if inspect.isclass(o) and hasatt
 LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
-              "Edit", "FeatureRow", "ComparisonRow"}
+              "Edit", "FeatureRow", "ComparisonRow", "LayerArray"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
 # a case is a public result type, and after a colon the kind of run it comes from
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamResult", "Curve", "FeatureMaps",
-                "ReferenceComparison", "PruneResult", "ChannelPruning", "Groups", "Importance", "Comparison"]
+                "ReferenceComparison", "PruneResult", "ChannelPruning", "Groups", "Importance", "Comparison", "Store"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -52,6 +52,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("PruneResult", "fc", "fcc"),
     ("Importance", "stem.2", "fcc"),
     ("Comparison", "parameters", "params"),
+    ("Store", "fc", "fcc"),
 ]
 # to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -84,7 +85,7 @@ def _captures(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def results(net: nn.Module) -> dict[str, object]:
+def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     x = _x()
     with hookscope.trace(net, "fc", "layer1") as t:
         net(x)
@@ -107,6 +108,7 @@ def results(net: nn.Module) -> dict[str, object]:
         "FeatureMaps": hookscope.feature_maps(net, x, "layer1"),
         "ReferenceComparison": hookscope.compare_references(net, x, "layer1.0.bn1"),
         **_pruning(net, x),
+        "Store": hookscope.extract(net, x, "layer1", "fc", reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
     }
 
 
@@ -211,6 +213,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "channel_groups": lambda **kw: hookscope.channel_groups(net, x[:1], **kw),
         "channel_importance": lambda **kw: hookscope.channel_importance(net, x, nn.ReLU, **kw),
         "compare_models": lambda **kw: hookscope.compare_models(net, net, x, repeats=1, warmup=0, **kw),
+        "extract": lambda **kw: hookscope.extract(net, x, "fc", out="/nonexistent/never-written", **kw),
+        "open_store": lambda **kw: hookscope.open_store("/nonexistent", **kw),
     }
 
 

@@ -19,6 +19,7 @@ from .analysis.features import (
     compare_references,
     feature_maps,
 )
+from .analysis.extract import extract
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
 from .analysis.prune import (
@@ -52,6 +53,7 @@ from .errors import (
 from .grads import GradRecord, TensorGrads, grads
 from .records import CallRecord, LayerRecord, Recording, Retention
 from .selection import At, at, layers, names, unwrap
+from .store import LayerArray, Store, open_store
 
 __version__ = "0.1.0"
 
@@ -69,6 +71,10 @@ __all__ = [
     "feature_maps",
     "compare_references",
     "Diff",
+    "extract",
+    "LayerArray",
+    "Store",
+    "open_store",
     "DiffRow",
     "Settings",
     "Unmatched",

@@ -1,0 +1,135 @@
+"""hookscope.extract against plain inference over the same data (issue 12).
+
+Run:  .venv/bin/python bench/bench_extract.py throughput [--n 2000] [--rounds 2]
+      .venv/bin/python bench/bench_extract.py rss          (peak RSS of 500 against 2000 images, fresh processes)
+      .venv/bin/python bench/bench_extract.py ranks [--n 2000]   (torchrun 2 ranks against 1 process)
+
+Data: ``n`` generated 3x224x224 images (each made from its index's seed in the dataset's __getitem__, so
+nothing is held in memory), batches of 32 read by a DataLoader in this process. Model: torchvision
+resnet18, ``weights=None``, eval. Throughput: plain inference (a forward of every batch under no_grad)
+and the extracts run interleaved, round after round, in one process; each figure is the median over
+rounds, and the ratio is plain time / extract time (throughput relative to plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torchvision
+
+import hookscope
+from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
+
+REDUCED = {"layer2": "mean", "layer4": "mean"}
+WITH_FULL = {"layer2": "mean", "layer3": None, "layer4": "mean"}
+
+
+class Generated(torch.utils.data.Dataset[torch.Tensor]):
+    """``n`` images of 3x224x224, each from its own seed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.randn(3, 224, 224, generator=torch.Generator().manual_seed(i))
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval()
+
+
+def plain(net: torch.nn.Module, data: Generated) -> None:
+    with torch.no_grad():
+        for x in torch.utils.data.DataLoader(data, batch_size=32):
+            net(x)
+
+
+def run_extract(net: torch.nn.Module, data: Generated, layers: dict[str, Any], out: str, shard: str = "64MB") -> None:
+    hookscope.extract(net, data, layers, out=out, batch_size=32, shard_size=shard, overwrite=True, progress=False)
+
+
+def throughput(n: int, rounds: int) -> None:
+    net, data = model(), Generated(n)
+    tmp = tempfile.mkdtemp(prefix="bench-extract-")
+    try:
+        t = medians({"plain": lambda: plain(net, data),
+                     "reduced": lambda: run_extract(net, data, REDUCED, os.path.join(tmp, "a")),
+                     "with layer3": lambda: run_extract(net, data, WITH_FULL, os.path.join(tmp, "b"))},
+                    rounds, warmup=0)
+    finally:
+        shutil.rmtree(tmp)
+    print(f"| images | plain | extract layer2+layer4 mean | + full layer3 |")
+    print(f"| {n} | {n / t['plain']:.1f} img/s ({t['plain']:.1f} s) | {n / t['reduced']:.1f} img/s, "
+          f"**{t['plain'] / t['reduced']:.3f}x** | {n / t['with layer3']:.1f} img/s, **{t['plain'] / t['with layer3']:.3f}x** |")
+
+
+def _child_rss(n: int, out: str) -> tuple[float, float]:
+    code = (f"import sys, resource, time; sys.path.insert(0, {os.path.dirname(__file__)!r}); import bench_extract as b; "
+            f"t = time.perf_counter(); b.run_extract(b.model(), b.Generated({n}), b.WITH_FULL, {out!r}, '32MB'); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter() - t)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rss_kb, seconds = done.stdout.split()
+    return int(rss_kb) / 1024, float(seconds)
+
+
+def rss() -> None:
+    tmp = tempfile.mkdtemp(prefix="bench-extract-")
+    try:
+        rows = {n: _child_rss(n, os.path.join(tmp, str(n))) for n in (500, 2000)}
+    finally:
+        shutil.rmtree(tmp)
+    a, b = rows[500][0], rows[2000][0]
+    print("| images | peak RSS | seconds |")
+    for n, (mib, s) in rows.items():
+        print(f"| {n} | {mib:.0f} MiB | {s:.1f} |")
+    print(f"growth 500 -> 2000: **{100 * (b - a) / a:+.1f}%** (shards of 32MB, layer2+layer4 mean, full layer3)")
+
+
+def ranks(n: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="bench-extract-")
+    script = os.path.join(tmp, "job.py")
+    with open(script, "w") as f:
+        f.write(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import bench_extract as b\n"
+                f"b.run_extract(b.model(), b.Generated({n}), b.WITH_FULL, sys.argv[1])\n")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    try:
+        runs = {"1 process (2 threads)": [sys.executable, script, os.path.join(tmp, "one")],
+                "torchrun 2 ranks (1 thread each)": [torchrun, "--standalone", "--nproc_per_node", "2", script,
+                                                      os.path.join(tmp, "two")]}
+        for label, cmd in runs.items():
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            print(f"| {label} | {time.perf_counter() - t:.1f} s (whole command, {n} images) |")
+        one, two = (hookscope.open_store(os.path.join(tmp, k)) for k in ("one", "two"))
+        same = all(torch.equal(one[k][:], two[k][:]) for k in one.layers)
+        print(f"stores equal: {same}")
+    finally:
+        shutil.rmtree(tmp)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["throughput", "rss", "ranks"])
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    {"throughput": lambda: throughput(args.n, args.rounds), "rss": rss, "ranks": lambda: ranks(args.n)}[args.what]()
+
+
+if __name__ == "__main__":
+    main()

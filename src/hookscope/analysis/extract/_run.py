@@ -1,0 +1,234 @@
+"""``hookscope.extract``: the activations of chosen layers for a whole dataset, streamed to a store on disk.
+
+Shard ``k`` always holds the samples ``[k*S, (k+1)*S)`` (``S`` from the shard size and the per-sample
+bytes a one-sample probe measures), read in batches that never cross a shard's end. So the shards do not
+depend on how many ranks wrote them or on where a killed run stopped: a resumed or distributed run writes
+the same bytes as one uninterrupted process, and a shard file, renamed into place only when complete, is
+either all there or not there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import itertools
+import math
+import os
+import platform
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import HookscopeError
+from ...selection import Selector
+from ...store import SCHEMA_VERSION, ArraySpec, Store, StoreWriter, complete_shards, open_store, weights_hash, write_json
+from ._dist import Ranks, ranks
+from ._folder import prepare, same_run
+from ._plan import Plan, array_specs, plan, samples_per_shard, stored_dtype
+from ._reduce import Reduction
+from ._source import Batch
+from ._taps import Taps
+from ._write import Progress, probe_batch, write_indexed, write_stream
+
+__all__ = ["extract"]
+
+
+def _prepared(p: Plan, r: Ranks, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+    """Rank 0 readies the folder; every rank gets the manifest to resume (or None) or the same error."""
+    found: tuple[str | None, dict[str, Any] | None] = (None, None)
+    if r.lead:
+        try:
+            found = (None, prepare(p.out, resume=resume, overwrite=overwrite))
+        except HookscopeError as e:
+            found = (str(e), None)
+    error, old = r.share(found)
+    if error:
+        raise HookscopeError(error)
+    return old if isinstance(old, dict) else None
+
+
+def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
+    """A batch to probe (the first readable sample), and for a stream the batches, the first put back."""
+    if p.source.length is None:
+        stream = p.source.stream()
+        first = next(stream, None)
+        if first is None:
+            raise HookscopeError("the data yielded no batch; give data with at least one sample")
+        return first, itertools.chain([first], stream)
+    if p.source.length == 0:
+        raise HookscopeError("the data holds no sample; give data with at least one sample")
+    for i in range(p.source.length):
+        for batch in p.source.batches([[i]]):
+            if batch.rows:
+                return batch, None
+            if p.on_error == "stop":
+                raise HookscopeError(f"sample {i} cannot be read ({batch.failed[0]['error']}); pass on_error='skip' "
+                                     "(--skip-unreadable) to skip unreadable samples and list them")
+    raise HookscopeError("no sample of the data can be read; check the data")
+
+
+def _settings(p: Plan, taps: Taps, per_shard: int) -> dict[str, Any]:
+    described = p.describe
+    return {
+        "schema_version": SCHEMA_VERSION, "kind": "samples", "complete": False,
+        "arrays": array_specs(taps.found, p.dtype, p.reducers, p.keep),
+        "samples_per_shard": per_shard, "batch_size": p.batch_size,
+        "model": {"class": type(p.model).__name__, "weights_sha256": weights_hash(p.model),
+                  **dict(described.get("model", {}))},
+        "data": {**p.source.info, **dict(described.get("data", {}))},
+        "data_fingerprint": p.source.fingerprint(),
+        "preprocessing": described.get("preprocessing"),
+        "versions": {"hookscope": _version(), "torch": torch.__version__, "python": platform.python_version()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hookscope")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
+def _specs(p: Plan, taps: Taps) -> list[ArraySpec]:
+    return [ArraySpec(n, s, stored_dtype(d, p.dtype)) for n, (s, d) in taps.found.items()]
+
+
+def _work(p: Plan, r: Ranks, taps: Taps, per_shard: int, done: set[int], stream: Iterator[Batch] | None,
+          progress: bool | None) -> int:
+    """This rank's shards written; returns how many shards the data makes."""
+    pin = p.device.type == "cuda" and torch.cuda.is_available()
+    with StoreWriter(p.out, _specs(p, taps), per_shard, pin=pin) as writer:
+        if stream is not None:
+            start = next(k for k in itertools.count() if k not in done) * per_shard
+            bar = Progress(None, enabled=progress if r.lead else False)
+            rows = write_stream(p, taps, writer, start, per_shard, stream, bar)
+            shards = max(1, math.ceil(rows / per_shard))
+        else:
+            assert p.source.length is not None
+            shards = math.ceil(p.source.length / per_shard)
+            mine = [k for k in r.mine(shards) if k not in done]
+            total = sum(min(p.source.length, (k + 1) * per_shard) - k * per_shard for k in mine)
+            bar = Progress(total, enabled=progress if r.lead else False)
+            write_indexed(p, taps, writer, mine, per_shard, bar)
+        writer.close()
+    bar.close()
+    return shards
+
+
+def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
+    """Rank 0: check that every shard is there and write the complete manifest."""
+    infos = complete_shards(p.out)
+    missing = [k for k in range(shards) if k not in infos]
+    extra = [k for k in infos if k >= shards]
+    if missing or extra:
+        what = f"shard {missing[0]} is missing" if missing else f"shard {extra[0]} lies beyond the data's end"
+        raise HookscopeError(f"{p.out}: {what}; run again with overwrite=True (--overwrite)")
+    ordered = [infos[k] for k in range(shards)]
+    skipped = [dict(s) for info in ordered for s in info.skipped]
+    gone = {s["index"] for s in skipped}
+    count = sum(info.count for info in ordered)
+    ids = p.source.ids
+    manifest = {**settings, "complete": True,
+                "samples": {"count": count, "ids": None if ids is None else
+                            [i for k, i in enumerate(ids) if k not in gone], "skipped": skipped},
+                "shards": [{"shard": i.shard, "file": i.file, "count": i.count, "bytes": i.bytes, "crc32": i.crc32}
+                           for i in ordered]}
+    write_json(p.out / "manifest.json", manifest)
+
+
+def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None) -> None:
+    old = _prepared(p, r, resume, overwrite)
+    if old is not None and old.get("complete"):
+        return
+    with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad():
+        first, stream = _first_batch(p)
+        if stream is not None and r.world > 1:
+            raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
+        taps.run(p.model, probe_batch(first).inputs, p.device, 1, [], probe=True)
+        per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
+        settings = _settings(p, taps, per_shard)
+        if old is not None:
+            same_run(old, settings, p.out)
+        elif r.lead:
+            write_json(p.out / "manifest.json", settings)
+        r.barrier()
+        done = set(complete_shards(p.out)) if old is not None else set()
+        error, shards = None, 0
+        try:
+            shards = _work(p, r, taps, per_shard, done, stream, progress)
+        except HookscopeError as e:
+            error = f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"
+        except Exception as e:  # another rank must not wait forever for this one's outcome
+            if r.world == 1:
+                raise
+            error = f"rank {r.rank}: {type(e).__name__}: {e}"
+        outcomes = r.gather((error, shards))
+    failed = [e for e, _ in outcomes if e]
+    if failed:
+        raise HookscopeError(failed[0])
+    if r.lead:
+        _finish(p, settings, max(n for _, n in outcomes))
+    r.barrier()
+
+
+def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Reduction],
+            out: str | os.PathLike[str], keep: str = "output", reduce: Reduction = None,
+            dtype: torch.dtype | None = None, batch_size: int | None = None, shard_size: int | str = "256MB",
+            device: str | torch.device | None = None, workers: int = 0, resume: bool = False,
+            overwrite: bool = False, on_error: str = "stop", progress: bool | None = None,
+            ids: Sequence[str] | None = None, describe: Mapping[str, Any] | None = None) -> Store:
+    """Run ``model`` over ``data`` and store the chosen layers' outputs (or inputs), one row per sample.
+
+    Args:
+        model: any ``nn.Module`` (DDP / DataParallel / compiled wrappers are seen through and the model
+            inside runs as it is, with no collective per batch), in eval mode for reproducible values.
+        data: a map-style ``Dataset``, a ``DataLoader`` (its dataset, batch size and collate function;
+            not shuffled), a tensor or array whose rows are samples, or any iterable of batches (one
+            process only). A sample may be a tensor, an ``(input, label)`` pair or a dict of keyword
+            arguments (transformers models).
+        *selectors: layer names, globs, types (as :func:`hookscope.layers`), or dicts ``{name: reduction}``.
+        out: the store's folder (new or empty; an existing store needs ``resume`` or ``overwrite``).
+        keep: ``"output"`` (default) or ``"input"`` of each layer (its first tensor).
+        reduce: the reduction of layers without their own: ``None`` (all values), ``"mean"``/``"max"`` over
+            every dimension after the channels (N x C x H x W -> N x C), ``"mean:1"`` (over the tokens of
+            N x T x D), ``hookscope.at[:, -1]`` (positions), or a function of the batch tensor. Computed on
+            the model's device before anything reaches the host.
+        dtype: store floating-point values as this dtype (``torch.float16``, ``torch.bfloat16``).
+        batch_size: samples per forward (default 32, or the DataLoader's).
+        shard_size: bytes per shard file (``"256MB"``); host memory holds two shards' buffers at most.
+        device: where the inputs go (default: the model's device).
+        workers: DataLoader worker processes reading samples (0: this process).
+        resume: continue a store a killed or failed run left (the same settings; refused otherwise).
+        overwrite: replace a store already in ``out``.
+        on_error: ``"stop"`` at the first sample that cannot be read, or ``"skip"`` it (listed in the manifest).
+        progress: a progress line with samples/s on stderr (default: when stderr is a terminal).
+        ids: an id per sample for the manifest (default: the dataset's ``ids`` or ImageFolder paths).
+        describe: what the manifest says of the model, data and preprocessing (the CLI fills it).
+
+    Returns:
+        The :class:`~hookscope.store.Store` written, opened.
+
+    Under ``torchrun`` (or inside your own initialised ``torch.distributed`` program) each rank writes
+    every ``world``-th shard; the store is the same, byte for byte, as one process writes.
+
+    Example:
+        >>> import tempfile, torch, hookscope
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+        >>> folder = tempfile.mkdtemp()
+        >>> store = hookscope.extract(net, torch.randn(10, 3, 8, 8), {"0": "mean"}, out=folder, batch_size=4)
+        >>> store["0"].shape
+        (10, 4)
+    """
+    p = plan(model, data, selectors, out=out, keep=keep, reduce=reduce, dtype=dtype, batch_size=batch_size,
+             shard_size=shard_size, device=device, workers=workers,
+             on_error=on_error, ids=ids, describe=describe)
+    r = ranks(p.device)
+    try:
+        _run(p, r, resume, overwrite, progress)
+        return open_store(p.out)
+    finally:
+        r.close()

@@ -1,0 +1,138 @@
+"""The hooks of an extract: each reduces its layer's tensor on the device and copies the rows into the
+shard buffers the engine points it at; the forward stops once every selected layer has run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..._tree import tensors
+from ...core.hooks import HookGroup
+from ...core.text import shape_text
+from ...errors import HookscopeError, StopForward
+from ._reduce import Reducer
+from ._source import model_call
+
+__all__ = ["Segment", "Taps"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows ``lo:hi`` of the batch go to rows ``at:at + hi - lo`` of ``arrays`` (a shard buffer's)."""
+
+    arrays: dict[str, torch.Tensor]
+    at: int
+    lo: int
+    hi: int
+
+
+@dataclass
+class _Forward:
+    rows: int = 0
+    seen: set[str] = field(default_factory=set)
+    segments: list[Segment] = field(default_factory=list)
+    probe: bool = False
+
+
+class Taps:
+    """Hooks on the selected layers, registered on entry and removed on exit (also on errors).
+
+    After a probe (:meth:`run` with ``probe=True``: the whole forward, so that a layer running twice is
+    seen) ``found`` holds each layer's per-sample shape and dtype; later runs check every batch against them
+    and stop the forward after the last selected layer.
+
+    Example:
+        >>> from hookscope.analysis.extract._reduce import reducer
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+        >>> with Taps([("0", net[0])], {"0": reducer(None)}, "output") as taps:
+        ...     taps.run(net, torch.ones(4, 2), torch.device("cpu"), 4, [], probe=True)
+        >>> taps.found["0"]
+        ((3,), torch.float32)
+    """
+
+    def __init__(self, selected: list[tuple[str, nn.Module]], reducers: dict[str, Reducer], keep: str) -> None:
+        self.selected = selected
+        self.reducers = reducers
+        self.keep = keep
+        self.found: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._now = _Forward()
+        self._group = HookGroup()
+
+    def __enter__(self) -> Taps:
+        try:
+            for name, module in self.selected:
+                if self.keep == "input":
+                    self._group.add(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
+                else:
+                    self._group.add(module.register_forward_hook(self._post(name)))
+        except BaseException:
+            self._group.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._group.remove()
+
+    def _pre(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._take(name, (args, kwargs))
+
+        return hook
+
+    def _post(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            self._take(name, output)
+
+        return hook
+
+    def _take(self, name: str, value: Any) -> None:
+        now = self._now
+        if name in now.seen:
+            raise HookscopeError(f"{name!r} runs more than once in one forward pass, so it has no single value per "
+                                 "sample; select a module that runs once per forward, or use hookscope.capture")
+        now.seen.add(name)
+        main = next(iter(tensors(value)), None)
+        if main is None:
+            raise HookscopeError(f"the {self.keep} of {name!r} holds no tensor; select a module whose {self.keep} "
+                                 "is a tensor")
+        with torch.no_grad():
+            v = self.reducers[name](main.detach())
+        self._check(name, v, now)
+        for s in now.segments:
+            s.arrays[name][s.at:s.at + s.hi - s.lo].copy_(v[s.lo:s.hi], non_blocking=True)
+        if len(now.seen) == len(self.selected) and not now.probe:
+            raise StopForward(self)  # nothing after the last selected layer is computed
+
+    def _check(self, name: str, v: Any, now: _Forward) -> None:
+        text = self.reducers[name].text
+        if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != now.rows:
+            got = f"shape {shape_text(tuple(v.shape))}" if isinstance(v, torch.Tensor) else type(v).__name__
+            raise HookscopeError(f"the reduction {text} of {name!r} gave {got} for a batch of {now.rows}; a reduction "
+                                 "must keep the samples as dimension 0 (e.g. 'mean' gives N x C)")
+        shape = tuple(v.shape[1:])
+        if now.probe:
+            self.found[name] = (shape, v.dtype)
+            return
+        want = self.found[name][0]
+        if shape != want:
+            hint = "" if text != "none" else ": samples of different sizes need a reduction, e.g. reduce='mean'"
+            raise HookscopeError(f"{name!r} gives {shape_text(shape)} per sample in this batch but {shape_text(want)} "
+                                 f"for the first sample{hint or ' (the reduction ' + text + ' keeps sizes apart)'}")
+
+    def run(self, model: nn.Module, inputs: Any, device: torch.device, rows: int, segments: list[Segment], *,
+            probe: bool = False) -> None:
+        """One forward of a batch of ``rows`` samples, copying each layer's rows as ``segments`` say."""
+        self._now = _Forward(rows, set(), segments, probe)
+        try:
+            model_call(model, inputs, device)
+        except StopForward as e:
+            if e.owner is not self:
+                raise
+        missing = [n for n, _ in self.selected if n not in self._now.seen]
+        if missing:
+            raise HookscopeError(f"{missing[0]!r} did not run in the forward pass, so it has no value to store; "
+                                 "select layers the model's forward reaches")

@@ -1,0 +1,271 @@
+"""hookscope.extract: what the store returns equals a direct capture of the same samples; the folder rules,
+resumption, skipping, early stop and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookscope
+from hookscope.analysis.extract._write import groups_for
+from hookscope.errors import HookscopeError
+
+from extract_job import LAYERS, SHARD, SIZE, Samples, build
+from helpers import no_hooks
+
+
+def _reference(model: nn.Module, data: Any, layers: dict[str, Any], groups: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Each layer's reduced rows by hookscope.capture, over the same batches the store used."""
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
+    for g in groups:
+        x = torch.stack([data[i] for i in g])
+        with torch.no_grad(), hookscope.capture(model, *layers) as rec:
+            model(x)
+        for n, how in layers.items():
+            t = rec[n].output
+            out[n].append(hookscope.analysis.extract.reducer(how)(t))
+    return {n: torch.cat(v) for n, v in out.items()}
+
+
+def _groups(store: hookscope.store.Store, batch: int) -> list[list[int]]:
+    m = store.manifest
+    shards = len(m["shards"])
+    return groups_for(list(range(shards)), m["samples_per_shard"], m["samples"]["count"], batch)[0]
+
+
+def test_round_trip_equals_capture_of_the_same_samples(tmp_path: Path) -> None:
+    model, data = build(), Samples(SIZE)
+    store = hookscope.extract(model, data, LAYERS, out=tmp_path / "s", batch_size=5, shard_size=SHARD)
+    assert no_hooks(model)
+    assert store.manifest["samples_per_shard"] == 12 and len(store.manifest["shards"]) == 5
+    ref = _reference(model, data, LAYERS, _groups(store, 5))
+    for name in LAYERS:
+        assert store[name].shape == tuple(ref[name].shape)
+        assert torch.equal(store[name][:], ref[name]), name
+    # the in-place ReLU after layer 3 did not rewrite what was stored: conv outputs keep their negatives
+    assert bool((store["3"][:] < 0).any())
+    assert store.indices.tolist() == list(range(SIZE))
+    assert torch.equal(store["3"][13], ref["3"][13]) and torch.equal(store["3"][-1], ref["3"][-1])
+
+
+def test_one_batch_equals_the_whole_data_at_once(tmp_path: Path) -> None:
+    model = build()
+    x = torch.stack([Samples(SIZE)[i] for i in range(20)])
+    store = hookscope.extract(model, x, {"3": None}, out=tmp_path / "s", batch_size=20)
+    with torch.no_grad(), hookscope.capture(model, "3") as rec:
+        model(x)
+    assert torch.equal(store["3"][:], rec["3"].output)
+
+
+def test_later_layers_are_not_computed(tmp_path: Path) -> None:
+    class Counted(nn.Module):
+        calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            Counted.calls += 1
+            return x
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), Counted()).eval()
+    store = hookscope.extract(model, torch.randn(70, 3), "1", out=tmp_path / "s", batch_size=3)
+    assert store["1"].shape == (70, 4)
+    assert Counted.calls == 1  # the one-sample probe runs the whole forward (to see layers that run twice); no batch does
+    assert no_hooks(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cast_equals_the_cast_of_the_float32_rows(tmp_path: Path, dtype: torch.dtype) -> None:
+    model, x = build(), torch.stack([Samples(SIZE)[i] for i in range(9)])
+    full = hookscope.extract(model, x, {"3": None}, out=tmp_path / "a", batch_size=4)
+    cast = hookscope.extract(model, x, {"3": None}, out=tmp_path / "b", batch_size=4, dtype=dtype)
+    assert cast["3"].dtype == dtype
+    assert torch.equal(cast["3"][:], full["3"][:].to(dtype))
+
+
+def test_input_keep_positions_and_functions(tmp_path: Path) -> None:
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.mix = nn.Embedding(11, 6), nn.Linear(6, 6)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.mix(self.emb(input_ids) * attention_mask[..., None])
+
+    torch.manual_seed(0)
+    model = Tokens().eval()
+    ids = torch.randint(0, 11, (9, 5))
+    batches = [{"input_ids": ids[i:i + 4], "attention_mask": torch.ones(len(ids[i:i + 4]), 5)} for i in range(0, 9, 4)]
+    store = hookscope.extract(model, iter(batches), {"mix": hookscope.at[:, -1]}, out=tmp_path / "a")
+    with torch.no_grad():
+        full = model(ids, torch.ones(9, 5))
+    assert torch.allclose(store["mix"][:], full[:, -1], atol=1e-6)
+    inputs = hookscope.extract(model, iter(batches), {"mix": "mean:1"}, keep="input", out=tmp_path / "b")
+    with torch.no_grad():
+        assert torch.allclose(inputs["mix"][:], model.emb(ids).mean(1), atol=1e-6)
+    norms = hookscope.extract(model, iter(batches), "mix", reduce=lambda t: t.norm(dim=-1), out=tmp_path / "c")
+    assert torch.allclose(norms["mix"][:], full.norm(dim=-1), atol=1e-5)
+    assert norms.manifest["arrays"][0]["reduction"].startswith("fn:")
+
+
+def test_dataloader_pairs_and_shuffle_refused(tmp_path: Path) -> None:
+    model = build()
+    pairs = [(Samples(SIZE)[i], i % 3) for i in range(10)]
+    loader = torch.utils.data.DataLoader(pairs, batch_size=3)
+    store = hookscope.extract(model, loader, {"5": "max"}, out=tmp_path / "s")
+    assert store.manifest["batch_size"] == 3
+    direct = hookscope.extract(model, torch.stack([p[0] for p in pairs]), {"5": "max"}, out=tmp_path / "t",
+                               batch_size=3)
+    assert torch.equal(store["5"][:], direct["5"][:])
+    with pytest.raises(HookscopeError, match="shuffles"):
+        hookscope.extract(model, torch.utils.data.DataLoader(pairs, batch_size=3, shuffle=True), "5",
+                          out=tmp_path / "u")
+
+
+def test_stream_straddling_shards_equals_indexed(tmp_path: Path) -> None:
+    model, data = build(), Samples(SIZE)
+    loader = torch.utils.data.DataLoader(data, batch_size=5)
+    streamed = hookscope.extract(model, (b for b in loader), LAYERS, out=tmp_path / "a", shard_size=SHARD)
+    indexed = hookscope.extract(model, data, LAYERS, out=tmp_path / "b", batch_size=5, shard_size=SHARD)
+    assert streamed.manifest["samples"]["count"] == SIZE
+    for n in LAYERS:  # the same batches of 5, whatever shard their rows went to
+        assert torch.allclose(streamed[n][:], indexed[n][:], atol=1e-6)
+
+
+def test_different_sizes_need_a_reduction(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
+    images = [torch.randn(3, 8 + i, 8) for i in range(4)]
+    with pytest.raises(HookscopeError, match="reduce='mean'"):
+        hookscope.extract(model, images, "0", out=tmp_path / "a", batch_size=1)
+    assert no_hooks(model)
+    store = hookscope.extract(model, images, "0", reduce="mean", out=tmp_path / "b", batch_size=1)
+    for i, img in enumerate(images):
+        with torch.no_grad():
+            assert torch.allclose(store["0"][i], model(img[None]).mean((2, 3))[0], atol=1e-6)
+
+
+class Flaky(Samples):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in (3, 7):
+            raise OSError(f"cannot read sample file {i}.png")
+        return super().__getitem__(i)
+
+
+def test_unreadable_samples_stop_or_are_skipped(tmp_path: Path) -> None:
+    model, data = build(), Flaky(10)
+    ids = [f"img{i}.png" for i in range(10)]
+    with pytest.raises(HookscopeError, match=r"sample img3.png cannot be read .*on_error='skip'"):
+        hookscope.extract(model, data, {"5": "max"}, out=tmp_path / "a", batch_size=4, ids=ids)
+    store = hookscope.extract(model, data, {"5": "max"}, out=tmp_path / "b", batch_size=4, ids=ids, on_error="skip")
+    kept = [i for i in range(10) if i not in (3, 7)]
+    assert store.indices.tolist() == kept
+    assert store.ids == [ids[i] for i in kept]
+    assert [s["id"] for s in store.manifest["samples"]["skipped"]] == ["img3.png", "img7.png"]
+    with torch.no_grad():
+        want = model[:6](torch.stack([Samples(10)[i] for i in kept])).amax((2, 3))
+    assert torch.allclose(store["5"][:], want, atol=1e-6)
+
+
+def test_folder_rules(tmp_path: Path) -> None:
+    model, x = build(), torch.stack([Samples(SIZE)[i] for i in range(6)])
+    out = tmp_path / "s"
+    hookscope.extract(model, x, {"5": "max"}, out=out)
+    with pytest.raises(HookscopeError, match="already holds a hookscope store.*--resume.*--overwrite"):
+        hookscope.extract(model, x, {"5": "max"}, out=out)
+    again = hookscope.extract(model, x, {"3": None}, out=out, overwrite=True)
+    assert again.layers == ("3",)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(HookscopeError, match="not empty and holds no hookscope store"):
+            hookscope.extract(model, x, "5", out=foreign, **flags)
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    with pytest.raises(HookscopeError, match="pick one"):
+        hookscope.extract(model, x, "5", out=tmp_path / "n", resume=True, overwrite=True)
+
+
+def test_resume_refuses_other_settings_naming_them(tmp_path: Path) -> None:
+    model, x = build(), torch.stack([Samples(SIZE)[i] for i in range(6)])
+    out = tmp_path / "s"
+    hookscope.extract(model, x, {"5": "max"}, out=out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(HookscopeError, match=r"cannot resume .*arrays\[0\]\.name was '5' and is now '3'"):
+        hookscope.extract(model, x, {"3": "max"}, out=out, resume=True)
+    with pytest.raises(HookscopeError, match="reduction was 'max' and is now 'mean'"):
+        hookscope.extract(model, x, {"5": "mean"}, out=out, resume=True)
+    other = build()
+    with torch.no_grad():
+        other[0].weight[0, 0, 0, 0] += 1
+    with pytest.raises(HookscopeError, match="model.weights_sha256 was"):
+        hookscope.extract(other, x, {"5": "max"}, out=out, resume=True)
+    done = hookscope.extract(model, x, {"5": "max"}, out=out, resume=True)
+    assert done.manifest["complete"] is True and done["5"].shape == (6, 16)
+
+
+def test_shared_module_is_refused(tmp_path: Path) -> None:
+    lin = nn.Linear(3, 3)
+    model = nn.Sequential(lin, nn.ReLU(), lin).eval()
+    with pytest.raises(HookscopeError, match="also registered as '2'"):
+        hookscope.extract(model, torch.randn(4, 3), "0", out=tmp_path / "s")
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.out = nn.Linear(3, 3), nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.lin(torch.relu(self.lin(x))))
+
+    twice = Twice().eval()
+    with pytest.raises(HookscopeError, match="more than once in one forward"):
+        hookscope.extract(twice, torch.randn(4, 3), "lin", "out", out=tmp_path / "t")
+    with pytest.raises(HookscopeError, match="more than once in one forward"):  # also when it is the last selected
+        hookscope.extract(twice, torch.randn(4, 3), "lin", out=tmp_path / "u")
+    assert no_hooks(twice)
+
+
+def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
+    model, x = build(), torch.randn(4, 3, 16, 16)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"reduce": "median"}, "is not a reduction"), ({"reduce": "mean:0"}, "dimension 0"),
+        ({"shard_size": "lots"}, "is not a size"), ({"batch_size": 0}, "positive int"),
+        ({"keep": "grad_output"}, "'output' or its 'input'"), ({"dtype": torch.int8}, "floating-point"),
+        ({"on_error": "ignore"}, "on_error="),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(HookscopeError, match=message) as e:
+            hookscope.extract(model, x, "3", out=tmp_path / "s", **kwargs)
+        assert "\n" not in str(e.value)
+    with pytest.raises(HookscopeError, match="needs layers"):
+        hookscope.extract(model, x, out=tmp_path / "s")
+    with pytest.raises(HookscopeError, match="not a dataset"):
+        hookscope.extract(model, "images/", "3", out=tmp_path / "s")
+    assert no_hooks(model) and not (tmp_path / "s").exists()
+
+
+def test_wrapped_model_is_keyed_by_inner_names(tmp_path: Path) -> None:
+    model, x = build(), torch.randn(5, 3, 16, 16)
+    store = hookscope.extract(nn.DataParallel(model), x, {"module.5": "max"}, out=tmp_path / "s")
+    assert store.layers == ("5",)
+    with torch.no_grad():
+        assert torch.allclose(store["5"][:], model[:6](x).amax((2, 3)), atol=1e-6)
+
+
+def test_manifest_describes_the_run(tmp_path: Path) -> None:
+    model = build()
+    store = hookscope.extract(model, Samples(8), {"5": "max"}, out=tmp_path / "s", dtype=torch.float16,
+                              describe={"model": {"spec": "extract_job:build"}, "preprocessing": {"size": 16}})
+    m = store.manifest
+    assert m["schema_version"] == 1 and m["kind"] == "samples" and m["complete"] is True
+    assert m["arrays"] == [{"name": "5", "shape": [16], "dtype": "float16", "field": "output", "reduction": "max"}]
+    assert m["model"]["spec"] == "extract_job:build" and m["model"]["class"] == "Sequential"
+    assert len(m["model"]["weights_sha256"]) == 64 and m["preprocessing"] == {"size": 16}
+    assert m["versions"]["torch"] == torch.__version__ and m["samples"]["count"] == 8
+    assert os.path.isfile(tmp_path / "s" / m["shards"][0]["file"])
