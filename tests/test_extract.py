@@ -269,3 +269,16 @@ def test_manifest_describes_the_run(tmp_path: Path) -> None:
     assert len(m["model"]["weights_sha256"]) == 64 and m["preprocessing"] == {"size": 16}
     assert m["versions"]["torch"] == torch.__version__ and m["samples"]["count"] == 8
     assert os.path.isfile(tmp_path / "s" / m["shards"][0]["file"])
+
+
+def test_resume_of_a_complete_store_checks_settings_and_data(tmp_path: Path) -> None:
+    model, x = build(), torch.stack([Samples(SIZE)[i] for i in range(6)])
+    out = tmp_path / "s"
+    first = hookscope.extract(model, x, {"5": "max"}, out=out)
+    manifest = (out / "manifest.json").read_bytes()
+    again = hookscope.extract(model, x, {"5": "max"}, out=out, resume=True)  # nothing to do, nothing rewritten
+    assert (out / "manifest.json").read_bytes() == manifest and torch.equal(again["5"][:], first["5"][:])
+    with pytest.raises(HookscopeError, match="arrays"):
+        hookscope.extract(model, x, {"3": None}, out=out, resume=True)
+    with pytest.raises(HookscopeError, match="data_fingerprint"):  # same length, other samples
+        hookscope.extract(model, x.flip(0), {"5": "max"}, out=out, resume=True)

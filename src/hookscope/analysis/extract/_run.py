@@ -70,7 +70,7 @@ def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
     raise HookscopeError("no sample of the data can be read; check the data")
 
 
-def _settings(p: Plan, taps: Taps, per_shard: int) -> dict[str, Any]:
+def _settings(p: Plan, taps: Taps, per_shard: int, first: Batch) -> dict[str, Any]:
     described = p.describe
     return {
         "schema_version": SCHEMA_VERSION, "kind": "samples", "complete": False,
@@ -79,7 +79,7 @@ def _settings(p: Plan, taps: Taps, per_shard: int) -> dict[str, Any]:
         "model": {"class": type(p.model).__name__, "weights_sha256": weights_hash(p.model),
                   **dict(described.get("model", {}))},
         "data": {**p.source.info, **dict(described.get("data", {}))},
-        "data_fingerprint": p.source.fingerprint(),
+        "data_fingerprint": p.source.fingerprint(first.inputs),
         "preprocessing": described.get("preprocessing"),
         "versions": {"hookscope": _version(), "torch": torch.__version__, "python": platform.python_version()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -142,17 +142,18 @@ def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
 
 def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None) -> None:
     old = _prepared(p, r, resume, overwrite)
-    if old is not None and old.get("complete"):
-        return
     with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad():
         first, stream = _first_batch(p)
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
-        taps.run(p.model, probe_batch(first).inputs, p.device, 1, [], probe=True)
+        probe = probe_batch(first)
+        taps.run(p.model, probe.inputs, p.device, 1, [], probe=True)
         per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
-        settings = _settings(p, taps, per_shard)
+        settings = _settings(p, taps, per_shard, probe)
         if old is not None:
             same_run(old, settings, p.out)
+            if old.get("complete"):  # finished already, with these settings: nothing to write
+                return
         elif r.lead:
             write_json(p.out / "manifest.json", settings)
         r.barrier()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, default_collate
 
-from ..._tree import tree_map
+from ..._tree import tensors, tree_map
 from ...core.text import first_line
 from ...errors import HookscopeError
 
@@ -108,10 +108,14 @@ class Source:
         """Every batch of an iterable, rows numbered from 0."""
         raise HookscopeError("this data is indexed by sample; iterate it with batches()")
 
-    def fingerprint(self) -> str:
-        """What a resumed run must find unchanged: kind, length and sample ids."""
-        text = f"{self.info.get('kind')}|{self.length}|" + "\n".join(self.ids or [])
-        return hashlib.sha256(text.encode()).hexdigest()
+    def fingerprint(self, first: Any = None) -> str:
+        """What a resumed run must find unchanged: kind, length, sample ids and the bytes of ``first`` (the
+        inputs of the first sample)."""
+        h = hashlib.sha256(f"{self.info.get('kind')}|{self.length}|".encode() + "\n".join(self.ids or []).encode())
+        for t in tensors(first):
+            h.update(str((t.dtype, tuple(t.shape))).encode())
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
 
 class _Rows(Source):
