@@ -215,6 +215,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "compare_models": lambda **kw: hookscope.compare_models(net, net, x, repeats=1, warmup=0, **kw),
         "extract": lambda **kw: hookscope.extract(net, x, "fc", out="/nonexistent/never-written", **kw),
         "open_store": lambda **kw: hookscope.open_store("/nonexistent", **kw),
+        "load": lambda **kw: hookscope.load("/nonexistent", **kw),
     }
 
 

@@ -51,7 +51,7 @@ from .errors import (
     SelectionError,
 )
 from .grads import GradRecord, TensorGrads, grads
-from .records import CallRecord, LayerRecord, Recording, Retention
+from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
 from .store import LayerArray, Store, open_store
 
@@ -75,6 +75,7 @@ __all__ = [
     "LayerArray",
     "Store",
     "open_store",
+    "load",
     "DiffRow",
     "Settings",
     "Unmatched",

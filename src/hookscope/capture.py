@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ._tree import map_exposed, tensors, tree_map
 from .core.calls import CallStack
@@ -94,16 +95,22 @@ class Capture(Recording):
         stop: bool,
         aliases: dict[str, str] | None = None,
         at: At | None = None,
+        last: int | None = None,
+        on_call: Callable[[CallRecord], object] | None = None,
     ) -> None:
         super().__init__([n for n, _ in selected], aliases, keep)
         self.at = at  # positions of the main output tensor to keep, or None for the whole output
+        self.last = last  # keep only the last N calls of each module
+        self.on_call = on_call  # hand each call to this function and keep nothing
         self._model: nn.Module | None = model
         self._targets: list[tuple[str, nn.Module]] | None = selected
         self.retention = retention
         self.stop = stop
         self._group = HookGroup()
         self._refresh = HookRefresh(model)
-        self._slots: list[Slot] = []
+        self._call_slots: dict[int, list[Slot]] = {}  # call index -> the slots it keeps watched (last=, on_call=)
+        self._slots: list[Slot] = []  # the slots kept watched otherwise, until the block ends
+        self._call_hooks: dict[int, list[RemovableHandle]] = {}  # call index -> its gradient hooks (last=N)
         self._remaining: set[str] = set()
         self._scope = ThreadScope()
         self._orphans = Orphans()  # grad_output hooks on view outputs, orphaned by an in-place op
@@ -150,11 +157,11 @@ class Capture(Recording):
 
     def _close(self) -> None:
         self._group.remove()  # sets closed first: a hook still running releases what it keeps
+        self._remove_call_hooks()
         self._orphans.settle()
         self._refresh.close()
         self._scope.close()
-        release(list(self._slots))
-        self._slots = []
+        self._release_all()
         self._model = None  # nothing of the model outlives the context
         self._targets = None
 
@@ -175,9 +182,68 @@ class Capture(Recording):
             >>> len(rec.calls)
             1
         """
-        slots, self._slots = self._slots, []
-        release(slots)
+        self._remove_call_hooks()
+        self._release_all()
         super().clear()
+
+    def _release_all(self) -> None:
+        with self._lock:
+            slots, self._call_slots = self._call_slots, {}
+            kept, self._slots = self._slots, []
+        release(kept + [s for watched in slots.values() for s in watched])
+
+    def _remove_call_hooks(self) -> None:
+        """Remove the gradient hooks filed per call (last=N); the group holds them otherwise."""
+        with self._lock:
+            hooks, self._call_hooks = self._call_hooks, {}
+        for handles in hooks.values():
+            for h in handles:
+                h.remove()
+
+    def _add(self, name: str, file: bool = True) -> CallRecord:
+        if self.last is None and self.on_call is None:
+            return super()._add(name, file)
+        call = super()._add(name, file=file and self.on_call is None)  # on_call: numbered, never kept
+        if self.last is not None:
+            self._trim(name, self.last)
+        return call
+
+    def _trim(self, name: str, last: int) -> None:
+        """Drop the calls of ``name`` older than the last ``last`` ones, and what they kept."""
+        with self._lock:
+            calls = self._layers[name].calls
+            old = calls[: max(0, len(calls) - last)]
+            if not old:
+                return
+            del calls[: len(old)]
+            for c in old:
+                self.calls.remove(c)  # the oldest calls sit near the front: a short scan
+        self._forget(old, lambda c: (
+            f"call {c.index} of {c.name!r} was dropped: capture(last={last}) keeps only the last {last} calls "
+            "of each module; read it before more calls run, or raise last="))
+
+    def _forget(self, calls: list[CallRecord], why: Callable[[CallRecord], str]) -> None:
+        """Mark ``calls`` dropped; release their slots and remove their gradient hooks."""
+        with self._lock:
+            for c in calls:
+                c.drop(why(c))
+            slots = [s for c in calls for s in self._call_slots.pop(c.index, ())]
+            hooks = [h for c in calls for h in self._call_hooks.pop(c.index, ())]
+        watched = [s for s in slots if s.policy != "copied"]  # a copied slot is in no registry
+        if watched:
+            release(watched)
+        for h in hooks:
+            h.remove()
+
+    def _hand(self, call: CallRecord) -> None:
+        """``on_call``: hand the finished call to the user's function, then forget it."""
+        assert self.on_call is not None
+        try:
+            self.on_call(call)
+        finally:
+            self._forget([call], lambda c: (
+                f"call {c.index} of {c.name!r} was handed to on_call and not kept (capture(on_call=...) keeps "
+                "nothing); copy what you need inside the function"))
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Call the model inside this capture; with ``stop=True`` returns ``None`` once stopped.
@@ -202,16 +268,17 @@ class Capture(Recording):
             return None
 
     # hooks ----------------------------------------------------------------------------------
-    def _keep_tree(self, obj: Any, where: Any, held: Any = None) -> tuple[Any, Any]:
+    def _keep_tree(self, obj: Any, call: CallRecord, field: str, held: Any = None) -> tuple[Any, Any]:
         """(tree of slots, tree the model goes on with) for one input or output.
 
         Tensors reached through tuples are kept as :meth:`Retention.keep` says (large ones handed
         on as guarded aliases); tensors inside lists, dicts and objects are recorded as copies and
         their containers handed back untouched, since the model may hold and change them.
         """
+        where = (field, call.name, call.index)
         if isinstance(obj, torch.Tensor):  # the common case, without the walks below
             slot, alias = self.retention.keep(obj, where, held)
-            self._file([slot])
+            self._file([slot], call)
             return slot, alias
         kept: list[Slot] = []
         exposed: dict[int, Slot] = {}
@@ -241,17 +308,35 @@ class Capture(Recording):
         else:
             aliases = map_exposed(hand_on, obj)
         slots = tree_map(record, obj)
-        self._file(kept)
+        self._file(kept, call)
         found: list[Slot] = []
         tree_map(found.append, slots, leaf=Slot)
         if len(found) < len(occurrences):  # an object whose copy is itself still holds live tensors
             return _unkeepable(where), aliases
         return slots, aliases
 
-    def _file(self, kept: list[Slot]) -> None:
-        self._slots.extend(kept)
-        if self._group.closed:  # closed meanwhile by another thread: keep nothing watched
-            release(kept)
+    def _file(self, kept: list[Slot], call: CallRecord) -> None:
+        if self.last is None and self.on_call is None:  # nothing is dropped before the block ends
+            self._slots.extend(kept)
+            if self._group.closed:  # closed meanwhile by another thread: keep nothing watched
+                release(kept)
+            return
+        with self._lock:
+            if not (self._group.closed or call.dropped):
+                self._call_slots.setdefault(call.index, []).extend(kept)
+                return
+        release(kept)  # closed meanwhile by another thread, or dropped (last=N): keep nothing watched
+
+    def _watch_handle(self, call: CallRecord, handle: RemovableHandle) -> None:
+        """Own a gradient hook of ``call``: with last=N it goes when the call is dropped."""
+        if self.last is None:
+            self._group.add(handle)
+            return
+        with self._lock:
+            if not (self._group.closed or call.dropped):
+                self._call_hooks.setdefault(call.index, []).append(handle)
+                return
+        handle.remove()
 
     def _ours(self, module: nn.Module, target: nn.Module) -> bool:
         """A call this capture records: not from a thread that existed before it opened."""
@@ -280,6 +365,8 @@ class Capture(Recording):
             if call is None:  # began before the capture opened
                 call = self._add(name)
             new = self._record_output(call, output, held_by(module, args))
+            if self.on_call is not None:
+                self._hand(call)
             if self.stop:
                 self._remaining.discard(name)
                 if not self._remaining:
@@ -291,8 +378,8 @@ class Capture(Recording):
     def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         new_args, new_kwargs = args, kwargs
         if "input" in self.keep:
-            kept_args, new_args = self._keep_tree(args, ("input", call.name, call.index))
-            kept_kwargs, new_kwargs = self._keep_tree(kwargs, ("input", call.name, call.index))
+            kept_args, new_args = self._keep_tree(args, call, "input")
+            kept_kwargs, new_kwargs = self._keep_tree(kwargs, call, "input")
             call.set_inputs(kept_args, kept_kwargs)
         if "grad_input" in self.keep:
             new_args = self._watch_inputs(call, new_args)
@@ -304,26 +391,27 @@ class Capture(Recording):
         if "grad_input" in self.keep:
             call.check_inputs()
         new_output = output
-        if "output" in self.keep and not self._group.closed:
-            where = ("output", call.name, call.index)
+        if "output" in self.keep and not self._group.closed and not call.dropped:
             if self.at is not None:  # a record of the slice alone; the model goes on with its output as is
+                where = ("output", call.name, call.index)
                 slot = self.retention.keep(self.at.take(output, call.name), where, inner=True)[0]
-                self._file([slot])
+                self._file([slot], call)
                 call.set_output(slot)
             else:
-                kept, new_output = self._keep_tree(output, where, held)
+                kept, new_output = self._keep_tree(output, call, "output", held)
                 call.set_output(kept)
         if "grad_output" in self.keep:
             self._watch_outputs(call, output)
         return new_output
 
-    def _grad_setter(self, grads: list[Slot | None], i: int, where: Any, adopted: bool = False,
+    def _grad_setter(self, call: CallRecord, grads: list[Slot | None], i: int, where: Any, adopted: bool = False,
                      key: int | None = None) -> Any:
         ret, orphans = self.retention, self._orphans
 
         def hook(g: torch.Tensor) -> None:
             orphans.arrived(key)
-            grads[i] = ret.keep_grad(g, where, adopted)
+            if not call.dropped:  # a gradient arriving for a dropped call (last=N) is not kept
+                grads[i] = ret.keep_grad(g, where, adopted)
 
         return hook
 
@@ -339,8 +427,8 @@ class Capture(Recording):
                 key = self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
                 # a view's gradient goes on to its base as a view of the same memory, which a leaf
                 # (a parameter the output is a view of) may adopt as .grad and accumulate into
-                hook = self._grad_setter(grads, i, where, t._is_view(), key)
-                self._group.add(t.register_hook(hook))
+                hook = self._grad_setter(call, grads, i, where, t._is_view(), key)
+                self._watch_handle(call, t.register_hook(hook))
                 self._orphans.bind(key, hook)
 
     def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -364,7 +452,7 @@ class Capture(Recording):
             a = aliases.get(id(t))
             if a is not None:
                 # a leaf's .grad would adopt a view of this gradient and accumulate into it
-                self._group.add(a.register_hook(self._grad_setter(grads, i, where, t.is_leaf)))
+                self._watch_handle(call, a.register_hook(self._grad_setter(call, grads, i, where, t.is_leaf)))
                 call.watch_input(a)
             elif t.requires_grad and grad_on:
                 call.unwatchable_input()
@@ -384,12 +472,14 @@ def capture(
     model: nn.Module,
     *selectors: Selector,
     keep: str | Iterable[str] = "output",
-    copy: str = "auto",
+    copy: str | None = None,
     detach: bool = True,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     stop: bool = False,
     at: At | Any = None,
+    last: int | None = None,
+    on_call: Callable[[CallRecord], object] | None = None,
 ) -> Capture:
     """Record what the selected modules receive and produce, one record per call.
 
@@ -400,10 +490,11 @@ def capture(
             :func:`hookscope.layers`). None selects every module.
         keep: what to record: ``"output"`` (default), ``"input"`` (positional and keyword),
             ``"grad_output"``, ``"grad_input"``, or groups ``"io"``, ``"grads"``, ``"all"``.
-        copy: ``"auto"`` (default): no copy unless something writes into a recorded tensor later
-            (``ReLU(inplace=True)``, ``out += identity``), then a copy of that one tensor is made
-            just before; ``"always"``: copy every record; ``"never"``: no copy, and a record whose
-            memory was overwritten raises :class:`~hookscope.MutationError` when read.
+        copy: ``"auto"`` (the default): no copy unless something writes into a recorded tensor
+            later (``ReLU(inplace=True)``, ``out += identity``), then a copy of that one tensor is
+            made just before; ``"always"`` (the default with ``on_call=``): copy every record;
+            ``"never"``: no copy, and a record whose memory was overwritten raises
+            :class:`~hookscope.MutationError` when read.
         detach: keep records without their autograd graph (default).
         device, dtype: move / cast records (for example ``device="cpu"``).
         stop: end the forward pass once every selected module has run once (later layers are not
@@ -413,6 +504,14 @@ def capture(
             hidden states of a ``(hidden, cache)`` tuple). The record's ``output`` is then that
             slice (a copy; under ``copy="never"`` a view that raises on reading if overwritten).
             Positions that do not fit an output raise one line. Works with ``keep="output"``.
+        last: keep only the last ``last`` calls of each module: an older call is dropped as a newer
+            one begins, with what it kept, so a capture left open over a long loop stays flat.
+            ``call.index`` still counts every call; reading a dropped record raises.
+        on_call: ``fn(call)`` is called with each call's record as soon as its module returns,
+            and nothing is kept (``rec.calls`` stays empty). The tensors ``fn`` reads are copies
+            the model cannot rewrite, so ``fn`` may keep them (unless ``copy=`` is given). Forward
+            fields only (``keep="output"``, ``"input"`` or ``"io"``); an exception in ``fn``
+            propagates. Nested selected modules reach ``fn`` as they return (inner ones first).
 
     Returns:
         A context manager; inside and after the block it maps names to :class:`LayerRecord`.
@@ -424,8 +523,20 @@ def capture(
         ...     y = net(-torch.ones(1, 4))
         >>> bool((rec["0"].output < 0).any())   # the true pre-ReLU values, not the rewritten ones
         True
+        >>> with hookscope.capture(net, "0", last=2) as ring:  # a long loop stays flat
+        ...     for _ in range(5):
+        ...         y = net(torch.ones(1, 4))
+        >>> [call.index for call in ring.calls]
+        [3, 4]
+        >>> sums = []
+        >>> with hookscope.capture(net, "0", on_call=lambda call: sums.append(call.output.sum())) as none:
+        ...     for _ in range(3):
+        ...         y = net(torch.ones(1, 4))
+        >>> len(sums), len(none.calls)
+        (3, 0)
     """
     fields = parse_keep(keep)
+    _check_bounds(last, on_call, fields)
     positions = as_at(at)
     if positions is not None and fields != {"output"}:
         raise HookscopeError(f"at= picks positions of the output, so it works with keep='output' only (got "
@@ -435,7 +546,25 @@ def capture(
             "stop=True ends the forward pass early, so no backward pass can record gradients; "
             "drop stop=True or keep only 'input'/'output'"
         )
-    retention = Retention(copy=copy, detach=detach, device=device, dtype=dtype)  # type: ignore[arg-type]
+    policy = copy if copy is not None else "always" if on_call is not None else "auto"
+    retention = Retention(copy=policy, detach=detach, device=device, dtype=dtype)  # type: ignore[arg-type]
     selected = layers(model, *selectors)
     check_hookable(selected)
-    return Capture(model, selected, fields, retention, stop, aliases_of(model, selected), positions)
+    return Capture(model, selected, fields, retention, stop, aliases_of(model, selected), positions,
+                   last, on_call)
+
+
+def _check_bounds(last: Any, on_call: Any, fields: frozenset[str]) -> None:
+    """One-line refusals of a bad ``last=`` / ``on_call=``."""
+    if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 1):
+        raise HookscopeError(f"last={last!r} is not a number of calls; pass an int >= 1 (last=1 keeps the latest)")
+    if on_call is None:
+        return
+    if not callable(on_call):
+        raise HookscopeError(f"on_call={on_call!r} is not callable; pass a function that takes a CallRecord")
+    if last is not None:
+        raise HookscopeError("on_call= keeps nothing, so last= has nothing to bound; pass one of them")
+    if fields & {"grad_input", "grad_output"}:
+        raise HookscopeError(
+            "on_call= hands each record on as its module returns, before any gradient exists; use "
+            "keep='output', 'input' or 'io', or last=N to keep gradients of the latest calls")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -13,10 +16,10 @@ from ._tree import tree_map
 from .core.result import Result, jsonable
 from .core.text import dtype_text, shape_text, table
 from .core.guard import Slot, guardable, protect, storage_key
-from .errors import RecordError, did_you_mean
+from .errors import MutationError, RecordError, did_you_mean
 from .selection import strip_prefix
 
-__all__ = ["Retention", "CallRecord", "LayerRecord", "Recording", "check_device"]
+__all__ = ["Retention", "CallRecord", "LayerRecord", "Recording", "check_device", "load"]
 
 CopyPolicy = Literal["auto", "always", "never"]
 COPY_BELOW = 1 << 20
@@ -251,7 +254,7 @@ class CallRecord:
     """
 
     __slots__ = ("name", "index", "_args", "_kwargs", "_output", "_grads_out", "_grads_in",
-                 "_skel_out", "_skel_in", "_watched", "note", "_lost_out")
+                 "_skel_out", "_skel_in", "_watched", "note", "_lost_out", "_failed", "dropped")
 
     def __init__(self, name: str, index: int) -> None:
         self.name = name
@@ -266,6 +269,8 @@ class CallRecord:
         self._watched: list[tuple[torch.Tensor, int]] = []  # input aliases and their versions
         self.note = ""  # why a gradient is missing, when we know
         self._lost_out = ""  # why the output gradient cannot be the true one, when we know
+        self._failed: dict[str, tuple[str, str]] | None = None  # field ("*": all) -> (error class, message)
+        self.dropped = False  # dropped (capture(last=N), on_call=): every field is gone
 
     # what a capture writes into the record ------------------------------------------------
     def mark_running(self) -> None:
@@ -274,11 +279,13 @@ class CallRecord:
 
     def set_inputs(self, args: Any, kwargs: Any) -> None:
         """The kept positional and keyword inputs (trees of :class:`~hookscope.core.Slot`)."""
-        self._args, self._kwargs = args, kwargs
+        if not self.dropped:
+            self._args, self._kwargs = args, kwargs
 
     def set_output(self, output: Any) -> None:
         """The kept output (a tree of :class:`~hookscope.core.Slot`)."""
-        self._output = output
+        if not self.dropped:
+            self._output = output
 
     def expect_grad_output(self, skeleton: Any, n: int) -> list[Slot | None]:
         """Room for ``n`` output gradients; ``skeleton`` is the output with :data:`HOLE` for tensors."""
@@ -314,8 +321,29 @@ class CallRecord:
                 "of the layer before it"
             )
 
+    def fail(self, field: str, why: str, error: str = "RecordError") -> None:
+        """Reading ``field`` (``"*"``: every field) raises ``error`` (``RecordError`` or
+        ``MutationError``) with the message ``why`` (a record dropped, or loaded from a file)."""
+        self._failed = {**(self._failed or {}), field: (error, why)}
+
+    def drop(self, why: str) -> None:
+        """Forget what this record kept: from now on reading any field raises ``why``."""
+        self.fail("*", why)
+        self.dropped = True
+        self._args = self._kwargs = self._output = NOT_KEPT
+        self._grads_out = self._grads_in = self._skel_out = self._skel_in = None
+        self._watched = []
+
     # what a reader asks of it --------------------------------------------------------------
+    def _check(self, field: str) -> None:
+        if self._failed is None:
+            return
+        failed = self._failed.get("*") or self._failed.get(field)
+        if failed is not None:
+            raise (MutationError if failed[0] == "MutationError" else RecordError)(failed[1])
+
     def _need(self, value: Any, keep: str) -> Any:
+        self._check(keep)
         if value is NOT_KEPT:
             raise RecordError(f"the {keep} of {self.name!r} was not recorded; capture with keep=({keep!r}, ...)")
         if value is RAISED:
@@ -351,6 +379,7 @@ class CallRecord:
         return _read(self._need(self._output, "output"))
 
     def _fill(self, grads: list[Slot | None] | None, skel: Any, keep: str) -> Any:
+        self._check(keep)
         if grads is None:
             raise RecordError(f"gradients of {self.name!r} were not recorded; capture with keep=({keep!r}, ...)")
         it = iter(grads)  # a module that returned None has the skeleton None, and grad_output None
@@ -369,6 +398,7 @@ class CallRecord:
         Raises :class:`~hookscope.RecordError` when the gradient could not be seen (an output that
         is a view of another tensor, rewritten in place after the module returned).
         """
+        self._check("grad_output")
         if self._lost_out:
             raise RecordError(f"no true grad_output for {self.name!r} (call {self.index}): {self._lost_out}")
         return self._fill(self._grads_out, self._skel_out, "grad_output")
@@ -376,6 +406,7 @@ class CallRecord:
     @property
     def grad_args(self) -> tuple[Any, ...]:
         """Gradient w.r.t. each positional input (``None`` where there is none)."""
+        self._check("grad_input")
         if self.note:  # what arrived, if anything, is only part of the gradient
             raise RecordError(f"no true input gradient for {self.name!r}: {self.note}")
         return tuple(self._fill(self._grads_in, self._skel_in, "grad_input"))
@@ -481,16 +512,26 @@ class Recording(Result, Mapping[str, LayerRecord]):
         self._layers = {n: LayerRecord(n) for n in selected}
         self._aliases = dict(aliases or {})  # another name of a shared module -> the selected one
         self.calls: list[CallRecord] = []
+        self._lock = threading.Lock()  # DataParallel's replicas add calls from several threads
+        self._count = 0  # calls begun so far: the index of the next one
 
     def _key(self, name: str) -> str:
         key = strip_prefix(name, self._layers.keys() | self._aliases.keys())
         return self._aliases.get(key, key)
 
-    def _add(self, name: str) -> CallRecord:
-        call = CallRecord(name, len(self.calls))
-        self.calls.append(call)  # list.append is atomic: safe from DataParallel's threads
-        self._layers[name].calls.append(call)
+    def _add(self, name: str, file: bool = True) -> CallRecord:
+        """A record of a call of ``name`` that begins now; ``file=False``: numbered, not kept."""
+        with self._lock:  # DataParallel's threads: one index each, listed in the order of the indices
+            call = CallRecord(name, self._count)
+            self._count += 1
+            if file:
+                self.calls.append(call)
+                self._layers[name].calls.append(call)
         return call
+
+    def _adopt(self, call: CallRecord) -> None:
+        self.calls.append(call)
+        self._layers[call.name].calls.append(call)
 
     def __getitem__(self, name: str) -> LayerRecord:
         if not isinstance(name, str):
@@ -570,9 +611,72 @@ class Recording(Result, Mapping[str, LayerRecord]):
 
     def clear(self) -> None:
         """Forget every record (to reuse one capture over many batches without growing)."""
-        self.calls.clear()
-        for layer in self._layers.values():
-            layer.calls.clear()
+        with self._lock:
+            self.calls.clear()
+            self._count = 0
+            for layer in self._layers.values():
+                layer.calls.clear()
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write every kept call to the folder ``path``; read it back with :func:`hookscope.load`.
+
+        The folder is a store of one safetensors shard and a JSON manifest (no pickle): every call
+        of every module in order, with its name, index and the fields kept (input, output,
+        gradients), their nesting of tuples, lists, dicts and ``None``, their dtypes, shapes and
+        values. Named tuples come back as named tuples of the same name and fields; dataclasses,
+        ``ModelOutput`` and other objects come back as dicts of their fields; tensors come back on
+        the CPU, detached. A field that cannot be read (a call that raised, a record overwritten
+        in place) raises the same error after loading.
+
+        Args:
+            path: a folder that does not exist yet or is empty.
+            overwrite: replace a store already there (only a store: other folders are refused).
+
+        Returns:
+            The folder written.
+
+        Example:
+            >>> import tempfile, torch, hookscope
+            >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+            >>> with hookscope.capture(net) as rec:
+            ...     _ = net(torch.ones(1, 2))
+            >>> folder = rec.save(tempfile.mkdtemp() + "/rec")
+            >>> again = load(folder)
+            >>> torch.equal(again["0"].output, rec["0"].output), list(again)
+            (True, ['0', '1'])
+        """
+        from ._saved import save_recording
+
+        return save_recording(self.selected, self._aliases, self.keep, self.calls, path, overwrite=overwrite)
 
     def __repr__(self) -> str:
         return f"Recording({len(self.selected)} selected, {len(self.calls)} calls)"
+
+
+def load(path: str | os.PathLike[str]) -> Recording:
+    """Read back a :class:`Recording` written by :meth:`Recording.save`.
+
+    The result speaks the same protocol as the recording saved (``rec[name].output``,
+    ``rec.calls``, ``table()``, ``rows``, ``to_dict()``); tensors are on the CPU. A store written by
+    :func:`hookscope.extract` is refused: open it with :func:`hookscope.open_store`.
+
+    Example:
+        >>> import tempfile, torch, hookscope
+        >>> net = torch.nn.Linear(2, 2)
+        >>> with hookscope.capture(net, "", keep="io") as rec:
+        ...     _ = net(torch.ones(1, 2)); _ = net(torch.zeros(1, 2))
+        >>> again = load(rec.save(tempfile.mkdtemp() + "/rec"))
+        >>> [c.index for c in again.calls], again[""].calls[1].input.sum().item()
+        ([0, 1], 0.0)
+    """
+    from ._saved import read_recording
+
+    selected, aliases, keep, calls = read_recording(path)
+    rec = Recording(selected, aliases, keep)
+    for call in calls:
+        if call.name not in rec.selected:
+            raise RecordError(f"{path}: call {call.index} is of {call.name!r}, which the recording does not select; "
+                              "save the recording again")
+        rec._adopt(call)
+    rec._count = max((c.index + 1 for c in calls), default=0)
+    return rec
