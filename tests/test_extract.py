@@ -282,3 +282,18 @@ def test_resume_of_a_complete_store_checks_settings_and_data(tmp_path: Path) -> 
         hookscope.extract(model, x, {"3": None}, out=out, resume=True)
     with pytest.raises(HookscopeError, match="data_fingerprint"):  # same length, other samples
         hookscope.extract(model, x.flip(0), {"5": "max"}, out=out, resume=True)
+
+
+def test_a_run_that_failed_before_any_shard_leaves_nothing_in_the_way(tmp_path: Path) -> None:
+    model, out = build(), tmp_path / "s"
+    with pytest.raises(HookscopeError, match="sample 0 cannot be read"):
+        hookscope.extract(model, _FirstBad(4), {"5": "max"}, out=out)
+    store = hookscope.extract(model, Samples(4), {"5": "max"}, out=out)  # neither --resume nor --overwrite needed
+    assert store["5"].shape == (4, 16)
+
+
+class _FirstBad(Samples):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 0:
+            raise OSError("unreadable")
+        return super().__getitem__(i)

@@ -17,9 +17,9 @@ from typing import NoReturn
 from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
 
-_FOLDER_OUT = ("report", "demo")
+_FOLDER_OUT = ("report", "demo", "extract")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
-COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune")
+COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune", "extract")
 
 
 def _commands() -> dict[str, ModuleType]:

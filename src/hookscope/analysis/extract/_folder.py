@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HookscopeError
-from ...store import clear_store, is_store, read_manifest, remove_partial
+from ...store import clear_store, complete_shards, is_store, read_manifest, remove_partial
 
 __all__ = ["prepare", "same_run", "SETTINGS"]
 
@@ -32,17 +32,20 @@ def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | Non
     if out.is_dir() and any(out.iterdir()):
         if not is_store(out):
             raise HookscopeError(f"{out} is not empty and holds no hookscope store; give a new or empty folder")
-        if overwrite:
+        started = (out / "manifest.json").exists()
+        if not started and not complete_shards(out):  # a run that failed before writing anything: start afresh
+            remove_partial(out)
+        elif overwrite:
             clear_store(out)
         elif not resume:
             raise HookscopeError(f"{out} already holds a hookscope store; pass resume=True (--resume) to continue it "
                                  "or overwrite=True (--overwrite) to replace it")
-        elif (out / "manifest.json").exists():
-            remove_partial(out)
-            return read_manifest(out)
-        else:  # shards without a manifest: not a run this engine started
+        elif not started:  # shards without a manifest: not a run this engine started
             raise HookscopeError(f"{out} holds shards but no manifest.json, so there is nothing to check a resume "
                                  "against; pass overwrite=True (--overwrite) to start again")
+        else:
+            remove_partial(out)
+            return read_manifest(out)
     try:
         (out / "shards").mkdir(parents=True, exist_ok=True)
     except OSError as e:
