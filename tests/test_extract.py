@@ -297,3 +297,12 @@ class _FirstBad(Samples):
         if i == 0:
             raise OSError("unreadable")
         return super().__getitem__(i)
+
+
+def test_the_model_comes_back_as_it_was(tmp_path: Path) -> None:
+    model = build().train()  # batch statistics would move in train mode
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(UserWarning, match="train mode"):
+        hookscope.extract(model, Samples(10), {"3": None}, out=tmp_path / "s", batch_size=4)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.training and all(m.training for m in model.modules()) and no_hooks(model)

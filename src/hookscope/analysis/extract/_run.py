@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import Selector
 from ...store import SCHEMA_VERSION, ArraySpec, Store, StoreWriter, complete_shards, open_store, weights_hash, write_json
@@ -142,7 +143,7 @@ def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
 
 def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None) -> None:
     old = _prepared(p, r, resume, overwrite)
-    with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad():
+    with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad(), restored(p.model):
         first, stream = _first_batch(p)
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
