@@ -10,6 +10,8 @@ This package imports only torch, numpy and the standard library (and hookscope's
 
 from ._files import (SCHEMA_VERSION, ShardInfo, clear_store, complete_shards, is_store, read_manifest,
                      remove_partial, shard_path, write_json)
+from ._format import storable
+from ._lock import LOCK_NAME, locked
 from ._reader import LayerArray, Store, open_store
 from ._tensors import load_tensors, save_tensors, weights_hash
 from ._writer import ArraySpec, ShardBuffer, StoreWriter
@@ -17,5 +19,5 @@ from ._writer import ArraySpec, ShardBuffer, StoreWriter
 __all__ = [
     "SCHEMA_VERSION", "ArraySpec", "ShardInfo", "ShardBuffer", "StoreWriter", "shard_path", "complete_shards",
     "remove_partial", "write_json", "read_manifest", "is_store", "clear_store", "weights_hash", "save_tensors",
-    "load_tensors", "open_store", "Store", "LayerArray",
+    "load_tensors", "open_store", "Store", "LayerArray", "storable", "locked", "LOCK_NAME",
 ]

@@ -8,9 +8,11 @@ complete, because it was renamed there only after its last byte reached the disk
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,16 +24,23 @@ import torch
 from ..core.result import jsonable
 from ..errors import HookscopeError
 from ._format import Header, encode_header, parse_header, raw_bytes
+from ._lock import LOCK_NAME, check_lock
 
-__all__ = ["SCHEMA_VERSION", "ShardInfo", "shard_path", "write_file", "write_json", "read_manifest", "read_shard",
-           "complete_shards", "remove_partial", "is_store", "clear_store", "count_complete", "shard_entries", "write_tensors", "SHARD", "TMP"]
+__all__ = ["SCHEMA_VERSION", "KINDS", "ShardInfo", "shard_path", "open_regular", "write_file", "write_json",
+           "read_manifest", "read_shard", "complete_shards", "remove_partial", "is_store", "clear_store",
+           "count_complete", "shard_entries", "write_tensors", "SHARD", "SHARD_TMP", "MANIFEST_TMP"]
 
 SCHEMA_VERSION: int = 1
 """The version of the store layout and manifest this hookscope writes and reads."""
 
+KINDS = ("samples", "recording")
+"""The kinds of store hookscope writes (open_store reads "samples", hookscope.load reads "recording")."""
+
 SHARD = re.compile(r"^(\d{6,})\.safetensors$")
-TMP = re.compile(r"^\..+\.tmp-\d+$")
+SHARD_TMP = re.compile(r"^\.\d{6,}\.safetensors\.tmp-\d+$")  # write_file's tmp name of a shard
+MANIFEST_TMP = re.compile(r"^\.manifest\.json\.tmp-\d+$")  # write_file's tmp name of the manifest
 _CHUNK = 1 << 22
+_DEPTH = 64  # a manifest nests a few levels; anything deeper is corrupted (and would blow the stack later)
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,40 @@ def shard_path(root: str | os.PathLike[str], shard: int) -> Path:
         'out/shards/000007.safetensors'
     """
     return Path(root) / "shards" / f"{shard:06d}.safetensors"
+
+
+def open_regular(path: Path) -> io.BufferedReader:
+    """``path`` opened for reading, refused in one line unless it is a regular file (a symlink to one is
+    followed): a FIFO or a device would hang or never end, a folder is no file.
+
+    Example:
+        >>> import tempfile
+        >>> open_regular(Path(tempfile.mkdtemp()))
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: ... is not a regular file; ...
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO opens without waiting
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HookscopeError(f"{path} is not a regular file; a store holds only files there: remove it, or "
+                                 "give the folder of a store")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _depth(doc: Any) -> int:
+    """How deeply ``doc`` nests, counted without recursion (stops counting past ``_DEPTH``)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo and deepest <= _DEPTH:
+        item, level = todo.pop()
+        deepest = max(deepest, level)
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        todo.extend((c, level + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -132,23 +175,34 @@ def read_manifest(root: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = Path(root) / "manifest.json"
     try:
-        text = path.read_bytes()
+        with open_regular(path) as f:
+            text = f.read()
     except FileNotFoundError:
         raise HookscopeError(f"{path} is missing: {root} is not a hookscope store (or its run was killed before "
                              "it started); give a store's folder or run the extract again") from None
     except OSError as e:
         raise HookscopeError(f"cannot read {path} ({e.strerror or e}); check its permissions") from None
-    try:
-        doc = json.loads(text.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-        raise HookscopeError(f"{path} is not valid JSON{where}: it is truncated or corrupted; run the extract "
-                             "again with overwrite=True (--overwrite)") from None
+    doc = _parse(text, path)
     if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
         raise HookscopeError(f"{path} is not a hookscope manifest (no 'kind'); give a store's folder")
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise HookscopeError(f"{path} has schema_version {doc.get('schema_version')!r} and this hookscope reads "
                              f"{SCHEMA_VERSION}; open it with the hookscope version that wrote it")
+    return doc
+
+
+def _parse(text: bytes, path: Path) -> Any:
+    again = "it is truncated or corrupted; run the extract again with overwrite=True (--overwrite)"
+    doc, deep = None, False
+    try:
+        doc = json.loads(text.decode("utf-8"))
+    except RecursionError:  # json's own limit, thousands deep: corrupted, not a crash
+        deep = True
+    except (ValueError, UnicodeDecodeError) as e:
+        where = f" at line {e.lineno}, column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise HookscopeError(f"{path} is not valid JSON{where}: {again}") from None
+    if deep or _depth(doc) > _DEPTH:
+        raise HookscopeError(f"{path} is nested more than {_DEPTH} levels deep: {again}")
     return doc
 
 
@@ -164,7 +218,7 @@ def read_shard(path: Path) -> tuple[Header, int, int]:
         (2,)
     """
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             header = parse_header(f, size, path)
             f.seek(0)
@@ -189,8 +243,10 @@ def _shard_info(root: Path, k: int) -> ShardInfo:
         bad = "its tensors hold different numbers of rows"
     try:
         skipped = json.loads(header.metadata.get("skipped", "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):
         skipped, bad = [], bad or "its 'skipped' metadata is not JSON"
+    if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
+        skipped, bad = [], bad or "its 'skipped' metadata is not a list of objects"
     if bad:
         raise HookscopeError(f"{path} is not a hookscope shard ({bad}); delete it and write it again")
     assert index is not None
@@ -226,73 +282,154 @@ def count_complete(root: Path) -> int:
         return 0
 
 
+def _links(root: Path) -> None:
+    """Refuse a store whose shards/ or manifest.json is a symlink: clearing or writing through it could reach
+    another folder (another store's shards)."""
+    for name in ("shards", "manifest.json", LOCK_NAME):
+        if (root / name).is_symlink():
+            raise HookscopeError(f"{root / name} is a symbolic link; hookscope never writes or clears a store "
+                                 "through a link (it could reach another folder): give a folder whose shards/ and "
+                                 "manifest.json are its own")
+
+
+def _kind(folder: int, name: str) -> int:
+    """The file type of ``name`` inside the open folder ``folder``, without following a symlink."""
+    return stat.S_IFMT(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+
+
+def _open_dir(name: str | Path, at: int | None = None) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=at)
+
+
 def remove_partial(root: str | os.PathLike[str]) -> None:
-    """Delete the tmp files killed runs left in ``root`` and ``root/shards``.
+    """Delete the tmp files killed runs left in ``root`` and ``root/shards`` (only names our writers use:
+    ``.manifest.json.tmp-<pid>`` and ``shards/.000007.safetensors.tmp-<pid>``); never through a symlink.
 
     Example:
         >>> import tempfile
         >>> d = Path(tempfile.mkdtemp()); (d / ".manifest.json.tmp-12").write_text("{")
         1
-        >>> remove_partial(d); list(d.iterdir())
-        []
+        >>> (d / ".config.tmp-7").write_text("a user's file")
+        13
+        >>> remove_partial(d); [p.name for p in d.iterdir()]
+        ['.config.tmp-7']
     """
-    for folder in (Path(root), Path(root) / "shards"):
-        if folder.is_dir():
-            for p in folder.iterdir():
-                if TMP.match(p.name) and p.is_file():
-                    p.unlink(missing_ok=True)
+    path = Path(root)
+    if not path.is_dir():
+        return
+    _links(path)
+    check_lock(path, remove=False)
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _unlink_ours(top, MANIFEST_TMP)
+        if "shards" in os.listdir(top) and _kind(top, "shards") == stat.S_IFDIR:
+            shards = _open_dir("shards", top)
+            try:
+                _unlink_ours(shards, SHARD_TMP)
+            finally:
+                os.close(shards)
+    finally:
+        os.close(top)
+
+
+def _unlink_ours(folder: int, pattern: re.Pattern[str]) -> None:
+    for name in os.listdir(folder):
+        if pattern.match(name) and _kind(folder, name) == stat.S_IFREG:
+            os.unlink(name, dir_fd=folder)
+
+
+def _our_manifest(path: Path) -> bool:
+    """Whether ``path`` is a manifest hookscope wrote: a JSON object with a schema_version and our kind."""
+    try:
+        with open_regular(path) as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except (HookscopeError, OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "schema_version" in doc and doc.get("kind") in KINDS
 
 
 def _foreign(root: Path) -> list[Path]:
-    """Files in ``root`` that a store does not hold."""
-    ours = {"manifest.json", "shards"}
-    bad = [p for p in root.iterdir() if p.name not in ours and not TMP.match(p.name)]
+    """What ``root`` holds that a store does not (symlinks, folders or files of other names, a manifest.json
+    hookscope did not write)."""
+    bad = []
+    for p in sorted(root.iterdir()):
+        kind = stat.S_IFMT(p.lstat().st_mode)
+        ours = (p.name == "shards" and kind == stat.S_IFDIR) or (kind == stat.S_IFREG and (
+            MANIFEST_TMP.match(p.name) or p.name == LOCK_NAME or (p.name == "manifest.json" and _our_manifest(p))))
+        if not ours:
+            bad.append(p)
     shards = root / "shards"
-    if shards.exists() and not shards.is_dir():
-        bad.append(shards)
-    elif shards.is_dir():
-        bad += [p for p in shards.iterdir() if not (SHARD.match(p.name) or TMP.match(p.name)) or p.is_dir()]
-    return bad + ([root / "manifest.json"] if (root / "manifest.json").is_dir() else [])
+    if shards.is_dir() and not shards.is_symlink():
+        bad += [p for p in sorted(shards.iterdir()) if not (SHARD.match(p.name) or SHARD_TMP.match(p.name))
+                or not stat.S_ISREG(p.lstat().st_mode)]
+    return bad
 
 
 def is_store(root: str | os.PathLike[str]) -> bool:
-    """Whether ``root`` holds a hookscope store: a manifest.json, or a shards/ folder holding only shards.
+    """Whether ``root`` holds a hookscope store: a manifest.json hookscope wrote, or a shards/ folder holding
+    shards (or their tmp files) and nothing else. An empty shards/ counts only when ``root`` holds nothing
+    else of a user's (a run killed before its first shard). A symlinked shards/ or manifest.json is refused.
 
     Example:
         >>> import tempfile
-        >>> is_store(tempfile.mkdtemp())
+        >>> d = Path(tempfile.mkdtemp()); (d / "shards").mkdir(); is_store(d)
+        True
+        >>> (d / "notes.txt").write_text("mine"); is_store(d)
+        4
         False
     """
     path = Path(root)
-    if (path / "manifest.json").is_file():
+    if not path.is_dir():
+        return False
+    _links(path)
+    if _our_manifest(path / "manifest.json"):
         return True
     shards = path / "shards"
-    return shards.is_dir() and all(SHARD.match(p.name) or TMP.match(p.name) for p in shards.iterdir())
+    if not shards.is_dir():
+        return False
+    inside = list(shards.iterdir())
+    if any(not (SHARD.match(p.name) or SHARD_TMP.match(p.name)) or not stat.S_ISREG(p.lstat().st_mode)
+           for p in inside):
+        return False
+    return bool(inside) or not _foreign(path)
 
 
 def clear_store(root: str | os.PathLike[str]) -> None:
-    """Remove the store in ``root`` (manifest.json, shards/ and tmp leftovers); refused, with nothing removed,
-    when ``root`` holds any other file.
+    """Remove the store in ``root`` (manifest.json, shards/, tmp leftovers and a stale lock file); refused,
+    with nothing removed, when ``root`` holds anything else, a symlink, or is being written by another run.
 
     Example:
         >>> import tempfile
-        >>> d = Path(tempfile.mkdtemp()); write_json(d / "manifest.json", {}); clear_store(d); list(d.iterdir())
+        >>> d = Path(tempfile.mkdtemp()); write_json(d / "manifest.json", {"schema_version": 1, "kind": "samples"})
+        >>> clear_store(d); list(d.iterdir())
         []
     """
     path = Path(root)
     if not path.is_dir():
         return
+    _links(path)
     bad = _foreign(path)
     if bad:
         raise HookscopeError(f"{path} holds {bad[0]}, which is not part of a hookscope store, so it is not "
                              "cleared; give a folder that holds only a store, or remove that file")
-    shards = path / "shards"
-    if shards.is_dir():
-        for p in shards.iterdir():
-            p.unlink()
-        shards.rmdir()
-    for p in path.iterdir():
-        p.unlink()
+    check_lock(path, remove=True)
+    top = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # through folder descriptors, never a path: a shards/ swapped for a link now is not followed
+        if "shards" in os.listdir(top):
+            shards = _open_dir("shards", top)
+            try:
+                _unlink_ours(shards, SHARD_TMP)
+                _unlink_ours(shards, SHARD)
+            finally:
+                os.close(shards)
+            os.rmdir("shards", dir_fd=top)
+        _unlink_ours(top, MANIFEST_TMP)
+        _unlink_ours(top, re.compile(r"^manifest\.json$"))
+    except OSError as e:  # something appeared or changed since the check: stop, the rest stays
+        raise HookscopeError(f"cannot clear {path} ({e.strerror or e}); is another program writing there? "
+                             "Remove the store by hand or give a new folder") from None
+    finally:
+        os.close(top)
     _fsync_dir(path)
 
 

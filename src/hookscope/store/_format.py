@@ -21,8 +21,8 @@ import torch
 
 from ..errors import HookscopeError
 
-__all__ = ["CODES", "DTYPES", "Entry", "Header", "code_of", "encode_header", "raw_bytes", "parse_header",
-           "numpy_dtype"]
+__all__ = ["CODES", "DTYPES", "Entry", "Header", "code_of", "storable", "encode_header", "raw_bytes",
+           "parse_header", "numpy_dtype"]
 
 CODES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -42,6 +42,16 @@ _NUMPY: dict[torch.dtype, Any] = {
 _MAX_HEADER = 100_000_000  # the reference reader's own limit
 if sys.byteorder != "little":  # pragma: no cover - the format is little-endian and we write raw memory
     raise ImportError("hookscope.store writes raw little-endian bytes; this machine is big-endian")
+
+
+def storable(dtype: torch.dtype) -> bool:
+    """Whether a store can hold values of ``dtype`` (complex, float8 and unsigned ints wider than 8 bits: no).
+
+    Example:
+        >>> storable(torch.bfloat16), storable(torch.complex64), storable(torch.uint16)
+        (True, False, False)
+    """
+    return dtype in CODES
 
 
 def code_of(dtype: torch.dtype, what: str) -> str:
@@ -180,6 +190,9 @@ def parse_header(f: BinaryIO, size: int, path: Path) -> Header:
         if not raw.startswith(b"{"):
             raise ValueError("the header is not a JSON object")
         return _decode(raw, size, path)
+    except RecursionError:  # json gives up on a header nested thousands deep: corrupted, not a crash
+        raise HookscopeError(f"{path} is not a valid shard (its header is nested too deeply): the file is "
+                             "corrupted; delete it and write it again") from None
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise HookscopeError(f"{path} is not a valid shard ({_first(e)}): the file is truncated or corrupted; "
                              "delete it and write it again") from None

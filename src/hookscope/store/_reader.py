@@ -20,7 +20,7 @@ import torch
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
 from ..errors import HookscopeError
-from ._files import SHARD, read_manifest
+from ._files import SHARD, open_regular, read_manifest
 from ._format import CODES, Header, numpy_dtype, parse_header
 
 __all__ = ["open_store", "Store", "LayerArray"]
@@ -76,7 +76,7 @@ class _Shards:
         s = self.shards[k]
         if self.verify and not s.verified:
             crc = 0
-            with open(s.path, "rb") as f:
+            with open_regular(s.path) as f:
                 while chunk := f.read(1 << 22):
                     crc = zlib.crc32(chunk, crc)
             if crc != s.crc32:
@@ -84,7 +84,24 @@ class _Shards:
                                      f"says {s.crc32}; {_AGAIN} (or open_store(..., verify=False) to read it anyway)")
             s.verified = True
         # copy-on-write: torch may write into what it gets, the file never changes (and no read-only warning)
-        return np.memmap(s.path, dtype=np.uint8, mode="c")
+        with open_regular(s.path) as f:
+            return np.memmap(f, dtype=np.uint8, mode="c")
+
+    def index(self, k: int) -> np.ndarray:
+        """The dataset indices of shard ``k``, checked: strictly increasing, and above the previous shard's."""
+        rows = self.array(k, "__index__")
+        after = -1
+        for j in range(k - 1, -1, -1):  # the last row of the nearest earlier shard that has rows
+            if self.shards[j].count:
+                after = int(self.array(j, "__index__")[-1])
+                break
+        steps = np.diff(np.concatenate([np.array([after], dtype=np.int64), rows]))
+        if steps.size and steps.min() <= 0:
+            at = int(np.argmax(steps <= 0))
+            raise HookscopeError(f"{self.shards[k].path} holds dataset indices that are not strictly increasing "
+                                 f"(row {at}: {int(rows[at])} after {after if at == 0 else int(rows[at - 1])}): "
+                                 f"the file is corrupted; {_AGAIN}")
+        return rows
 
 
 def _rows(index: Any, n: int) -> np.ndarray:
@@ -242,9 +259,11 @@ def _entries(root: Path, m: Mapping[str, Any]) -> list[tuple[Path, int, int, int
             and isinstance(e.get("file"), str) and SHARD.match(Path(e["file"]).name)
             and Path(e["file"]).parent == Path("shards") for e in listed):
         raise _bad(where, "has an invalid 'shards' list")
+    for i, e in enumerate(listed):
+        if e["shard"] != i or e["file"] != f"shards/{i:06d}.safetensors":
+            raise _bad(where, f"lists shard {e['shard']} ({e['file']}) as entry {i}; entry {i} must be shard {i} "
+                              f"in shards/{i:06d}.safetensors")
     files = [Path(e["file"]).name for e in listed]
-    if len(set(files)) != len(files):
-        raise _bad(where, "lists one shard twice")
     folder = root / "shards"
     present = sorted(p.name for p in folder.iterdir() if SHARD.match(p.name)) if folder.is_dir() else []
     extra = [f for f in present if f not in set(files)]
@@ -257,7 +276,7 @@ def _entries(root: Path, m: Mapping[str, Any]) -> list[tuple[Path, int, int, int
 def _open_shard(root: Path, path: Path, count: int, size: int) -> Header:
     where = root / "manifest.json"
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             real = os.fstat(f.fileno()).st_size
             if real != size:
                 raise HookscopeError(f"{path} holds {real} bytes but {where} says {size}: the file is truncated or "
@@ -316,10 +335,20 @@ def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     if not isinstance(samples, dict) or samples.get("count") != start:
         said = samples.get("count") if isinstance(samples, dict) else None
         raise _bad(where, f"says {said} samples but its shards hold {start}")
-    ids = samples.get("ids")
-    if ids is not None and (not isinstance(ids, list) or len(ids) != start):
-        raise _bad(where, f"lists {len(ids) if isinstance(ids, list) else 'no'} sample ids for {start} samples")
+    _samples(where, samples, start)
     return Store(path, m, arrays, _Shards(path, shards, verify))
+
+
+def _samples(where: Path, samples: Mapping[str, Any], rows: int) -> None:
+    """Refuse sample ids that are not one string per row, or skipped samples that are not a list of objects."""
+    ids, skipped = samples.get("ids"), samples.get("skipped")
+    if ids is not None and (not isinstance(ids, list) or len(ids) != rows):
+        raise _bad(where, f"lists {len(ids) if isinstance(ids, list) else 'no'} sample ids for {rows} samples")
+    if ids is not None and not all(isinstance(i, str) for i in ids):
+        bad = next(i for i in ids if not isinstance(i, str))
+        raise _bad(where, f"lists a sample id that is not a string ({type(bad).__name__} {str(bad)[:40]})")
+    if skipped is not None and (not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped)):
+        raise _bad(where, "has a 'samples.skipped' that is not a list of objects")
 
 
 class Store(Result, Mapping[str, LayerArray]):
@@ -355,7 +384,7 @@ class Store(Result, Mapping[str, LayerArray]):
     def indices(self) -> torch.Tensor:
         """The int64 dataset index of each row (read from the shards on first use)."""
         if self._indices is None:
-            parts = [self._shards.array(k, "__index__") for k in range(len(self._shards.shards))]
+            parts = [self._shards.index(k) for k in range(len(self._shards.shards))]
             self._indices = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
         return self._indices
 

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from ..errors import HookscopeError
-from ._files import (SCHEMA_VERSION, SHARD, ShardInfo, clear_store, is_store, read_manifest, shard_path,
-                     write_json, write_tensors)
+from ._files import (SCHEMA_VERSION, SHARD, ShardInfo, clear_store, is_store, open_regular, read_manifest,
+                     shard_path, write_json, write_tensors)
 from ._format import CODES, code_of, parse_header, raw_bytes
+from ._lock import LOCK_NAME
 
 __all__ = ["save_tensors", "load_tensors", "weights_hash", "versions"]
 
@@ -63,7 +64,7 @@ def weights_hash(model: nn.Module) -> str:
 def _prepare(path: Path, overwrite: bool) -> None:
     if path.exists() and not path.is_dir():
         raise HookscopeError(f"{path} is a file; give a folder to save into")
-    if path.is_dir() and any(path.iterdir()):
+    if path.is_dir() and any(p.name != LOCK_NAME for p in path.iterdir()):
         if not overwrite:
             raise HookscopeError(f"{path} is not empty; give a new folder or pass overwrite=True to replace the "
                                  "store in it")
@@ -141,7 +142,7 @@ def load_tensors(root: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
     manifest = read_manifest(path)
     file, entry, listed = _checked(path, manifest)
     try:
-        with open(file, "rb") as f:
+        with open_regular(file) as f:
             size = os.fstat(f.fileno()).st_size
             header = parse_header(f, size, file)
             f.seek(0)

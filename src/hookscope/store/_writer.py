@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import HookscopeError
-from ._files import ShardInfo, count_complete, shard_path, write_tensors, TMP
+from ._files import SHARD_TMP, ShardInfo, count_complete, shard_path, write_tensors
 from ._format import code_of
 
 __all__ = ["ArraySpec", "ShardBuffer", "StoreWriter"]
@@ -215,7 +215,7 @@ class StoreWriter:
         suffix = f".tmp-{os.getpid()}"
         folder = self.root / "shards"
         for p in folder.iterdir() if folder.is_dir() else []:
-            if TMP.match(p.name) and p.name.endswith(suffix):
+            if SHARD_TMP.match(p.name) and p.name.endswith(suffix):
                 p.unlink(missing_ok=True)
 
     def __enter__(self) -> StoreWriter:
