@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python bench/bench_extract.py throughput [--n 2000] [--rounds 2]
       .venv/bin/python bench/bench_extract.py rss          (peak RSS of 500 against 2000 images, fresh processes)
-      .venv/bin/python bench/bench_extract.py ranks [--n 2000]   (torchrun 2 ranks against 1 process)
+      .venv/bin/python bench/bench_extract.py ranks [--n 2000] [--rounds 3]  (torchrun 2 ranks against 1 process)
 
 Data: ``n`` generated 3x224x224 images (each made from its index's seed in the dataset's __getitem__, so
 nothing is held in memory), batches of 32 read by a DataLoader in this process. Model: torchvision
@@ -98,24 +98,24 @@ def rss() -> None:
     print(f"growth 500 -> 2000: **{100 * (b - a) / a:+.1f}%** (shards of 32MB, layer2+layer4 mean, full layer3)")
 
 
-def ranks(n: int) -> None:
+def ranks(n: int, rounds: int) -> None:
     tmp = tempfile.mkdtemp(prefix="bench-extract-")
     script = os.path.join(tmp, "job.py")
     with open(script, "w") as f:
         f.write(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import bench_extract as b\n"
                 f"b.run_extract(b.model(), b.Generated({n}), b.WITH_FULL, sys.argv[1])\n")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    runs = {"1 process (2 threads)": [sys.executable, script, os.path.join(tmp, "one")],
+            "torchrun, 2 ranks (1 thread each)": [torchrun, "--standalone", "--nproc_per_node", "2", script,
+                                                   os.path.join(tmp, "two")]}
     try:
-        runs = {"1 process (2 threads)": [sys.executable, script, os.path.join(tmp, "one")],
-                "torchrun 2 ranks (1 thread each)": [torchrun, "--standalone", "--nproc_per_node", "2", script,
-                                                      os.path.join(tmp, "two")]}
-        for label, cmd in runs.items():
-            t = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
-            print(f"| {label} | {time.perf_counter() - t:.1f} s (whole command, {n} images) |")
+        t = medians({k: lambda cmd=cmd: subprocess.run(cmd, check=True, capture_output=True) for k, cmd in runs.items()},
+                    rounds, warmup=0)
+        for label, seconds in t.items():
+            print(f"| {label} | {seconds:.1f} s, {n / seconds:.1f} img/s (whole command, median of {rounds}) |")
         one, two = (hookscope.open_store(os.path.join(tmp, k)) for k in ("one", "two"))
-        same = all(torch.equal(one[k][:], two[k][:]) for k in one.layers)
-        print(f"stores equal: {same}")
+        print(f"2 ranks / 1 process time: **{t[list(t)[1]] / t[list(t)[0]]:.3f}x**; stores equal: "
+              f"{all(torch.equal(one[k][:], two[k][:]) for k in one.layers)}")
     finally:
         shutil.rmtree(tmp)
 
@@ -128,7 +128,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    {"throughput": lambda: throughput(args.n, args.rounds), "rss": rss, "ranks": lambda: ranks(args.n)}[args.what]()
+    {"throughput": lambda: throughput(args.n, args.rounds), "rss": rss, "ranks": lambda: ranks(args.n, args.rounds)}[args.what]()
 
 
 if __name__ == "__main__":

@@ -280,7 +280,7 @@ def test_resume_of_a_complete_store_checks_settings_and_data(tmp_path: Path) -> 
     assert (out / "manifest.json").read_bytes() == manifest and torch.equal(again["5"][:], first["5"][:])
     with pytest.raises(HookscopeError, match="arrays"):
         hookscope.extract(model, x, {"3": None}, out=out, resume=True)
-    with pytest.raises(HookscopeError, match="data_fingerprint"):  # same length, other samples
+    with pytest.raises(HookscopeError, match="data_check.samples_sha256"):  # same length, other samples
         hookscope.extract(model, x.flip(0), {"5": "max"}, out=out, resume=True)
 
 

@@ -51,7 +51,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 def _kill_after(out: Path, seconds: float, *flags: str) -> None:
     """Start a slow run, SIGKILL it ``seconds`` after its manifest appears (or when it ends)."""
-    proc = subprocess.Popen([sys.executable, JOB, str(out), "--delay", "0.01", *flags], env=ENV,
+    proc = subprocess.Popen([sys.executable, JOB, str(out), "--delay", "0.02", *flags], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -64,7 +64,7 @@ def _kill_after(out: Path, seconds: float, *flags: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seconds", [0.0, 0.15, 0.3, 0.45, 0.6])
+@pytest.mark.parametrize("seconds", [0.0, 0.2, 0.45, 0.7, 0.95])
 def test_killed_and_resumed_is_byte_identical(tmp_path: Path, reference: dict[str, bytes], seconds: float) -> None:
     out = tmp_path / "store"
     _kill_after(out, seconds)

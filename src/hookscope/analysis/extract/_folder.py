@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import HookscopeError
-from ...store import clear_store, complete_shards, is_store, read_manifest, remove_partial
+from ...store import LOCK_NAME, clear_store, complete_shards, is_store, read_manifest, remove_partial
 
-__all__ = ["prepare", "same_run", "SETTINGS"]
+__all__ = ["foreign", "prepare", "same_run", "SETTINGS"]
 
-SETTINGS = ("arrays", "samples_per_shard", "batch_size", "model", "data_fingerprint")
+SETTINGS = ("arrays", "samples_per_shard", "batch_size", "model", "data_check")
 """What a resumed run must share with the store it continues."""
 
 
@@ -29,7 +29,7 @@ def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | Non
                              "pick one")
     if out.exists() and not out.is_dir():
         raise HookscopeError(f"{out} is a file; give a folder for the store (out=/--out)")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(f.name != LOCK_NAME for f in out.iterdir()):
         if not is_store(out):
             raise HookscopeError(f"{out} is not empty and holds no hookscope store; give a new or empty folder")
         started = (out / "manifest.json").exists()
@@ -51,6 +51,19 @@ def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | Non
     except OSError as e:
         raise HookscopeError(f"cannot create {out / 'shards'}: {e.strerror or e}; give a folder you can write") from None
     return None
+
+
+def foreign(out: Path) -> None:
+    """Refuse, before anything is created in it, an ``out`` that is a file or a folder of someone else's.
+
+    Example:
+        >>> import tempfile
+        >>> foreign(Path(tempfile.mkdtemp()))   # an empty folder is fine
+    """
+    if out.exists() and not out.is_dir():
+        raise HookscopeError(f"{out} is a file; give a folder for the store (out=/--out)")
+    if out.is_dir() and any(f.name != LOCK_NAME for f in out.iterdir()) and not is_store(out):
+        raise HookscopeError(f"{out} is not empty and holds no hookscope store; give a new or empty folder")
 
 
 def _first_difference(old: Any, new: Any, where: str) -> str | None:

@@ -112,6 +112,8 @@ def _device(model: nn.Module, device: str | torch.device | None) -> torch.device
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise HookscopeError(f"device={device!r} is not a device; use 'cpu', 'cuda' or 'cuda:0'") from None
+    if dev.type == "meta":
+        raise HookscopeError("device='meta' holds no values to store; give 'cpu' or 'cuda'")
     if own is not None and own.type != dev.type:
         raise HookscopeError(f"the model is on {own} but device={device!r}; move it first with model.to({str(dev)!r})")
     return dev
@@ -143,6 +145,9 @@ def plan(model: nn.Module, data: Any, selectors: Sequence[Any], *, out: str | os
     flat, chosen = _selection(inner, selectors)
     selected = layers(inner, *flat)
     check_hookable(selected)
+    if any(n == "" for n, _ in selected):
+        raise HookscopeError("the model itself (name '') has no layer name to store it under; select its last "
+                             "layer, or wrap the model in a module (nn.Sequential(model)) and select '0'")
     shared = aliases_of(inner, selected)
     if shared:
         other, name = next(iter(shared.items()))
@@ -182,4 +187,5 @@ def array_specs(found: Mapping[str, tuple[tuple[int, ...], torch.dtype]], cast: 
         [{'name': 'a', 'shape': [4], 'dtype': 'float16', 'field': 'output', 'reduction': 'mean'}]
     """
     return [{"name": n, "shape": list(s), "dtype": dtype_text(stored_dtype(d, cast)), "field": keep,
-             "reduction": reducers[n].text} for n, (s, d) in found.items()]
+             "reduction": reducers[n].text, **({"code_sha256": reducers[n].code} if reducers[n].code else {})}
+            for n, (s, d) in found.items()]

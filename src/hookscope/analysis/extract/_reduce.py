@@ -4,16 +4,18 @@ before anything is copied to the host."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 
+from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import At, as_at
 
-__all__ = ["Reduction", "Reducer", "reducer", "reducers_for"]
+__all__ = ["Reduction", "Reducer", "code_hash", "reducer", "reducers_for"]
 
 Reduction = Union[None, str, At, Callable[[torch.Tensor], torch.Tensor]]
 """``None`` (the whole tensor), ``"mean"`` / ``"max"`` (over every dimension after the channel one:
@@ -35,10 +37,19 @@ class Reducer:
 
     text: str
     fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    code: str = ""  # a user function's code, hashed: two lambdas share a name, not their code
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` reduced (``t`` itself for no reduction)."""
-        return t if self.fn is None else self.fn(t)
+        if self.fn is None:
+            return t
+        if self.code:  # the user's function: its errors are theirs
+            return self.fn(t)
+        try:
+            return self.fn(t)
+        except (IndexError, RuntimeError) as e:
+            raise HookscopeError(f"the reduction {self.text!r} does not fit a tensor of shape {tuple(t.shape)} "
+                                 f"({first_line(e)}); pick dimensions or positions it has ('mean:1' for N x T x D)") from None
 
 
 def _dims(text: str, spec: str) -> tuple[int, ...] | None:
@@ -51,6 +62,8 @@ def _dims(text: str, spec: str) -> tuple[int, ...] | None:
                              "'mean:2,3'") from None
     if any(d == 0 for d in dims):
         raise HookscopeError(f"reduction {spec!r} reduces dimension 0, the samples; reduce dimensions 1 and up")
+    if len(set(dims)) != len(dims):
+        raise HookscopeError(f"reduction {spec!r} names a dimension twice; name each once, e.g. 'mean:2,3'")
     return dims
 
 
@@ -91,8 +104,34 @@ def reducer(spec: Reduction) -> Reducer:
         return Reducer(repr(positions), lambda t: t[index])  # type: ignore[index]
     if callable(spec):
         name = getattr(spec, "__qualname__", type(spec).__name__)
-        return Reducer(f"fn:{getattr(spec, '__module__', '?')}.{name}", spec)
+        return Reducer(f"fn:{getattr(spec, '__module__', '?')}.{name}", spec, code_hash(spec))
     raise HookscopeError(f"reduce={spec!r} ({type(spec).__name__}) is not a reduction; use one of {', '.join(_FORMS)}")
+
+
+def _code_parts(fn: Any, depth: int = 0) -> list[bytes]:
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object: its class's __call__ and its state
+        call = getattr(type(fn), "__call__", None)
+        return [repr(sorted(vars(fn).items()) if hasattr(fn, "__dict__") else fn).encode(),
+                *(_code_parts(call, depth + 1) if call is not None and depth < 3 else [])]
+    parts = [code.co_code, repr(code.co_consts).encode(), repr(getattr(fn, "__defaults__", None)).encode()]
+    for cell in getattr(fn, "__closure__", None) or ():
+        value = cell.cell_contents
+        parts += _code_parts(value, depth + 1) if callable(value) and depth < 3 else [repr(value).encode()]
+    return parts
+
+
+def code_hash(fn: Any) -> str:
+    """A sha256 of a function's code, constants, defaults and closure (what a resume must find unchanged).
+
+    Example:
+        >>> code_hash(lambda t: t * 1) == code_hash(lambda t: t * 2)
+        False
+    """
+    h = hashlib.sha256()
+    for part in _code_parts(fn):
+        h.update(part)
+    return h.hexdigest()
 
 
 def reducers_for(names: list[str], chosen: Mapping[str, Reduction], default: Reduction) -> dict[str, Reducer]:

@@ -10,6 +10,8 @@ either all there or not there.
 from __future__ import annotations
 
 import importlib.metadata
+import contextlib
+import hashlib
 import itertools
 import math
 import os
@@ -25,9 +27,10 @@ from torch import nn
 from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import Selector
-from ...store import SCHEMA_VERSION, ArraySpec, Store, StoreWriter, complete_shards, open_store, weights_hash, write_json
+from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, complete_shards, locked, open_store, storable,
+                      weights_hash, write_json)
 from ._dist import Ranks, ranks
-from ._folder import prepare, same_run
+from ._folder import foreign, prepare, same_run
 from ._plan import Plan, array_specs, plan, samples_per_shard, stored_dtype
 from ._reduce import Reduction
 from ._source import Batch
@@ -36,12 +39,17 @@ from ._write import Progress, probe_batch, write_indexed, write_stream
 
 __all__ = ["extract"]
 
+_KEPT = " (the complete shards are kept: fix this, then run again with resume=True / --resume)"
 
-def _prepared(p: Plan, r: Ranks, resume: bool, overwrite: bool) -> dict[str, Any] | None:
-    """Rank 0 readies the folder; every rank gets the manifest to resume (or None) or the same error."""
+
+def _prepared(p: Plan, r: Ranks, resume: bool, overwrite: bool, hold: contextlib.ExitStack) -> dict[str, Any] | None:
+    """Rank 0 locks and readies the folder (the lock held in ``hold`` till the run ends); every rank gets the
+    manifest to resume (or None) or the same error."""
     found: tuple[str | None, dict[str, Any] | None] = (None, None)
     if r.lead:
         try:
+            foreign(p.out)  # nothing is created in a folder that is not ours
+            hold.enter_context(locked(p.out))
             found = (None, prepare(p.out, resume=resume, overwrite=overwrite))
         except HookscopeError as e:
             found = (str(e), None)
@@ -71,16 +79,40 @@ def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
     raise HookscopeError("no sample of the data can be read; check the data")
 
 
-def _settings(p: Plan, taps: Taps, per_shard: int, first: Batch) -> dict[str, Any]:
+def _model_hashes(model: nn.Module) -> dict[str, str]:
+    """What a resumed run must find unchanged in the model beyond its state_dict: its structure (repr and
+    each class's forward code) and every buffer, the non-persistent ones too."""
+    shape = hashlib.sha256(repr(model).encode())
+    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        shape.update(f"{cls.__module__}.{cls.__qualname__}".encode() + (code.co_code if code else b""))
+    bufs = hashlib.sha256()
+    for name, b in model.named_buffers():
+        bufs.update(name.encode() + str(b.dtype).encode() + b.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                    .numpy().tobytes())
+    return {"structure_sha256": shape.hexdigest(), "buffers_sha256": bufs.hexdigest()}
+
+
+def _checked_samples(p: Plan, per_shard: int, probe: Batch) -> list[Batch]:
+    """The samples whose bytes a resume compares: the first of up to 64 shards spread over the data."""
+    if p.source.length is None:
+        return [probe]
+    shards = math.ceil(p.source.length / per_shard)
+    m = min(64, shards)
+    picks = sorted({round(i * (shards - 1) / max(m - 1, 1)) * per_shard for i in range(m)})
+    return [next(iter(p.source.batches([[i]]))) for i in picks]
+
+
+def _settings(p: Plan, taps: Taps, per_shard: int, seen: list[Batch]) -> dict[str, Any]:
     described = p.describe
     return {
         "schema_version": SCHEMA_VERSION, "kind": "samples", "complete": False,
         "arrays": array_specs(taps.found, p.dtype, p.reducers, p.keep),
         "samples_per_shard": per_shard, "batch_size": p.batch_size,
         "model": {"class": type(p.model).__name__, "weights_sha256": weights_hash(p.model),
-                  **dict(described.get("model", {}))},
+                  **_model_hashes(p.model), **dict(described.get("model", {}))},
         "data": {**p.source.info, **dict(described.get("data", {}))},
-        "data_fingerprint": p.source.fingerprint(first.inputs),
+        "data_check": p.source.fingerprint(seen),
         "preprocessing": described.get("preprocessing"),
         "versions": {"hookscope": _version(), "torch": torch.__version__, "python": platform.python_version()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -94,34 +126,45 @@ def _version() -> str:
         return "unknown"
 
 
+def _check_storable(p: Plan, taps: Taps) -> None:
+    """Refuse, before anything is written, a layer whose values the store's format cannot hold."""
+    for name, (_, found) in taps.found.items():
+        kept = stored_dtype(found, p.dtype)
+        if not storable(kept):
+            raise HookscopeError(f"{name!r} would be stored as {kept}, which safetensors cannot hold; store another "
+                                 "dtype (dtype=torch.float16) or reduce it to one (reduce=lambda t: t.abs())")
+
+
 def _specs(p: Plan, taps: Taps) -> list[ArraySpec]:
     return [ArraySpec(n, s, stored_dtype(d, p.dtype)) for n, (s, d) in taps.found.items()]
 
 
 def _work(p: Plan, r: Ranks, taps: Taps, per_shard: int, done: set[int], stream: Iterator[Batch] | None,
           progress: bool | None) -> int:
-    """This rank's shards written; returns how many shards the data makes."""
+    """This rank's shards written; returns how many samples the data holds."""
     pin = p.device.type == "cuda" and torch.cuda.is_available()
     with StoreWriter(p.out, _specs(p, taps), per_shard, pin=pin) as writer:
         if stream is not None:
             start = next(k for k in itertools.count() if k not in done) * per_shard
             bar = Progress(None, enabled=progress if r.lead else False)
             rows = write_stream(p, taps, writer, start, per_shard, stream, bar)
-            shards = max(1, math.ceil(rows / per_shard))
         else:
             assert p.source.length is not None
-            shards = math.ceil(p.source.length / per_shard)
+            rows = p.source.length
+            shards = math.ceil(rows / per_shard)
             mine = [k for k in r.mine(shards) if k not in done]
             total = sum(min(p.source.length, (k + 1) * per_shard) - k * per_shard for k in mine)
             bar = Progress(total, enabled=progress if r.lead else False)
             write_indexed(p, taps, writer, mine, per_shard, bar)
         writer.close()
     bar.close()
-    return shards
+    return rows
 
 
-def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
+def _finish(p: Plan, settings: dict[str, Any], rows: int) -> None:
     """Rank 0: check that every shard is there and write the complete manifest."""
+    per_shard = int(settings["samples_per_shard"])
+    shards = max(1, math.ceil(rows / per_shard))
     infos = complete_shards(p.out)
     missing = [k for k in range(shards) if k not in infos]
     extra = [k for k in infos if k >= shards]
@@ -129,6 +172,12 @@ def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
         what = f"shard {missing[0]} is missing" if missing else f"shard {extra[0]} lies beyond the data's end"
         raise HookscopeError(f"{p.out}: {what}; run again with overwrite=True (--overwrite)")
     ordered = [infos[k] for k in range(shards)]
+    for info in ordered:
+        want = min(per_shard, rows - info.shard * per_shard)
+        if info.count + len(info.skipped) != want:
+            raise HookscopeError(f"{p.out}: shard {info.shard} holds {info.count + len(info.skipped)} samples where the "
+                                 f"data gives {want} (the data changed since the run began); run again with "
+                                 "overwrite=True (--overwrite)")
     skipped = [dict(s) for info in ordered for s in info.skipped]
     gone = {s["index"] for s in skipped}
     count = sum(info.count for info in ordered)
@@ -142,7 +191,11 @@ def _finish(p: Plan, settings: dict[str, Any], shards: int) -> None:
 
 
 def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None) -> None:
-    old = _prepared(p, r, resume, overwrite)
+    with contextlib.ExitStack() as hold:
+        _locked_run(p, r, _prepared(p, r, resume, overwrite, hold), progress)
+
+
+def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | None) -> None:
     with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad(), restored(p.model):
         first, stream = _first_batch(p)
         if stream is not None and r.world > 1:
@@ -150,7 +203,8 @@ def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None
         probe = probe_batch(first)
         taps.run(p.model, probe.inputs, p.device, 1, [], probe=True)
         per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
-        settings = _settings(p, taps, per_shard, probe)
+        _check_storable(p, taps)
+        settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe))
         if old is not None:
             same_run(old, settings, p.out)
             if old.get("complete"):  # finished already, with these settings: nothing to write
@@ -159,16 +213,18 @@ def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None
             write_json(p.out / "manifest.json", settings)
         r.barrier()
         done = set(complete_shards(p.out)) if old is not None else set()
-        error, shards = None, 0
+        error, rows = None, 0
         try:
-            shards = _work(p, r, taps, per_shard, done, stream, progress)
+            rows = _work(p, r, taps, per_shard, done, stream, progress)
         except HookscopeError as e:
-            error = f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"
+            error = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}") + _KEPT
         except Exception as e:  # another rank must not wait forever for this one's outcome
             if r.world == 1:
+                if hasattr(e, "add_note"):  # Python 3.11+
+                    e.add_note(f"hookscope.extract{_KEPT}")
                 raise
-            error = f"rank {r.rank}: {type(e).__name__}: {e}"
-        outcomes = r.gather((error, shards))
+            error = f"rank {r.rank}: {type(e).__name__}: {e}{_KEPT}"
+        outcomes = r.gather((error, rows))
     failed = [e for e, _ in outcomes if e]
     if failed:
         raise HookscopeError(failed[0])

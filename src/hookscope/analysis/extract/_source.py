@@ -6,13 +6,14 @@ engine stops or skips it as the user chose."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, default_collate
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler, default_collate
 
 from ..._tree import tensors, tree_map
 from ...core.text import first_line
@@ -33,6 +34,7 @@ class Batch:
     inputs: Any
     indices: list[int]
     failed: list[dict[str, Any]] = field(default_factory=list)
+    problem: str = ""  # the readable samples could not be put in one batch (collate failed): why
 
     @property
     def rows(self) -> int:
@@ -72,7 +74,10 @@ class _Collate:
     def __call__(self, items: list[tuple[int, Any]]) -> Batch:
         good = [(i, s) for i, s in items if not isinstance(s, _Failed)]
         failed = [{"index": i, "error": s.error} for i, s in items if isinstance(s, _Failed)]
-        inputs = first_input(self.collate([s for _, s in good])) if good else None
+        try:  # raised in a loader worker, an error would reach the caller as a multi-line traceback
+            inputs = first_input(self.collate([s for _, s in good])) if good else None
+        except Exception as e:
+            return Batch(None, [i for i, _ in good], failed, first_line(e) or type(e).__name__)
         return Batch(inputs, [i for i, _ in good], failed)
 
 
@@ -108,14 +113,18 @@ class Source:
         """Every batch of an iterable, rows numbered from 0."""
         raise HookscopeError("this data is indexed by sample; iterate it with batches()")
 
-    def fingerprint(self, first: Any = None) -> str:
-        """What a resumed run must find unchanged: kind, length, sample ids and the bytes of ``first`` (the
-        inputs of the first sample)."""
-        h = hashlib.sha256(f"{self.info.get('kind')}|{self.length}|".encode() + "\n".join(self.ids or []).encode())
-        for t in tensors(first):
-            h.update(str((t.dtype, tuple(t.shape))).encode())
-            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+    def fingerprint(self, seen: Sequence[Batch]) -> dict[str, Any]:
+        """What a resumed run must find unchanged: kind, length, sample ids and the bytes of the ``seen`` samples."""
+        ids = hashlib.sha256("\n".join(self.ids).encode()).hexdigest() if self.ids is not None else None
+        h = hashlib.sha256()
+        for b in seen:
+            h.update(repr((b.indices, b.failed)).encode())
+            for t in tensors(b.inputs):
+                h.update(str((t.dtype, tuple(t.shape))).encode())
+                h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return {"kind": self.info.get("kind"), "length": self.length, "ids_sha256": ids,
+                "samples_checked": [b.indices[0] if b.indices else b.failed[0]["index"] for b in seen],
+                "samples_sha256": h.hexdigest()}
 
 
 class _Rows(Source):
@@ -169,14 +178,15 @@ class _Stream(Source):
 
 
 def _ids_of(data: Any, n: int | None, given: Sequence[str] | None) -> list[str] | None:
-    ids = list(given) if given is not None else None
+    ids = [str(i) for i in given] if given is not None else None
     if ids is None:
         found = getattr(data, "ids", None)
         samples = getattr(data, "samples", None)  # torchvision's ImageFolder: (path, class) pairs
         if isinstance(found, (list, tuple)):
             ids = [str(i) for i in found]
-        elif isinstance(samples, (list, tuple)) and samples and isinstance(samples[0], (list, tuple)):
-            ids = [str(s[0]) for s in samples]
+        elif isinstance(samples, (list, tuple)) and samples and isinstance(samples[0], (list, tuple)) \
+                and all(isinstance(s[0], (str, os.PathLike)) for s in samples):
+            ids = [os.fspath(s[0]) for s in samples]
     if ids is not None and n is not None and len(ids) != n:
         raise HookscopeError(f"ids= has {len(ids)} entries for {n} samples; give one id per sample")
     return ids
@@ -185,9 +195,12 @@ def _ids_of(data: Any, n: int | None, given: Sequence[str] | None) -> list[str] 
 def _from_loader(loader: DataLoader[Any], ids: Sequence[str] | None) -> Source:
     if isinstance(loader.dataset, IterableDataset):
         return _Stream(loader, loader.batch_size)
-    if isinstance(loader.sampler, RandomSampler) or loader.batch_sampler is None:
-        raise HookscopeError("the DataLoader shuffles (or has no batch size), so its order is not reproducible; "
-                             "pass DataLoader(dataset, batch_size=..., shuffle=False) or the dataset itself")
+    plain = isinstance(loader.sampler, SequentialSampler) and type(loader.batch_sampler) is BatchSampler \
+        and loader.batch_sampler.sampler is loader.sampler and not loader.drop_last
+    if not plain:
+        raise HookscopeError("the DataLoader shuffles, samples, drops or batches its own way (sampler=, shuffle=True, "
+                             "batch_sampler=, drop_last=True), which extract cannot follow shard by shard; pass "
+                             "DataLoader(dataset, batch_size=...) or the dataset itself (a Subset for some samples)")
     data = loader.dataset
     return _Mapped(data, _ids_of(data, len(data), ids), loader.collate_fn, loader.batch_size)  # type: ignore[arg-type]
 
@@ -201,6 +214,8 @@ def source_of(data: Any, ids: Sequence[str] | None = None) -> Source:
         >>> source_of([torch.zeros(3), torch.ones(3)]).length   # a list is a dataset of samples, as for DataLoader
         2
     """
+    if isinstance(data, np.ndarray) and data.dtype.kind not in "biuf":
+        raise HookscopeError(f"data is a numpy array of dtype {data.dtype}; give numbers (bool, int or float)")
     if isinstance(data, (torch.Tensor, np.ndarray)):
         if data.ndim == 0:
             raise HookscopeError("data is a single number; give a tensor whose rows are samples")

@@ -79,7 +79,10 @@ class Taps:
 
     def _pre(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self._take(name, (args, kwargs))
+            if not any(True for _ in tensors(args)) and any(True for _ in tensors(kwargs)):
+                raise HookscopeError(f"{name!r} receives its tensors as keyword arguments only ({', '.join(kwargs)}), "
+                                     "so it has no one input to store; store the output of the layer before it")
+            self._take(name, args)
 
         return hook
 
@@ -109,6 +112,9 @@ class Taps:
 
     def _check(self, name: str, v: Any, now: _Forward) -> None:
         text = self.reducers[name].text
+        if isinstance(v, torch.Tensor) and v.dim() == 0 and text == "none":
+            raise HookscopeError(f"the {self.keep} of {name!r} is a single number for the whole batch, not a row per "
+                                 "sample; select a layer whose tensor has the samples as dimension 0")
         if not isinstance(v, torch.Tensor) or v.dim() == 0 or v.shape[0] != now.rows:
             got = f"shape {shape_text(tuple(v.shape))}" if isinstance(v, torch.Tensor) else type(v).__name__
             raise HookscopeError(f"the reduction {text} of {name!r} gave {got} for a batch of {now.rows}; a reduction "

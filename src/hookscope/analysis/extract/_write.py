@@ -14,6 +14,7 @@ import torch
 from ...errors import HookscopeError
 from ...store import ShardBuffer, StoreWriter
 from ._plan import Plan
+from ..._tree import tree_map
 from ._source import Batch, rows_of
 from ._taps import Segment, Taps
 
@@ -85,6 +86,11 @@ def _ready(device: torch.device) -> Any:
 
 
 def _failures(plan: Plan, batch: Batch) -> list[dict[str, Any]]:
+    if batch.problem:
+        first = (batch.indices or [f["index"] for f in batch.failed])[0]
+        raise HookscopeError(f"the samples from {first} on cannot be put in one batch ({batch.problem}); give samples "
+                             "of one size, batch_size=1 with a reduction such as 'mean', or a DataLoader with a "
+                             "collate_fn")
     ids = plan.source.ids
     out = [{"index": f["index"], "id": ids[f["index"]] if ids else str(f["index"]), "error": f["error"]}
            for f in batch.failed]
@@ -189,4 +195,5 @@ def probe_batch(batch: Batch) -> Batch:
         >>> probe_batch(Batch(torch.zeros(4, 2), [0, 1, 2, 3])).inputs.shape
         torch.Size([1, 2])
     """
-    return Batch(rows_of(batch.inputs, 0, 1), batch.indices[:1])
+    # a copy: a model that writes into its input must not change the data's rows before they are run
+    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, 1)), batch.indices[:1])
