@@ -96,16 +96,21 @@ def test_a_dropped_record_refuses_every_field():
             getattr(first, field)
 
 
+def _ten_thousand_calls(net: torch.nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """Run 10,000 forwards; the live tensors after the first 500, and the Python memory grown over the last 2,000."""
+    for _ in range(500):
+        net(x)
+    tensors_before = _live_tensors()
+    for _ in range(7500):
+        net(x)
+    return tensors_before, _python_growth(lambda: net(x), 2000)
+
+
 def test_last_stays_flat_over_10000_forward_calls():
     net = Net()
     x = torch.randn(1, 2)
     with hookscope.capture(net, keep="output", last=3) as rec:
-        for _ in range(500):
-            net(x)
-        tensors_before = _live_tensors()
-        for _ in range(7500):
-            net(x)
-        grown = _python_growth(lambda: net(x), 2000)
+        tensors_before, grown = _ten_thousand_calls(net, x)
         assert len(rec.calls) == 6 and all(len(rec[n].calls) == 3 for n in ("l1", "l2"))
         assert _kept_slots(rec) == 6  # one output slot per kept call
         assert len(guard._registry) <= 6
@@ -309,12 +314,7 @@ def test_on_call_stays_flat_over_10000_forward_calls():
         total.add_(call.output.sum())
 
     with hookscope.capture(net, "l1", "l2", on_call=fn) as rec:
-        for _ in range(500):
-            net(x)
-        tensors_before = _live_tensors()
-        for _ in range(7500):
-            net(x)
-        grown = _python_growth(lambda: net(x), 2000)
+        tensors_before, grown = _ten_thousand_calls(net, x)
         assert _kept_slots(rec) == 0 and len(rec.calls) == 0 and not guard._registry
         assert _live_tensors() <= tensors_before
         assert grown < 64 * 1024, f"python memory grew by {grown} bytes over 2,000 calls"
