@@ -22,13 +22,12 @@ import torch
 from ._tree import attributes, tree_map
 from .core.guard import Slot
 from .errors import HookscopeError, MutationError, RecordError
-from .records import HOLE, CallRecord, tensors_of
 
-__all__ = ["KIND", "save_recording", "read_recording"]
+__all__ = ["FIELDS", "KIND", "Decoder", "save_recording", "read_recording"]
 
 KIND = "recording"
 _SCALARS = {"bool": bool, "int": int, "str": str}
-_FIELDS = ("input", "output", "grad_output", "grad_input")
+FIELDS = ("input", "output", "grad_output", "grad_input")
 _STORABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                        torch.int16, torch.int8, torch.uint8, torch.bool})  # the store's dtypes (safetensors codes)
 
@@ -114,7 +113,7 @@ def _tuple_fields(obj: Any) -> Sequence[str] | None:
     return tuple(fields) if fields is not None and len(fields) == len(obj) else None
 
 
-def _field(call: CallRecord, field: str, w: _Writer) -> dict[str, Any]:
+def _field(call: Any, field: str, w: _Writer) -> dict[str, Any]:
     """One kept field of a call: ``{"value": node}``, ``{"raised": true}`` or ``{"error": [class, message]}``."""
     where = f"the {field} of {call.name!r} (call {call.index})"
     try:
@@ -133,34 +132,43 @@ def _field(call: CallRecord, field: str, w: _Writer) -> dict[str, Any]:
 
 
 def save_recording(selected: Sequence[str], aliases: Mapping[str, str], keep: frozenset[str],
-                   calls: Sequence[CallRecord], path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
-    """Write a recording's calls to the folder ``path`` (see :meth:`hookscope.Recording.save`).
+                   calls: Sequence[Any], path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    """Write a recording's calls (:class:`~hookscope.CallRecord` objects) to the folder ``path`` (see
+    :meth:`hookscope.Recording.save`).
 
     Example:
         >>> import tempfile
+        >>> from hookscope.records import CallRecord
         >>> call = CallRecord("lin", 0); call.set_output((torch.ones(2), None))
         >>> out = save_recording(["lin"], {}, frozenset({"output"}), [call], tempfile.mkdtemp() + "/r")
-        >>> read_recording(out)[3][0].output
-        (tensor([1., 1.]), None)
+        >>> rows, decoder = read_recording(out)[3:]
+        >>> rows[0]["name"], decoder.node(rows[0]["fields"]["output"]["value"])[0].get()
+        ('lin', tensor([1., 1.]))
     """
     from .store import save_tensors
 
     w = _Writer()
-    wanted = [f for f in _FIELDS if f in keep]
+    wanted = [f for f in FIELDS if f in keep]
     rows = [{"name": c.name, "index": c.index, "fields": {f: _field(c, f, w) for f in wanted}} for c in list(calls)]
     info = {"kind": KIND, "recording": {"selected": list(selected), "aliases": dict(aliases),
                                         "keep": sorted(keep), "calls": rows}}
     return save_tensors(path, w.tensors, info, overwrite=overwrite)
 
 
-class _Reader:
-    """Rebuilds trees of :class:`Slot` from the nodes :class:`_Writer` wrote."""
+class Decoder:
+    """Rebuilds trees of :class:`~hookscope.core.guard.Slot` from the nodes a saved recording holds.
+
+    Example:
+        >>> Decoder({"t0": torch.ones(1)}).node({"tuple": [{"tensor": "t0"}, None]})[0].get()
+        tensor([1.])
+    """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.tensors = tensors
         self.where: Any = ""  # (field, name, call index) of the slots made, for their messages
 
     def node(self, n: Any) -> Any:
+        """The value (slots for tensors) a node stands for."""
         if n is None:
             return None
         (kind, value), *rest = n.items()
@@ -185,35 +193,14 @@ class _Reader:
         raise ValueError(kind)
 
 
-def _fill(call: CallRecord, field: str, saved: Mapping[str, Any], r: _Reader) -> None:
-    """Put one saved field back into ``call``, as the capture would have."""
-    if "error" in saved:
-        cls, message = saved["error"]
-        call.fail(field, str(message), "MutationError" if cls == "MutationError" else "RecordError")
-        return
-    if saved.get("raised"):
-        call.mark_running()
-        return
-    value = saved["value"]
-    if field == "input":
-        call.set_inputs(r.node(value["args"]), r.node(value["kwargs"]))
-    elif field == "output":
-        call.set_output(r.node(value))
-    else:
-        tree = r.node(value)
-        skeleton = tree_map(lambda _: HOLE, tree, leaf=Slot)  # None stays None: no gradient arrived there
-        expect = call.expect_grad_output if field == "grad_output" else call.expect_grad_input
-        slots = tensors_of(tree)
-        expect(skeleton, len(slots))[:] = slots
-
-
-def read_recording(path: str | os.PathLike[str]) -> tuple[list[str], dict[str, str], list[str], list[CallRecord]]:
-    """(selected, aliases, keep, calls) of a recording saved by :func:`save_recording`.
+def read_recording(path: str | os.PathLike[str]) -> tuple[list[str], dict[str, str], list[str],
+                                                          list[dict[str, Any]], Decoder]:
+    """(selected, aliases, keep, the saved calls, their decoder) of a recording :func:`save_recording` wrote.
 
     Example:
         >>> import tempfile
         >>> out = save_recording(["a"], {}, frozenset({"output"}), [], tempfile.mkdtemp() + "/r")
-        >>> read_recording(out)
+        >>> read_recording(out)[:4]
         (['a'], {}, ['output'], [])
     """
     from .store import load_tensors, read_manifest
@@ -226,20 +213,9 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[list[str], dict[str, s
     tensors, manifest = load_tensors(path)
     try:
         doc = manifest["recording"]
-        calls = [_call(c, tensors) for c in doc["calls"]]
-        return [str(s) for s in doc["selected"]], dict(doc["aliases"]), list(doc["keep"]), calls
+        calls = [dict(c) for c in doc["calls"]]
+        return [str(s) for s in doc["selected"]], dict(doc["aliases"]), list(doc["keep"]), calls, Decoder(tensors)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise HookscopeError(f"{where} does not describe a saved recording ({type(e).__name__}: {e}); "
                              "save the recording again") from None
-
-
-def _call(saved: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> CallRecord:
-    call = CallRecord(str(saved["name"]), int(saved["index"]))
-    r = _Reader(tensors)
-    for field, value in saved["fields"].items():
-        if field not in _FIELDS:
-            raise ValueError(f"unknown field {field!r}")
-        r.where = (field, call.name, call.index)
-        _fill(call, field, value, r)
-    return call
 

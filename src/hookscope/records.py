@@ -671,7 +671,12 @@ def load(path: str | os.PathLike[str]) -> Recording:
     """
     from ._saved import read_recording
 
-    selected, aliases, keep, calls = read_recording(path)
+    selected, aliases, keep, saved, decoder = read_recording(path)
+    try:
+        calls = [_saved_call(c, decoder) for c in saved]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RecordError(f"{os.fspath(path)}/manifest.json does not describe a saved recording ({type(e).__name__}: "
+                          f"{e}); save the recording again") from None
     rec = Recording(selected, aliases, keep)
     for call in calls:
         if call.name not in rec.selected:
@@ -680,3 +685,36 @@ def load(path: str | os.PathLike[str]) -> Recording:
         rec._adopt(call)
     rec._count = max((c.index + 1 for c in calls), default=0)
     return rec
+
+
+def _fill(call: CallRecord, field: str, saved: Mapping[str, Any], decoder: Any) -> None:
+    """Put one saved field back into ``call``, as the capture would have."""
+    if "error" in saved:
+        cls, message = saved["error"]
+        call.fail(field, str(message), "MutationError" if cls == "MutationError" else "RecordError")
+        return
+    if saved.get("raised"):
+        call.mark_running()
+        return
+    value = saved["value"]
+    if field == "input":
+        call.set_inputs(decoder.node(value["args"]), decoder.node(value["kwargs"]))
+    elif field == "output":
+        call.set_output(decoder.node(value))
+    else:
+        tree = decoder.node(value)
+        skeleton = tree_map(lambda _: HOLE, tree, leaf=Slot)  # None stays None: no gradient arrived there
+        expect = call.expect_grad_output if field == "grad_output" else call.expect_grad_input
+        slots = tensors_of(tree)
+        expect(skeleton, len(slots))[:] = slots
+
+
+def _saved_call(saved: Mapping[str, Any], decoder: Any) -> CallRecord:
+    """A :class:`CallRecord` rebuilt from its saved form (``decoder``: :class:`hookscope._saved.Decoder`)."""
+    call = CallRecord(str(saved["name"]), int(saved["index"]))
+    for field, value in saved["fields"].items():
+        if field not in _FIELDS:
+            raise ValueError(f"unknown field {field!r}")
+        decoder.where = (field, call.name, call.index)
+        _fill(call, field, value, decoder)
+    return call
