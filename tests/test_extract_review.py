@@ -183,3 +183,77 @@ def test_two_runs_never_write_one_folder_at_once(tmp_path: Path) -> None:
             hookscope.extract(build(), torch.randn(3, 3, 16, 16), "5", out=out)
     store = hookscope.extract(build(), torch.randn(3, 3, 16, 16), "5", out=out)  # free again, lock gone
     assert store["5"].shape == (3, 16, 8, 8) and not (out / hookscope.store.LOCK_NAME).exists()
+
+
+# second review -------------------------------------------------------------------------------------------
+SCALE = 1.0
+
+
+def _scaled(t: torch.Tensor) -> torch.Tensor:
+    return t * SCALE
+
+
+@pytest.mark.parametrize("change", ["method name", "global value", "module attribute", "method code"])
+def test_resume_sees_code_globals_and_attributes(tmp_path: Path, change: str) -> None:
+    global SCALE
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.k = nn.Linear(4, 4), 1.0
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.lin(t) * self.k
+
+    torch.manual_seed(0)
+    model, data = Scaled().eval(), torch.randn(40, 4)
+    kw: dict[str, Any] = {"out": tmp_path / "s", "shard_size": 10 * (4 * 4 + 8), "batch_size": 5}
+    how: Any = (lambda t: t.mean(1, keepdim=True)) if change == "method name" else _scaled
+    hookscope.extract(model, data, {"lin": how}, **kw)
+    _unfinish(tmp_path / "s")
+    if change == "method name":
+        how = lambda t: t.amax(1, keepdim=True)  # noqa: E731
+    elif change == "global value":
+        SCALE = 3.0
+    elif change == "module attribute":
+        model.k = 3.0
+    else:
+        Scaled.extra = lambda self: 3  # a method added to the class: its code is part of the model
+    try:
+        with pytest.raises(HookscopeError, match="cannot resume"):
+            hookscope.extract(model, data, {"lin": how}, resume=True, **kw)
+    finally:
+        SCALE = 1.0
+
+
+def test_one_layer_given_two_reductions_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(HookscopeError, match="two reductions"):
+        hookscope.extract(build(), torch.randn(2, 3, 16, 16), {"5": "mean"}, {"5": "max"}, out=tmp_path / "s")
+
+
+def test_a_reduction_that_loses_the_samples_is_caught_by_the_probe(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    with pytest.raises(HookscopeError, match="must keep the samples as dimension 0"):
+        hookscope.extract(build(), torch.randn(6, 3, 16, 16), {"8": hookscope.at[None]}, out=out)
+    assert not (out / "manifest.json").exists()
+
+
+def test_a_model_failure_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(hookscope.ForwardError, match="RuntimeError") as e:
+        hookscope.extract(build(), torch.zeros(4, 3, 16, 16, dtype=torch.int64), "5", out=tmp_path / "s")
+    assert "\n" not in str(e.value)
+
+
+def test_a_failure_before_the_first_shard_leaves_the_folder_free(tmp_path: Path) -> None:
+    class Late(Samples):
+        def __getitem__(self, i: int) -> torch.Tensor:
+            if i == 5:
+                raise OSError("unreadable")
+            return super().__getitem__(i)
+
+    out = tmp_path / "s"
+    with pytest.raises(HookscopeError, match="sample 5 cannot be read") as e:
+        hookscope.extract(build(), Late(20), {"5": "max"}, out=out, batch_size=4)
+    assert "resume" not in str(e.value)
+    store = hookscope.extract(build(), Samples(20), {"5": "max"}, out=out, batch_size=4)  # no flag needed
+    assert store["5"].shape == (20, 16)

@@ -321,3 +321,55 @@ def test_tensors_a_store_cannot_hold_are_refused_naming_where(tmp_path, make):
     with pytest.raises(RecordError, match=r"cannot save the output of '0' \(call 0\).*has no file form") as e:
         rec.save(tmp_path / "r")
     assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
+def test_crafted_nodes_and_calls_are_refused(tmp_path):
+    import json
+
+    import torch
+
+    import hookscope
+
+    net = torch.nn.Linear(2, 2)
+    with hookscope.capture(net, "", keep="io") as rec:
+        net(torch.ones(1, 2))
+    folder = rec.save(tmp_path / "r")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    crafted = [
+        lambda m: m["recording"]["calls"][0]["fields"]["output"].update(value={"dtype": "load"}),
+        lambda m: m["recording"]["calls"][0]["fields"]["output"].update(value={"int": "12"}),
+        lambda m: m["recording"]["calls"][0]["fields"]["output"].update(value={"bool": "false"}),
+        lambda m: m["recording"]["calls"][0].update(index=-1),
+        lambda m: m["recording"]["calls"].append(dict(m["recording"]["calls"][0])),
+        lambda m: m["recording"].update(keep=["output", "bogus"]),
+    ]
+    for i, change in enumerate(crafted):
+        m = json.loads(json.dumps(manifest))
+        change(m)
+        (folder / "manifest.json").write_text(json.dumps(m))
+        try:
+            hookscope.load(folder)
+        except hookscope.HookscopeError as e:
+            assert "does not describe a saved recording" in str(e) and "\n" not in str(e), i
+        else:
+            raise AssertionError(f"crafted manifest {i} loaded")
+
+
+def test_an_output_nested_too_deep_to_save_is_one_line(tmp_path):
+    import torch
+
+    import hookscope
+
+    class Deep(torch.nn.Module):
+        def forward(self, x):
+            out = x
+            for _ in range(3000):
+                out = (out,)
+            return out
+
+    with hookscope.capture(Deep(), "", copy="always") as rec:
+        Deep()(torch.ones(1))
+    try:
+        rec.save(tmp_path / "r")
+    except hookscope.HookscopeError as e:
+        assert "\n" not in str(e)

@@ -149,10 +149,21 @@ def save_recording(selected: Sequence[str], aliases: Mapping[str, str], keep: fr
 
     w = _Writer()
     wanted = [f for f in FIELDS if f in keep]
-    rows = [{"name": c.name, "index": c.index, "fields": {f: _field(c, f, w) for f in wanted}} for c in list(calls)]
+    try:
+        rows = [{"name": c.name, "index": c.index, "fields": {f: _field(c, f, w) for f in wanted}} for c in list(calls)]
+    except RecursionError:
+        raise RecordError("cannot save this recording: a kept value is nested too deeply to write; keep a "
+                          "flatter output (at= or a layer inside)") from None
     info = {"kind": KIND, "recording": {"selected": list(selected), "aliases": dict(aliases),
                                         "keep": sorted(keep), "calls": rows}}
     return save_tensors(path, w.tensors, info, overwrite=overwrite)
+
+
+def _typed(value: Any, kind: type, node: str) -> Any:
+    """``value`` if it has the JSON type a ``node`` holds (a bool is no int), else a ValueError for the loader."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"a {node!r} node holds {type(value).__name__}")
+    return value
 
 
 class Decoder:
@@ -175,21 +186,24 @@ class Decoder:
         if kind == "tensor":
             return Slot(self.tensors[value], "copied", self.where)
         if kind in _SCALARS:
-            return _SCALARS[kind](value)
+            return _SCALARS[kind](_typed(value, _SCALARS[kind], kind))
         if kind == "float":
-            return float.fromhex(value)
+            return float.fromhex(_typed(value, str, kind))
         if kind == "size":
-            return torch.Size(value)
+            return torch.Size([_typed(v, int, kind) for v in _typed(value, list, kind)])
         if kind == "dtype":
-            return getattr(torch, value)
+            dtype = getattr(torch, _typed(value, str, kind), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"{value!r} is not a torch dtype")
+            return dtype
         if kind == "namedtuple":
             cls = collections.namedtuple(value, n["fields"])  # type: ignore[misc]  # a stand-in of the type
             return cls(*[self.node(v) for v in n["items"]])
         if kind in ("tuple", "list"):
-            items = [self.node(v) for v in value]
+            items = [self.node(v) for v in _typed(value, list, kind)]
             return tuple(items) if kind == "tuple" else items
         if kind == "dict":
-            return {self.node(k): self.node(v) for k, v in value}
+            return {self.node(k): self.node(v) for k, v in _typed(value, list, kind)}
         raise ValueError(kind)
 
 

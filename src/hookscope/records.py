@@ -673,8 +673,13 @@ def load(path: str | os.PathLike[str]) -> Recording:
 
     selected, aliases, keep, saved, decoder = read_recording(path)
     try:
+        if not set(keep) <= set(_FIELDS):
+            raise ValueError(f"keep holds {sorted(set(keep) - set(_FIELDS))}")
         calls = [_saved_call(c, decoder) for c in saved]
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        indices = [c.index for c in calls]
+        if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+            raise ValueError("call indices are negative or repeated")
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise RecordError(f"{os.fspath(path)}/manifest.json does not describe a saved recording ({type(e).__name__}: "
                           f"{e}); save the recording again") from None
     rec = Recording(selected, aliases, keep)

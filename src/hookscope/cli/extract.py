@@ -109,9 +109,12 @@ def _positions(text: str, spec: str) -> At:
     index = tree.slice
     parts = tuple(_index_part(e, spec) for e in index.elts) if isinstance(index, ast.Tuple) \
         else _index_part(index, spec)
+    steps = [q.step for q in (parts if isinstance(parts, tuple) else (parts,)) if isinstance(q, slice)]
+    if any(step is not None and step < 1 for step in steps):
+        raise _bad_spec(spec)
     try:
         return At()[parts]
-    except HookscopeError:
+    except (HookscopeError, ValueError):
         raise _bad_spec(spec) from None
 
 
@@ -150,6 +153,8 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, Any], torch.dtype | None
     layers: dict[str, Any] = {}
     for spec in args.layers:
         name, how = parse_spec(spec)
+        if name in layers:
+            raise HookscopeError(f"--layers names {name!r} twice; a layer is stored once: give it one SPEC")
         layers[name] = how
     return layers, None if args.dtype is None else DTYPES[args.dtype]
 

@@ -94,6 +94,9 @@ def _selection(model: nn.Module, selectors: Sequence[Any]) -> tuple[list[Selecto
         if isinstance(sel, Mapping):
             for key, how in sel.items():
                 for name, _ in layers(model, key):
+                    if name in chosen and chosen[name] is not how and chosen[name] != how:
+                        raise HookscopeError(f"{name!r} is given two reductions ({chosen[name]!r} and {how!r}); a layer "
+                                             "is stored once: give it one reduction")
                     chosen[name] = how
                 flat.append(key)
         else:

@@ -27,12 +27,12 @@ from torch import nn
 from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import Selector
-from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, complete_shards, locked, open_store, storable,
+from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, locked, open_store, storable,
                       weights_hash, write_json)
 from ._dist import Ranks, ranks
 from ._folder import foreign, prepare, same_run
 from ._plan import Plan, array_specs, plan, samples_per_shard, stored_dtype
-from ._reduce import Reduction
+from ._reduce import Reduction, code_bytes, value_bytes
 from ._source import Batch
 from ._taps import Taps
 from ._write import Progress, probe_batch, write_indexed, write_stream
@@ -69,6 +69,10 @@ def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
         return first, itertools.chain([first], stream)
     if p.source.length == 0:
         raise HookscopeError("the data holds no sample; give data with at least one sample")
+    if p.source.length >= 2:  # two samples, so that a reduction that loses the samples' axis shows at once
+        pair = next(iter(p.source.batches([[0, 1]])))
+        if pair.rows == 2 and not pair.problem:
+            return pair, None
     for i in range(p.source.length):
         for batch in p.source.batches([[i]]):
             if batch.rows:
@@ -80,16 +84,22 @@ def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
 
 
 def _model_hashes(model: nn.Module) -> dict[str, str]:
-    """What a resumed run must find unchanged in the model beyond its state_dict: its structure (repr and
-    each class's forward code) and every buffer, the non-persistent ones too."""
+    """What a resumed run must find unchanged in the model beyond its state_dict: its structure (repr, each
+    module's plain attributes, the code of every method of its classes) and every buffer, non-persistent too."""
     shape = hashlib.sha256(repr(model).encode())
-    for cls in sorted({type(m) for m in model.modules()}, key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-        code = getattr(getattr(cls, "forward", None), "__code__", None)
-        shape.update(f"{cls.__module__}.{cls.__qualname__}".encode() + (code.co_code if code else b""))
+    for name, m in model.named_modules():
+        plain = {k: v for k, v in vars(m).items() if not k.startswith("_") and not isinstance(v, nn.Module)}
+        shape.update(name.encode() + b"".join(k.encode() + value_bytes(v) for k, v in sorted(plain.items())))
+    for cls in sorted({c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins"},
+                      key=lambda c: f"{c.__module__}.{c.__qualname__}"):
+        shape.update(f"{cls.__module__}.{cls.__qualname__}".encode())
+        for attr, fn in sorted(vars(cls).items()):
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                shape.update(attr.encode() + b"".join(code_bytes(code, getattr(fn, "__globals__", {}))))
     bufs = hashlib.sha256()
     for name, b in model.named_buffers():
-        bufs.update(name.encode() + str(b.dtype).encode() + b.detach().cpu().contiguous().view(-1).view(torch.uint8)
-                    .numpy().tobytes())
+        bufs.update(name.encode() + value_bytes(b))
     return {"structure_sha256": shape.hexdigest(), "buffers_sha256": bufs.hexdigest()}
 
 
@@ -124,6 +134,16 @@ def _version() -> str:
         return importlib.metadata.version("hookscope")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was not installed
         return "unknown"
+
+
+def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None) -> str:
+    """What a failed run leaves: its complete shards to resume, or (none written yet) a free folder."""
+    if complete_shards(p.out) or old is not None:
+        return _KEPT
+    r.barrier()
+    if r.lead:  # nothing to resume: the manifest goes, so the next run needs no --overwrite
+        clear_store(p.out)
+    return ""
 
 
 def _check_storable(p: Plan, taps: Taps) -> None:
@@ -201,7 +221,7 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
         probe = probe_batch(first)
-        taps.run(p.model, probe.inputs, p.device, 1, [], probe=True)
+        taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True)
         per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
         _check_storable(p, taps)
         settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe))
@@ -217,17 +237,15 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         try:
             rows = _work(p, r, taps, per_shard, done, stream, progress)
         except HookscopeError as e:
-            error = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}") + _KEPT
+            error = f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"
         except Exception as e:  # another rank must not wait forever for this one's outcome
             if r.world == 1:
-                if hasattr(e, "add_note"):  # Python 3.11+
-                    e.add_note(f"hookscope.extract{_KEPT}")
                 raise
-            error = f"rank {r.rank}: {type(e).__name__}: {e}{_KEPT}"
+            error = f"rank {r.rank}: {type(e).__name__}: {e}"
         outcomes = r.gather((error, rows))
     failed = [e for e, _ in outcomes if e]
     if failed:
-        raise HookscopeError(failed[0])
+        raise HookscopeError(failed[0] + _after_failure(p, r, old))
     if r.lead:
         _finish(p, settings, max(n for _, n in outcomes))
     r.barrier()

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from ..._tree import tensors
+from ...core.failure import forward_error, received
 from ...core.hooks import HookGroup
-from ...core.text import shape_text
+from ...core.text import first_line, shape_text
 from ...errors import HookscopeError, StopForward
 from ._reduce import Reducer
 from ._source import model_call
@@ -103,7 +104,13 @@ class Taps:
             raise HookscopeError(f"the {self.keep} of {name!r} holds no tensor; select a module whose {self.keep} "
                                  "is a tensor")
         with torch.no_grad():
-            v = self.reducers[name](main.detach())
+            try:
+                v = self.reducers[name](main.detach())
+            except HookscopeError:
+                raise
+            except Exception as e:  # the reduction's failure, not the model's
+                raise HookscopeError(f"the reduction {self.reducers[name].text} of {name!r} raised {type(e).__name__}: "
+                                     f"{first_line(e)}; fix it for a tensor of shape {tuple(main.shape)}") from e
         self._check(name, v, now)
         for s in now.segments:
             s.arrays[name][s.at:s.at + s.hi - s.lo].copy_(v[s.lo:s.hi], non_blocking=True)
@@ -138,6 +145,11 @@ class Taps:
         except StopForward as e:
             if e.owner is not self:
                 raise
+        except HookscopeError:
+            raise
+        except Exception as e:  # the model's own failure, in one line (the cause stays chained)
+            raise forward_error(e, f"the model ({type(model).__name__})", after=None,
+                                got=received(*((), inputs) if isinstance(inputs, dict) else ((inputs,),))) from e
         missing = [n for n, _ in self.selected if n not in self._now.seen]
         if missing:
             raise HookscopeError(f"{missing[0]!r} did not run in the forward pass, so it has no value to store; "

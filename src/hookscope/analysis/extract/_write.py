@@ -189,11 +189,12 @@ def write_stream(plan: Plan, taps: Taps, writer: StoreWriter, start: int, per_sh
 
 
 def probe_batch(batch: Batch) -> Batch:
-    """The first row of a batch, to learn each layer's shapes with one small forward.
+    """The first two rows of a batch (or its one), to learn each layer's shapes with one small forward.
 
     Example:
         >>> probe_batch(Batch(torch.zeros(4, 2), [0, 1, 2, 3])).inputs.shape
-        torch.Size([1, 2])
+        torch.Size([2, 2])
     """
+    n = min(2, batch.rows)
     # a copy: a model that writes into its input must not change the data's rows before they are run
-    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, 1)), batch.indices[:1])
+    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, n)), batch.indices[:n])
