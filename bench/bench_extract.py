@@ -1,7 +1,7 @@
 """hookscope.extract against plain inference over the same data (issue 12).
 
 Run:  .venv/bin/python bench/bench_extract.py throughput [--n 2000] [--rounds 2]
-      .venv/bin/python bench/bench_extract.py rss          (peak RSS of 500 against 2000 images, fresh processes)
+      .venv/bin/python bench/bench_extract.py rss --rounds 3   (peak RSS of 500 against 2000 images, fresh processes)
       .venv/bin/python bench/bench_extract.py ranks [--n 2000] [--rounds 3]  (torchrun 2 ranks against 1 process)
 
 Data: ``n`` generated 3x224x224 images (each made from its index's seed in the dataset's __getitem__, so
@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,26 +77,34 @@ def throughput(n: int, rounds: int) -> None:
           f"**{t['plain'] / t['reduced']:.3f}x** | {n / t['with layer3']:.1f} img/s, **{t['plain'] / t['with layer3']:.3f}x** |")
 
 
-def _child_rss(n: int, out: str) -> tuple[float, float]:
+def _child_rss(n: int, out: str, what: str) -> tuple[float, float]:
+    run = (f"b.run_extract(b.model(), b.Generated({n}), b.WITH_FULL, {out!r}, '32MB')" if what == "extract"
+           else f"b.plain(b.model(), b.Generated({n}))")
     code = (f"import sys, resource, time; sys.path.insert(0, {os.path.dirname(__file__)!r}); import bench_extract as b; "
-            f"t = time.perf_counter(); b.run_extract(b.model(), b.Generated({n}), b.WITH_FULL, {out!r}, '32MB'); "
+            f"t = time.perf_counter(); {run}; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter() - t)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     rss_kb, seconds = done.stdout.split()
     return int(rss_kb) / 1024, float(seconds)
 
 
-def rss() -> None:
+def rss(rounds: int) -> None:
+    """Peak RSS of extract and of plain inference for 500 and 2,000 images, each run a fresh process."""
     tmp = tempfile.mkdtemp(prefix="bench-extract-")
+    runs: dict[tuple[str, int], list[float]] = {(w, n): [] for w in ("plain", "extract") for n in (500, 2000)}
     try:
-        rows = {n: _child_rss(n, os.path.join(tmp, str(n))) for n in (500, 2000)}
+        for r in range(rounds):  # the four kinds alternating in order, round by round
+            for key in list(runs) if r % 2 == 0 else list(reversed(runs)):
+                runs[key].append(_child_rss(key[1], os.path.join(tmp, f"{key[1]}-{r}"), key[0])[0])
     finally:
         shutil.rmtree(tmp)
-    a, b = rows[500][0], rows[2000][0]
-    print("| images | peak RSS | seconds |")
-    for n, (mib, s) in rows.items():
-        print(f"| {n} | {mib:.0f} MiB | {s:.1f} |")
-    print(f"growth 500 -> 2000: **{100 * (b - a) / a:+.1f}%** (shards of 32MB, layer2+layer4 mean, full layer3)")
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    print("| run | 500 images (each run, MiB) | 2,000 images | growth of the medians |")
+    for w in ("plain", "extract"):
+        grow = 100 * (med[(w, 2000)] - med[(w, 500)]) / med[(w, 500)]
+        print(f"| {w} | {', '.join(f'{m:.0f}' for m in runs[(w, 500)])} (median {med[(w, 500)]:.0f}) | "
+              f"{', '.join(f'{m:.0f}' for m in runs[(w, 2000)])} (median {med[(w, 2000)]:.0f}) | **{grow:+.1f}%** |")
+    print("extract: layer2+layer4 mean and the full layer3, 32MB shards")
 
 
 def ranks(n: int, rounds: int) -> None:
@@ -128,7 +137,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    {"throughput": lambda: throughput(args.n, args.rounds), "rss": rss, "ranks": lambda: ranks(args.n, args.rounds)}[args.what]()
+    {"throughput": lambda: throughput(args.n, args.rounds), "rss": lambda: rss(args.rounds), "ranks": lambda: ranks(args.n, args.rounds)}[args.what]()
 
 
 if __name__ == "__main__":
