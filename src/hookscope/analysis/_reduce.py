@@ -1,24 +1,34 @@
 """One tensor reduced to its statistics (:data:`STATS`), as cheaply as the device allows.
 
 On accelerators every statistic is reduced on the device with no host synchronisation. On the
-CPU the host *is* the device, so reading a scalar waits for nothing, and a few branches on it
-save whole memory passes: a one-pass variance unless it would cancel, no NaN/Inf counting when
-min and max are finite, no zero counting when 0 is outside [min, max]. Each float32 pass over a
-25.7 MB tensor costs 0.5-1 ms here; an allocation of that size costs ~15 ms of page faults, so
-the CPU path allocates nothing of the tensor's size in the usual case.
+CPU the host *is* the device, so reading a scalar waits for nothing. There, one pass of a small C
+kernel (:mod:`hookscope._native`) gives sum, sum of squares, min, max and the zero count of a
+dense float32/float64 tensor at once, reading the memory where it lies; other tensors (strided
+slices, half precision, integers) are copied piece by piece into one reused buffer of at most
+:data:`_PIECE` elements first, so no allocation of the tensor's size is made. A one-pass variance
+is used unless it would cancel (then an exact centred pass); NaN and Inf are counted only when the
+sums are not finite. Without the kernel, torch operations do the same in four or five passes
+(:func:`_host_stats`), which branch to skip passes: each float32 pass over a 25.7 MB tensor costs
+0.5-1 ms here; an allocation of that size costs ~15 ms of page faults.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterator
 
 import torch
 
-from .._memory import Scratch, flat
+from .._memory import Scratch, dense_view, flat
+from .._native import Kernel, stats_kernel
 from ..core.guard import plain
 
-__all__ = ["STATS", "Scratch", "flat", "tensor_stats"]
+__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "tensor_stats"]
+
+HOST_TYPES = frozenset({"cpu"})
+"""Device types whose tensors are reduced on the host, branching on scalars read back at once; every
+other device takes the path that never synchronises (:func:`_device_stats`)."""
 
 STATS = ("mean", "std", "min", "max", "absmax", "zeros", "nan", "inf")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -46,11 +56,84 @@ def tensor_stats(t: torch.Tensor, scratch: Scratch | None = None) -> torch.Tenso
     x = plain(t).detach().resolve_neg()  # a lazily negated tensor cannot be viewed as its bits
     if x.is_complex():
         x = x.abs()
-    if not x.is_floating_point() or x.dtype in _LOW_PRECISION or x.element_size() == 1:
-        x = x.float()
-    if x.device.type == "cpu":
-        return torch.tensor(_host_stats(flat(x), scratch or Scratch()), dtype=torch.float64)
-    return _device_stats(x)
+    if x.device.type == "cpu" and "cpu" in HOST_TYPES:
+        kernel = stats_kernel()
+        if kernel is not None and x.numel() > 0:
+            return torch.tensor(_kernel_stats(x, kernel, scratch or Scratch()), dtype=torch.float64)
+    if x.device.type in HOST_TYPES:
+        scratch = scratch or Scratch()
+        return torch.tensor(_host_stats(_dense_copy(x, scratch), scratch), dtype=torch.float64)
+    return _device_stats(x.float() if _needs_cast(x) else x)
+
+
+def _dense_copy(x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """``x`` as a 1-D contiguous float32/float64 tensor: its own memory if it is dense, else a copy
+    in a reused buffer (BLAS sums a strided vector serially, in float32: 4.5e-4 off)."""
+    dense = dense_view(x)
+    if dense is not None and not _needs_cast(x):
+        return dense
+    return scratch.get(x.numel(), torch.float32 if _needs_cast(x) else x.dtype).view(x.shape).copy_(x).view(-1)
+
+
+def _needs_cast(x: torch.Tensor) -> bool:
+    """Integers, bool, half precision and 8-bit floats are reduced as float32."""
+    return not x.is_floating_point() or x.dtype in _LOW_PRECISION or x.element_size() == 1
+
+
+def _pieces(x: torch.Tensor, scratch: Scratch) -> Iterator[torch.Tensor]:
+    """``x``'s elements as 1-D contiguous float32/float64 tensors: the memory itself for a dense
+    float32/float64 tensor, else consecutive blocks of at most :data:`_PIECE` elements copied (and
+    cast) into one reused buffer."""
+    dense = dense_view(x)
+    if dense is not None and not _needs_cast(x):
+        yield dense
+        return
+    work = torch.float32 if _needs_cast(x) else x.dtype
+    for block in _blocks(dense if dense is not None else x):
+        buf = scratch.get(block.numel(), work)
+        buf.view(block.shape).copy_(block)
+        yield buf
+
+
+def _blocks(x: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Views that cover ``x`` in order, each of at most :data:`_PIECE` elements (or one row of the
+    innermost dimension, if that alone is longer)."""
+    if x.numel() <= _PIECE or x.dim() == 0:
+        yield x
+        return
+    if x.dim() == 1:
+        for start in range(0, x.numel(), _PIECE):
+            yield x[start:start + _PIECE]
+        return
+    step = max(1, _PIECE // max(1, x[0].numel()))
+    for start in range(0, x.shape[0], step):
+        part = x[start:start + step]
+        if part.numel() <= _PIECE:
+            yield part
+        else:
+            yield from _blocks(part[0])
+
+
+def _kernel_stats(x: torch.Tensor, kernel: Kernel, scratch: Scratch) -> list[float]:
+    """:data:`STATS` of a non-empty CPU tensor, from the kernel's one pass over each piece."""
+    n = x.numel()
+    total, squares, lo, hi, zeros = 0.0, 0.0, math.inf, -math.inf, 0
+    for piece in _pieces(x, scratch):
+        s, q, low, high, z = kernel.stats(piece)
+        total, squares, lo, hi, zeros = total + s, squares + q, min(lo, low), max(hi, high), zeros + z
+    if not (math.isfinite(total) and math.isfinite(squares)):  # NaN, Inf, or a sum that overflowed
+        return _host_stats(_dense_copy(x, scratch), scratch)
+    if lo == hi:  # constant: exact, and no rounding noise from the sums
+        return [lo, 0.0, lo, hi, max(-lo, hi), zeros, 0, 0]
+    mean = total / n
+    var = squares / n - mean * mean
+    if not (var > 0 and mean * mean <= _CANCEL_RATIO * var):  # would cancel: an exact centred pass
+        shift, centred = 0.0, 0.0
+        for piece in _pieces(x, scratch):
+            d, q = kernel.centred(piece, mean)
+            shift, centred = shift + d, centred + q
+        mean, var = mean + shift / n, max(centred / n - (shift / n) ** 2, 0.0)
+    return [mean, math.sqrt(var), lo, hi, max(-lo, hi), zeros, 0, 0]
 
 
 def _host_stats(v: torch.Tensor, scratch: Scratch) -> list[float]:

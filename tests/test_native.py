@@ -1,0 +1,155 @@
+"""The optional C kernel of the CPU statistics (hookscope._native): its answers, and every way of
+not having it (switched off, no compiler, a cache folder others can write to, a wrong answer)."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookscope._native as native
+from hookscope.analysis._reduce import tensor_stats
+
+KERNEL = native.stats_kernel()
+
+
+def test_the_kernel_is_built_here() -> None:
+    # CI has a C compiler (Debian's gcc): the fast path is what the suite exercises
+    assert KERNEL is not None
+
+
+def _exact(v: torch.Tensor) -> tuple[float, float, float, float, int]:
+    d = v.double()
+    return d.sum().item(), (d * d).sum().item(), v.min().item(), v.max().item(), int((v == 0).sum())
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 511, 513, 65535, 65536, 65537, 3 * 65536 + 5, 2_000_003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sums_extremes_and_zeros_against_float64(n: int, dtype: torch.dtype) -> None:
+    assert KERNEL is not None
+    g = torch.Generator().manual_seed(n)
+    v = torch.randn(n, generator=g, dtype=dtype) * 3 + 0.5
+    v[torch.rand(n, generator=g) < 0.2] = 0.0
+    v[::17] = -0.0
+    s, q, lo, hi, zeros = KERNEL.stats(v)
+    es, eq, elo, ehi, ezeros = _exact(v)
+    assert (lo, hi, zeros) == (elo, ehi, ezeros)
+    # float32 values are summed in float32 lanes over blocks of 512 (64 per lane), then in float64:
+    # at most ~64 roundings of 6e-8 each; float64 values in float64 throughout
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert math.isclose(s, es, rel_tol=tol, abs_tol=tol * math.sqrt(eq * n))
+    assert math.isclose(q, eq, rel_tol=tol)
+
+
+def test_unaligned_memory_and_offsets() -> None:
+    assert KERNEL is not None
+    base = torch.randn(100_003)
+    for start in range(1, 9):  # every alignment of the first element
+        v = base[start:]
+        assert KERNEL.stats(v)[2:] == _exact(v)[2:]
+
+
+def test_the_answer_does_not_depend_on_the_number_of_threads() -> None:
+    assert KERNEL is not None
+    v = torch.randn(5_000_001)
+    before = torch.get_num_threads()
+    try:
+        answers = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            answers.append(KERNEL.stats(v))
+    finally:
+        torch.set_num_threads(before)
+    assert answers[0] == answers[1] == answers[2]
+
+
+def test_non_finite_values_reach_the_caller_as_non_finite_sums() -> None:
+    assert KERNEL is not None
+    for bad in (math.nan, math.inf, -math.inf):
+        v = torch.randn(10_000)
+        v[1234] = bad
+        s, q, *_ = KERNEL.stats(v)
+        assert not (math.isfinite(s) and math.isfinite(q))
+
+
+def test_centred_sums_survive_a_large_mean() -> None:
+    assert KERNEL is not None
+    v = (torch.randn(1_000_001, dtype=torch.float64) * 1e-3 + 1e4).float().double()  # float32 values
+    mean = v.mean().item()
+    d, q = KERNEL.centred(v, mean)
+    assert abs(d) < 1e-6
+    ref = ((v - mean) ** 2).sum().item()
+    assert math.isclose(q, ref, rel_tol=1e-9)
+    # and the row: std of a shifted tensor, not the cancelled one-pass value
+    row = tensor_stats(v.float()).tolist()
+    exact = v.float().double().std(correction=0).item()
+    assert math.isclose(row[1], exact, rel_tol=1e-6)
+
+
+def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", "0")
+    assert native.stats_kernel() is None
+    row = tensor_stats(torch.tensor([1.0, -3.0, 0.0])).tolist()
+    assert row[2:6] == [-3.0, 1.0, 3.0, 1.0]
+
+
+def test_a_kernel_with_a_wrong_answer_is_never_used() -> None:
+    class Wrong:
+        def stats(self, v: torch.Tensor) -> tuple[float, float, float, float, int]:
+            return (0.0, 0.0, 0.0, 0.0, 0)
+
+        def centred(self, v: torch.Tensor, mean: float) -> tuple[float, float]:
+            return (0.0, 0.0)
+
+    assert not native._answers_right(Wrong())  # type: ignore[arg-type]
+    assert KERNEL is not None and native._answers_right(KERNEL)
+
+
+def _fresh(env: dict[str, str], code: str) -> str:
+    """Run ``code`` in a new interpreter (the kernel is loaded once per process)."""
+    full = {**os.environ, **env}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+CHECK = """
+    import torch, hookscope, hookscope._native as n
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with hookscope.trace(net) as t:
+        net(torch.ones(2, 4))
+    print(n.stats_kernel() is not None, len(t.rows))
+"""
+
+
+def test_without_a_compiler_the_statistics_fall_back(tmp_path: Path) -> None:
+    out = _fresh({"CC": str(tmp_path / "no-such-compiler"), "HOOKSCOPE_CACHE": str(tmp_path / "cache")}, CHECK)
+    assert out == "False 4"
+
+
+def test_a_cache_folder_others_can_write_to_is_not_used(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    out = _fresh({"HOOKSCOPE_CACHE": str(shared)}, CHECK)
+    assert out == "True 4"
+    assert list(shared.iterdir()) == []  # compiled in a private temporary folder instead
+
+
+def test_the_library_is_cached_privately_and_reused(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert _fresh({"HOOKSCOPE_CACHE": str(cache)}, CHECK) == "True 4"
+    libs = list(cache.glob("stats-*.so"))
+    assert len(libs) == 1 and not list(cache.glob("*.part")) and not list(cache.glob("*.c"))
+    assert stat.S_IMODE(cache.stat().st_mode) & 0o022 == 0
+    first = libs[0].stat().st_mtime_ns
+    assert _fresh({"HOOKSCOPE_CACHE": str(cache)}, CHECK) == "True 4"
+    assert libs[0].stat().st_mtime_ns == first  # loaded, not compiled again
