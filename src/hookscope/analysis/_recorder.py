@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from .._memory import TensorMemo
 from .._tree import paths, tree_map
 from ..capture import parse_keep
 from ..core.calls import CallStack
@@ -34,6 +35,7 @@ from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
+from . import _reduce
 from ._reduce import Scratch, tensor_stats
 from ._rows import Pending
 
@@ -93,37 +95,25 @@ def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[st
 
 
 class _Memo:
-    """Statistics already taken of a tensor object at its current version (an input is usually the
-    output just traced): a weak reference, so a freed tensor's id or memory is never mistaken."""
+    """Statistics already taken of the elements a tensor shows at their current version (an input is
+    usually the output just traced; a ``flatten`` shows its input's elements): see
+    :class:`~hookscope._memory.TensorMemo`, which never mistakes a freed tensor's memory."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+        self._seen: TensorMemo[torch.Tensor] = TensorMemo()
         self._scratch = Scratch()
 
     def stats(self, t: torch.Tensor) -> torch.Tensor:
-        if t.is_inference():  # no version counter to tell a rewrite
-            return tensor_stats(t, self._scratch)
-        key, version = id(t), t._version
-        hit = self._seen.get(key)
-        if hit is not None and hit[0]() is t and hit[1] == version:
-            return hit[2]
-        s = tensor_stats(t, self._scratch)
-
-        def forget(ref: weakref.ref[torch.Tensor]) -> None:
-            self._drop(key, ref)
-
-        self._seen[key] = (weakref.ref(t, forget), version, s)
+        x = plain(t)  # not the guarded alias: asking for its storage would make it copy
+        s = self._seen.get(x)
+        if s is None:
+            s = tensor_stats(x, self._scratch)
+            self._seen.put(x, s)
         return s
 
     def known(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s statistics were taken at its current version (it was an output)."""
-        hit = self._seen.get(id(t))
-        return hit is not None and hit[0]() is t and not t.is_inference() and hit[1] == t._version
-
-    def _drop(self, key: int, ref: Any) -> None:
-        hit = self._seen.get(key)
-        if hit is not None and hit[0] is ref:
-            del self._seen[key]
+        """Whether ``t``'s elements were reduced at their current version (it was an output)."""
+        return self._seen.get(plain(t)) is not None
 
 
 def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
@@ -414,7 +404,7 @@ class Recorder:
                 continue  # integers are finite; an output's statistics are already an event
             if name and root is not None and _same(t, root[2]):
                 continue  # the model's input, checked once when the forward began
-            if t.device.type == "cpu" and _finite(t):
+            if t.device.type in _reduce.HOST_TYPES and t.device.type == "cpu" and _finite(t):
                 continue
             if not told and self.on_context is not None:
                 self.on_context(name, call, "received", context)
