@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
-from ..._memory import Scratch, flat
+from ..._memory import Scratch, TensorMemo, flat
 from ..._tree import attributes
+from ...core.guard import plain
 from ...core.text import dtype_text
 from ...errors import MutationError, RecordError
 from ...records import CallRecord, Recording
@@ -283,10 +284,42 @@ def _structure(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "the outputs are built differently"
 
 
+class _Compared:
+    """The statistics of pairs already compared: a pair of the same elements at the same versions
+    (a ``Sequential``'s output is its last child's, in both runs) is compared once.
+
+    Example:
+        >>> a, b, tol = torch.ones(3), torch.zeros(3), Tol(0.0, 0.0)
+        >>> seen = _Compared()
+        >>> seen.stats(a, b, tol) is seen.stats(a.view(3), b, tol)
+        True
+    """
+
+    def __init__(self) -> None:
+        self._by_b: TensorMemo[TensorMemo[dict[Tol, torch.Tensor]]] = TensorMemo()
+
+    def stats(self, a: torch.Tensor, b: torch.Tensor, tol: Tol, scratch: Scratch | None = None) -> torch.Tensor:
+        """:func:`_stats` of ``a`` and ``b`` with ``tol``, taken once per pair of tensor versions."""
+        a, b = plain(a), plain(b)
+        by_a = self._by_b.get(b)
+        if by_a is None:
+            by_a = TensorMemo()
+            self._by_b.put(b, by_a)
+        done = by_a.get(a)
+        if done is None:
+            done = {}
+            by_a.put(a, done)
+        if tol not in done:
+            done[tol] = _stats(a, b, tol.rtol, tol.atol, scratch, spread=tol.spread)
+        return done[tol]
+
+
 def _pair(name: str, call: int, out_a: Any, out_b: Any, pick: Pick, pending: Pending,
-          scratch: Scratch | None = None) -> None:
+          scratch: Scratch | None = None, compared: _Compared | None = None) -> None:
     """The rows of one call, their statistics still pending: tensor by tensor, paired by path, each
-    pair compared with the tolerance ``pick`` gives for its two dtypes."""
+    pair compared with the tolerance ``pick`` gives for its two dtypes (once per pair of tensor
+    versions, given ``compared``)."""
+    compared = compared or _Compared()
     la, lb = dict(_leaves(out_a)), dict(_leaves(out_b))
     values_a = [p for p, v in la.items() if v is not None]
     if not values_a and not any(v is not None for v in lb.values()):
@@ -305,7 +338,7 @@ def _pair(name: str, call: int, out_a: Any, out_b: Any, pick: Pick, pending: Pen
         elif da == db == "int":
             pending.append((row, _int_stats(la[p], lb[p], tol.rtol, tol.atol)))
         else:
-            pending.append((row, _stats(a, b, tol.rtol, tol.atol, scratch, spread=tol.spread)))
+            pending.append((row, compared.stats(a, b, tol, scratch)))
 
 
 def _returned(call: CallRecord) -> bool:
@@ -344,6 +377,7 @@ class Streamed:
         self.calls: dict[str, int] = {}
         self.returned: dict[str, list[CallRecord]] = {}  # run A's calls of a name that returned
         self.scratch = Scratch()
+        self.compared = _Compared()
         self.pending: dict[tuple[str, int], Pending] = {}
 
     def __call__(self, name: str, out_b: Any, cast_b: torch.dtype | None = None) -> None:
@@ -358,7 +392,7 @@ class Streamed:
 
             cast_a = self.casts_a.get((name, k))  # run A's k-th call of name that returned
 
-            _pair(name, k, calls_a[k].output, out_b, pick, rows, self.scratch)
+            _pair(name, k, calls_a[k].output, out_b, pick, rows, self.scratch, self.compared)
             self.pending[(name, k)] = rows
 
     def _returned(self, name: str) -> list[CallRecord]:
