@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-__all__ = ["Scratch", "TensorMemo", "dense_view", "flat"]
+__all__ = ["Scratch", "TensorMemo", "dense_view", "flat", "is_dense"]
 
 
 class Scratch:
@@ -51,12 +51,25 @@ def dense_view(x: torch.Tensor) -> torch.Tensor | None:
         return None
     if x.is_contiguous():
         return x.view(-1)
+    return x.as_strided((x.numel(),), (1,), x.storage_offset()) if is_dense(x) else None
+
+
+def is_dense(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elements fill one dense block of memory, in some order (see :func:`dense_view`).
+
+    Example:
+        >>> a = torch.zeros(2, 3)
+        >>> is_dense(a.t()), is_dense(a[:, 1:]), is_dense(a.expand(2, 2, 3))
+        (True, False, False)
+    """
+    if x.is_contiguous():
+        return True
     expected = 1
     for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz != 1):
         if stride != expected:
-            return None
+            return False
         expected *= size
-    return x.as_strided((x.numel(),), (1,), x.storage_offset())
+    return True
 
 
 _Key = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype, bool, bool]
@@ -68,11 +81,14 @@ class TensorMemo(Generic[_V]):
     elements at the same version: the same tensor, a ``view``/``flatten``/``reshape`` of it, or a
     transpose of a dense block.
 
-    The key is the identity of the storage (held weakly: a freed storage takes its entries with it,
-    so a new tensor at the old address is never mistaken for the old one), the storage offset, the
-    layout (the number of elements for a dense block, else shape and strides), dtype, neg and conj
-    bits, and the version counter (an in-place write makes a new version). Inference tensors have no
-    version counter and are never remembered.
+    The key is the identity of the tensor's base (the tensor every view of it points to and shares
+    its version counter with; held weakly, so a freed tensor takes its entries with it and a new
+    tensor at the old address is never mistaken for it), the storage offset, the layout (the number
+    of elements for a dense block, else shape and strides), dtype, neg and conj bits, and the version
+    counter (an in-place write makes a new version). A tensor over the same memory with a version
+    counter of its own (``t.data``, ``t.detach()``) is another base: its writes are not seen in
+    ``t``'s counter, so nothing is shared with it. Inference tensors have no version counter and are
+    never remembered.
 
     Example:
         >>> memo: TensorMemo[str] = TensorMemo()
@@ -86,20 +102,20 @@ class TensorMemo(Generic[_V]):
     """
 
     def __init__(self) -> None:
-        self._seen: dict[_Key, tuple[weakref.ref[torch.UntypedStorage], int, _V]] = {}
-        self._refs: dict[int, weakref.ref[torch.UntypedStorage]] = {}  # storage id -> its weak reference
-        self._keys: dict[int, set[_Key]] = {}  # storage id -> its keys, dropped with the storage
+        self._seen: dict[_Key, tuple[weakref.ref[torch.Tensor], int, int, _V]] = {}
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}  # base id -> its weak reference
+        self._keys: dict[int, set[_Key]] = {}  # base id -> its keys, dropped with the base
 
     def get(self, t: torch.Tensor) -> _V | None:
         """The value put for these elements at this version, or ``None``."""
         found = self._identify(t)
         if found is None:
             return None
-        storage, key, version = found
+        base, key, version, address = found
         hit = self._seen.get(key)
-        if hit is None or hit[0]() is not storage or hit[1] != version:
+        if hit is None or hit[0]() is not base or hit[1] != version or hit[2] != address:
             return None
-        return hit[2]
+        return hit[3]
 
     def put(self, t: torch.Tensor, value: _V) -> None:
         """Remember ``value`` for ``t``'s elements at their current version (nothing if ``t`` cannot
@@ -107,36 +123,38 @@ class TensorMemo(Generic[_V]):
         found = self._identify(t)
         if found is None:
             return
-        storage, key, version = found
-        sid = key[0]
-        ref = self._refs.get(sid)
-        if ref is None or ref() is not storage:
-            self._drop(sid)
-            ref = self._refs[sid] = weakref.ref(storage, partial(self._dead, sid))
-            self._keys[sid] = set()
-        self._keys[sid].add(key)
-        self._seen[key] = (ref, version, value)
+        base, key, version, address = found
+        bid = key[0]
+        ref = self._refs.get(bid)
+        if ref is None or ref() is not base:
+            self._drop(bid)
+            ref = self._refs[bid] = weakref.ref(base, partial(self._dead, bid))
+            self._keys[bid] = set()
+        self._keys[bid].add(key)
+        self._seen[key] = (ref, version, address, value)
 
-    def _dead(self, sid: int, ref: weakref.ref[torch.UntypedStorage]) -> None:
-        if self._refs.get(sid) is ref:
-            self._drop(sid)
+    def _dead(self, bid: int, ref: weakref.ref[torch.Tensor]) -> None:
+        if self._refs.get(bid) is ref:
+            self._drop(bid)
 
-    def _drop(self, sid: int) -> None:
-        self._refs.pop(sid, None)
-        for key in self._keys.pop(sid, ()):
+    def _drop(self, bid: int) -> None:
+        self._refs.pop(bid, None)
+        for key in self._keys.pop(bid, ()):
             self._seen.pop(key, None)
 
     @staticmethod
-    def _identify(t: torch.Tensor) -> tuple[torch.UntypedStorage, _Key, int] | None:
+    def _identify(t: torch.Tensor) -> tuple[torch.Tensor, _Key, int, int] | None:
+        """(base, key, version, storage address): the address catches a base whose storage was
+        swapped (``base.data = other``) without a new version."""
         if t.layout != torch.strided or t.is_inference():
             return None
         try:
-            storage = t.untyped_storage()
-            version = t._version
+            version, address = t._version, t.untyped_storage().data_ptr()
         except (RuntimeError, NotImplementedError, TypeError):
             return None
-        dense = dense_view(t) is not None
+        base = t._base if t._base is not None else t
+        dense = is_dense(t)
         shape = (t.numel(),) if dense else tuple(t.shape)
         strides = () if dense else tuple(t.stride())
-        key = (id(storage), int(t.storage_offset()), shape, strides, t.dtype, t.is_neg(), t.is_conj())
-        return storage, key, version
+        key = (id(base), int(t.storage_offset()), shape, strides, t.dtype, t.is_neg(), t.is_conj())
+        return base, key, version, address
