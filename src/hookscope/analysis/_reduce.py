@@ -221,16 +221,30 @@ def _non_finite(v: torch.Tensor) -> list[float]:
 
 
 def _device_stats(x: torch.Tensor) -> torch.Tensor:
+    """:data:`STATS` on ``x``'s device with no host synchronisation, piece by piece (views of at
+    most :data:`_PIECE` elements): the temporaries (a cast, the centred values, NaN/Inf masks) are
+    one piece in size, never the tensor's. Sums and squares are taken in float64 (float32 on MPS),
+    so float32 values near its range neither overflow nor underflow; the variance is two-pass
+    (centred on the mean, still on the device)."""
     acc = torch.float32 if x.device.type == "mps" else torch.float64
     n = x.numel()
     if n == 0:
         return torch.cat([x.new_full((5,), math.nan, dtype=acc), x.new_zeros((3,), dtype=acc)])
-    low, high = torch.aminmax(x)
-    mean = x.sum() / n
-    centred = (x - mean).reshape(-1)  # two passes: exact where E[x^2] - mean^2 would cancel
-    std = (torch.dot(centred, centred) / n).sqrt()
-    zeros = n - torch.count_nonzero(x)
-    nan, inf = torch.count_nonzero(x != x), torch.count_nonzero(torch.isinf(x))
+    pieces = [p.float() if _needs_cast(p) else p for p in _blocks(x)]
+    ends = torch.stack([torch.stack(torch.aminmax(p)).to(acc) for p in pieces])
+    low, high = ends[:, 0].min(), ends[:, 1].max()  # NaN propagates
+    total = torch.stack([p.sum(dtype=acc) for p in pieces]).sum()
+    mean = total / n
+    squares = torch.stack([_centred_squares(p, mean, acc) for p in pieces]).sum()
+    counts = torch.stack([torch.stack([torch.count_nonzero(p), torch.count_nonzero(torch.isnan(p)),
+                                       torch.count_nonzero(torch.isinf(p))]) for p in pieces]).sum(0)
+    zeros, nan, inf = n - counts[0], counts[1], counts[2]
+    std = (squares / n).sqrt()
     absmax = torch.maximum(low.abs(), high.abs())
-    floats = torch.stack([mean, std, low, high, absmax]).to(acc)
+    floats = torch.stack([mean, std, low, high, absmax])
     return torch.cat([floats, torch.stack([zeros, nan, inf]).to(acc)])
+
+
+def _centred_squares(p: torch.Tensor, mean: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    d = p.to(acc).reshape(-1) - mean
+    return torch.dot(d, d)
