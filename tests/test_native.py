@@ -56,6 +56,18 @@ def test_unaligned_memory_and_offsets() -> None:
         assert KERNEL.stats(v)[2:] == _exact(v)[2:]
 
 
+def _runtimes() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {f[5] for f in map(str.split, maps) if len(f) >= 6 and "omp" in os.path.basename(f[5])}
+
+
+def test_large_tensors_share_torchs_own_openmp_workers() -> None:
+    assert KERNEL is not None and KERNEL.parallel  # Linux, torch built with OpenMP
+    before = _runtimes()
+    KERNEL.stats(torch.randn(3_000_000))
+    assert _runtimes() == before and len(before) == 1  # never a second OpenMP runtime
+
+
 def test_the_answer_does_not_depend_on_the_number_of_threads() -> None:
     assert KERNEL is not None
     v = torch.randn(5_000_001)
@@ -64,10 +76,30 @@ def test_the_answer_does_not_depend_on_the_number_of_threads() -> None:
         answers = []
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
-            answers.append(KERNEL.stats(v))
+            answers.append((KERNEL.stats(v), KERNEL.centred(v, 0.25)))
     finally:
         torch.set_num_threads(before)
     assert answers[0] == answers[1] == answers[2]
+
+
+def test_threads_calling_at_once_get_their_own_answers() -> None:
+    assert KERNEL is not None
+    import threading
+
+    vs = [torch.randn(2_000_000) + i for i in range(4)]
+    want = [KERNEL.stats(v) for v in vs]
+    got: dict[int, list[tuple[float, float, float, float, int]]] = {i: [] for i in range(4)}
+
+    def run(i: int) -> None:
+        for _ in range(5):
+            got[i].append(KERNEL.stats(vs[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(got[i] == [want[i]] * 5 for i in range(4))
 
 
 def test_non_finite_values_reach_the_caller_as_non_finite_sums() -> None:

@@ -1,5 +1,6 @@
 """The optional C kernel behind the CPU statistics: one memory pass for sum, sum of squares, min,
-max and zeros, where torch needs four or five (``_native_stats.c``).
+max and zeros, where torch needs four or five (``_native_stats.c``). Large tensors are shared with
+torch's own OpenMP worker threads (the C file says why not threads of its own).
 
 It is compiled once per machine with the system C compiler (``$CC``, else ``cc``, ``gcc`` or
 ``clang``; about 0.3 s) into a private cache folder (``$HOOKSCOPE_CACHE``, else
@@ -42,6 +43,7 @@ class Kernel:
         self._centred.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double,
                                   ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         self._stats.restype = self._centred.restype = ctypes.c_int
+        self.parallel = _share_openmp(lib)
 
     def stats(self, v: torch.Tensor) -> tuple[float, float, float, float, int]:
         """``(sum, sum of squares, min, max, zeros)`` of ``v``, accumulated in float64.
@@ -52,7 +54,7 @@ class Kernel:
             True
         """
         out = (ctypes.c_double * 5)()
-        if self._stats(v.data_ptr(), v.element_size() == 8, v.numel(), _threads(v.numel()), out):
+        if self._stats(v.data_ptr(), v.element_size() == 8, v.numel(), self._threads(v.numel()), out):
             raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
         return out[0], out[1], out[2], out[3], int(out[4])
 
@@ -65,14 +67,37 @@ class Kernel:
             True
         """
         out = (ctypes.c_double * 5)()
-        if self._centred(v.data_ptr(), v.element_size() == 8, v.numel(), mean, _threads(v.numel()), out):
+        if self._centred(v.data_ptr(), v.element_size() == 8, v.numel(), mean, self._threads(v.numel()), out):
             raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
         return out[0], out[1]
 
+    def _threads(self, n: int) -> int:
+        """torch's number of threads for 1 Mi elements (4 MB of float32) or more, if the kernel
+        shares torch's OpenMP workers; else 1."""
+        return torch.get_num_threads() if self.parallel and n >= 1 << 20 else 1
 
-def _threads(n: int) -> int:
-    """One thread per 256 Ki elements (1 MB of float32), at most torch's own number of threads."""
-    return max(1, min(torch.get_num_threads(), n >> 18))
+
+def _share_openmp(lib: ctypes.CDLL) -> bool:
+    """Hand the kernel ``GOMP_parallel`` of the OpenMP runtime torch loaded (GNU's libgomp, or
+    Intel's libiomp5, which provides the same entry), found among the libraries this process mapped:
+    opening the same path again returns the library already loaded, never a second runtime. False
+    (the kernel stays on one thread) where there is no such runtime or no ``/proc/self/maps``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {fields[5] for fields in map(str.split, maps) if len(fields) >= 6}
+    except OSError:
+        return False
+    for path in sorted(paths):
+        name = os.path.basename(path)
+        if name.startswith(("libgomp", "libiomp5")) and os.path.isfile(path):
+            try:
+                fn = ctypes.CDLL(path).GOMP_parallel
+            except (OSError, AttributeError):
+                continue
+            lib.hs_use_openmp.argtypes = [ctypes.c_void_p]
+            lib.hs_use_openmp(ctypes.cast(fn, ctypes.c_void_p))
+            return True
+    return False
 
 
 def stats_kernel() -> Kernel | None:
@@ -116,7 +141,7 @@ def _answers_right(kernel: Kernel) -> bool:
 
 def _flags() -> list[str]:
     """Compiler flags: AVX2 vectors where torch found AVX2 (or AVX-512) on this CPU."""
-    flags = ["-O3", "-shared", "-fPIC", "-pthread", "-fno-fast-math"]
+    flags = ["-O3", "-shared", "-fPIC", "-fno-fast-math"]
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     if x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         return [*flags, "-mavx2", "-mfma", "-DHS_VBYTES=32"]
