@@ -353,7 +353,10 @@ class Recorder:
                     self._emit(name, call, "forward", "input", path, t)
             elif context is not None:
                 self._check(name, call, found, context)
-            if self.grad_inputs and found and torch.is_grad_enabled():
+            if self.grad_inputs and found and torch.is_grad_enabled() and getattr(module, "inplace", False) is not True:
+                # an in-place module (ReLU(inplace=True)) would write into the alias: no gradient row
+                # could come of it (see post), and autograd would rebuild the base's history around
+                # the view (CopySlices: a full-size copy of the gradient in the backward pass)
                 new_args = self._alias_inputs(args, found, aliases)
                 return None if new_args is args else (new_args, kwargs)
             return None
