@@ -4,6 +4,7 @@ memo keyed by the elements a tensor shows (storage, offset, layout, version)."""
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import Generic, TypeVar
 
@@ -117,12 +118,34 @@ class TensorMemo(Generic[_V]):
             return None
         return hit[3]
 
+    def setdefault(self, t: torch.Tensor, make: Callable[[], _V]) -> _V:
+        """The value remembered for ``t``'s elements at this version, else ``make()``, remembered.
+
+        Example:
+            >>> memo: TensorMemo[int] = TensorMemo()
+            >>> a = torch.ones(3)
+            >>> memo.setdefault(a, lambda: 1), memo.setdefault(a[:], lambda: 2)
+            (1, 1)
+        """
+        found = self._identify(t)
+        if found is None:
+            return make()
+        base, key, version, address = found
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is base and hit[1] == version and hit[2] == address:
+            return hit[3]
+        value = make()
+        self._store(found, value)
+        return value
+
     def put(self, t: torch.Tensor, value: _V) -> None:
         """Remember ``value`` for ``t``'s elements at their current version (nothing if ``t`` cannot
         be identified: an inference tensor, a sparse or storage-less one)."""
         found = self._identify(t)
-        if found is None:
-            return
+        if found is not None:
+            self._store(found, value)
+
+    def _store(self, found: tuple[torch.Tensor, _Key, int, int], value: _V) -> None:
         base, key, version, address = found
         bid = key[0]
         ref = self._refs.get(bid)

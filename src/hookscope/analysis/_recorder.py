@@ -105,11 +105,7 @@ class _Memo:
 
     def stats(self, t: torch.Tensor) -> torch.Tensor:
         x = plain(t)  # not the guarded alias: asking for its storage would make it copy
-        s = self._seen.get(x)
-        if s is None:
-            s = tensor_stats(x, self._scratch)
-            self._seen.put(x, s)
-        return s
+        return self._seen.setdefault(x, lambda: tensor_stats(x, self._scratch))
 
     def known(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s elements were reduced at their current version (it was an output)."""
