@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -18,10 +19,13 @@ import hookscope._native as native
 from hookscope.analysis._reduce import tensor_stats
 
 KERNEL = native.stats_kernel()
+# CI installs a C compiler (.ci/run); elsewhere, without one, the kernel cannot be built and these
+# tests are skipped (the fallback is what runs then, and the rest of the suite tests it)
+pytestmark = pytest.mark.skipif(KERNEL is None and not os.environ.get("CI") and not shutil.which("cc"),
+                                reason="no C compiler: the statistics kernel cannot be built here")
 
 
 def test_the_kernel_is_built_here() -> None:
-    # CI has a C compiler (Debian's gcc): the fast path is what the suite exercises
     assert KERNEL is not None
 
 
@@ -58,7 +62,8 @@ def test_unaligned_memory_and_offsets() -> None:
 
 def _runtimes() -> set[str]:
     with open("/proc/self/maps") as maps:
-        return {f[5] for f in map(str.split, maps) if len(f) >= 6 and "omp" in os.path.basename(f[5])}
+        return {f[5] for f in map(str.split, maps)
+                if len(f) >= 6 and os.path.basename(f[5]).startswith(("libgomp", "libiomp5"))}
 
 
 def test_large_tensors_share_torchs_own_openmp_workers() -> None:

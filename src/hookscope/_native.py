@@ -80,24 +80,34 @@ class Kernel:
 def _share_openmp(lib: ctypes.CDLL) -> bool:
     """Hand the kernel ``GOMP_parallel`` of the OpenMP runtime torch loaded (GNU's libgomp, or
     Intel's libiomp5, which provides the same entry), found among the libraries this process mapped:
-    opening the same path again returns the library already loaded, never a second runtime. False
-    (the kernel stays on one thread) where there is no such runtime or no ``/proc/self/maps``."""
+    the one in torch's own folder, else the only one mapped. Opening the same path again returns the
+    library already loaded, never a second runtime. False (the kernel stays on one thread) where there
+    is no such runtime, several and none of them torch's, or no ``/proc/self/maps``."""
+    runtime = _torch_openmp()
+    if runtime is None:
+        return False
+    try:
+        fn = ctypes.CDLL(runtime).GOMP_parallel
+    except (OSError, AttributeError):
+        return False
+    lib.hs_use_openmp.argtypes = [ctypes.c_void_p]
+    lib.hs_use_openmp(ctypes.cast(fn, ctypes.c_void_p))
+    return True
+
+
+def _torch_openmp() -> str | None:
+    """The path of the OpenMP runtime torch uses, if this process mapped it (see :func:`_share_openmp`)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {fields[5] for fields in map(str.split, maps) if len(fields) >= 6}
     except OSError:
-        return False
-    for path in sorted(paths):
-        name = os.path.basename(path)
-        if name.startswith(("libgomp", "libiomp5")) and os.path.isfile(path):
-            try:
-                fn = ctypes.CDLL(path).GOMP_parallel
-            except (OSError, AttributeError):
-                continue
-            lib.hs_use_openmp.argtypes = [ctypes.c_void_p]
-            lib.hs_use_openmp(ctypes.cast(fn, ctypes.c_void_p))
-            return True
-    return False
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(("libgomp", "libiomp5")) and os.path.isfile(p))
+    torch_dir = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+    own = [p for p in found if os.path.realpath(p).startswith(torch_dir)]
+    if own:
+        return own[0]
+    return found[0] if len(found) == 1 else None
 
 
 def stats_kernel() -> Kernel | None:
