@@ -35,8 +35,7 @@ from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
-from . import _reduce
-from ._reduce import Scratch, tensor_stats
+from ._reduce import Scratch, on_host, tensor_stats
 from ._rows import Pending
 
 __all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded",
@@ -403,7 +402,7 @@ class Recorder:
                 continue  # integers are finite; an output's statistics are already an event
             if name and root is not None and _same(t, root[2]):
                 continue  # the model's input, checked once when the forward began
-            if t.device.type in _reduce.HOST_TYPES and t.device.type == "cpu" and _finite(t):
+            if on_host(t) and _finite(t):
                 continue
             if not told and self.on_context is not None:
                 self.on_context(name, call, "received", context)

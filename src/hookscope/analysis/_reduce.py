@@ -25,7 +25,7 @@ from .._memory import Scratch, dense_view, flat
 from .._native import Kernel, stats_kernel
 from ..core.guard import plain
 
-__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "tensor_stats"]
+__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "on_host", "tensor_stats"]
 
 HOST_TYPES = frozenset({"cpu"})
 """Device types whose tensors are reduced on the host, branching on scalars read back at once; every
@@ -79,6 +79,17 @@ def _dense_copy(x: torch.Tensor, scratch: Scratch) -> torch.Tensor:
 def _host_tensor(values: list[float]) -> torch.Tensor:
     """The numbers as a float64 CPU tensor (through numpy: a third of ``torch.tensor``'s cost)."""
     return torch.from_numpy(np.array(values, dtype=np.float64))
+
+
+def on_host(t: torch.Tensor) -> bool:
+    """Whether ``t`` is reduced on the host, where reading a scalar waits for nothing (see
+    :data:`HOST_TYPES`).
+
+    Example:
+        >>> on_host(torch.zeros(1))
+        True
+    """
+    return t.device.type == "cpu" and "cpu" in HOST_TYPES
 
 
 def _needs_cast(x: torch.Tensor) -> bool:
