@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python bench/bench_diff.py            (about 6 minutes on 2 CPU cores)
       .venv/bin/python bench/bench_diff.py --quick    (fewer rounds)
+      .venv/bin/python bench/bench_diff.py --count    (rows against tensor pairs compared, untimed)
 
 torchvision resnet50 (and resnet18), weights=None, eval(), batch 8 (resnet18: 1), 3x224x224, CPU.
 Cases: the same model twice (every output equal: the usual state before the first divergence),
@@ -52,10 +53,43 @@ def cases(name: str, batch: int) -> dict[str, Callable[[], Any]]:
     }
 
 
+def count(name: str, batch: int) -> None:
+    """One diff of two checkpoints, untimed: its rows against the tensor pairs actually compared
+    (the calls of the private ``_stats``, wrapped here only: a pair of tensor versions seen again,
+    such as a Sequential's output that is its last child's, is compared once)."""
+    import hookscope.analysis.diff._compare as compare
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1 + 1e-3 * torch.randn_like(p))
+    calls: list[int] = []
+    original = compare._stats
+
+    def counting(a: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(a.numel())
+        return original(a, *args, **kwargs)
+
+    compare._stats = counting
+    try:
+        d = hookscope.diff(model, other, torch.randn(batch, 3, 224, 224))
+    finally:
+        compare._stats = original
+    tensors = sum(1 for r in d.rows if r.numel)
+    print(f"{name} batch {batch}: {len(d.rows)} rows ({tensors} with tensors), {len(calls)} pairs compared")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--count", action="store_true", help="only count rows and pairs compared (untimed)")
     a = ap.parse_args()
+    if a.count:
+        for name, batch in (("resnet18", 1), ("resnet50", 8)):
+            count(name, batch)
+        return
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"torchvision {torchvision.__version__}")
     for name, batch, rounds in (("resnet18", 1, 15), ("resnet50", 8, 5)):

@@ -1,56 +1,69 @@
-"""Trace every module of resnet50 (forward statistics) against the plain forward.
+"""trace and watch against the plain model, forward and forward+backward, on torchvision models (CPU).
 
-Run:  .venv/bin/python bench/bench_trace.py            (about 2 minutes on 2 CPU cores)
-      .venv/bin/python bench/bench_trace.py --quick    (fewer rounds)
+Run:  .venv/bin/python bench/bench_trace.py                    (several minutes on 2 CPU cores)
+      .venv/bin/python bench/bench_trace.py --quick            (fewer rounds)
+      .venv/bin/python bench/bench_trace.py --native off       (the torch-ops fallback, no C kernel)
+      .venv/bin/python bench/bench_trace.py --models resnet18 --rounds 1   (a smoke run)
 
-torchvision resnet50, weights=None, eval(), torch.no_grad(), batch 8, 3x224x224, CPU. The methods
-run interleaved, round after round, in one process (the order alternates), and each figure is the
-median over rounds; ratios are to the plain forward's median of the same run. Each traced round
-includes reading the rows back (the one device-to-host gather), so it is the full cost of a trace.
+torchvision models, weights=None, eval(), 3x224x224 inputs, CPU. Two tables:
+
+1. forward, under ``torch.no_grad()``: resnet50 batch 8, resnet18 batch 1, vit_b_16 batch 4. The plain
+   forward in ms; trace ``keep="io"`` (the default), trace ``keep="output"`` and ``watch(model)`` as
+   ratios to it; the rows of trace io, the tensors the engine actually reduced for them, and the GiB
+   the rows describe against the GiB reduced (each distinct tensor version is reduced once).
+2. forward+backward, grad enabled (``model(x).sum().backward()``, the model still in eval mode):
+   resnet50 batch 8 and resnet18 batch 1. The plain pass in ms; trace ``keep="all"`` and
+   ``watch(model, keep="all")`` as ratios; rows and tensors reduced of the trace.
+
+Per model, the methods run interleaved, round after round, in one process (the order alternates,
+``bench/_rounds.py``), and each figure is the median over rounds; ratios are to the plain median of
+the same run. Each traced round includes reading the result back (``t.rows``, ``w.finite``: the one
+device-to-host gather), so it is the full cost. Every forward+backward round (plain included) starts
+with ``model.zero_grad(set_to_none=True)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import platform
+import shlex
+import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torchvision
 from torch import nn
 
-from hookscope.analysis.trace import trace
 from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
 
-
-def runners(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
-    def traced(inputs: bool) -> Callable[[], Any]:
-        def run() -> Any:
-            with trace(model, keep="io" if inputs else "output") as t:
-                model(x)
-            return t.rows
-        return run
-
-    return {
-        "plain forward": lambda: model(x),
-        "trace, outputs only": traced(False),
-        "trace, inputs and outputs (default)": traced(True),
-    }
+FORWARD = {"resnet50": 8, "resnet18": 1, "vit_b_16": 4}  # model -> batch
+BACKWARD = {"resnet50": 8, "resnet18": 1}
 
 
-def reduced(run: Callable[[], Any]) -> tuple[int, int, float, float]:
-    """One untimed traced pass: (rows, tensors actually reduced, GiB the rows describe, GiB reduced).
+@dataclass
+class Size:
+    """What one traced pass holds: rows, tensors reduced, GiB the rows describe, GiB reduced."""
 
-    Counts the calls of the engine's reduction (its private ``tensor_stats``, wrapped here only).
-    """
+    rows: int
+    reduced: int
+    gib_rows: float
+    gib_reduced: float
+
+
+def measure(run: Callable[[], list[Any]]) -> Size:
+    """One untimed traced pass, counting the calls of the engine's reduction (its private
+    ``tensor_stats``, wrapped here only); ``run`` returns the rows."""
     import hookscope.analysis._recorder as engine
 
     seen: list[int] = []
     original = engine.tensor_stats
 
-    def counting(t: torch.Tensor, *args: Any) -> Any:
+    def counting(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         seen.append(t.numel() * t.element_size())
-        return original(t, *args)
+        return original(t, *args, **kwargs)
 
     engine.tensor_stats = counting
     try:
@@ -58,34 +71,135 @@ def reduced(run: Callable[[], Any]) -> tuple[int, int, float, float]:
     finally:
         engine.tensor_stats = original
     described = sum(r.numel * torch.empty((), dtype=getattr(torch, r.dtype)).element_size() for r in rows)
-    return len(rows), len(seen), described / 2**30, sum(seen) / 2**30
+    return Size(len(rows), len(seen), described / 2**30, sum(seen) / 2**30)
+
+
+def forward_runs(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    import hookscope
+
+    def traced(keep: str) -> Callable[[], Any]:
+        def run() -> Any:
+            with hookscope.trace(model, keep=keep) as t:
+                model(x)
+            return t.rows
+        return run
+
+    def watched() -> Any:
+        with hookscope.watch(model) as w:
+            model(x)
+        return w.finite
+
+    return {"plain": lambda: model(x), "trace io": traced("io"), "trace output": traced("output"),
+            "watch": watched}
+
+
+def backward_runs(model: nn.Module, x: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    import hookscope
+
+    def plain() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    def traced() -> Any:
+        model.zero_grad(set_to_none=True)
+        with hookscope.trace(model, keep="all") as t:
+            model(x).sum().backward()
+        return t.rows
+
+    def watched() -> Any:
+        model.zero_grad(set_to_none=True)
+        with hookscope.watch(model, keep="all") as w:
+            model(x).sum().backward()
+        return w.finite
+
+    return {"plain": plain, "trace all": traced, "watch all": watched}
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    model: nn.Module = getattr(torchvision.models, name)(weights=None)
+    return model.eval()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--batch", type=int, default=8)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--rounds", type=int, help="timed rounds per table (default 15 / 8 for backward; quick 6 / 4)")
+    ap.add_argument("--models", default="", help="comma-separated filter, e.g. resnet18 (default: all)")
+    ap.add_argument("--tables", choices=("both", "forward", "backward"), default="both",
+                    help="which of the two tables to measure")
+    ap.add_argument("--native", choices=("on", "off"), default="on",
+                    help="off: HOOKSCOPE_NATIVE=0 before hookscope is imported (the torch-ops fallback)")
     a = ap.parse_args()
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).eval()
-    x = torch.randn(a.batch, 3, 224, 224)
-    runs = runners(model, x)
-    names = list(runs)
-    rounds = 6 if a.quick else 15
-    with torch.no_grad():
-        rows, n_reduced, gib_rows, gib_reduced = reduced(runs[names[-1]])  # the size of a trace
-        med = medians(runs, rounds)
-    modules = sum(1 for _ in model.modules()) - 1
-    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, torchvision {torchvision.__version__}")
-    print(f"\n## resnet50, batch {a.batch}, every module ({modules} modules, {rows} rows with inputs), "
-          f"{rounds} rounds")
-    print(f"Rows describe {gib_rows:.2f} GiB of tensors; {n_reduced} tensors ({gib_reduced:.2f} GiB) were "
-          "actually reduced (each distinct tensor version once).\n")
-    print("| method | median ms | ratio to plain |")
-    print("|---|---|---|")
-    for n in names:
-        print(f"| {n} | {med[n] * 1e3:.1f} | {med[n] / med[names[0]]:.3f}x |")
+    if a.native == "off":
+        os.environ["HOOKSCOPE_NATIVE"] = "0"
+    import hookscope  # noqa: F401 - after HOOKSCOPE_NATIVE is set
+
+    try:
+        from hookscope._native import stats_kernel
+        native = "C kernel" if stats_kernel() is not None else "torch-ops fallback"
+    except ImportError:
+        native = "no hookscope._native (torch ops)"
+    wanted = {m.strip() for m in a.models.split(",") if m.strip()}
+    unknown = wanted - set(FORWARD) - set(BACKWARD)
+    if unknown:
+        ap.error(f"unknown models {sorted(unknown)}; known: {sorted(FORWARD)}")
+    forward = {m: b for m, b in FORWARD.items() if (not wanted or m in wanted) and a.tables != "backward"}
+    backward = {m: b for m, b in BACKWARD.items() if (not wanted or m in wanted) and a.tables != "forward"}
+    rounds_fwd = a.rounds or (6 if a.quick else 15)
+    rounds_bwd = a.rounds or (4 if a.quick else 8)
+
+    print(f"# {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"torchvision {torchvision.__version__}, Python {platform.python_version()}")
+    print(f"# {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; CPU reductions: {native}")
+    print(f"# {shlex.join([os.path.relpath(sys.executable), *sys.argv])}")
+
+    if forward:
+        print(f"\n## forward, torch.no_grad(), {rounds_fwd} rounds (median)\n")
+        print("trace io / output and watch as ratios to the plain forward; rows, tensors reduced and "
+              "GiB are trace io's.\n")
+        print("| model | batch | plain ms | trace io | trace output | watch | rows | reduced | "
+              "GiB described / reduced |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, batch in forward.items():
+            model, x = build(name), torch.randn(batch, 3, 224, 224)
+            runs = forward_runs(model, x)
+            with torch.no_grad():
+                size = measure(runs["trace io"])
+                med = medians(runs, rounds_fwd)
+            base = med["plain"]
+            print(f"| {name} | {batch} | {base * 1e3:.1f} | {med['trace io'] / base:.3f}x | "
+                  f"{med['trace output'] / base:.3f}x | {med['watch'] / base:.3f}x | {size.rows} | "
+                  f"{size.reduced} | {size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
+            del model, x, runs
+
+    if backward:
+        print(f"\n## forward+backward, grad enabled, model.eval(), {rounds_bwd} rounds (median)\n")
+        print("trace keep=\"all\" and watch keep=\"all\" as ratios to the plain forward+backward; rows, "
+              "tensors reduced and GiB are the trace's.\n")
+        print("| model | batch | plain ms | trace all | watch all | rows | reduced | GiB described / reduced |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, batch in backward.items():
+            model, x = build(name), torch.randn(batch, 3, 224, 224)
+            runs = backward_runs(model, x)
+            size = measure(runs["trace all"])
+            med = medians(runs, rounds_bwd)
+            base = med["plain"]
+            print(f"| {name} | {batch} | {base * 1e3:.1f} | {med['trace all'] / base:.3f}x | "
+                  f"{med['watch all'] / base:.3f}x | {size.rows} | {size.reduced} | "
+                  f"{size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
+            del model, x, runs
 
 
 if __name__ == "__main__":
