@@ -33,6 +33,7 @@ Non-finite means/stds must match exactly (NaN with NaN, +/-Inf with the same sig
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -129,8 +130,8 @@ def any_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_kernel_is_built_here() -> None:
     """The ``native`` cases test the kernel, not the fallback twice."""
-    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
-        pytest.skip("needs a C compiler")
+    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")) and not os.environ.get("CI"):
+        pytest.skip("no C compiler: the kernel cannot be built here (CI installs one: .ci/run)")
     assert stats_kernel() is not None
 
 
