@@ -52,6 +52,23 @@ def test_sums_extremes_and_zeros_against_float64(n: int, dtype: torch.dtype) -> 
     assert math.isclose(q, eq, rel_tol=tol)
 
 
+@pytest.mark.parametrize("n", [1, 9, 513, 65537, 3 * 65536 + 5, 2_000_003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_positive_part_is_what_relu_gives_bit_for_bit(n: int, dtype: torch.dtype) -> None:
+    # what trace reports for ReLU(inplace=True)'s output without reading it must be what reading
+    # it would give: the same bits, every -0.0, 0.0 and negative value included
+    assert KERNEL is not None
+    g = torch.Generator().manual_seed(n)
+    v = torch.randn(n, generator=g, dtype=dtype)
+    v[torch.rand(n, generator=g) < 0.1] = 0.0
+    v[::13] = -0.0
+    stats, (psum, psq, negative) = KERNEL.stats_relu(v)
+    assert stats == KERNEL.stats(v)
+    s, q, _, _, zeros = KERNEL.stats(v.relu())
+    assert (psum, psq, negative + stats[4]) == (s, q, zeros)
+    assert negative == int((v < 0).sum())
+
+
 def test_unaligned_memory_and_offsets() -> None:
     assert KERNEL is not None
     base = torch.randn(100_003)

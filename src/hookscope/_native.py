@@ -38,7 +38,7 @@ class Kernel:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._stats, self._centred = lib.hs_stats, lib.hs_centred
-        self._stats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
+        self._stats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                 ctypes.POINTER(ctypes.c_double)]
         self._centred.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double,
                                   ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
@@ -53,10 +53,27 @@ class Kernel:
             >>> k is None or k.stats(torch.tensor([1.0, -2.0, 0.0, -0.0])) == (-1.0, 5.0, -2.0, 1.0, 2)
             True
         """
-        out = (ctypes.c_double * 5)()
-        if self._stats(v.data_ptr(), v.element_size() == 8, v.numel(), self._threads(v.numel()), out):
-            raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
+        out = self._run(v, relu=False)
         return out[0], out[1], out[2], out[3], int(out[4])
+
+    def stats_relu(self, v: torch.Tensor) -> tuple[tuple[float, float, float, float, int], tuple[float, float, int]]:
+        """:meth:`stats`, and ``(sum, sum of squares)`` of ``v.relu()`` with the count of negative
+        values, from the same pass: for finite values, exactly what :meth:`stats` gives for the sum
+        and sum of squares of ``v.relu()``, bit for bit.
+
+        Example:
+            >>> k = stats_kernel()
+            >>> k is None or k.stats_relu(torch.tensor([1.0, -2.0, 0.0, 3.0]))[1] == (4.0, 10.0, 1)
+            True
+        """
+        out = self._run(v, relu=True)
+        return (out[0], out[1], out[2], out[3], int(out[4])), (out[5], out[6], int(out[7]))
+
+    def _run(self, v: torch.Tensor, *, relu: bool) -> ctypes.Array[ctypes.c_double]:
+        out = (ctypes.c_double * 8)()
+        if self._stats(v.data_ptr(), v.element_size() == 8, v.numel(), self._threads(v.numel()), relu, out):
+            raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
+        return out
 
     def centred(self, v: torch.Tensor, mean: float) -> tuple[float, float]:
         """``(sum of (x - mean), sum of (x - mean)**2)`` of ``v``, in float64.
@@ -66,7 +83,7 @@ class Kernel:
             >>> k is None or k.centred(torch.tensor([1.0, 3.0]), 1.5) == (1.0, 2.5)
             True
         """
-        out = (ctypes.c_double * 5)()
+        out = (ctypes.c_double * 8)()
         if self._centred(v.data_ptr(), v.element_size() == 8, v.numel(), mean, self._threads(v.numel()), out):
             raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
         return out[0], out[1]
@@ -142,9 +159,12 @@ def _answers_right(kernel: Kernel) -> bool:
     values = [3.0, -0.0, 0.5, -7.25, 0.0, 2.0, 1.0, -1.5, 4.0, 0.25, -3.0] * 41  # whole vectors and a tail
     total, squares = sum(values), sum(x * x for x in values)
     centred = (sum(x - 1.0 for x in values), sum((x - 1.0) ** 2 for x in values))
+    relu = (sum(max(x, 0.0) for x in values), sum(max(x, 0.0) ** 2 for x in values), 123)
     for dtype in (torch.float32, torch.float64):
         v = torch.tensor(values, dtype=dtype)
         if kernel.stats(v) != (total, squares, -7.25, 4.0, 82) or kernel.centred(v, 1.0) != centred:
+            return False
+        if kernel.stats_relu(v) != ((total, squares, -7.25, 4.0, 82), relu):
             return False
     return True
 

@@ -1,5 +1,6 @@
 /* One memory pass over a dense float32 or float64 array: sum, sum of squares, min, max and the
- * number of zeros (+0.0 and -0.0), for hookscope's CPU statistics (see hookscope/_native.py).
+ * number of zeros (+0.0 and -0.0), and on request those of its positive part (what ReLU makes of it),
+ * for hookscope's CPU statistics (see hookscope/_native.py).
  *
  * Portable C with GCC/Clang vector extensions; HS_VBYTES is the vector width in bytes (32 with
  * AVX2, 16 otherwise). The array is reduced in chunks of CHUNK elements whose partial results are
@@ -17,7 +18,8 @@
 #define CHUNK 65536
 #define BLOCK 512
 
-typedef struct { double sum, sq, lo, hi; int64_t zeros; } part_t;
+/* psum, psq, negative: the sums of max(v, 0) and its square, and the count of v < 0 (relu only). */
+typedef struct { double sum, sq, lo, hi; int64_t zeros; double psum, psq; int64_t negative; } part_t;
 
 #define WF (HS_VBYTES / 4)
 #define WD (HS_VBYTES / 8)
@@ -27,90 +29,151 @@ typedef double vd __attribute__((vector_size(HS_VBYTES)));
 typedef int64_t vl __attribute__((vector_size(HS_VBYTES)));
 
 static inline vf pick_f(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
+/* v < m ? v : m and v > m ? v : m: one instruction on x86 (minps/maxps return their second operand
+ * when the comparison is false, as these do). */
+#if defined(__AVX__) && HS_VBYTES == 32
+#include <immintrin.h>
+#define MIN_F(v, m) ((vf)_mm256_min_ps((__m256)(v), (__m256)(m)))
+#define MAX_F(v, m) ((vf)_mm256_max_ps((__m256)(v), (__m256)(m)))
+#elif defined(__SSE2__) && HS_VBYTES == 16
+#include <immintrin.h>
+#define MIN_F(v, m) ((vf)_mm_min_ps((__m128)(v), (__m128)(m)))
+#define MAX_F(v, m) ((vf)_mm_max_ps((__m128)(v), (__m128)(m)))
+#else
+#define MIN_F(v, m) pick_f((v) < (m), (v), (m))
+#define MAX_F(v, m) pick_f((v) > (m), (v), (m))
+#endif
 static inline vd pick_d(vl m, vd a, vd b) { return (vd)((m & (vl)a) | (~m & (vl)b)); }
 
 /* Four vectors per step, each into its own accumulators: one chain of dependent adds would wait
  * on the add's latency (4-5 cycles) at every step. */
 #define U 4
 
-static void chunk_f32(const float *p, int64_t n, part_t *out) {
+/* The positive part max(v, 0) of each vector, summed and squared in lanes of their own, and the
+ * negative values counted: the statistics ReLU's output will have, without reading it (see
+ * hs_stats). max(v, 0) is +0.0 where ReLU keeps -0.0; a lane's sum, started at +0.0, never becomes
+ * -0.0, so adding either leaves the same bits. */
+static void relu_block(const float *p, int64_t i, int64_t end, double *ls, double *lq, vi *neg) {
+    vf s[U], q[U], zero = {0};
+    for (int u = 0; u < U; u++) { s[u] = zero; q[u] = zero; }
+    for (; i < end; i += U * WF) {
+        for (int u = 0; u < U; u++) {
+            vf v;
+            memcpy(&v, p + i + u * WF, sizeof v);
+            vf m = MAX_F(v, zero);
+            s[u] += m;
+            q[u] += m * m;
+            neg[u] -= (v < zero);
+        }
+    }
+    for (int u = 0; u < U; u++) {
+        for (int k = 0; k < WF; k++) { ls[u * WF + k] += s[u][k]; lq[u * WF + k] += q[u][k]; }
+    }
+}
+
+static void chunk_f32(const float *p, int64_t n, int relu, part_t *out) {
     vf up = {0}, down = {0}, lo[U], hi[U];
-    vi z[U];
+    vi z[U], neg[U];
     for (int k = 0; k < WF; k++) { up[k] = __builtin_inff(); down[k] = -__builtin_inff(); }
-    for (int u = 0; u < U; u++) { lo[u] = up; hi[u] = down; z[u] = (vi){0}; }
-    double sum = 0, sq = 0;
+    for (int u = 0; u < U; u++) { lo[u] = up; hi[u] = down; z[u] = neg[u] = (vi){0}; }
+    double ls[U * WF] = {0}, lq[U * WF] = {0}, rs[U * WF] = {0}, rq[U * WF] = {0};
     int64_t i = 0, whole = n - n % (U * WF);
+    /* Each block is read two or three times while it is in L1: the sums, the positive part's sums
+     * (relu), then the extremes and zeros. One loop for all would need 20 or more vector
+     * accumulators, more than the 16 registers of AVX2, and spill them to the stack at every step. */
     while (i < whole) {
         int64_t end = i + BLOCK < whole ? i + BLOCK : whole;
         vf s[U], q[U];
         for (int u = 0; u < U; u++) { s[u] = (vf){0}; q[u] = (vf){0}; }
+        for (int64_t j = i; j < end; j += U * WF) {
+            for (int u = 0; u < U; u++) {
+                vf v;
+                memcpy(&v, p + j + u * WF, sizeof v);
+                s[u] += v;
+                q[u] += v * v;
+            }
+        }
+        for (int u = 0; u < U; u++) {  /* independent adds: no chain waiting on the add's latency */
+            for (int k = 0; k < WF; k++) { ls[u * WF + k] += s[u][k]; lq[u * WF + k] += q[u][k]; }
+        }
+        if (relu) relu_block(p, i, end, rs, rq, neg);
         for (; i < end; i += U * WF) {
             for (int u = 0; u < U; u++) {
                 vf v;
                 memcpy(&v, p + i + u * WF, sizeof v);
-                s[u] += v;
-                q[u] += v * v;
-                lo[u] = pick_f(v < lo[u], v, lo[u]);
-                hi[u] = pick_f(v > hi[u], v, hi[u]);
+                lo[u] = MIN_F(v, lo[u]);
+                hi[u] = MAX_F(v, hi[u]);
                 z[u] -= (v == 0);
             }
         }
-        for (int u = 0; u < U; u++) {
-            for (int k = 0; k < WF; k++) { sum += s[u][k]; sq += q[u][k]; }
-        }
     }
-    double l = __builtin_inf(), h = -__builtin_inf();
-    int64_t zeros = 0;
+    double sum = 0, sq = 0, psum = 0, psq = 0, l = __builtin_inf(), h = -__builtin_inf();
+    int64_t zeros = 0, negative = 0;
+    for (int k = 0; k < U * WF; k++) { sum += ls[k]; sq += lq[k]; psum += rs[k]; psq += rq[k]; }
     for (int u = 0; u < U; u++) {
         for (int k = 0; k < WF; k++) {
             if (lo[u][k] < l) l = lo[u][k];
             if (hi[u][k] > h) h = hi[u][k];
             zeros += z[u][k];
+            negative += neg[u][k];
         }
     }
     for (; i < n; i++) {
-        float v = p[i];
+        float v = p[i], m = v > 0 ? v : 0.0f;
         sum += v;
         sq += (double)v * v;
+        psum += m;
+        psq += (double)m * m;
         if (v < l) l = v;
         if (v > h) h = v;
         zeros += v == 0;
+        negative += v < 0;
     }
-    *out = (part_t){sum, sq, l, h, zeros};
+    *out = (part_t){sum, sq, l, h, zeros, psum, psq, negative};
 }
 
 static void chunk_f64(const double *p, int64_t n, part_t *out) {
-    vd lo, hi, s = {0}, q = {0};
-    vl z = {0};
+    vd lo, hi, s = {0}, q = {0}, ps = {0}, pq = {0}, zero = {0};
+    vl z = {0}, neg = {0};
     for (int k = 0; k < WD; k++) { lo[k] = __builtin_inf(); hi[k] = -__builtin_inf(); }
     int64_t i = 0, whole = n - n % WD;
     for (; i < whole; i += WD) {
         vd v;
         memcpy(&v, p + i, sizeof v);
+        vd m = pick_d(v > zero, v, zero);
         s += v;
         q += v * v;
+        ps += m;
+        pq += m * m;
         lo = pick_d(v < lo, v, lo);
         hi = pick_d(v > hi, v, hi);
         z -= (v == 0);
+        neg -= (v < zero);
     }
-    double sum = 0, sq = 0, l = __builtin_inf(), h = -__builtin_inf();
-    int64_t zeros = 0;
+    double sum = 0, sq = 0, psum = 0, psq = 0, l = __builtin_inf(), h = -__builtin_inf();
+    int64_t zeros = 0, negative = 0;
     for (int k = 0; k < WD; k++) {
         sum += s[k];
         sq += q[k];
+        psum += ps[k];
+        psq += pq[k];
         if (lo[k] < l) l = lo[k];
         if (hi[k] > h) h = hi[k];
         zeros += z[k];
+        negative += neg[k];
     }
     for (; i < n; i++) {
-        double v = p[i];
+        double v = p[i], m = v > 0 ? v : 0.0;
         sum += v;
         sq += v * v;
+        psum += m;
+        psq += m * m;
         if (v < l) l = v;
         if (v > h) h = v;
         zeros += v == 0;
+        negative += v < 0;
     }
-    *out = (part_t){sum, sq, l, h, zeros};
+    *out = (part_t){sum, sq, l, h, zeros, psum, psq, negative};
 }
 
 /* The sums of (x - mean) and (x - mean)^2 in float64, for data whose one-pass variance would cancel. */
@@ -129,7 +192,7 @@ static void chunk_centred(const void *data, int wide, int64_t n, double mean, pa
         s[0] += d;
         q[0] += d * d;
     }
-    *out = (part_t){(s[0] + s[1]) + (s[2] + s[3]), (q[0] + q[1]) + (q[2] + q[3]), 0, 0, 0};
+    *out = (part_t){(s[0] + s[1]) + (s[2] + s[3]), (q[0] + q[1]) + (q[2] + q[3]), 0, 0, 0, 0, 0, 0};
 }
 
 /* OpenMP's GOMP_parallel, taken from the runtime torch itself loaded (hs_use_openmp): the chunks
@@ -144,7 +207,7 @@ void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
 
 typedef struct {
     const char *p;
-    int wide, centred;
+    int wide, centred, relu;
     double mean;
     int64_t n, chunks, next;  /* next: the next chunk to take, shared by the threads */
     part_t *parts;
@@ -160,43 +223,48 @@ static void work(void *arg) {
         const void *at = j->p + start * size;
         if (j->centred) chunk_centred(at, j->wide, len, j->mean, j->parts + c);
         else if (j->wide) chunk_f64(at, len, j->parts + c);
-        else chunk_f32(at, len, j->parts + c);
+        else chunk_f32(at, len, j->relu, j->parts + c);
     }
 }
 
-/* out = {sum, sum of squares, min, max, zeros} (centred: {sum of x - mean, of its square, 0, 0, 0}).
- * The chunks' partial results are added in chunk order, so the answer does not depend on the number
- * of threads or on which thread took which chunk. Returns -1 if the partial results could not be
- * allocated, else 0. */
-static int reduce(const void *p, int wide, int centred, double mean, int64_t n, int threads, double *out) {
-    int64_t chunks = (n + CHUNK - 1) / CHUNK;
+/* out = {sum, sum of squares, min, max, zeros, sum of max(x, 0), of its square, count of x < 0}
+ * (the last three only with relu; centred: {sum of x - mean, of its square, 0, ...}). The chunks'
+ * partial results are added in chunk order, so the answer does not depend on the number of threads
+ * or on which thread took which chunk. Returns -1 if the partial results could not be allocated,
+ * else 0. */
+static int reduce(job_t *job, int threads, double *out) {
+    int64_t chunks = job->chunks = (job->n + CHUNK - 1) / CHUNK;
     part_t one, *parts = chunks > 1 ? malloc((size_t)chunks * sizeof *parts) : &one;
     if (parts == NULL) return -1;
-    job_t job = {p, wide, centred, mean, n, chunks, 0, parts};
-    if (threads > 1 && chunks > 1 && gomp_parallel != NULL) gomp_parallel(work, &job, (unsigned)threads, 0);
-    else work(&job);
-    double sum = 0, sq = 0, lo = __builtin_inf(), hi = -__builtin_inf();
-    int64_t zeros = 0;
+    job->parts = parts;
+    if (threads > 1 && chunks > 1 && gomp_parallel != NULL) gomp_parallel(work, job, (unsigned)threads, 0);
+    else work(job);
+    double sum = 0, sq = 0, lo = __builtin_inf(), hi = -__builtin_inf(), psum = 0, psq = 0;
+    int64_t zeros = 0, negative = 0;
     for (int64_t c = 0; c < chunks; c++) {
         sum += parts[c].sum;
         sq += parts[c].sq;
         zeros += parts[c].zeros;
         if (parts[c].lo < lo) lo = parts[c].lo;
         if (parts[c].hi > hi) hi = parts[c].hi;
+        psum += parts[c].psum;
+        psq += parts[c].psq;
+        negative += parts[c].negative;
     }
     if (parts != &one) free(parts);
-    out[0] = sum;
-    out[1] = sq;
-    out[2] = lo;
-    out[3] = hi;
-    out[4] = (double)zeros;
+    double all[8] = {sum, sq, lo, hi, (double)zeros, psum, psq, (double)negative};
+    memcpy(out, all, sizeof all);
     return 0;
 }
 
-int hs_stats(const void *p, int wide, int64_t n, int threads, double *out) {
-    return reduce(p, wide, 0, 0.0, n, threads, out);
+/* With relu, out[5..7] are what ReLU's output would give as out[0], out[1] and (with out[4]) the
+ * zeros: bit for bit, for finite data. */
+int hs_stats(const void *p, int wide, int64_t n, int threads, int relu, double *out) {
+    job_t job = {p, wide, 0, relu, 0.0, n, 0, 0, NULL};
+    return reduce(&job, threads, out);
 }
 
 int hs_centred(const void *p, int wide, int64_t n, double mean, int threads, double *out) {
-    return reduce(p, wide, 1, mean, n, threads, out);
+    job_t job = {p, wide, 1, 0, mean, n, 0, 0, NULL};
+    return reduce(&job, threads, out);
 }
