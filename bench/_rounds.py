@@ -13,6 +13,21 @@ from typing import Any, Callable
 
 def medians(runs: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1) -> dict[str, float]:
     """Median seconds per method over ``rounds`` interleaved rounds, after ``warmup`` untimed ones."""
+    return {k: statistics.median(v) for k, v in timings(runs, rounds, warmup=warmup).items()}
+
+
+def ratios(runs: dict[str, Callable[[], Any]], rounds: int, *, base: str,
+           warmup: int = 1) -> tuple[dict[str, float], dict[str, float]]:
+    """``(medians, ratios)``: the median seconds per method, and per method the median over rounds
+    of its time divided by ``base``'s time in the same round. A round takes seconds, the machine's
+    slow phases last longer: a ratio within a round cancels them, a ratio of medians does not."""
+    times = timings(runs, rounds, warmup=warmup)
+    per_round = {k: statistics.median(t / b for t, b in zip(v, times[base])) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, per_round
+
+
+def timings(runs: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per method and round over ``rounds`` interleaved rounds, after ``warmup`` untimed ones."""
     keys = list(runs)
     for _ in range(warmup):
         for k in keys:
@@ -23,4 +38,4 @@ def medians(runs: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1)
             t0 = time.perf_counter()
             runs[k]()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times

@@ -16,8 +16,9 @@ torchvision models, weights=None, eval(), 3x224x224 inputs, CPU. Two tables:
    ``watch(model, keep="all")`` as ratios; rows and tensors reduced of the trace.
 
 Per model, the methods run interleaved, round after round, in one process (the order alternates,
-``bench/_rounds.py``), and each figure is the median over rounds; ratios are to the plain median of
-the same run. Each traced round includes reading the result back (``t.rows``, ``w.finite``: the one
+``bench/_rounds.py``). Each ratio is the median over rounds of the method's time divided by the plain
+time of the same round (the machine's slow phases last longer than a round, so they cancel); in
+brackets, the ratio of the two medians over the run. The plain figure is the median in ms. Each traced round includes reading the result back (``t.rows``, ``w.finite``: the one
 device-to-host gather), so it is the full cost. Every forward+backward round (plain included) starts
 with ``model.zero_grad(set_to_none=True)``.
 """
@@ -37,7 +38,7 @@ import torch
 import torchvision
 from torch import nn
 
-from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
+from _rounds import ratios  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 FORWARD = {"resnet50": 8, "resnet18": 1, "vit_b_16": 4}  # model -> batch
 BACKWARD = {"resnet50": 8, "resnet18": 1}
@@ -132,6 +133,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _ratio(med: dict[str, float], rel: dict[str, float], key: str) -> str:
+    """The median of the per-round ratios, and in brackets the ratio of the medians."""
+    return f"{rel[key]:.3f}x ({med[key] / med['plain']:.3f}x)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -166,7 +172,7 @@ def main() -> None:
     print(f"# {shlex.join([os.path.relpath(sys.executable), *sys.argv])}")
 
     if forward:
-        print(f"\n## forward, torch.no_grad(), {rounds_fwd} rounds (median)\n")
+        print(f"\n## forward, torch.no_grad(), {rounds_fwd} rounds (median of per-round ratios; ratio of medians)\n")
         print("trace io / output and watch as ratios to the plain forward; rows, tensors reduced and "
               "GiB are trace io's.\n")
         print("| model | batch | plain ms | trace io | trace output | watch | rows | reduced | "
@@ -177,15 +183,14 @@ def main() -> None:
             runs = forward_runs(model, x)
             with torch.no_grad():
                 size = measure(runs["trace io"])
-                med = medians(runs, rounds_fwd)
-            base = med["plain"]
-            print(f"| {name} | {batch} | {base * 1e3:.1f} | {med['trace io'] / base:.3f}x | "
-                  f"{med['trace output'] / base:.3f}x | {med['watch'] / base:.3f}x | {size.rows} | "
+                med, rel = ratios(runs, rounds_fwd, base="plain")
+            print(f"| {name} | {batch} | {med['plain'] * 1e3:.1f} | {_ratio(med, rel, 'trace io')} | "
+                  f"{_ratio(med, rel, 'trace output')} | {_ratio(med, rel, 'watch')} | {size.rows} | "
                   f"{size.reduced} | {size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
             del model, x, runs
 
     if backward:
-        print(f"\n## forward+backward, grad enabled, model.eval(), {rounds_bwd} rounds (median)\n")
+        print(f"\n## forward+backward, grad enabled, model.eval(), {rounds_bwd} rounds (median of per-round ratios; ratio of medians)\n")
         print("trace keep=\"all\" and watch keep=\"all\" as ratios to the plain forward+backward; rows, "
               "tensors reduced and GiB are the trace's.\n")
         print("| model | batch | plain ms | trace all | watch all | rows | reduced | GiB described / reduced |")
@@ -194,10 +199,9 @@ def main() -> None:
             model, x = build(name), torch.randn(batch, 3, 224, 224)
             runs = backward_runs(model, x)
             size = measure(runs["trace all"])
-            med = medians(runs, rounds_bwd)
-            base = med["plain"]
-            print(f"| {name} | {batch} | {base * 1e3:.1f} | {med['trace all'] / base:.3f}x | "
-                  f"{med['watch all'] / base:.3f}x | {size.rows} | {size.reduced} | "
+            med, rel = ratios(runs, rounds_bwd, base="plain")
+            print(f"| {name} | {batch} | {med['plain'] * 1e3:.1f} | {_ratio(med, rel, 'trace all')} | "
+                  f"{_ratio(med, rel, 'watch all')} | {size.rows} | {size.reduced} | "
                   f"{size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
             del model, x, runs
 
