@@ -55,22 +55,26 @@ class Size:
 
 
 def measure(run: Callable[[], list[Any]]) -> Size:
-    """One untimed traced pass, counting the calls of the engine's reduction (its private
-    ``tensor_stats``, wrapped here only); ``run`` returns the rows."""
+    """One untimed traced pass, counting the calls of the engine's reductions (its private
+    ``tensor_stats`` and ``stats_and_relu``, wrapped here only); ``run`` returns the rows."""
     import hookscope.analysis._recorder as engine
 
     seen: list[int] = []
-    original = engine.tensor_stats
+    originals = {"tensor_stats": engine.tensor_stats, "stats_and_relu": engine.stats_and_relu}
 
-    def counting(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        seen.append(t.numel() * t.element_size())
-        return original(t, *args, **kwargs)
+    def counting(original: Callable[..., Any]) -> Callable[..., Any]:
+        def count(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            seen.append(t.numel() * t.element_size())
+            return original(t, *args, **kwargs)
+        return count
 
-    engine.tensor_stats = counting
+    for name, original in originals.items():
+        setattr(engine, name, counting(original))
     try:
         rows = run()
     finally:
-        engine.tensor_stats = original
+        for name, original in originals.items():
+            setattr(engine, name, original)
     described = sum(r.numel * torch.empty((), dtype=getattr(torch, r.dtype)).element_size() for r in rows)
     return Size(len(rows), len(seen), described / 2**30, sum(seen) / 2**30)
 

@@ -35,7 +35,7 @@ from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
-from ._reduce import Scratch, on_host, tensor_stats
+from ._reduce import Scratch, on_host, stats_and_relu, tensor_stats
 from ._rows import Pending
 
 __all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded",
@@ -96,19 +96,41 @@ def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[st
 class _Memo:
     """Statistics already taken of the elements a tensor shows at their current version (an input is
     usually the output just traced; a ``flatten`` shows its input's elements): see
-    :class:`~hookscope._memory.TensorMemo`, which never mistakes a freed tensor's memory."""
+    :class:`~hookscope._memory.TensorMemo`, which never mistakes a freed tensor's memory.
+
+    With ``relu``, the same pass also tells the statistics the tensor will have after
+    ``ReLU(inplace=True)`` (:func:`~hookscope.analysis._reduce.stats_and_relu`), kept apart until that
+    ReLU has run (:meth:`relu_of`, :meth:`remember`)."""
 
     def __init__(self) -> None:
         self._seen: TensorMemo[torch.Tensor] = TensorMemo()
+        self._relu: TensorMemo[torch.Tensor] = TensorMemo()
         self._scratch = Scratch()
 
-    def stats(self, t: torch.Tensor) -> torch.Tensor:
+    def stats(self, t: torch.Tensor, relu: bool = False) -> torch.Tensor:
         x = plain(t)  # not the guarded alias: asking for its storage would make it copy
-        return self._seen.setdefault(x, lambda: tensor_stats(x, self._scratch))
+        if not relu:
+            return self._seen.setdefault(x, lambda: tensor_stats(x, self._scratch))
+        found = self._seen.get(x)
+        if found is not None:
+            return found
+        found, after = stats_and_relu(x, self._scratch)
+        self._seen.put(x, found)
+        if after is not None:
+            self._relu.put(x, after)
+        return found
 
     def known(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s elements were reduced at their current version (it was an output)."""
         return self._seen.get(plain(t)) is not None
+
+    def relu_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The statistics ``t`` will have after ``ReLU(inplace=True)``, if told with its own."""
+        return self._relu.get(plain(t))
+
+    def remember(self, t: torch.Tensor, stats: torch.Tensor) -> None:
+        """Take ``stats`` as those of ``t``'s elements at their current version."""
+        self._seen.put(plain(t), stats)
 
 
 def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
@@ -148,7 +170,8 @@ innermost watched module running (``""`` the model's own forward; ``None`` the c
 input), its direct child that finished last in that call (``None`` if none had yet), and which
 forward pass of the model it is (counted from 0; -1 outside any)."""
 _Box = list["str | None"]  # the last direct child of an open call that finished: set by the child
-_Call = tuple[int, list[tuple[str, torch.Tensor, int]], str, nn.Module, _Box]  # call, aliases, name, module, box
+_Relu = list[tuple[torch.Tensor, int, torch.Tensor]]  # an in-place ReLU's input, its version, the statistics after
+_Call = tuple[int, list[tuple[str, torch.Tensor, int]], str, nn.Module, _Box, _Relu]  # call, aliases, name, module, box, relu
 _RootCall = tuple[int, _Box, list[tuple["weakref.ref[torch.Tensor]", int]]]  # call, box, the model's inputs
 
 
@@ -159,6 +182,21 @@ def _finite(t: torch.Tensor) -> bool:
     t = plain(t).detach()  # no autograd node, no guard of a kept alias
     wide = t if t.element_size() >= 4 else t.float()  # half precision overflows at 65504
     return math.isfinite(abs(wide.sum().item())) or bool(torch.isfinite(t).all())
+
+
+_RELU_FORWARD = nn.ReLU.forward
+
+
+def _inplace_relu(module: nn.Module) -> bool:
+    """Whether ``module`` is torch's own ``ReLU(inplace=True)``, whose forward is one ``relu_`` on its
+    input, returned: a subclass, or a forward replaced on the instance, may do anything else.
+
+    Example:
+        >>> _inplace_relu(nn.ReLU(inplace=True)), _inplace_relu(nn.ReLU())
+        (True, False)
+    """
+    return (type(module) is nn.ReLU and module.inplace is True and "forward" not in vars(module)
+            and type(module).forward is _RELU_FORWARD)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -216,7 +254,11 @@ class Recorder:
         self._open: CallStack[_Call] = CallStack()
         self._root_open: CallStack[_RootCall] = CallStack()
         self._root_calls = itertools.count()
+        self._kinds: dict[str, tuple[type, str]] = {}  # selected module -> (its type, attribute name)
         self._own_code: set[CodeType] = set()  # our forward hooks, to tell our errors from the model's
+        # (type, attribute name) of modules whose output went into a ReLU(inplace=True) in this block:
+        # the outputs of their namesakes are reduced with ReLU's statistics told in the same pass
+        self._before_relus: set[tuple[type, str]] = set()
 
     def attach(self) -> None:
         """Register every hook (all of them or, if one registration fails, none).
@@ -232,7 +274,7 @@ class Recorder:
         try:
             targets = [(None, self.root)] if self.root is not None else []
             for name, module in [*targets, *self.selected]:
-                pre, post = self._root_hooks() if name is None else self._hooks(name, module_label(name, module))
+                pre, post = self._root_hooks() if name is None else self._hooks(name, module_label(name, module), module)
                 self._own_code.update((pre.__code__, post.__code__))
                 self.group.add(module.register_forward_pre_hook(eager(pre), with_kwargs=True))
                 self.group.add(module.register_forward_hook(eager(post), with_kwargs=True, always_call=True))
@@ -256,9 +298,10 @@ class Recorder:
             return False
         return True
 
-    def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor) -> None:
+    def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor,
+              relu: bool = False) -> None:
         if self.enabled and not self.group.closed:
-            self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t)))
+            self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t, relu)))
 
     def _grad_hook(self, name: str, call: int, which: str, path: str) -> Callable[[torch.Tensor], None]:
         return lambda g: self._emit(name, call, "backward", which, path, g)
@@ -326,8 +369,10 @@ class Recorder:
         result: tuple[Any, ...] = tree_map(alias, args)
         return result
 
-    def _hooks(self, name: str, label: str) -> tuple[Any, Any]:
+    def _hooks(self, name: str, label: str, module: nn.Module) -> tuple[Any, Any]:
         counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
+        relu = _inplace_relu(module) and self.outputs
+        kind = (type(module), name.rpartition(".")[2])
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
@@ -335,9 +380,11 @@ class Recorder:
             call = next(counter)
             aliases: list[tuple[str, torch.Tensor, int]] = []
             context = self._context(module) if self.received else None
-            entry: _Call = (call, aliases, name, module, [None])
+            entry: _Call = (call, aliases, name, module, [None], [])
             if not self._push(self._open, entry) or not self.enabled:
                 return None
+            if relu and len(args) == 1 and not kwargs:
+                self._before_relu(args[0], entry[5])
             if not (self.inputs or self.grad_inputs or self.received):
                 return None  # nothing of the inputs is wanted: not even walked
             found = _input_paths(args, kwargs)
@@ -368,12 +415,40 @@ class Recorder:
                 self._failed(error, label, args, rest[0])
                 return
             self.last_done = name
-            self._outputs(name, call, output)
+            if top is not None and top[5]:
+                self._after_relu(output, top[5][0])
+            self._outputs(name, call, output, kind in self._before_relus)
             for path, a, version in aliases:
                 if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
                     self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
 
+        self._kinds[name] = kind
         return pre, post
+
+    def _before_relu(self, t: Any, slot: _Relu) -> None:
+        """Before ``ReLU(inplace=True)`` runs on ``t``: keep the statistics its output will have, if
+        they were told with ``t``'s own; else learn that the module which made ``t`` is followed by
+        one (its namesakes' outputs will tell them), or, when ``t`` is an input row anyway, take
+        both in one pass now."""
+        if type(t) is not torch.Tensor or not on_host(t) or t.is_inference():
+            return
+        after = self._memo.relu_of(t)
+        if after is None and self._memo.known(t):
+            if self.last_done is not None and self.last_done in self._kinds:
+                self._before_relus.add(self._kinds[self.last_done])
+            return
+        if after is None and self.inputs:
+            self._memo.stats(t, relu=True)
+            after = self._memo.relu_of(t)
+        if after is not None:
+            slot.append((t, t._version, after))
+
+    def _after_relu(self, output: Any, before: tuple[torch.Tensor, int, torch.Tensor]) -> None:
+        """After ``ReLU(inplace=True)``: its output is its input rewritten by exactly one in-place op
+        (one new version, nothing else in between) when the statistics told before are its own."""
+        t, version, after = before
+        if output is t and t._version == version + 1:
+            self._memo.remember(t, after)
 
     def _context(self, module: nn.Module) -> Context:
         """Where the inputs of a call of ``module`` starting now were made (see :data:`Context`)."""
@@ -409,14 +484,15 @@ class Recorder:
                 told = True
             self._emit(name, call, "forward", "received", path, t)
 
-    def _outputs(self, name: str, call: int, output: Any) -> None:
-        """The events of one call's outputs, and the hooks on their gradients."""
+    def _outputs(self, name: str, call: int, output: Any, relu: bool = False) -> None:
+        """The events of one call's outputs, and the hooks on their gradients. With ``relu``, the
+        statistics ``ReLU(inplace=True)`` will give each output are told with its own."""
         if not (self.outputs or self.grad_outputs):
             return
         grads = self.grad_outputs and self.enabled and torch.is_grad_enabled()
         for path, t in paths(output, "output"):
             if self.outputs:
-                self._emit(name, call, "forward", "output", path, t)
+                self._emit(name, call, "forward", "output", path, t, relu)
             if grads and t.requires_grad:
                 self.group.add(t.register_hook(self._grad_hook(name, call, "grad_output", path)))
 

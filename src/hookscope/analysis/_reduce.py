@@ -25,7 +25,7 @@ from .._memory import Scratch, dense_view, flat
 from .._native import Kernel, stats_kernel
 from ..core.guard import plain
 
-__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "on_host", "tensor_stats"]
+__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "on_host", "stats_and_relu", "tensor_stats"]
 
 HOST_TYPES = frozenset({"cpu"})
 """Device types whose tensors are reduced on the host, branching on scalars read back at once; every
@@ -140,17 +140,63 @@ def _kernel_stats(x: torch.Tensor, kernel: Kernel, scratch: Scratch) -> list[flo
         total, squares, lo, hi, zeros = total + s, squares + q, min(lo, low), max(hi, high), zeros + z
     if not (math.isfinite(total) and math.isfinite(squares)):  # NaN, Inf, or a sum that overflowed
         return _host_stats(_dense_copy(x, scratch), scratch)
+    return _from_sums(n, total, squares, lo, hi, zeros) or _centred(x, kernel, scratch, total / n, lo, hi, zeros)
+
+
+def _from_sums(n: int, total: float, squares: float, lo: float, hi: float, zeros: int) -> list[float] | None:
+    """:data:`STATS` of ``n`` finite values from their sums, extremes and zero count; ``None`` if
+    the one-pass variance would cancel (then an exact centred pass is needed)."""
     if lo == hi:  # constant: exact, and no rounding noise from the sums
         return [lo, 0.0, lo, hi, max(-lo, hi), zeros, 0, 0]
     mean = total / n
     var = squares / n - mean * mean
-    if not (var > 0 and mean * mean <= _CANCEL_RATIO * var):  # would cancel: an exact centred pass
-        shift, centred = 0.0, 0.0
-        for piece in _pieces(x, scratch):
-            d, q = kernel.centred(piece, mean)
-            shift, centred = shift + d, centred + q
-        mean, var = mean + shift / n, max(centred / n - (shift / n) ** 2, 0.0)
+    if not (var > 0 and mean * mean <= _CANCEL_RATIO * var):
+        return None
     return [mean, math.sqrt(var), lo, hi, max(-lo, hi), zeros, 0, 0]
+
+
+def _centred(x: torch.Tensor, kernel: Kernel, scratch: Scratch, mean: float, lo: float, hi: float,
+             zeros: int) -> list[float]:
+    """:data:`STATS` from an exact pass centred on the one-pass ``mean``."""
+    n = x.numel()
+    shift, centred = 0.0, 0.0
+    for piece in _pieces(x, scratch):
+        d, q = kernel.centred(piece, mean)
+        shift, centred = shift + d, centred + q
+    mean, var = mean + shift / n, max(centred / n - (shift / n) ** 2, 0.0)
+    return [mean, math.sqrt(var), lo, hi, max(-lo, hi), zeros, 0, 0]
+
+
+def stats_and_relu(t: torch.Tensor, scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`tensor_stats` of ``t``, and the statistics ``t.relu()`` will have, exactly as
+    :func:`tensor_stats` would give them, from the same pass over ``t``'s memory (``None`` where
+    that pass cannot tell them exactly: then ReLU's output is read after all).
+
+    Told only for a dense float32/float64 CPU tensor reduced by the kernel, with finite values, no
+    zeros where it has negative values (ReLU keeps -0.0 and makes +0.0 of a negative value: which
+    one a minimum finds depends on their order), and a variance of ReLU's output that needs no
+    centred pass.
+
+    Example:
+        >>> stats, after = stats_and_relu(torch.tensor([-1.0, 2.0, 3.0]))
+        >>> torch.equal(after, tensor_stats(torch.tensor([0.0, 2.0, 3.0])))
+        True
+    """
+    x = plain(t).detach()
+    kernel = stats_kernel() if on_host(x) else None
+    dense = dense_view(x) if x.dtype in (torch.float32, torch.float64) and not x.is_neg() else None
+    if kernel is None or dense is None or x.numel() == 0:
+        return tensor_stats(x, scratch), None
+    (s, q, lo, hi, zeros), (ps, pq, negative) = kernel.stats_relu(dense)
+    if not (math.isfinite(s) and math.isfinite(q)):  # non-finite: the usual path, from the start
+        return tensor_stats(x, scratch), None
+    n = x.numel()
+    stats = _from_sums(n, s, q, lo, hi, zeros) or _centred(dense, kernel, scratch or Scratch(), s / n, lo, hi, zeros)
+    if negative == 0:  # ReLU changes nothing
+        result = _host_tensor(stats)
+        return result, result
+    after = _from_sums(n, ps, pq, 0.0, max(hi, 0.0), negative) if zeros == 0 else None
+    return _host_tensor(stats), None if after is None else _host_tensor(after)
 
 
 def _host_stats(v: torch.Tensor, scratch: Scratch) -> list[float]:

@@ -1,0 +1,285 @@
+"""The statistics of ``ReLU(inplace=True)``'s output, told from the pass over its input.
+
+trace and watch do not read what a torch ``ReLU(inplace=True)`` wrote when the pass that reduced
+its input (the module before it, or the ReLU's own input row) also summed the input's positive
+part: the rows must be, bit for bit, the rows of an engine that reads every output. Each case
+runs twice, the second time with the ReLU not recognised (``_inplace_relu`` patched to say no:
+every output read), and the rows, down to the sign of a zero, must be equal. The cases try to
+make the told statistics wrong: a write between the two hooks, a ReLU that is not torch's,
+-0.0 next to negative values, NaN, a variance that cancels, layouts, dtypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import hookscope
+import hookscope.analysis._recorder as recorder
+from hookscope._native import stats_kernel
+
+pytestmark = pytest.mark.skipif(stats_kernel() is None, reason="the C kernel tells ReLU's statistics; "
+                                "without a compiler every output is read (the rest of the suite)")
+
+Run = Callable[[nn.Module, torch.Tensor], list[Any]]
+
+
+def _rows(rows: list[Any]) -> list[tuple[Any, ...]]:
+    # repr keeps the sign of a zero and tells NaN apart; every field of every row
+    return [tuple((k, repr(v)) for k, v in vars(r).items()) for r in rows]
+
+
+def _trace(keep: str) -> Run:
+    def run(model: nn.Module, x: torch.Tensor) -> list[Any]:
+        with hookscope.trace(model, keep=keep) as t:
+            out = model(x)
+            if keep == "all":
+                out.float().sum().backward()
+        return list(t.rows)
+    return run
+
+
+def _watch(model: nn.Module, x: torch.Tensor) -> list[Any]:
+    with hookscope.watch(model, last=1000) as w:
+        model(x)
+    return list(w.rows)
+
+
+RUNS = {"io": _trace("io"), "output": _trace("output"), "all": _trace("all"), "watch": _watch}
+
+
+def _both(run: Run, make: Callable[[], tuple[nn.Module, torch.Tensor]], monkeypatch: pytest.MonkeyPatch,
+          spared: bool = True) -> tuple[list[Any], list[Any]]:
+    """Rows with ReLU's statistics told, and rows with every output read, from identical copies;
+    asserts that telling them spared reading a tensor (else the case tests nothing), or with
+    ``spared=False`` that nothing could be told."""
+    reads: list[int] = []
+    rows = []
+    for recognised in (True, False):
+        model, x = make()
+        with monkeypatch.context() as m:
+            if not recognised:
+                m.setattr(recorder, "_inplace_relu", lambda module: False)
+            seen = _counting(m)
+            rows.append(_rows(run(model, x.clone())))
+        reads.append(len(seen))
+    assert reads[0] < reads[1] if spared else reads[0] == reads[1], reads
+    return rows[0], rows[1]
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    seen: list[int] = []
+    for name in ("tensor_stats", "stats_and_relu"):
+        original = getattr(recorder, name)
+
+        def count(t: torch.Tensor, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            seen.append(t.numel())
+            return _original(t, *args, **kwargs)
+
+        monkeypatch.setattr(recorder, name, count)
+    return seen
+
+
+class Block(nn.Module):
+    """conv -> bn -> relu_, twice, and a residual added in place before the last relu_: the
+    torchvision ResNet pattern (the output of bn goes straight into the ReLU; the sum is the
+    ReLU's input only)."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+def _blocks(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(Block(), Block(), Block()).eval().to(dtype)
+    return model, torch.randn(2, 4, 9, 9, dtype=dtype)
+
+
+@pytest.mark.parametrize("kind", list(RUNS))
+def test_rows_are_those_read_from_the_output(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    told, read = _both(RUNS[kind], _blocks, monkeypatch)
+    assert told == read and len(told) > 10
+
+
+@pytest.mark.parametrize("kind", ["io", "output", "watch"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50", "densenet121", "mobilenet_v2"])
+def test_torchvision_rows_bit_for_bit(name: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def make() -> tuple[nn.Module, torch.Tensor]:
+        torch.manual_seed(0)
+        return getattr(torchvision.models, name)(weights=None).eval(), torch.randn(1, 3, 64, 64)
+
+    with torch.no_grad():  # mobilenet_v2 has ReLU6: nothing to tell
+        told, read = _both(RUNS[kind], make, monkeypatch, spared=name != "mobilenet_v2")
+    assert told == read
+
+
+def test_fewer_tensors_are_read_on_resnet50(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet50(weights=None).eval(), torch.randn(1, 3, 64, 64)
+    reads = []
+    for recognised in (True, False):
+        with monkeypatch.context() as m:
+            if not recognised:
+                m.setattr(recorder, "_inplace_relu", lambda module: False)
+            seen = _counting(m)
+            with torch.no_grad():
+                _trace("io")(model, x)
+            reads.append(len(seen))
+    # per bottleneck, three ReLU outputs are not read: after bn1 and bn2 (from the second block
+    # on, once bn1/bn2 are known to feed one), after the residual sum (always: it is an input row)
+    assert reads[1] == 175 and reads[0] <= 175 - 16 - 2 * 15
+
+
+class Copy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+
+def _with_hook(hook_kind: str) -> Callable[[], tuple[nn.Module, torch.Tensor]]:
+    """Blocks whose ReLU gets a hook of the user's that writes into the tensor in place."""
+    def make() -> tuple[nn.Module, torch.Tensor]:
+        model, x = _blocks()
+        for block in model:
+            if hook_kind == "forward":  # registered before trace's: runs before its post-hook
+                block.relu.register_forward_hook(lambda m, a, out: out.mul_(-2.0))
+        return model, x
+    return make
+
+
+@pytest.mark.parametrize("kind", ["io", "output", "watch"])
+def test_a_users_forward_hook_writing_into_the_output(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    told, read = _both(RUNS[kind], _with_hook("forward"), monkeypatch, spared=False)
+    assert told == read
+    relus = [dict(r) for r in told if dict(r)["module"].endswith("relu'") and dict(r)["which"] == "'output'"]
+    assert relus and all(float(r["max"]) <= 0 < -float(r["min"]) for r in relus)  # the negated values
+
+
+def test_a_users_pre_hook_added_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    # registered after trace's pre-hook, it runs between trace's pre-hook and the ReLU
+    def run(model: nn.Module, x: torch.Tensor) -> list[Any]:
+        with hookscope.trace(model) as t:
+            handles = [b.relu.register_forward_pre_hook(lambda m, a: a[0].sub_(0.5)) for b in model]
+            model(x)
+            for h in handles:
+                h.remove()
+        return list(t.rows)
+
+    told, read = _both(run, _blocks, monkeypatch, spared=False)
+    assert told == read
+
+
+class OwnReLU(nn.ReLU):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return input.clamp_(min=0.5)
+
+
+def _replaced(how: str) -> Callable[[], tuple[nn.Module, torch.Tensor]]:
+    def make() -> tuple[nn.Module, torch.Tensor]:
+        model, x = _blocks()
+        for block in model:
+            if how == "subclass":
+                block.relu = OwnReLU(inplace=True)
+            else:
+                relu = block.relu
+                relu.forward = lambda input: input.clamp_(min=0.5)  # type: ignore[method-assign]
+        return model, x
+    return make
+
+
+@pytest.mark.parametrize("how", ["subclass", "instance forward"])
+def test_a_relu_that_is_not_torchs_is_read(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    told, read = _both(RUNS["io"], _replaced(how), monkeypatch, spared=False)
+    assert told == read
+    assert not recorder._inplace_relu(_replaced(how)()[0][0].relu)
+
+
+class Feed(nn.Module):
+    """A ReLU(inplace=True) fed what ``values`` says, in a layout of ``layout``'s choosing."""
+
+    def __init__(self, values: torch.Tensor, layout: str) -> None:
+        super().__init__()
+        self.values, self.layout = values, layout
+        self.make = Copy()
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.make(self.values.clone() + 0 * x.sum().to(self.values.dtype))
+        if self.layout == "transposed":
+            v = v.t()
+        elif self.layout == "slice":
+            v = v[:, ::2]
+        elif self.layout == "channels_last":
+            v = v.view(2, 3, 4, -1).contiguous(memory_format=torch.channels_last)
+        return self.relu(v)
+
+
+def _values(case: str, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(12, 10, generator=g, dtype=torch.float64)
+    if case == "zeros and negatives":
+        v[0, :5] = 0.0
+        v[1, :5] = -0.0
+    elif case == "negative zeros only":
+        v = v.abs()
+        v[0, :5] = -0.0
+    elif case == "all negative":
+        v = -v.abs() - 1
+    elif case == "nan":
+        v[3, 3] = float("nan")
+    elif case == "cancelling":  # large mean, tiny spread, a few negatives: the centred pass
+        v = 1e4 + v * 1e-3
+        v[0, 0] = -1.0
+    elif case == "inf":
+        v[2, 2] = float("-inf")
+    return v.to(dtype)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "slice", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("case", ["plain", "zeros and negatives", "negative zeros only", "all negative",
+                                  "nan", "inf", "cancelling"])
+def test_values_and_layouts(case: str, dtype: torch.dtype, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def make() -> tuple[nn.Module, torch.Tensor]:  # the second Feed's ReLU is told: same attribute names
+        values = _values(case, dtype)
+        return nn.Sequential(Feed(values, layout), Feed(values, layout)), torch.zeros(1, dtype=dtype)
+
+    told_here = (dtype != torch.float16 and layout != "slice"
+                 and case in ("plain", "negative zeros only", "all negative"))
+    for kind in ("io", "output", "watch"):  # a channels-last copy made between modules: told as an input row
+        spared = told_here and (layout != "channels_last" or kind == "io")
+        told, read = _both(RUNS[kind], make, monkeypatch, spared=spared)
+        assert told == read, kind
+
+
+def test_the_same_relu_twice_on_one_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.relu = nn.BatchNorm1d(6).eval(), nn.ReLU(inplace=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.relu(self.bn(x))
+            y.sub_(0.3)
+            return self.relu(self.relu(y))
+
+    def make() -> tuple[nn.Module, torch.Tensor]:
+        torch.manual_seed(3)
+        return nn.Sequential(Twice(), Twice()), torch.randn(5, 6)
+
+    for kind in ("io", "output", "watch"):  # relu_ twice on what autograd saved: no backward
+        told, read = _both(RUNS[kind], make, monkeypatch)
+        assert told == read, kind
