@@ -54,10 +54,10 @@ RUNS = {"io": _trace("io"), "output": _trace("output"), "all": _trace("all"), "w
 
 
 def _both(run: Run, make: Callable[[], tuple[nn.Module, torch.Tensor]], monkeypatch: pytest.MonkeyPatch,
-          spared: bool = True) -> tuple[list[Any], list[Any]]:
+          spared: bool | None = True) -> tuple[list[Any], list[Any]]:
     """Rows with ReLU's statistics told, and rows with every output read, from identical copies;
     asserts that telling them spared reading a tensor (else the case tests nothing), or with
-    ``spared=False`` that nothing could be told."""
+    ``spared=False`` that nothing could be told (``None``: not counted)."""
     reads: list[int] = []
     rows = []
     for recognised in (True, False):
@@ -68,13 +68,14 @@ def _both(run: Run, make: Callable[[], tuple[nn.Module, torch.Tensor]], monkeypa
             seen = _counting(m)
             rows.append(_rows(run(model, x.clone())))
         reads.append(len(seen))
-    assert reads[0] < reads[1] if spared else reads[0] == reads[1], reads
+    if spared is not None:
+        assert reads[0] < reads[1] if spared else reads[0] == reads[1], reads
     return rows[0], rows[1]
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
-    for name in ("tensor_stats", "stats_and_relu"):
+    for name in ("tensor_stats", "stats_and_relu", "_finite"):  # _finite: watch's check of a received input
         original = getattr(recorder, name)
 
         def count(t: torch.Tensor, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
@@ -259,8 +260,10 @@ def test_values_and_layouts(case: str, dtype: torch.dtype, layout: str, monkeypa
 
     told_here = (dtype != torch.float16 and layout != "slice"
                  and case in ("plain", "negative zeros only", "all negative"))
-    for kind in ("io", "output", "watch"):  # a channels-last copy made between modules: told as an input row
-        spared = told_here and (layout != "channels_last" or kind == "io")
+    for kind in ("io", "output", "watch"):  # a channels-last copy made between modules: an input row, or checked by watch
+        spared = told_here and (layout != "channels_last" or kind != "output")
+        if case in ("nan", "inf") and kind == "watch":  # checked once more on the way to the culprit
+            spared = None
         told, read = _both(RUNS[kind], make, monkeypatch, spared=spared)
         assert told == read, kind
 

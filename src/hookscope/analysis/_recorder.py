@@ -35,7 +35,7 @@ from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..errors import ForwardError, HookscopeError
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
-from ._reduce import Scratch, on_host, stats_and_relu, tensor_stats
+from ._reduce import Scratch, on_host, relu_told, stats_and_relu, tensor_stats
 from ._rows import Pending
 
 __all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded",
@@ -105,6 +105,7 @@ class _Memo:
     def __init__(self) -> None:
         self._seen: TensorMemo[torch.Tensor] = TensorMemo()
         self._relu: TensorMemo[torch.Tensor] = TensorMemo()
+        self._finite: TensorMemo[bool] = TensorMemo()
         self._scratch = Scratch()
 
     def stats(self, t: torch.Tensor, relu: bool = False) -> torch.Tensor:
@@ -123,6 +124,20 @@ class _Memo:
     def known(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s elements were reduced at their current version (it was an output)."""
         return self._seen.get(plain(t)) is not None
+
+    def check(self, t: torch.Tensor) -> None:
+        """Reduce ``t`` without making it :meth:`known`, telling whether it is finite (:meth:`finite`)
+        and the statistics ``ReLU(inplace=True)`` will give it (:meth:`relu_of`)."""
+        x = plain(t)
+        found, after = stats_and_relu(x, self._scratch)
+        if after is not None:
+            self._relu.put(x, after)
+        if not found[6:].any():  # no NaN, no Inf
+            self._finite.put(x, True)
+
+    def finite(self, t: torch.Tensor) -> bool:
+        """Whether :meth:`check` found ``t``'s elements finite at their current version."""
+        return self._finite.get(plain(t)) is not None
 
     def relu_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The statistics ``t`` will have after ``ReLU(inplace=True)``, if told with its own."""
@@ -428,8 +443,8 @@ class Recorder:
     def _before_relu(self, t: Any, slot: _Relu) -> None:
         """Before ``ReLU(inplace=True)`` runs on ``t``: keep the statistics its output will have, if
         they were told with ``t``'s own; else learn that the module which made ``t`` is followed by
-        one (its namesakes' outputs will tell them), or, when ``t`` is an input row anyway, take
-        both in one pass now."""
+        one (its namesakes' outputs will tell them), or, when ``t`` is an input row anyway or made by
+        the parent's own code (watch checks it), take both in one pass now."""
         if type(t) is not torch.Tensor or not on_host(t) or t.is_inference():
             return
         after = self._memo.relu_of(t)
@@ -439,6 +454,9 @@ class Recorder:
             return
         if after is None and self.inputs:
             self._memo.stats(t, relu=True)
+            after = self._memo.relu_of(t)
+        elif after is None and self.received and relu_told(t):
+            self._memo.check(t)  # what _check would sum to see it finite: one pass for both
             after = self._memo.relu_of(t)
         if after is not None:
             slot.append((t, t._version, after))
@@ -477,7 +495,7 @@ class Recorder:
                 continue  # integers are finite; an output's statistics are already an event
             if name and root is not None and _same(t, root[2]):
                 continue  # the model's input, checked once when the forward began
-            if on_host(t) and _finite(t):
+            if on_host(t) and (self._memo.finite(t) or _finite(t)):
                 continue
             if not told and self.on_context is not None:
                 self.on_context(name, call, "received", context)

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .._memory import Scratch, dense_view, flat
+from .._memory import Scratch, dense_view, flat, is_dense
 from .._native import Kernel, stats_kernel
 from ..core.guard import plain
 
-__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "on_host", "stats_and_relu", "tensor_stats"]
+__all__ = ["HOST_TYPES", "STATS", "Scratch", "flat", "on_host", "relu_told", "stats_and_relu", "tensor_stats"]
 
 HOST_TYPES = frozenset({"cpu"})
 """Device types whose tensors are reduced on the host, branching on scalars read back at once; every
@@ -183,9 +183,9 @@ def stats_and_relu(t: torch.Tensor, scratch: Scratch | None = None) -> tuple[tor
         True
     """
     x = plain(t).detach()
-    kernel = stats_kernel() if on_host(x) else None
-    dense = dense_view(x) if x.dtype in (torch.float32, torch.float64) and not x.is_neg() else None
-    if kernel is None or dense is None or x.numel() == 0:
+    kernel = stats_kernel() if relu_told(x) else None
+    dense = dense_view(x)
+    if kernel is None or dense is None:
         return tensor_stats(x, scratch), None
     (s, q, lo, hi, zeros), (ps, pq, negative) = kernel.stats_relu(dense)
     if not (math.isfinite(s) and math.isfinite(q)):  # non-finite: the usual path, from the start
@@ -197,6 +197,18 @@ def stats_and_relu(t: torch.Tensor, scratch: Scratch | None = None) -> tuple[tor
         return result, result
     after = _from_sums(n, ps, pq, 0.0, max(hi, 0.0), negative) if zeros == 0 else None
     return _host_tensor(stats), None if after is None else _host_tensor(after)
+
+
+def relu_told(t: torch.Tensor) -> bool:
+    """Whether :func:`stats_and_relu` reads ``t`` with the kernel, in one pass that can tell ReLU's
+    statistics: a non-empty dense float32/float64 CPU tensor, the kernel built.
+
+    Example:
+        >>> relu_told(torch.ones(2, 3).t()), relu_told(torch.ones(2, 3)[:, :2]), relu_told(torch.ones(2).half())
+        (True, False, False)
+    """
+    return (t.dtype in (torch.float32, torch.float64) and on_host(t) and t.numel() > 0 and not t.is_neg()
+            and is_dense(t) and stats_kernel() is not None)
 
 
 def _host_stats(v: torch.Tensor, scratch: Scratch) -> list[float]:
