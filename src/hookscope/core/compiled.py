@@ -14,6 +14,7 @@ and stay valid. Compiling costs time, never correctness. Functions compiled with
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import types
@@ -77,13 +78,31 @@ def eager(fn: F) -> F:
     """``fn`` made to run eagerly between graph pieces instead of being traced by Dynamo.
 
     hookscope's hooks keep Python state (per-thread call stacks, records) that Dynamo cannot trace;
-    traced, a statistics hook can even unroll a loop over every element.
+    traced, a statistics hook can even unroll a loop over every element. ``fn`` is bound to one
+    function Dynamo is told not to trace (``torch.compiler.disable``, applied once): wrapping each
+    hook on its own cost ~15 us per hook to register (4.5 ms for the ~300 hooks of a resnet50 trace).
 
     Example:
         >>> eager(len)([1, 2])
         2
     """
-    return cast(F, torch.compiler.disable(fn))
+    return cast(F, functools.partial(_untraced(), fn))
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+_UNTRACED: list[Callable[..., Any]] = []
+
+
+def _untraced() -> Callable[..., Any]:
+    """:func:`_call` behind ``torch.compiler.disable``, made on first use (it imports Dynamo)."""
+    if not _UNTRACED:
+        with _lock:
+            if not _UNTRACED:
+                _UNTRACED.append(torch.compiler.disable(_call))
+    return _UNTRACED[0]
 
 
 def _inside(module: nn.Module) -> Iterator[nn.Module]:
