@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -134,11 +135,16 @@ def gather(pending: list[Pending], start: int = 0) -> list[StatRow]:
         for i, v in zip(idx, host):
             values[i] = v
     rows = []
+    text: dict[Any, str] = {}  # a few dtypes and devices among hundreds of rows: each named once
     for i, ((name, call, phase, which, path, shape, dtype, device, _), v) in enumerate(zip(pending, values)):
         n = math.prod(shape)
         mean, std, lo, hi, absmax, zeros, nan, inf = v
+        if dtype not in text:
+            text[dtype] = dtype_text(dtype)
+        if device not in text:
+            text[device] = str(device)
         rows.append(StatRow(start + i, name, call, phase, which, path, tuple(shape),
-                            dtype_text(dtype), str(device), n, mean, std, lo, hi, absmax,
+                            text[dtype], text[device], n, mean, std, lo, hi, absmax,
                             zeros / n if n else math.nan, int(nan), int(inf)))
     return rows
 
