@@ -633,14 +633,15 @@ def test_resnet18_backward(engine: str) -> None:
 def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[torch.Tensor]]:
     """Every tensor the engine actually reduces (its one reduction, wrapped as bench_trace does)."""
     seen: list[torch.Tensor] = []
-    original = recorder.tensor_stats
-
-    def count(t: torch.Tensor, *args: Any) -> Any:
-        seen.append(t)
-        return original(t, *args)
-
     with monkeypatch.context() as m:
-        m.setattr(recorder, "tensor_stats", count)
+        for name in ("tensor_stats", "stats_and_relu"):  # the second also tells ReLU's output
+            original = getattr(recorder, name)
+
+            def count(t: torch.Tensor, *args: Any, _original: Any = original) -> Any:
+                seen.append(t)
+                return _original(t, *args)
+
+            m.setattr(recorder, name, count)
         yield seen
 
 
