@@ -6,6 +6,7 @@ drift of the machine nor the cache one method leaves favours another); each figu
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from typing import Any, Callable
@@ -39,3 +40,15 @@ def timings(runs: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1)
             runs[k]()
             times[k].append(time.perf_counter() - t0)
     return times
+
+
+def cpu_model() -> str:
+    """The CPU's model name, for the header of a result."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -25,6 +25,8 @@ import torch
 
 from hookscope._native import stats_kernel
 
+from _rounds import cpu_model  # bench/_rounds.py: this folder is on sys.path when run as a script
+
 SIZES = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
 
 
@@ -50,17 +52,6 @@ def cold(fn: Callable[[torch.Tensor], Any], xs: list[torch.Tensor], flush: torch
         fn(x)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

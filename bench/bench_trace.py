@@ -38,7 +38,7 @@ import torch
 import torchvision
 from torch import nn
 
-from _rounds import ratios  # bench/_rounds.py: this folder is on sys.path when run as a script
+from _rounds import cpu_model, ratios  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 FORWARD = {"resnet50": 8, "resnet18": 1, "vit_b_16": 4}  # model -> batch
 BACKWARD = {"resnet50": 8, "resnet18": 1}
@@ -124,17 +124,6 @@ def build(name: str) -> nn.Module:
     torch.manual_seed(0)
     model: nn.Module = getattr(torchvision.models, name)(weights=None)
     return model.eval()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _ratio(med: dict[str, float], rel: dict[str, float], key: str) -> str:
