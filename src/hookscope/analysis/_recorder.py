@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module_globals  # torch's global module hooks
 
 from .._memory import TensorMemo
 from .._tree import paths, tree_map
@@ -98,50 +99,42 @@ class _Memo:
     usually the output just traced; a ``flatten`` shows its input's elements): see
     :class:`~hookscope._memory.TensorMemo`, which never mistakes a freed tensor's memory.
 
-    With ``relu``, the same pass also tells the statistics the tensor will have after
-    ``ReLU(inplace=True)`` (:func:`~hookscope.analysis._reduce.stats_and_relu`), kept apart until that
-    ReLU has run (:meth:`relu_of`, :meth:`remember`)."""
+    :meth:`stats_relu` and :meth:`check` also tell, from the same pass, the statistics the tensor
+    will have after ``ReLU(inplace=True)`` (:func:`~hookscope.analysis._reduce.stats_and_relu`)."""
 
     def __init__(self) -> None:
         self._seen: TensorMemo[torch.Tensor] = TensorMemo()
-        self._relu: TensorMemo[torch.Tensor] = TensorMemo()
         self._finite: TensorMemo[bool] = TensorMemo()
         self._scratch = Scratch()
 
-    def stats(self, t: torch.Tensor, relu: bool = False) -> torch.Tensor:
+    def stats(self, t: torch.Tensor) -> torch.Tensor:
         x = plain(t)  # not the guarded alias: asking for its storage would make it copy
-        if not relu:
-            return self._seen.setdefault(x, lambda: tensor_stats(x, self._scratch))
-        found = self._seen.get(x)
-        if found is not None:
-            return found
+        return self._seen.setdefault(x, lambda: tensor_stats(x, self._scratch))
+
+    def stats_relu(self, t: torch.Tensor) -> torch.Tensor | None:
+        """Reduce ``t`` (not reduced at this version) and remember it; the statistics of ``t.relu()``
+        if the same pass tells them."""
+        x = plain(t)
         found, after = stats_and_relu(x, self._scratch)
         self._seen.put(x, found)
-        if after is not None:
-            self._relu.put(x, after)
-        return found
+        return after
+
+    def check(self, t: torch.Tensor) -> torch.Tensor | None:
+        """Reduce ``t`` without making it :meth:`known`, noting whether it is finite (:meth:`finite`);
+        the statistics of ``t.relu()`` if the same pass tells them."""
+        x = plain(t)
+        found, after = stats_and_relu(x, self._scratch)
+        if not found[6:].any():  # no NaN, no Inf
+            self._finite.put(x, True)
+        return after
 
     def known(self, t: torch.Tensor) -> bool:
         """Whether ``t``'s elements were reduced at their current version (it was an output)."""
         return self._seen.get(plain(t)) is not None
 
-    def check(self, t: torch.Tensor) -> None:
-        """Reduce ``t`` without making it :meth:`known`, telling whether it is finite (:meth:`finite`)
-        and the statistics ``ReLU(inplace=True)`` will give it (:meth:`relu_of`)."""
-        x = plain(t)
-        found, after = stats_and_relu(x, self._scratch)
-        if after is not None:
-            self._relu.put(x, after)
-        if not found[6:].any():  # no NaN, no Inf
-            self._finite.put(x, True)
-
     def finite(self, t: torch.Tensor) -> bool:
         """Whether :meth:`check` found ``t``'s elements finite at their current version."""
         return self._finite.get(plain(t)) is not None
-
-    def relu_of(self, t: torch.Tensor) -> torch.Tensor | None:
-        """The statistics ``t`` will have after ``ReLU(inplace=True)``, if told with its own."""
-        return self._relu.get(plain(t))
 
     def remember(self, t: torch.Tensor, stats: torch.Tensor) -> None:
         """Take ``stats`` as those of ``t``'s elements at their current version."""
@@ -200,6 +193,7 @@ def _finite(t: torch.Tensor) -> bool:
 
 
 _RELU_FORWARD = nn.ReLU.forward
+_F_RELU, _RELU_ = torch.nn.functional.relu, torch.relu_  # what nn.ReLU(inplace=True) runs, as imported
 
 
 def _inplace_relu(module: nn.Module) -> bool:
@@ -212,6 +206,32 @@ def _inplace_relu(module: nn.Module) -> bool:
     """
     return (type(module) is nn.ReLU and module.inplace is True and "forward" not in vars(module)
             and type(module).forward is _RELU_FORWARD)
+
+
+def _runs_torchs_relu(module: nn.Module) -> bool:
+    """Whether a call of ``module`` (see :func:`_inplace_relu`) starting now runs torch's ``relu_``
+    and nothing else that could write into its tensor: ``F.relu`` and ``torch.relu_`` not replaced
+    since hookscope was imported, no torch function or dispatch mode active, and no hook on it but
+    the recorder's own two, nor any global module hook (another hook could write through ``.data``,
+    which no version counter sees). Where torch cannot say, no.
+
+    Example:
+        >>> relu = nn.ReLU(inplace=True)
+        >>> _runs_torchs_relu(relu)
+        False
+        >>> h = [relu.register_forward_pre_hook(print), relu.register_forward_hook(print)]
+        >>> _runs_torchs_relu(relu)
+        True
+    """
+    stacks = (getattr(torch._C, "_len_torch_function_stack", None), getattr(torch._C, "_len_torch_dispatch_stack", None))
+    if any(depth is None or depth() for depth in stacks):
+        return False
+    if torch.nn.functional.relu is not _F_RELU or torch.relu_ is not _RELU_:
+        return False
+    if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1:
+        return False
+    found = [getattr(_module_globals, n, None) for n in ("_global_forward_pre_hooks", "_global_forward_hooks")]
+    return all(isinstance(hooks, dict) and not hooks for hooks in found)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -269,11 +289,7 @@ class Recorder:
         self._open: CallStack[_Call] = CallStack()
         self._root_open: CallStack[_RootCall] = CallStack()
         self._root_calls = itertools.count()
-        self._kinds: dict[str, tuple[type, str]] = {}  # selected module -> (its type, attribute name)
         self._own_code: set[CodeType] = set()  # our forward hooks, to tell our errors from the model's
-        # (type, attribute name) of modules whose output went into a ReLU(inplace=True) in this block:
-        # the outputs of their namesakes are reduced with ReLU's statistics told in the same pass
-        self._before_relus: set[tuple[type, str]] = set()
 
     def attach(self) -> None:
         """Register every hook (all of them or, if one registration fails, none).
@@ -313,10 +329,9 @@ class Recorder:
             return False
         return True
 
-    def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor,
-              relu: bool = False) -> None:
+    def _emit(self, name: str, call: int, phase: str, which: str, path: str, t: torch.Tensor) -> None:
         if self.enabled and not self.group.closed:
-            self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t, relu)))
+            self.sink((name, call, phase, which, path, t.shape, t.dtype, t.device, self._memo.stats(t)))
 
     def _grad_hook(self, name: str, call: int, which: str, path: str) -> Callable[[torch.Tensor], None]:
         return lambda g: self._emit(name, call, "backward", which, path, g)
@@ -387,7 +402,6 @@ class Recorder:
     def _hooks(self, name: str, label: str, module: nn.Module) -> tuple[Any, Any]:
         counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
         relu = _inplace_relu(module) and self.outputs
-        kind = (type(module), name.rpartition(".")[2])
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
@@ -399,7 +413,7 @@ class Recorder:
             if not self._push(self._open, entry) or not self.enabled:
                 return None
             if relu and len(args) == 1 and not kwargs:
-                self._before_relu(args[0], entry[5])
+                self._before_relu(module, args[0], entry[5])
             if not (self.inputs or self.grad_inputs or self.received):
                 return None  # nothing of the inputs is wanted: not even walked
             found = _input_paths(args, kwargs)
@@ -432,32 +446,27 @@ class Recorder:
             self.last_done = name
             if top is not None and top[5]:
                 self._after_relu(output, top[5][0])
-            self._outputs(name, call, output, kind in self._before_relus)
+            self._outputs(name, call, output)
             for path, a, version in aliases:
                 if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
                     self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
 
-        self._kinds[name] = kind
         return pre, post
 
-    def _before_relu(self, t: Any, slot: _Relu) -> None:
-        """Before ``ReLU(inplace=True)`` runs on ``t``: keep the statistics its output will have, if
-        they were told with ``t``'s own; else learn that the module which made ``t`` is followed by
-        one (its namesakes' outputs will tell them), or, when ``t`` is an input row anyway or made by
-        the parent's own code (watch checks it), take both in one pass now."""
-        if type(t) is not torch.Tensor or not on_host(t) or t.is_inference():
+    def _before_relu(self, module: nn.Module, t: Any, slot: _Relu) -> None:
+        """Before ``ReLU(inplace=True)`` runs on ``t``, not reduced at this version: when its row is
+        taken now anyway (an input row) or watch checks it (made by the parent's own code), the same
+        pass tells the statistics the ReLU's output will have (kept in ``slot`` for the post-hook).
+        Only for a call that runs torch's ``relu_`` alone (:func:`_runs_torchs_relu`)."""
+        if (type(t) is not torch.Tensor or not on_host(t) or t.is_inference() or self._memo.known(t)
+                or not _runs_torchs_relu(module)):
             return
-        after = self._memo.relu_of(t)
-        if after is None and self._memo.known(t):
-            if self.last_done is not None and self.last_done in self._kinds:
-                self._before_relus.add(self._kinds[self.last_done])
+        if self.inputs:
+            after = self._memo.stats_relu(t)
+        elif self.received and relu_told(t):
+            after = self._memo.check(t)  # what _check would sum to see it finite: one pass for both
+        else:
             return
-        if after is None and self.inputs:
-            self._memo.stats(t, relu=True)
-            after = self._memo.relu_of(t)
-        elif after is None and self.received and relu_told(t):
-            self._memo.check(t)  # what _check would sum to see it finite: one pass for both
-            after = self._memo.relu_of(t)
         if after is not None:
             slot.append((t, t._version, after))
 
@@ -502,15 +511,14 @@ class Recorder:
                 told = True
             self._emit(name, call, "forward", "received", path, t)
 
-    def _outputs(self, name: str, call: int, output: Any, relu: bool = False) -> None:
-        """The events of one call's outputs, and the hooks on their gradients. With ``relu``, the
-        statistics ``ReLU(inplace=True)`` will give each output are told with its own."""
+    def _outputs(self, name: str, call: int, output: Any) -> None:
+        """The events of one call's outputs, and the hooks on their gradients."""
         if not (self.outputs or self.grad_outputs):
             return
         grads = self.grad_outputs and self.enabled and torch.is_grad_enabled()
         for path, t in paths(output, "output"):
             if self.outputs:
-                self._emit(name, call, "forward", "output", path, t, relu)
+                self._emit(name, call, "forward", "output", path, t)
             if grads and t.requires_grad:
                 self.group.add(t.register_hook(self._grad_hook(name, call, "grad_output", path)))
 
