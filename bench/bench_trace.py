@@ -26,6 +26,7 @@ with ``model.zero_grad(set_to_none=True)``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -131,6 +132,19 @@ def _ratio(med: dict[str, float], rel: dict[str, float], key: str) -> str:
     return f"{rel[key]:.3f}x ({med[key] / med['plain']:.3f}x)"
 
 
+def _row(name: str, batch: int, make: Callable[[nn.Module, torch.Tensor], dict[str, Callable[[], Any]]],
+         rounds: int, counted: str, shown: list[str], *, no_grad: bool) -> None:
+    """One table row: plain ms, the ratios of ``shown``, and what ``counted`` reduced."""
+    model, x = build(name), torch.randn(batch, 3, 224, 224)
+    runs = make(model, x)
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
+        size = measure(runs[counted])
+        med, rel = ratios(runs, rounds, base="plain")
+    cells = [name, str(batch), f"{med['plain'] * 1e3:.1f}", *(_ratio(med, rel, k) for k in shown), str(size.rows),
+             str(size.reduced), f"{size.gib_rows:.2f} / {size.gib_reduced:.2f}"]
+    print("| " + " | ".join(cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
@@ -172,15 +186,8 @@ def main() -> None:
               "GiB described / reduced |")
         print("|---|---|---|---|---|---|---|---|---|")
         for name, batch in forward.items():
-            model, x = build(name), torch.randn(batch, 3, 224, 224)
-            runs = forward_runs(model, x)
-            with torch.no_grad():
-                size = measure(runs["trace io"])
-                med, rel = ratios(runs, rounds_fwd, base="plain")
-            print(f"| {name} | {batch} | {med['plain'] * 1e3:.1f} | {_ratio(med, rel, 'trace io')} | "
-                  f"{_ratio(med, rel, 'trace output')} | {_ratio(med, rel, 'watch')} | {size.rows} | "
-                  f"{size.reduced} | {size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
-            del model, x, runs
+            _row(name, batch, forward_runs, rounds_fwd, "trace io", ["trace io", "trace output", "watch"],
+                 no_grad=True)
 
     if backward:
         print(f"\n## forward+backward, grad enabled, model.eval(), {rounds_bwd} rounds (median of per-round ratios; ratio of medians)\n")
@@ -189,15 +196,7 @@ def main() -> None:
         print("| model | batch | plain ms | trace all | watch all | rows | reduced | GiB described / reduced |")
         print("|---|---|---|---|---|---|---|---|")
         for name, batch in backward.items():
-            model, x = build(name), torch.randn(batch, 3, 224, 224)
-            runs = backward_runs(model, x)
-            size = measure(runs["trace all"])
-            med, rel = ratios(runs, rounds_bwd, base="plain")
-            print(f"| {name} | {batch} | {med['plain'] * 1e3:.1f} | {_ratio(med, rel, 'trace all')} | "
-                  f"{_ratio(med, rel, 'watch all')} | {size.rows} | {size.reduced} | "
-                  f"{size.gib_rows:.2f} / {size.gib_reduced:.2f} |", flush=True)
-            del model, x, runs
-
+            _row(name, batch, backward_runs, rounds_bwd, "trace all", ["trace all", "watch all"], no_grad=False)
 
 if __name__ == "__main__":
     main()
