@@ -41,11 +41,11 @@ import torch
 import torchvision
 from torch import nn
 
-import hookscope
 from hookscope._native import Kernel, stats_kernel
 from hookscope.core.compiled import eager
 
-from _rounds import cpu_model  # bench/_rounds.py: this folder is on sys.path when run as a script
+from _rounds import cpu_model  # bench/_rounds.py and bench_trace.py: this folder is on sys.path when run as a script
+from bench_trace import forward_runs
 
 
 def faults() -> int:
@@ -114,30 +114,20 @@ def methods(model: nn.Module, x: torch.Tensor, reader: Reader) -> dict[str, Call
         reader.reset()
         return hooked(model, x, reader.register)()
 
-    def watched() -> Any:
-        with hookscope.watch(model) as w:
-            model(x)
-        return w.finite
+    hookscope_runs = forward_runs(model, x)  # plain, trace io, trace output, watch (bench_trace.py)
 
     def unwrapped() -> Any:
         wrapped = getattr(engine, "eager")
         setattr(engine, "eager", lambda f: f)  # measured only: unsafe under torch.compile
         try:
-            return watched()
+            return hookscope_runs["watch"]()
         finally:
             setattr(engine, "eager", wrapped)
 
-    def traced(keep: str) -> Callable[[], Any]:
-        def run() -> Any:
-            with hookscope.trace(model, keep=keep) as t:
-                model(x)
-            return t.rows
-        return run
-
-    return {"plain": lambda: model(x), "no-op hooks": hooked(model, x, noop),
+    return {"plain": hookscope_runs["plain"], "no-op hooks": hooked(model, x, noop),
             "no-op hooks, eager": hooked(model, x, lambda m: noop(m, eager)), "reads only": reads,
-            "watch": watched, "watch, unwrapped": unwrapped, "trace output": traced("output"),
-            "trace io": traced("io")}
+            "watch": hookscope_runs["watch"], "watch, unwrapped": unwrapped,
+            "trace output": hookscope_runs["trace output"], "trace io": hookscope_runs["trace io"]}
 
 
 def timed(runs: dict[str, Callable[[], Any]], rounds: int,
