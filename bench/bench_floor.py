@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python bench/bench_floor.py                 (about 3 minutes on 2 CPU cores)
       .venv/bin/python bench/bench_floor.py --rounds 4      (a smoke run)
+      MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=2147483648 .venv/bin/python bench/bench_floor.py
+                                                            (no page faults: the work, not malloc's history)
 
 resnet50, weights=None, eval(), batch 8, 3x224x224, CPU, under ``torch.no_grad()``. In one process,
 interleaved round after round (``bench/_rounds.py``):
@@ -9,12 +11,12 @@ interleaved round after round (``bench/_rounds.py``):
 - ``plain``: the forward alone;
 - ``no-op hooks``: a forward pre-hook and a forward hook (``with_kwargs``, ``always_call``, as the
   engine registers them) on every module, doing nothing;
+- ``no-op hooks, eager``: the same hooks, each wrapped as the engine wraps its own
+  (``hookscope.core.compiled.eager``: ``torch.compiler.disable``, so that Dynamo never traces it);
 - ``reads only``: a forward hook on every module that hands each output tensor it has not seen at
   this version to the C kernel (one pass: sums, extremes, zeros) and keeps the numbers as a tuple.
   No names, no rows, no call stack, no input checks: the reading watch cannot do without (its rows
   are the statistics of every output), and nothing else;
-- ``no-op hooks, eager``: the same, each hook wrapped as the engine wraps its own
-  (``hookscope.core.compiled.eager``: ``torch.compiler.disable``, so that Dynamo never traces it);
 - ``watch``, ``trace output``, ``trace io``: hookscope, result read back each round;
 - ``watch, unwrapped``: watch with its hooks registered without that wrapper (the engine's private
   ``eager`` replaced by the identity for the round: unsafe under ``torch.compile``, measured only).
