@@ -1,8 +1,15 @@
-"""What an analysis hands the user's model besides positional inputs: ``kwargs=``, checked once.
+"""What an analysis hands the user's model: its keyword inputs (``kwargs=``, checked once) and its own
+copy of the caller's tensors.
 
 Every analysis that runs the model (summary, diff, cam, metrics) takes the model's keyword inputs as
 one mapping, never as ``**kwargs`` of its own, so a typo of the analysis's own keyword is refused
 instead of being forwarded to the model.
+
+The caller's tensors, one rule: an analysis that runs the model itself hands it a private copy of
+every tensor the caller gave, a fresh one for each run (:func:`private`). A model that writes into its
+input (``x.div_(2)``, a ``ReLU(inplace=True)`` first) then changes neither the caller's tensors nor what
+the next run sees. Context managers (``capture``, ``edit``, ``grads``, ``trace``, ``watch``) run
+nothing themselves: the caller's own call passes the caller's tensors, as it would without hookscope.
 """
 
 from __future__ import annotations
@@ -10,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
+from .._tree import tree_map
 from ..errors import HookscopeError
 
-__all__ = ["model_kwargs"]
+__all__ = ["model_kwargs", "private"]
 
 
 def model_kwargs(kwargs: Any) -> dict[str, Any]:
@@ -33,3 +43,21 @@ def model_kwargs(kwargs: Any) -> dict[str, Any]:
         raise HookscopeError(f"kwargs={shown} is not a mapping of argument names; pass the model's keyword "
                              "inputs as kwargs={'mask': m}")
     return dict(kwargs)
+
+
+def private(inputs: Any, device: torch.device | str | None = None) -> Any:
+    """A copy of every tensor in ``inputs`` (any nesting), for one run of the model: detached, on
+    ``device`` when given (one copy, not two), needing a gradient where the caller's tensor did.
+
+    Example:
+        >>> x = torch.ones(2)
+        >>> (c,), kw = private(((x,), {"scale": 2.0}))
+        >>> c.div_(2); x.tolist(), kw
+        tensor([0.5000, 0.5000])
+        ([1.0, 1.0], {'scale': 2.0})
+    """
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        c = t.detach().to(device, copy=True) if device is not None else t.detach().clone()
+        return c.requires_grad_() if t.requires_grad and (c.is_floating_point() or c.is_complex()) else c
+
+    return tree_map(copy, inputs)
