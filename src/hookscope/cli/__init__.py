@@ -74,7 +74,11 @@ def _os_error(e: OSError) -> str:
 
 
 def _check_out(args: argparse.Namespace) -> None:
-    """An --out that is a folder fails before the model runs, not after (every command with --out)."""
+    """An --out or --plot that is an input, or an --out that is a folder, fails before the model runs, not
+    after (every command)."""
+    from ._outputs import check_not_inputs
+
+    check_not_inputs(args, folder_out=args.command in _FOLDER_OUT)
     out = getattr(args, "out", None)
     if args.command in _FOLDER_OUT:  # their --out is a folder, checked by the command
         return

@@ -1,10 +1,14 @@
-"""The files a command writes: never an input image, never one another, never a surprise.
+"""The files a command writes: never one of its inputs, never one another, never a surprise.
 
-Checked before the model runs, so a refusal costs nothing and nothing is lost.
+Checked before the model runs, so a refusal costs nothing and nothing is lost. An input is every
+existing path the command reads, whatever the option or spec syntax names it by: ``MODEL`` (``model.pt``,
+the file of ``file.py:ATTR``), ``B`` of ``diff``, ``--weights``, ``--config``, ``--data``, ``--image``,
+``--classes``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +16,78 @@ from pathlib import Path
 from ..errors import HookscopeError
 from ._images import IMAGE_SUFFIXES, image_files
 
-__all__ = ["check_outputs"]
+__all__ = ["check_outputs", "input_paths", "check_not_inputs"]
+
+_INPUTS = ("model", "model_b", "weights", "config", "data", "image", "classes")  # options that name what is read
+_OUTPUTS = ("out", "plot")
+
+
+def _spellings(value: str) -> list[str]:
+    """The paths an input value may name: itself, and the file of ``file.py:ATTR`` (any text before a colon)."""
+    found = [value]
+    head = value.rpartition(":")[0]
+    while head:
+        found.append(head)
+        head = head.rpartition(":")[0]
+    return found
+
+
+def input_paths(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(the option that names it, the path) of every existing file or folder the command reads.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "net.py"; _ = f.write_text("")
+        >>> [(o, p.name) for o, p in input_paths(argparse.Namespace(model=f"{f}:Net", weights="DEFAULT"))]
+        [('MODEL', 'net.py')]
+    """
+    found = []
+    for name in _INPUTS:
+        value = getattr(args, name, None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str) and v:
+                option = "MODEL" if name == "model" else "B" if name == "model_b" else f"--{name}"
+                found += [(option, Path(s)) for s in _spellings(v) if os.path.exists(s)]
+    return found
+
+
+def _what(option: str) -> str:
+    """How an error names an input: ``one of the --image files``, ``the file of MODEL``."""
+    if option in ("--image", "--data"):
+        return f"one of the {option} files"
+    return f"the file of {option}" if option in ("MODEL", "B") else f"the {option} file"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real == top or top in real.parents
+
+
+def check_not_inputs(args: argparse.Namespace, *, folder_out: bool = False) -> None:
+    """Refuse, in one line, an ``--out`` or ``--plot`` that is one of the command's inputs (also through a
+    link or another spelling), or, where ``--out`` is a folder the command fills (``folder_out``), one
+    that is or holds an input.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "net.py"; _ = f.write_text("class Net: ...")
+        >>> check_not_inputs(argparse.Namespace(model=f"{f}:Net", out=str(f)))
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --out ... is the file of MODEL; give another path, an input is never overwritten
+    """
+    inputs = input_paths(args)
+    for name in _OUTPUTS:
+        out = getattr(args, name, None)
+        if not isinstance(out, str) or not out:
+            continue
+        for option, path in inputs:
+            if folder_out and name == "out" and _inside(path, Path(out)):
+                raise HookscopeError(f"--out {out} holds {path}, {_what(option)}; give a folder that holds none "
+                                     "of the command's inputs, an input is never overwritten")
+            if _identity(out) is not None and _identity(out) == _identity(str(path)):
+                raise HookscopeError(f"--{name} {out} is {_what(option)}; give another path, an input is never "
+                                     "overwritten")
 
 
 def _subject(option: str, path: Path) -> str:
