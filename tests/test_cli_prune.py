@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -287,7 +288,7 @@ def test_out_is_checked_before_the_model_runs(tmp_path, capsys):
     code, _, err = run(capsys, "tiny", "--amount", "0.5", "--out", str(tmp_path / "no" / "x.pt"), *FAST)
     assert code == 2 and "no folder" in err[0]
     code, _, err = run(capsys, str(there), "--amount", "0.5", "--out", str(there), "--overwrite", *FAST)
-    assert code == 2 and "is one of the command's input files" in err[0]
+    assert code == 2 and "is the file of MODEL; give another path, an input is never overwritten" in err[0]
 
 
 # --- fit_to --------------------------------------------------------------------------------------
@@ -338,3 +339,52 @@ def test_weights_that_grow_keep_the_does_not_fit_error(tmp_path, capsys):
     assert main(["summary", f"{tmp_path / 'm.py'}:build", "--input", "1x4", "--weights", str(tmp_path / "w.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit" in err[0] and "(Linear): 2 shape mismatches" in err[0]
+
+
+# --- a remedy an error names exists on the command line -------------------------------------------------
+AUX = ("import torch\n"
+       "class Net(torch.nn.Module):\n"
+       "    def __init__(self):\n"
+       "        super().__init__()\n"
+       "        self.a = torch.nn.Conv2d(3, 8, 3); self.b = torch.nn.Conv2d(8, 4, 3)\n"
+       "        self.aux = torch.nn.Conv2d(8, 2, 1)  # runs only in training, as googlenet's aux heads\n"
+       "    def forward(self, x):\n"
+       "        h = torch.relu(self.a(x)); y = self.b(h).mean((2, 3))\n"
+       "        return (y, self.aux(h).mean((2, 3))) if self.training else y\n")
+
+
+def test_allow_unseen_named_by_the_compaction_error_exists_on_the_command_line(tmp_path, capsys):
+    (tmp_path / "aux.py").write_text(AUX)
+    spec = f"{tmp_path}/aux.py:Net"
+    argv = (spec, "--input", "1x3x12x12", "--channels", "--amount", "0.5", "--compact", *FAST)
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and len(err) == 1 and "'aux' did not run on the example input" in err[0]
+    flags = re.findall(r"--[a-z][a-z-]+", err[0])
+    assert flags, err[0]  # the remedy is named as the command line spells it ...
+    help_text = subprocess_free_help("prune")
+    assert all(f in help_text for f in flags), flags  # ... and every flag it names exists
+    out = tmp_path / "small.pt"
+    code, _, _ = run(capsys, *argv, "--allow-unseen", "--out", str(out))
+    assert code == 0
+    state = torch.load(out, weights_only=True)
+    assert state["a.weight"].shape == (4, 3, 3, 3) and state["b.weight"].shape == (4, 4, 3, 3)
+    assert state["aux.weight"].shape == (2, 8, 1, 1)  # left as it is, as the flag says
+
+
+def test_allow_unseen_without_compact_or_channels_is_refused(capsys):
+    code, _, err = run(capsys, "tiny", "--channels", "--amount", "0.5", "--allow-unseen", *FAST)
+    assert code == 2 and err == ["hookscope prune: error: --allow-unseen is for --compact; add --compact or drop "
+                                 "--allow-unseen"]
+    code, _, err = run(capsys, "tiny", "--amount", "0.5", "--allow-unseen", *FAST)
+    assert code == 2 and err == ["hookscope prune: error: --allow-unseen is for removing whole channels, which "
+                                 "weight masks leave in place; add --channels"]
+
+
+def subprocess_free_help(command: str) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main([command, "--help"])
+    return buf.getvalue()

@@ -90,6 +90,9 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --channels: build the smaller model (channels removed, outputs checked equal to "
                         "the masked model's); --out then writes its weights, which load back into MODEL "
                         "with --weights FILE (hookscope resizes the layers)")
+    p.add_argument("--allow-unseen", action="store_true",
+                   help="with --compact: compact even when some layers do not run on the example input "
+                        "(auxiliary heads that run only in training); they are left as they are")
     p.add_argument("--out", metavar="FILE", default=None,
                    help="write the pruned weights (a state_dict, masks made permanent) here, atomically; an "
                         "existing file needs --overwrite")
@@ -144,14 +147,17 @@ def _check_channels(args: argparse.Namespace) -> None:
                              "give one of those or drop --data")
     if args.batch < 1:
         raise HookscopeError(f"--batch {args.batch} is not a batch size; give 1 or more")
+    if args.allow_unseen and not args.compact:
+        raise HookscopeError("--allow-unseen is for --compact; add --compact or drop --allow-unseen")
 
 
 def _check_weights(args: argparse.Namespace) -> None:
     for flag, value in (("--importance", args.importance), ("--data", args.data)):
         if value is not None:
             raise HookscopeError(f"{flag} ranks channels; add --channels (or drop {flag} for weight masks)")
-    if args.compact:
-        raise HookscopeError("--compact removes whole channels, which weight masks leave in place; add --channels")
+    if args.compact or args.allow_unseen:
+        flag = "--compact" if args.compact else "--allow-unseen"
+        raise HookscopeError(f"{flag} is for removing whole channels, which weight masks leave in place; add --channels")
     method = _pick(args.method or METHODS[0], METHODS, "--method")
     if args.scope == "group":
         raise HookscopeError("--scope group is for --channels; for weight masks give --scope layer or global")
@@ -168,10 +174,6 @@ def _check_out(args: argparse.Namespace) -> None:
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder):
         raise HookscopeError(f"cannot write --out {args.out}: no folder {folder}; create it first")
-    inputs = [p for p in (args.model, args.weights, args.data) if isinstance(p, str) and os.path.isfile(p)]
-    if any(os.path.samefile(p, args.out) for p in inputs if os.path.exists(args.out)):
-        raise HookscopeError(f"--out {args.out} is one of the command's input files; give another path, an input "
-                             "is never overwritten")
     if os.path.exists(args.out) and not args.overwrite:
         raise HookscopeError(f"--out {args.out} exists; pass --overwrite to replace it, or give another path")
 
@@ -347,7 +349,7 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
                             data=None if data is None else data.batches(args.batch),
                             layers=args.layers, scope=args.scope or "group")
     if args.compact:
-        return result, compact(model, given.x, kwargs=given.kwargs)
+        return result, compact(model, given.x, kwargs=given.kwargs, allow_unseen=args.allow_unseen)
     remove(model)
     return result, model
 
