@@ -14,7 +14,8 @@ from torch import nn
 
 from hookscope.core import hook_count
 
-__all__ = ["cached_torchvision_weights", "no_hooks", "Net", "ConvReLU", "Pair", "FakeModelOutput", "Structured"]
+__all__ = ["cached_torchvision_weights", "no_hooks", "Net", "ConvReLU", "Pair", "FakeModelOutput", "Structured",
+           "Writer"]
 
 
 def no_hooks(model: nn.Module) -> bool:
@@ -46,6 +47,24 @@ class ConvReLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv(x)
         return torch.nn.functional.relu(y, inplace=True) if self.functional else self.act(y)
+
+
+class Writer(nn.Module):
+    """A classifier that writes into its inputs as it runs: ``x.div_(2)`` first, and ``scale.mul_(2)``
+    on an optional keyword tensor. Run on the same tensor again it computes something else, so any
+    analysis that hands it the caller's tensor shows it (in its values, or in the caller's tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        x.div_(2)
+        if scale is not None:
+            x = x * scale.mul_(2)
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
 
 
 @dataclasses.dataclass

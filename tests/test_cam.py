@@ -772,3 +772,32 @@ def test_the_random_stream_is_left_as_it_was():
     before = torch.random.get_rng_state()
     cam(net, x, layers="layer2")
     assert torch.equal(before, torch.random.get_rng_state())
+
+
+# --- the caller's tensors: every forward pass gets its own copy ---------------------------------------------
+class _Pure(nn.Module):
+    """What ``helpers.Writer`` computes from its inputs as given, without writing into them."""
+
+    def __init__(self, writer):
+        super().__init__()
+        self.conv, self.fc = writer.conv, writer.fc
+
+    def forward(self, x, scale=None):
+        x = x / 2
+        if scale is not None:
+            x = x * (scale * 2)
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcam++", "layercam", "scorecam", "eigencam"])
+def test_a_model_that_writes_into_its_inputs_gets_the_maps_of_the_inputs_as_given(method):
+    from helpers import Writer
+
+    model = Writer().eval()
+    x, scale = torch.randn(2, 3, 8, 8), torch.full((1,), 3.0)
+    kept_x, kept_scale = x.clone(), scale.clone()
+    got = cam(model, x, layers="conv", method=method, kwargs={"scale": scale})
+    assert torch.equal(x, kept_x) and torch.equal(scale, kept_scale)
+    want = cam(_Pure(model).eval(), kept_x, layers="conv", method=method, kwargs={"scale": kept_scale})
+    torch.testing.assert_close(got.maps, want.maps)
+    assert torch.equal(got.targets, want.targets) and no_hooks(model)

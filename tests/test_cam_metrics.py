@@ -316,3 +316,22 @@ def test_hookscope_metrics_is_the_short_path():
                  "blur", "BASELINES", "SCORES"):
         assert getattr(metrics, name) is getattr(long, name) and name in metrics.__all__
     assert metrics.deletion is deletion and metrics.box_mask is box_mask
+
+
+@pytest.mark.parametrize("metric", [deletion, insertion])
+def test_a_model_that_writes_into_its_inputs_scores_the_inputs_as_given(metric):
+    from helpers import Writer
+
+    model = Writer().eval()
+    x, scale = torch.randn(2, 3, 8, 8), torch.full((1,), 3.0)
+    maps = torch.rand(2, 8, 8)
+    kept_x, kept_scale = x.clone(), scale.clone()
+    first = metric(model, x, maps, steps=4, kwargs={"scale": scale})
+    assert torch.equal(x, kept_x) and torch.equal(scale, kept_scale)
+    second = metric(model, x, maps, steps=4, kwargs={"scale": scale})
+    torch.testing.assert_close(first.scores, second.scores, rtol=0, atol=0)
+    no_write = lambda t, scale=None: model.fc(torch.relu(model.conv(t / 2 * (scale * 2))).mean((2, 3)))  # noqa: E731
+    wrapped = nn.Module()
+    wrapped.forward = no_write  # type: ignore[method-assign]
+    want = metric(wrapped, kept_x, maps, steps=4, kwargs={"scale": kept_scale})
+    torch.testing.assert_close(first.scores, want.scores)

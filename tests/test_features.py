@@ -439,3 +439,20 @@ def test_a_figure_draws_at_most_16_images():
         plot_feature_maps(torch.rand(17, 2, 3, 3))
     fig = plot_feature_maps(torch.rand(17, 2, 3, 3), images=[0, 16])
     assert [ax.get_title() for ax in fig.axes if ax.get_images()] == ["image 0", "image 16"]
+
+
+# --- the caller's tensors: the model gets its own copy -------------------------------------------------------
+def test_a_model_that_writes_into_its_inputs_changes_neither_the_callers_tensors_nor_the_maps():
+    from helpers import Writer
+
+    model = Writer().eval()
+    x, scale = torch.randn(2, 3, 8, 8), torch.full((1,), 3.0)
+    kept_x, kept_scale = x.clone(), scale.clone()
+    maps = feature_maps(model, x, "conv", kwargs={"scale": scale}).maps
+    assert torch.equal(x, kept_x) and torch.equal(scale, kept_scale)
+    expected = model.conv(kept_x / 2 * (kept_scale * 2))  # what forward computes from the inputs as given
+    torch.testing.assert_close(maps, expected, rtol=0, atol=0)
+    again = feature_maps(model, x, "conv", kwargs={"scale": scale}).maps
+    assert torch.equal(again, maps) and no_hooks(model)
+    ref = compare_references(model, x, "conv", kwargs={"scale": scale})
+    assert torch.equal(ref.true, maps) and torch.equal(x, kept_x) and torch.equal(scale, kept_scale)

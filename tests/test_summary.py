@@ -721,3 +721,15 @@ def test_summary_of_a_compiled_model_is_the_eager_summary(ran_before):
     assert [r.name for r in got.rows] == ["", "0", "0.q", "1", "2"]
     assert no_hooks(compiled)
     assert torch.allclose(compiled(x), net(x), atol=1e-6)
+
+
+def test_a_model_that_writes_into_its_inputs_leaves_the_callers_tensors_as_they_were():
+    from helpers import Writer
+
+    model = Writer().eval()
+    x, scale = torch.randn(2, 3, 8, 8), torch.full((1,), 3.0)
+    kept_x, kept_scale = x.clone(), scale.clone()
+    first = summary(model, x, kwargs={"scale": scale})
+    assert torch.equal(x, kept_x) and torch.equal(scale, kept_scale)
+    second = summary(model, x, kwargs={"scale": scale})
+    assert first.to_dict() == second.to_dict() and no_hooks(model)

@@ -25,7 +25,7 @@ from torch import nn
 from .._tree import first_tensor, tensors, tree_map
 from ..core.compiled import HookRefresh, eager, is_compiled
 from ..core.hooks import HookGroup
-from ..core.inputs import model_kwargs
+from ..core.inputs import model_kwargs, private
 from ..core.result import Result, jsonable, missing
 from ..core.state import kept_rng, restored
 from ..core.text import dtype_text, first_line, num, shape_text, table
@@ -339,7 +339,7 @@ def _hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep:
         for name, module in heads:
             group.add(module.register_forward_hook(hook(_head_watcher(name, p))))
         refresh.open()
-        p.output = call_model(model, (x,), kw)  # a failure names where it failed
+        p.output = call_model(model, (x,), private(kw))  # a failure names where it failed
     finally:
         group.remove()
         refresh.close()
@@ -647,8 +647,8 @@ def _scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tens
 
     def scores(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         if spread and batch.shape[0] != len(rows):  # the zero image differs per sample only by its kwargs
-            batch = batch.expand(len(rows), *batch.shape[1:])
-        out = call_model(model, (batch,), rows_of(kw, rows, B) if spread else kw)
+            batch = batch.expand(len(rows), *batch.shape[1:]).contiguous()  # rows the model may write
+        out = call_model(model, (batch,), private(rows_of(kw, rows, B) if spread else kw))
         n = batch.shape[0]
         if targets is None:  # a target function, which scores each row on its own
             fn = cast(Callable[[Any], Any], for_rows(target, rows))

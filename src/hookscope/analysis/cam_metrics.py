@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._tree import tree_map
-from ..core.inputs import model_kwargs
+from ..core.inputs import model_kwargs, private
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
@@ -305,7 +305,7 @@ def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, kw: dict[str
         removed = (rank[img] < counts[step].unsqueeze(1)).view(-1, 1, h, w)
         x, base = inputs[img], substrate[img]
         batch = torch.where(removed, base, x) if kind == "deletion" else torch.where(removed, x, base)
-        out = call_model(model, (batch,), rows_of(kw, img, b))
+        out = call_model(model, (batch,), private(rows_of(kw, img, b)))
         if targets is None:
             parts.append(_call_target(target, output, out, len(r) // b, b))  # type: ignore[arg-type]
         else:
@@ -393,7 +393,7 @@ def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_S
 def _curve_targets(model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], target: Target,
                    output: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
     if target is None:  # a copy: the model may write into its input (x.mul_(2), x[:, 0] = 0)
-        out = call_model(model, (inputs.clone(),), kw)
+        out = call_model(model, (inputs.clone(),), private(kw))
         return read_logits(output, out, inputs.shape[0]).argmax(dim=1)
     return class_targets(target, inputs.shape[0], device=inputs.device)
 
@@ -403,7 +403,7 @@ def _anchor(model: nn.Module, inputs: torch.Tensor, kw: dict[str, Any], target: 
     """A target with an ``anchor`` method fixed on the model's output for the inputs themselves."""
     if not is_function(target) or not callable(getattr(target, "anchor", None)):
         return target  # no extra forward for a plain function
-    return anchored(target, output, call_model(model, (inputs.clone(),), kw))  # type: ignore[no-any-return]
+    return anchored(target, output, call_model(model, (inputs.clone(),), private(kw)))  # type: ignore[no-any-return]
 
 
 def _score(logits: torch.Tensor, targets: torch.Tensor, score: str) -> torch.Tensor:

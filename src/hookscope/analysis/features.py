@@ -21,7 +21,7 @@ from torch import nn
 from .._tree import tensors, tree_map
 from ..capture import capture
 from ..core.hooks import HookGroup
-from ..core.inputs import model_kwargs
+from ..core.inputs import model_kwargs, private
 from ..core.result import Result, jsonable
 from ..core.state import restored
 from ..core.text import first_line, num, shape_text, table
@@ -433,7 +433,7 @@ def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str
         with restored(model, train=False), torch.no_grad(), capture(model, module, copy="always") as rec:
             group.add(module.register_forward_hook(_hander(probe, name)))  # after capture's: sees what goes on
             probe.attach(unwrap(model)[0], [(name, module)], group)
-            call_model(model, (x,), kw)
+            call_model(model, *private(((x,), kw)))  # the model may write into its inputs: ours
     finally:
         group.remove()
         probe.release()

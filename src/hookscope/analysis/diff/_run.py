@@ -19,6 +19,7 @@ from ...core.compiled import HookRefresh, eager, is_compiled
 from ...core.failure import forward_error, module_label, received
 from ...core.guard import Slot, guardable, plain, plain_output, protect, release, settle_inputs
 from ...core.hooks import HookGroup
+from ...core.inputs import private
 from ...core.state import RngDevices, own_arithmetic, restored
 from ...errors import ForwardError, RecordError
 from ...records import CopyPolicy, Recording, Retention
@@ -96,12 +97,8 @@ def fresh_inputs(model: nn.Module, inputs: Any) -> tuple[Any, torch.device]:
     found = {t.device for t in tensors(inputs)}
     to = home if home is not None and len(found) == 1 and home not in found else None
 
-    def fresh(t: torch.Tensor) -> torch.Tensor:
-        c = t.detach().to(to) if to is not None else t.detach().clone()  # .to(another device) copies
-        return c.requires_grad_() if t.requires_grad else c
-
     first = next(iter(found), None)
-    return tree_map(fresh, inputs), to or first or home or torch.device("cpu")
+    return private(inputs, to), to or first or home or torch.device("cpu")
 
 
 # --- the model put back -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ...core.state import rng_devices
 from ...errors import HookscopeError
 from ...selection import check_hookable, layers, unwrap
 from .._macs import own_macs
-from ...core.inputs import model_kwargs
+from ...core.inputs import model_kwargs, private
 from ._arguments import check_depth, placed, refuse_unknown
 from ._collect import collect
 from ._result import Summary
@@ -100,7 +100,7 @@ def summary(
     inner, _ = unwrap(model)
     selected = layers(model, lambda name, module: True)  # every module once, the model itself too
     check_hookable(selected)
-    args, kw = placed(inner, (inputs, kw), device)
+    args, kw = placed(inner, private((inputs, kw)), device)  # the model may write into its inputs: ours
     used = list(tensors((args, kw)))
     calls = collect(model, selected, args, kw, rng_devices([*inner.parameters(), *inner.buffers(), *used]))
     rows = rows_of(inner, selected, calls)  # after the pass: lazy modules are built now
