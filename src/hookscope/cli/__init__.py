@@ -78,7 +78,8 @@ def _check_out(args: argparse.Namespace) -> None:
     after (every command)."""
     from ._outputs import check_not_inputs
 
-    check_not_inputs(args, folder_out=args.command in _FOLDER_OUT)
+    if args.command not in ("cam", "features"):  # they check every file they write (an --out there names several)
+        check_not_inputs(args, folder_out=args.command in _FOLDER_OUT)
     out = getattr(args, "out", None)
     if args.command in _FOLDER_OUT:  # their --out is a folder, checked by the command
         return

@@ -111,7 +111,7 @@ def _in_folder(path: Path, folders: list[Path]) -> Path | None:
     return next((f for f in folders if path.parent == f), None)
 
 
-def _check_one(option: str, path: Path, inputs: set[tuple[int, int]], folders: list[Path]) -> None:
+def _check_one(option: str, path: Path, inputs: dict[tuple[int, int], str], folders: list[Path]) -> None:
     what = _subject(option, path)
     if path.suffix.lower() != ".png":
         raise HookscopeError(f"{what} is not a .png file name; the pictures are PNGs: give a name ending in .png")
@@ -119,23 +119,26 @@ def _check_one(option: str, path: Path, inputs: set[tuple[int, int]], folders: l
         raise HookscopeError(f"{what} is a symbolic link; give the path of the file itself")
     if path.is_dir():
         raise HookscopeError(f"{what} is a folder; give a file path such as {path / 'out.png'}")
-    if _identity(str(path)) in inputs:
-        raise HookscopeError(f"{what} is one of the --image files; give another path, an input is never overwritten")
+    read = inputs.get(_identity(str(path)) or (-1, -1))
+    if read is not None:
+        raise HookscopeError(f"{what} is {read}; give another path, an input is never overwritten")
     folder = _in_folder(Path(os.path.realpath(path)), folders)
     if folder is not None:
         raise HookscopeError(f"{what} is in the --image folder {folder}, whose images are all read (the next run "
                              "would read it back as an input); write it outside that folder")
 
 
-def check_outputs(written: Sequence[tuple[str, Path]], images: Sequence[str] | None, *, overwrite: bool) -> None:
-    """Refuse, in one line, a file to write that is an input image (also through a hard link or another
-    spelling), a folder, a link, not a PNG, written twice, in an --image folder (the next run would read
-    it as an image), or there already without --overwrite.
+def check_outputs(written: Sequence[tuple[str, Path]], images: Sequence[str] | None, *, overwrite: bool,
+                  others: Sequence[tuple[str, Path]] = ()) -> None:
+    """Refuse, in one line, a file to write that is an input (an image, or any of ``others``; also through a
+    hard link or another spelling), a folder, a link, not a PNG, written twice, in an --image folder (the
+    next run would read it as an image), or there already without --overwrite.
 
     Args:
         written: (the option that names it, such as ``--out o.png``; the path) for every file to write.
         images: the ``--image`` arguments (files and folders), or ``None``.
         overwrite: the command's ``--overwrite``.
+        others: the command's other inputs, as :func:`input_paths` gives them.
 
     Example:
         >>> check_outputs([("--out a.png", Path("a.png")), ("--plot a.png", Path("a.png"))], None, overwrite=False)
@@ -143,7 +146,9 @@ def check_outputs(written: Sequence[tuple[str, Path]], images: Sequence[str] | N
         ...
         hookscope.errors.HookscopeError: --out a.png and --plot a.png both write a.png; give them different names
     """
-    inputs = {i for i in (_identity(f) for f in image_files(images)) if i is not None} if images else set()
+    inputs = {i: _what(o) for o, p in others if (i := _identity(str(p))) is not None}
+    inputs.update({i: "one of the --image files" for f in (image_files(images) if images else [])
+                   if (i := _identity(f)) is not None})
     folders = [Path(os.path.realpath(f)) for f in images or [] if os.path.isdir(f)]
     seen: dict[str, str] = {}
     for option, path in written:

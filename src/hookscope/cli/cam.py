@@ -30,7 +30,7 @@ from ._load import (
     model_session,
     warn,
 )
-from ._outputs import check_outputs
+from ._outputs import check_outputs, input_paths
 from ._thirdparty import is_hf_model
 
 if TYPE_CHECKING:
@@ -285,7 +285,8 @@ def _written(args: argparse.Namespace, n: int, methods: list[str]) -> list[tuple
 
 def _check_outputs(args: argparse.Namespace, inputs: _Inputs, methods: list[str]) -> None:
     """Every file to write checked before the model runs (see :func:`._outputs.check_outputs`)."""
-    check_outputs(_written(args, len(inputs.pictures), methods), args.image, overwrite=args.overwrite)
+    check_outputs(_written(args, len(inputs.pictures), methods), args.image, overwrite=args.overwrite,
+                  others=input_paths(args))
 
 
 def _for_the_cli(e: HookscopeError) -> HookscopeError:

@@ -20,7 +20,7 @@ from ._images import add_image_arguments, load_images
 from ._inputs import ModelInput, model_input
 from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
 from ._thirdparty import HF_PREFIX, TIMM_PREFIX
-from ._outputs import check_outputs
+from ._outputs import check_outputs, input_paths
 
 if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps
@@ -233,7 +233,8 @@ def _paths(out: str, n: int) -> list[Path]:
 def _check_outputs(args: argparse.Namespace, batch: int) -> None:
     """Every picture to write checked before the model is loaded (see :func:`._outputs.check_outputs`)."""
     paths = _paths(args.out, batch if args.compare_references else 1)
-    check_outputs([(f"--out {args.out}", p) for p in paths], args.image, overwrite=args.overwrite)
+    check_outputs([(f"--out {args.out}", p) for p in paths], args.image, overwrite=args.overwrite,
+                  others=input_paths(args))
 
 
 def _comparison(model: torch.nn.Module, x: torch.Tensor, pictures: torch.Tensor | None, names: list[str] | None,
