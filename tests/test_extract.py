@@ -306,3 +306,70 @@ def test_the_model_comes_back_as_it_was(tmp_path: Path) -> None:
         hookscope.extract(model, Samples(10), {"3": None}, out=tmp_path / "s", batch_size=4)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert model.training and all(m.training for m in model.modules()) and no_hooks(model)
+
+
+# the model gets its own copy of the caller's tensors --------------------------------------------------------
+class Overwrites(nn.Module):
+    """Halves its input in place before its linear layer and zeroes it after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x.div_(2))
+        x.zero_()
+        return y
+
+
+class ReluFirst(nn.Module):
+    """An in-place ReLU on the input, then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.relu, self.lin = nn.ReLU(inplace=True), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.relu(x))
+
+
+SOURCES: dict[str, Any] = {
+    "tensor": lambda x: x,
+    "numpy": lambda x: x.numpy(),
+    "TensorDataset": lambda x: torch.utils.data.TensorDataset(x),
+    "list of tensors": lambda x: list(x),
+    "dict samples": lambda x: [{"x": r} for r in x],
+    "DataLoader": lambda x: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4),
+    "DataLoader of views": lambda x: torch.utils.data.DataLoader(  # each batch a slice of the caller's tensor
+        range(len(x)), batch_size=4, collate_fn=lambda idx: x[idx[0]:idx[-1] + 1]),
+    "stream": lambda x: iter(x.split(4)),
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("model", ["div_ and zero_", "ReLU(inplace=True) first"])
+def test_the_model_never_writes_into_the_callers_data(tmp_path: Path, source: str, model: str) -> None:
+    x = torch.randn(10, 4, generator=torch.Generator().manual_seed(6))
+    before = x.clone()
+    net = (Overwrites() if model == "div_ and zero_" else ReluFirst()).eval()
+    with torch.no_grad():
+        want = net.lin(before / 2 if model == "div_ and zero_" else before.relu())
+    for run in range(2):  # a second run over the same data sees it unchanged too
+        data = SOURCES[source](x)
+        store = hookscope.extract(net, data, "lin", out=tmp_path / f"s{run}", batch_size=3)
+        assert torch.equal(x, before), f"run {run} changed the caller's data"
+        assert torch.allclose(store["lin"][:], want, atol=1e-6, rtol=0) and store["lin"].shape == (10, 3)
+    assert no_hooks(net)
+
+
+def test_the_model_gets_one_copy_of_the_callers_tensors_or_the_runs_own() -> None:
+    from hookscope.analysis.extract._source import model_call
+
+    x, seen = torch.ones(2, 3), []
+    model_call(lambda t: seen.append(t), x, torch.device("cpu"))
+    model_call(lambda t: seen.append(t), {"t": x}, torch.device("cpu"))
+    model_call(lambda t: seen.append(t), x, torch.device("cpu"), own=True)
+    assert seen[0] is not x and seen[1] is not x and torch.equal(seen[0], x) and seen[0].data_ptr() != x.data_ptr()
+    assert seen[2] is x  # a gather or a collate is the run's own: no second copy

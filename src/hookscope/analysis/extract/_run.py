@@ -229,7 +229,7 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
         probe = probe_batch(first)
-        taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True)
+        taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True, own=probe.own)
         per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
         _check_storable(p, taps)
         settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe), model)

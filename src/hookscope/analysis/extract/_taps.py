@@ -137,11 +137,12 @@ class Taps:
                                  f"for the first sample{hint or ' (the reduction ' + text + ' keeps sizes apart)'}")
 
     def run(self, model: nn.Module, inputs: Any, device: torch.device, rows: int, segments: list[Segment], *,
-            probe: bool = False) -> None:
-        """One forward of a batch of ``rows`` samples, copying each layer's rows as ``segments`` say."""
+            probe: bool = False, own: bool = False) -> None:
+        """One forward of a batch of ``rows`` samples, copying each layer's rows as ``segments`` say; ``own``:
+        the inputs are the run's own tensors, which the model may write into (else it gets a copy)."""
         self._now = _Forward(rows, set(), segments, probe)
         try:
-            model_call(model, inputs, device)
+            model_call(model, inputs, device, own=own)
         except StopForward as e:
             if e.owner is not self:
                 raise

@@ -121,7 +121,7 @@ def groups_for(shards: list[int], per_shard: int, length: int, batch_size: int) 
 def _fill(plan: Plan, taps: Taps, batch: Batch, segments: list[tuple[_Open, int, int]]) -> None:
     """Run one batch; rows ``lo:hi`` of it go to each open shard given (at its ``filled`` row)."""
     taps.run(plan.model, batch.inputs, plan.device, batch.rows,
-             [Segment(o.buf.arrays, o.filled, lo, hi) for o, lo, hi in segments])
+             [Segment(o.buf.arrays, o.filled, lo, hi) for o, lo, hi in segments], own=batch.own)
     for o, lo, hi in segments:
         o.buf.index[o.filled:o.filled + hi - lo] = torch.tensor(batch.indices[lo:hi], dtype=torch.int64)
         o.filled += hi - lo
@@ -197,4 +197,4 @@ def probe_batch(batch: Batch) -> Batch:
     """
     n = min(2, batch.rows)
     # a copy: a model that writes into its input must not change the data's rows before they are run
-    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, n)), batch.indices[:n])
+    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, n)), batch.indices[:n], own=True)
