@@ -32,10 +32,10 @@ from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store
 from ._dist import Ranks, ranks
 from ._folder import foreign, prepare, same_run
 from ._hash import model_digest
-from ._plan import Plan, array_specs, plan, samples_per_shard, stored_dtype
+from ._plan import Plan, array_specs, plan, range_limits, samples_per_shard, stored_dtype
 from ._reduce import Reduction
 from ._source import Batch
-from ._taps import Taps
+from ._taps import Overflow, Taps
 from ._write import Progress, probe_batch, write_indexed, write_stream
 
 __all__ = ["extract"]
@@ -117,10 +117,13 @@ def _version() -> str:
         return "unknown"
 
 
-def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None) -> str:
-    """What a failed run leaves: its complete shards to resume, or (none written yet) a free folder."""
-    if complete_shards(p.out) or old is not None:
+def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None, resumable: bool) -> str:
+    """What a failed run leaves: its complete shards to resume, or (none written yet, or values its dtype
+    cannot hold, which no resume can store) a free folder."""
+    if resumable and (complete_shards(p.out) or old is not None):
         return _KEPT
+    if old is not None:  # the store was begun in this dtype: only a new one can take another
+        return " (the store was begun in this dtype: start it again with overwrite=True / --overwrite)"
     r.barrier()
     if r.lead:  # nothing to resume: the manifest goes, so the next run needs no --overwrite
         clear_store(p.out)
@@ -221,6 +224,14 @@ def _check_resume(p: Plan, opaque: list[str], old: dict[str, Any] | None) -> Non
                   f"{fix}", stacklevel=5)
 
 
+def _probe(p: Plan, taps: Taps, probe: Batch) -> int:
+    """Learn each layer's shape and dtype from the probe, refuse what cannot be stored; samples per shard."""
+    taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True, own=probe.own)
+    _check_storable(p, taps)
+    taps.watch(range_limits(taps.found, p.dtype))
+    return samples_per_shard(taps.found, p.dtype, p.shard_bytes)
+
+
 def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | None) -> None:
     model, opaque = model_digest(p.model)  # before any hook of ours is on the model
     _check_resume(p, opaque, old)
@@ -229,9 +240,7 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
         probe = probe_batch(first)
-        taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True, own=probe.own)
-        per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
-        _check_storable(p, taps)
+        per_shard = _probe(p, taps, probe)
         settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe), model)
         if old is not None:
             same_run(old, settings, p.out)
@@ -241,21 +250,21 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
             write_json(p.out / "manifest.json", settings)
         r.barrier()
         done = set(complete_shards(p.out)) if old is not None else set()
-        error, rows = None, 0
+        error, rows, resumable = None, 0, True
         try:
             rows = _work(p, r, taps, per_shard, done, stream, progress)
         except HookscopeError as e:
-            error = f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"
+            error, resumable = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"), not isinstance(e, Overflow)
         except Exception as e:  # another rank must not wait forever for this one's outcome
             if r.world == 1:
                 raise
             error = f"rank {r.rank}: {type(e).__name__}: {e}"
-        outcomes = r.gather((error, rows))
-    failed = [e for e, _ in outcomes if e]
+        outcomes = r.gather((error, rows, resumable))
+    failed = [e for e, _, _ in outcomes if e]
     if failed:
-        raise HookscopeError(failed[0] + _after_failure(p, r, old))
+        raise HookscopeError(failed[0] + _after_failure(p, r, old, all(ok for _, _, ok in outcomes)))
     if r.lead:
-        _finish(p, settings, max(n for _, n in outcomes))
+        _finish(p, settings, max(n for _, n, _ in outcomes))
     r.barrier()
 
 

@@ -127,7 +127,8 @@ def _fill(plan: Plan, taps: Taps, batch: Batch, segments: list[tuple[_Open, int,
         o.filled += hi - lo
 
 
-def _submit(writer: StoreWriter, o: _Open, device: torch.device) -> None:
+def _submit(taps: Taps, writer: StoreWriter, o: _Open, device: torch.device) -> None:
+    taps.check_range()  # once a shard: a value beyond the stored dtype's range never reaches a file
     writer.submit(o.shard, o.buf, o.filled, o.skipped, ready=_ready(device))
 
 
@@ -140,7 +141,7 @@ def write_indexed(plan: Plan, taps: Taps, writer: StoreWriter, shards: list[int]
     now: _Open | None = None
     for k, batch in zip(owner, plan.source.batches(groups, workers=plan.workers, pin=pin)):
         if now is not None and now.shard != k:
-            _submit(writer, now, plan.device)
+            _submit(taps, writer, now, plan.device)
             now = None
         if now is None:
             now = _Open(k, writer.buffer())
@@ -149,7 +150,7 @@ def write_indexed(plan: Plan, taps: Taps, writer: StoreWriter, shards: list[int]
             _fill(plan, taps, batch, [(now, 0, batch.rows)])
         progress.add(batch.rows + len(batch.failed))
     if now is not None:
-        _submit(writer, now, plan.device)
+        _submit(taps, writer, now, plan.device)
 
 
 def _spans(start: int, end: int, per_shard: int, first: int) -> Iterator[tuple[int, int, int]]:
@@ -182,9 +183,9 @@ def write_stream(plan: Plan, taps: Taps, writer: StoreWriter, start: int, per_sh
         _fill(plan, taps, batch, segments)
         progress.add(sum(hi - lo for _, lo, hi in segments))
         for k in [k for k in open_ if (k + 1) * per_shard <= total]:
-            _submit(writer, open_.pop(k), plan.device)
+            _submit(taps, writer, open_.pop(k), plan.device)
     for k in sorted(open_):
-        _submit(writer, open_.pop(k), plan.device)
+        _submit(taps, writer, open_.pop(k), plan.device)
     return total
 
 
