@@ -3,8 +3,9 @@
 Shard ``k`` always holds the samples ``[k*S, (k+1)*S)`` (``S`` from the shard size and the per-sample
 bytes a one-sample probe measures), read in batches that never cross a shard's end. So the shards do not
 depend on how many ranks wrote them or on where a killed run stopped: a resumed or distributed run writes
-the same bytes as one uninterrupted process, and a shard file, renamed into place only when complete, is
-either all there or not there.
+the same bytes as one uninterrupted process at the same torch thread count (torchrun gives each rank one
+thread; other counts may differ in the last bits), and a shard file, renamed into place only when complete,
+is either all there or not there.
 """
 
 from __future__ import annotations
@@ -306,7 +307,8 @@ def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Red
         The :class:`~hookscope.store.Store` written, opened.
 
     Under ``torchrun`` (or inside your own initialised ``torch.distributed`` program) each rank writes
-    every ``world``-th shard; the store is the same, byte for byte, as one process writes.
+    every ``world``-th shard; the store is the same, byte for byte, as one process writes at the same torch
+    thread count (torchrun gives each rank one thread; other counts may differ in the last bits).
 
     Example:
         >>> import tempfile, torch, hookscope
