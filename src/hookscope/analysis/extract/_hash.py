@@ -255,6 +255,11 @@ class Digest:
     def _function(self, fn: types.FunctionType, where: str, depth: int) -> None:
         """Code (constants and nested code too), defaults, closure and attributes; the globals it reads for
         the user's own code (installed libraries are known by their code and name)."""
+        compiled = vars(fn).get("_torchdynamo_orig_callable")
+        if compiled is not None:  # torch.compile's wrapper (its state names addresses): it runs what it wraps
+            self.put("compiled")
+            self.add(compiled, where, depth)
+            return
         self.put("function", _qualname(fn))
         own = not _library(fn.__module__ or "")
         self._code(fn.__code__, fn.__globals__ if own else None, where, depth)
@@ -304,7 +309,8 @@ class Digest:
         """A module's class, attributes and forward hooks; with ``tensors`` also its own parameters and
         buffers and its children (a module outside the model, met as a value)."""
         self.put("module", _qualname(type(m)))
-        for k, v in sorted(vars(m).items()):
+        wrapper = type(m).__name__ == "OptimizedModule"  # torch.compile's: it runs _orig_mod, hashed as a child
+        for k, v in sorted(vars(m).items()) if not wrapper else ():
             if k not in _MODULE_INTERNALS:
                 self.put(k)
                 self.add(v, f"{where}.{k}", depth + 1)
@@ -443,8 +449,9 @@ def model_digest(model: nn.Module) -> tuple[dict[str, str], list[str]]:
     for name, m in model.named_modules():
         shape.put(name)
         shape.module_state(m, f"model.{name}" if name else "model", tensors=False)
-    for cls in sorted({c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins"},
-                      key=_qualname):
+    # in the order first met: classes made at run time (torch's parametrizations) share a name
+    classes = dict.fromkeys(c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins")
+    for cls in classes:
         shape.class_body(cls, _qualname(cls))
     bufs = Digest()
     for name, b in model.named_buffers():
