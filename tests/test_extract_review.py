@@ -496,7 +496,7 @@ class Hidden(nn.Module):
 
 HIDING = ["dict", "list of floats", "nested dataclass", "namespace", "enum", "dtype", "numpy array", "numpy scalar",
           "tensor in a dict", "partial", "lambda", "closure", "set", "underscore", "deep", "class attribute",
-          "forward hook", "forward replaced", "global dict", "global helper"]
+          "forward hook", "global forward hook", "forward replaced", "global dict", "global helper"]
 
 
 @pytest.mark.parametrize("how", HIDING)
@@ -514,6 +514,9 @@ def test_resume_refuses_a_model_changed_where_its_behaviour_hides(tmp_path: Path
     elif how == "forward hook":
         changed = Hidden(how, 1.0).eval()
         handle = changed.lin.register_forward_hook(lambda m, a, y: y * 5)
+    elif how == "global forward hook":
+        changed = Hidden(how, 1.0).eval()
+        handle = nn.modules.module.register_module_forward_hook(lambda m, a, y: y * 5 if m is changed.lin else None)
     elif how == "forward replaced":
         changed = Hidden(how, 1.0).eval()
         changed.forward = types.MethodType(lambda self, t: self.lin(t) * 5, changed)  # type: ignore[method-assign]

@@ -433,8 +433,8 @@ def code_hash(fn: Any) -> tuple[str, list[str]]:
 
 def model_digest(model: nn.Module) -> tuple[dict[str, str], list[str]]:
     """What a resumed run must find unchanged in the model beyond its state_dict: its structure (repr, every
-    module's attributes and forward hooks, the code and class attributes of its classes) and every buffer,
-    non-persistent too; and what of it cannot be seen.
+    module's attributes and forward hooks, global forward hooks, the code and class attributes of its classes)
+    and every buffer, non-persistent too; and what of it cannot be seen.
 
     Example:
         >>> hashes, opaque = model_digest(torch.nn.Linear(2, 2))
@@ -449,6 +449,12 @@ def model_digest(model: nn.Module) -> tuple[dict[str, str], list[str]]:
     for name, m in model.named_modules():
         shape.put(name)
         shape.module_state(m, f"model.{name}" if name else "model", tensors=False)
+    every = sys.modules["torch.nn.modules.module"]  # hooks registered for every module run on this model too
+    for hooks in ("_global_forward_pre_hooks", "_global_forward_hooks"):
+        table = getattr(every, hooks, {})
+        shape.put(hooks, len(table))
+        for hook in table.values():
+            shape.add(hook, f"torch.nn.modules.module.{hooks}")
     # in the order first met: classes made at run time (torch's parametrizations) share a name
     classes = dict.fromkeys(c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins")
     for cls in classes:
