@@ -41,6 +41,7 @@ _MODULE_INTERNALS = frozenset(k for k in vars(nn.Module()) if k.startswith("_"))
 _VOLATILE = frozenset({"_original_object_hash"})
 _HOOKS = (("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs"), ("_forward_hooks", "_forward_hooks_with_kwargs"))
 _SCALARS = (bool, int, float, complex, str, bytes)
+_EXACT = {t: f"builtins.{t.__name__}:".encode() for t in _SCALARS}
 _LIBRARY_ROOTS = tuple(sorted({os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items()
                                if k in ("stdlib", "platstdlib", "purelib", "platlib")}))
 
@@ -63,6 +64,9 @@ def _library(module: str) -> bool:
 
 def _plain(v: Any) -> bytes | None:
     """The bytes of a value that is its own description (numbers, text, dtypes, modules), else None."""
+    prefix = _EXACT.get(type(v))
+    if prefix is not None:  # the common case first: a list of floats is hashed float by float
+        return prefix + repr(v).encode()
     if v is None or v is Ellipsis or v is NotImplemented:
         return repr(v).encode()
     if isinstance(v, enum.Enum):
@@ -119,10 +123,11 @@ def callable_name(fn: Any) -> str:
         return _qualname(fn)
     if isinstance(fn, _C_CALLABLES) or isinstance(fn, np.ufunc):
         return str(getattr(fn, "__qualname__", None) or name)
-    text = repr(fn)
-    if getattr(type(fn), "__repr__") is not getattr(object, "__repr__") and " at 0x" not in text and len(text) <= 60:
-        return text
-    return _qualname(type(fn))
+    try:
+        text = repr(fn) if getattr(type(fn), "__repr__") is not getattr(object, "__repr__") else ""
+    except Exception:  # noqa: BLE001 - a user's __repr__ that fails: the class names it
+        text = ""
+    return text if text and " at 0x" not in text and len(text) <= 60 else _qualname(type(fn))
 
 
 def _short(v: Any) -> str:
@@ -188,12 +193,15 @@ class Digest:
                 return
         self._other(v, where, depth + 1)
 
-    def _sub(self, v: Any, where: str, depth: int) -> str:
-        """``v``'s own digest (a dict key, a set item: sorted by it), its opaque parts reported here."""
+    def _sub(self, v: Any, where: str, depth: int) -> bytes:
+        """``v``'s own bytes or digest (a dict key, a set item: sorted by it), its opaque parts reported here."""
+        plain = _plain(v)
+        if plain is not None:
+            return plain
         d = Digest(self._modules)
         d.add(v, where, depth)
         self.opaque += d.opaque
-        return d.hexdigest()
+        return d.hexdigest().encode()
 
     def _tensor(self, t: torch.Tensor, where: str, depth: int) -> None:
         self.put("tensor", t.dtype, tuple(t.shape))
@@ -227,6 +235,10 @@ class Digest:
     def _sequence(self, s: Iterable[Any], where: str, depth: int) -> None:
         items = list(s)
         self.put(_qualname(type(s)), len(items))
+        plain = [_plain(x) for x in items]
+        if all(b is not None for b in plain):  # numbers, text: at once
+            self.put(b"".join(len(b).to_bytes(8, "little") + b for b in plain if b is not None))
+            return
         for i, x in enumerate(items):
             self.add(x, f"{where}[{i}]", depth)
 
