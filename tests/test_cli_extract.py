@@ -357,3 +357,39 @@ def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
         main(["extract", "--help"])
     out = capsys.readouterr().out
     assert "Examples:" in out and "torchrun --nproc_per_node 2 -m hookscope extract" in out
+
+
+LOUD_MODEL = '''
+import torch
+class Loud(torch.nn.Module):
+    """A linear layer that multiplies its input by 1000 (an image's 0..255 squared is as loud)."""
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.eye(4) * 1000)
+            self.lin.bias.zero_()
+    def forward(self, x):
+        return self.lin(x)
+'''
+
+
+@pytest.mark.parametrize("row", [0, 20])  # met by the probe, or after two shards were written
+def test_float16_values_beyond_its_range_are_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 row: int) -> None:
+    (tmp_path / "loud.py").write_text(LOUD_MODEL)
+    x = torch.rand(24, 4, generator=torch.Generator().manual_seed(4)) * 10
+    x[row, 1] = 80.0  # 80000 after the layer
+    torch.save(x, tmp_path / "x.pt")
+    spec, out = f"{tmp_path / 'loud.py'}:Loud", tmp_path / "s"
+    args = [spec, "--data", str(tmp_path / "x.pt"), "--layers", "lin", "--batch-size", "4", "--shard-size",
+            str(8 * (4 * 2 + 8))]
+    line = fail(capsys, *args, "--dtype", "float16", "--out", str(out))
+    assert "'lin' gives values up to 80000, beyond float16's range (largest finite 65504)" in line
+    assert "--dtype bfloat16" in line and "resume" not in line
+    assert not (out / "manifest.json").exists() and not list(out.rglob("*.safetensors"))
+    code, _, _ = run(capsys, *args, "--dtype", "bfloat16", "--out", str(out))  # the folder is free
+    assert code == 0
+    with torch.no_grad():
+        want = load_model(spec)(x).to(torch.bfloat16)
+    assert torch.equal(open_store(out)["lin"][:], want) and open_store(out)["lin"][row, 1].item() == 79872.0

@@ -306,3 +306,163 @@ def test_the_model_comes_back_as_it_was(tmp_path: Path) -> None:
         hookscope.extract(model, Samples(10), {"3": None}, out=tmp_path / "s", batch_size=4)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert model.training and all(m.training for m in model.modules()) and no_hooks(model)
+
+
+# a stored dtype of a smaller range refuses the values it would make inf ----------------------------------
+class Passes(nn.Module):
+    """Stores its input as it is (``out``), so the test sets the stored values exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x)
+
+
+_HALF = {"shard_size": 10 * (4 * 2 + 8), "batch_size": 5}  # ten samples a shard in float16
+
+
+def _rows(big_at: int | None = None, big: float = 7e4) -> torch.Tensor:
+    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(5))
+    if big_at is not None:
+        x[big_at, 2] = -big
+    return x
+
+
+def _stored_shards(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "shards").glob("*.safetensors")) if (out / "shards").is_dir() else []
+
+
+@pytest.mark.parametrize("row", [0, 35])  # in the probe's samples, or in the fourth shard (three written before)
+@pytest.mark.parametrize("given", ["tensor", "stream", "dataset"])
+def test_float16_refuses_values_beyond_its_range_and_leaves_no_store(tmp_path: Path, row: int, given: str) -> None:
+    x, out = _rows(row), tmp_path / "s"
+    data: Any = {"tensor": x, "stream": iter(x.split(5)), "dataset": list(x)}[given]
+    with pytest.raises(HookscopeError, match=r"'out' gives values up to 70000, beyond float16's range \(largest "
+                                             r"finite 65504\), so they would be stored as inf; store them as bfloat16 "
+                                             r"or float32 \(dtype=torch.bfloat16, --dtype bfloat16\)$") as e:
+        hookscope.extract(Passes(), data, "out", dtype=torch.float16, out=out, **_HALF)
+    assert "\n" not in str(e.value) and "resume" not in str(e.value)
+    assert not (out / "manifest.json").exists() and _stored_shards(out) == []
+    again = {"tensor": x, "stream": iter(x.split(5)), "dataset": list(x)}[given]
+    store = hookscope.extract(Passes(), again, "out", dtype=torch.bfloat16, out=out, **_HALF)  # no flag needed
+    assert torch.equal(store["out"][:], x.to(torch.bfloat16)) and store["out"][row, 2].item() == -70144.0
+
+
+def test_the_float16_limit_is_where_values_round_to_inf(tmp_path: Path) -> None:
+    x = _rows()
+    x[3, 0], x[4, 1] = 65519.0, -65519.0  # round to +-65504
+    store = hookscope.extract(Passes(), x, "out", dtype=torch.float16, out=tmp_path / "a", **_HALF)
+    assert torch.equal(store["out"][:], x.half()) and store["out"][:].isfinite().all()
+    assert store["out"][3, 0].item() == 65504.0 and store["out"][4, 1].item() == -65504.0
+    x[30, 3] = 65520.0  # rounds to inf
+    with pytest.raises(HookscopeError, match="values up to 65520, beyond float16's range"):
+        hookscope.extract(Passes(), x, "out", dtype=torch.float16, out=tmp_path / "b", **_HALF)
+
+
+def test_the_models_own_inf_and_nan_are_stored_as_they_are(tmp_path: Path) -> None:
+    x = _rows()
+    x[0, 0], x[12, 1], x[33, 2], x[7, 3] = float("inf"), float("-inf"), float("nan"), 60000.0
+    store = hookscope.extract(Passes(), x, "out", dtype=torch.float16, out=tmp_path / "s", **_HALF)
+    got, want = store["out"][:], x.half()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert got[0, 0].item() == float("inf") and got[12, 1].item() == float("-inf") and got[33, 2].isnan()
+
+
+@pytest.mark.parametrize("source, cast, value, limit", [
+    (torch.float64, torch.float32, 1e300, "float32's range \\(largest finite 3.40282e\\+38\\)"),
+    (torch.float64, torch.float16, 1e5, "float16's range"),
+    (torch.float32, torch.bfloat16, 3.4e38, "bfloat16's range \\(largest finite 3.38953e\\+38\\)"),
+])
+def test_every_narrower_dtype_refuses_what_it_cannot_hold(tmp_path: Path, source: torch.dtype, cast: torch.dtype,
+                                                          value: float, limit: str) -> None:
+    x = _rows().to(source)
+    x[21, 1] = value
+    with pytest.raises(HookscopeError, match=limit):
+        hookscope.extract(Passes(), x, "out", dtype=cast, out=tmp_path / "s", **_HALF)
+    x[21, 1] = 1e30 if cast == torch.bfloat16 else 1.0  # within range: stored as the cast
+    store = hookscope.extract(Passes(), x, "out", dtype=cast, out=tmp_path / "s", **_HALF)
+    assert torch.equal(store["out"][:], x.to(cast))
+
+
+def test_a_resumed_float16_store_that_meets_such_values_says_start_again(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    hookscope.extract(Passes(), _rows(), "out", dtype=torch.float16, out=out, **_HALF)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    for shard in _stored_shards(out)[2:]:
+        (out / "shards" / shard).unlink()
+    with pytest.raises(HookscopeError, match="beyond float16's range.*start it again with overwrite=True"):
+        hookscope.extract(Passes(), _rows(35), "out", dtype=torch.float16, out=out, resume=True, **_HALF)
+    kept = _stored_shards(out)  # shard 2 holds no such value: the writer may have finished it meanwhile
+    assert kept[:2] == ["000000.safetensors", "000001.safetensors"] and "000003.safetensors" not in kept
+    assert json.loads((out / "manifest.json").read_text())["complete"] is False
+
+
+# the model gets its own copy of the caller's tensors --------------------------------------------------------
+class Overwrites(nn.Module):
+    """Halves its input in place before its linear layer and zeroes it after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x.div_(2))
+        x.zero_()
+        return y
+
+
+class ReluFirst(nn.Module):
+    """An in-place ReLU on the input, then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.relu, self.lin = nn.ReLU(inplace=True), nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.relu(x))
+
+
+SOURCES: dict[str, Any] = {
+    "tensor": lambda x: x,
+    "numpy": lambda x: x.numpy(),
+    "TensorDataset": lambda x: torch.utils.data.TensorDataset(x),
+    "list of tensors": lambda x: list(x),
+    "dict samples": lambda x: [{"x": r} for r in x],
+    "DataLoader": lambda x: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4),
+    "DataLoader of views": lambda x: torch.utils.data.DataLoader(  # each batch a slice of the caller's tensor
+        range(len(x)), batch_size=4, collate_fn=lambda idx: x[idx[0]:idx[-1] + 1]),
+    "stream": lambda x: iter(x.split(4)),
+}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+@pytest.mark.parametrize("model", ["div_ and zero_", "ReLU(inplace=True) first"])
+def test_the_model_never_writes_into_the_callers_data(tmp_path: Path, source: str, model: str) -> None:
+    x = torch.randn(10, 4, generator=torch.Generator().manual_seed(6))
+    before = x.clone()
+    net = (Overwrites() if model == "div_ and zero_" else ReluFirst()).eval()
+    with torch.no_grad():
+        want = net.lin(before / 2 if model == "div_ and zero_" else before.relu())
+    for run in range(2):  # a second run over the same data sees it unchanged too
+        data = SOURCES[source](x)
+        store = hookscope.extract(net, data, "lin", out=tmp_path / f"s{run}", batch_size=3)
+        assert torch.equal(x, before), f"run {run} changed the caller's data"
+        assert torch.allclose(store["lin"][:], want, atol=1e-6, rtol=0) and store["lin"].shape == (10, 3)
+    assert no_hooks(net)
+
+
+def test_the_model_gets_one_copy_of_the_callers_tensors_or_the_runs_own() -> None:
+    from hookscope.analysis.extract._source import model_call
+
+    x, seen = torch.ones(2, 3), []
+    model_call(lambda t: seen.append(t), x, torch.device("cpu"))
+    model_call(lambda t: seen.append(t), {"t": x}, torch.device("cpu"))
+    model_call(lambda t: seen.append(t), x, torch.device("cpu"), own=True)
+    assert seen[0] is not x and seen[1] is not x and torch.equal(seen[0], x) and seen[0].data_ptr() != x.data_ptr()
+    assert seen[2] is x  # a gather or a collate is the run's own: no second copy

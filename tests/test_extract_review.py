@@ -3,7 +3,16 @@ missing, samplers ignored, the probe changing row 0, and errors that were traceb
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import json
+import operator
+import os
+import subprocess
+import sys
+import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +266,352 @@ def test_a_failure_before_the_first_shard_leaves_the_folder_free(tmp_path: Path)
     assert "resume" not in str(e.value)
     store = hookscope.extract(build(), Samples(20), {"5": "max"}, out=out, batch_size=4)  # no flag needed
     assert store["5"].shape == (20, 16)
+
+
+# what a resume hashes: reductions and the model, wherever their behaviour hides -------------------------
+class _Tokens(nn.Module):
+    """N x 3 x 4 rows through a linear layer: a reduction over dimension 1 keeps N x 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.lin(t)
+
+
+_TOKENS = torch.randn(40, 3, 4, generator=torch.Generator().manual_seed(1))
+_KW: dict[str, Any] = {"shard_size": 10 * (4 * 4 + 8), "batch_size": 5}  # four shards of ten samples
+
+
+def _killed(out: Path) -> None:
+    """Make a finished four-shard store look like one a run killed after its first two shards left."""
+    _unfinish(out)
+    for shard in sorted((out / "shards").iterdir())[2:]:
+        shard.unlink()
+
+
+def _lin(t: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return _Tokens()(t)
+
+
+class _Scale:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t[:, 0] * self.k
+
+
+def _other_scale_class() -> type:
+    class _Scale:  # the same name, other code
+        def __init__(self, k: float) -> None:
+            self.k = k
+
+        def __call__(self, t: torch.Tensor) -> torch.Tensor:
+            return t[:, 1] * self.k
+
+    return _Scale
+
+
+def _helper(t: torch.Tensor) -> torch.Tensor:
+    return t[:, 0]
+
+
+def _other_helper(t: torch.Tensor) -> torch.Tensor:
+    return t[:, 1]
+
+
+def _closing_over(opts: dict[str, float]) -> Any:
+    return lambda t: t[:, 0] * opts["k"]
+
+
+_W1, _W2 = torch.full((4,), 2.0), torch.full((4,), 3.0)
+REDUCTIONS: dict[str, tuple[Any, Any]] = {
+    "partial mean/amax": (lambda: functools.partial(torch.mean, dim=1), lambda: functools.partial(torch.amax, dim=1)),
+    "partial keyword": (lambda: functools.partial(torch.mul, other=2.0), lambda: functools.partial(torch.mul, other=3.0)),
+    "nested partial": (lambda: functools.partial(functools.partial(torch.sum, dim=1)),
+                       lambda: functools.partial(functools.partial(torch.prod, dim=1))),
+    "object state": (lambda: _Scale(2.0), lambda: _Scale(3.0)),
+    "object code": (lambda: _Scale(2.0), lambda: _other_scale_class()(2.0)),
+    "C function": (lambda: torch.abs, lambda: torch.neg),
+    "tensor method": (lambda: torch.Tensor.abs, lambda: torch.Tensor.neg),
+    "bound to a tensor": (lambda: _W1.mul, lambda: _W2.mul),
+    "itemgetter": (lambda: operator.itemgetter((slice(None), 0)), lambda: operator.itemgetter((slice(None), 1))),
+    "global helper": (lambda: lambda t: _helper(t), "swap helper"),
+    "closure dict": (lambda: _closing_over({"k": 2.0}), lambda: _closing_over({"k": 3.0})),
+}
+
+
+@pytest.mark.parametrize("case", list(REDUCTIONS))
+@pytest.mark.parametrize("given", ["mapping", "reduce="])
+def test_resume_refuses_another_reduction_of_any_form(tmp_path: Path, case: str, given: str) -> None:
+    global _helper
+    first, second = REDUCTIONS[case]
+    out, model = tmp_path / "s", _Tokens().eval()
+
+    def run(how: Any, **kw: Any) -> hookscope.store.Store:
+        if given == "mapping":
+            return hookscope.extract(model, _TOKENS, {"lin": how}, out=out, **_KW, **kw)
+        return hookscope.extract(model, _TOKENS, "lin", reduce=how, out=out, **_KW, **kw)
+
+    run(first())
+    _killed(out)
+    kept = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
+    saved = _helper
+    try:
+        if second == "swap helper":
+            _helper, other = _other_helper, first()
+        else:
+            other = second()
+        with pytest.raises(HookscopeError, match="cannot resume") as e:
+            run(other, resume=True)
+        assert "\n" not in str(e.value)
+    finally:
+        _helper = saved
+    assert {p.name: p.read_bytes() for p in (out / "shards").iterdir()} == kept  # nothing of the other run written
+    store = run(first(), resume=True)  # the same reduction, made anew, resumes and completes
+    assert torch.equal(store["lin"][:], reducer_of(first())(_lin(_TOKENS)))
+
+
+def reducer_of(fn: Any) -> Any:
+    return hookscope.analysis.extract.reducer(fn)
+
+
+def test_a_reduction_is_named_by_what_it_is(tmp_path: Path) -> None:
+    names = {"a": functools.partial(torch.amax, dim=1), "b": torch.Tensor.abs, "c": operator.itemgetter((slice(None), 0)),
+             "d": _Scale(2.0), "e": _helper}
+    texts = {k: reducer_of(fn).text for k, fn in names.items()}
+    assert texts == {"a": "fn:functools.partial(torch.amax, dim=1)", "b": "fn:TensorBase.abs",
+                     "c": "fn:operator.itemgetter((slice(None, None, None), 0))", "d": f"fn:{__name__}._Scale",
+                     "e": f"fn:{__name__}._helper"}
+    store = hookscope.extract(_Tokens().eval(), _TOKENS[:6], {"lin": names["a"]}, out=tmp_path / "s")
+    assert store.manifest["arrays"][0]["reduction"] == "fn:functools.partial(torch.amax, dim=1)"
+    assert torch.equal(store["lin"][:], _lin(_TOKENS[:6]).amax(1))
+
+
+def test_a_reduction_that_cannot_be_checked_warns_and_is_not_resumed(tmp_path: Path) -> None:
+    opaque = np.frompyfunc(abs, 1, 1)  # a compiled callable found under no name
+    how = lambda t: t[:, 0] if opaque is not None else t  # noqa: E731
+    out = tmp_path / "s"
+    with pytest.warns(UserWarning, match="could not be resumed if it stopped.*abs \\(vectorized\\)"):
+        store = hookscope.extract(_Tokens().eval(), _TOKENS, {"lin": how}, out=out, **_KW)
+    assert torch.equal(store["lin"][:], _lin(_TOKENS)[:, 0])
+    _killed(out)
+    with pytest.raises(HookscopeError, match="cannot resume .*the reduction fn:.*<lambda> of 'lin' cannot be compared "
+                                             "with the run that began the store .*abs \\(vectorized\\).*"
+                                             "functools.partial.*overwrite=True") as e:
+        hookscope.extract(_Tokens().eval(), _TOKENS, {"lin": how}, out=out, resume=True, **_KW)
+    assert "\n" not in str(e.value)
+
+
+class Mode(enum.Enum):
+    KEEP = 1
+    DOUBLE = 2
+
+
+@dataclasses.dataclass
+class Inner:
+    scale: float = 1.0
+
+
+@dataclasses.dataclass
+class Outer:
+    inner: Inner = dataclasses.field(default_factory=Inner)
+
+
+def _scaler(k: float) -> Any:
+    return lambda t: t * k
+
+
+_OPTS = {"scale": 1.0}  # a global dict the model's forward reads
+
+
+def _model_helper(y: torch.Tensor) -> torch.Tensor:
+    return y * 1.0
+
+
+def _other_model_helper(y: torch.Tensor) -> torch.Tensor:
+    return y * 5.0
+
+
+_first_model_helper = _model_helper
+
+
+class Hidden(nn.Module):
+    """A linear layer whose output is scaled by whatever ``how`` names, read in forward."""
+
+    factor = 1.0
+
+    def __init__(self, how: str, k: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin, self.how = nn.Linear(4, 4), how
+        values: dict[str, Any] = {
+            "dict": {"scale": k}, "list of floats": [1.0, k], "nested dataclass": Outer(Inner(k)),
+            "namespace": types.SimpleNamespace(scale=k), "enum": Mode.KEEP if k == 1.0 else Mode.DOUBLE,
+            "dtype": torch.float32 if k == 1.0 else torch.float64, "numpy array": np.array([k]),
+            "numpy scalar": np.float32(k), "tensor in a dict": {"w": torch.tensor([k])},
+            "partial": functools.partial(torch.mul, other=k), "lambda": (lambda t: t * 1.0) if k == 1.0 else
+            (lambda t: t * 5.0), "closure": _scaler(k), "set": {k}, "underscore": k, "deep": [[[[{"s": (k,)}]]]]}
+        if how == "underscore":
+            self._k = k
+        elif how in values:
+            self.value = values[how]
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        y, v, how = self.lin(t), getattr(self, "value", None), self.how
+        if how in ("dict",):
+            return y * v["scale"]
+        if how in ("list of floats",):
+            return y * v[1]
+        if how == "nested dataclass":
+            return y * v.inner.scale
+        if how == "namespace":
+            return y * v.scale
+        if how == "enum":
+            return y * v.value
+        if how == "dtype":
+            return y.to(v).float()  # the same values: the change is in the code path alone
+        if how in ("numpy array", "numpy scalar"):
+            return y * float(v if how == "numpy scalar" else v[0])
+        if how == "tensor in a dict":
+            return y * v["w"]
+        if how in ("partial", "lambda", "closure"):
+            return v(y)
+        if how == "set":
+            return y * next(iter(v))
+        if how == "underscore":
+            return y * self._k
+        if how == "deep":
+            return y * v[0][0][0][0]["s"][0]
+        if how == "global dict":
+            return y * _OPTS["scale"]
+        if how == "global helper":
+            return _model_helper(y)
+        return y * self.factor
+
+
+HIDING = ["dict", "list of floats", "nested dataclass", "namespace", "enum", "dtype", "numpy array", "numpy scalar",
+          "tensor in a dict", "partial", "lambda", "closure", "set", "underscore", "deep", "class attribute",
+          "forward hook", "global forward hook", "forward replaced", "global dict", "global helper"]
+
+
+@pytest.mark.parametrize("how", HIDING)
+def test_resume_refuses_a_model_changed_where_its_behaviour_hides(tmp_path: Path, how: str) -> None:
+    global _model_helper
+    out, data = tmp_path / "s", torch.randn(40, 4, generator=torch.Generator().manual_seed(2))
+    first = Hidden(how, 1.0).eval()
+    hookscope.extract(first, data, "lin", out=out, **_KW)
+    _killed(out)
+    kept = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
+    changed = Hidden(how, 5.0).eval()
+    handle = None
+    if how == "class attribute":
+        Hidden.factor = 5.0
+    elif how == "forward hook":
+        changed = Hidden(how, 1.0).eval()
+        handle = changed.lin.register_forward_hook(lambda m, a, y: y * 5)
+    elif how == "global forward hook":
+        changed = Hidden(how, 1.0).eval()
+        handle = nn.modules.module.register_module_forward_hook(lambda m, a, y: y * 5 if m is changed.lin else None)
+    elif how == "forward replaced":
+        changed = Hidden(how, 1.0).eval()
+        changed.forward = types.MethodType(lambda self, t: self.lin(t) * 5, changed)  # type: ignore[method-assign]
+    elif how == "global dict":
+        _OPTS["scale"] = 5.0
+    elif how == "global helper":
+        _model_helper = _other_model_helper
+    try:
+        with pytest.raises(HookscopeError, match="cannot resume .*model"):
+            hookscope.extract(changed, data, "lin", out=out, resume=True, **_KW)
+    finally:
+        Hidden.factor, _OPTS["scale"] = 1.0, 1.0
+        _model_helper = _first_model_helper
+        if handle is not None:
+            handle.remove()
+    assert {p.name: p.read_bytes() for p in (out / "shards").iterdir()} == kept
+    store = hookscope.extract(Hidden(how, 1.0).eval(), data, "lin", out=out, resume=True, **_KW)  # rebuilt alike
+    with torch.no_grad():
+        assert torch.equal(store["lin"][:], first.lin(data))
+
+
+def test_a_model_part_that_cannot_be_checked_warns_and_is_not_resumed(tmp_path: Path) -> None:
+    out, model = tmp_path / "s", _Tokens().eval()
+    model.fn = np.frompyfunc(abs, 1, 1)
+    with pytest.warns(UserWarning, match="could not be resumed if it stopped: the model .*model.fn"):
+        hookscope.extract(model, _TOKENS, "lin", out=out, **_KW)
+    _killed(out)
+    with pytest.raises(HookscopeError, match="cannot resume .*model.fn: abs \\(vectorized\\).*overwrite=True"):
+        hookscope.extract(model, _TOKENS, "lin", out=out, resume=True, **_KW)
+
+
+_DIGEST = '''
+import dataclasses, enum, functools, sys, threading, types
+import numpy as np, torch
+from hookscope.analysis.extract._hash import code_hash, model_digest
+class Mode(enum.Enum):
+    A = 1
+@dataclasses.dataclass
+class Cfg:
+    names: frozenset
+    opts: dict
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(3, 3)
+        self.cfg = Cfg(frozenset({"alpha", "beta", "gamma", "delta"}), {"z": 1.0, "a": [1, 2], "m": Mode.A})
+        self.tags = {"q", "w", "e", "r", "t", "y"}
+        self.ns = types.SimpleNamespace(f=functools.partial(torch.mul, other=2.0), g=lambda t: t + 1)
+        self.lock = threading.Lock()
+        self.cycle = {"x": 1}
+        self.cycle["self"] = self.cycle
+        self.arr = np.arange(4.0)
+        self.a, self.b, self.c = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3), torch.compile(torch.nn.Linear(3, 3))
+        torch.nn.utils.parametrizations.weight_norm(self.a)  # classes made at run time, of one name
+        torch.nn.utils.parametrize.register_parametrization(self.b, "weight", torch.nn.Identity())
+    def forward(self, t):
+        return self.lin(t)
+print(model_digest(Net())[0]["structure_sha256"], code_hash(torch.compile(lambda t: t * 2))[0])
+'''
+
+
+def test_the_model_hash_is_the_same_in_every_process(tmp_path: Path) -> None:
+    script = tmp_path / "digest.py"
+    script.write_text(_DIGEST)
+    found = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+        found.add(done.stdout.strip())
+    assert len(found) == 1 and len(found.pop()) == 64 * 2 + 1
+
+
+def test_digest_follows_containers_cycles_and_depth() -> None:
+    from hookscope.analysis.extract._hash import Digest
+
+    def digest(v: Any) -> tuple[str, list[str]]:
+        d = Digest()
+        d.add(v, "v")
+        return d.hexdigest(), d.opaque
+
+    cyclic: dict[str, Any] = {"a": 1}
+    cyclic["self"] = cyclic
+    assert digest(cyclic)[1] == [] and digest(cyclic) == digest(cyclic)
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})  # keys in a stable order
+    assert digest([1.0, 2.0]) != digest([1.0, 5.0]) and digest((1.0,)) != digest([1.0])
+    assert digest({1.0, 2.0})[0] == digest({2.0, 1.0})[0] and digest({1.0})[0] != digest({5.0})[0]
+    assert digest(types.SimpleNamespace(a=1))[0] != digest(types.SimpleNamespace(a=2))[0]
+    assert digest(torch.tensor([1.0]))[0] != digest(torch.tensor([2.0]))[0]
+    assert digest(np.array([1.0]))[0] != digest(np.array([2.0]))[0]
+    assert digest(torch.device("cpu"))[0] != digest(torch.device("meta"))[0]
+    assert digest(threading.Lock())[0] == digest(threading.Lock())[0]  # nothing of it to see, and no address
+    deep: list[Any] = []
+    cur = deep
+    for _ in range(40):
+        cur.append([])
+        cur = cur[0]
+    assert "nested more than" in digest(deep)[1][0]

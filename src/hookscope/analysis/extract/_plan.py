@@ -21,7 +21,7 @@ from ...selection import Selector, aliases_of, check_hookable, layers, unwrap
 from ._reduce import Reducer, Reduction, reducers_for
 from ._source import Source, source_of
 
-__all__ = ["Plan", "array_specs", "plan", "samples_per_shard", "shard_bytes", "stored_dtype"]
+__all__ = ["Plan", "array_specs", "plan", "range_limits", "samples_per_shard", "shard_bytes", "stored_dtype"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -55,6 +55,27 @@ def stored_dtype(found: torch.dtype, cast: torch.dtype | None) -> torch.dtype:
         (torch.float16, torch.int64)
     """
     return cast if cast is not None and found.is_floating_point else found
+
+
+def range_limits(found: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                 cast: torch.dtype | None) -> dict[str, tuple[float, torch.dtype]]:
+    """For each layer stored in a dtype of a smaller range than its own: the magnitude from which a value
+    rounds to inf (or NaN) in it (the largest finite value plus half a unit in the last place), and that dtype.
+
+    Example:
+        >>> range_limits({"a": ((4,), torch.float32), "b": ((4,), torch.int64)}, torch.float16)
+        {'a': (65520.0, torch.float16)}
+        >>> range_limits({"a": ((4,), torch.float32)}, torch.bfloat16)["a"][0] > torch.finfo(torch.bfloat16).max
+        True
+    """
+    limits = {}
+    for name, (_, dtype) in found.items():
+        kept = stored_dtype(dtype, cast)
+        if kept != dtype and dtype.is_floating_point and torch.finfo(kept).max < torch.finfo(dtype).max:
+            info = torch.finfo(kept)
+            _, exponent = math.frexp(info.max)
+            limits[name] = (info.max + 2.0 ** (exponent - 1) * info.eps / 2, kept)
+    return limits
 
 
 @dataclass

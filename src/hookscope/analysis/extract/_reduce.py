@@ -4,18 +4,18 @@ before anything is copied to the host."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Union
 
 import torch
 
 from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import At, as_at
+from ._hash import callable_name, code_hash
 
-__all__ = ["Reduction", "Reducer", "code_bytes", "code_hash", "reducer", "reducers_for", "value_bytes"]
+__all__ = ["Reduction", "Reducer", "reducer", "reducers_for"]
 
 Reduction = Union[None, str, At, Callable[[torch.Tensor], torch.Tensor]]
 """``None`` (the whole tensor), ``"mean"`` / ``"max"`` (over every dimension after the channel one:
@@ -38,6 +38,7 @@ class Reducer:
     text: str
     fn: Callable[[torch.Tensor], torch.Tensor] | None = None
     code: str = ""  # a user function's code, hashed: two lambdas share a name, not their code
+    unchecked: str = ""  # what of the function a hash cannot see (a resume cannot check it is unchanged)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` reduced (``t`` itself for no reduction)."""
@@ -107,70 +108,9 @@ def reducer(spec: Reduction) -> Reducer:
         index = positions.index
         return Reducer(repr(positions), lambda t: t[index])  # type: ignore[index]
     if callable(spec):
-        name = getattr(spec, "__qualname__", type(spec).__name__)
-        return Reducer(f"fn:{getattr(spec, '__module__', '?')}.{name}", spec, code_hash(spec))
+        code, opaque = code_hash(spec)
+        return Reducer(f"fn:{callable_name(spec)}", spec, code, opaque[0] if opaque else "")
     raise HookscopeError(f"reduce={spec!r} ({type(spec).__name__}) is not a reduction; use one of {', '.join(_FORMS)}")
-
-
-def value_bytes(value: Any) -> bytes:
-    """A value a function or module reads, as bytes for a hash: a tensor's dtype, shape and bytes, a plain
-    value's repr, and only the type of anything else (whose repr may hold an address).
-
-    Example:
-        >>> value_bytes(2.0), value_bytes(torch.zeros(1, dtype=torch.uint8))
-        (b'2.0', b'torch.uint8(1,)\\x00')
-    """
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        return f"{t.dtype}{tuple(t.shape)}".encode() + t.view(-1).view(torch.uint8).numpy().tobytes()
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return repr(value).encode()
-    if isinstance(value, (tuple, list)):
-        return b"(" + b",".join(value_bytes(v) for v in value) + b")"
-    if isinstance(value, (frozenset, set)):  # in a stable order: a set's own order changes with the hash seed
-        return b"{" + b",".join(sorted(value_bytes(v) for v in value)) + b"}"
-    return f"<{type(value).__module__}.{type(value).__qualname__}>".encode()
-
-
-def code_bytes(code: Any, names: dict[str, Any], depth: int = 0) -> list[bytes]:
-    """A code object's bytecode, constants (nested code too), names, and the values of the globals it reads."""
-    parts = [code.co_code, repr(code.co_names).encode()]
-    for c in code.co_consts:
-        parts += code_bytes(c, names, depth + 1) if hasattr(c, "co_code") and depth < 8 else [value_bytes(c)]
-    for n in code.co_names:
-        if n in names and not callable(names[n]):
-            parts.append(n.encode() + value_bytes(names[n]))
-    return parts
-
-
-def _code_parts(fn: Any, depth: int = 0) -> list[bytes]:
-    code = getattr(fn, "__code__", None)
-    if code is None:  # a callable object: its class's __call__ and its state
-        call = getattr(type(fn), "__call__", None)
-        state = sorted(vars(fn).items()) if hasattr(fn, "__dict__") else []
-        return [b"".join(k.encode() + value_bytes(v) for k, v in state),
-                *(_code_parts(call, depth + 1) if call is not None and depth < 3 else [])]
-    parts = code_bytes(code, getattr(fn, "__globals__", {}))
-    parts.append(value_bytes(getattr(fn, "__defaults__", None)))
-    for cell in getattr(fn, "__closure__", None) or ():
-        value = cell.cell_contents
-        parts += _code_parts(value, depth + 1) if callable(value) and depth < 3 else [value_bytes(value)]
-    return parts
-
-
-def code_hash(fn: Any) -> str:
-    """A sha256 of a function's code, constants, defaults and closure (what a resume must find unchanged).
-
-    Example:
-        >>> code_hash(lambda t: t * 1) == code_hash(lambda t: t * 2)
-        False
-        >>> code_hash(lambda t: t.mean(1)) == code_hash(lambda t: t.amax(1))
-        False
-    """
-    h = hashlib.sha256()
-    for part in _code_parts(fn):
-        h.update(part)
-    return h.hexdigest()
 
 
 def reducers_for(names: list[str], chosen: Mapping[str, Reduction], default: Reduction) -> dict[str, Reducer]:

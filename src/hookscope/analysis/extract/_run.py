@@ -3,20 +3,21 @@
 Shard ``k`` always holds the samples ``[k*S, (k+1)*S)`` (``S`` from the shard size and the per-sample
 bytes a one-sample probe measures), read in batches that never cross a shard's end. So the shards do not
 depend on how many ranks wrote them or on where a killed run stopped: a resumed or distributed run writes
-the same bytes as one uninterrupted process, and a shard file, renamed into place only when complete, is
-either all there or not there.
+the same bytes as one uninterrupted process at the same torch thread count (torchrun gives each rank one
+thread; other counts may differ in the last bits), and a shard file, renamed into place only when complete,
+is either all there or not there.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import contextlib
-import hashlib
 import itertools
 import math
 import os
 import platform
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,11 @@ from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store
                       weights_hash, write_json)
 from ._dist import Ranks, ranks
 from ._folder import foreign, prepare, same_run
-from ._plan import Plan, array_specs, plan, samples_per_shard, stored_dtype
-from ._reduce import Reduction, code_bytes, value_bytes
+from ._hash import model_digest
+from ._plan import Plan, array_specs, plan, range_limits, samples_per_shard, stored_dtype
+from ._reduce import Reduction
 from ._source import Batch
-from ._taps import Taps
+from ._taps import Overflow, Taps
 from ._write import Progress, probe_batch, write_indexed, write_stream
 
 __all__ = ["extract"]
@@ -83,26 +85,6 @@ def _first_batch(p: Plan) -> tuple[Batch, Iterator[Batch] | None]:
     raise HookscopeError("no sample of the data can be read; check the data")
 
 
-def _model_hashes(model: nn.Module) -> dict[str, str]:
-    """What a resumed run must find unchanged in the model beyond its state_dict: its structure (repr, each
-    module's plain attributes, the code of every method of its classes) and every buffer, non-persistent too."""
-    shape = hashlib.sha256(repr(model).encode())
-    for name, m in model.named_modules():
-        plain = {k: v for k, v in vars(m).items() if not k.startswith("_") and not isinstance(v, nn.Module)}
-        shape.update(name.encode() + b"".join(k.encode() + value_bytes(v) for k, v in sorted(plain.items())))
-    for cls in sorted({c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins"},
-                      key=lambda c: f"{c.__module__}.{c.__qualname__}"):
-        shape.update(f"{cls.__module__}.{cls.__qualname__}".encode())
-        for attr, fn in sorted(vars(cls).items()):
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                shape.update(attr.encode() + b"".join(code_bytes(code, getattr(fn, "__globals__", {}))))
-    bufs = hashlib.sha256()
-    for name, b in model.named_buffers():
-        bufs.update(name.encode() + value_bytes(b))
-    return {"structure_sha256": shape.hexdigest(), "buffers_sha256": bufs.hexdigest()}
-
-
 def _checked_samples(p: Plan, per_shard: int, probe: Batch) -> list[Batch]:
     """The samples whose bytes a resume compares: the first of up to 64 shards spread over the data."""
     if p.source.length is None:
@@ -113,14 +95,14 @@ def _checked_samples(p: Plan, per_shard: int, probe: Batch) -> list[Batch]:
     return [next(iter(p.source.batches([[i]]))) for i in picks]
 
 
-def _settings(p: Plan, taps: Taps, per_shard: int, seen: list[Batch]) -> dict[str, Any]:
+def _settings(p: Plan, taps: Taps, per_shard: int, seen: list[Batch], model: dict[str, str]) -> dict[str, Any]:
     described = p.describe
     return {
         "schema_version": SCHEMA_VERSION, "kind": "samples", "complete": False,
         "arrays": array_specs(taps.found, p.dtype, p.reducers, p.keep),
         "samples_per_shard": per_shard, "batch_size": p.batch_size,
         "model": {"class": type(p.model).__name__, "weights_sha256": weights_hash(p.model),
-                  **_model_hashes(p.model), **dict(described.get("model", {}))},
+                  **model, **dict(described.get("model", {}))},
         "data": {**p.source.info, **dict(described.get("data", {}))},
         "data_check": p.source.fingerprint(seen),
         "preprocessing": described.get("preprocessing"),
@@ -136,10 +118,13 @@ def _version() -> str:
         return "unknown"
 
 
-def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None) -> str:
-    """What a failed run leaves: its complete shards to resume, or (none written yet) a free folder."""
-    if complete_shards(p.out) or old is not None:
+def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None, resumable: bool) -> str:
+    """What a failed run leaves: its complete shards to resume, or (none written yet, or values its dtype
+    cannot hold, which no resume can store) a free folder."""
+    if resumable and (complete_shards(p.out) or old is not None):
         return _KEPT
+    if old is not None:  # the store was begun in this dtype: only a new one can take another
+        return " (the store was begun in this dtype: start it again with overwrite=True / --overwrite)"
     r.barrier()
     if r.lead:  # nothing to resume: the manifest goes, so the next run needs no --overwrite
         clear_store(p.out)
@@ -215,16 +200,49 @@ def _run(p: Plan, r: Ranks, resume: bool, overwrite: bool, progress: bool | None
         _locked_run(p, r, _prepared(p, r, resume, overwrite, hold), progress)
 
 
+def _unchecked(p: Plan, opaque: list[str]) -> tuple[str, str, str] | None:
+    """What no hash sees, so that a resume cannot compare it with the run that began the store (the model's
+    part or a reduction's): what it is, the detail and the fix; None when everything can be compared."""
+    if opaque:
+        return "the model", opaque[0], "hold plain values, functions or modules there"
+    name, r = next(((n, r) for n, r in p.reducers.items() if r.unchecked), ("", None))
+    if r is not None:
+        return (f"the reduction {r.text} of {name!r}", r.unchecked,
+                "give a def or lambda, a functools.partial of one, or a torch function")
+    return None
+
+
+def _check_resume(p: Plan, opaque: list[str], old: dict[str, Any] | None) -> None:
+    """Refuse a resume that cannot be checked; warn a new run that it could not be resumed."""
+    found = _unchecked(p, opaque)
+    if found is None:
+        return
+    what, detail, fix = found
+    if old is not None:
+        raise HookscopeError(f"cannot resume {p.out}: {what} cannot be compared with the run that began the store "
+                             f"({detail}); {fix}, or start again with overwrite=True (--overwrite)")
+    warnings.warn(f"this run could not be resumed if it stopped: {what} cannot be compared between runs ({detail}); "
+                  f"{fix}", stacklevel=5)
+
+
+def _probe(p: Plan, taps: Taps, probe: Batch) -> int:
+    """Learn each layer's shape and dtype from the probe, refuse what cannot be stored; samples per shard."""
+    taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True, own=probe.own)
+    _check_storable(p, taps)
+    taps.watch(range_limits(taps.found, p.dtype))
+    return samples_per_shard(taps.found, p.dtype, p.shard_bytes)
+
+
 def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | None) -> None:
+    model, opaque = model_digest(p.model)  # before any hook of ours is on the model
+    _check_resume(p, opaque, old)
     with Taps(p.selected, p.reducers, p.keep) as taps, torch.no_grad(), restored(p.model):
         first, stream = _first_batch(p)
         if stream is not None and r.world > 1:
             raise HookscopeError("an iterable of batches cannot be split between ranks; give a Dataset or a tensor")
         probe = probe_batch(first)
-        taps.run(p.model, probe.inputs, p.device, probe.rows, [], probe=True)
-        per_shard = samples_per_shard(taps.found, p.dtype, p.shard_bytes)
-        _check_storable(p, taps)
-        settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe))
+        per_shard = _probe(p, taps, probe)
+        settings = _settings(p, taps, per_shard, _checked_samples(p, per_shard, probe), model)
         if old is not None:
             same_run(old, settings, p.out)
             if old.get("complete"):  # finished already, with these settings: nothing to write
@@ -233,21 +251,21 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
             write_json(p.out / "manifest.json", settings)
         r.barrier()
         done = set(complete_shards(p.out)) if old is not None else set()
-        error, rows = None, 0
+        error, rows, resumable = None, 0, True
         try:
             rows = _work(p, r, taps, per_shard, done, stream, progress)
         except HookscopeError as e:
-            error = f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"
+            error, resumable = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"), not isinstance(e, Overflow)
         except Exception as e:  # another rank must not wait forever for this one's outcome
             if r.world == 1:
                 raise
             error = f"rank {r.rank}: {type(e).__name__}: {e}"
-        outcomes = r.gather((error, rows))
-    failed = [e for e, _ in outcomes if e]
+        outcomes = r.gather((error, rows, resumable))
+    failed = [e for e, _, _ in outcomes if e]
     if failed:
-        raise HookscopeError(failed[0] + _after_failure(p, r, old))
+        raise HookscopeError(failed[0] + _after_failure(p, r, old, all(ok for _, _, ok in outcomes)))
     if r.lead:
-        _finish(p, settings, max(n for _, n in outcomes))
+        _finish(p, settings, max(n for _, n, _ in outcomes))
     r.barrier()
 
 
@@ -289,7 +307,8 @@ def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Red
         The :class:`~hookscope.store.Store` written, opened.
 
     Under ``torchrun`` (or inside your own initialised ``torch.distributed`` program) each rank writes
-    every ``world``-th shard; the store is the same, byte for byte, as one process writes.
+    every ``world``-th shard; the store is the same, byte for byte, as one process writes at the same torch
+    thread count (torchrun gives each rank one thread; other counts may differ in the last bits).
 
     Example:
         >>> import tempfile, torch, hookscope

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler, default_collate
 
 from ..._tree import tensors, tree_map
+from ...core.inputs import private
 from ...core.text import first_line
 from ...errors import HookscopeError
 
@@ -35,6 +36,7 @@ class Batch:
     indices: list[int]
     failed: list[dict[str, Any]] = field(default_factory=list)
     problem: str = ""  # the readable samples could not be put in one batch (collate failed): why
+    own: bool = False  # the inputs are this run's own tensors (a gather, a collate), shared with no caller
 
     @property
     def rows(self) -> int:
@@ -70,6 +72,7 @@ class _Collate:
 
     def __init__(self, collate: Callable[[list[Any]], Any]) -> None:
         self.collate = collate
+        self.own = collate is default_collate  # it stacks the samples into new tensors; another may return views
 
     def __call__(self, items: list[tuple[int, Any]]) -> Batch:
         good = [(i, s) for i, s in items if not isinstance(s, _Failed)]
@@ -78,7 +81,7 @@ class _Collate:
             inputs = first_input(self.collate([s for _, s in good])) if good else None
         except Exception as e:
             return Batch(None, [i for i, _ in good], failed, first_line(e) or type(e).__name__)
-        return Batch(inputs, [i for i, _ in good], failed)
+        return Batch(inputs, [i for i, _ in good], failed, own=self.own)
 
 
 class _Indexed(Dataset[Any]):
@@ -138,9 +141,13 @@ class _Rows(Source):
     def batches(self, groups: Sequence[Sequence[int]], *, workers: int = 0, pin: bool = False) -> Iterator[Batch]:
         for group in groups:
             lo, hi = group[0], group[-1] + 1
-            rows = self.data[lo:hi] if hi - lo == len(group) else self.data[list(group)]
-            t = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(rows))
-            yield Batch(t, list(group))
+            sliced = hi - lo == len(group)
+            rows = self.data[lo:hi] if sliced else self.data[list(group)]  # a slice is a view, a gather a copy
+            if isinstance(rows, torch.Tensor):
+                yield Batch(rows, list(group), own=not sliced)
+            else:
+                array = np.ascontiguousarray(rows)
+                yield Batch(torch.from_numpy(array), list(group), own=not np.may_share_memory(array, self.data))
 
 
 class _Mapped(Source):
@@ -262,14 +269,17 @@ def batch_rows(inputs: Any) -> int:
     return int(found[0].shape[0])
 
 
-def model_call(model: Callable[..., Any], inputs: Any, device: torch.device) -> Any:
-    """Call ``model`` on a batch's inputs (:func:`first_input`) moved to ``device``: a dict as keywords.
+def model_call(model: Callable[..., Any], inputs: Any, device: torch.device, *, own: bool = False) -> Any:
+    """Call ``model`` on a batch's inputs (:func:`first_input`) on ``device``, a dict as keywords: a private
+    copy of the caller's tensors (made on ``device``: one copy), or, when the batch is ``own`` (a gather, a
+    collate), its tensors themselves, moved.
 
     Example:
-        >>> model_call(torch.nn.Identity(), torch.ones(1, 2), torch.device("cpu")).shape
-        torch.Size([1, 2])
+        >>> x = torch.ones(1, 2)
+        >>> model_call(lambda t: t.div_(2), x, torch.device("cpu")).tolist(), x.tolist()
+        ([[0.5, 0.5]], [[1.0, 1.0]])
     """
-    moved = tree_map(lambda t: t.to(device, non_blocking=True), inputs)
+    moved = tree_map(lambda t: t.to(device, non_blocking=True), inputs) if own else private(inputs, device)
     if isinstance(moved, dict):
         return model(**moved)
     return model(moved)

@@ -13,12 +13,16 @@ from torch import nn
 from ..._tree import tensors
 from ...core.failure import forward_error, received
 from ...core.hooks import HookGroup
-from ...core.text import first_line, shape_text
+from ...core.text import dtype_text, first_line, shape_text
 from ...errors import HookscopeError, StopForward
 from ._reduce import Reducer
 from ._source import model_call
 
-__all__ = ["Segment", "Taps"]
+__all__ = ["Overflow", "Segment", "Taps"]
+
+
+class Overflow(HookscopeError):
+    """A layer's values lie beyond the range of the dtype they are stored in (they would become inf)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class Taps:
         self.reducers = reducers
         self.keep = keep
         self.found: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.limits: dict[str, tuple[float, torch.dtype]] = {}  # (magnitude that becomes inf, stored dtype)
+        self._peaks: dict[str, torch.Tensor] = {}  # the largest finite magnitude seen, kept on the device
         self._now = _Forward()
         self._group = HookGroup()
 
@@ -112,6 +118,8 @@ class Taps:
                 raise HookscopeError(f"the reduction {self.reducers[name].text} of {name!r} raised {type(e).__name__}: "
                                      f"{first_line(e)}; fix it for a tensor of shape {tuple(main.shape)}") from e
         self._check(name, v, now)
+        if name in self.limits or (now.probe and v.is_floating_point()):
+            self._peak(name, v)
         for s in now.segments:
             s.arrays[name][s.at:s.at + s.hi - s.lo].copy_(v[s.lo:s.hi], non_blocking=True)
         if len(now.seen) == len(self.selected) and not now.probe:
@@ -136,12 +144,42 @@ class Taps:
             raise HookscopeError(f"{name!r} gives {shape_text(shape)} per sample in this batch but {shape_text(want)} "
                                  f"for the first sample{hint or ' (the reduction ' + text + ' keeps sizes apart)'}")
 
+    def _peak(self, name: str, v: torch.Tensor) -> None:
+        """Fold the largest finite magnitude of ``v`` into the layer's peak, on the device (no host sync):
+        inf and NaN are the model's own values, stored as they are."""
+        if not v.numel():
+            return
+        low, high = torch.aminmax(torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0))  # faster than a norm
+        top = torch.maximum(high, -low)
+        before = self._peaks.get(name)
+        self._peaks[name] = top if before is None else torch.maximum(before, top)
+
+    def watch(self, limits: dict[str, tuple[float, torch.dtype]]) -> None:
+        """From now on keep the peak of the layers stored in a narrower dtype; check the probe's values."""
+        self.limits = dict(limits)
+        self.check_range()
+        self._peaks = {}
+
+    def check_range(self) -> None:
+        """Raise :class:`Overflow` naming the first layer whose values reached its limit (one host sync)."""
+        names = [n for n in self._peaks if n in self.limits]
+        if not names:
+            return
+        peaks = torch.stack([self._peaks[n].double() for n in names]).tolist()
+        for name, peak in zip(names, peaks):
+            limit, kept = self.limits[name]
+            if peak >= limit:
+                raise Overflow(f"{name!r} gives values up to {peak:.6g}, beyond {dtype_text(kept)}'s range (largest "
+                               f"finite {torch.finfo(kept).max:.6g}), so they would be stored as inf; store them "
+                               f"as {_wider(kept)}")
+
     def run(self, model: nn.Module, inputs: Any, device: torch.device, rows: int, segments: list[Segment], *,
-            probe: bool = False) -> None:
-        """One forward of a batch of ``rows`` samples, copying each layer's rows as ``segments`` say."""
+            probe: bool = False, own: bool = False) -> None:
+        """One forward of a batch of ``rows`` samples, copying each layer's rows as ``segments`` say; ``own``:
+        the inputs are the run's own tensors, which the model may write into (else it gets a copy)."""
         self._now = _Forward(rows, set(), segments, probe)
         try:
-            model_call(model, inputs, device)
+            model_call(model, inputs, device, own=own)
         except StopForward as e:
             if e.owner is not self:
                 raise
@@ -154,3 +192,10 @@ class Taps:
         if missing:
             raise HookscopeError(f"{missing[0]!r} did not run in the forward pass, so it has no value to store; "
                                  "select layers the model's forward reaches")
+
+
+def _wider(kept: torch.dtype) -> str:
+    """The dtypes that hold what ``kept`` cannot, as the argument and the CLI flag."""
+    if torch.finfo(kept).max < torch.finfo(torch.bfloat16).max:
+        return "bfloat16 or float32 (dtype=torch.bfloat16, --dtype bfloat16)"
+    return "they are given (no dtype=, no --dtype)"

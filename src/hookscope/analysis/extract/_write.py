@@ -121,13 +121,14 @@ def groups_for(shards: list[int], per_shard: int, length: int, batch_size: int) 
 def _fill(plan: Plan, taps: Taps, batch: Batch, segments: list[tuple[_Open, int, int]]) -> None:
     """Run one batch; rows ``lo:hi`` of it go to each open shard given (at its ``filled`` row)."""
     taps.run(plan.model, batch.inputs, plan.device, batch.rows,
-             [Segment(o.buf.arrays, o.filled, lo, hi) for o, lo, hi in segments])
+             [Segment(o.buf.arrays, o.filled, lo, hi) for o, lo, hi in segments], own=batch.own)
     for o, lo, hi in segments:
         o.buf.index[o.filled:o.filled + hi - lo] = torch.tensor(batch.indices[lo:hi], dtype=torch.int64)
         o.filled += hi - lo
 
 
-def _submit(writer: StoreWriter, o: _Open, device: torch.device) -> None:
+def _submit(taps: Taps, writer: StoreWriter, o: _Open, device: torch.device) -> None:
+    taps.check_range()  # once a shard: a value beyond the stored dtype's range never reaches a file
     writer.submit(o.shard, o.buf, o.filled, o.skipped, ready=_ready(device))
 
 
@@ -140,7 +141,7 @@ def write_indexed(plan: Plan, taps: Taps, writer: StoreWriter, shards: list[int]
     now: _Open | None = None
     for k, batch in zip(owner, plan.source.batches(groups, workers=plan.workers, pin=pin)):
         if now is not None and now.shard != k:
-            _submit(writer, now, plan.device)
+            _submit(taps, writer, now, plan.device)
             now = None
         if now is None:
             now = _Open(k, writer.buffer())
@@ -149,7 +150,7 @@ def write_indexed(plan: Plan, taps: Taps, writer: StoreWriter, shards: list[int]
             _fill(plan, taps, batch, [(now, 0, batch.rows)])
         progress.add(batch.rows + len(batch.failed))
     if now is not None:
-        _submit(writer, now, plan.device)
+        _submit(taps, writer, now, plan.device)
 
 
 def _spans(start: int, end: int, per_shard: int, first: int) -> Iterator[tuple[int, int, int]]:
@@ -182,9 +183,9 @@ def write_stream(plan: Plan, taps: Taps, writer: StoreWriter, start: int, per_sh
         _fill(plan, taps, batch, segments)
         progress.add(sum(hi - lo for _, lo, hi in segments))
         for k in [k for k in open_ if (k + 1) * per_shard <= total]:
-            _submit(writer, open_.pop(k), plan.device)
+            _submit(taps, writer, open_.pop(k), plan.device)
     for k in sorted(open_):
-        _submit(writer, open_.pop(k), plan.device)
+        _submit(taps, writer, open_.pop(k), plan.device)
     return total
 
 
@@ -197,4 +198,4 @@ def probe_batch(batch: Batch) -> Batch:
     """
     n = min(2, batch.rows)
     # a copy: a model that writes into its input must not change the data's rows before they are run
-    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, n)), batch.indices[:n])
+    return Batch(tree_map(lambda t: t.clone(), rows_of(batch.inputs, 0, n)), batch.indices[:n], own=True)
