@@ -170,3 +170,39 @@ def test_a_model_with_nothing_to_remove_says_so():
     net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.Conv2d(4, 2, 1)).eval()
     with pytest.warns(UserWarning, match="no channel of Sequential can be removed"):
         assert hookscope.prune_channels(net, torch.randn(1, 3, 4, 4), amount=0.5).rows == []
+
+
+# --- the caller's inputs and calibration batches are never written ---------------------------------------------
+class Writes(nn.Module):
+    """Divides its input in place before conv -> bn -> relu -> conv -> relu -> linear; records every
+    input it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.act = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()
+        self.b, self.act2, self.fc = nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Linear(4, 3)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        x.div_(2)
+        return self.fc(self.act2(self.b(self.act(self.bn(self.a(x))))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("kind", ["l2", "activation", "apoz", "taylor"])
+def test_prune_channels_writes_neither_the_example_input_nor_the_calibration_batches(kind):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 3, 5, 5, generator=g)
+    batches = [(torch.randn(n, 3, 5, 5, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (2, 3)]
+    given = [x.clone()] + [b[0].clone() for b in batches]
+    net = Writes().eval()
+    res = hookscope.prune_channels(net, x, amount=0.5, importance=kind, data=None if kind == "l2" else batches)
+    assert torch.equal(x, given[0]) and all(torch.equal(b[0], c) for b, c in zip(batches, given[1:]))
+    assert all(any(torch.equal(s, c) for c in given) for s in net.seen)  # each run saw an input as given
+    # the same choice as the model computing x / 2 once, on inputs already halved
+    twin = Writes().eval()
+    twin.forward = lambda t: Writes.forward(twin, t * 2)  # type: ignore[method-assign]
+    ref = hookscope.prune_channels(twin, x / 2, amount=0.5, importance=kind,
+                                   data=None if kind == "l2" else [(b / 2, y) for b, y in batches])
+    assert res.drop == ref.drop and res.removed == 5

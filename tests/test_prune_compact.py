@@ -397,3 +397,51 @@ def test_a_compacted_prelu_states_its_new_size_and_loads_back_through_fit_to():
     fit_to(fresh, small.state_dict())
     fresh.load_state_dict(small.state_dict())
     assert fresh[1].num_parameters == 4 and torch.equal(fresh(x), small(x))
+
+
+# --- the caller's inputs: every run sees them as given --------------------------------------------------------
+class Writes(nn.Module):
+    """Divides its input in place before conv -> bn -> relu -> conv; records what each call received
+    (a deep copy shares the record, so the compacted copy's runs are seen too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.b = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 2, 1)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        x.div_(2)
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+    def __deepcopy__(self, memo: dict) -> Writes:
+        new = Writes.__new__(Writes)
+        memo[id(self)] = new
+        new.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "seen"})
+        new.seen = self.seen
+        return new
+
+
+def test_compact_of_a_model_writing_into_its_input_succeeds_and_leaves_the_input_alone() -> None:
+    net, x = Writes().eval(), _seeded(1, 3, 5, 5)
+    x0 = x.clone()
+    mask_channels(net, channel_groups(net, x), {0: [0, 2, 5]})
+    assert torch.equal(x, x0)
+    small = compact(net, x)
+    assert torch.equal(x, x0)
+    assert net.seen and all(torch.equal(s, x0) for s in net.seen)  # the traced pass and both checked ones
+    assert small.a.out_channels == small.bn.num_features == small.b.in_channels == 3
+    with torch.no_grad():
+        torch.testing.assert_close(small(x0.clone()), net(x0.clone()), rtol=0, atol=1e-6)
+
+
+def test_compact_leaves_an_input_that_a_first_in_place_relu_would_rewrite() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(2, 3, 3, 3)
+    x0 = x.clone()
+    assert float(x.min()) < 0
+    mask_channels(net, channel_groups(net, x), {0: [1]})
+    small = compact(net, x)
+    assert torch.equal(x, x0) and small[1].out_channels == 3

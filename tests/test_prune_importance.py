@@ -609,3 +609,48 @@ def test_resnet50_bottleneck_relu_calls_match_the_block_computed_by_hand(kind):
     with pytest.raises(HookscopeError, match="take\\('layer1.0.relu', call=k\\)"):
         res.take("layer1.0.relu", list(range(3)))
     assert no_hooks(net)
+
+
+# --- the calibration batches are never written --------------------------------------------------------------
+class Halves(nn.Module):
+    """_net() behind an in-place halving of its input (and of a keyword input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _net()
+
+    def forward(self, x: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
+        x.div_(2)
+        if gain is not None:
+            gain.mul_(2)
+            x = x * gain
+        return self.net(x)
+
+
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_a_model_writing_into_its_input_leaves_the_batches_and_every_run_sees_them_as_given(kind):
+    data = _data()
+    given = [(x.clone(), y.clone()) for x, y in data]
+    model = Halves()
+    first = channel_importance(model, data, {"net.2": 1}, kind=kind)
+    again = channel_importance(model, data, {"net.2": 1}, kind=kind)
+    assert all(torch.equal(x, gx) and torch.equal(y, gy) for (x, y), (gx, gy) in zip(data, given))
+    acts, gs = _outputs(_net(), "2", [(x / 2, y) for x, y in given], grads=kind == "taylor")
+    if kind == "activation":
+        expected = _per_channel(torch.cat(acts)).abs().mean(1)
+    elif kind == "apoz":
+        expected = 1 - (_per_channel(torch.cat(acts)) == 0).double().mean(1)
+    else:
+        expected = _taylor_ref(acts, gs)
+    torch.testing.assert_close(first.scores["net.2"], expected)
+    torch.testing.assert_close(again.scores["net.2"], expected)
+
+
+def test_keyword_inputs_of_dict_batches_are_copied_too():
+    x = _data((3,))[0][0]
+    gain = torch.full((1,), 1.5)
+    batch = {"x": x.clone(), "gain": gain.clone()}
+    res = channel_importance(Halves(), [batch, batch], {"net.2": 1})
+    assert torch.equal(batch["x"], x) and torch.equal(batch["gain"], gain)
+    acts, _ = _outputs(_net(), "2", [(x / 2 * 3, None)])
+    torch.testing.assert_close(res.scores["net.2"], _per_channel(torch.cat(acts * 2)).abs().mean(1))

@@ -17,6 +17,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..._tree import tensors
+from ...core.inputs import private
 from ...core.result import Result
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
@@ -247,8 +248,9 @@ def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, 
             handles.append(m.register_forward_pre_hook(_push(tr, qualname)))
             handles.append(m.register_forward_hook(_pop(tr, qualname), always_call=True))
         model.eval()
+        args, kw = private((inputs, kwargs))  # the model may write into its inputs: never the caller's
         with torch.no_grad(), _Mode(tr):
-            out = model(*inputs, **kwargs)
+            out = model(*args, **kw)
         for t in tensors(out):
             tr.block_tensor(t, "reaches the model's output")
     except Exception as exc:

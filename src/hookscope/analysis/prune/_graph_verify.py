@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..._tree import tensors
+from ...core.inputs import private
 from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import Groups
@@ -21,11 +22,13 @@ __all__ = ["verify", "output_gap"]
 
 
 def _run(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """One eval-mode pass on a private copy of the inputs (a model may write into them)."""
     flags = {m: m.training for m in model.modules()}
+    args, kwargs = private((inputs, kw))
     try:
         model.eval()
         with torch.no_grad():
-            return model(*inputs, **kw)
+            return model(*args, **kwargs)
     finally:
         for m, f in flags.items():
             m.training = f

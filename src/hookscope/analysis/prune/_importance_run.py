@@ -19,6 +19,7 @@ from torch import nn
 
 from ..._tree import first_tensor, tree_map
 from ...core.hooks import HookGroup
+from ...core.inputs import private
 from ...core.state import restored
 from ...core.text import first_line
 from ...errors import ForwardError, HookscopeError
@@ -166,11 +167,13 @@ def batches_of(data: Any) -> Iterable[Any]:
 
 
 def _to(batch: Batch, device: torch.device | None) -> Batch:
+    """The batch for one run: the model's inputs a private copy (on ``device``), so a model writing into
+    its input changes neither the caller's batch nor a later run; labels and ``raw`` moved only."""
+    args, kwargs = private((batch.args, batch.kwargs), device)
     if device is None:
-        return batch
+        return Batch(args, kwargs, batch.labels, batch.size, batch.raw)
     move = lambda t: t.to(device)  # noqa: E731
-    return Batch(tree_map(move, batch.args), tree_map(move, batch.kwargs), tree_map(move, batch.labels),
-                 batch.size, tree_map(move, batch.raw))
+    return Batch(args, kwargs, tree_map(move, batch.labels), batch.size, tree_map(move, batch.raw))
 
 
 class _Collector:
