@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import hookscope
@@ -206,3 +207,139 @@ def test_prune_channels_writes_neither_the_example_input_nor_the_calibration_bat
     ref = hookscope.prune_channels(twin, x / 2, amount=0.5, importance=kind,
                                    data=None if kind == "l2" else [(b / 2, y) for b, y in batches])
     assert res.drop == ref.drop and res.removed == 5
+
+
+# --- groups joined by a concatenation: each channel scored where it is carried -----------------------------------
+class Cat(nn.Module):
+    """Two branches (2 and 3 channels, each with its ReLU) concatenated, a Hardswish over the five, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.r1 = nn.Conv2d(3, 2, 1), nn.ReLU()
+        self.c2, self.r2 = nn.Conv2d(3, 3, 1), nn.ReLU()
+        self.post, self.head = nn.Hardswish(), nn.Conv2d(5, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.r1(self.c1(x)), self.r2(self.c2(x))], 1)
+        return self.head(self.post(h)).mean((2, 3))
+
+
+def _cat_by_hand(net: Cat, batches: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> dict[str, torch.Tensor]:
+    """Per-channel statistic of r1, r2 and post over the batches, from plain outputs (taylor: d summed CE)."""
+    acts: dict[str, list[torch.Tensor]] = {"r1": [], "r2": [], "post": []}
+    grads: dict[str, list[torch.Tensor]] = {"r1": [], "r2": [], "post": []}
+    for x, y in batches:
+        a1, a2 = net.r1(net.c1(x)), net.r2(net.c2(x))
+        h = torch.cat([a1, a2], 1)
+        p = net.post(h)
+        outs = {"r1": a1, "r2": a2, "post": p}
+        g = torch.autograd.grad(F.cross_entropy(net.head(p).mean((2, 3)), y, reduction="sum"), list(outs.values()))
+        for (k, o), gk in zip(outs.items(), g):
+            acts[k].append(o.detach().double())
+            grads[k].append(gk.double())
+    out = {}
+    for k in acts:
+        a, g = torch.cat(acts[k]), torch.cat(grads[k])
+        if kind == "activation":
+            out[k] = a.abs().mean((0, 2, 3))
+        elif kind == "apoz":
+            out[k] = 1 - (a == 0).double().mean((0, 2, 3))
+        else:
+            out[k] = (a * g).mean((2, 3)).abs().mean(0)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_a_concatenated_group_scores_each_channel_at_the_sites_that_carry_it_by_hand(kind):
+    from hookscope.analysis.prune._channels import _measured
+
+    net = Cat().eval()
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(n, 3, 4, 4, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in (3, 2)]
+    ref = _cat_by_hand(net, batches, kind)
+    gs = hookscope.channel_groups(net, batches[0][0][:1])
+    (group,) = gs.groups
+    assert group.size == 5
+    mods = dict(net.named_modules())
+    scores, where = _measured(net, [group], mods, kind, batches, None, None, None)
+    assert where[0] == "r1, r2, post"
+    expected = torch.zeros(5, dtype=torch.float64)
+    for member in group.members:
+        if (member.module, member.name) in (("c1", "weight"), ("c2", "weight")):
+            for k, pos in enumerate(member.positions):
+                if pos:  # channel k is the branch's channel pos[0], at the concatenation's offset 0 or 2
+                    branch, offset = ("r1", 0) if member.module == "c1" else ("r2", 2)
+                    expected[k] = (ref[branch][pos[0]] + ref["post"][offset + pos[0]]) / 2
+    torch.testing.assert_close(scores[0], expected)
+    assert bool(torch.isfinite(scores[0]).all())
+    res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.6, importance=kind, data=batches)
+    assert res.drop[0] == sorted(torch.sort(expected, stable=True).indices[:3].tolist())
+
+
+def test_a_channel_without_an_activation_site_is_scored_at_its_leaf_modules():
+    """Branch 2 has no activation module: its channels are scored at its conv's output, branch 1's at r1."""
+    from hookscope.analysis.prune._channels import _measured
+
+    class Mixed(Cat):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.cat([self.r1(self.c1(x)), self.c2(x)], 1)
+            return self.head(h).mean((2, 3))
+
+    net = Mixed().eval()
+    x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(5))
+    (group,) = hookscope.channel_groups(net, x[:1]).groups
+    scores, where = _measured(net, [group], dict(net.named_modules()), "activation", x, None, None, None)
+    assert where[0] == "r1, c2"
+    with torch.no_grad():
+        by_channel = torch.cat([net.r1(net.c1(x)), net.c2(x)], 1).abs().double().mean((0, 2, 3))
+    producer = {m.module: m.positions for m in group.members if m.name == "weight" and m.role == "producer"}
+    expected = torch.tensor([by_channel[producer["c1"][k][0] if producer["c1"][k] else 2 + producer["c2"][k][0]]
+                             for k in range(5)], dtype=torch.float64)
+    torch.testing.assert_close(scores[0], expected)
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", pytest.param("googlenet", marks=pytest.mark.slow),
+                                  pytest.param("densenet121", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_torchvision_models_with_concatenations_score_every_group(name, kind):
+    import warnings
+
+    import torchvision
+
+    torch.manual_seed(0)
+    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
+    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 64, 64, generator=g), torch.tensor([1, 7]))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apoz at sites without a ReLU module warns
+        res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.25, importance=kind, data=batches)
+    joined = [r for r in res.rows if "," in r.scored_at]  # several sites: a concatenation's branches
+    assert joined and res.removed > 0.2 * res.channels
+    assert all(r.removed == int(0.25 * r.channels) for r in res.rows)
+
+
+def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
+    import torchvision
+
+    from hookscope.analysis.prune._channels import _measured
+
+    torch.manual_seed(0)
+    net = torchvision.models.squeezenet1_1(weights=None).eval()
+    batches = [torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))]
+    gs = hookscope.channel_groups(net, batches[0][:1])
+    group = next(g for g in gs.groups if "features.3.expand1x1" in g.producers)
+    scores, where = _measured(net, [group], dict(net.named_modules()), "activation", batches, None, None, None)
+    assert where[group.index] == "features.3.expand1x1_activation, features.3.expand3x3_activation"
+    imp = hookscope.channel_importance(net, batches, ["features.3.expand1x1_activation",
+                                                      "features.3.expand3x3_activation"])
+    expected = torch.full((group.size,), float("nan"), dtype=torch.float64)
+    for m in group.members:
+        if m.name == "weight" and m.role == "producer":
+            site = m.module + "_activation"
+            for k, pos in enumerate(m.positions):
+                if pos:
+                    expected[k] = imp.scores[site][pos[0]]
+    assert group.size == 128 and bool(torch.isfinite(expected).all())
+    torch.testing.assert_close(scores[group.index], expected)
