@@ -343,3 +343,85 @@ def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
                     expected[k] = imp.scores[site][pos[0]]
     assert group.size == 128 and bool(torch.isfinite(expected).all())
     torch.testing.assert_close(scores[group.index], expected)
+
+
+# --- taylor on groups that pass no activation module, whose batch norm outputs are rewritten in place ------------
+class AddBack(nn.Module):
+    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn: one group (the add), no
+    activation module, both batch norm outputs rewritten in place. ``inplace=False``: the same, out of place."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inplace = inplace
+        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        with torch.no_grad():
+            for bn in (self.bn0, self.bn):
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
+        out = self.bn(self.conv(idn))
+        out = out.add_(idn) if self.inplace else out + idn
+        return self.head(out.mean((2, 3)))
+
+
+def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
+    from hookscope.analysis.prune._channels import _measured
+
+    net, twin = AddBack().eval(), AddBack(inplace=False).eval()
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(n, 3, 5, 5, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (3, 2)]
+    (group,) = hookscope.channel_groups(net, batches[0][0][:1]).groups
+    scores, where = _measured(net, [group], dict(net.named_modules()), "taylor", batches, None, None, None)
+    assert where[0] == "stem, bn0, conv, bn"
+    # by hand on the out-of-place twin: per sample |mean over positions of a * dL/da|, averaged over samples,
+    # then each channel's mean over the four sites (every site carries every channel, at its own index)
+    per_site = {}
+    for name in ("stem", "bn0", "conv", "bn"):
+        outs: list[torch.Tensor] = []
+        h = dict(twin.named_modules())[name].register_forward_hook(lambda m, a, o: outs.append(o))
+        rows = []
+        for x, y in batches:
+            outs.clear()
+            loss = F.cross_entropy(twin(x), y, reduction="sum")
+            (grad,) = torch.autograd.grad(loss, outs)
+            rows.append((outs[0] * grad).double().mean((2, 3)).abs())
+        h.remove()
+        per_site[name] = torch.cat(rows).mean(0)
+    expected = torch.stack(list(per_site.values())).mean(0)
+    torch.testing.assert_close(scores[0], expected)
+    res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.5, importance="taylor", data=batches)
+    assert res.drop[0] == sorted(torch.sort(expected, stable=True).indices[:2].tolist())
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", pytest.param("mobilenet_v3_large", marks=pytest.mark.slow),
+                                  pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+                                  pytest.param("efficientnet_v2_s", marks=pytest.mark.slow),
+                                  pytest.param("googlenet", marks=pytest.mark.slow)])
+def test_taylor_scores_every_group_of_models_rewriting_batch_norm_outputs_in_place(name):
+    import torchvision
+
+    from hookscope.analysis.prune._channels import _measured
+
+    torch.manual_seed(0)
+    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
+    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 32, 32, generator=g), torch.tensor([3, 8]))]
+    x = batches[0][0][:1]
+    groups = hookscope.channel_groups(net, x).groups
+    scores, where = _measured(net, groups, dict(net.named_modules()), "taylor", batches, None, None, None)
+    mods = dict(net.named_modules())
+    kinds = {gi: {type(mods[s.split("#")[0]]).__name__ for s in w.split(", ")} for gi, w in where.items()}
+    assert any("BatchNorm2d" in k and k <= {"BatchNorm2d", "Conv2d", "StochasticDepth"} for k in kinds.values())
+    for gi, s in scores.items():
+        assert s.shape == (groups[gi].size,) and bool(torch.isfinite(s).all()) and float(s.min()) >= 0
+        assert float(s.max()) > 0, (gi, where[gi])
+    everything = torch.cat(list(scores.values()))
+    assert float((everything > 0).double().mean()) > 0.5  # most channels get a gradient
+    res = hookscope.prune_channels(net, x, amount=0.25, importance="taylor", data=batches)
+    assert res.removed > 0.2 * res.channels
