@@ -425,3 +425,23 @@ def test_taylor_scores_every_group_of_models_rewriting_batch_norm_outputs_in_pla
     assert float((everything > 0).double().mean()) > 0.5  # most channels get a gradient
     res = hookscope.prune_channels(net, x, amount=0.25, importance="taylor", data=batches)
     assert res.removed > 0.2 * res.channels
+
+
+@pytest.mark.parametrize("kind", ["l2", "taylor"])
+def test_a_channels_last_model_prunes_and_compacts_like_the_contiguous_one(kind):
+    torch.manual_seed(0)
+    net = AddBack().eval()
+    last = AddBack().eval().to(memory_format=torch.channels_last)
+    g = torch.Generator().manual_seed(8)
+    batches = [(torch.randn(3, 3, 5, 5, generator=g), torch.randint(0, 3, (3,), generator=g))]
+    x = batches[0][0][:1]
+    a = hookscope.prune_channels(net, x, amount=0.5, importance=kind, data=None if kind == "l2" else batches)
+    x_last = x.to(memory_format=torch.channels_last)
+    data_last = [(b.to(memory_format=torch.channels_last), y) for b, y in batches]
+    b = hookscope.prune_channels(last, x_last, amount=0.5, importance=kind, data=None if kind == "l2" else data_last)
+    assert a.drop == b.drop and a.removed == 2
+    assert last.stem.weight.is_contiguous(memory_format=torch.channels_last)
+    small = hookscope.compact(last, x_last)
+    with torch.no_grad():
+        torch.testing.assert_close(small(x_last), last(x_last), rtol=0, atol=1e-5)
+        torch.testing.assert_close(small(x), net(x), rtol=0, atol=1e-5)

@@ -266,3 +266,16 @@ def test_the_copy_of_the_inputs_is_made_before_the_clock_starts(monkeypatch):
     compare_models(_net(), _net(), X, repeats=2, warmup=1)
     timed = events[2:]  # after the two counted passes
     assert events[:2] == ["copy", "copy"] and timed == ["copy", "clock", "clock"] * (2 * (1 + 2))
+
+
+def test_each_runs_copy_keeps_the_inputs_layout_dtype_and_device():
+    """The copies are of the caller's tensors as given: a channels_last batch stays channels_last (the
+    latency of a channels_last model is timed on what it will get)."""
+    layouts: list[tuple[bool, torch.dtype, str]] = []
+    net = _net().to(memory_format=torch.channels_last)
+    net.register_forward_pre_hook(lambda m, a: layouts.append(
+        (a[0].is_contiguous(memory_format=torch.channels_last), a[0].dtype, a[0].device.type)))
+    x = X.to(memory_format=torch.channels_last)
+    c = compare_models(net, net, x, repeats=2, warmup=1)
+    assert c["max abs output diff"].after == 0.0
+    assert layouts == [(True, torch.float32, "cpu")] * (2 * (1 + 1 + 2))

@@ -741,3 +741,41 @@ def test_taylor_at_a_module_that_returns_its_input_before_an_in_place_add(passin
         acts, gs = _outputs(twin, site, data, grads=True)
         torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
     torch.testing.assert_close(res.scores["bn"], res.scores["through"])
+
+
+def test_taylor_per_call_of_a_shared_module_whose_every_output_is_rewritten_in_place():
+    """One BatchNorm-free block called twice, each call's output rewritten by an in-place add: every
+    call is read as it returned, with the gradient of that value, and paired with its own call."""
+
+    class Twice(nn.Module):
+        def __init__(self, inplace: bool = True) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.inplace = inplace
+            self.stem, self.conv, self.head = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.stem(x)
+            for scale in (1.0, -0.5):
+                out = self.conv(h)
+                h = out.add_(h * scale) if self.inplace else out + h * scale
+            return self.head(h.mean((2, 3)))
+
+    net, data = Twice().eval(), _data()
+    res = channel_importance(net, data, {"conv": 1}, kind="taylor")
+    acts, gs = _per_call_outputs(Twice(inplace=False).eval(), "conv", data, grads=True)
+    assert res.calls_per_forward["conv"] == 2
+    for call in (0, 1):
+        torch.testing.assert_close(res.take("conv", call=call), _taylor_ref(acts[call], gs[call]))
+    torch.testing.assert_close(res.scores["conv"], _taylor_ref(acts[0] + acts[1], gs[0] + gs[1]))
+
+
+def test_every_kind_on_a_channels_last_model_equals_the_contiguous_one():
+    net, data = _net(), _data()
+    last = copy.deepcopy(net).to(memory_format=torch.channels_last)
+    batches = [(x.to(memory_format=torch.channels_last), y) for x, y in data]
+    for kind in ("activation", "apoz", "taylor"):
+        a = channel_importance(net, data, {"2": 1, "4": 1}, kind=kind)
+        b = channel_importance(last, batches, {"2": 1, "4": 1}, kind=kind)
+        for site in ("2", "4"):
+            torch.testing.assert_close(a.scores[site], b.scores[site], rtol=1e-5, atol=1e-7)
