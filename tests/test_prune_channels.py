@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import hookscope
@@ -170,3 +171,277 @@ def test_a_model_with_nothing_to_remove_says_so():
     net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.GroupNorm(2, 4), nn.Conv2d(4, 2, 1)).eval()
     with pytest.warns(UserWarning, match="no channel of Sequential can be removed"):
         assert hookscope.prune_channels(net, torch.randn(1, 3, 4, 4), amount=0.5).rows == []
+
+
+# --- the caller's inputs and calibration batches are never written ---------------------------------------------
+class Writes(nn.Module):
+    """Divides its input in place before conv -> bn -> relu -> conv -> relu -> linear; records every
+    input it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.act = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU()
+        self.b, self.act2, self.fc = nn.Conv2d(6, 4, 1), nn.ReLU(), nn.Linear(4, 3)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        x.div_(2)
+        return self.fc(self.act2(self.b(self.act(self.bn(self.a(x))))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("kind", ["l2", "activation", "apoz", "taylor"])
+def test_prune_channels_writes_neither_the_example_input_nor_the_calibration_batches(kind):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 3, 5, 5, generator=g)
+    batches = [(torch.randn(n, 3, 5, 5, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (2, 3)]
+    given = [x.clone()] + [b[0].clone() for b in batches]
+    net = Writes().eval()
+    res = hookscope.prune_channels(net, x, amount=0.5, importance=kind, data=None if kind == "l2" else batches)
+    assert torch.equal(x, given[0]) and all(torch.equal(b[0], c) for b, c in zip(batches, given[1:]))
+    assert all(any(torch.equal(s, c) for c in given) for s in net.seen)  # each run saw an input as given
+    # the same choice as the model computing x / 2 once, on inputs already halved
+    twin = Writes().eval()
+    twin.forward = lambda t: Writes.forward(twin, t * 2)  # type: ignore[method-assign]
+    ref = hookscope.prune_channels(twin, x / 2, amount=0.5, importance=kind,
+                                   data=None if kind == "l2" else [(b / 2, y) for b, y in batches])
+    assert res.drop == ref.drop and res.removed == 5
+
+
+# --- groups joined by a concatenation: each channel scored where it is carried -----------------------------------
+class Cat(nn.Module):
+    """Two branches (2 and 3 channels, each with its ReLU) concatenated, a Hardswish over the five, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.r1 = nn.Conv2d(3, 2, 1), nn.ReLU()
+        self.c2, self.r2 = nn.Conv2d(3, 3, 1), nn.ReLU()
+        self.post, self.head = nn.Hardswish(), nn.Conv2d(5, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([self.r1(self.c1(x)), self.r2(self.c2(x))], 1)
+        return self.head(self.post(h)).mean((2, 3))
+
+
+def _cat_by_hand(net: Cat, batches: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> dict[str, torch.Tensor]:
+    """Per-channel statistic of r1, r2 and post over the batches, from plain outputs (taylor: d summed CE)."""
+    acts: dict[str, list[torch.Tensor]] = {"r1": [], "r2": [], "post": []}
+    grads: dict[str, list[torch.Tensor]] = {"r1": [], "r2": [], "post": []}
+    for x, y in batches:
+        a1, a2 = net.r1(net.c1(x)), net.r2(net.c2(x))
+        h = torch.cat([a1, a2], 1)
+        p = net.post(h)
+        outs = {"r1": a1, "r2": a2, "post": p}
+        g = torch.autograd.grad(F.cross_entropy(net.head(p).mean((2, 3)), y, reduction="sum"), list(outs.values()))
+        for (k, o), gk in zip(outs.items(), g):
+            acts[k].append(o.detach().double())
+            grads[k].append(gk.double())
+    out = {}
+    for k in acts:
+        a, g = torch.cat(acts[k]), torch.cat(grads[k])
+        if kind == "activation":
+            out[k] = a.abs().mean((0, 2, 3))
+        elif kind == "apoz":
+            out[k] = 1 - (a == 0).double().mean((0, 2, 3))
+        else:
+            out[k] = (a * g).mean((2, 3)).abs().mean(0)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_a_concatenated_group_scores_each_channel_at_the_sites_that_carry_it_by_hand(kind):
+    from hookscope.analysis.prune._channels import _measured
+
+    net = Cat().eval()
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(n, 3, 4, 4, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in (3, 2)]
+    ref = _cat_by_hand(net, batches, kind)
+    gs = hookscope.channel_groups(net, batches[0][0][:1])
+    (group,) = gs.groups
+    assert group.size == 5
+    mods = dict(net.named_modules())
+    scores, where = _measured(net, [group], mods, kind, batches, None, None, None)
+    assert where[0] == "r1, r2, post"
+    expected = torch.zeros(5, dtype=torch.float64)
+    for member in group.members:
+        if (member.module, member.name) in (("c1", "weight"), ("c2", "weight")):
+            for k, pos in enumerate(member.positions):
+                if pos:  # channel k is the branch's channel pos[0], at the concatenation's offset 0 or 2
+                    branch, offset = ("r1", 0) if member.module == "c1" else ("r2", 2)
+                    expected[k] = (ref[branch][pos[0]] + ref["post"][offset + pos[0]]) / 2
+    torch.testing.assert_close(scores[0], expected)
+    assert bool(torch.isfinite(scores[0]).all())
+    res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.6, importance=kind, data=batches)
+    assert res.drop[0] == sorted(torch.sort(expected, stable=True).indices[:3].tolist())
+
+
+def test_a_channel_without_an_activation_site_is_scored_at_its_leaf_modules():
+    """Branch 2 has no activation module: its channels are scored at its conv's output, branch 1's at r1."""
+    from hookscope.analysis.prune._channels import _measured
+
+    class Mixed(Cat):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.cat([self.r1(self.c1(x)), self.c2(x)], 1)
+            return self.head(h).mean((2, 3))
+
+    net = Mixed().eval()
+    x = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(5))
+    (group,) = hookscope.channel_groups(net, x[:1]).groups
+    scores, where = _measured(net, [group], dict(net.named_modules()), "activation", x, None, None, None)
+    assert where[0] == "r1, c2"
+    with torch.no_grad():
+        by_channel = torch.cat([net.r1(net.c1(x)), net.c2(x)], 1).abs().double().mean((0, 2, 3))
+    producer = {m.module: m.positions for m in group.members if m.name == "weight" and m.role == "producer"}
+    expected = torch.tensor([by_channel[producer["c1"][k][0] if producer["c1"][k] else 2 + producer["c2"][k][0]]
+                             for k in range(5)], dtype=torch.float64)
+    torch.testing.assert_close(scores[0], expected)
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", pytest.param("googlenet", marks=pytest.mark.slow),
+                                  pytest.param("densenet121", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_torchvision_models_with_concatenations_score_every_group(name, kind):
+    import warnings
+
+    import torchvision
+
+    torch.manual_seed(0)
+    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
+    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 64, 64, generator=g), torch.tensor([1, 7]))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # apoz at sites without a ReLU module warns
+        res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.25, importance=kind, data=batches)
+    joined = [r for r in res.rows if "," in r.scored_at]  # several sites: a concatenation's branches
+    assert joined and res.removed > 0.2 * res.channels
+    assert all(r.removed == int(0.25 * r.channels) for r in res.rows)
+
+
+def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
+    import torchvision
+
+    from hookscope.analysis.prune._channels import _measured
+
+    torch.manual_seed(0)
+    net = torchvision.models.squeezenet1_1(weights=None).eval()
+    batches = [torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))]
+    gs = hookscope.channel_groups(net, batches[0][:1])
+    group = next(g for g in gs.groups if "features.3.expand1x1" in g.producers)
+    scores, where = _measured(net, [group], dict(net.named_modules()), "activation", batches, None, None, None)
+    assert where[group.index] == "features.3.expand1x1_activation, features.3.expand3x3_activation"
+    imp = hookscope.channel_importance(net, batches, ["features.3.expand1x1_activation",
+                                                      "features.3.expand3x3_activation"])
+    expected = torch.full((group.size,), float("nan"), dtype=torch.float64)
+    for m in group.members:
+        if m.name == "weight" and m.role == "producer":
+            site = m.module + "_activation"
+            for k, pos in enumerate(m.positions):
+                if pos:
+                    expected[k] = imp.scores[site][pos[0]]
+    assert group.size == 128 and bool(torch.isfinite(expected).all())
+    torch.testing.assert_close(scores[group.index], expected)
+
+
+# --- taylor on groups that pass no activation module, whose batch norm outputs are rewritten in place ------------
+class AddBack(nn.Module):
+    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn: one group (the add), no
+    activation module, both batch norm outputs rewritten in place. ``inplace=False``: the same, out of place."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inplace = inplace
+        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        with torch.no_grad():
+            for bn in (self.bn0, self.bn):
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
+        out = self.bn(self.conv(idn))
+        out = out.add_(idn) if self.inplace else out + idn
+        return self.head(out.mean((2, 3)))
+
+
+def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
+    from hookscope.analysis.prune._channels import _measured
+
+    net, twin = AddBack().eval(), AddBack(inplace=False).eval()
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(n, 3, 5, 5, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (3, 2)]
+    (group,) = hookscope.channel_groups(net, batches[0][0][:1]).groups
+    scores, where = _measured(net, [group], dict(net.named_modules()), "taylor", batches, None, None, None)
+    assert where[0] == "stem, bn0, conv, bn"
+    # by hand on the out-of-place twin: per sample |mean over positions of a * dL/da|, averaged over samples,
+    # then each channel's mean over the four sites (every site carries every channel, at its own index)
+    per_site = {}
+    for name in ("stem", "bn0", "conv", "bn"):
+        outs: list[torch.Tensor] = []
+        h = dict(twin.named_modules())[name].register_forward_hook(lambda m, a, o: outs.append(o))
+        rows = []
+        for x, y in batches:
+            outs.clear()
+            loss = F.cross_entropy(twin(x), y, reduction="sum")
+            (grad,) = torch.autograd.grad(loss, outs)
+            rows.append((outs[0] * grad).double().mean((2, 3)).abs())
+        h.remove()
+        per_site[name] = torch.cat(rows).mean(0)
+    expected = torch.stack(list(per_site.values())).mean(0)
+    torch.testing.assert_close(scores[0], expected)
+    res = hookscope.prune_channels(net, batches[0][0][:1], amount=0.5, importance="taylor", data=batches)
+    assert res.drop[0] == sorted(torch.sort(expected, stable=True).indices[:2].tolist())
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", pytest.param("mobilenet_v3_large", marks=pytest.mark.slow),
+                                  pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+                                  pytest.param("efficientnet_v2_s", marks=pytest.mark.slow),
+                                  pytest.param("googlenet", marks=pytest.mark.slow)])
+def test_taylor_scores_every_group_of_models_rewriting_batch_norm_outputs_in_place(name):
+    import torchvision
+
+    from hookscope.analysis.prune._channels import _measured
+
+    torch.manual_seed(0)
+    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
+    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 32, 32, generator=g), torch.tensor([3, 8]))]
+    x = batches[0][0][:1]
+    groups = hookscope.channel_groups(net, x).groups
+    scores, where = _measured(net, groups, dict(net.named_modules()), "taylor", batches, None, None, None)
+    mods = dict(net.named_modules())
+    kinds = {gi: {type(mods[s.split("#")[0]]).__name__ for s in w.split(", ")} for gi, w in where.items()}
+    assert any("BatchNorm2d" in k and k <= {"BatchNorm2d", "Conv2d", "StochasticDepth"} for k in kinds.values())
+    for gi, s in scores.items():
+        assert s.shape == (groups[gi].size,) and bool(torch.isfinite(s).all()) and float(s.min()) >= 0
+        assert float(s.max()) > 0, (gi, where[gi])
+    everything = torch.cat(list(scores.values()))
+    assert float((everything > 0).double().mean()) > 0.5  # most channels get a gradient
+    res = hookscope.prune_channels(net, x, amount=0.25, importance="taylor", data=batches)
+    assert res.removed > 0.2 * res.channels
+
+
+@pytest.mark.parametrize("kind", ["l2", "taylor"])
+def test_a_channels_last_model_prunes_and_compacts_like_the_contiguous_one(kind):
+    torch.manual_seed(0)
+    net = AddBack().eval()
+    last = AddBack().eval().to(memory_format=torch.channels_last)
+    g = torch.Generator().manual_seed(8)
+    batches = [(torch.randn(3, 3, 5, 5, generator=g), torch.randint(0, 3, (3,), generator=g))]
+    x = batches[0][0][:1]
+    a = hookscope.prune_channels(net, x, amount=0.5, importance=kind, data=None if kind == "l2" else batches)
+    x_last = x.to(memory_format=torch.channels_last)
+    data_last = [(b.to(memory_format=torch.channels_last), y) for b, y in batches]
+    b = hookscope.prune_channels(last, x_last, amount=0.5, importance=kind, data=None if kind == "l2" else data_last)
+    assert a.drop == b.drop and a.removed == 2
+    assert last.stem.weight.is_contiguous(memory_format=torch.channels_last)
+    small = hookscope.compact(last, x_last)
+    with torch.no_grad():
+        torch.testing.assert_close(small(x_last), last(x_last), rtol=0, atol=1e-5)
+        torch.testing.assert_close(small(x), net(x), rtol=0, atol=1e-5)

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import no_hooks
 from torch import nn
 
@@ -229,27 +230,127 @@ def test_in_place_residual_add_and_shared_relu_of_tiny_resnet() -> None:
 
 
 class AuxHead(nn.Module):
-    """An auxiliary head that runs only in training, reading the channels of `a`."""
+    """An auxiliary head that runs only in training, reading the channels of `a` (through functional
+    dropout, as GoogLeNet's heads do)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: int = 1) -> None:
         super().__init__()
-        self.a, self.out, self.aux = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1), nn.Conv2d(4, 2, 1)
+        self.a, self.out, self.aux = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1), nn.Conv2d(4, 2, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(x))
-        return self.out(h) + self.aux(h) if self.training else self.out(h)
+        if self.training:
+            return self.out(h) + self.aux(F.dropout(h, 0.5, self.training)).mean()
+        return self.out(h)
 
 
-def test_a_layer_that_did_not_run_refuses_unless_allowed() -> None:
+def _training_branches(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output with its containers in training mode, leaves in eval mode, dropout off."""
+    from hookscope.analysis.prune._graph import traced_mode
+
+    with traced_mode(model, wide=True), torch.no_grad():
+        return model(x)
+
+
+def test_a_layer_run_only_in_training_is_followed_and_checked_in_that_mode() -> None:
+    torch.manual_seed(0)
     net, x = AuxHead().eval(), _seeded(1, 3, 4, 4)
     gs = channel_groups(net, x)
     assert gs.unseen == ["aux"] and "did not run on the example input, left as they are: aux" in gs.table()
     mask_channels(net, gs, {0: [1]})
-    with pytest.raises(HookscopeError, match=r"'aux' did not run on the example input.*allow_unseen=True"):
+    rng, flags = torch.random.get_rng_state(), [m.training for m in net.modules()]
+    small = compact(net, x)
+    assert small.a.out_channels == 3 and small.aux.in_channels == 3 and small.out.in_channels == 3
+    assert torch.equal(rng, torch.random.get_rng_state()) and [m.training for m in net.modules()] == flags
+    assert no_hooks(small) and hook_count(net) == 2  # the two masks (weight, bias of `a`), nothing else
+    with torch.no_grad():
+        torch.testing.assert_close(small(x), net(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(_training_branches(small, x), _training_branches(net, x), rtol=0, atol=1e-6)
+    # the head really reads the pruned channels: left as it was, it fails in training mode
+    left = compact(net, x, allow_unseen=True)
+    assert left.aux.in_channels == 3  # what can be followed is followed, also when unseen layers are allowed
+
+
+class NeverCalled(nn.Module):
+    """A layer with parameters that no forward pass calls (left over), reading `a`'s width."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.out, self.spare = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.a(x)))
+
+
+def test_a_layer_that_runs_in_no_mode_refuses_naming_both_spellings_of_the_flag_unless_allowed() -> None:
+    net, x = NeverCalled().eval(), _seeded(1, 3, 4, 4)
+    gs = channel_groups(net, x)
+    mask_channels(net, gs, {0: [1]})
+    with pytest.raises(HookscopeError, match=r"^compaction refused: 'spare' did not run on the example input in eval "
+                       r"mode, and not in its training-mode branches either.*allow_unseen=True \(--allow-unseen "
+                       r"on the command line\)") as e:
         compact(net, x)
+    assert "\n" not in str(e.value) and hook_count(net) == 2
     small = compact(net, x, allow_unseen=True)
-    assert small.a.out_channels == 3 and small.aux.in_channels == 4 and no_hooks(small)
-    assert hook_count(net) == 2  # the two masks (weight, bias of `a`), nothing else
+    assert small.a.out_channels == 3 and small.spare.in_channels == 4
+
+
+def test_training_branches_that_fail_on_the_example_input_are_named_in_the_refusal() -> None:
+    net, x = AuxHead(kernel=5).eval(), _seeded(1, 3, 4, 4)  # a 5x5 head on a 4x4 map
+    mask_channels(net, channel_groups(net, x), {0: [1]})
+    with pytest.raises(HookscopeError, match=r"'aux' did not run .* training-mode branches fail on it "
+                       r"\(RuntimeError: .*allow_unseen=True \(--allow-unseen"):
+        compact(net, x)
+    assert compact(net, x, allow_unseen=True).aux.in_channels == 4
+
+
+def test_training_branches_are_traced_without_changing_buffers_or_the_random_stream() -> None:
+    class Stats(AuxHead):
+        """A container that counts its training calls in a buffer and draws random numbers in training."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.a(x))
+            if self.training:
+                self.calls.add_(1)
+                return self.out(h) + self.aux(h).mean() + 0 * torch.rand(())
+            return self.out(h)
+
+    net, x = Stats().eval(), _seeded(2, 3, 4, 4)
+    mask_channels(net, channel_groups(net, x), {0: [2]})
+    state = copy.deepcopy(net.state_dict())
+    rng = torch.random.get_rng_state()
+    small = compact(net, x)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(rng, torch.random.get_rng_state()) and small.aux.in_channels == 3
+    assert float(net.calls) == float(small.calls) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, size, head", [("googlenet", 64, "aux1.conv.conv"),
+                                              ("inception_v3", 299, "AuxLogits.conv0.conv")])
+def test_googlenet_and_inception_v3_compact_by_default_following_their_auxiliary_heads(name, size, head) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = torchvision.models.get_model(name, weights=None, init_weights=False).eval()
+    x = _seeded(1, 3, size, size)
+    gs = channel_groups(net, x)
+    assert any(u.startswith(head.split(".")[0]) for u in gs.unseen)  # the heads run only in training
+    block = ("inception4a", "Mixed_6e")  # whose output the head reads
+    fed = next(g for g in gs.groups if any(m.module.startswith(block) for m in g.members if m.role == "producer"))
+    drop = list(range(0, fed.size, 4))
+    mask_channels(net, gs, {fed.index: drop})
+    small = compact(net, x)
+    made = [m for m in fed.members if m.role == "producer" and m.name == "weight" and m.module.startswith(block)]
+    read = [k for k in drop if any(m.positions[k] for m in made)]  # of the block's channels, not later ones
+    assert read and small.get_submodule(head).in_channels == net.get_submodule(head).in_channels - len(read)
+    with torch.no_grad():
+        torch.testing.assert_close(small(x), net(x), rtol=0, atol=1e-5)
+    for a, b in zip(_training_branches(small, x), _training_branches(net, x)):  # every head's output too
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
 def test_layer_scale_parameter_is_masked_and_sliced_with_its_channels() -> None:
@@ -397,3 +498,51 @@ def test_a_compacted_prelu_states_its_new_size_and_loads_back_through_fit_to():
     fit_to(fresh, small.state_dict())
     fresh.load_state_dict(small.state_dict())
     assert fresh[1].num_parameters == 4 and torch.equal(fresh(x), small(x))
+
+
+# --- the caller's inputs: every run sees them as given --------------------------------------------------------
+class Writes(nn.Module):
+    """Divides its input in place before conv -> bn -> relu -> conv; records what each call received
+    (a deep copy shares the record, so the compacted copy's runs are seen too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.b = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 2, 1)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        x.div_(2)
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+    def __deepcopy__(self, memo: dict) -> Writes:
+        new = Writes.__new__(Writes)
+        memo[id(self)] = new
+        new.__dict__.update({k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "seen"})
+        new.seen = self.seen
+        return new
+
+
+def test_compact_of_a_model_writing_into_its_input_succeeds_and_leaves_the_input_alone() -> None:
+    net, x = Writes().eval(), _seeded(1, 3, 5, 5)
+    x0 = x.clone()
+    mask_channels(net, channel_groups(net, x), {0: [0, 2, 5]})
+    assert torch.equal(x, x0)
+    small = compact(net, x)
+    assert torch.equal(x, x0)
+    assert net.seen and all(torch.equal(s, x0) for s in net.seen)  # the traced pass and both checked ones
+    assert small.a.out_channels == small.bn.num_features == small.b.in_channels == 3
+    with torch.no_grad():
+        torch.testing.assert_close(small(x0.clone()), net(x0.clone()), rtol=0, atol=1e-6)
+
+
+def test_compact_leaves_an_input_that_a_first_in_place_relu_would_rewrite() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = _seeded(2, 3, 3, 3)
+    x0 = x.clone()
+    assert float(x.min()) < 0
+    mask_channels(net, channel_groups(net, x), {0: [1]})
+    small = compact(net, x)
+    assert torch.equal(x, x0) and small[1].out_channels == 3

@@ -188,3 +188,94 @@ def test_diff_compacted_against_original_kept_channels_by_hand():
         assert torch.allclose(kept, small[0](X), atol=1e-6)
     d = hookscope.diff(original, small, X)
     assert d["0"][0].status == "shape" and d["2"][0].status == "differs"
+
+
+# --- the caller's inputs: every run gets its own copy --------------------------------------------------------
+class Halves(nn.Module):
+    """Writes into its input (x.div_(2)) and into a keyword input, and records what each call received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 3)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        scale = torch.ones(1) if scale is None else scale
+        self.seen.append((x.detach().clone(), scale.detach().clone()))
+        x.div_(2)
+        scale.mul_(3)
+        return self.fc(x) * scale
+
+
+def test_a_model_writing_into_its_input_changes_neither_the_caller_nor_any_run():
+    import copy
+
+    net = Halves()
+    twin = copy.deepcopy(net)
+    x, scale = torch.randn(2, 4), torch.full((1,), 0.5)
+    x0, scale0 = x.clone(), scale.clone()
+    c = compare_models(net, twin, x, kwargs={"scale": scale}, repeats=3, warmup=2)
+    assert c["max abs output diff"].after == 0.0  # the model against its own copy
+    assert torch.equal(x, x0) and torch.equal(scale, scale0)
+    # one counted pass and 2 warm-up + 3 timed calls each, every one on the inputs as given
+    assert len(net.seen) == len(twin.seen) == 1 + 2 + 3
+    assert all(torch.equal(a, x0) and torch.equal(s, scale0) for a, s in net.seen + twin.seen)
+
+
+def test_inputs_in_lists_and_dicts_and_needing_a_gradient_are_copied_for_each_run():
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[float] = []
+
+        def forward(self, pair: list[torch.Tensor], extra: dict[str, torch.Tensor]) -> torch.Tensor:
+            self.seen.append(float(pair[0].sum() + extra["b"].sum()))
+            pair[0].data.mul_(0)  # behind autograd's back too
+            extra["b"].add_(1)
+            return pair[0] + pair[1]
+
+    net = Nested()
+    a = torch.ones(3, requires_grad=True)
+    pair, extra = [a, torch.ones(3)], {"b": torch.zeros(2)}
+    c = compare_models(net, net, pair, extra, repeats=2, warmup=1)
+    assert c["max abs output diff"].after == 0.0
+    assert net.seen == [3.0] * (2 * (1 + 1 + 2))
+    assert torch.equal(a, torch.ones(3)) and a.requires_grad and a.grad is None and pair[0] is a
+    assert torch.equal(extra["b"], torch.zeros(2))
+
+
+def test_the_copy_of_the_inputs_is_made_before_the_clock_starts(monkeypatch):
+    import hookscope.analysis.prune._compare as cmp
+
+    events: list[str] = []
+    real_private, real_clock = cmp.private, cmp.time.perf_counter
+
+    def private(tree):
+        events.append("copy")
+        return real_private(tree)
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            events.append("clock")
+            return real_clock()
+
+    monkeypatch.setattr(cmp, "private", private)
+    monkeypatch.setattr(cmp, "time", Clock)
+    compare_models(_net(), _net(), X, repeats=2, warmup=1)
+    timed = events[2:]  # after the two counted passes
+    assert events[:2] == ["copy", "copy"] and timed == ["copy", "clock", "clock"] * (2 * (1 + 2))
+
+
+def test_each_runs_copy_keeps_the_inputs_layout_dtype_and_device():
+    """The copies are of the caller's tensors as given: a channels_last batch stays channels_last (the
+    latency of a channels_last model is timed on what it will get)."""
+    layouts: list[tuple[bool, torch.dtype, str]] = []
+    net = _net().to(memory_format=torch.channels_last)
+    net.register_forward_pre_hook(lambda m, a: layouts.append(
+        (a[0].is_contiguous(memory_format=torch.channels_last), a[0].dtype, a[0].device.type)))
+    x = X.to(memory_format=torch.channels_last)
+    c = compare_models(net, net, x, repeats=2, warmup=1)
+    assert c["max abs output diff"].after == 0.0
+    assert layouts == [(True, torch.float32, "cpu")] * (2 * (1 + 1 + 2))

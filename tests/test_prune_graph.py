@@ -332,3 +332,32 @@ def test_a_tensor_that_is_the_same_for_every_channel_is_no_follower(shape: tuple
     gs = channel_groups(Extra(shape, buffer, add=True), X)
     blocked = next(b for b in gs.blocked if "a" in b.producers)
     assert blocked.size == 8 and blocked.reason == "read by conv2d in 'c' where it is not zero when masked"
+
+
+# --- the caller's inputs --------------------------------------------------------------------------------------
+class Writes(nn.Module):
+    """Divides its input in place (and adds into a keyword input) before conv -> bn -> relu -> conv,
+    recording what each call received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Conv2d(4, 2, 1)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        x.div_(2)
+        if shift is not None:
+            shift.add_(1)
+            x = x + shift
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+
+def test_channel_groups_never_writes_the_callers_tensors() -> None:
+    net = Writes().eval()
+    x, shift = X.clone(), torch.zeros(1)
+    gs = channel_groups(net, x, kwargs={"shift": shift})
+    assert torch.equal(x, X) and shift.tolist() == [0.0]
+    assert len(net.seen) == 1 and torch.equal(net.seen[0], X)
+    assert [(g.producers, g.size) for g in gs.groups] == [(["a"], 4)]
+    assert no_hooks(net)

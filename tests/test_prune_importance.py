@@ -269,15 +269,20 @@ def test_train_true_uses_batch_statistics_and_puts_running_statistics_back():
     torch.testing.assert_close(res.scores["1"], _per_channel(torch.cat(acts)).abs().mean(1))
 
 
-def test_taylor_refuses_an_output_rewritten_in_place():
+def test_taylor_reads_an_output_rewritten_in_place_as_its_module_returned_it():
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True), nn.Flatten(),
                         nn.LazyLinear(3)).eval()
     net(torch.zeros(1, 3, 6, 6))
-    with pytest.raises(HookscopeError, match="'1' is rewritten in place.*ReLU"):
-        channel_importance(net, _data(), {"1": 1}, kind="taylor")
-    assert no_hooks(net)
-    res = channel_importance(net, _data(), {"2": 1}, kind="taylor")  # the ReLU's own output is fine
-    assert res.scores["2"].shape == (4,)
+    out_of_place = copy.deepcopy(net)
+    out_of_place[2] = nn.ReLU()  # the same model without the in-place write: the true values by hand
+    acts, gs = _outputs(out_of_place, "1", _data(), grads=True)
+    assert float(torch.cat(acts).min()) < 0  # the ReLU would have rewritten these
+    res = channel_importance(net, _data(), {"1": 1}, kind="taylor")
+    torch.testing.assert_close(res.scores["1"], _taylor_ref(acts, gs))
+    assert no_hooks(net) and float(res.scores["1"].min()) > 0
+    relu = channel_importance(net, _data(), {"2": 1}, kind="taylor")  # the ReLU's own output
+    acts, gs = _outputs(out_of_place, "2", _data(), grads=True)
+    torch.testing.assert_close(relu.scores["2"], _taylor_ref(acts, gs))
     # activation reads the batch norm's output in its hook, before the ReLU rewrites it
     act = channel_importance(net, _data(), {"1": 1})
     bn = torch.cat([net[:2](x).detach() for x, _ in _data()])
@@ -609,3 +614,168 @@ def test_resnet50_bottleneck_relu_calls_match_the_block_computed_by_hand(kind):
     with pytest.raises(HookscopeError, match="take\\('layer1.0.relu', call=k\\)"):
         res.take("layer1.0.relu", list(range(3)))
     assert no_hooks(net)
+
+
+# --- the calibration batches are never written --------------------------------------------------------------
+class Halves(nn.Module):
+    """_net() behind an in-place halving of its input (and of a keyword input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _net()
+
+    def forward(self, x: torch.Tensor, gain: torch.Tensor | None = None) -> torch.Tensor:
+        x.div_(2)
+        if gain is not None:
+            gain.mul_(2)
+            x = x * gain
+        return self.net(x)
+
+
+@pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
+def test_a_model_writing_into_its_input_leaves_the_batches_and_every_run_sees_them_as_given(kind):
+    data = _data()
+    given = [(x.clone(), y.clone()) for x, y in data]
+    model = Halves()
+    first = channel_importance(model, data, {"net.2": 1}, kind=kind)
+    again = channel_importance(model, data, {"net.2": 1}, kind=kind)
+    assert all(torch.equal(x, gx) and torch.equal(y, gy) for (x, y), (gx, gy) in zip(data, given))
+    acts, gs = _outputs(_net(), "2", [(x / 2, y) for x, y in given], grads=kind == "taylor")
+    if kind == "activation":
+        expected = _per_channel(torch.cat(acts)).abs().mean(1)
+    elif kind == "apoz":
+        expected = 1 - (_per_channel(torch.cat(acts)) == 0).double().mean(1)
+    else:
+        expected = _taylor_ref(acts, gs)
+    torch.testing.assert_close(first.scores["net.2"], expected)
+    torch.testing.assert_close(again.scores["net.2"], expected)
+
+
+def test_keyword_inputs_of_dict_batches_are_copied_too():
+    x = _data((3,))[0][0]
+    gain = torch.full((1,), 1.5)
+    batch = {"x": x.clone(), "gain": gain.clone()}
+    res = channel_importance(Halves(), [batch, batch], {"net.2": 1})
+    assert torch.equal(batch["x"], x) and torch.equal(batch["gain"], gain)
+    acts, _ = _outputs(_net(), "2", [(x / 2 * 3, None)])
+    torch.testing.assert_close(res.scores["net.2"], _per_channel(torch.cat(acts * 2)).abs().mean(1))
+
+
+# --- taylor where the model rewrites a site's output in place -----------------------------------------------------
+class AddBack(nn.Module):
+    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn (in place, after the bn);
+    with ``inplace=False`` the same values computed out of place."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inplace = inplace
+        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        with torch.no_grad():
+            for bn in (self.bn0, self.bn):
+                bn.running_mean.uniform_(-0.3, 0.3)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
+        out = self.bn(self.conv(idn))
+        if self.inplace:
+            out += idn
+        else:
+            out = out + idn
+        return self.head(out.mean((2, 3)))
+
+
+@pytest.mark.parametrize("site", ["bn0", "bn", "conv", "stem"])
+def test_taylor_at_a_batch_norm_rewritten_by_a_residual_add_or_relu_equals_the_hand_computation(site):
+    net, data = AddBack().eval(), _data()
+    acts, gs = _outputs(AddBack(inplace=False).eval(), site, data, grads=True)
+    res = channel_importance(net, data, {site: 1}, kind="taylor")
+    torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
+    assert res.samples == 10 and float(res.scores[site].min()) > 0 and no_hooks(net)
+
+
+def test_taylor_on_every_site_of_a_rewritten_block_at_once_and_a_loss_from_a_user():
+    net, data = AddBack().eval(), _data()
+    twin = AddBack(inplace=False).eval()
+    sites = {"stem": 1, "bn0": 1, "conv": 1, "bn": 1}
+    per_sample = lambda out, batch: F.cross_entropy(out, batch[1], reduction="none")  # noqa: E731
+    res = channel_importance(net, data, sites, kind="taylor", loss=per_sample)
+    for site in sites:
+        acts, gs = _outputs(twin, site, data, grads=True)
+        torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
+
+
+def test_taylor_refuses_a_view_output_whose_gradient_an_in_place_op_detached():
+    """A Flatten output (a view) rewritten in place loses its gradient hooks: refused, never zero."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.ReLU(inplace=True), nn.LazyLinear(3)).eval()
+    net(torch.zeros(1, 3, 6, 6))
+    with pytest.raises(HookscopeError, match="taylor at '1'.*in-place op rewrote") as e:
+        channel_importance(net, _data(), {"1": -1}, kind="taylor")
+    assert "\n" not in str(e.value) and no_hooks(net)
+
+
+@pytest.mark.parametrize("passing", [nn.Identity, lambda: nn.Dropout(0.3)])
+def test_taylor_at_a_module_that_returns_its_input_before_an_in_place_add(passing):
+    """A site returning the very tensor another site returned (StochasticDepth or Dropout in eval mode),
+    rewritten in place afterwards: both read as returned, both with the gradient of that value."""
+
+    class Through(AddBack):
+        def __init__(self, inplace: bool = True) -> None:
+            super().__init__(inplace)
+            self.through = passing()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
+            out = self.through(self.bn(self.conv(idn)))
+            out = out.add_(idn) if self.inplace else out + idn
+            return self.head(out.mean((2, 3)))
+
+    net, data = Through().eval(), _data()
+    res = channel_importance(net, data, {"bn": 1, "through": 1}, kind="taylor")
+    twin = Through(inplace=False).eval()
+    for site in ("bn", "through"):
+        acts, gs = _outputs(twin, site, data, grads=True)
+        torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
+    torch.testing.assert_close(res.scores["bn"], res.scores["through"])
+
+
+def test_taylor_per_call_of_a_shared_module_whose_every_output_is_rewritten_in_place():
+    """One BatchNorm-free block called twice, each call's output rewritten by an in-place add: every
+    call is read as it returned, with the gradient of that value, and paired with its own call."""
+
+    class Twice(nn.Module):
+        def __init__(self, inplace: bool = True) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.inplace = inplace
+            self.stem, self.conv, self.head = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.stem(x)
+            for scale in (1.0, -0.5):
+                out = self.conv(h)
+                h = out.add_(h * scale) if self.inplace else out + h * scale
+            return self.head(h.mean((2, 3)))
+
+    net, data = Twice().eval(), _data()
+    res = channel_importance(net, data, {"conv": 1}, kind="taylor")
+    acts, gs = _per_call_outputs(Twice(inplace=False).eval(), "conv", data, grads=True)
+    assert res.calls_per_forward["conv"] == 2
+    for call in (0, 1):
+        torch.testing.assert_close(res.take("conv", call=call), _taylor_ref(acts[call], gs[call]))
+    torch.testing.assert_close(res.scores["conv"], _taylor_ref(acts[0] + acts[1], gs[0] + gs[1]))
+
+
+def test_every_kind_on_a_channels_last_model_equals_the_contiguous_one():
+    net, data = _net(), _data()
+    last = copy.deepcopy(net).to(memory_format=torch.channels_last)
+    batches = [(x.to(memory_format=torch.channels_last), y) for x, y in data]
+    for kind in ("activation", "apoz", "taylor"):
+        a = channel_importance(net, data, {"2": 1, "4": 1}, kind=kind)
+        b = channel_importance(last, batches, {"2": 1, "4": 1}, kind=kind)
+        for site in ("2", "4"):
+            torch.testing.assert_close(a.scores[site], b.scores[site], rtol=1e-5, atol=1e-7)

@@ -712,3 +712,85 @@ def test_a_pruned_model_pickled_reloaded_and_run_still_deep_copies(tmp_path):
     assert torch.equal(twin(x), back(x))
     twin[0].weight_orig.data.add_(1.0)
     assert not torch.equal(twin(x), back(x))          # its own parameters
+
+
+# --- memory layouts: channels_last, transposed, expanded, strided ---------------------------------------------
+def _layouts() -> list[tuple[str, nn.Module]]:
+    """Layers whose weight is not laid out row-major; their contiguous twin is what torch can prune."""
+    torch.manual_seed(3)
+    out: list[tuple[str, nn.Module]] = [("channels_last", nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)),
+                                        ("channels_last_3d", nn.Conv3d(2, 4, 2).to(memory_format=torch.channels_last_3d))]
+    for name, w in (("transposed", torch.randn(4, 6).t()), ("expanded", torch.randn(6, 1).expand(6, 4)),
+                    ("strided", torch.randn(6, 8)[:, ::2])):
+        lin = nn.Linear(4, 6, bias=False)
+        lin.weight = nn.Parameter(w)
+        out.append((name, lin))
+    return out
+
+
+def _contiguous_twin(layer: nn.Module) -> nn.Module:
+    twin = copy.deepcopy(layer)
+    twin.weight = nn.Parameter(layer.weight.detach().contiguous().clone())
+    assert twin.weight.is_contiguous()
+    return twin
+
+
+_TORCH_METHODS = {"l1_unstructured": lambda m, a: tprune.l1_unstructured(m, "weight", a),
+                  "random_unstructured": lambda m, a: tprune.random_unstructured(m, "weight", a),
+                  "ln_structured": lambda m, a: tprune.ln_structured(m, "weight", a, n=2, dim=0),
+                  "random_structured": lambda m, a: tprune.random_structured(m, "weight", a, dim=1)}
+
+
+@pytest.mark.parametrize("layout", [name for name, _ in _layouts()])
+@pytest.mark.parametrize("method", list(_TORCH_METHODS))
+def test_every_method_on_every_weight_layout_equals_torch_on_the_contiguous_weight(method: str, layout: str) -> None:
+    layer = dict(_layouts())[layout]
+    twin = _contiguous_twin(layer)
+    kw = {"n": 2} if method == "ln_structured" else {"dim": 1} if method == "random_structured" else {}
+    strides = layer.weight.stride()
+    for step, amount in enumerate((0.3, 1)):  # a fraction, then a count composed on the first mask
+        torch.manual_seed(10 + step)
+        _TORCH_METHODS[method](twin, amount)
+        torch.manual_seed(10 + step)
+        prune(layer, amount=amount, method=method, **kw)
+        assert torch.equal(layer.weight_mask, twin.weight_mask)
+        assert torch.equal(layer.weight, twin.weight) and torch.equal(layer.weight_orig, twin.weight_orig)
+    assert float((layer.weight_mask == 0).float().mean()) >= 0.3
+    dense = layout not in ("expanded", "strided")  # a dense layout is kept by the mask and the weight
+    assert layer.weight_orig.stride() == strides
+    assert layer.weight_mask.stride() == layer.weight.stride() == (strides if dense else twin.weight.stride())
+    tprune.remove(twin, "weight")
+    remove(layer)
+    assert torch.equal(layer.weight, twin.weight) and (not dense or layer.weight.stride() == strides)
+
+
+@pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured"])
+def test_a_channels_last_model_keeps_its_layout_and_computes_what_the_contiguous_one_does(method: str) -> None:
+    net = Small()
+    twin = copy.deepcopy(net)
+    net = net.to(memory_format=torch.channels_last)
+    for n, m in (("hookscope", net), ("torch", twin)):
+        torch.manual_seed(4)
+        if n == "hookscope":
+            prune(m, amount=0.4, method=method)
+        else:
+            torch_prune(m, method, 0.4)
+    for q in LAYERS:
+        assert torch.equal(net.get_submodule(q).weight_mask, twin.get_submodule(q).weight_mask)
+    assert net.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    x = X.to(memory_format=torch.channels_last)
+    torch.testing.assert_close(net(x), twin(X), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["l1_unstructured", "random_unstructured"])
+def test_global_pruning_over_channels_last_and_transposed_weights_equals_torch(method: str) -> None:
+    layers = [layer for name, layer in _layouts() if name in ("channels_last", "transposed", "strided")]
+    net = nn.ModuleList(layers)
+    twin = nn.ModuleList([_contiguous_twin(m) for m in layers])
+    torch.manual_seed(6)
+    kind = {"l1_unstructured": tprune.L1Unstructured, "random_unstructured": tprune.RandomUnstructured}[method]
+    tprune.global_unstructured([(m, "weight") for m in twin], kind, amount=0.5)
+    torch.manual_seed(6)
+    prune(net, "0", "1", "2", amount=0.5, method=method, scope="global")
+    for a, b in zip(net, twin):
+        assert torch.equal(a.weight_mask, b.weight_mask) and torch.equal(a.weight, b.weight)

@@ -156,11 +156,15 @@ def _magnitude(group: Group, mods: Mapping[str, nn.Module], p: int) -> torch.Ten
     return total if p == 1 else total.sqrt()
 
 
-def _sites(group: Group, mods: Mapping[str, nn.Module]) -> list[Site]:
-    """Where a group is measured: the outputs of activation modules carrying it, else of leaf modules."""
+def _sites(group: Group, mods: Mapping[str, nn.Module]) -> list[tuple[Site, list[int]]]:
+    """Where each channel of a group is measured: at the outputs of the activation modules carrying it,
+    else of the leaf modules carrying it. A site (a branch before a concatenation) may carry only some
+    of the group's channels: each site comes with the channels it scores."""
     leaf = [s for s in group.sites if s.module in mods and not any(True for _ in mods[s.module].children())]
-    act = [s for s in leaf if isinstance(mods[s.module], _ACTIVATIONS)]
-    return act or leaf
+    act = {id(s) for s in leaf if isinstance(mods[s.module], _ACTIVATIONS)}
+    at_act = {k for s in leaf if id(s) in act for k, pos in enumerate(s.positions) if pos}
+    picks = [(s, [k for k, pos in enumerate(s.positions) if pos and (id(s) in act or k not in at_act)]) for s in leaf]
+    return [(s, ks) for s, ks in picks if ks]
 
 
 def _named(site: Site, res: Importance) -> str:
@@ -168,24 +172,44 @@ def _named(site: Site, res: Importance) -> str:
     return site.module if res.calls_per_forward.get(site.module, 1) == 1 else f"{site.module}#{site.call}"
 
 
+def _unmeasured(g: Group, picks: list[tuple[Site, list[int]]], kind: str) -> HookscopeError | None:
+    seen = {k for _, ks in picks for k in ks}
+    lacking = [k for k in range(g.size) if k not in seen]
+    if not lacking:
+        return None
+    what = "no module output" if not picks else f"channels {lacking[:3]}{' ...' if len(lacking) > 3 else ''} no module output"
+    return HookscopeError(f"channel group {g.index} ({', '.join(g.producers)}) has {what} to measure {kind} at; "
+                          "use importance='l2' or restrict layers= to other groups")
+
+
+def _group_scores(g: Group, picks: list[tuple[Site, list[int]]], res: Importance) -> torch.Tensor:
+    """Each channel's mean over the sites that carry it of its statistic there (the mean over its
+    positions at that site: a concatenation puts it at its offset)."""
+    sums = torch.zeros(g.size, dtype=torch.float64)
+    counts = torch.zeros(g.size, dtype=torch.float64)
+    for s, ks in picks:
+        per = res.take(s.module, dim=s.dim, call=s.call)
+        flat = torch.tensor([p for k in ks for p in s.positions[k]], dtype=torch.long)
+        chan = torch.repeat_interleave(torch.tensor(ks), torch.tensor([len(s.positions[k]) for k in ks]))
+        total = torch.zeros(g.size, dtype=torch.float64).index_add_(0, chan, per[flat])
+        n = torch.bincount(chan, minlength=g.size).double()
+        sums[ks] += total[ks] / n[ks]
+        counts[ks] += 1
+    return sums / counts
+
+
 def _measured(model: nn.Module, chosen: list[Group], mods: Mapping[str, nn.Module], kind: str, data: Any,
               loss: Any, device: Any, max_batches: int | None) -> tuple[dict[int, torch.Tensor], dict[int, str]]:
     picks = {g.index: _sites(g, mods) for g in chosen}
-    empty = [g for g in chosen if not picks[g.index]]
-    if empty:
-        raise HookscopeError(f"channel group {empty[0].index} ({', '.join(empty[0].producers)}) has no module output "
-                             f"to measure {kind} at; use importance='l2' or restrict layers= to other groups")
-    sites = {s.module: s.dim for ss in picks.values() for s in ss}
+    for g in chosen:
+        problem = _unmeasured(g, picks[g.index], kind)
+        if problem is not None:
+            raise problem
+    sites = {s.module: s.dim for ss in picks.values() for s, _ in ss}
     res: Importance = channel_importance(model, data, sites, kind=kind, loss=loss, device=device,
                                          max_batches=max_batches)
-    scores, where = {}, {}
-    for g in chosen:
-        total = torch.zeros(g.size, dtype=torch.float64)
-        for s in picks[g.index]:
-            per = res.take(s.module, dim=s.dim, call=s.call)
-            total += torch.stack([per[list(pos)].mean() for pos in s.positions])
-        scores[g.index] = total / len(picks[g.index])
-        where[g.index] = ", ".join(_named(s, res) for s in picks[g.index])
+    scores = {g.index: _group_scores(g, picks[g.index], res) for g in chosen}
+    where = {g.index: ", ".join(_named(s, res) for s, _ in picks[g.index]) for g in chosen}
     return scores, where
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..._tree import tensors
+from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_verify import verify
@@ -163,18 +164,58 @@ def _slice(model: nn.Module, plan: Plan) -> None:
         fix_sizes(mods[q], depthwise=q in depthwise)
 
 
+def _unseen(groups: Groups, why: str) -> HookscopeError:
+    names = f"{', '.join(repr(u) for u in groups.unseen[:3])}{' ...' if len(groups.unseen) > 3 else ''}"
+    return HookscopeError(
+        f"compaction refused: {names} did not run on the example input in eval mode, and {why}, so the "
+        "channels they read cannot be followed; pass allow_unseen=True (--allow-unseen on the command line) "
+        "to leave them as they are (they may then fail on the compacted model), or remove them")
+
+
+def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
+                            atol: float, ran: set[str], allow_unseen: bool) -> tuple[nn.Module | None, str]:
+    """A compacted copy of ``work`` that also follows the layers the model runs only in training mode
+    (auxiliary heads), or ``None`` and why not. Traced with the containers in training mode and the
+    leaves in eval mode (``traced_mode(wide=True)``), the branches a model takes only in training run
+    and read the channels they read in training; the result is checked in eval mode and in that mode."""
+    wide = deep_copy(work)
+    try:
+        tr = trace_channels(wide, inputs, kw, wide=True)
+    except HookscopeError as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        return None, f"the model's training-mode branches fail on it ({type(cause).__name__}: {first_line(cause, 120)})"
+    groups = assemble(tr, wide)
+    if not ran <= tr.ran:
+        return None, "its training-mode branches skip layers that eval mode runs"
+    if groups.unseen and not allow_unseen:
+        return None, "not in its training-mode branches either"
+    drop = dropped_channels(wide, groups)
+    _slice(wide, _plan(groups, drop))
+    try:
+        verify(inner, wide, inputs, kw, atol, groups, drop)
+        verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
+    except HookscopeError as e:
+        refused = first_line(e, 160).removeprefix("compaction refused: ")
+        return None, f"following them through its training-mode branches was refused ({refused})"
+    return wide, ""
+
+
 def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None,
             atol: float = 1e-5, allow_unseen: bool = False) -> nn.Module:
     """A NEW model with every masked (all-zero) channel physically removed along its group, its
     masks made permanent, verified to give the masked model's outputs on the example input (max abs
-    difference below ``atol`` times the outputs' scale, at least 1). The user's model is never touched;
-    on a mismatch or a shape error the compaction is refused naming the first module that differs.
+    difference below ``atol`` times the outputs' scale, at least 1). The user's model is never touched
+    (it runs on private copies of the inputs); on a mismatch or a shape error the compaction is
+    refused naming the first module that differs.
 
     The groups are those of the path the example input takes: a Python branch on the input's values
     (``if x.mean() < 0``) is not seen, and the check runs on the example input only; give one that
     takes the paths you will use.
-    Layers that do not run on the example input (auxiliary heads run only in training) cannot be
-    followed: compaction is refused unless ``allow_unseen=True`` (they are then left as they are).
+    Layers that do not run in eval mode because the model calls them only in training (auxiliary
+    heads: GoogLeNet's ``aux1``, Inception v3's ``AuxLogits``) are followed by a second traced pass
+    with the model's containers in training mode and its leaves in eval mode, and the result is also
+    checked in that mode. Layers that run in neither pass cannot be followed: compaction is refused
+    unless ``allow_unseen=True`` (they are then left as they are).
 
     Example:
         >>> torch.manual_seed(0); net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
@@ -193,16 +234,22 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     work = prepared(inner)  # masks made permanent in a copy that costs one model
     if work is inner:
         work = deep_copy(inner)
-    groups = assemble(trace_channels(work, inputs, kw), work)
+    tr = trace_channels(work, inputs, kw)
+    groups = assemble(tr, work)
     drop = dropped_channels(work, groups)
-    if drop and groups.unseen and not allow_unseen:
-        raise HookscopeError(
-            f"compaction refused: {', '.join(repr(u) for u in groups.unseen[:3])}"
-            f"{' ...' if len(groups.unseen) > 3 else ''} did not run on the example input, so the channels "
-            "they read cannot be followed; pass allow_unseen=True to leave them as they are (they may then "
-            "fail on the compacted model), or remove them")
+    if drop and groups.unseen:
+        followed, why = _with_training_branches(inner, work, inputs, kw, atol, tr.ran, allow_unseen)
+        if followed is not None:
+            return _flags_of(inner, followed)
+        if not allow_unseen:
+            raise _unseen(groups, why)
     _slice(work, _plan(groups, drop))
     verify(inner, work, inputs, kw, atol, groups, drop)
+    return _flags_of(inner, work)
+
+
+def _flags_of(inner: nn.Module, work: nn.Module) -> nn.Module:
+    """``work`` with every module's training flag that of ``inner``'s."""
     for (_, a), (_, b) in zip(inner.named_modules(), work.named_modules()):
         b.training = a.training
     return work

@@ -21,7 +21,7 @@ from torch import nn
 from ..._tree import tensors
 from ...core.failure import forward_error, received
 from ...core.hooks import HookGroup
-from ...core.inputs import model_kwargs
+from ...core.inputs import model_kwargs, private
 from ...core.result import Result, missing
 from ...core.state import restored
 from ...core.text import table
@@ -171,8 +171,10 @@ class _Macs:
 
 
 def _counted(model: nn.Module, args: tuple[Any, ...], kw: dict[str, Any], side: str) -> tuple[Any, _Macs]:
-    """One pass of ``model`` with its mult-adds counted (hooks removed on exit, also on errors)."""
+    """One pass of ``model`` on its own copy of the inputs, its mult-adds counted (hooks removed on exit,
+    also on errors)."""
     counter, group = _Macs(), HookGroup()
+    args, kw = private((args, kw))
     try:
         counter.register(model, group)
         with ProductCounter(counter.product):
@@ -209,6 +211,8 @@ def _max_abs_diff(a: Any, b: Any) -> tuple[float | None, str]:
 
 
 def _timed(model: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> float:
+    """Milliseconds of one call on a private copy of the inputs, made before the clock starts."""
+    args, kw = private((args, kw))
     start = time.perf_counter()
     model(*args, **kw)
     return (time.perf_counter() - start) * 1e3
@@ -290,6 +294,9 @@ def compare_models(
     (bytes of ``torch.save(model.state_dict())``: a masked weight saves both ``<name>_orig`` and
     ``<name>_mask``, bigger than the original) and ``"max abs output diff"`` (over every output tensor).
 
+    Every run (each model's counted pass, each timed and warm-up call) gets its own copy of the
+    inputs, made outside the timed region: a model that writes into its input changes neither the
+    caller's tensors nor what the other model or a later run sees.
     Both models run in eval mode under ``torch.no_grad()``; every module's train/eval flag, the
     buffers and the random generators are put back, and the hooks counting mult-adds are removed,
     also on errors (pruning masks, being the model's own pre-hooks, stay).

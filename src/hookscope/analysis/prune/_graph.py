@@ -7,17 +7,21 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..._tree import tensors
+from ...core.inputs import private
 from ...core.result import Result
+from ...core.state import restored, rng_devices
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_call import op_name
@@ -26,7 +30,7 @@ from ._graph_state import Tracer
 from ._masks import make_permanent, masked
 
 __all__ = ["GroupMember", "Site", "Group", "BlockedGroup", "Groups", "channel_groups", "trace_channels",
-           "prepared", "deep_copy", "assemble"]
+           "prepared", "deep_copy", "assemble", "traced_mode"]
 
 
 @dataclass(frozen=True)
@@ -225,9 +229,58 @@ def prepared(model: nn.Module) -> nn.Module:
     return work
 
 
-def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Tracer:
-    """Run ``model`` once in eval mode under the channel tracer; every temporary hook is removed and
-    every module's training flag restored, also on error. ``model`` must hold no masks (``prepared``).
+_DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+_RAW_DROPOUTS = {torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout}
+
+
+class _NoDropout(TorchFunctionMode):
+    """Functional dropout off (``F.dropout(x, training=self.training)`` in a container's forward), as
+    dropout modules are in eval mode: a pass with the containers in training mode computes eval values."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _DROPOUTS:  # (input, p, training, inplace)
+            kwargs = {**dict(zip(("p", "training", "inplace"), args[1:])), **kwargs, "training": False}
+            args = args[:1]
+        elif func in _RAW_DROPOUTS:  # (input, p, train)
+            kwargs = {**dict(zip(("p", "train"), args[1:])), **kwargs, "train": False}
+            args = args[:1]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def traced_mode(model: nn.Module, *, wide: bool = False) -> Iterator[None]:
+    """The mode of a traced or checked pass: eval mode; with ``wide``, every module that has children in
+    training mode (so that the branches a model takes only in training run, such as auxiliary heads)
+    while computing eval values: every leaf in eval mode (BatchNorm's running statistics, no dropout
+    module), functional dropout off, the random stream seeded. Flags, buffers and generators are put
+    back on exit.
+
+    Example:
+        >>> net = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.Dropout())
+        >>> with traced_mode(net, wide=True):
+        ...     [m.training for m in net.modules()], torch.equal(F.dropout(torch.ones(3), 0.5), torch.ones(3))
+        ([True, True, False, False], True)
+        >>> net.training
+        True
+    """
+    used = [*model.parameters(), *model.buffers()] if wide else []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(restored(model, train=False, buffers=True, rng=rng_devices(used),
+                                     seed=0 if wide else None))
+        if wide:
+            for m in model.modules():
+                m.training = any(True for _ in m.children())
+            stack.enter_context(_NoDropout())
+        yield
+
+
+def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], *,
+                   wide: bool = False) -> Tracer:
+    """Run ``model`` once under the channel tracer, in eval mode (``wide``: see :func:`traced_mode`);
+    every temporary hook is removed and every module's training flag restored, also on error.
+    ``model`` must hold no masks (``prepared``).
 
     Example:
         >>> tr = trace_channels(nn.Linear(2, 3), (torch.randn(1, 2),), {})
@@ -240,15 +293,14 @@ def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, 
         params.update({id(p): (qualname, n, False) for n, p in m._parameters.items() if p is not None})
         params.update({id(b): (qualname, n, True) for n, b in m._buffers.items() if b is not None})
     tr = Tracer(params)
-    flags = {m: m.training for m in model.modules()}
     handles: list[Any] = []
     try:
         for qualname, m in mods:
             handles.append(m.register_forward_pre_hook(_push(tr, qualname)))
             handles.append(m.register_forward_hook(_pop(tr, qualname), always_call=True))
-        model.eval()
-        with torch.no_grad(), _Mode(tr):
-            out = model(*inputs, **kwargs)
+        args, kw = private((inputs, kwargs))  # the model may write into its inputs: never the caller's
+        with traced_mode(model, wide=wide), torch.no_grad(), _Mode(tr):
+            out = model(*args, **kw)
         for t in tensors(out):
             tr.block_tensor(t, "reaches the model's output")
     except Exception as exc:
@@ -257,8 +309,6 @@ def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, 
     finally:
         for h in handles:
             h.remove()
-        for m, flag in flags.items():
-            m.training = flag
     return tr
 
 

@@ -13,22 +13,20 @@ import torch
 from torch import nn
 
 from ..._tree import tensors
+from ...core.inputs import private
 from ...errors import HookscopeError
 from ...selection import named_modules
-from ._graph import Groups
+from ._graph import Groups, traced_mode
 
 __all__ = ["verify", "output_gap"]
 
 
-def _run(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    flags = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        with torch.no_grad():
-            return model(*inputs, **kw)
-    finally:
-        for m, f in flags.items():
-            m.training = f
+def _run(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], wide: bool = False) -> Any:
+    """One pass (eval mode; ``wide``: see ``traced_mode``) on a private copy of the inputs (a model may
+    write into them)."""
+    args, kwargs = private((inputs, kw))
+    with traced_mode(model, wide=wide), torch.no_grad():
+        return model(*args, **kwargs)
 
 
 def output_gap(ref: Any, got: Any, atol: float) -> tuple[float, str]:
@@ -58,7 +56,8 @@ def output_gap(ref: Any, got: Any, atol: float) -> tuple[float, str]:
     return worst, ""
 
 
-def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
+             wide: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
     """First output tensor of every module, by name, and the stack of modules running when it raised."""
     seen: dict[str, torch.Tensor] = {}
     stack: list[str] = []
@@ -80,7 +79,7 @@ def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any]) -> t
             handles.append(m.register_forward_pre_hook(pre(name or "(model)")))
             handles.append(m.register_forward_hook(post(name or "(model)")))
         try:
-            _run(model, inputs, kw)
+            _run(model, inputs, kw, wide)
         except Exception:
             pass
     finally:
@@ -104,9 +103,9 @@ def _kept(ref: torch.Tensor, name: str, groups: Groups, drop: dict[int, list[int
 
 
 def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
-                      atol: float, groups: Groups, drop: dict[int, list[int]]) -> str:
-    ref, _ = _outputs(inner, inputs, kw)
-    got, stack = _outputs(work, inputs, kw)
+                      atol: float, groups: Groups, drop: dict[int, list[int]], wide: bool) -> str:
+    ref, _ = _outputs(inner, inputs, kw, wide)
+    got, stack = _outputs(work, inputs, kw, wide)
     if stack:
         return f"'{stack[-1]}' raised"
     for name, r in ref.items():
@@ -120,8 +119,9 @@ def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...]
 
 
 def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], atol: float,
-           groups: Groups, drop: dict[int, list[int]]) -> None:
-    """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input.
+           groups: Groups, drop: dict[int, list[int]], *, wide: bool = False) -> None:
+    """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input (in eval mode;
+    ``wide``: with the branches taken only in training, see ``traced_mode``).
 
     Example:
         >>> verify(nn.Linear(2, 2), nn.Linear(2, 2), (torch.randn(1, 2),), {}, 1e-5, Groups([], []), {})
@@ -129,17 +129,18 @@ def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[
         ...
         hookscope.errors.HookscopeError: compaction refused: the compacted model's output 0 differs ...
     """
-    ref = _run(inner, inputs, kw)
+    ref = _run(inner, inputs, kw, wide)
+    mode = " with its training-only branches" if wide else ""
     try:
-        got = _run(work, inputs, kw)
+        got = _run(work, inputs, kw, wide)
     except Exception as exc:
-        where = _first_difference(inner, work, inputs, kw, atol, groups, drop)
+        where = _first_difference(inner, work, inputs, kw, atol, groups, drop, wide)
         msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise HookscopeError(f"compaction refused: the compacted model fails ({where}: {type(exc).__name__}: "
+        raise HookscopeError(f"compaction refused: the compacted model fails{mode} ({where}: {type(exc).__name__}: "
                              f"{msg[:200]}); your model is unchanged, and the groups of channel_groups() "
                              "show what was followed") from None
     gap, problem = output_gap(ref, got, atol)
     if problem:
-        where = _first_difference(inner, work, inputs, kw, atol, groups, drop)
-        raise HookscopeError(f"compaction refused: the compacted model's {problem}, {where}; your model is "
+        where = _first_difference(inner, work, inputs, kw, atol, groups, drop, wide)
+        raise HookscopeError(f"compaction refused: the compacted model's {problem}{mode}, {where}; your model is "
                              "unchanged (a dependency the tracer could not see: report this model)")

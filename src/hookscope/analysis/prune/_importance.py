@@ -351,7 +351,10 @@ def channel_importance(
     unless ``train=True`` (batch statistics; BatchNorm's running statistics are put back either way),
     with every flag, ``requires_grad`` and grad mode restored and every hook removed, also on errors;
     parameters' ``.grad`` are never touched (``torch.autograd.grad`` on the sites' outputs only).
-    Taylor refuses a site whose output an in-place op rewrites after it ran (choose the ReLU).
+    Every kind reads a site's output as its module returned it, also where the model rewrites it in
+    place afterwards (``out += identity`` after a BatchNorm, ``F.relu(x, inplace=True)``); Taylor then
+    takes the gradient with respect to that value (keeping a copy of each site's output per batch).
+    The model runs on a private copy of each batch: it may write into its inputs.
 
     Args:
         model: the model (wrappers such as DataParallel are seen through for names).

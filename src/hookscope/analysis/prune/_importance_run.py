@@ -1,14 +1,19 @@
 """One streaming pass of the model over calibration batches, reducing each site's output in its hook.
 
 The forward hooks reduce each call to per-channel sums on the device (no host sync, nothing kept
-per call); for gradient kinds they keep the batch's outputs only until ``torch.autograd.grad`` of
-the loss with respect to just those outputs has run, so the parameters' ``.grad`` stay untouched.
+per call). Gradient kinds read each site's output as its module returned it and the gradient with
+respect to that value, also where the model rewrites the output in place later (``out += identity``
+after a BatchNorm, ``F.relu(x, inplace=True)``): a :func:`hookscope.capture` of the sites keeps both
+for the batch (a copy of each site's output, made as its module returns), and
+``torch.autograd.grad`` of the loss with respect to the sites' gradient edges, taken when each module
+returned, drives the backward through them only, so the parameters' ``.grad`` stay untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,12 +21,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from ..._tree import first_tensor, tree_map
+from ...capture import capture
 from ...core.hooks import HookGroup
+from ...core.inputs import private
 from ...core.state import restored
 from ...core.text import first_line
 from ...errors import ForwardError, HookscopeError
+from ...records import CallRecord, Recording
 from .._targets import call_model, logits_of
 from ._importance_kinds import Kind, accumulator_dtype, channels_first
 from ._importance_sites import Site, output_dim
@@ -166,21 +175,23 @@ def batches_of(data: Any) -> Iterable[Any]:
 
 
 def _to(batch: Batch, device: torch.device | None) -> Batch:
+    """The batch for one run: the model's inputs a private copy (on ``device``), so a model writing into
+    its input changes neither the caller's batch nor a later run; labels and ``raw`` moved only."""
+    args, kwargs = private((batch.args, batch.kwargs), device)
     if device is None:
-        return batch
+        return Batch(args, kwargs, batch.labels, batch.size, batch.raw)
     move = lambda t: t.to(device)  # noqa: E731
-    return Batch(tree_map(move, batch.args), tree_map(move, batch.kwargs), tree_map(move, batch.labels),
-                 batch.size, tree_map(move, batch.raw))
+    return Batch(args, kwargs, tree_map(move, batch.labels), batch.size, tree_map(move, batch.raw))
 
 
 class _Collector:
-    """The forward hooks of one pass: one accumulator per site, and for gradient kinds the batch's
-    outputs waiting for ``autograd.grad``."""
+    """The forward hooks of one pass: one accumulator per site, and for gradient kinds the calls of the
+    batch waiting for their gradients (the site, its accumulator, its device and its gradient edge)."""
 
     def __init__(self, sites: list[Site], kind: Kind) -> None:
         self.sites, self.kind = sites, kind
         self.accs = {s.name: SiteCalls() for s in sites}
-        self.pending: list[tuple[Site, Accumulator, torch.Tensor, int]] = []
+        self.pending: list[tuple[Site, Accumulator, torch.device, GradientEdge]] = []
 
     def start(self) -> None:
         """A new forward pass: every site's call counter restarts."""
@@ -203,30 +214,44 @@ class _Collector:
                 if not output.requires_grad:
                     raise HookscopeError(f"taylor: no gradient reaches {site.name!r}: its output depends on no "
                                          "parameter; choose a site after a layer with weights")
-                self.pending.append((site, acc, output, output._version))
+                # the edge of the value as returned: a later in-place op gives the tensor a new one
+                self.pending.append((site, acc, output.device, get_gradient_edge(output)))
                 return
             acc.add(*self.kind.reduce(channels_first(output, acc.dim), None))
 
         return record
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Reduce ``a * dL/da`` of the outputs kept during the batch's forward pass, then forget them."""
-        pending, self.pending = self.pending, []
-        for site, _, out, version in pending:
-            if out._version != version:  # autograd.grad would give the gradient of the rewritten value
-                raise HookscopeError(f"taylor: the output of {site.name!r} is rewritten in place after it ran "
-                                     "(an in-place op such as ReLU(inplace=True)); choose the module that makes "
-                                     "the final value (the ReLU) as the site")
-        if not pending:
+        """Run the backward pass from ``loss`` through every waiting call's output (as it was returned),
+        no further: the capture's gradient hooks on those outputs record ``dL/da``."""
+        if not self.pending:
             return
         if not loss.requires_grad:
             raise HookscopeError("taylor: the loss does not depend on the model's output (detached?); "
                                  "return a loss computed from the output in loss=")
-        grads = torch.autograd.grad(loss, [out for _, _, out, _ in pending], allow_unused=True)
-        for (_, acc, out, _), g in zip(pending, grads):
+        torch.autograd.grad(loss, [edge for *_, edge in self.pending], allow_unused=True)
+
+    def reduce(self, rec: Recording) -> None:
+        """Reduce ``a * dL/da`` of every waiting call from the capture's record of it, then forget them."""
+        pending, self.pending = self.pending, []
+        queues: dict[tuple[str, torch.device], deque[CallRecord]] = {}
+        for call in rec.calls:
+            queues.setdefault((call.name, _read(call, "output").device), deque()).append(call)
+        for site, acc, device, _ in pending:
             assert acc.dim is not None
-            g = torch.zeros_like(out) if g is None else g
-            acc.add(*self.kind.reduce(channels_first(out, acc.dim), channels_first(g, acc.dim)))
+            call = queues[(site.name, device)].popleft()  # calls of one site on one device come in order
+            a = _read(call, "output")
+            g = _read(call, "grad_output")
+            g = torch.zeros_like(a) if g is None else g  # the site does not reach the loss
+            acc.add(*self.kind.reduce(channels_first(a, acc.dim), channels_first(g, acc.dim)))
+
+
+def _read(call: CallRecord, field: str) -> Any:
+    """A field of a captured call, or one line saying why taylor cannot have its true value."""
+    try:
+        return getattr(call, field)
+    except HookscopeError as e:
+        raise HookscopeError(f"taylor at {call.name!r}: {e}") from None
 
 
 def _loss(loss: Loss | None, out: Any, batch: Batch, index: int) -> torch.Tensor:
@@ -274,16 +299,29 @@ def _prepared(model: nn.Module, kind: Kind, train: bool) -> Iterator[None]:
                 p.requires_grad_(flag)
 
 
-def _run(model: nn.Module, batch: Batch, index: int, collector: _Collector, loss: Loss | None) -> None:
-    if collector.kind.reads == "gradient" and loss is None and batch.labels is None:
-        raise HookscopeError(f"taylor needs a loss, and calibration batch {index} has no labels; give "
-                             "(inputs, labels) batches or loss=lambda output, batch: ...")
+def _forward(model: nn.Module, batch: Batch, index: int) -> Any:
     try:
-        out = call_model(model, batch.args, batch.kwargs)
+        return call_model(model, batch.args, batch.kwargs)
     except ForwardError as e:
         raise ForwardError(f"calibration batch {index}: {e}") from e.__cause__
-    if collector.kind.reads == "gradient":
+
+
+def _run(model: nn.Module, batch: Batch, index: int, collector: _Collector, loss: Loss | None) -> None:
+    if collector.kind.reads != "gradient":
+        _forward(model, batch, index)
+        return
+    if loss is None and batch.labels is None:
+        raise HookscopeError(f"taylor needs a loss, and calibration batch {index} has no labels; give "
+                             "(inputs, labels) batches or loss=lambda output, batch: ...")
+    wanted = {id(s.module): s.name for s in collector.sites}
+    # copy="always": each output kept as returned, and no guarded alias handed on, since a site returning
+    # its input (StochasticDepth, Dropout in eval) would return another site's alias, a view whose gradient
+    # hooks an in-place op (result += input) then orphans
+    with capture(model, lambda name, m: wanted.get(id(m)) == name, keep=("output", "grad_output"),
+                 copy="always") as rec:
+        out = _forward(model, batch, index)
         collector.backward(_loss(loss, out, batch, index))
+    collector.reduce(rec)  # after the block: a gradient lost to an in-place op on a view is known by then
 
 
 def calibrate(model: nn.Module, inner: nn.Module, data: Any, sites: list[Site], kind: Kind, *,

@@ -1,7 +1,8 @@
 """Masks applied by a forward pre-hook, in the layout of ``torch.nn.utils.prune``.
 
 A masked parameter ``weight`` becomes the parameter ``weight_orig`` (the same Parameter object,
-moved), the buffer ``weight_mask`` (same dtype and device as the parameter) and the plain attribute
+moved), the buffer ``weight_mask`` (same dtype, device and memory layout as the parameter, so that a
+``channels_last`` weight stays ``channels_last``) and the plain attribute
 ``weight = weight_orig * weight_mask``, recomputed by a forward pre-hook before every call. The
 layout is torch's, so a ``state_dict`` is interchangeable with a model pruned by torch, and a layer
 pruned by torch is adopted: its hook is kept (it computes the same product from the same two
@@ -227,15 +228,24 @@ def apply_mask(module: nn.Module, name: str, mask: torch.Tensor) -> None:
         _apply(module, name, mask)
 
 
+def _laid_out_as(param: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A copy of ``mask`` in ``param``'s dtype, device and memory layout (``channels_last`` stays so),
+    so that ``mask * orig`` keeps the weight's layout (a contiguous mask would make it contiguous)."""
+    out = torch.empty_like(param.detach(), memory_format=torch.preserve_format)
+    return out.copy_(mask.detach())
+
+
 def _apply(module: nn.Module, name: str, mask: torch.Tensor) -> None:
     current = mask_of(module, name)
     if current is not None:
+        orig = module._parameters[name + "_orig"]
+        assert orig is not None
         new = current * mask.to(dtype=current.dtype, device=current.device)
-        module.register_buffer(name + "_mask", new.contiguous())
+        module.register_buffer(name + "_mask", _laid_out_as(orig, new).to(dtype=current.dtype))
     else:
         param = module._parameters[name]
         assert param is not None
-        new = mask.detach().to(dtype=param.dtype, device=param.device).clone(memory_format=torch.contiguous_format)
+        new = _laid_out_as(param, mask)
         module.register_parameter(name + "_orig", param)
         del module._parameters[name]
         module.register_buffer(name + "_mask", new)

@@ -4,7 +4,9 @@ element by element as ``torch.nn.utils.prune`` computes it (same calls, so the s
 Iterative pruning composes as torch's ``PruningContainer`` does: an unstructured criterion ranks only
 the entries still unmasked (the amount is a fraction or count of those); a structured one ranks only
 the channels along ``dim`` not yet entirely masked. The tensor ranked is the weight the layer computes
-with (``orig * mask``). Must not import: ``torch.nn.utils.prune`` (the tests compare against it), any
+with (``orig * mask``). Entries are ranked in the tensor's logical (row-major) order whatever its memory
+layout (``channels_last``, transposed, expanded), so every layout gets the mask torch computes on the
+same weight made contiguous. Must not import: ``torch.nn.utils.prune`` (the tests compare against it), any
 analysis module.
 """
 
@@ -111,7 +113,8 @@ def _l1_unstructured(t: torch.Tensor, default: torch.Tensor, spec: Spec) -> torc
     k = to_prune(spec.amount, t.nelement())
     mask = default.clone(memory_format=torch.contiguous_format)
     if k != 0:  # topk(k=0) is fine, but torch skips it: keep the same calls
-        topk = torch.topk(torch.abs(t).view(-1), k=k, largest=False)
+        # reshape, not torch's view: a channels_last or transposed weight has no flat view
+        topk = torch.topk(torch.abs(t).reshape(-1), k=k, largest=False)
         mask.view(-1)[topk.indices] = 0
     return mask
 
@@ -121,7 +124,9 @@ def _random_unstructured(t: torch.Tensor, default: torch.Tensor, spec: Spec) -> 
     mask = default.clone(memory_format=torch.contiguous_format)
     if k != 0:
         g = spec.generator
-        prob = torch.rand_like(t) if g is None else torch.rand(t.shape, generator=g, dtype=t.dtype, device=t.device)
+        # drawn in logical order (rand_like would follow a channels_last layout: other draws per entry)
+        prob = torch.rand_like(t, memory_format=torch.contiguous_format) if g is None else \
+            torch.rand(t.shape, generator=g, dtype=t.dtype, device=t.device)
         topk = torch.topk(prob.view(-1), k=k)
         mask.view(-1)[topk.indices] = 0
     return mask
