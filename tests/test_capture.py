@@ -480,3 +480,30 @@ def test_guards_says_what_keep_hands_the_model(copy, device):
         slots.append(slot)
         assert ret.guards(t) == (type(alias) is Guarded)
     release(slots)
+
+
+# --- a module that returns the alias it was handed ------------------------------------------------------------
+class _IdentityThenInPlace(nn.Module):
+    """``bn -> Dropout (eval: returns its input itself) -> += h``: the dropout hands on what capture gave it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.bn, self.drop, self.w = nn.BatchNorm1d(4), nn.Dropout(0.5), torch.randn(3, 4)
+
+    def forward(self, h):
+        y = self.drop(self.bn(h))
+        y += h
+        return (y * self.w).sum()
+
+
+@pytest.mark.parametrize("copy", ["auto", "always", None])
+def test_grad_output_of_a_module_returning_its_input_survives_an_in_place_op_after_it(copy):
+    model = _IdentityThenInPlace().eval()
+    h = torch.randn(3, 4, requires_grad=True)
+    with hookscope.capture(model, "bn", "drop", keep=("output", "grad_output"), copy=copy) as rec:
+        model(h).backward()
+    for name in ("bn", "drop"):  # d(sum(w * (y + h)))/dy = w, whatever the += did afterwards
+        torch.testing.assert_close(rec[name].grad_output, model.w, rtol=0, atol=0)
+    torch.testing.assert_close(rec["drop"].output, model.bn(h.detach()), rtol=0, atol=0)
+    assert no_hooks(model)

@@ -13,7 +13,7 @@ from torch.utils.hooks import RemovableHandle
 from ._tree import map_exposed, tensors, tree_map
 from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
-from .core.guard import FAST_PATH_TYPES, Slot, held_by, plain_output, release, settle_inputs
+from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .errors import HookscopeError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
@@ -424,6 +424,7 @@ class Capture(Recording):
         where = ("grad_output", call.name, call.index)
         for i, t in enumerate(outs):
             if t.requires_grad:
+                t = origin(t)  # an alias this module was handed and returns: hooked where an in-place op keeps it
                 key = self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
                 # a view's gradient goes on to its base as a view of the same memory, which a leaf
                 # (a parameter the output is a view of) may adopt as .grad and accumulate into

@@ -25,7 +25,7 @@ from torch._C import DisableTorchFunctionSubclass
 from .._tree import tensors, tree_map
 from ..errors import MutationError
 
-__all__ = ["Slot", "Guarded", "protect", "release", "plain", "guardable", "settle", "settle_inputs",
+__all__ = ["Slot", "Guarded", "protect", "release", "plain", "origin", "guardable", "settle", "settle_inputs",
            "FAST_PATH_TYPES", "plain_output",
            "storage_key", "held_by"]
 
@@ -174,6 +174,7 @@ def guarded(original: torch.Tensor, key: int | None = None) -> torch.Tensor:
         return original
     with DisableTorchFunctionSubclass():
         alias = original.as_subclass(Guarded)
+    alias._origin = original  # a gradient hook on the alias dies with an in-place op on it; on this one it fires
     ref = weakref.ref(alias)
     with _lock:
         refs = _aliases.setdefault(_key(original) if key is None else key, [])
@@ -193,6 +194,7 @@ def _drop(key: int) -> None:
         alias = ref()
         if alias is not None and type(alias) is Guarded:
             alias.__class__ = torch.Tensor  # type: ignore[assignment]
+            vars(alias).pop("_origin", None)
 
 
 def release(slots: list[Slot]) -> None:
@@ -208,6 +210,23 @@ def release(slots: list[Slot]) -> None:
             else:
                 del _registry[key]
                 _drop(key)
+
+
+def origin(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a :class:`Guarded` alias was made of (``t`` itself for any other tensor).
+
+    An in-place op on the alias, a view, drops the gradient hooks registered on the alias; hooks on
+    the tensor it was made of still fire, with the gradient of the values before the op. A module
+    that returns an alias it was given (Dropout in eval mode, an identity) has that gradient as its
+    ``grad_output``.
+
+    Example:
+        >>> o = torch.ones(2, requires_grad=True) * 1
+        >>> origin(guarded(o)) is o, origin(o) is o
+        (True, True)
+    """
+    found = vars(t).get("_origin") if type(t) is Guarded else None
+    return found if isinstance(found, torch.Tensor) else t
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:

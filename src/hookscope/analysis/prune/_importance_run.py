@@ -314,11 +314,8 @@ def _run(model: nn.Module, batch: Batch, index: int, collector: _Collector, loss
         raise HookscopeError(f"taylor needs a loss, and calibration batch {index} has no labels; give "
                              "(inputs, labels) batches or loss=lambda output, batch: ...")
     wanted = {id(s.module): s.name for s in collector.sites}
-    # copy="always": each output kept as returned, and no guarded alias handed on, since a site returning
-    # its input (StochasticDepth, Dropout in eval) would return another site's alias, a view whose gradient
-    # hooks an in-place op (result += input) then orphans
-    with capture(model, lambda name, m: wanted.get(id(m)) == name, keep=("output", "grad_output"),
-                 copy="always") as rec:
+    # capture's own copy policy: each output as returned, also where the model rewrites it in place later
+    with capture(model, lambda name, m: wanted.get(id(m)) == name, keep=("output", "grad_output")) as rec:
         out = _forward(model, batch, index)
         collector.backward(_loss(loss, out, batch, index))
     collector.reduce(rec)  # after the block: a gradient lost to an in-place op on a view is known by then
