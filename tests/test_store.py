@@ -83,9 +83,10 @@ def _expected(spec: ArraySpec) -> torch.Tensor:
 INDEXES = [3, -1, -13, slice(None), slice(2, 11), slice(1, 13, 3), slice(None, None, -2), slice(11, 2, -4),
            slice(5, 5), [12, 0, 7, 7, 3], [-1, 0], torch.tensor([9, 2, 3, 4]), np.array([1, 6]),
            torch.tensor([True, False] * 6 + [True])]
+ONE_SHARD = [slice(4, 7), slice(7, 11, 2), slice(-2, None), slice(0, 1)]  # shards hold rows 0-3, 4-6, 7-10, 11-12
 
 
-@pytest.mark.parametrize("index", INDEXES, ids=str)
+@pytest.mark.parametrize("index", INDEXES + ONE_SHARD, ids=str)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_round_trip_every_dtype_and_index(store_dir: Path, spec: ArraySpec, index) -> None:
     store = open_store(store_dir)
@@ -111,14 +112,154 @@ def test_store_layout_indices_ids_and_skipped(store_dir: Path) -> None:
     assert "f32" in store and "nope" not in store and 3 not in store
 
 
-def test_one_shard_rows_are_views_of_the_file(store_dir: Path) -> None:
-    arr = open_store(store_dir)["f32"]
-    a, b = arr[0:3], arr[0:3]
-    assert a.data_ptr() == b.data_ptr()  # the same mapped pages, not two copies
-    a += 1  # copy-on-write: the file never changes
-    assert torch.equal(open_store(store_dir)["f32"][0:3], _expected(SPECS[0])[0:3])
-    view = arr.numpy(slice(4, 7))
-    assert np.shares_memory(view, arr[4:7].numpy()) or np.array_equal(view, arr[4:7].numpy())
+# ---- every read is the stored values, in a tensor of its own ----
+
+def _file_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "shards").iterdir())}
+
+
+def _writes(spec: ArraySpec) -> dict[str, object]:
+    """In-place writes of every kind into a tensor a read returned (each changes every element it can)."""
+    floats = spec.dtype.is_floating_point
+    return {
+        "sub_": lambda t: t.sub_(t.float().mean(0).to(t.dtype) if floats else t[:1] + 1 if t.ndim else t + 1),
+        "zero_": lambda t: t.zero_(),
+        "relu_": lambda t: t.relu_() if floats else t.clamp_(min=0),
+        "neg_": lambda t: t.neg_(),
+        "setitem": lambda t: t.__setitem__(..., 7),
+        "out=": lambda t: torch.add(t, 3, out=t),
+        "view_write": lambda t: t.view(-1).fill_(-5) if t.is_contiguous() else t.fill_(-5),
+    }
+
+
+TUPLES = [(3, 0), (slice(2, 11), 0), ([4, 1], 0), (Ellipsis, 0), (slice(None), slice(1, None)), (slice(4, 7), 1)]
+
+
+@pytest.mark.parametrize("index", INDEXES + ONE_SHARD + TUPLES, ids=str)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_writes_into_a_read_change_no_later_read(store_dir: Path, spec: ArraySpec, index) -> None:
+    if isinstance(index, tuple) and not spec.shape and index[0] is not Ellipsis:
+        pytest.skip("a 0-d row has no second index")
+    before = _file_bytes(store_dir)
+    store = open_store(store_dir)
+    arr = store[spec.name]
+    full = _expected(spec)
+    want = arr[index].clone()
+    for name, write in _writes(spec).items():
+        got = arr[index]
+        if got.numel() == 0:
+            continue
+        write(got)
+        assert not torch.equal(got, want) or name in ("relu_",), name  # the write did change the read
+        assert torch.equal(arr[index], want), name  # the same read again: the stored values
+        assert torch.equal(arr[:], full) and torch.equal(arr.tensor(), full), name
+        assert torch.equal(arr[3], full[3]) and torch.equal(arr[[0, 12]], full[[0, 12]]), name
+    if spec.dtype != torch.bfloat16:
+        a = arr.numpy(index if not isinstance(index, tuple) else slice(None))
+        if a.size:
+            a[...] = 0
+            a += 1
+        assert np.array_equal(arr.numpy(), full.numpy())
+    assert _file_bytes(store_dir) == before
+    assert torch.equal(open_store(store_dir)[spec.name][:], full)
+
+
+BIG = [ArraySpec("f32", (512,), torch.float32), ArraySpec("bf16", (512,), torch.bfloat16),
+       ArraySpec("i64", (4,), torch.int64)]
+
+
+def _file_maps(path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, permissions) of this process's mappings of ``path``."""
+    found = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == str(path.resolve()):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            found.append((lo, hi, parts[1]))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings from /proc")
+def test_big_reads_are_private_maps_of_the_file_not_copies(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=2500, skip=set())  # f32 2 MiB and bf16 1 MiB a shard
+    before = _file_bytes(tmp_path)
+    store = open_store(tmp_path)
+    arr = store["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(2500)])
+    a, b = arr[0:1000], arr[0:1000]  # 2 MB each: one shard, zero-copy
+    assert a.data_ptr() != b.data_ptr()
+    maps = _file_maps(shard_path(tmp_path, 0))
+    for t in (a, b):  # each read is a view of its own private (copy-on-write) mapping of the file
+        assert [m for m in maps if m[0] <= t.data_ptr() < m[1] and m[2] == "rw-p"]
+    a -= a.mean(0)
+    b.relu_()
+    b[5] = 0
+    assert torch.equal(arr[0:1000], full[:1000]) and torch.equal(arr[10], full[10])
+    assert torch.equal(arr[1024:2048:2], full[1024:2048:2])  # a strided view of another map
+    small = arr[7]  # 2 KB: a copy, not a map
+    assert not [m for m in _file_maps(shard_path(tmp_path, 0)) if m[0] <= small.data_ptr() < m[1]]
+    bf = store["bf16"][1024:2048]  # bf16: 1 MiB, a view of a private map too
+    bf.mul_(2)
+    assert torch.equal(store["bf16"][1024:2048], torch.stack([_value(BIG[1], i) for i in range(1024, 2048)]))
+    assert _file_bytes(tmp_path) == before
+
+
+def test_a_one_shard_store_tensor_and_numpy_are_private(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=1000, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(1000)])
+    t = arr.tensor()
+    t.zero_()
+    a = arr.numpy()
+    a -= a.mean(0)
+    np.maximum(a, 0, out=a)
+    assert torch.equal(arr.tensor(), full) and np.array_equal(arr.numpy(), full.numpy())
+    assert torch.equal(arr[:], full) and torch.equal(open_store(tmp_path)["f32"][:], full)
+
+
+def test_many_live_big_reads_hold_no_file_descriptors(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG[:1], per=1024, n_data=2048, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    arr[0]  # the store's own maps: opened once
+    fds = len(os.listdir("/proc/self/fd"))
+    live = [arr[(k % 2) * 1024:(k % 2) * 1024 + 600] for k in range(300)]
+    assert len(os.listdir("/proc/self/fd")) - fds <= 2
+    live[0].zero_()
+    live[1].fill_(3)
+    assert torch.equal(live[2], arr[0:600]) and torch.equal(live[3], arr[1024:1624])
+    assert live[0].abs().sum() == 0 and bool((live[1] == 3).all())
+
+
+def test_threads_read_while_others_write_their_own_copies(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG[:1], per=1024, n_data=2500, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(2500)])
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(60):
+            lo = rng.randrange(0, 2400)
+            hi = min(2500, lo + rng.choice([1, 5, 700]))
+            got = arr[lo:hi] if rng.random() < 0.7 else arr[lo]
+            want = full[lo:hi] if got.ndim == 2 else full[lo]
+            if not torch.equal(got, want):
+                errors.append(f"thread {seed}: rows {lo}:{hi} differ")
+            got.fill_(seed)  # this thread's copy only
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and torch.equal(arr[:], full)
+
+
+def test_indices_are_a_copy_each_time(store_dir: Path) -> None:
+    store = open_store(store_dir)
+    got = store.indices
+    got += 100
+    assert store.indices.tolist() == _kept() and store.ids == [str(i) for i in _kept()]
 
 
 def test_out_of_range_and_bad_indexes(store_dir: Path) -> None:

@@ -1,5 +1,9 @@
 """A store read lazily: per-layer arrays memory-mapped from the shards, indexed like tensors, and every file
 checked against the manifest (sizes, headers, shapes and dtypes when opened; crc32 on a shard's first read).
+
+Every read returns a tensor of its own, so writing into one (``x -= x.mean(0)``, ``x.relu_()``) changes neither
+the file nor any other read: small reads are copied, large reads of one shard are a private copy-on-write
+mapping of the file made for that read (no copy; the pages are read from the file when first touched).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = ["open_store", "Store", "LayerArray"]
 _DTYPES = {dtype_text(d): d for d in CODES}
 _AGAIN = "run the extract again with overwrite=True (--overwrite)"
 _MAPPED = 64
+_COPY_BELOW = 1 << 20  # bytes: a smaller read is copied (cheaper than a new mapping, and no mapping per tensor)
 Index = int | slice | Sequence[int] | torch.Tensor | np.ndarray | tuple[Any, ...]
 
 
@@ -38,14 +43,15 @@ class _Shard:
     count: int
     header: Header
     crc32: int
+    size: int
     verified: bool = False
 
 
 class _Shards:
-    """The shards of one store, each memory-mapped on first use (crc32 checked then).
+    """The shards of one store, each memory-mapped read-only on first use (crc32 checked then); reads copy out
+    of these maps (never hand them out) or map the file privately for one tensor (:meth:`private`).
 
-    At most ``_MAPPED`` shards stay mapped by the store (each map holds a file descriptor); tensors already
-    handed out keep their own map alive, so dropping one here never invalidates them.
+    At most ``_MAPPED`` shards stay mapped by the store (each map holds a file descriptor).
     """
 
     def __init__(self, root: Path, shards: list[_Shard], verify: bool) -> None:
@@ -56,7 +62,7 @@ class _Shards:
         self._lock = threading.Lock()
 
     def array(self, k: int, name: str) -> np.ndarray:
-        """Tensor ``name`` of shard ``k`` as a numpy array over the mapped file (bf16 as uint16)."""
+        """Tensor ``name`` of shard ``k`` as a read-only numpy array over the store's map (bf16 as uint16)."""
         e = self.shards[k].header.tensors[name]
         dtype = numpy_dtype(e.dtype)
         if e.end == e.begin:
@@ -83,9 +89,20 @@ class _Shards:
                 raise HookscopeError(f"{s.path} is corrupted: its crc32 is {crc} but {self.root / 'manifest.json'} "
                                      f"says {s.crc32}; {_AGAIN} (or open_store(..., verify=False) to read it anyway)")
             s.verified = True
-        # copy-on-write: torch may write into what it gets, the file never changes (and no read-only warning)
-        with open_regular(s.path) as f:
-            return np.memmap(f, dtype=np.uint8, mode="c")
+        with open_regular(s.path) as f:  # read-only: nothing of this map is handed out, reads copy from it
+            return np.memmap(f, dtype=np.uint8, mode="r")
+
+    def private(self, k: int, name: str) -> torch.Tensor:
+        """Tensor ``name`` of shard ``k`` over a private copy-on-write map of the file, for one read alone.
+
+        ``torch.from_file(shared=False)`` maps with ``MAP_PRIVATE`` and closes its file descriptor at once, so
+        writes into the tensor stay in it and many live tensors hold no descriptors. Call :meth:`array` first
+        (it checks the crc32).
+        """
+        s = self.shards[k]
+        e = s.header.tensors[name]
+        whole = torch.from_file(str(s.path), shared=False, size=s.size, dtype=torch.uint8)
+        return whole[s.header.data_start + e.begin:s.header.data_start + e.end].view(e.dtype).reshape(e.shape)
 
     def index(self, k: int) -> np.ndarray:
         """The dataset indices of shard ``k``, checked: strictly increasing, and above the previous shard's."""
@@ -127,8 +144,9 @@ def _rows(index: Any, n: int) -> np.ndarray:
 class LayerArray:
     """One stored array across every shard: ``shape`` is ``(rows, *per_sample)``; indexing returns tensors.
 
-    Rows of one shard come back as a view of the memory-mapped file (no copy); an index that spans shards, or
-    a list of rows, gathers them into a new tensor.
+    Every read returns the stored values in a tensor of its own, which may be written into freely: rows of one
+    shard under 1 MiB are copied, larger ones are a private copy-on-write mapping of the file (no copy); an
+    index that spans shards, or a list of rows, gathers them into a new tensor.
 
     Example:
         >>> import tempfile
@@ -163,6 +181,14 @@ class LayerArray:
         t = torch.from_numpy(a)
         return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
 
+    def _own(self, k: int, start: int, stop: int, step: int = 1) -> torch.Tensor:
+        """Rows ``start:stop:step`` (of shard ``k``) in a tensor of their own: a copy when small, else a view of
+        a private map of the file made for this read."""
+        part = self._shards.array(k, self.name)[start:stop:step]
+        if part.nbytes < _COPY_BELOW:
+            return self._torch(np.array(part))
+        return self._shards.private(k, self.name)[start:stop:step]
+
     def _shard_of(self, row: int) -> int:
         return int(np.searchsorted(self._shards.starts, row, side="right")) - 1
 
@@ -196,13 +222,13 @@ class LayerArray:
             i %= n
             k = self._shard_of(i)
             local = i - int(self._shards.starts[k])
-            return self._torch(self._shards.array(k, self.name)[local:local + 1].reshape(self.shape[1:]))
+            return self._own(k, local, local + 1).reshape(self.shape[1:])
         if isinstance(index, slice):
             rows = range(*index.indices(n))
             if len(rows) and rows.step > 0 and self._shard_of(rows[0]) == self._shard_of(rows[-1]):
                 k = self._shard_of(rows[0])
                 start = int(self._shards.starts[k])
-                return self._torch(self._shards.array(k, self.name)[rows.start - start:rows[-1] - start + 1:rows.step])
+                return self._own(k, rows.start - start, rows[-1] - start + 1, rows.step)
             return self._torch(self._gather(np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)))
         if isinstance(index, tuple):  # rows first, then the rest on what they give (arr[:, 0])
             if not index or index[0] is Ellipsis:
@@ -224,7 +250,7 @@ class LayerArray:
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def tensor(self) -> torch.Tensor:
-        """Every row, as one tensor (a view of the file when the store has one shard)."""
+        """Every row, as one tensor of its own (a private map of the file when the store has one shard)."""
         return self[:]
 
 
@@ -329,7 +355,7 @@ def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     for file, count, size, crc in _entries(path, m):
         header = _open_shard(path, file, count, size)
         _match(file, header, count, arrays, where)
-        shards.append(_Shard(file, start, count, header, crc))
+        shards.append(_Shard(file, start, count, header, crc, size))
         start += count
     samples = m.get("samples")
     if not isinstance(samples, dict) or samples.get("count") != start:
@@ -382,11 +408,11 @@ class Store(Result, Mapping[str, LayerArray]):
 
     @property
     def indices(self) -> torch.Tensor:
-        """The int64 dataset index of each row (read from the shards on first use)."""
+        """The int64 dataset index of each row (read from the shards on first use), in a tensor of its own."""
         if self._indices is None:
             parts = [self._shards.index(k) for k in range(len(self._shards.shards))]
             self._indices = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-        return self._indices
+        return self._indices.clone()
 
     @property
     def ids(self) -> list[str]:
