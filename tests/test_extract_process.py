@@ -1,6 +1,6 @@
 """Real processes: an extract killed with SIGKILL at several moments and resumed gives the same store, byte
-for byte, as an uninterrupted run; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as
-one process."""
+for byte, as an uninterrupted run, also when a shard it left was damaged afterwards; two ranks under torchrun
+(gloo, DDP-wrapped model) give the same store as one process."""
 
 from __future__ import annotations
 
@@ -16,15 +16,19 @@ import pytest
 import torch
 
 import hookscope
+from hookscope.errors import HookscopeError
+from hookscope.store import write_json
 
 JOB = str(Path(__file__).with_name("extract_job.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
-def _run(out: Path, *flags: str) -> None:
+def _run(out: Path, *flags: str) -> str:
+    """Run the job to its end; its stderr."""
     done = subprocess.run([sys.executable, JOB, str(out), *flags], env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -107,3 +111,81 @@ def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, reference: d
     store = hookscope.open_store(out)
     assert store.indices.tolist() == list(range(57))
     assert torch.isfinite(store["3"][:]).all()
+
+
+def _flip(path: Path, back: int = 1) -> None:
+    """Flip one bit of the byte ``back`` bytes before the end (inside the data of the last tensor)."""
+    data = bytearray(path.read_bytes())
+    data[-back] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _unfinished(out: Path) -> None:
+    """The manifest as a killed run leaves it: its settings, not complete, no shard list."""
+    m = json.loads((out / "manifest.json").read_text())
+    for key in ("samples", "shards"):
+        m.pop(key)
+    write_json(out / "manifest.json", {**m, "complete": False})
+
+
+def _strip_checksum(path: Path) -> None:
+    """Rewrite a shard as a hookscope without shard checksums wrote it: the same data, no CRC_KEY."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"].pop("hookscope_crc32")
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped data byte", "flipped header byte", "no checksum", "truncated"])
+def test_a_damaged_shard_is_written_again_on_resume(tmp_path: Path, reference: dict[str, bytes],
+                                                    damage: str) -> None:
+    out = tmp_path / "store"
+    _run(out)
+    shard = out / "shards" / "000002.safetensors"
+    if damage == "flipped data byte":
+        _flip(shard, back=3)
+    elif damage == "flipped header byte":
+        data = bytearray(shard.read_bytes())
+        data[data.index(b'"hookscope_crc32":"') + 20] ^= 0x01  # a digit of the checksum itself
+        shard.write_bytes(bytes(data))
+    elif damage == "no checksum":
+        _strip_checksum(shard)
+    else:
+        shard.write_bytes(shard.read_bytes()[:-7])
+    assert shard.read_bytes() != reference["shards/000002.safetensors"]
+    _unfinished(out)
+    err = _run(out, "--resume")
+    said = [line for line in err.splitlines() if "000002.safetensors was removed and is written again" in line]
+    assert len(said) == 1, err
+    assert _files(out) == reference  # bit for bit the clean run's store, certified
+    assert torch.isfinite(hookscope.open_store(out)["3"][:]).all()  # every shard read back, crc32s checked
+
+
+@pytest.mark.slow
+def test_killed_then_a_kept_shard_damaged_resumes_identically(tmp_path: Path, reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    _kill_after(out, 0.45)
+    kept = sorted((out / "shards").glob("0*.safetensors"))
+    assert kept and json.loads((out / "manifest.json").read_text())["complete"] is False
+    _flip(kept[0], back=100)
+    _run(out, "--resume")
+    assert _files(out) == reference
+
+
+@pytest.mark.slow
+def test_a_finished_store_with_a_damaged_shard_is_refused_when_read(tmp_path: Path,
+                                                                     reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    _run(out)
+    _flip(out / "shards" / "000001.safetensors", back=5)
+    _run(out, "--resume")  # a finished store: checked against the settings, nothing written, nothing removed
+    store = hookscope.open_store(out)
+    with pytest.raises(HookscopeError, match=r"000001\.safetensors is corrupted"):
+        store["3"][12]
+    _unfinished(out)  # resumed as unfinished, the damaged shard is written again
+    _run(out, "--resume")
+    assert _files(out) == reference

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,9 @@ from torch import nn
 from hookscope.errors import HookscopeError, RecordError
 from hookscope.store import (
     ArraySpec, StoreWriter, clear_store, complete_shards, is_store, load_tensors, open_store, read_manifest,
-    remove_partial, save_tensors, shard_path, weights_hash, write_json,
+    remove_damaged, remove_partial, save_tensors, shard_path, weights_hash, write_json,
 )
+from hookscope.store._files import CRC_KEY, crc32_combine
 
 SPECS = [ArraySpec("f32", (3,), torch.float32), ArraySpec("f16", (2, 2), torch.float16),
          ArraySpec("bf16", (), torch.bfloat16), ArraySpec("i64", (2,), torch.int64)]
@@ -563,6 +565,99 @@ def test_complete_shards_ignores_and_remove_partial_removes_tmp(tmp_path: Path) 
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(HookscopeError, match=r"000002\.safetensors is not a valid shard"):
         complete_shards(tmp_path)
+
+
+# ---- each shard carries the crc32 of its data ----
+
+def _header(path: Path) -> dict:
+    data = path.read_bytes()
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+
+
+def _data(path: Path) -> bytes:
+    data = path.read_bytes()
+    return data[8 + int.from_bytes(data[:8], "little"):]
+
+
+def test_every_shard_carries_the_crc32_of_its_data(tmp_path: Path) -> None:
+    infos = _write(tmp_path)
+    for info in infos:
+        path = tmp_path / info.file
+        assert _header(path)["__metadata__"][CRC_KEY] == str(zlib.crc32(_data(path)))
+        assert info.crc32 == zlib.crc32(path.read_bytes()) and info.bytes == path.stat().st_size
+    saved = save_tensors(tmp_path / "saved", {"a": torch.arange(5)}, {"kind": "demo"})
+    path = shard_path(saved, 0)
+    assert _header(path)["__metadata__"][CRC_KEY] == str(zlib.crc32(_data(path)))
+    assert load_tensors(saved)[0]["a"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_crc32_combine_equals_zlib_on_every_split() -> None:
+    rng = random.Random(0)
+    for n in [0, 1, 2, 3, 7, 8, 255, 256, 4096, 100_003]:
+        data = rng.randbytes(n)
+        for cut in {0, n // 3, n // 2, n}:
+            a, b = data[:cut], data[cut:]
+            assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data), (n, cut)
+
+
+def _restamp(path: Path, header: dict) -> None:
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + _data(path))
+
+
+@pytest.mark.parametrize("damage", ["data byte", "checksum", "no checksum"])
+def test_complete_shards_refuses_and_remove_damaged_removes_a_damaged_shard(tmp_path: Path, damage: str) -> None:
+    infos = _write(tmp_path)
+    path = shard_path(tmp_path, 2)
+    header = _header(path)
+    if damage == "data byte":
+        data = bytearray(path.read_bytes())
+        data[-9] ^= 0x80  # a sign bit inside the i64 rows
+        path.write_bytes(bytes(data))
+        why = r"its data's crc32 is \d+ but its header says \d+"
+    elif damage == "checksum":
+        header["__metadata__"][CRC_KEY] = str(int(header["__metadata__"][CRC_KEY]) ^ 1)
+        _restamp(path, header)
+        why = r"its data's crc32 is \d+ but its header says \d+"
+    else:
+        header["__metadata__"].pop(CRC_KEY)
+        _restamp(path, header)
+        why = r"it carries no checksum of its data \(an older hookscope wrote it\)"
+    with pytest.raises(HookscopeError, match=rf"000002\.safetensors is damaged: {why}; delete it and write it again"):
+        complete_shards(tmp_path)
+    lines = remove_damaged(tmp_path)
+    assert len(lines) == 1 and re.search(rf"000002\.safetensors was removed and is written again: it is damaged: {why}$",
+                                         lines[0])
+    assert not path.exists() and list(complete_shards(tmp_path).values()) == [infos[0], infos[1], infos[3]]
+    assert remove_damaged(tmp_path) == []  # the sound ones stay
+
+
+def test_remove_damaged_leaves_sound_shards_and_takes_every_damaged_one(tmp_path: Path) -> None:
+    _write(tmp_path)
+    for k in (0, 3):
+        path = shard_path(tmp_path, k)
+        path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
+    shard_path(tmp_path, 5).write_bytes(b"12345678")  # a header length larger than the file
+    lines = remove_damaged(tmp_path)
+    assert [line.split("shards/")[1].split(" ")[0] for line in lines] == [
+        "000000.safetensors", "000003.safetensors", "000005.safetensors"]
+    assert "is not a valid shard (the header length" in lines[2]
+    assert sorted(complete_shards(tmp_path)) == [1, 2]
+
+
+def test_reading_checks_the_shards_own_checksum_too(store_dir: Path) -> None:
+    path = shard_path(store_dir, 1)
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01
+    path.write_bytes(bytes(data))  # damaged, then certified with the damaged file's crc32 (as a bad copy would)
+    _edit_manifest(store_dir, lambda m: m["shards"][1].update(crc32=zlib.crc32(bytes(data))))
+    store = open_store(store_dir)
+    assert torch.equal(store["f32"][:4], _expected(SPECS[0])[:4])
+    with pytest.raises(HookscopeError, match=r"000001\.safetensors is corrupted: its data's crc32 is \d+ but its "
+                                             r"header says \d+; .*verify=False"):
+        store["f32"][5]
+    assert open_store(store_dir, verify=False)["f32"][5].shape == (3,)
 
 
 def test_clear_store_and_is_store(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import torch
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
 from ..errors import HookscopeError
-from ._files import SHARD, open_regular, read_manifest
+from ._files import CRC_KEY, SHARD, open_regular, read_manifest, read_shard
 from ._format import CODES, Header, numpy_dtype, parse_header
 
 __all__ = ["open_store", "Store", "LayerArray"]
@@ -81,13 +80,15 @@ class _Shards:
     def _map(self, k: int) -> np.ndarray:
         s = self.shards[k]
         if self.verify and not s.verified:
-            crc = 0
-            with open_regular(s.path) as f:
-                while chunk := f.read(1 << 22):
-                    crc = zlib.crc32(chunk, crc)
-            if crc != s.crc32:
-                raise HookscopeError(f"{s.path} is corrupted: its crc32 is {crc} but {self.root / 'manifest.json'} "
-                                     f"says {s.crc32}; {_AGAIN} (or open_store(..., verify=False) to read it anyway)")
+            got = read_shard(s.path)
+            if got.crc32 != s.crc32:
+                raise HookscopeError(f"{s.path} is corrupted: its crc32 is {got.crc32} but "
+                                     f"{self.root / 'manifest.json'} says {s.crc32}; {_AGAIN} (or "
+                                     "open_store(..., verify=False) to read it anyway)")
+            damage = got.damage() if CRC_KEY in got.header.metadata else None  # older shards carry none
+            if damage is not None:
+                raise HookscopeError(f"{s.path} is corrupted: {damage}; {_AGAIN} (or open_store(..., verify=False) "
+                                     "to read it anyway)")
             s.verified = True
         with open_regular(s.path) as f:  # read-only: nothing of this map is handed out, reads copy from it
             return np.memmap(f, dtype=np.uint8, mode="r")
