@@ -1,6 +1,6 @@
 """Real processes: an extract killed with SIGKILL at several moments and resumed gives the same store, byte
-for byte, as an uninterrupted run, also when a shard it left was damaged afterwards; two ranks under torchrun
-(gloo, DDP-wrapped model) give the same store as one process."""
+for byte, as an uninterrupted run, also when a shard it left was damaged afterwards or its loader workers live
+on; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as one process."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -189,3 +190,70 @@ def test_a_finished_store_with_a_damaged_shard_is_refused_when_read(tmp_path: Pa
     _unfinished(out)  # resumed as unfinished, the damaged shard is written again
     _run(out, "--resume")
     assert _files(out) == reference
+
+
+_WORKERS = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import torch, hookscope
+    import extract_job
+    from extract_job import LAYERS, SHARD, SIZE, build
+
+    class Samples(extract_job.Samples):  # loader workers stall from the third shard on (sample 24)
+        def __getitem__(self, i):
+            if i >= 24 and float(sys.argv[3]) and torch.utils.data.get_worker_info() is not None:
+                time.sleep(float(sys.argv[3]))
+            return super().__getitem__(i)
+
+    torch.set_num_threads(1)
+    hookscope.extract(build(), Samples(SIZE), LAYERS, out=sys.argv[1], batch_size=5, shard_size=SHARD, workers=2,
+                      resume="--resume" in sys.argv, progress=False)
+""")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        if d.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(d))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the loader's workers in /proc")
+def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    here = str(Path(JOB).parent)
+    proc = subprocess.Popen([sys.executable, "-c", _WORKERS, str(out), here, "60"], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shards" / "000001.safetensors").exists() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert len(workers) == 2 and all(_pid_alive(w) for w in workers)  # orphaned, stalled in a sample
+        done = subprocess.run([sys.executable, "-c", _WORKERS, str(out), here, "0", "--resume"], env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert any(_pid_alive(w) for w in workers)  # they lived on all the while the resumed run wrote
+        assert _files(out) == reference
+    finally:
+        for w in workers:
+            if _pid_alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
