@@ -1,6 +1,7 @@
 """Real processes: an extract killed with SIGKILL at several moments and resumed gives the same store, byte
 for byte, as an uninterrupted run, also when a shard it left was damaged afterwards or its loader workers live
-on; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as one process."""
+on; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as one process at the same number
+of threads."""
 
 from __future__ import annotations
 
@@ -257,3 +258,36 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+_THREADS = textwrap.dedent("""
+    import os, sys
+    import torch, hookscope
+    from torch import nn
+    torch.set_num_threads(int(sys.argv[2]))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 256), nn.ReLU()).eval()  # a long dot product: threads split it
+    data = torch.randn(30, 4096, generator=torch.Generator().manual_seed(1))
+    if "RANK" in os.environ:
+        torch.distributed.init_process_group("gloo")
+    hookscope.extract(model, data, "0", out=sys.argv[1], batch_size=5, shard_size=10 * (256 * 4 + 8),
+                      progress=False)
+    if "RANK" in os.environ:
+        torch.distributed.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path, threads: int) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(_THREADS)
+    one, two = tmp_path / "one", tmp_path / "two"
+    done = subprocess.run([sys.executable, str(job), str(one), str(threads)], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(job), str(two), str(threads)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((one / "shards").iterdir())) == 3
+    assert _files(one) == _files(two)
