@@ -219,6 +219,35 @@ def test_a_one_shard_store_tensor_and_numpy_are_private(tmp_path: Path) -> None:
     assert torch.equal(arr[:], full) and torch.equal(open_store(tmp_path)["f32"][:], full)
 
 
+def test_rows_over_a_mebibyte_are_private_maps_by_int_too(tmp_path: Path) -> None:
+    spec = ArraySpec("huge", (3, 512, 256), torch.float32)  # 1.5 MiB a row
+    _write(tmp_path, specs=[spec], per=2, n_data=5, skip=set())
+    arr = open_store(tmp_path)["huge"]
+    for i in (0, 3, -1):
+        got = arr[i]
+        assert [m for m in _file_maps(shard_path(tmp_path, (i % 5) // 2)) if m[0] <= got.data_ptr() < m[1]]
+        got.mul_(-1)
+        got[0, 0, 0] = 1e30
+        assert torch.equal(arr[i], _value(spec, i % 5)) and torch.equal(arr[i, 1], _value(spec, i % 5)[1])
+
+
+def test_a_shard_replaced_after_opening_is_refused_not_misread(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=2500, skip=set())
+    store = open_store(tmp_path)
+    arr = store["f32"]
+    assert torch.equal(arr[5], _value(BIG[0], 5))  # shard 0 mapped by the store
+    for k in (0, 2):  # another run writes them again: new files under the same names
+        path = shard_path(tmp_path, k)
+        copy = path.with_name("copy")
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    with pytest.raises(HookscopeError, match=r"000000\.safetensors was replaced since the store was opened"):
+        arr[0:1000]
+    with pytest.raises(HookscopeError, match=r"000002\.safetensors was replaced since the store was opened"):
+        arr[2100]
+    assert torch.equal(open_store(tmp_path)["f32"][0:1000], torch.stack([_value(BIG[0], i) for i in range(1000)]))
+
+
 def test_many_live_big_reads_hold_no_file_descriptors(tmp_path: Path) -> None:
     _write(tmp_path, specs=BIG[:1], per=1024, n_data=2048, skip=set())
     arr = open_store(tmp_path)["f32"]

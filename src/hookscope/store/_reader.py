@@ -43,6 +43,7 @@ class _Shard:
     header: Header
     crc32: int
     size: int
+    ident: tuple[int, int]  # (st_dev, st_ino) when opened: a file replaced since then is refused, not misread
     verified: bool = False
 
 
@@ -91,7 +92,14 @@ class _Shards:
                                      "to read it anyway)")
             s.verified = True
         with open_regular(s.path) as f:  # read-only: nothing of this map is handed out, reads copy from it
+            self._same(k, os.fstat(f.fileno()))
             return np.memmap(f, dtype=np.uint8, mode="r")
+
+    def _same(self, k: int, st: os.stat_result) -> None:
+        s = self.shards[k]
+        if (st.st_dev, st.st_ino) != s.ident:
+            raise HookscopeError(f"{s.path} was replaced since the store was opened (another run wrote it); open "
+                                 "the store again")
 
     def private(self, k: int, name: str) -> torch.Tensor:
         """Tensor ``name`` of shard ``k`` over a private copy-on-write map of the file, for one read alone.
@@ -102,6 +110,7 @@ class _Shards:
         """
         s = self.shards[k]
         e = s.header.tensors[name]
+        self._same(k, os.stat(s.path))
         whole = torch.from_file(str(s.path), shared=False, size=s.size, dtype=torch.uint8)
         return whole[s.header.data_start + e.begin:s.header.data_start + e.end].view(e.dtype).reshape(e.shape)
 
@@ -300,15 +309,15 @@ def _entries(root: Path, m: Mapping[str, Any]) -> list[tuple[Path, int, int, int
     return [(root / e["file"], e["count"], e["bytes"], e["crc32"]) for e in listed]
 
 
-def _open_shard(root: Path, path: Path, count: int, size: int) -> Header:
+def _open_shard(root: Path, path: Path, count: int, size: int) -> tuple[Header, tuple[int, int]]:
     where = root / "manifest.json"
     try:
         with open_regular(path) as f:
-            real = os.fstat(f.fileno()).st_size
-            if real != size:
-                raise HookscopeError(f"{path} holds {real} bytes but {where} says {size}: the file is truncated or "
-                                     f"corrupted; {_AGAIN}")
-            return parse_header(f, real, path)
+            st = os.fstat(f.fileno())
+            if st.st_size != size:
+                raise HookscopeError(f"{path} holds {st.st_size} bytes but {where} says {size}: the file is truncated "
+                                     f"or corrupted; {_AGAIN}")
+            return parse_header(f, size, path), (st.st_dev, st.st_ino)
     except FileNotFoundError:
         raise HookscopeError(f"{path} is missing (listed in {where}); {_AGAIN}") from None
     except OSError as e:
@@ -354,9 +363,9 @@ def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     arrays = _arrays(path, m)
     shards, start = [], 0
     for file, count, size, crc in _entries(path, m):
-        header = _open_shard(path, file, count, size)
+        header, ident = _open_shard(path, file, count, size)
         _match(file, header, count, arrays, where)
-        shards.append(_Shard(file, start, count, header, crc, size))
+        shards.append(_Shard(file, start, count, header, crc, size, ident))
         start += count
     samples = m.get("samples")
     if not isinstance(samples, dict) or samples.get("count") != start:
