@@ -23,7 +23,8 @@ __all__ = ["LOCK_NAME", "locked", "check_lock"]
 LOCK_NAME = ".hookscope-lock"
 """The lock file's name inside a store folder (it belongs to the store: never foreign, never a store alone)."""
 
-_HELD: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of each lock file this process holds -> its descriptor
+_HELD: set[tuple[int, int]] = set()  # (st_dev, st_ino) of the lock files this process holds
+_OPEN: set[int] = set()  # every descriptor of a lock file this process has open (held, or being checked)
 _HELD_LOCK = threading.Lock()
 _NO_LOCKS = {errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL}  # file systems that cannot flock
 
@@ -33,13 +34,19 @@ def _forked_child() -> None:
     description, so an flock lives on while any child keeps it open; closing here drops only the child's
     reference (the parent keeps its lock), and a killed parent's folder is free at once."""
     global _HELD_LOCK
-    for fd in _HELD.values():
+    for fd in _OPEN:
         try:
             os.close(fd)
         except OSError:
             pass
+    _OPEN.clear()
     _HELD.clear()
     _HELD_LOCK = threading.Lock()  # another thread of the parent may have held it while forking
+
+
+def _close(fd: int) -> None:
+    _OPEN.discard(fd)
+    os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):  # every os.fork, multiprocessing's "fork" start method included
@@ -104,8 +111,9 @@ def _open(path: Path, create: bool = True) -> int:
         if e.errno == errno.ELOOP:
             raise HookscopeError(f"{path} is a symbolic link, not hookscope's lock file; remove it") from None
         raise HookscopeError(f"cannot create {path} ({e.strerror or e}); give a folder you can write") from None
+    _OPEN.add(fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+        _close(fd)
         raise HookscopeError(f"{path} is not a regular file, so it is not hookscope's lock file; remove it")
     return fd
 
@@ -142,13 +150,13 @@ def _acquire(root: Path) -> int:
         fd = _open(path)
         if not _try_lock(fd):
             err = _busy(root, fd)
-            os.close(fd)
+            _close(fd)
             raise err
         if _same(fd, path):  # else the holder removed it between our open and our lock: lock the new one
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             return fd
-        os.close(fd)
+        _close(fd)
     raise HookscopeError(f"could not lock {path}: other runs keep replacing it; wait for them or pick another folder")
 
 
@@ -186,18 +194,18 @@ def locked(root: str | os.PathLike[str]) -> Iterator[Path]:
     st = os.fstat(fd)
     key, owner = (st.st_dev, st.st_ino), os.getpid()
     with _HELD_LOCK:
-        _HELD[key] = fd
+        _HELD.add(key)
     try:
         yield path
     finally:
         if os.getpid() == owner:  # a forked child leaving the block holds nothing: _forked_child closed it
             with _HELD_LOCK:
-                _HELD.pop(key, None)
+                _HELD.discard(key)
             try:
                 if _same(fd, path / LOCK_NAME):  # removed while we hold it, so no other run can lock a stale copy
                     os.unlink(path / LOCK_NAME)
             finally:
-                os.close(fd)
+                _close(fd)
 
 
 def check_lock(root: Path, *, remove: bool) -> None:
@@ -231,4 +239,4 @@ def check_lock(root: Path, *, remove: bool) -> None:
         if remove and _same(fd, path):
             os.unlink(path)
     finally:
-        os.close(fd)
+        _close(fd)
