@@ -1,6 +1,7 @@
 """Real processes: an extract killed with SIGKILL at several moments and resumed gives the same store, byte
-for byte, as an uninterrupted run; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as
-one process."""
+for byte, as an uninterrupted run, also when a shard it left was damaged afterwards or its loader workers live
+on; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as one process at the same number
+of threads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,15 +18,19 @@ import pytest
 import torch
 
 import hookscope
+from hookscope.errors import HookscopeError
+from hookscope.store import write_json
 
 JOB = str(Path(__file__).with_name("extract_job.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
-def _run(out: Path, *flags: str) -> None:
+def _run(out: Path, *flags: str) -> str:
+    """Run the job to its end; its stderr."""
     done = subprocess.run([sys.executable, JOB, str(out), *flags], env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -107,3 +113,181 @@ def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, reference: d
     store = hookscope.open_store(out)
     assert store.indices.tolist() == list(range(57))
     assert torch.isfinite(store["3"][:]).all()
+
+
+def _flip(path: Path, back: int = 1) -> None:
+    """Flip one bit of the byte ``back`` bytes before the end (inside the data of the last tensor)."""
+    data = bytearray(path.read_bytes())
+    data[-back] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _unfinished(out: Path) -> None:
+    """The manifest as a killed run leaves it: its settings, not complete, no shard list."""
+    m = json.loads((out / "manifest.json").read_text())
+    for key in ("samples", "shards"):
+        m.pop(key)
+    write_json(out / "manifest.json", {**m, "complete": False})
+
+
+def _strip_checksum(path: Path) -> None:
+    """Rewrite a shard as a hookscope without shard checksums wrote it: the same data, no CRC_KEY."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"].pop("hookscope_crc32")
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["flipped data byte", "flipped header byte", "no checksum", "truncated"])
+def test_a_damaged_shard_is_written_again_on_resume(tmp_path: Path, reference: dict[str, bytes],
+                                                    damage: str) -> None:
+    out = tmp_path / "store"
+    _run(out)
+    shard = out / "shards" / "000002.safetensors"
+    if damage == "flipped data byte":
+        _flip(shard, back=3)
+    elif damage == "flipped header byte":
+        data = bytearray(shard.read_bytes())
+        data[data.index(b'"hookscope_crc32":"') + 20] ^= 0x01  # a digit of the checksum itself
+        shard.write_bytes(bytes(data))
+    elif damage == "no checksum":
+        _strip_checksum(shard)
+    else:
+        shard.write_bytes(shard.read_bytes()[:-7])
+    assert shard.read_bytes() != reference["shards/000002.safetensors"]
+    _unfinished(out)
+    err = _run(out, "--resume")
+    said = [line for line in err.splitlines() if "000002.safetensors was removed and is written again" in line]
+    assert len(said) == 1, err
+    assert _files(out) == reference  # bit for bit the clean run's store, certified
+    assert torch.isfinite(hookscope.open_store(out)["3"][:]).all()  # every shard read back, crc32s checked
+
+
+@pytest.mark.slow
+def test_killed_then_a_kept_shard_damaged_resumes_identically(tmp_path: Path, reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    _kill_after(out, 0.45)
+    kept = sorted((out / "shards").glob("0*.safetensors"))
+    assert kept and json.loads((out / "manifest.json").read_text())["complete"] is False
+    _flip(kept[0], back=100)
+    _run(out, "--resume")
+    assert _files(out) == reference
+
+
+@pytest.mark.slow
+def test_a_finished_store_with_a_damaged_shard_is_refused_when_read(tmp_path: Path,
+                                                                     reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    _run(out)
+    _flip(out / "shards" / "000001.safetensors", back=5)
+    _run(out, "--resume")  # a finished store: checked against the settings, nothing written, nothing removed
+    store = hookscope.open_store(out)
+    with pytest.raises(HookscopeError, match=r"000001\.safetensors is corrupted"):
+        store["3"][12]
+    _unfinished(out)  # resumed as unfinished, the damaged shard is written again
+    _run(out, "--resume")
+    assert _files(out) == reference
+
+
+_WORKERS = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import torch, hookscope
+    import extract_job
+    from extract_job import LAYERS, SHARD, SIZE, build
+
+    class Samples(extract_job.Samples):  # loader workers stall from the third shard on (sample 24)
+        def __getitem__(self, i):
+            if i >= 24 and float(sys.argv[3]) and torch.utils.data.get_worker_info() is not None:
+                time.sleep(float(sys.argv[3]))
+            return super().__getitem__(i)
+
+    torch.set_num_threads(1)
+    hookscope.extract(build(), Samples(SIZE), LAYERS, out=sys.argv[1], batch_size=5, shard_size=SHARD, workers=2,
+                      resume="--resume" in sys.argv, progress=False)
+""")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        if d.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(d))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the loader's workers in /proc")
+def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, reference: dict[str, bytes]) -> None:
+    out = tmp_path / "store"
+    here = str(Path(JOB).parent)
+    proc = subprocess.Popen([sys.executable, "-c", _WORKERS, str(out), here, "60"], env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shards" / "000001.safetensors").exists() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert len(workers) == 2 and all(_pid_alive(w) for w in workers)  # orphaned, stalled in a sample
+        done = subprocess.run([sys.executable, "-c", _WORKERS, str(out), here, "0", "--resume"], env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert any(_pid_alive(w) for w in workers)  # they lived on all the while the resumed run wrote
+        assert _files(out) == reference
+    finally:
+        for w in workers:
+            if _pid_alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+
+
+_THREADS = textwrap.dedent("""
+    import os, sys
+    import torch, hookscope
+    from torch import nn
+    torch.set_num_threads(int(sys.argv[2]))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 256), nn.ReLU()).eval()  # a long dot product: threads split it
+    data = torch.randn(30, 4096, generator=torch.Generator().manual_seed(1))
+    if "RANK" in os.environ:
+        torch.distributed.init_process_group("gloo")
+    hookscope.extract(model, data, "0", out=sys.argv[1], batch_size=5, shard_size=10 * (256 * 4 + 8),
+                      progress=False)
+    if "RANK" in os.environ:
+        torch.distributed.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path, threads: int) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(_THREADS)
+    one, two = tmp_path / "one", tmp_path / "two"
+    done = subprocess.run([sys.executable, str(job), str(one), str(threads)], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(job), str(two), str(threads)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((one / "shards").iterdir())) == 3
+    assert _files(one) == _files(two)

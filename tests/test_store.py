@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,9 @@ from torch import nn
 from hookscope.errors import HookscopeError, RecordError
 from hookscope.store import (
     ArraySpec, StoreWriter, clear_store, complete_shards, is_store, load_tensors, open_store, read_manifest,
-    remove_partial, save_tensors, shard_path, weights_hash, write_json,
+    remove_damaged, remove_partial, save_tensors, shard_path, weights_hash, write_json,
 )
+from hookscope.store._files import CRC_KEY, crc32_combine
 
 SPECS = [ArraySpec("f32", (3,), torch.float32), ArraySpec("f16", (2, 2), torch.float16),
          ArraySpec("bf16", (), torch.bfloat16), ArraySpec("i64", (2,), torch.int64)]
@@ -83,9 +85,10 @@ def _expected(spec: ArraySpec) -> torch.Tensor:
 INDEXES = [3, -1, -13, slice(None), slice(2, 11), slice(1, 13, 3), slice(None, None, -2), slice(11, 2, -4),
            slice(5, 5), [12, 0, 7, 7, 3], [-1, 0], torch.tensor([9, 2, 3, 4]), np.array([1, 6]),
            torch.tensor([True, False] * 6 + [True])]
+ONE_SHARD = [slice(4, 7), slice(7, 11, 2), slice(-2, None), slice(0, 1)]  # shards hold rows 0-3, 4-6, 7-10, 11-12
 
 
-@pytest.mark.parametrize("index", INDEXES, ids=str)
+@pytest.mark.parametrize("index", INDEXES + ONE_SHARD, ids=str)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_round_trip_every_dtype_and_index(store_dir: Path, spec: ArraySpec, index) -> None:
     store = open_store(store_dir)
@@ -111,14 +114,183 @@ def test_store_layout_indices_ids_and_skipped(store_dir: Path) -> None:
     assert "f32" in store and "nope" not in store and 3 not in store
 
 
-def test_one_shard_rows_are_views_of_the_file(store_dir: Path) -> None:
-    arr = open_store(store_dir)["f32"]
-    a, b = arr[0:3], arr[0:3]
-    assert a.data_ptr() == b.data_ptr()  # the same mapped pages, not two copies
-    a += 1  # copy-on-write: the file never changes
-    assert torch.equal(open_store(store_dir)["f32"][0:3], _expected(SPECS[0])[0:3])
-    view = arr.numpy(slice(4, 7))
-    assert np.shares_memory(view, arr[4:7].numpy()) or np.array_equal(view, arr[4:7].numpy())
+# ---- every read is the stored values, in a tensor of its own ----
+
+def _file_bytes(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "shards").iterdir())}
+
+
+def _writes(spec: ArraySpec) -> dict[str, object]:
+    """In-place writes of every kind into a tensor a read returned (each changes every element it can)."""
+    floats = spec.dtype.is_floating_point
+    return {
+        "sub_": lambda t: t.sub_(t.float().mean(0).to(t.dtype) if floats else t[:1] + 1 if t.ndim else t + 1),
+        "zero_": lambda t: t.zero_(),
+        "relu_": lambda t: t.relu_() if floats else t.clamp_(min=0),
+        "neg_": lambda t: t.neg_(),
+        "setitem": lambda t: t.__setitem__(..., 7),
+        "out=": lambda t: torch.add(t, 3, out=t),
+        "view_write": lambda t: t.view(-1).fill_(-5) if t.is_contiguous() else t.fill_(-5),
+    }
+
+
+TUPLES = [(3, 0), (slice(2, 11), 0), ([4, 1], 0), (Ellipsis, 0), (slice(None), slice(1, None)), (slice(4, 7), 1)]
+
+
+@pytest.mark.parametrize("index", INDEXES + ONE_SHARD + TUPLES, ids=str)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_writes_into_a_read_change_no_later_read(store_dir: Path, spec: ArraySpec, index) -> None:
+    if isinstance(index, tuple) and not spec.shape and index[0] is not Ellipsis:
+        pytest.skip("a 0-d row has no second index")
+    before = _file_bytes(store_dir)
+    store = open_store(store_dir)
+    arr = store[spec.name]
+    full = _expected(spec)
+    want = arr[index].clone()
+    for name, write in _writes(spec).items():
+        got = arr[index]
+        if got.numel() == 0:
+            continue
+        write(got)
+        assert not torch.equal(got, want) or name in ("relu_",), name  # the write did change the read
+        assert torch.equal(arr[index], want), name  # the same read again: the stored values
+        assert torch.equal(arr[:], full) and torch.equal(arr.tensor(), full), name
+        assert torch.equal(arr[3], full[3]) and torch.equal(arr[[0, 12]], full[[0, 12]]), name
+    if spec.dtype != torch.bfloat16:
+        a = arr.numpy(index if not isinstance(index, tuple) else slice(None))
+        if a.size:
+            a[...] = 0
+            a += 1
+        assert np.array_equal(arr.numpy(), full.numpy())
+    assert _file_bytes(store_dir) == before
+    assert torch.equal(open_store(store_dir)[spec.name][:], full)
+
+
+BIG = [ArraySpec("f32", (512,), torch.float32), ArraySpec("bf16", (512,), torch.bfloat16),
+       ArraySpec("i64", (4,), torch.int64)]
+
+
+def _file_maps(path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, permissions) of this process's mappings of ``path``."""
+    found = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == str(path.resolve()):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            found.append((lo, hi, parts[1]))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings from /proc")
+def test_big_reads_are_private_maps_of_the_file_not_copies(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=2500, skip=set())  # f32 2 MiB and bf16 1 MiB a shard
+    before = _file_bytes(tmp_path)
+    store = open_store(tmp_path)
+    arr = store["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(2500)])
+    a, b = arr[0:1000], arr[0:1000]  # 2 MB each: one shard, zero-copy
+    assert a.data_ptr() != b.data_ptr()
+    maps = _file_maps(shard_path(tmp_path, 0))
+    for t in (a, b):  # each read is a view of its own private (copy-on-write) mapping of the file
+        assert [m for m in maps if m[0] <= t.data_ptr() < m[1] and m[2] == "rw-p"]
+    a -= a.mean(0)
+    b.relu_()
+    b[5] = 0
+    assert torch.equal(arr[0:1000], full[:1000]) and torch.equal(arr[10], full[10])
+    assert torch.equal(arr[1024:2048:2], full[1024:2048:2])  # a strided view of another map
+    small = arr[7]  # 2 KB: a copy, not a map
+    assert not [m for m in _file_maps(shard_path(tmp_path, 0)) if m[0] <= small.data_ptr() < m[1]]
+    bf = store["bf16"][1024:2048]  # bf16: 1 MiB, a view of a private map too
+    bf.mul_(2)
+    assert torch.equal(store["bf16"][1024:2048], torch.stack([_value(BIG[1], i) for i in range(1024, 2048)]))
+    assert _file_bytes(tmp_path) == before
+
+
+def test_a_one_shard_store_tensor_and_numpy_are_private(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=1000, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(1000)])
+    t = arr.tensor()
+    t.zero_()
+    a = arr.numpy()
+    a -= a.mean(0)
+    np.maximum(a, 0, out=a)
+    assert torch.equal(arr.tensor(), full) and np.array_equal(arr.numpy(), full.numpy())
+    assert torch.equal(arr[:], full) and torch.equal(open_store(tmp_path)["f32"][:], full)
+
+
+def test_rows_over_a_mebibyte_are_private_maps_by_int_too(tmp_path: Path) -> None:
+    spec = ArraySpec("huge", (3, 512, 256), torch.float32)  # 1.5 MiB a row
+    _write(tmp_path, specs=[spec], per=2, n_data=5, skip=set())
+    arr = open_store(tmp_path)["huge"]
+    for i in (0, 3, -1):
+        got = arr[i]
+        assert [m for m in _file_maps(shard_path(tmp_path, (i % 5) // 2)) if m[0] <= got.data_ptr() < m[1]]
+        got.mul_(-1)
+        got[0, 0, 0] = 1e30
+        assert torch.equal(arr[i], _value(spec, i % 5)) and torch.equal(arr[i, 1], _value(spec, i % 5)[1])
+
+
+def test_a_shard_replaced_after_opening_is_refused_not_misread(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG, per=1024, n_data=2500, skip=set())
+    store = open_store(tmp_path)
+    arr = store["f32"]
+    assert torch.equal(arr[5], _value(BIG[0], 5))  # shard 0 mapped by the store
+    for k in (0, 2):  # another run writes them again: new files under the same names
+        path = shard_path(tmp_path, k)
+        copy = path.with_name("copy")
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
+    with pytest.raises(HookscopeError, match=r"000000\.safetensors was replaced since the store was opened"):
+        arr[0:1000]
+    with pytest.raises(HookscopeError, match=r"000002\.safetensors was replaced since the store was opened"):
+        arr[2100]
+    assert torch.equal(open_store(tmp_path)["f32"][0:1000], torch.stack([_value(BIG[0], i) for i in range(1000)]))
+
+
+def test_many_live_big_reads_hold_no_file_descriptors(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG[:1], per=1024, n_data=2048, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    arr[0]  # the store's own maps: opened once
+    fds = len(os.listdir("/proc/self/fd"))
+    live = [arr[(k % 2) * 1024:(k % 2) * 1024 + 600] for k in range(300)]
+    assert len(os.listdir("/proc/self/fd")) - fds <= 2
+    live[0].zero_()
+    live[1].fill_(3)
+    assert torch.equal(live[2], arr[0:600]) and torch.equal(live[3], arr[1024:1624])
+    assert live[0].abs().sum() == 0 and bool((live[1] == 3).all())
+
+
+def test_threads_read_while_others_write_their_own_copies(tmp_path: Path) -> None:
+    _write(tmp_path, specs=BIG[:1], per=1024, n_data=2500, skip=set())
+    arr = open_store(tmp_path)["f32"]
+    full = torch.stack([_value(BIG[0], i) for i in range(2500)])
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(60):
+            lo = rng.randrange(0, 2400)
+            hi = min(2500, lo + rng.choice([1, 5, 700]))
+            got = arr[lo:hi] if rng.random() < 0.7 else arr[lo]
+            want = full[lo:hi] if got.ndim == 2 else full[lo]
+            if not torch.equal(got, want):
+                errors.append(f"thread {seed}: rows {lo}:{hi} differ")
+            got.fill_(seed)  # this thread's copy only
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and torch.equal(arr[:], full)
+
+
+def test_indices_are_a_copy_each_time(store_dir: Path) -> None:
+    store = open_store(store_dir)
+    got = store.indices
+    got += 100
+    assert store.indices.tolist() == _kept() and store.ids == [str(i) for i in _kept()]
 
 
 def test_out_of_range_and_bad_indexes(store_dir: Path) -> None:
@@ -422,6 +594,99 @@ def test_complete_shards_ignores_and_remove_partial_removes_tmp(tmp_path: Path) 
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(HookscopeError, match=r"000002\.safetensors is not a valid shard"):
         complete_shards(tmp_path)
+
+
+# ---- each shard carries the crc32 of its data ----
+
+def _header(path: Path) -> dict:
+    data = path.read_bytes()
+    return json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+
+
+def _data(path: Path) -> bytes:
+    data = path.read_bytes()
+    return data[8 + int.from_bytes(data[:8], "little"):]
+
+
+def test_every_shard_carries_the_crc32_of_its_data(tmp_path: Path) -> None:
+    infos = _write(tmp_path)
+    for info in infos:
+        path = tmp_path / info.file
+        assert _header(path)["__metadata__"][CRC_KEY] == str(zlib.crc32(_data(path)))
+        assert info.crc32 == zlib.crc32(path.read_bytes()) and info.bytes == path.stat().st_size
+    saved = save_tensors(tmp_path / "saved", {"a": torch.arange(5)}, {"kind": "demo"})
+    path = shard_path(saved, 0)
+    assert _header(path)["__metadata__"][CRC_KEY] == str(zlib.crc32(_data(path)))
+    assert load_tensors(saved)[0]["a"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_crc32_combine_equals_zlib_on_every_split() -> None:
+    rng = random.Random(0)
+    for n in [0, 1, 2, 3, 7, 8, 255, 256, 4096, 100_003]:
+        data = rng.randbytes(n)
+        for cut in {0, n // 3, n // 2, n}:
+            a, b = data[:cut], data[cut:]
+            assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data), (n, cut)
+
+
+def _restamp(path: Path, header: dict) -> None:
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + _data(path))
+
+
+@pytest.mark.parametrize("damage", ["data byte", "checksum", "no checksum"])
+def test_complete_shards_refuses_and_remove_damaged_removes_a_damaged_shard(tmp_path: Path, damage: str) -> None:
+    infos = _write(tmp_path)
+    path = shard_path(tmp_path, 2)
+    header = _header(path)
+    if damage == "data byte":
+        data = bytearray(path.read_bytes())
+        data[-9] ^= 0x80  # a sign bit inside the i64 rows
+        path.write_bytes(bytes(data))
+        why = r"its data's crc32 is \d+ but its header says \d+"
+    elif damage == "checksum":
+        header["__metadata__"][CRC_KEY] = str(int(header["__metadata__"][CRC_KEY]) ^ 1)
+        _restamp(path, header)
+        why = r"its data's crc32 is \d+ but its header says \d+"
+    else:
+        header["__metadata__"].pop(CRC_KEY)
+        _restamp(path, header)
+        why = r"it carries no checksum of its data \(an older hookscope wrote it\)"
+    with pytest.raises(HookscopeError, match=rf"000002\.safetensors is damaged: {why}; delete it and write it again"):
+        complete_shards(tmp_path)
+    lines = remove_damaged(tmp_path)
+    assert len(lines) == 1 and re.search(rf"000002\.safetensors was removed and is written again: it is damaged: {why}$",
+                                         lines[0])
+    assert not path.exists() and list(complete_shards(tmp_path).values()) == [infos[0], infos[1], infos[3]]
+    assert remove_damaged(tmp_path) == []  # the sound ones stay
+
+
+def test_remove_damaged_leaves_sound_shards_and_takes_every_damaged_one(tmp_path: Path) -> None:
+    _write(tmp_path)
+    for k in (0, 3):
+        path = shard_path(tmp_path, k)
+        path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
+    shard_path(tmp_path, 5).write_bytes(b"12345678")  # a header length larger than the file
+    lines = remove_damaged(tmp_path)
+    assert [line.split("shards/")[1].split(" ")[0] for line in lines] == [
+        "000000.safetensors", "000003.safetensors", "000005.safetensors"]
+    assert "is not a valid shard (the header length" in lines[2]
+    assert sorted(complete_shards(tmp_path)) == [1, 2]
+
+
+def test_reading_checks_the_shards_own_checksum_too(store_dir: Path) -> None:
+    path = shard_path(store_dir, 1)
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01
+    path.write_bytes(bytes(data))  # damaged, then certified with the damaged file's crc32 (as a bad copy would)
+    _edit_manifest(store_dir, lambda m: m["shards"][1].update(crc32=zlib.crc32(bytes(data))))
+    store = open_store(store_dir)
+    assert torch.equal(store["f32"][:4], _expected(SPECS[0])[:4])
+    with pytest.raises(HookscopeError, match=r"000001\.safetensors is corrupted: its data's crc32 is \d+ but its "
+                                             r"header says \d+; .*verify=False"):
+        store["f32"][5]
+    assert open_store(store_dir, verify=False)["f32"][5].shape == (3,)
 
 
 def test_clear_store_and_is_store(tmp_path: Path) -> None:

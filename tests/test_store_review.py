@@ -354,6 +354,139 @@ def test_a_second_thread_is_refused_and_clear_store_keeps_our_own_lock(tmp_path:
     assert _names(d) == []
 
 
+_FORKER = textwrap.dedent("""
+    import os, sys, time
+    from hookscope.store import locked
+    with locked(sys.argv[1]):
+        child = os.fork()
+        if child == 0:  # holds nothing it did not open itself; lives on after its parent is killed
+            time.sleep(60)
+            os._exit(0)
+        print(child, flush=True)
+        time.sleep(60)
+""")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_holder_whose_forked_child_lives_on_leaves_the_folder_free(tmp_path: Path) -> None:
+    p = subprocess.Popen([sys.executable, "-c", _FORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    child = int(p.stdout.readline())
+    try:
+        with pytest.raises(HookscopeError, match=rf"being written by another run \(pid {p.pid}\)"):
+            with hs.locked(tmp_path):
+                pass
+        p.kill()
+        p.wait(timeout=30)
+        assert _pid_alive(child)  # the forked child outlives its parent
+        with hs.locked(tmp_path) as d:  # at once: the child does not keep the dead run's lock
+            assert d == tmp_path
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def _lock_fds(path: Path) -> list[str]:
+    st = os.stat(path)
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            other = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            found.append(fd)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/fd").exists(), reason="os.fork and /proc")
+def test_a_forked_child_closes_the_lock_and_leaving_the_block_there_touches_nothing(tmp_path: Path) -> None:
+    read, write = os.pipe()
+    with hs.locked(tmp_path):
+        lock = tmp_path / hs.LOCK_NAME
+        assert len(_lock_fds(lock)) == 1
+        pid = os.fork()
+        if pid == 0:  # the child: no descriptor of the lock; it leaves the with block like the parent's code would
+            try:
+                os.write(write, str(len(_lock_fds(lock))).encode())
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 16) == b"0"
+        assert len(_lock_fds(lock)) == 1 and lock.exists()  # the parent still holds it
+        p = subprocess.run([sys.executable, "-c", _HOLDER, str(tmp_path)], capture_output=True, text=True,
+                           input="\n", timeout=60)
+        assert f"being written by another run (pid {os.getpid()})" in p.stderr
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)  # leaves without running the block's end: nothing of the parent's changes
+        os.waitpid(pid, 0)
+        assert lock.exists() and len(_lock_fds(lock)) == 1
+    os.close(read)
+    os.close(write)
+    assert not lock.exists()
+
+
+_CHILD_IN_BLOCK = textwrap.dedent("""
+    import os, sys
+    from hookscope.store import locked
+    with locked(sys.argv[1]):
+        pid = os.fork()
+        if pid == 0:
+            pass  # the child leaves the block normally: it must not remove or close the parent's lock
+        else:
+            os.waitpid(pid, 0)
+            print("parent", os.path.exists(os.path.join(sys.argv[1], ".hookscope-lock")), flush=True)
+    if pid == 0:
+        os._exit(0)
+    print("after", os.path.exists(os.path.join(sys.argv[1], ".hookscope-lock")), flush=True)
+""")
+
+
+def test_a_child_leaving_the_block_keeps_the_parents_lock(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-c", _CHILD_IN_BLOCK, str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["parent True", "after False"]
+
+
+_LEFTOVER = textwrap.dedent("""
+    import fcntl, os, sys
+    fd = os.open(os.path.join(sys.argv[1], ".hookscope-lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, (sys.argv[2] + "\\n").encode(), 0)
+    print("locked", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_a_lock_kept_by_a_leftover_of_a_dead_run_says_so_and_names_it(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = int(dead.stdout)  # a pid that has exited (what a killed run wrote in its lock file)
+    p = subprocess.Popen([sys.executable, "-c", _LEFTOVER, str(tmp_path), str(gone)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "locked\n"
+    try:
+        with pytest.raises(HookscopeError) as e:
+            with hs.locked(tmp_path):
+                pass
+        assert str(e.value) == (f"{tmp_path} is still locked by pid {p.pid}, left over from a run that ended (pid "
+                                f"{gone} exited; its DataLoader workers, say): stop them (kill {p.pid}) or wait for "
+                                "them to exit, then run again")
+        with pytest.raises(HookscopeError, match=rf"still locked by pid {p.pid}, left over"):
+            hs.clear_store(tmp_path)
+    finally:
+        p.communicate("\n", timeout=30)
+    with hs.locked(tmp_path):
+        pass
+
+
 def test_lock_file_that_is_a_symlink_or_under_a_file_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "target"
     target.write_text("keep")

@@ -26,9 +26,10 @@ from ..errors import HookscopeError
 from ._format import Header, encode_header, parse_header, raw_bytes
 from ._lock import LOCK_NAME, check_lock
 
-__all__ = ["SCHEMA_VERSION", "KINDS", "ShardInfo", "shard_path", "open_regular", "write_file", "write_json",
-           "read_manifest", "read_shard", "complete_shards", "remove_partial", "is_store", "clear_store",
-           "count_complete", "shard_entries", "write_tensors", "SHARD", "SHARD_TMP", "MANIFEST_TMP"]
+__all__ = ["SCHEMA_VERSION", "KINDS", "CRC_KEY", "ShardInfo", "ShardRead", "shard_path", "open_regular", "write_file",
+           "write_json", "read_manifest", "read_shard", "complete_shards", "remove_damaged", "remove_partial",
+           "is_store", "clear_store", "count_complete", "shard_entries", "write_tensors", "crc32_combine", "SHARD",
+           "SHARD_TMP", "MANIFEST_TMP"]
 
 SCHEMA_VERSION: int = 1
 """The version of the store layout and manifest this hookscope writes and reads."""
@@ -40,6 +41,9 @@ SHARD = re.compile(r"^(\d{6,})\.safetensors$")
 SHARD_TMP = re.compile(r"^\.\d{6,}\.safetensors\.tmp-\d+$")  # write_file's tmp name of a shard
 MANIFEST_TMP = re.compile(r"^\.manifest\.json\.tmp-\d+$")  # write_file's tmp name of the manifest
 _CHUNK = 1 << 22
+CRC_KEY = "hookscope_crc32"
+"""The header metadata key of a shard's own checksum: the crc32 of its data section (every byte after the header),
+in decimal, computed by the writer before the header is written."""
 _DEPTH = 64  # a manifest nests a few levels; anything deeper is corrupted (and would blow the stack later)
 
 
@@ -120,10 +124,11 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_file(path: Path, chunks: Iterable[bytes | memoryview], check: Callable[[], None] | None = None) -> tuple[int, int]:
+def write_file(path: Path, chunks: Iterable[bytes | memoryview], check: Callable[[], None] | None = None, *,
+               crc: int | None = None) -> tuple[int, int]:
     """Write ``chunks`` to ``path`` atomically: a tmp file, fsync, rename, fsync of the folder. Returns
     (bytes, crc32). On any error the tmp file is removed and the error raised; ``check`` runs between chunks
-    (it raises to stop).
+    (it raises to stop). ``crc``: the crc32 of all the chunks when the caller knows it (then none is computed).
 
     Example:
         >>> import tempfile
@@ -131,14 +136,15 @@ def write_file(path: Path, chunks: Iterable[bytes | memoryview], check: Callable
         True
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    size, crc = 0, 0
+    size, running = 0, 0
     try:
         with open(tmp, "wb") as f:
             for chunk in chunks:
                 if check is not None:
                     check()
                 f.write(chunk)
-                crc = zlib.crc32(chunk, crc)
+                if crc is None:
+                    running = zlib.crc32(chunk, running)
                 size += len(chunk)
             f.flush()
             os.fsync(f.fileno())
@@ -147,7 +153,47 @@ def write_file(path: Path, chunks: Iterable[bytes | memoryview], check: Callable
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-    return size, crc
+    return size, running if crc is None else crc
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    total, i = 0, 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return total
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The crc32 of ``a + b`` from ``crc32(a)``, ``crc32(b)`` and ``len(b)``, without reading either (zlib's
+    ``crc32_combine``, which Python's zlib does not expose): a shard's file checksum from its header's and its
+    data's, so writing and checking a shard read its data once.
+
+    Example:
+        >>> crc32_combine(zlib.crc32(b"head"), zlib.crc32(b"data!"), 5) == zlib.crc32(b"headdata!")
+        True
+    """
+    if len2 <= 0:
+        return crc1
+    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator that appends one zero bit
+    even = [_gf2_times(odd, odd[n]) for n in range(32)]  # two zero bits
+    odd = [_gf2_times(even, even[n]) for n in range(32)]  # four
+    while True:  # append len2 zero bytes to crc1, squaring the operator for each bit of len2
+        even = [_gf2_times(odd, odd[n]) for n in range(32)]
+        if len2 & 1:
+            crc1 = _gf2_times(even, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+        odd = [_gf2_times(even, even[n]) for n in range(32)]
+        if len2 & 1:
+            crc1 = _gf2_times(odd, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+    return crc1 ^ crc2
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -206,34 +252,61 @@ def _parse(text: bytes, path: Path) -> Any:
     return doc
 
 
-def read_shard(path: Path) -> tuple[Header, int, int]:
-    """The checked header of a shard file, its size and the crc32 of all its bytes (reads the whole file).
+@dataclass(frozen=True)
+class ShardRead:
+    """A shard file read in full: its checked header, size, the crc32 of all its bytes and of its data section."""
+
+    header: Header
+    size: int
+    crc32: int
+    data_crc32: int
+
+    def damage(self) -> str | None:
+        """Why the data does not match the checksum the header carries (``CRC_KEY``), or None when it does."""
+        said = self.header.metadata.get(CRC_KEY)
+        if said is None:
+            return "it carries no checksum of its data (an older hookscope wrote it)"
+        if said != str(self.data_crc32):
+            return f"its data's crc32 is {self.data_crc32} but its header says {said}"
+        return None
+
+
+def read_shard(path: Path) -> ShardRead:
+    """The checked header of a shard file, its size and crc32s (reads the whole file once).
 
     Example:
         >>> import tempfile
         >>> from ._format import encode_header
         >>> p = Path(tempfile.mkdtemp()) / "s.safetensors"
         >>> _ = write_file(p, [encode_header([("a", torch.int8, [2])], {})[0], b"xy"])
-        >>> read_shard(p)[0].tensors["a"].shape
-        (2,)
+        >>> got = read_shard(p); got.header.tensors["a"].shape, got.data_crc32 == zlib.crc32(b"xy")
+        ((2,), True)
     """
     try:
         with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
             header = parse_header(f, size, path)
             f.seek(0)
+            head = f.read(header.data_start)
             crc = 0
             view = memoryview(bytearray(_CHUNK))  # one reused buffer: no 4 MB allocation per chunk
             while n := f.readinto(view):
                 crc = zlib.crc32(view[:n], crc)
     except OSError as e:
         raise HookscopeError(f"cannot read {path} ({e.strerror or e}); check that it exists and is readable") from None
-    return header, size, crc
+    whole = crc32_combine(zlib.crc32(head), crc, size - header.data_start)
+    return ShardRead(header, size, whole, crc)
 
 
-def _shard_info(root: Path, k: int) -> ShardInfo:
+def _inspect(root: Path, k: int) -> ShardInfo | str:
+    """Shard ``k`` checked: its ShardInfo, or why it is not a sound shard of this store (a file that cannot be
+    read, or whose header is invalid, raises)."""
     path = shard_path(root, k)
-    header, size, crc = read_shard(path)
+    got = read_shard(path)
+    header = got.header
+    damage = got.damage()
+    if damage is not None:
+        return f"is damaged: {damage}"
     index = header.tensors.get("__index__")
     bad = ""
     if index is None or index.dtype != torch.int64 or len(index.shape) != 1:
@@ -249,25 +322,77 @@ def _shard_info(root: Path, k: int) -> ShardInfo:
     if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
         skipped, bad = [], bad or "its 'skipped' metadata is not a list of objects"
     if bad:
-        raise HookscopeError(f"{path} is not a hookscope shard ({bad}); delete it and write it again")
+        return f"is not a hookscope shard ({bad})"
     assert index is not None
-    return ShardInfo(k, f"shards/{path.name}", index.shape[0], size, crc, tuple(skipped))
+    return ShardInfo(k, f"shards/{path.name}", index.shape[0], got.size, got.crc32, tuple(skipped))
+
+
+def _shards_in(root: Path) -> list[int]:
+    folder = root / "shards"
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := SHARD.match(p.name)))
+
+
+def _unsound(root: Path, k: int) -> str | None:
+    """Why shard ``k`` is not sound (None when it is)."""
+    path = shard_path(root, k)
+    try:
+        got = _inspect(root, k)
+    except HookscopeError as e:  # an invalid header, or an unreadable file: the reason, without the advice
+        text = str(e).replace(f"cannot read {path} ", "cannot be read ", 1).removeprefix(f"{path} ")
+        return text.split("; ")[0]
+    return got if isinstance(got, str) else None
 
 
 def complete_shards(root: str | os.PathLike[str]) -> dict[int, ShardInfo]:
-    """Every complete shard in ``root/shards``, checked (header, rows, crc32 computed); tmp leftovers of killed
-    runs are ignored. A corrupted shard is refused naming the file.
+    """Every complete shard in ``root/shards``, checked (header, rows, and its data against the checksum its
+    header carries); tmp leftovers of killed runs are ignored. A damaged shard is refused naming the file.
 
     Example:
         >>> import tempfile
         >>> complete_shards(tempfile.mkdtemp())
         {}
     """
-    folder = Path(root) / "shards"
-    if not folder.is_dir():
-        return {}
-    found = sorted(int(m.group(1)) for p in folder.iterdir() if (m := SHARD.match(p.name)))
-    return {k: _shard_info(Path(root), k) for k in found}
+    found = {}
+    for k in _shards_in(Path(root)):
+        info = _inspect(Path(root), k)
+        if isinstance(info, str):
+            raise HookscopeError(f"{shard_path(root, k)} {info}; delete it and write it again (an extract with "
+                                 "resume=True / --resume does both)")
+        found[k] = info
+    return found
+
+
+def remove_damaged(root: str | os.PathLike[str]) -> list[str]:
+    """Delete every shard of ``root/shards`` that is not sound (a header, rows or data that do not hold up, or
+    no checksum of its data), so that a resumed run writes it again; one line per shard removed, saying why.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "shards").mkdir(); _ = shard_path(d, 0).write_bytes(b"junk")
+        >>> remove_damaged(d)[0].split(": it ")[1]
+        'is not a valid shard (the file holds 4 bytes, fewer than a header): the file is truncated or corrupted'
+
+        >>> list((d / "shards").iterdir())
+        []
+    """
+    path = Path(root)
+    _links(path)
+    bad = [(k, why) for k in _shards_in(path) if (why := _unsound(path, k))]
+    if not bad:
+        return []
+    removed = []
+    folder = _open_dir(path / "shards")
+    try:  # only regular files: anything else in shards/ is refused where the store is read
+        for k, why in bad:
+            if _kind(folder, shard_path(path, k).name) == stat.S_IFREG:
+                os.unlink(shard_path(path, k).name, dir_fd=folder)
+                removed.append(f"{shard_path(path, k)} was removed and is written again: it {why}")
+    finally:
+        os.close(folder)
+    _fsync_dir(path / "shards")
+    return removed
 
 
 def count_complete(root: Path) -> int:
@@ -447,13 +572,22 @@ def shard_entries(arrays: Mapping[str, torch.Tensor], count: int) -> tuple[list[
 
 def write_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                   check: Callable[[], None] | None = None) -> tuple[int, int]:
-    """Write contiguous CPU ``tensors`` as one safetensors file, atomically; (bytes, crc32).
+    """Write contiguous CPU ``tensors`` as one safetensors file, atomically, the crc32 of its data in its header
+    (``CRC_KEY``, computed before the header is written); (bytes, crc32 of the whole file).
 
     Example:
         >>> import tempfile
         >>> p = Path(tempfile.mkdtemp()) / "t.safetensors"
-        >>> write_tensors(p, {"a": torch.zeros(2)}, {})[0] == p.stat().st_size
+        >>> write_tensors(p, {"a": torch.zeros(2)}, {}) == (p.stat().st_size, zlib.crc32(p.read_bytes()))
+        True
+        >>> read_shard(p).damage() is None
         True
     """
-    head, order = encode_header([(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()], metadata)
-    return write_file(path, [head, *(raw_bytes(tensors[n]) for n in order)], check)
+    entries = [(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()]
+    data = [raw_bytes(tensors[n]) for n in encode_header(entries, {})[1]]
+    crc = 0
+    for chunk in data:  # the only pass over the data besides writing it: the file's crc32 is combined below
+        crc = zlib.crc32(chunk, crc)
+    head, _ = encode_header(entries, {**metadata, CRC_KEY: str(crc)})
+    whole = crc32_combine(zlib.crc32(head), crc, sum(len(c) for c in data))
+    return write_file(path, [head, *data], check, crc=whole)

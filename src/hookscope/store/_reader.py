@@ -1,5 +1,9 @@
 """A store read lazily: per-layer arrays memory-mapped from the shards, indexed like tensors, and every file
 checked against the manifest (sizes, headers, shapes and dtypes when opened; crc32 on a shard's first read).
+
+Every read returns a tensor of its own, so writing into one (``x -= x.mean(0)``, ``x.relu_()``) changes neither
+the file nor any other read: small reads are copied, large reads of one shard are a private copy-on-write
+mapping of the file made for that read (no copy; the pages are read from the file when first touched).
 """
 
 from __future__ import annotations
@@ -7,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ import torch
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
 from ..errors import HookscopeError
-from ._files import SHARD, open_regular, read_manifest
+from ._files import CRC_KEY, SHARD, open_regular, read_manifest, read_shard
 from ._format import CODES, Header, numpy_dtype, parse_header
 
 __all__ = ["open_store", "Store", "LayerArray"]
@@ -28,6 +31,7 @@ __all__ = ["open_store", "Store", "LayerArray"]
 _DTYPES = {dtype_text(d): d for d in CODES}
 _AGAIN = "run the extract again with overwrite=True (--overwrite)"
 _MAPPED = 64
+_COPY_BELOW = 1 << 20  # bytes: a smaller read is copied (cheaper than a new mapping, and no mapping per tensor)
 Index = int | slice | Sequence[int] | torch.Tensor | np.ndarray | tuple[Any, ...]
 
 
@@ -38,14 +42,16 @@ class _Shard:
     count: int
     header: Header
     crc32: int
+    size: int
+    ident: tuple[int, int]  # (st_dev, st_ino) when opened: a file replaced since then is refused, not misread
     verified: bool = False
 
 
 class _Shards:
-    """The shards of one store, each memory-mapped on first use (crc32 checked then).
+    """The shards of one store, each memory-mapped read-only on first use (crc32 checked then); reads copy out
+    of these maps (never hand them out) or map the file privately for one tensor (:meth:`private`).
 
-    At most ``_MAPPED`` shards stay mapped by the store (each map holds a file descriptor); tensors already
-    handed out keep their own map alive, so dropping one here never invalidates them.
+    At most ``_MAPPED`` shards stay mapped by the store (each map holds a file descriptor).
     """
 
     def __init__(self, root: Path, shards: list[_Shard], verify: bool) -> None:
@@ -56,7 +62,7 @@ class _Shards:
         self._lock = threading.Lock()
 
     def array(self, k: int, name: str) -> np.ndarray:
-        """Tensor ``name`` of shard ``k`` as a numpy array over the mapped file (bf16 as uint16)."""
+        """Tensor ``name`` of shard ``k`` as a read-only numpy array over the store's map (bf16 as uint16)."""
         e = self.shards[k].header.tensors[name]
         dtype = numpy_dtype(e.dtype)
         if e.end == e.begin:
@@ -75,17 +81,38 @@ class _Shards:
     def _map(self, k: int) -> np.ndarray:
         s = self.shards[k]
         if self.verify and not s.verified:
-            crc = 0
-            with open_regular(s.path) as f:
-                while chunk := f.read(1 << 22):
-                    crc = zlib.crc32(chunk, crc)
-            if crc != s.crc32:
-                raise HookscopeError(f"{s.path} is corrupted: its crc32 is {crc} but {self.root / 'manifest.json'} "
-                                     f"says {s.crc32}; {_AGAIN} (or open_store(..., verify=False) to read it anyway)")
+            got = read_shard(s.path)
+            if got.crc32 != s.crc32:
+                raise HookscopeError(f"{s.path} is corrupted: its crc32 is {got.crc32} but "
+                                     f"{self.root / 'manifest.json'} says {s.crc32}; {_AGAIN} (or "
+                                     "open_store(..., verify=False) to read it anyway)")
+            damage = got.damage() if CRC_KEY in got.header.metadata else None  # older shards carry none
+            if damage is not None:
+                raise HookscopeError(f"{s.path} is corrupted: {damage}; {_AGAIN} (or open_store(..., verify=False) "
+                                     "to read it anyway)")
             s.verified = True
-        # copy-on-write: torch may write into what it gets, the file never changes (and no read-only warning)
-        with open_regular(s.path) as f:
-            return np.memmap(f, dtype=np.uint8, mode="c")
+        with open_regular(s.path) as f:  # read-only: nothing of this map is handed out, reads copy from it
+            self._same(k, os.fstat(f.fileno()))
+            return np.memmap(f, dtype=np.uint8, mode="r")
+
+    def _same(self, k: int, st: os.stat_result) -> None:
+        s = self.shards[k]
+        if (st.st_dev, st.st_ino) != s.ident:
+            raise HookscopeError(f"{s.path} was replaced since the store was opened (another run wrote it); open "
+                                 "the store again")
+
+    def private(self, k: int, name: str) -> torch.Tensor:
+        """Tensor ``name`` of shard ``k`` over a private copy-on-write map of the file, for one read alone.
+
+        ``torch.from_file(shared=False)`` maps with ``MAP_PRIVATE`` and closes its file descriptor at once, so
+        writes into the tensor stay in it and many live tensors hold no descriptors. Call :meth:`array` first
+        (it checks the crc32).
+        """
+        s = self.shards[k]
+        e = s.header.tensors[name]
+        self._same(k, os.stat(s.path))
+        whole = torch.from_file(str(s.path), shared=False, size=s.size, dtype=torch.uint8)
+        return whole[s.header.data_start + e.begin:s.header.data_start + e.end].view(e.dtype).reshape(e.shape)
 
     def index(self, k: int) -> np.ndarray:
         """The dataset indices of shard ``k``, checked: strictly increasing, and above the previous shard's."""
@@ -127,8 +154,9 @@ def _rows(index: Any, n: int) -> np.ndarray:
 class LayerArray:
     """One stored array across every shard: ``shape`` is ``(rows, *per_sample)``; indexing returns tensors.
 
-    Rows of one shard come back as a view of the memory-mapped file (no copy); an index that spans shards, or
-    a list of rows, gathers them into a new tensor.
+    Every read returns the stored values in a tensor of its own, which may be written into freely: rows of one
+    shard under 1 MiB are copied, larger ones are a private copy-on-write mapping of the file (no copy); an
+    index that spans shards, or a list of rows, gathers them into a new tensor.
 
     Example:
         >>> import tempfile
@@ -163,6 +191,14 @@ class LayerArray:
         t = torch.from_numpy(a)
         return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
 
+    def _own(self, k: int, start: int, stop: int, step: int = 1) -> torch.Tensor:
+        """Rows ``start:stop:step`` (of shard ``k``) in a tensor of their own: a copy when small, else a view of
+        a private map of the file made for this read."""
+        part = self._shards.array(k, self.name)[start:stop:step]
+        if part.nbytes < _COPY_BELOW:
+            return self._torch(np.array(part))
+        return self._shards.private(k, self.name)[start:stop:step]
+
     def _shard_of(self, row: int) -> int:
         return int(np.searchsorted(self._shards.starts, row, side="right")) - 1
 
@@ -196,13 +232,13 @@ class LayerArray:
             i %= n
             k = self._shard_of(i)
             local = i - int(self._shards.starts[k])
-            return self._torch(self._shards.array(k, self.name)[local:local + 1].reshape(self.shape[1:]))
+            return self._own(k, local, local + 1).reshape(self.shape[1:])
         if isinstance(index, slice):
             rows = range(*index.indices(n))
             if len(rows) and rows.step > 0 and self._shard_of(rows[0]) == self._shard_of(rows[-1]):
                 k = self._shard_of(rows[0])
                 start = int(self._shards.starts[k])
-                return self._torch(self._shards.array(k, self.name)[rows.start - start:rows[-1] - start + 1:rows.step])
+                return self._own(k, rows.start - start, rows[-1] - start + 1, rows.step)
             return self._torch(self._gather(np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)))
         if isinstance(index, tuple):  # rows first, then the rest on what they give (arr[:, 0])
             if not index or index[0] is Ellipsis:
@@ -224,7 +260,7 @@ class LayerArray:
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def tensor(self) -> torch.Tensor:
-        """Every row, as one tensor (a view of the file when the store has one shard)."""
+        """Every row, as one tensor of its own (a private map of the file when the store has one shard)."""
         return self[:]
 
 
@@ -273,15 +309,15 @@ def _entries(root: Path, m: Mapping[str, Any]) -> list[tuple[Path, int, int, int
     return [(root / e["file"], e["count"], e["bytes"], e["crc32"]) for e in listed]
 
 
-def _open_shard(root: Path, path: Path, count: int, size: int) -> Header:
+def _open_shard(root: Path, path: Path, count: int, size: int) -> tuple[Header, tuple[int, int]]:
     where = root / "manifest.json"
     try:
         with open_regular(path) as f:
-            real = os.fstat(f.fileno()).st_size
-            if real != size:
-                raise HookscopeError(f"{path} holds {real} bytes but {where} says {size}: the file is truncated or "
-                                     f"corrupted; {_AGAIN}")
-            return parse_header(f, real, path)
+            st = os.fstat(f.fileno())
+            if st.st_size != size:
+                raise HookscopeError(f"{path} holds {st.st_size} bytes but {where} says {size}: the file is truncated "
+                                     f"or corrupted; {_AGAIN}")
+            return parse_header(f, size, path), (st.st_dev, st.st_ino)
     except FileNotFoundError:
         raise HookscopeError(f"{path} is missing (listed in {where}); {_AGAIN}") from None
     except OSError as e:
@@ -327,9 +363,9 @@ def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     arrays = _arrays(path, m)
     shards, start = [], 0
     for file, count, size, crc in _entries(path, m):
-        header = _open_shard(path, file, count, size)
+        header, ident = _open_shard(path, file, count, size)
         _match(file, header, count, arrays, where)
-        shards.append(_Shard(file, start, count, header, crc))
+        shards.append(_Shard(file, start, count, header, crc, size, ident))
         start += count
     samples = m.get("samples")
     if not isinstance(samples, dict) or samples.get("count") != start:
@@ -382,11 +418,11 @@ class Store(Result, Mapping[str, LayerArray]):
 
     @property
     def indices(self) -> torch.Tensor:
-        """The int64 dataset index of each row (read from the shards on first use)."""
+        """The int64 dataset index of each row (read from the shards on first use), in a tensor of its own."""
         if self._indices is None:
             parts = [self._shards.index(k) for k in range(len(self._shards.shards))]
             self._indices = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-        return self._indices
+        return self._indices.clone()
 
     @property
     def ids(self) -> list[str]:

@@ -3,12 +3,13 @@ tell whether a resumed run is the same run (the manifest's settings, compared fi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ...errors import HookscopeError
-from ...store import LOCK_NAME, clear_store, complete_shards, is_store, read_manifest, remove_partial
+from ...store import LOCK_NAME, clear_store, count_complete, is_store, read_manifest, remove_damaged, remove_partial
 
 __all__ = ["foreign", "prepare", "same_run", "SETTINGS"]
 
@@ -18,6 +19,10 @@ SETTINGS = ("arrays", "samples_per_shard", "batch_size", "model", "data_check")
 
 def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
     """Make ``out`` ready (rank 0 only): the manifest a resume continues, or None for a fresh start.
+
+    A resume of an unfinished store removes every shard whose data does not match the checksum in its header
+    (a disk, a copy or a killed machine damaged it) or that carries none, warning in one line for each, so that
+    the run writes it again.
 
     Example:
         >>> import tempfile
@@ -33,7 +38,7 @@ def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | Non
         if not is_store(out):
             raise HookscopeError(f"{out} is not empty and holds no hookscope store; give a new or empty folder")
         started = (out / "manifest.json").exists()
-        if not started and not complete_shards(out):  # a run that failed before writing anything: start afresh
+        if not started and not count_complete(out):  # a run that failed before writing anything: start afresh
             remove_partial(out)
         elif overwrite:
             clear_store(out)
@@ -45,7 +50,11 @@ def prepare(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | Non
                                  "against; pass overwrite=True (--overwrite) to start again")
         else:
             remove_partial(out)
-            return read_manifest(out)
+            old = read_manifest(out)
+            if old.get("complete") is not True:  # resume is there to finish the job: a damaged shard is written again
+                for line in remove_damaged(out):
+                    warnings.warn(line, stacklevel=2)
+            return old
     try:
         (out / "shards").mkdir(parents=True, exist_ok=True)
     except OSError as e:
