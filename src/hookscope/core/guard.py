@@ -174,7 +174,7 @@ def guarded(original: torch.Tensor, key: int | None = None) -> torch.Tensor:
         return original
     with DisableTorchFunctionSubclass():
         alias = original.as_subclass(Guarded)
-    alias._origin = original  # a gradient hook on the alias dies with an in-place op on it; on this one it fires
+    vars(alias)["_origin"] = original  # a gradient hook on the alias dies with an in-place op on it; on this one it fires
     ref = weakref.ref(alias)
     with _lock:
         refs = _aliases.setdefault(_key(original) if key is None else key, [])

@@ -9,8 +9,8 @@ and refuses one whose files do not match its manifest. Any safetensors reader op
 This package imports only torch, numpy and the standard library (and hookscope's errors and result protocol).
 """
 
-from ._files import (SCHEMA_VERSION, ShardInfo, clear_store, complete_shards, count_complete, is_store,
-                     read_manifest, remove_damaged, remove_partial, shard_path, write_json)
+from ._files import (SCHEMA_VERSION, ShardInfo, clear_store, complete_shards, count_complete, is_store, read_manifest,
+                     remove_damaged, remove_partial, shard_numbers, shard_path, write_json)
 from ._format import storable
 from ._lock import LOCK_NAME, locked
 from ._reader import LayerArray, Store, open_store
@@ -19,6 +19,6 @@ from ._writer import ArraySpec, ShardBuffer, StoreWriter
 
 __all__ = [
     "SCHEMA_VERSION", "ArraySpec", "ShardInfo", "ShardBuffer", "StoreWriter", "shard_path", "complete_shards",
-    "count_complete", "remove_damaged", "remove_partial", "write_json", "read_manifest", "is_store", "clear_store", "weights_hash", "save_tensors",
+    "count_complete", "shard_numbers", "remove_damaged", "remove_partial", "write_json", "read_manifest", "is_store", "clear_store", "weights_hash", "save_tensors",
     "load_tensors", "open_store", "Store", "LayerArray", "storable", "locked", "LOCK_NAME",
 ]

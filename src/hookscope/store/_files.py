@@ -28,7 +28,7 @@ from ._lock import LOCK_NAME, check_lock
 
 __all__ = ["SCHEMA_VERSION", "KINDS", "CRC_KEY", "ShardInfo", "ShardRead", "shard_path", "open_regular", "write_file",
            "write_json", "read_manifest", "read_shard", "complete_shards", "remove_damaged", "remove_partial",
-           "is_store", "clear_store", "count_complete", "shard_entries", "write_tensors", "crc32_combine", "SHARD",
+           "is_store", "clear_store", "count_complete", "shard_numbers", "shard_entries", "write_tensors", "crc32_combine", "SHARD",
            "SHARD_TMP", "MANIFEST_TMP"]
 
 SCHEMA_VERSION: int = 1
@@ -395,6 +395,20 @@ def remove_damaged(root: str | os.PathLike[str]) -> list[str]:
     return removed
 
 
+def shard_numbers(root: str | os.PathLike[str]) -> set[int]:
+    """The numbers of the shard files under a final name in ``root/shards`` (no file is read: a file is
+    renamed there only when complete; :func:`complete_shards` checks what they hold).
+
+    Example:
+        >>> shard_numbers(Path("/nonexistent"))
+        set()
+    """
+    try:
+        return {int(m.group(1)) for name in os.listdir(Path(root) / "shards") if (m := SHARD.match(name))}
+    except OSError:
+        return set()
+
+
 def count_complete(root: Path) -> int:
     """How many shard files are under a final name in ``root/shards`` (no file is read).
 
@@ -402,10 +416,7 @@ def count_complete(root: Path) -> int:
         >>> count_complete(Path("/nonexistent"))
         0
     """
-    try:
-        return sum(1 for name in os.listdir(root / "shards") if SHARD.match(name))
-    except OSError:
-        return 0
+    return len(shard_numbers(root))
 
 
 def _links(root: Path) -> None:

@@ -28,8 +28,8 @@ from torch import nn
 from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import Selector
-from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, locked, open_store, storable,
-                      weights_hash, write_json)
+from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, count_complete,
+                      locked, open_store, shard_numbers, storable, weights_hash, write_json)
 from ._dist import Ranks, ranks
 from ._folder import foreign, prepare, same_run
 from ._hash import model_digest
@@ -121,7 +121,7 @@ def _version() -> str:
 def _after_failure(p: Plan, r: Ranks, old: dict[str, Any] | None, resumable: bool) -> str:
     """What a failed run leaves: its complete shards to resume, or (none written yet, or values its dtype
     cannot hold, which no resume can store) a free folder."""
-    if resumable and (complete_shards(p.out) or old is not None):
+    if resumable and (count_complete(p.out) or old is not None):
         return _KEPT
     if old is not None:  # the store was begun in this dtype: only a new one can take another
         return " (the store was begun in this dtype: start it again with overwrite=True / --overwrite)"
@@ -250,7 +250,7 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         elif r.lead:
             write_json(p.out / "manifest.json", settings)
         r.barrier()
-        done = set(complete_shards(p.out)) if old is not None else set()
+        done = shard_numbers(p.out) if old is not None else set()  # checked (damaged ones removed) by prepare
         error, rows, resumable = None, 0, True
         try:
             rows = _work(p, r, taps, per_shard, done, stream, progress)
