@@ -257,7 +257,7 @@ BAD = [
      "--importance taylor needs labels"),
     (["tiny", "--channels", "--data", "{nolabels}", "--amount", "0.5"], "--data is read only by"),
     (["tiny", "--importance", "l1", "--amount", "0.5"], "--importance ranks channels; add --channels"),
-    (["tiny", "--compact", "--amount", "0.5"], "--compact removes whole channels"),
+    (["tiny", "--compact", "--amount", "0.5"], "--compact is for removing whole channels"),
     (["tiny", "--channels", "--importance", "taylr", "--amount", "0.5"], "Did you mean 'taylor'?"),
     (["tiny", "--method", "l1", "--amount", "0.5"], "--method 'l1' is not known"),
     (["tiny", "--channels", "--importance", "activation", "--data", "{objects}", "--amount", "0.5"],

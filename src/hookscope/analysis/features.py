@@ -1,7 +1,7 @@
 """Feature maps: the channels one layer produced, as ``B x C x h x w``, with statistics per channel.
 
 :func:`feature_maps` runs the model once under :func:`hookscope.capture` (the true output, also
-when an in-place op rewrites it after the layer ran) and returns a :class:`FeatureMaps`. Story 6's
+when an in-place op rewrites it after the layer ran) and returns a :class:`FeatureMaps`. The in-place trap's
 comparison, :func:`compare_references`, runs a hand-written hook that keeps ``output.detach()``
 by reference alongside the capture, and says which channels the two disagree on.
 :mod:`hookscope.viz.features` draws both.
@@ -213,7 +213,7 @@ class ComparisonRow:
 
 @dataclass
 class ReferenceComparison(Result):
-    """What :func:`compare_references` returns: story 6's in-place trap, channel by channel.
+    """What :func:`compare_references` returns: the in-place trap, channel by channel.
 
     Attributes:
         stored: ``B x C x h x w``: what a forward hook that keeps ``output.detach()`` by reference
@@ -496,7 +496,7 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
 
 def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
                        kwargs: Mapping[str, Any] | None = None) -> ReferenceComparison:
-    """Story 6: what a hook that keeps ``output.detach()`` reads, against what the layer produced.
+    """The in-place trap: what a hook that keeps ``output.detach()`` reads, against what the layer produced.
 
     One forward pass (as in :func:`feature_maps`) with two hooks on the layer: a hand-written one
     that stores ``output.detach()``, a reference to the output's memory, as tutorials do, and

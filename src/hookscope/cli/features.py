@@ -1,4 +1,4 @@
-"""``hookscope features``: a layer's feature maps as a labelled grid PNG, or story 6's comparison of what a
+"""``hookscope features``: a layer's feature maps as a labelled grid PNG, or the in-place trap: what a
 hook keeping references reads against what the layer produced."""
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--columns", metavar="N", type=int, default=None, help="tiles per row (default: a square grid)")
     p.add_argument("--colormap", metavar="NAME", default="viridis", help="a matplotlib colormap (default viridis)")
     p.add_argument("--compare-references", action="store_true",
-                   help="draw what a hook keeping output.detach() reads beside what the layer produced (story 6: "
-                        "an in-place op after the layer rewrites what the reference points to)")
+                   help="draw what a hook keeping output.detach() reads beside what the layer produced (the "
+                        "in-place trap: an in-place op after the layer rewrites what the reference points to)")
     p.add_argument("--tokens", metavar="SKIP", type=int, default=None,
                    help="the layer gives B x tokens x C (a vision transformer): drop the first SKIP tokens "
                         "(a class token: 1) and lay the rest on a square grid")

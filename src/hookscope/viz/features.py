@@ -1,4 +1,4 @@
-"""Feature maps as pictures: a grid of channel tiles, channel reductions, and story 6's comparison.
+"""Feature maps as pictures: a grid of channel tiles, channel reductions, and the in-place trap's comparison.
 
 Takes :class:`~hookscope.analysis.features.FeatureMaps` (or a ``B x C x h x w`` tensor) and
 :class:`~hookscope.analysis.features.ReferenceComparison`; nothing here registers a hook. A grid
@@ -696,7 +696,7 @@ def plot_feature_maps(result: FeatureMaps | torch.Tensor, *, picture: torch.Tens
     return fig
 
 
-# --- story 6: what a hook keeping references read, next to what the layer produced -------------------------
+# --- the in-place trap: what a hook keeping references read, next to what the layer produced -------------------------
 @dataclass
 class _Comparison:
     image: int
@@ -753,7 +753,7 @@ def _zoom(h: int, w: int) -> int:
 def comparison_grid(comparison: ReferenceComparison, *, image: int = 0, channels: Sequence[int] | None = None,
                     top_k: int | None = None, by: str = "mean", scale: str = "shared", columns: int | None = None,
                     colormap: str = "viridis", pad: int = 2, gap: int = 8, zoom: int = 1) -> np.ndarray:
-    """Story 6 as one RGB array: what a hook keeping references read (left) and what the layer
+    """The in-place trap as one RGB array: what a hook keeping references read (left) and what the layer
     produced (right) for one image, the channels that differ in that image framed in red on both sides.
 
     Both sides are grids with the module's tile geometry, colored through ``colormap`` after the
@@ -832,7 +832,7 @@ def plot_reference_comparison(comparison: ReferenceComparison, *, image: int = 0
                               channels: Sequence[int] | None = None, top_k: int | None = None, by: str = "mean",
                               scale: str = "shared", columns: int | None = None, colormap: str = "viridis",
                               picture: torch.Tensor | None = None, title: str | None = None) -> Figure:
-    """Story 6's picture: the maps a hook that keeps references read, beside what the layer produced.
+    """The in-place trap's picture: the maps a hook that keeps references read, beside what the layer produced.
 
     The two grids of :func:`comparison_grid` for one image side by side, tiles labelled by channel
     (on red, and framed in red, where the two differ in that image), one colour bar for both with
