@@ -1,4 +1,4 @@
-"""Findings of the hostile review of extract, each pinned: a resume that would mix two runs, rows silently
+"""Running an extract, each hostile case pinned: a resume that would mix two runs, rows silently
 missing, samplers ignored, the probe changing row 0, and errors that were tracebacks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Second review: what commands write never replaces what is not theirs, and what they read is read right."""
+"""The paths commands write and read: what commands write never replaces what is not theirs, and what they read is read right."""
 
 from __future__ import annotations
 

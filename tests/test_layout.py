@@ -1,4 +1,4 @@
-"""A hostile review of the automatic CAM layer and of token / channel layouts: each case a model that read
+"""The automatic CAM layer and token / channel layouts (analysis/_layout.py), tried as a hostile user would: each case a model that read
 wrong or was refused for a false reason before, now read right (the map worked out here from plain hooks) or
 refused in one line naming the fix. Tiny configs built without downloads."""
 

@@ -1,4 +1,4 @@
-"""Regression tests for issue 9's defects in the core (capture, edit, grads, selection, records).
+"""The core (capture, edit, grads, selection, records) tried as a hostile user would.
 
 Each test is written from the defect's description and asserts values, not only "no error".
 """

@@ -1,4 +1,4 @@
-"""Issue 9, "correct by default", for diff and gradient_flow: verdicts a hostile user cannot fool.
+"""diff and gradient_flow "correct by default": verdicts a hostile user cannot fool.
 
 Compiled models that already ran, NaN/Inf placement, argument validation, and odd outputs
 (dicts in another key order, None in other places, Python numbers, integers, complex, empty).

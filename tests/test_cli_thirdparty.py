@@ -1,4 +1,4 @@
-"""The hf: / timm: findings of a hostile review: weights that fit a model poorly, ids checked against the
+"""Loading hf: and timm: models from the command line: weights that fit a model poorly, ids checked against the
 right embedding, tracebacks turned into one line, pickles in a --config folder, tied weights, encoder-
 decoders without input_ids, image presets of the model's own, RoBERTa's position offset."""
 

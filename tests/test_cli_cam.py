@@ -1,5 +1,5 @@
-"""Review findings on the CLI's images, ``hookscope cam`` and weights loading (issue 14), each pinned by a
-test that failed before its fix: outputs that would overwrite inputs, 16-bit and float pictures, a huge
+"""The CLI's images, ``hookscope cam`` and weights loading, each case pinned by a test that failed before
+its fix: outputs that would overwrite inputs, 16-bit and float pictures, a huge
 ``--size``, generated shapes for the demo model, ``--grid``, hidden files in folders, offline weight names
 for ``layers`` / ``summary`` and the one-line errors about weights files.
 

@@ -1,4 +1,4 @@
-"""Issue 9, CAM and its metrics "correct by default": hostile inputs give the true values or one line.
+"""CAM and its metrics "correct by default": hostile inputs give the true values or one line.
 
 Models that write into their input, channels-last (Swin-style) activations, half-precision models,
 train mode, batch norms on batch statistics, odd targets, empty batches, NaN maps, integer images.

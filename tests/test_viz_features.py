@@ -1,4 +1,4 @@
-"""Review findings on the feature-map pictures (issue 14), each pinned by the values it fixed.
+"""The feature-map pictures (hookscope.viz.features), each case pinned by the values it must draw.
 
 Pictures are read back (arrays, or PNGs through Pillow) and compared pixel by pixel with what the
 docstrings of hookscope.viz.features state.

@@ -1,4 +1,4 @@
-"""The store under a hostile review: links never followed when clearing, only our own files ever deleted,
+"""The store's files and lock, tried as a hostile user would: links never followed when clearing, only our own files ever deleted,
 FIFOs and deep JSON refused in one line, the manifest's structure checked, one writer per folder."""
 
 from __future__ import annotations
