@@ -10,12 +10,13 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hookscope.core import hook_count
 
 __all__ = ["cached_torchvision_weights", "no_hooks", "Net", "ConvReLU", "Pair", "FakeModelOutput", "Structured",
-           "Writer"]
+           "Writer", "AddBack"]
 
 
 def no_hooks(model: nn.Module) -> bool:
@@ -65,6 +66,34 @@ class Writer(nn.Module):
         if scale is not None:
             x = x * scale.mul_(2)
         return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+class AddBack(nn.Module):
+    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn (in place, after the bn): one channel
+    group (the add), no activation module, both batch norm outputs rewritten in place. ``inplace=False``: the same
+    values computed out of place."""
+
+    def __init__(self, inplace: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inplace = inplace
+        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+        with torch.no_grad():
+            for bn in (self.bn0, self.bn):
+                bn.running_mean.uniform_(-0.3, 0.3)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
+        out = self.bn(self.conv(idn))
+        if self.inplace:
+            out += idn
+        else:
+            out = out + idn
+        return self.head(out.mean((2, 3)))
 
 
 @dataclasses.dataclass

@@ -14,6 +14,8 @@ from hookscope.errors import HookscopeError
 from hookscope.zoo import demo_model
 from hookscope.synthetic import shapes
 
+from helpers import AddBack
+
 
 class Residual(nn.Module):
     """conv a -> bn -> relu, conv b (residual branch) added to conv a's channels, then a 1x1 head."""
@@ -346,29 +348,6 @@ def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
 
 
 # --- taylor on groups that pass no activation module, whose batch norm outputs are rewritten in place ------------
-class AddBack(nn.Module):
-    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn: one group (the add), no
-    activation module, both batch norm outputs rewritten in place. ``inplace=False``: the same, out of place."""
-
-    def __init__(self, inplace: bool = True) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.inplace = inplace
-        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
-        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
-        self.head = nn.Linear(4, 3)
-        with torch.no_grad():
-            for bn in (self.bn0, self.bn):
-                bn.running_var.uniform_(0.5, 2.0)
-                bn.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
-        out = self.bn(self.conv(idn))
-        out = out.add_(idn) if self.inplace else out + idn
-        return self.head(out.mean((2, 3)))
-
-
 def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
     from hookscope.analysis.prune._channels import _measured
 

@@ -12,7 +12,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import no_hooks
+from helpers import AddBack, no_hooks
 from torch import nn
 
 from hookscope.analysis.prune._importance import Importance, channel_importance
@@ -662,33 +662,6 @@ def test_keyword_inputs_of_dict_batches_are_copied_too():
 
 
 # --- taylor where the model rewrites a site's output in place -----------------------------------------------------
-class AddBack(nn.Module):
-    """stem -> bn0 -> F.relu(inplace) = idn; out = bn(conv(idn)); out += idn (in place, after the bn);
-    with ``inplace=False`` the same values computed out of place."""
-
-    def __init__(self, inplace: bool = True) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.inplace = inplace
-        self.stem, self.bn0 = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
-        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
-        self.head = nn.Linear(4, 3)
-        with torch.no_grad():
-            for bn in (self.bn0, self.bn):
-                bn.running_mean.uniform_(-0.3, 0.3)
-                bn.running_var.uniform_(0.5, 2.0)
-                bn.bias.uniform_(-0.5, 0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        idn = F.relu(self.bn0(self.stem(x)), inplace=self.inplace)
-        out = self.bn(self.conv(idn))
-        if self.inplace:
-            out += idn
-        else:
-            out = out + idn
-        return self.head(out.mean((2, 3)))
-
-
 @pytest.mark.parametrize("site", ["bn0", "bn", "conv", "stem"])
 def test_taylor_at_a_batch_norm_rewritten_by_a_residual_add_or_relu_equals_the_hand_computation(site):
     net, data = AddBack().eval(), _data()
