@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python bench/bench_capture.py            (about 4 minutes on 2 CPU cores)
       .venv/bin/python bench/bench_capture.py --quick    (fewer repeats)
+      .venv/bin/python bench/bench_capture.py --against DIR   (also hookscope from another source tree,
+          such as `git worktree add DIR <commit>`, as the method "before", in the same rounds)
 
 Timing: the methods run interleaved, round after round, in one process (the order alternates), and
 each figure is the median over rounds; ratios are to the plain forward's median of the same run.
@@ -14,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import platform
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -23,7 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hookscope
-from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when run as a script
+from _rounds import ratios  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 METHODS = ["plain", "hookscope", "hand_clone", "hand_refs", "create_feature_extractor"]
 CASES = [("resnet18", 1), ("resnet50", 8)]
@@ -37,13 +42,27 @@ def build(name: str, batch: int) -> tuple[nn.Module, torch.Tensor, list[str]]:
     return model, x, convs
 
 
+def load_before(tree: str) -> Any:
+    """hookscope from another source tree (``tree/src/hookscope``), imported as the package ``hookscope_before``."""
+    root = Path(tree) / "src" / "hookscope"
+    spec = importlib.util.spec_from_file_location("hookscope_before", root / "__init__.py",
+                                                  submodule_search_locations=[str(root)])
+    assert spec is not None and spec.loader is not None, f"no hookscope package in {root}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hookscope_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def runner(method: str, model: nn.Module, x: torch.Tensor, convs: list[str]) -> Callable[[], Any]:
     """A function doing one forward that keeps every conv output by ``method``; returns what it kept."""
     if method == "plain":
         return lambda: model(x)
-    if method == "hookscope":
+    if method in ("hookscope", "before"):
+        lib = hookscope if method == "hookscope" else sys.modules["hookscope_before"]
+
         def run() -> Any:
-            with hookscope.capture(model, nn.Conv2d) as rec:
+            with lib.capture(model, nn.Conv2d) as rec:
                 model(x)
             return rec
         return run
@@ -75,18 +94,19 @@ def runner(method: str, model: nn.Module, x: torch.Tensor, convs: list[str]) -> 
 
 
 def kept_bytes(kept: Any) -> int:
-    if isinstance(kept, hookscope.Recording):
+    if type(kept).__name__ == "Recording":
         return sum(rec.output.numel() * rec.output.element_size() for _, rec in kept.items())
     if isinstance(kept, dict):
         return sum(t.numel() * t.element_size() for t in kept.values())
     return 0
 
 
-def timing(name: str, batch: int, rounds: int) -> dict[str, float]:
+def timing(name: str, batch: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per method, and the median over rounds of each method's time over plain's."""
     model, x, convs = build(name, batch)
     runs = {m: runner(m, model, x, convs) for m in METHODS}
     with torch.no_grad():
-        return medians(runs, rounds, warmup=2)
+        return ratios(runs, rounds, base="plain", warmup=2)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -135,21 +155,26 @@ def memory(name: str, batch: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--against", metavar="DIR", default=None,
+                    help="also time hookscope from the source tree DIR (method 'before'), in the same rounds")
     a = ap.parse_args()
+    if a.against:
+        load_before(a.against)
+        METHODS.insert(2, "before")
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, torchvision {torchvision.__version__}")
     for name, batch in CASES:
         rounds = (30 if a.quick else 120) if batch == 1 else (6 if a.quick else 20)
-        t = timing(name, batch, rounds)
+        t, r = timing(name, batch, rounds)
         mem = memory(name, batch)
         base = mem["plain"]["peak_mib"]
         print(f"\n## {name}, batch {batch} ({rounds} rounds)")
-        print("| method | median ms | ratio to plain | peak MiB | kept MiB | peak / (plain peak + kept) |")
+        print("| method | median ms | ratio to plain (median of rounds) | peak MiB | kept MiB | peak / (plain peak + kept) |")
         print("|---|---|---|---|---|---|")
         for m in METHODS:
             peak, kept = mem[m]["peak_mib"], mem[m]["kept_mib"]
             frac = f"{peak / (base + kept):.3f}" if kept else "-"
-            print(f"| {m} | {t[m] * 1e3:.1f} | {t[m] / t['plain']:.3f}x | {peak:.1f} | {kept:.1f} | {frac} |")
+            print(f"| {m} | {t[m] * 1e3:.1f} | {r[m]:.3f}x | {peak:.1f} | {kept:.1f} | {frac} |")
 
 
 if __name__ == "__main__":

@@ -194,15 +194,15 @@ def test_a_finished_store_with_a_damaged_shard_is_refused_when_read(tmp_path: Pa
 
 
 _WORKERS = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     sys.path.insert(0, sys.argv[2])
     import torch, hookscope
     import extract_job
     from extract_job import LAYERS, SHARD, SIZE, build
 
-    class Samples(extract_job.Samples):  # loader workers stall from the third shard on (sample 24)
+    class Samples(extract_job.Samples):  # loader workers stall once shard 1 is written (whatever they prefetch)
         def __getitem__(self, i):
-            if i >= 24 and float(sys.argv[3]) and torch.utils.data.get_worker_info() is not None:
+            if os.path.exists(f"{sys.argv[1]}/shards/000001.safetensors") and float(sys.argv[3]) and torch.utils.data.get_worker_info() is not None:
                 time.sleep(float(sys.argv[3]))
             return super().__getitem__(i)
 

