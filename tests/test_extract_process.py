@@ -200,9 +200,11 @@ _WORKERS = textwrap.dedent("""
     import extract_job
     from extract_job import LAYERS, SHARD, SIZE, build
 
-    class Samples(extract_job.Samples):  # loader workers stall once shard 1 is written (whatever they prefetch)
+    class Samples(extract_job.Samples):  # loader workers stall once shard 1 is written, saying so in a file
         def __getitem__(self, i):
-            if os.path.exists(f"{sys.argv[1]}/shards/000001.safetensors") and float(sys.argv[3]) and torch.utils.data.get_worker_info() is not None:
+            if os.path.exists(f"{sys.argv[1]}/shards/000001.safetensors") and float(sys.argv[3]) \
+                    and torch.utils.data.get_worker_info() is not None:
+                open(f"{sys.argv[1]}.stalled", "w").close()
                 time.sleep(float(sys.argv[3]))
             return super().__getitem__(i)
 
@@ -229,13 +231,13 @@ def _children(pid: int) -> list[int]:
 def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, reference: dict[str, bytes]) -> None:
     out = tmp_path / "store"
     here = str(Path(JOB).parent)
-    proc = subprocess.Popen([sys.executable, "-c", _WORKERS, str(out), here, "60"], env=ENV,
+    proc = subprocess.Popen([sys.executable, "-c", _WORKERS, str(out), here, "300"], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
+    stalled = Path(f"{out}.stalled")
     try:
         deadline = time.monotonic() + 120
-        while not (out / "shards" / "000001.safetensors").exists() and proc.poll() is None \
-                and time.monotonic() < deadline:
+        while not stalled.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         workers = _children(proc.pid)
         proc.send_signal(signal.SIGKILL)
