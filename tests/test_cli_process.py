@@ -2,6 +2,8 @@
 
 A model file from somewhere else never runs code unless --trust-pickle says so, and every user
 mistake is exactly one line ``hookscope CMD: error: ...`` on stderr with exit status 2: no traceback.
+One real process runs every command line of this file in turn (``cli_batch.Batch``): ``torch`` starts once
+rather than fifty times; the module's last test checks that it answers exactly as ``python -m hookscope``.
 """
 
 from __future__ import annotations
@@ -14,9 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_batch import ENV, Batch, Ran
 from torch import nn
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def one_line_error(res: Ran, command: str) -> str:
+    """The one stderr line of a refused command (exit status 2, no traceback), without its prefix."""
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    prefix = f"hookscope {command}: error: "
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0][len(prefix):]
 
 
 class Payload:
@@ -29,94 +42,20 @@ class Payload:
         return exec, (f"open({self.marker!r}, 'w').write('pwned')",)
 
 
-def hookscope(*argv: str, cwd: Path, env: dict[str, str] | None = None,
-              code: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m hookscope ARGV`` (or ``python -c CODE ARGV``) in ``cwd``."""
-    full_env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    head = ["-c", code] if code is not None else ["-m", "hookscope"]
-    return subprocess.run([sys.executable, *head, *argv], cwd=cwd, env=full_env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def one_line_error(res: subprocess.CompletedProcess[str], command: str) -> str:
-    """The one stderr line of a refused command (exit status 2, no traceback), without its prefix."""
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1, res.stderr
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    prefix = f"hookscope {command}: error: "
-    assert lines[0].startswith(prefix), lines[0]
-    return lines[0][len(prefix):]
-
-
-# --- item 10: no code from a model file runs without --trust-pickle --------------------------------
-@pytest.fixture
-def evil(tmp_path: Path) -> Path:
-    marker = tmp_path / "PWNED"
-    torch.save({"weight": torch.ones(2), "extra": Payload(marker)}, tmp_path / "evil.pt")
-    torch.save(Payload(marker), tmp_path / "evil_legacy.pth", _use_new_zipfile_serialization=False)
-    with open(tmp_path / "evil_raw.pth", "wb") as f:  # a plain pickle, as old .pth files can be
+def _evil(d: Path) -> Path:
+    """A folder holding the three forms of a malicious model file; their payload writes ``d/PWNED``."""
+    d.mkdir()
+    marker = d / "PWNED"
+    torch.save({"weight": torch.ones(2), "extra": Payload(marker)}, d / "evil.pt")
+    torch.save(Payload(marker), d / "evil_legacy.pth", _use_new_zipfile_serialization=False)
+    with open(d / "evil_raw.pth", "wb") as f:  # a plain pickle, as old .pth files can be
         pickle.dump(Payload(marker), f)
-    return tmp_path
+    return d
 
 
-CASES = [("summary", "evil.pt"), ("summary", "evil_legacy.pth"), ("summary", "evil_raw.pth"),
-         ("trace", "evil.pt"), ("watch", "evil.pt"), ("diff", "evil.pt"), ("cam", "evil.pt")]
-
-
-@pytest.mark.parametrize(("command", "name"), CASES)
-def test_a_malicious_pickle_never_runs_without_the_flag(evil: Path, command: str, name: str) -> None:
-    extra = ["--out", "o.png"] if command == "cam" else []
-    # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD would turn torch.load's default unsafe: hookscope never relies on it
-    res = hookscope(command, name, "--input", "1x2", *extra, cwd=evil,
-                    env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
-    line = one_line_error(res, command)
-    assert not (evil / "PWNED").exists()
-    assert "pickled model" in line and "--trust-pickle" in line
-    assert "file.py:ATTR" in line and "run that Python code" in line  # the safer way, and its own risk
-    if name != "evil_raw.pth":  # a torch.save file: the message names what it would have called
-        assert line.startswith(f"{name} is a pickled model (it names exec), not plain weights; ")
-
-
-def test_the_flag_is_what_unpickles_and_a_trusted_whole_model_loads(evil: Path) -> None:
-    res = hookscope("summary", "evil.pt", "--input", "1x2", "--trust-pickle", cwd=evil)
-    assert (evil / "PWNED").read_text() == "pwned"  # the payload ran: only the flag allowed it
-    assert "gave a dict, not an nn.Module" in one_line_error(res, "summary")
-
-    torch.manual_seed(0)
-    torch.save(nn.Sequential(nn.Linear(2, 3), nn.ReLU()), evil / "model.pt")
-    refused = one_line_error(hookscope("summary", "model.pt", "--input", "1x2", cwd=evil), "summary")
-    assert refused.startswith("model.pt is a pickled model (it names torch.nn.modules.")
-    res = hookscope("summary", "model.pt", "--input", "1x2", "--trust-pickle", "--json", cwd=evil)
-    assert res.returncode == 0, res.stderr
-    assert '"params": 9' in res.stdout and '"type": "Linear"' in res.stdout
-
-
-def test_weights_load_without_the_flag_and_a_state_dict_says_how_to_use_it(tmp_path: Path) -> None:
-    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "weights.pt")
-    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "old.pth", _use_new_zipfile_serialization=False)
-    for name in ("weights.pt", "old.pth"):
-        line = one_line_error(hookscope("trace", name, "--input", "1x2", cwd=tmp_path), "trace")
-        assert line.startswith(f"'{name}' gave a OrderedDict, not an nn.Module; it looks like a state_dict")
-        assert "m.load_state_dict(torch.load('weights.pt', weights_only=True))" in line
-
-
-@pytest.mark.parametrize("command", ["summary", "trace", "watch", "diff", "cam"])
-def test_help_says_which_model_forms_run_code_and_names_the_flag(command: str, tmp_path: Path) -> None:
-    res = hookscope(command, "--help", cwd=tmp_path)
-    assert res.returncode == 0
-    text = " ".join(res.stdout.split())
-    assert "file.py:ATTR and package.module:ATTR import and run that Python code" in text
-    assert "torch.load(weights_only=True), which runs no code" in text
-    assert "--trust-pickle MODEL.pt is a whole model pickled with torch.save(model) by someone you trust" in text
-    top = " ".join(hookscope("--help", cwd=tmp_path).stdout.split())
-    assert "file.py:ATTR or package.module:ATTR imports and runs that Python code" in top
-
-
-# --- item 14: every user mistake is one line -----------------------------------------------------
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("cli")
+def _files(d: Path) -> Path:
+    """A folder of broken, odd and ordinary model files for the user-mistake cases."""
+    d.mkdir()
     (d / "raises.py").write_text("import torch\nraise RuntimeError('boom at import')\n")
     (d / "nameerr.py").write_text("import torch\n\ndef build():\n    return Nett()\n")
     (d / "exits.py").write_text("import sys\nsys.exit(3)\n")
@@ -129,9 +68,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "adir.pt").mkdir()
     (d / "adir.py").mkdir()
     torch.save(nn.Linear(2, 2).state_dict(), d / "weights.pt")
+    torch.save(nn.Linear(2, 2).state_dict(), d / "old.pth", _use_new_zipfile_serialization=False)
+    torch.manual_seed(0)
+    torch.save(nn.Sequential(nn.Linear(2, 3), nn.ReLU()), d / "model.pt")
     return d
 
 
+PICKLES = [("summary", "evil.pt"), ("summary", "evil_legacy.pth"), ("summary", "evil_raw.pth"),
+           ("trace", "evil.pt"), ("watch", "evil.pt"), ("diff", "evil.pt"), ("cam", "evil.pt")]
+HELP = ["summary", "trace", "watch", "diff", "cam"]
 MISTAKES = [
     (["summary", "raises.py:build", "--input", "1x2"],
      "importing raises.py raised RuntimeError: boom at import ({d}/raises.py, line 2, in <module>)"),
@@ -168,39 +113,124 @@ MISTAKES = [
     (["watch", "ok.py:build", "--input", "1x5"], "the forward pass failed in '0' (Linear)"),
     (["summary", "ok.py:build", "--input", "1x5"], "the forward pass failed in '0'"),
 ]
+UNREADABLE = ["locked.py:build", "locked.pt"]
+# TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD would turn torch.load's default unsafe: hookscope never relies on it
+UNSAFE = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
 
-@pytest.mark.parametrize(("argv", "message"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
-def test_a_user_mistake_is_one_line_and_exit_2(files: Path, argv: list[str], message: str) -> None:
-    line = one_line_error(hookscope(*argv, cwd=files), argv[0])
-    assert message.format(d=files) in line
+class Runs:
+    """Each case's command lines by key, answered from the module's one process."""
+
+    def __init__(self, batch: Batch, keys: dict[object, int]) -> None:
+        self.batch, self.keys = batch, keys
+
+    def __getitem__(self, key: object) -> Ran:
+        return self.batch[self.keys[key]]
 
 
-DENY = """
-import _io, builtins, sys
-from hookscope.cli import main
-target = sys.argv.pop(1)
-def deny(opener):
-    def wrapped(file, *args, **kwargs):
-        if str(file) == target:
-            raise PermissionError(13, "Permission denied", str(file))
-        return opener(file, *args, **kwargs)
-    return wrapped
-builtins.open, _io.open_code = deny(builtins.open), deny(_io.open_code)
-raise SystemExit(main(sys.argv[1:]))
-"""
+def _unreadable(root: Path, batch: Batch, keys: dict[object, int]) -> list[Path]:
+    """Model files nobody may read (for root, open() refuses them in the process); their paths."""
+    paths = []
+    for spec in UNREADABLE:
+        path = root / spec.split(":")[0]
+        path.write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+        path.chmod(0)
+        keys["unreadable", spec] = batch.add("summary", str(root / spec), "--input", "1x2", cwd=root,
+                                            deny=path if os.geteuid() == 0 else None)
+        paths.append(path)
+    return paths
 
 
-@pytest.mark.parametrize("spec", ["locked.py:build", "locked.pt"])
-def test_an_unreadable_model_file_is_one_line(tmp_path: Path, spec: str) -> None:
-    path = tmp_path / spec.split(":")[0]
-    path.write_text("import torch\ndef build():\n    return torch.nn.Linear(2, 2)\n")
-    path.chmod(0)
-    try:
-        if os.geteuid() == 0:  # root reads anything: make open() refuse this one file as it would
-            res = hookscope(str(path), "summary", str(tmp_path / spec), "--input", "1x2", cwd=tmp_path, code=DENY)
-        else:
-            res = hookscope("summary", str(tmp_path / spec), "--input", "1x2", cwd=tmp_path)
-    finally:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> object:
+    root = tmp_path_factory.mktemp("cli")
+    batch, keys = Batch(), {}
+    for command, name in PICKLES:
+        d = _evil(root / f"{command}-{name}")
+        extra = ["--out", "o.png"] if command == "cam" else []
+        keys[command, name] = batch.add(command, name, "--input", "1x2", *extra, cwd=d, env=UNSAFE)
+    trusted = _evil(root / "trusted")
+    keys["trusted"] = batch.add("summary", "evil.pt", "--input", "1x2", "--trust-pickle", cwd=trusted)
+    files = _files(root / "files")
+    for command in HELP:
+        keys["help", command] = batch.add(command, "--help", cwd=root)
+    keys["help"] = batch.add("--help", cwd=root)
+    for argv, _ in MISTAKES:
+        keys[tuple(argv)] = batch.add(*argv, cwd=files)
+    for argv in (["summary", "model.pt", "--input", "1x2"], ["summary", "model.pt", "--input", "1x2",
+                                                             "--trust-pickle", "--json"],
+                 ["trace", "weights.pt", "--input", "1x2"], ["trace", "old.pth", "--input", "1x2"]):
+        keys[tuple(argv)] = batch.add(*argv, cwd=files, env=UNSAFE)
+    locked = _unreadable(root, batch, keys)
+    yield Runs(batch, keys), root
+    for path in locked:
         path.chmod(0o644)
-    assert one_line_error(res, "summary") == f"cannot read {path}: Permission denied"
+
+
+# --- no code from a model file runs without --trust-pickle --------------------------------------
+@pytest.mark.parametrize(("command", "name"), PICKLES)
+def test_a_malicious_pickle_never_runs_without_the_flag(runs: tuple[Runs, Path], command: str, name: str) -> None:
+    ran, root = runs
+    line = one_line_error(ran[command, name], command)
+    assert not (root / f"{command}-{name}" / "PWNED").exists()
+    assert "pickled model" in line and "--trust-pickle" in line
+    assert "file.py:ATTR" in line and "run that Python code" in line  # the safer way, and its own risk
+    if name != "evil_raw.pth":  # a torch.save file: the message names what it would have called
+        assert line.startswith(f"{name} is a pickled model (it names exec), not plain weights; ")
+
+
+def test_the_flag_is_what_unpickles_and_a_trusted_whole_model_loads(runs: tuple[Runs, Path]) -> None:
+    ran, root = runs
+    assert "gave a dict, not an nn.Module" in one_line_error(ran["trusted"], "summary")
+    assert (root / "trusted" / "PWNED").read_text() == "pwned"  # the payload ran: only the flag allowed it
+    refused = one_line_error(ran["summary", "model.pt", "--input", "1x2"], "summary")
+    assert refused.startswith("model.pt is a pickled model (it names torch.nn.modules.")
+    res = ran["summary", "model.pt", "--input", "1x2", "--trust-pickle", "--json"]
+    assert res.returncode == 0, res.stderr
+    assert '"params": 9' in res.stdout and '"type": "Linear"' in res.stdout
+
+
+def test_weights_load_without_the_flag_and_a_state_dict_says_how_to_use_it(runs: tuple[Runs, Path]) -> None:
+    ran, _ = runs
+    for name in ("weights.pt", "old.pth"):
+        line = one_line_error(ran["trace", name, "--input", "1x2"], "trace")
+        assert line.startswith(f"'{name}' gave a OrderedDict, not an nn.Module; it looks like a state_dict")
+        assert "m.load_state_dict(torch.load('weights.pt', weights_only=True))" in line
+
+
+@pytest.mark.parametrize("command", HELP)
+def test_help_says_which_model_forms_run_code_and_names_the_flag(runs: tuple[Runs, Path], command: str) -> None:
+    ran, _ = runs
+    res = ran["help", command]
+    assert res.returncode == 0
+    text = " ".join(res.stdout.split())
+    assert "file.py:ATTR and package.module:ATTR import and run that Python code" in text
+    assert "torch.load(weights_only=True), which runs no code" in text
+    assert "--trust-pickle MODEL.pt is a whole model pickled with torch.save(model) by someone you trust" in text
+    top = " ".join(ran["help"].stdout.split())
+    assert "file.py:ATTR or package.module:ATTR imports and runs that Python code" in top
+
+
+# --- every user mistake is one line --------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "message"), MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_a_user_mistake_is_one_line_and_exit_2(runs: tuple[Runs, Path], argv: list[str], message: str) -> None:
+    ran, root = runs
+    line = one_line_error(ran[tuple(argv)], argv[0])
+    assert message.format(d=root / "files") in line
+
+
+@pytest.mark.parametrize("spec", UNREADABLE)
+def test_an_unreadable_model_file_is_one_line(runs: tuple[Runs, Path], spec: str) -> None:
+    ran, root = runs
+    path = root / spec.split(":")[0]
+    assert one_line_error(ran["unreadable", spec], "summary") == f"cannot read {path}: Permission denied"
+
+
+def test_python_m_hookscope_answers_as_the_batched_process(runs: tuple[Runs, Path]) -> None:
+    """The shared process is faithful: a real ``python -m hookscope`` gives the same status and lines."""
+    ran, root = runs
+    argv = MISTAKES[1][0]
+    real = subprocess.run([sys.executable, "-m", "hookscope", *argv], cwd=root / "files", env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    shared = ran[tuple(argv)]
+    assert (real.returncode, real.stdout, real.stderr) == (shared.returncode, shared.stdout, shared.stderr)

@@ -18,6 +18,7 @@ except ImportError:  # not POSIX
 
 import pytest
 import torch
+from cli_batch import Batch
 from helpers import ConvReLU, Net, Structured, no_hooks
 from torch import nn
 
@@ -618,17 +619,19 @@ def _limit_memory() -> None:  # in the child: Dynamo tracing a hook once grew pa
 @pytest.mark.skipif(resource is None, reason="resource limits are POSIX only")
 def test_the_cli_on_a_compiled_model_stays_within_memory_and_matches_eager(tmp_path):
     (tmp_path / "cmodel.py").write_text(COMPILED_MODEL)
+    batch = Batch(preexec_fn=_limit_memory)  # one process runs the six command lines
+    commands = (["trace", "--backward", "--format", "json"], ["watch", "--backward"], ["summary", "--json"])
+    runs = {(c[0], kind): batch.add(c[0], f"cmodel.py:{kind}", *c[1:], "--input", "2x8", cwd=tmp_path)
+            for c in commands for kind in ("eager", "compiled")}
 
-    def run(*argv: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "hookscope", *argv, "--input", "2x8"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
+    def run(command: str, kind: str) -> str:
+        res = batch[runs[command, kind]]
         assert res.returncode == 0, res.stderr[-2000:]
         return res.stdout
 
-    for command in (["trace", "--backward", "--format", "json"], ["watch", "--backward"], ["summary", "--json"]):
-        eager = run(command[0], "cmodel.py:eager", *command[1:])
-        compiled = run(command[0], "cmodel.py:compiled", *command[1:])
-        if command[0] != "trace":
+    for command, *_ in commands:
+        eager, compiled = run(command, "eager"), run(command, "compiled")
+        if command != "trace":
             assert compiled == eager  # the same summary, the same "all finite: 12 ... checked"
             continue
         got, want = _json_rows(compiled), _json_rows(eager)
