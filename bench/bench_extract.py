@@ -59,7 +59,7 @@ def plain(net: torch.nn.Module, data: Generated) -> None:
 
 
 def run_extract(net: torch.nn.Module, data: Generated, layers: dict[str, Any], out: str, shard: str = "64MB") -> None:
-    hookscope.extract(net, data, layers, out=out, batch_size=32, shard_size=shard, overwrite=True, progress=False)
+    hookscope.extract(net, data, layers=layers, out=out, batch_size=32, shard_size=shard, overwrite=True, progress=False)
 
 
 def throughput(n: int, rounds: int) -> None:

@@ -34,7 +34,7 @@ from _rounds import medians  # bench/_rounds.py: this folder is on sys.path when
 
 def runners(model: nn.Module, x: torch.Tensor, layer: str, folder: str) -> dict[str, Callable[[], Any]]:
     picture = (x[0] - x[0].min()) / (x[0].max() - x[0].min())
-    res = feature_maps(model, x, layer)
+    res = feature_maps(model, x, layers=layer)
     png = os.path.join(folder, f"{layer}.png")
 
     def render(r: FeatureMaps) -> Any:
@@ -45,13 +45,13 @@ def runners(model: nn.Module, x: torch.Tensor, layer: str, folder: str) -> dict[
             return model(x)
 
     def compare() -> Any:
-        comp = compare_references(model, x, layer)
+        comp = compare_references(model, x, layers=layer)
         return save_feature_maps(plot_reference_comparison(comp, picture=picture), png)
 
     return {
         "plain forward": plain,
         "render (maps collected)": lambda: render(res),
-        "collect + render": lambda: render(feature_maps(model, x, layer)),
+        "collect + render": lambda: render(feature_maps(model, x, layers=layer)),
         "compare_references + render": compare,
     }
 
@@ -75,7 +75,7 @@ def main() -> None:
         for name, layer in (("resnet18", "layer4"), ("resnet50", "layer2")):
             model = getattr(torchvision.models, name)(weights=None).eval()
             runs = runners(model, x, layer, folder)
-            shape = "x".join(map(str, feature_maps(model, x, layer).maps.shape))
+            shape = "x".join(map(str, feature_maps(model, x, layers=layer).maps.shape))
             med = medians(runs, rounds)
             cells = " | ".join(f"{med[k] * 1e3:.0f} ms" for k in runs)
             print(f"| {name} {layer} ({shape}) | {cells} |")

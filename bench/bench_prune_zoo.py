@@ -24,14 +24,14 @@ import torch  # noqa: E402
 import zoo_sweep  # noqa: E402
 
 from hookscope.analysis.prune._compact import compact, mask_channels  # noqa: E402
-from hookscope.analysis.prune._graph import Groups, channel_groups  # noqa: E402
+from hookscope.analysis.prune._graph import ChannelGroups, channel_groups  # noqa: E402
 from hookscope.analysis.prune._graph_verify import output_gap  # noqa: E402
 
 FRACTION = 0.3
 HUGE = ("vit_h_14", "regnet_y_128gf", "vit_l_", "regnet_y_32gf", "regnet_y_16gf")
 
 
-def l2_drop(model: torch.nn.Module, groups: Groups, fraction: float) -> dict[int, list[int]]:
+def l2_drop(model: torch.nn.Module, groups: ChannelGroups, fraction: float) -> dict[int, list[int]]:
     """The ``fraction`` of each group's channels with the smallest L2 norm of their producer rows."""
     mods = dict(model.named_modules())
     out: dict[int, list[int]] = {}

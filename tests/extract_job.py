@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     if args.stream:
         loader = torch.utils.data.DataLoader(data, batch_size=5)
         data = (b for b in loader)
-    hookscope.extract(model, data, LAYERS, out=args.out, batch_size=5, shard_size=SHARD, resume=args.resume,
+    hookscope.extract(model, data, layers=LAYERS, out=args.out, batch_size=5, shard_size=SHARD, resume=args.resume,
                       progress=False)
     if args.ddp:
         torch.distributed.destroy_process_group()

@@ -691,20 +691,12 @@ def test_rows_without_class_targets_and_scorecam_counts():
     assert f"{sc.forwards} forward passes ({sc.masked} masked inputs)" in sc.table().splitlines()[0]
 
 
-def test_layer_is_a_deprecated_alias_of_layers():
+def test_layers_is_the_one_name_of_the_layer_argument():
     net = TinyResNet().eval()
     x = torch.randn(1, 3, 32, 32)
-    new = cam(net, x, layers="layer2")
-    with pytest.warns(DeprecationWarning, match=r"cam\(layer=\.\.\.\) is now cam\(layers=\.\.\.\)") as caught:
-        old = cam(net, x, layer="layer2")
-    assert caught[0].filename == __file__  # the warning points at the caller's line
-    assert old.layers == new.layers == ["layer2"] and torch.equal(old.maps, new.maps)
-    with pytest.warns(DeprecationWarning):
-        assert cam(net, x, layer=None).layers == cam(net, x).layers  # None still means "find it"
-    with pytest.raises(HookscopeError, match="both layers= and layer="):
-        cam(net, x, layers="layer2", layer="layer1")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'layr'"):
-        cam(net, x, layr="layer2")
+    for wrong in ("layer", "layr"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{wrong}'"):
+            cam(net, x, **{wrong: "layer2"})
     assert no_hooks(net)
 
 

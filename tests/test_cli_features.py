@@ -70,7 +70,7 @@ def test_grid_png_is_what_the_api_draws_and_the_table_its_rows(tmp_path, capsys)
     text = capsys.readouterr().out.splitlines()
     net = TinyResNet(seed=0).eval()
     x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    res = feature_maps(net, x, "layer1")
+    res = feature_maps(net, x, layers="layer1")
     top = res.top(5)
     assert text[0] == "TinyResNet, input 1x3x32x32, layer layer1: 16 channels of 32x32"
     assert [int(line.split()[0]) for line in text[3:8]] == top
@@ -177,4 +177,4 @@ def test_help_has_an_example(capsys):
         main(["features", "--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    assert "Examples:" in text and "hookscope features demo --layer layer1" in text and "--compare-references" in text
+    assert "Examples:" in text and "hookscope features demo --layers layer1 --out layer1.png" in text and "--compare-references" in text

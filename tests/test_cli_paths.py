@@ -144,8 +144,8 @@ class Permuting(nn.Module):
 
 def test_a_permuted_view_of_the_same_shape_is_not_taken_for_the_convolutions_layout() -> None:
     net, x = Permuting().eval(), torch.rand(1, 3, 32, 32)
-    for run in (lambda: hookscope.feature_maps(net, x, "block"), lambda: hookscope.cam(net, x, layers="block")):
+    for run in (lambda: hookscope.feature_maps(net, x, layers="block"), lambda: hookscope.cam(net, x, layers="block")):
         with pytest.raises(HookscopeError, match="B x C x h x w or B x h x w x C"):
             run()
-    res = hookscope.feature_maps(net, x, "block", reshape=hookscope.channels_last)
+    res = hookscope.feature_maps(net, x, layers="block", reshape=hookscope.channels_last)
     assert torch.equal(res.maps, net.block(x).permute(0, 3, 1, 2))

@@ -512,16 +512,16 @@ def test_grads_of_a_view_of_a_leaf_are_kept_as_they_arrived():
     assert w.grad.tolist() == [5.0] * 4
 
 
-def test_a_gradient_rewritten_by_a_later_hook_raises_and_copy_true_keeps_it():
-    for copy in (False, True):
+def test_a_gradient_rewritten_by_a_later_hook_raises_and_copy_always_keeps_it():
+    for copy in ("never", "always"):
         h = torch.ones(3, requires_grad=True) * 1
         with hookscope.grads(h=h, copy=copy) as g:
             h.register_hook(lambda gr: gr.mul_(0))
             (h * 5).sum().backward()
-        if copy:
+        if copy == "always":
             assert g["h"].grad.tolist() == [5.0, 5.0, 5.0]
         else:
-            with pytest.raises(MutationError, match=r"grads\(\.\.\., copy=True\)"):
+            with pytest.raises(MutationError, match=r"grads\(\.\.\., copy='always'\)"):
                 g["h"].grad
 
 
@@ -529,8 +529,10 @@ def test_grads_refuses_an_fn_that_is_not_a_function():
     w = torch.ones(1, requires_grad=True)
     with pytest.raises(HookscopeError, match="fn=3 for 'w' is not a function"):
         hookscope.grads(w=w, fn=3)
-    with pytest.raises(HookscopeError, match="copy='yes' is not True or False"):
+    with pytest.raises(HookscopeError, match="copy='yes' is not a copy policy of grads"):
         hookscope.grads(w=w, copy="yes")
+    with pytest.raises(HookscopeError, match=r"copy=True is not a copy policy of grads\(\) \(copy='always' keeps"):
+        hookscope.grads(w=w, copy=True)
 
 
 def _flatten_model(inplace: bool) -> nn.Sequential:

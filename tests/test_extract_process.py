@@ -210,7 +210,7 @@ _WORKERS = textwrap.dedent("""
             return super().__getitem__(i)
 
     torch.set_num_threads(1)
-    hookscope.extract(build(), Samples(SIZE), LAYERS, out=sys.argv[1], batch_size=5, shard_size=SHARD, workers=2,
+    hookscope.extract(build(), Samples(SIZE), layers=LAYERS, out=sys.argv[1], batch_size=5, shard_size=SHARD, workers=2,
                       resume="--resume" in sys.argv, progress=False)
 """)
 
@@ -273,7 +273,7 @@ _THREADS = textwrap.dedent("""
     data = torch.randn(30, 4096, generator=torch.Generator().manual_seed(1))
     if "RANK" in os.environ:
         torch.distributed.init_process_group("gloo")
-    hookscope.extract(model, data, "0", out=sys.argv[1], batch_size=5, shard_size=10 * (256 * 4 + 8),
+    hookscope.extract(model, data, layers="0", out=sys.argv[1], batch_size=5, shard_size=10 * (256 * 4 + 8),
                       progress=False)
     if "RANK" in os.environ:
         torch.distributed.destroy_process_group()

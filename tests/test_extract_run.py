@@ -40,10 +40,10 @@ def test_a_stream_that_grew_is_refused_instead_of_leaving_a_gap(tmp_path: Path) 
     model, out = build(), tmp_path / "s"
     x = torch.stack([Samples(14)[i] for i in range(14)])
     shard = 3 * (16 * 4 + 8)  # three samples per shard
-    hookscope.extract(model, iter(x[:10].split(2)), {"5": "max"}, out=out, shard_size=shard)
+    hookscope.extract(model, iter(x[:10].split(2)), layers={"5": "max"}, out=out, shard_size=shard)
     _unfinish(out)
     with pytest.raises(HookscopeError, match="shard 3 holds 1 samples where the data gives 3"):
-        hookscope.extract(model, iter(x.split(2)), {"5": "max"}, out=out, shard_size=shard, resume=True)
+        hookscope.extract(model, iter(x.split(2)), layers={"5": "max"}, out=out, shard_size=shard, resume=True)
 
 
 @pytest.mark.parametrize("change", ["function", "activation", "buffer", "later sample"])
@@ -60,7 +60,7 @@ def test_resume_refuses_what_would_mix_two_runs(tmp_path: Path, change: str) -> 
     torch.manual_seed(0)
     model, data = Net(nn.ReLU()).eval(), torch.randn(40, 4)
     kw: dict[str, Any] = {"out": tmp_path / "s", "shard_size": 10 * (4 * 4 + 8), "batch_size": 5}
-    hookscope.extract(model, data, {"act": lambda t: t * 1}, **kw)
+    hookscope.extract(model, data, layers={"act": lambda t: t * 1}, **kw)
     _unfinish(tmp_path / "s")
     how: Any = lambda t: t * 1  # noqa: E731  (the same name, other code below)
     if change == "function":
@@ -75,7 +75,7 @@ def test_resume_refuses_what_would_mix_two_runs(tmp_path: Path, change: str) -> 
         data = data.clone()
         data[30] += 1
     with pytest.raises(HookscopeError, match="cannot resume"):
-        hookscope.extract(model, data, {"act": how}, resume=True, **kw)
+        hookscope.extract(model, data, layers={"act": how}, resume=True, **kw)
 
 
 @pytest.mark.parametrize("loader", [
@@ -86,7 +86,7 @@ def test_resume_refuses_what_would_mix_two_runs(tmp_path: Path, change: str) -> 
 ])
 def test_a_loader_whose_order_extract_cannot_follow_is_refused(tmp_path: Path, loader: Any) -> None:
     with pytest.raises(HookscopeError, match="cannot follow shard by shard"):
-        hookscope.extract(build(), loader(Samples(7)), "5", out=tmp_path / "s")
+        hookscope.extract(build(), loader(Samples(7)), layers="5", out=tmp_path / "s")
 
 
 def test_a_model_writing_into_its_input_does_not_change_row_0(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_a_model_writing_into_its_input_does_not_change_row_0(tmp_path: Path) ->
 
     data = torch.randn(4, 3)
     kept = data.clone()
-    store = hookscope.extract(Zeroing().eval(), data, "lin", keep="input", out=tmp_path / "s")
+    store = hookscope.extract(Zeroing().eval(), data, layers="lin", keep="input", out=tmp_path / "s")
     assert torch.equal(store["lin"][0], kept[0])
 
 
@@ -111,17 +111,17 @@ def test_former_tracebacks_are_one_line(tmp_path: Path) -> None:
     x = torch.stack([Samples(4)[i] for i in range(4)])
     for reduce, message in (("mean:5", "does not fit a tensor of shape"), ("mean:1,1", "names a dimension twice")):
         with pytest.raises(HookscopeError, match=message) as e:
-            hookscope.extract(model, x, "3", reduce=reduce, out=tmp_path / "a")
+            hookscope.extract(model, x, layers="3", reduce=reduce, out=tmp_path / "a")
         assert "\n" not in str(e.value)
     sizes = [torch.randn(3, 8 + i, 8) for i in range(4)]
     for workers in (0, 1):
         with pytest.raises(HookscopeError, match="cannot be put in one batch") as e:
-            hookscope.extract(nn.Sequential(nn.Conv2d(3, 2, 3)).eval(), sizes, "0", reduce="mean", batch_size=2,
+            hookscope.extract(nn.Sequential(nn.Conv2d(3, 2, 3)).eval(), sizes, layers="0", reduce="mean", batch_size=2,
                               workers=workers, out=tmp_path / f"b{workers}")
         assert "\n" not in str(e.value)
     with pytest.raises(HookscopeError, match="dtype object"):
-        hookscope.extract(model, np.array([None, 1], dtype=object), "3", out=tmp_path / "c")
-    store = hookscope.extract(model, x, "5", ids=[10, 11, 12, 13], out=tmp_path / "d")  # ints become text
+        hookscope.extract(model, np.array([None, 1], dtype=object), layers="3", out=tmp_path / "c")
+    store = hookscope.extract(model, x, layers="5", ids=[10, 11, 12, 13], out=tmp_path / "d")  # ints become text
     assert store.ids == ["10", "11", "12", "13"]
 
 
@@ -132,17 +132,17 @@ def test_refused_outputs_leave_the_folder_free(tmp_path: Path) -> None:
 
     model, out = nn.Sequential(nn.Linear(2, 2), Complex()).eval(), tmp_path / "s"
     with pytest.raises(HookscopeError, match="safetensors cannot hold"):
-        hookscope.extract(model, torch.randn(3, 2), "1", out=out)
-    store = hookscope.extract(model, torch.randn(3, 2), "0", out=out)  # no --overwrite needed
+        hookscope.extract(model, torch.randn(3, 2), layers="1", out=out)
+    store = hookscope.extract(model, torch.randn(3, 2), layers="0", out=out)  # no --overwrite needed
     assert store["0"].shape == (3, 2) and no_hooks(model)
 
 
 def test_messages_name_the_right_thing(tmp_path: Path) -> None:
     model = build()
     with pytest.raises(HookscopeError, match="the model itself"):
-        hookscope.extract(model, torch.randn(2, 3, 16, 16), "", out=tmp_path / "a")
+        hookscope.extract(model, torch.randn(2, 3, 16, 16), layers="", out=tmp_path / "a")
     with pytest.raises(HookscopeError, match="device='meta' holds no values"):
-        hookscope.extract(model, torch.randn(2, 3, 16, 16), "5", device="meta", out=tmp_path / "b")
+        hookscope.extract(model, torch.randn(2, 3, 16, 16), layers="5", device="meta", out=tmp_path / "b")
 
     class Keywords(nn.Module):
         def __init__(self) -> None:
@@ -153,7 +153,7 @@ def test_messages_name_the_right_thing(tmp_path: Path) -> None:
             return self.inner(input1=t, input2=t)
 
     with pytest.raises(HookscopeError, match="keyword arguments only"):
-        hookscope.extract(Keywords().eval(), torch.randn(3, 2), "inner", keep="input", out=tmp_path / "c")
+        hookscope.extract(Keywords().eval(), torch.randn(3, 2), layers="inner", keep="input", out=tmp_path / "c")
 
 
 def test_samples_attribute_without_paths_gives_no_ids(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_samples_attribute_without_paths_gives_no_ids(tmp_path: Path) -> None:
         def __getitem__(self, i: int) -> Any:
             return self.samples[i]
 
-    store = hookscope.extract(build(), Pairs(), "5", out=tmp_path / "s")
+    store = hookscope.extract(build(), Pairs(), layers="5", out=tmp_path / "s")
     assert store.ids == ["0", "1", "2"]
 
 
@@ -179,8 +179,8 @@ def test_a_failure_mid_run_says_the_shards_are_kept(tmp_path: Path) -> None:
 
     shard = 12 * (16 * 4 + 8)
     with pytest.raises(HookscopeError, match="complete shards are kept.*resume"):
-        hookscope.extract(build(), Breaks(40), {"5": "max"}, out=tmp_path / "s", shard_size=shard, batch_size=4)
-    store = hookscope.extract(build(), Samples(40), {"5": "max"}, out=tmp_path / "s", shard_size=shard,
+        hookscope.extract(build(), Breaks(40), layers={"5": "max"}, out=tmp_path / "s", shard_size=shard, batch_size=4)
+    store = hookscope.extract(build(), Samples(40), layers={"5": "max"}, out=tmp_path / "s", shard_size=shard,
                               batch_size=4, resume=True)
     assert store.indices.tolist() == list(range(40))
 
@@ -189,8 +189,8 @@ def test_two_runs_never_write_one_folder_at_once(tmp_path: Path) -> None:
     out = tmp_path / "s"
     with hookscope.store.locked(out):  # another run holds the folder
         with pytest.raises(HookscopeError, match="being written by another run"):
-            hookscope.extract(build(), torch.randn(3, 3, 16, 16), "5", out=out)
-    store = hookscope.extract(build(), torch.randn(3, 3, 16, 16), "5", out=out)  # free again, lock gone
+            hookscope.extract(build(), torch.randn(3, 3, 16, 16), layers="5", out=out)
+    store = hookscope.extract(build(), torch.randn(3, 3, 16, 16), layers="5", out=out)  # free again, lock gone
     assert store["5"].shape == (3, 16, 8, 8) and not (out / hookscope.store.LOCK_NAME).exists()
 
 
@@ -218,7 +218,7 @@ def test_resume_sees_code_globals_and_attributes(tmp_path: Path, change: str) ->
     model, data = Scaled().eval(), torch.randn(40, 4)
     kw: dict[str, Any] = {"out": tmp_path / "s", "shard_size": 10 * (4 * 4 + 8), "batch_size": 5}
     how: Any = (lambda t: t.mean(1, keepdim=True)) if change == "method name" else _scaled
-    hookscope.extract(model, data, {"lin": how}, **kw)
+    hookscope.extract(model, data, layers={"lin": how}, **kw)
     _unfinish(tmp_path / "s")
     if change == "method name":
         how = lambda t: t.amax(1, keepdim=True)  # noqa: E731
@@ -230,26 +230,26 @@ def test_resume_sees_code_globals_and_attributes(tmp_path: Path, change: str) ->
         Scaled.extra = lambda self: 3  # a method added to the class: its code is part of the model
     try:
         with pytest.raises(HookscopeError, match="cannot resume"):
-            hookscope.extract(model, data, {"lin": how}, resume=True, **kw)
+            hookscope.extract(model, data, layers={"lin": how}, resume=True, **kw)
     finally:
         SCALE = 1.0
 
 
 def test_one_layer_given_two_reductions_is_refused(tmp_path: Path) -> None:
     with pytest.raises(HookscopeError, match="two reductions"):
-        hookscope.extract(build(), torch.randn(2, 3, 16, 16), {"5": "mean"}, {"5": "max"}, out=tmp_path / "s")
+        hookscope.extract(build(), torch.randn(2, 3, 16, 16), layers=[{"5": "mean"}, {"5": "max"}], out=tmp_path / "s")
 
 
 def test_a_reduction_that_loses_the_samples_is_caught_by_the_probe(tmp_path: Path) -> None:
     out = tmp_path / "s"
     with pytest.raises(HookscopeError, match="must keep the samples as dimension 0"):
-        hookscope.extract(build(), torch.randn(6, 3, 16, 16), {"8": hookscope.at[None]}, out=out)
+        hookscope.extract(build(), torch.randn(6, 3, 16, 16), layers={"8": hookscope.at[None]}, out=out)
     assert not (out / "manifest.json").exists()
 
 
 def test_a_model_failure_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(hookscope.ForwardError, match="RuntimeError") as e:
-        hookscope.extract(build(), torch.zeros(4, 3, 16, 16, dtype=torch.int64), "5", out=tmp_path / "s")
+        hookscope.extract(build(), torch.zeros(4, 3, 16, 16, dtype=torch.int64), layers="5", out=tmp_path / "s")
     assert "\n" not in str(e.value)
 
 
@@ -262,9 +262,9 @@ def test_a_failure_before_the_first_shard_leaves_the_folder_free(tmp_path: Path)
 
     out = tmp_path / "s"
     with pytest.raises(HookscopeError, match="sample 5 cannot be read") as e:
-        hookscope.extract(build(), Late(20), {"5": "max"}, out=out, batch_size=4)
+        hookscope.extract(build(), Late(20), layers={"5": "max"}, out=out, batch_size=4)
     assert "resume" not in str(e.value)
-    store = hookscope.extract(build(), Samples(20), {"5": "max"}, out=out, batch_size=4)  # no flag needed
+    store = hookscope.extract(build(), Samples(20), layers={"5": "max"}, out=out, batch_size=4)  # no flag needed
     assert store["5"].shape == (20, 16)
 
 
@@ -354,8 +354,8 @@ def test_resume_refuses_another_reduction_of_any_form(tmp_path: Path, case: str,
 
     def run(how: Any, **kw: Any) -> hookscope.store.Store:
         if given == "mapping":
-            return hookscope.extract(model, _TOKENS, {"lin": how}, out=out, **_KW, **kw)
-        return hookscope.extract(model, _TOKENS, "lin", reduce=how, out=out, **_KW, **kw)
+            return hookscope.extract(model, _TOKENS, layers={"lin": how}, out=out, **_KW, **kw)
+        return hookscope.extract(model, _TOKENS, layers="lin", reduce=how, out=out, **_KW, **kw)
 
     run(first())
     _killed(out)
@@ -387,7 +387,7 @@ def test_a_reduction_is_named_by_what_it_is(tmp_path: Path) -> None:
     assert texts == {"a": "fn:functools.partial(torch.amax, dim=1)", "b": "fn:TensorBase.abs",
                      "c": "fn:operator.itemgetter((slice(None, None, None), 0))", "d": f"fn:{__name__}._Scale",
                      "e": f"fn:{__name__}._helper"}
-    store = hookscope.extract(_Tokens().eval(), _TOKENS[:6], {"lin": names["a"]}, out=tmp_path / "s")
+    store = hookscope.extract(_Tokens().eval(), _TOKENS[:6], layers={"lin": names["a"]}, out=tmp_path / "s")
     assert store.manifest["arrays"][0]["reduction"] == "fn:functools.partial(torch.amax, dim=1)"
     assert torch.equal(store["lin"][:], _lin(_TOKENS[:6]).amax(1))
 
@@ -397,13 +397,13 @@ def test_a_reduction_that_cannot_be_checked_warns_and_is_not_resumed(tmp_path: P
     how = lambda t: t[:, 0] if opaque is not None else t  # noqa: E731
     out = tmp_path / "s"
     with pytest.warns(UserWarning, match="could not be resumed if it stopped.*abs \\(vectorized\\)"):
-        store = hookscope.extract(_Tokens().eval(), _TOKENS, {"lin": how}, out=out, **_KW)
+        store = hookscope.extract(_Tokens().eval(), _TOKENS, layers={"lin": how}, out=out, **_KW)
     assert torch.equal(store["lin"][:], _lin(_TOKENS)[:, 0])
     _killed(out)
     with pytest.raises(HookscopeError, match="cannot resume .*the reduction fn:.*<lambda> of 'lin' cannot be compared "
                                              "with the run that began the store .*abs \\(vectorized\\).*"
                                              "functools.partial.*overwrite=True") as e:
-        hookscope.extract(_Tokens().eval(), _TOKENS, {"lin": how}, out=out, resume=True, **_KW)
+        hookscope.extract(_Tokens().eval(), _TOKENS, layers={"lin": how}, out=out, resume=True, **_KW)
     assert "\n" not in str(e.value)
 
 
@@ -504,7 +504,7 @@ def test_resume_refuses_a_model_changed_where_its_behaviour_hides(tmp_path: Path
     global _model_helper
     out, data = tmp_path / "s", torch.randn(40, 4, generator=torch.Generator().manual_seed(2))
     first = Hidden(how, 1.0).eval()
-    hookscope.extract(first, data, "lin", out=out, **_KW)
+    hookscope.extract(first, data, layers="lin", out=out, **_KW)
     _killed(out)
     kept = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
     changed = Hidden(how, 5.0).eval()
@@ -526,14 +526,14 @@ def test_resume_refuses_a_model_changed_where_its_behaviour_hides(tmp_path: Path
         _model_helper = _other_model_helper
     try:
         with pytest.raises(HookscopeError, match="cannot resume .*model"):
-            hookscope.extract(changed, data, "lin", out=out, resume=True, **_KW)
+            hookscope.extract(changed, data, layers="lin", out=out, resume=True, **_KW)
     finally:
         Hidden.factor, _OPTS["scale"] = 1.0, 1.0
         _model_helper = _first_model_helper
         if handle is not None:
             handle.remove()
     assert {p.name: p.read_bytes() for p in (out / "shards").iterdir()} == kept
-    store = hookscope.extract(Hidden(how, 1.0).eval(), data, "lin", out=out, resume=True, **_KW)  # rebuilt alike
+    store = hookscope.extract(Hidden(how, 1.0).eval(), data, layers="lin", out=out, resume=True, **_KW)  # rebuilt alike
     with torch.no_grad():
         assert torch.equal(store["lin"][:], first.lin(data))
 
@@ -542,10 +542,10 @@ def test_a_model_part_that_cannot_be_checked_warns_and_is_not_resumed(tmp_path: 
     out, model = tmp_path / "s", _Tokens().eval()
     model.fn = np.frompyfunc(abs, 1, 1)
     with pytest.warns(UserWarning, match="could not be resumed if it stopped: the model .*model.fn"):
-        hookscope.extract(model, _TOKENS, "lin", out=out, **_KW)
+        hookscope.extract(model, _TOKENS, layers="lin", out=out, **_KW)
     _killed(out)
     with pytest.raises(HookscopeError, match="cannot resume .*model.fn: abs \\(vectorized\\).*overwrite=True"):
-        hookscope.extract(model, _TOKENS, "lin", out=out, resume=True, **_KW)
+        hookscope.extract(model, _TOKENS, layers="lin", out=out, resume=True, **_KW)
 
 
 _DIGEST = '''

@@ -88,7 +88,7 @@ def x() -> torch.Tensor:
 # --- collecting -------------------------------------------------------------------------------------------
 def test_maps_are_the_true_conv_output_despite_the_in_place_relu(x):
     net = ConvThenPartialReLU().train()
-    res = feature_maps(net, x, "conv")
+    res = feature_maps(net, x, layers="conv")
     expected = nn.functional.conv2d(x, net.conv.weight, net.conv.bias, padding=1)
     assert res.maps.dtype == torch.float32 and res.maps.device.type == "cpu" and not res.maps.requires_grad
     assert torch.allclose(res.maps, expected, atol=1e-6)
@@ -142,13 +142,13 @@ def test_tokens_and_channels_last_equal_hand_reshapes(x):
     with hookscope.capture(net, "block") as rec:
         net(x)
     t = rec["block"].output  # 2 x 13 x 5
-    res = feature_maps(net, x, "block", reshape=hookscope.tokens_to_grid(1, grid=(4, 3)))
+    res = feature_maps(net, x, layers="block", reshape=hookscope.tokens_to_grid(1, grid=(4, 3)))
     assert res.layout == "reshape=" and res.output_shape == (2, 13, 5)
     assert torch.equal(res.maps, t[:, 1:].transpose(1, 2).reshape(2, 5, 4, 3))
     last = ChannelsLast()
     with hookscope.capture(last, "act") as rec:
         last(x)
-    res = feature_maps(last, x, "act", reshape=hookscope.channels_last)
+    res = feature_maps(last, x, layers="act", reshape=hookscope.channels_last)
     assert torch.equal(res.maps, rec["act"].output.permute(0, 3, 1, 2))
     assert no_hooks(net) and no_hooks(last)
 
@@ -162,30 +162,30 @@ def test_tokens_and_channels_last_equal_hand_reshapes(x):
 def test_a_layer_without_spatial_layout_says_which_reshape_helps(layer, reshape, says):
     net = Tokens()
     with pytest.raises(HookscopeError, match=says.replace("(", r"\(").replace(")", r"\)")) as e:
-        feature_maps(net, torch.randn(1, 3, 4, 3), layer, reshape=reshape)
+        feature_maps(net, torch.randn(1, 3, 4, 3), layers=layer, reshape=reshape)
     assert "\n" not in str(e.value)
     assert no_hooks(net)
 
 
 def test_a_4d_output_of_a_last_dimension_module_is_read_as_channels_last():
     net, x = ChannelsLast(), torch.randn(1, 3, 4, 4)
-    res = feature_maps(net, x, "norm")  # a LayerNorm over the last dim makes B x h x w x C
+    res = feature_maps(net, x, layers="norm")  # a LayerNorm over the last dim makes B x h x w x C
     assert res.layout == "BHWC" and torch.equal(res.maps, net.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
-    assert feature_maps(net, x, "norm", reshape=hookscope.channels_first).maps.shape[1] == 4  # the user decides
+    assert feature_maps(net, x, layers="norm", reshape=hookscope.channels_first).maps.shape[1] == 4  # the user decides
 
 
 def test_layer_errors_are_one_line_and_leave_no_hook(x):
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
     with pytest.raises(HookscopeError, match="matches 2 layers"):
-        feature_maps(net, x, nn.Conv2d)
+        feature_maps(net, x, layers=nn.Conv2d)
     shared = nn.ReLU()
     twice = nn.Sequential(nn.Conv2d(3, 4, 3), shared, nn.Conv2d(4, 4, 3), shared)
     with pytest.raises(HookscopeError, match="ran 2 times"):
-        feature_maps(twice, x, "1")
+        feature_maps(twice, x, layers="1")
     with pytest.raises(HookscopeError, match="matches no module"):
-        feature_maps(net, x, "conv9")
-    with pytest.raises(HookscopeError, match="is not a batch"):
-        feature_maps(net, [1, 2], "0")  # type: ignore[arg-type]
+        feature_maps(net, x, layers="conv9")
+    with pytest.raises(HookscopeError, match="are not a batch"):
+        feature_maps(net, [1, 2], layers="0")  # type: ignore[arg-type]
     assert no_hooks(net) and no_hooks(twice)
 
 
@@ -193,7 +193,7 @@ def test_layer_errors_are_one_line_and_leave_no_hook(x):
 @pytest.mark.parametrize("k", [0, 1, 3, 6])
 def test_comparison_marks_exactly_the_channels_the_in_place_op_rewrote(x, k):
     net = ConvThenPartialReLU(k=k)
-    res = compare_references(net, x, "conv")
+    res = compare_references(net, x, layers="conv")
     assert res.differs.tolist() == [c < k for c in range(6)]  # the conv's output has negatives everywhere
     assert res.changed == list(range(k))
     assert torch.equal(res.stored[:, :k], res.true[:, :k].relu()) and torch.equal(res.stored[:, k:], res.true[:, k:])
@@ -206,19 +206,19 @@ def test_alexnet_first_conv_in_place_against_out_of_place():
     torchvision = pytest.importorskip("torchvision")
     net = torchvision.models.alexnet(weights=None).eval()
     image = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    res = compare_references(net, image, "features.0")
+    res = compare_references(net, image, layers="features.0")
     true = nn.functional.conv2d(image, net.features[0].weight, net.features[0].bias, stride=4, padding=2)
     assert torch.allclose(res.true, true, atol=1e-5)
     assert torch.equal(res.stored, res.true.relu())  # what the inplace ReLU left behind
     assert res.differs.tolist() == (true < 0).flatten(2).any(2).any(0).tolist()
     net.features[1].inplace = False
-    assert compare_references(net, image, "features.0").changed == []
+    assert compare_references(net, image, layers="features.0").changed == []
     assert no_hooks(net)
 
 
 def test_comparison_grid_frames_exactly_the_differing_tiles_in_red(tmp_path, x):
     net = ConvThenPartialReLU(k=2, channels=5)
-    res = compare_references(net, x, "conv")
+    res = compare_references(net, x, layers="conv")
     grid = comparison_grid(res, image=1, columns=3, pad=2, gap=8)
     png = read_png(save_feature_maps(grid, tmp_path / "cmp.png"))
     h, w = 7, 9
@@ -246,7 +246,7 @@ def test_comparison_grid_frames_exactly_the_differing_tiles_in_red(tmp_path, x):
 
 def test_comparison_figure_shows_both_sides_with_the_differing_labels_in_red(tmp_path, x):
     net = ConvThenPartialReLU(k=2, channels=4)
-    res = compare_references(net, x, "conv")
+    res = compare_references(net, x, layers="conv")
     fig = plot_reference_comparison(res, picture=torch.rand(3, 7, 9))
     grids = [ax for ax in fig.axes if ax.get_title().startswith(("a hook", "the layer"))]
     assert len(grids) == 2 and all(len(ax.get_images()) == 1 for ax in grids)
@@ -269,7 +269,7 @@ def test_grid_tiles_are_the_captured_channels_after_the_documented_normalisation
     with hookscope.capture(net, "0") as rec:
         net(x)
     true = rec["0"].output[1].double().numpy()  # image 1: 5 x 7 x 9
-    grid = feature_grid(feature_maps(net, x, "0"), image=1, scale=scale, pad=pad, columns=2)
+    grid = feature_grid(feature_maps(net, x, layers="0"), image=1, scale=scale, pad=pad, columns=2)
     png = read_png(save_feature_maps(grid, tmp_path / "g.png"))
     h, w = 7, 9
     assert png.dtype == np.uint8 and png.shape == (pad + 3 * (h + pad), pad + 2 * (w + pad))
@@ -347,7 +347,7 @@ def test_colormap_grid_is_the_grey_grid_through_the_colormap():
 # --- figures -------------------------------------------------------------------------------------------
 def test_figure_draws_each_image_as_one_array_equal_to_the_grid(tmp_path, x):
     net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(inplace=True))
-    res = feature_maps(net, x, "0")
+    res = feature_maps(net, x, layers="0")
     fig = plot_feature_maps(res, picture=x.sigmoid(), top_k=4)
     grids = [ax for ax in fig.axes if ax.texts]
     assert len(grids) == 2  # a row per image
@@ -420,7 +420,7 @@ def test_figure_and_saving_errors(tmp_path):
     with pytest.raises(HookscopeError, match="it is a folder"):
         save_feature_maps(feature_grid(maps), tmp_path)
     with pytest.raises(HookscopeError, match="at least 2"):
-        comparison_grid(compare_references(nn.Conv2d(3, 2, 1), torch.randn(1, 3, 2, 2), ""), pad=1)
+        comparison_grid(compare_references(nn.Conv2d(3, 2, 1), torch.randn(1, 3, 2, 2), layers=""), pad=1)
 
 
 @pytest.mark.parametrize("size", [7, 28])
@@ -448,11 +448,11 @@ def test_a_model_that_writes_into_its_inputs_changes_neither_the_callers_tensors
     model = Writer().eval()
     x, scale = torch.randn(2, 3, 8, 8), torch.full((1,), 3.0)
     kept_x, kept_scale = x.clone(), scale.clone()
-    maps = feature_maps(model, x, "conv", kwargs={"scale": scale}).maps
+    maps = feature_maps(model, x, layers="conv", kwargs={"scale": scale}).maps
     assert torch.equal(x, kept_x) and torch.equal(scale, kept_scale)
     expected = model.conv(kept_x / 2 * (kept_scale * 2))  # what forward computes from the inputs as given
     torch.testing.assert_close(maps, expected, rtol=0, atol=0)
-    again = feature_maps(model, x, "conv", kwargs={"scale": scale}).maps
+    again = feature_maps(model, x, layers="conv", kwargs={"scale": scale}).maps
     assert torch.equal(again, maps) and no_hooks(model)
-    ref = compare_references(model, x, "conv", kwargs={"scale": scale})
+    ref = compare_references(model, x, layers="conv", kwargs={"scale": scale})
     assert torch.equal(ref.true, maps) and torch.equal(x, kept_x) and torch.equal(scale, kept_scale)

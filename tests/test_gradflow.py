@@ -74,8 +74,6 @@ def test_result_protocol_lookups_and_non_finite_json():
     assert data["explode"] == "inf" and data["layers"] == json.loads(flow.to_json(indent=2))["layers"]
     assert data["layers"][1] == {"module": "1", "type": "Linear", "params": 2,
                                  "param_norm": pytest.approx(2000.0), "act_norm": None, "flag": "ok"}
-    with pytest.warns(DeprecationWarning, match="to_dict"):
-        assert flow.to_dicts() == flow.to_dict()["layers"]
     with torch.no_grad():
         m[0].weight.grad[0, 0] = math.nan
     flow = gradient_flow(m)

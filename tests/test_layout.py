@@ -55,7 +55,7 @@ def test_models_that_reorder_their_tokens_are_refused_unless_reshape_is_given():
                               stages=(1, 1, 1, 1), img_size=(64, 64)).eval()
     x = torch.randn(1, 3, 64, 64)
     _one_line_refusal(r"layer 'blocks.0' gives \(1, 256, 16\).*'unroll' \(Unroll\).*re-orders.*reshape=",
-                      lambda: feature_maps(hiera, x, "blocks.0"), hiera)
+                      lambda: feature_maps(hiera, x, layers="blocks.0"), hiera)
     _one_line_refusal(r"'unroll' \(Unroll\).*reshape=", lambda: cam(hiera, x, target=1), hiera)
     _one_line_refusal(r"'unroll' \(Unroll\)", lambda: cam(hiera, x, layers="blocks.1", target=1), hiera)
     got = cam(hiera, x, layers="blocks.0", target=1, reshape=hookscope.tokens_to_grid(0))  # the way out
@@ -88,7 +88,7 @@ class Dropper(nn.Module):
 def test_tokens_no_count_of_which_completes_the_patch_embeddings_grid_are_refused():
     model = Dropper().eval()
     x = torch.randn(2, 3, 32, 32)  # 17 tokens: 1 + 4x4 fits the input's size, but the Conv2d made 8 x 8
-    for run in (lambda: cam(model, x, layers="norm", target=1), lambda: feature_maps(model, x, "norm")):
+    for run in (lambda: cam(model, x, layers="norm", target=1), lambda: feature_maps(model, x, layers="norm")):
         _one_line_refusal(r"17 tokens of 16 channels, but a Conv2d made a 8x8 grid of 16 channels.*tokens_to_grid",
                           run, model)
 
@@ -168,7 +168,7 @@ class WidthMix(nn.Module):
 def test_a_linear_along_the_width_is_refused_when_the_channels_last_grid_is_no_grid_of_the_input(size):
     model = WidthMix(size[1]).eval()
     x = torch.randn(2, 3, *size)
-    for run in (lambda: cam(model, x, layers="wmix", target=1), lambda: feature_maps(model, x, "wmix")):
+    for run in (lambda: cam(model, x, layers="wmix", target=1), lambda: feature_maps(model, x, layers="wmix")):
         _one_line_refusal(rf"channels last to the Linear that makes it, but its 8 x {size[0]} grid is no grid of the "
                           rf"input's {size[0]} x {size[1]}.*channels_first", run, model)
     got = cam(model, x, layers="wmix", target=1, reshape=hookscope.channels_first)
@@ -236,7 +236,7 @@ def test_feature_maps_of_a_layer_returning_a_tuple_read_its_first_tensor_as_cam_
     with hookscope.capture(swin, "encoder.layers.0") as rec:
         swin(x)
     first = rec["encoder.layers.0"].output[0]  # B x (4*6) x 32: merged patches
-    fm = feature_maps(swin, x, "encoder.layers.0")
+    fm = feature_maps(swin, x, layers="encoder.layers.0")
     assert fm.layout == "tokens(k=0, 4x6)"
     torch.testing.assert_close(fm.maps, _tokens(0, 4, 6)(first), rtol=1e-5, atol=1e-6)  # another pass: rounding
     res = cam(swin, x, layers="encoder.layers.0", output=lambda o: o.pooler_output, target=1)

@@ -119,7 +119,7 @@ def test_a_token_layer_given_by_name_is_read_by_itself_and_feature_maps_read_it_
     torch.testing.assert_close(given.raw["blocks.0.norm2"], expected, rtol=1e-4, atol=1e-6)
     with hookscope.capture(model, "blocks.0.norm2") as rec:
         model(x)
-    fm = feature_maps(model, x, "blocks.0.norm2")
+    fm = feature_maps(model, x, layers="blocks.0.norm2")
     assert fm.layout == "tokens(k=1, 4x4)" and torch.equal(fm.maps, _by_hand(1, 4, 4)(rec["blocks.0.norm2"].output))
     assert no_hooks(model)
 
@@ -159,7 +159,7 @@ def test_token_counts_nothing_decides_are_refused_in_one_line_and_one_strided_re
         cam(model, torch.randn(2, 3, 32, 32), layers="norm")
     assert "\n" not in str(e.value) and no_hooks(model)
     with pytest.raises(HookscopeError, match="tokens_to_grid") as e:
-        feature_maps(model, torch.randn(2, 3, 32, 32), "norm")
+        feature_maps(model, torch.randn(2, 3, 32, 32), layers="norm")
     assert "\n" not in str(e.value) and no_hooks(model)
     # 24 x 40 through stride 8 is 3 x 5; strides 1, 2, 4 and 8 give 960, 240, 60 and 15 patches: 3 + 15 only
     model = LinearTokens(extra=3).eval()

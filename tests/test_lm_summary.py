@@ -46,7 +46,7 @@ def test_parameters_are_counted_once_and_tied_tensors_are_named(name):
     model = MODELS[name]()
     s = hookscope.summary(model, IDS, kwargs=_kw(name))
     unique = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    assert s.totals.params == s.row("").params_total == unique and no_hooks(model)
+    assert s.totals.params == s[""][0].params_total == unique and no_hooks(model)
     assert {r.name: r.shared for r in s.rows if r.shared} == SHARED[name]
     for row, shared in SHARED[name].items():
         for local, owner in shared.items():
@@ -83,10 +83,10 @@ def test_gpt2_mult_adds_by_hand():
     s = hookscope.summary(model, IDS)
     per_layer = SEQ * 32 * 96 + SEQ * 32 * 32 + 2 * SEQ * 32 * 128 + 2 * SEQ * SEQ * 32  # qkv, proj, mlp, attention
     assert s.totals.macs == 2 * per_layer + SEQ * 32 * 100  # + lm_head
-    assert s.row("transformer.h.0.attn").macs == SEQ * 32 * 96 + SEQ * 32 * 32 + 2 * SEQ * SEQ * 32
+    assert s["transformer.h.0.attn"][0].macs == SEQ * 32 * 96 + SEQ * 32 * 32 + 2 * SEQ * SEQ * 32
 
 
 def test_t5_summary_runs_the_encoder_and_decoder_once_each():
     model = t5()
     s = hookscope.summary(model, IDS, kwargs=_kw("t5"))
-    assert len(s["encoder"]) == len(s["decoder"]) == 1 and s.row("lm_head").output_shapes == [(1, 3, 100)]
+    assert len(s["encoder"]) == len(s["decoder"]) == 1 and s["lm_head"][0].output_shapes == [(1, 3, 100)]

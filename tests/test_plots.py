@@ -382,7 +382,7 @@ def test_cams_are_the_input_then_one_titled_overlay_per_method(cams):
 
 def test_cam_mistakes_are_one_line(cams):
     x, results = cams
-    with pytest.raises(HookscopeError, match="at least one CamResult"):
+    with pytest.raises(HookscopeError, match="at least one CamMaps"):
         plot_cams(x[0], [])
     with pytest.raises(HookscopeError, match="index=2 is out of range: the gradcam result holds 2 map"):
         plot_cams(x[0], results, index=2)

@@ -37,8 +37,8 @@ CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES 
 
 # a case is a public result type, and after a colon the kind of run it comes from
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
-                "TensorGrads", "GradientFlow", "Summary", "Diff", "CamResult", "Curve", "FeatureMaps",
-                "ReferenceComparison", "PruneResult", "ChannelPruning", "Groups", "Importance", "Comparison", "Store"]
+                "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
+                "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -49,13 +49,13 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("GradientFlow", "fc", "fcc"),
     ("Diff", "fc", "fcc"),
     ("TensorGrads", "y", "z"),
-    ("PruneResult", "fc", "fcc"),
-    ("Importance", "stem.2", "fcc"),
-    ("Comparison", "parameters", "params"),
+    ("Sparsity", "fc", "fcc"),
+    ("ChannelImportance", "stem.2", "fcc"),
+    ("ModelComparison", "parameters", "params"),
     ("Store", "fc", "fcc"),
 ]
-# to_json's options that write all of to_dict(): CamResult writes its maps as shape and dtype unless asked
-FULL_JSON: dict[str, dict[str, Any]] = {"CamResult": {"maps": True}, "FeatureMaps": {"maps": True},
+# to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
+FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
                                         "ReferenceComparison": {"maps": True}}
 
 
@@ -104,21 +104,21 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     assert no_hooks(net)
     return {
         **_captures(net, x), "Trace": t, "Watch": w, "TensorGrads": g, "GradientFlow": flow,
-        "Summary": hookscope.summary(net, x), "Diff": hookscope.diff(net, net, x), "CamResult": res, "Curve": curve,
-        "FeatureMaps": hookscope.feature_maps(net, x, "layer1"),
-        "ReferenceComparison": hookscope.compare_references(net, x, "layer1.0.bn1"),
+        "Summary": hookscope.summary(net, x), "Diff": hookscope.diff(net, net, x), "CamMaps": res, "Curve": curve,
+        "FeatureMaps": hookscope.feature_maps(net, x, layers="layer1"),
+        "ReferenceComparison": hookscope.compare_references(net, x, layers="layer1.0.bn1"),
         **_pruning(net, x),
-        "Store": hookscope.extract(net, x, "layer1", "fc", reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
+        "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
     }
 
 
 def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
     masked, channels = copy.deepcopy(net), copy.deepcopy(net)
     chosen = hookscope.prune_channels(channels, x[:1], amount=0.5)
-    return {"PruneResult": hookscope.prune(masked, amount=0.3), "ChannelPruning": chosen,
-            "Groups": hookscope.channel_groups(net, x[:1]),
-            "Importance": hookscope.channel_importance(net, x, {"stem.2": 1}),
-            "Comparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0)}
+    return {"Sparsity": hookscope.prune(masked, amount=0.3), "ChannelPruning": chosen,
+            "ChannelGroups": hookscope.channel_groups(net, x[:1]),
+            "ChannelImportance": hookscope.channel_importance(net, x, layers={"stem.2": 1}),
+            "ModelComparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0)}
 
 
 def test_the_tables_name_every_public_result_type(results):
@@ -188,8 +188,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "settings": lambda **kw: hookscope.settings(**kw),
         "Settings": lambda **kw: hookscope.Settings(**kw),
         "cam": lambda **kw: hookscope.cam(net, x, **kw),
-        "feature_maps": lambda **kw: hookscope.feature_maps(net, x, "layer1", **kw),
-        "compare_references": lambda **kw: hookscope.compare_references(net, x, "layer1", **kw),
+        "feature_maps": lambda **kw: hookscope.feature_maps(net, x, layers="layer1", **kw),
+        "compare_references": lambda **kw: hookscope.compare_references(net, x, layers="layer1", **kw),
         "channels_first": lambda **kw: hookscope.channels_first(torch.zeros(1, 2, 2, 3), **kw),
         "channels_last": lambda **kw: hookscope.channels_last(torch.zeros(1, 3, 2, 2), **kw),
         "tokens_to_grid": lambda **kw: hookscope.tokens_to_grid(**kw),
@@ -211,9 +211,9 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "prune_channels": lambda **kw: hookscope.prune_channels(copy.deepcopy(net), x[:1], amount=0.1, **kw),
         "compact": lambda **kw: hookscope.compact(net, x[:1], **kw),
         "channel_groups": lambda **kw: hookscope.channel_groups(net, x[:1], **kw),
-        "channel_importance": lambda **kw: hookscope.channel_importance(net, x, nn.ReLU, **kw),
+        "channel_importance": lambda **kw: hookscope.channel_importance(net, x, layers=nn.ReLU, **kw),
         "compare_models": lambda **kw: hookscope.compare_models(net, net, x, repeats=1, warmup=0, **kw),
-        "extract": lambda **kw: hookscope.extract(net, x, "fc", out="/nonexistent/never-written", **kw),
+        "extract": lambda **kw: hookscope.extract(net, x, layers="fc", out="/nonexistent/never-written", **kw),
         "open_store": lambda **kw: hookscope.open_store("/nonexistent", **kw),
         "load": lambda **kw: hookscope.load("/nonexistent", **kw),
     }
@@ -229,3 +229,95 @@ def test_every_public_callable_refuses_an_unknown_keyword(net, fn):
         _calls(net)[fn](dpeth=2)
     assert "dpeth" in str(e.value) and "\n" not in str(e.value)
     assert no_hooks(net)
+
+
+# --- one vocabulary: every public callable's parameters, from __all__ -------------------------------
+# a parameter name, and the kinds it may have (what a name means is written in the docs' vocabulary page)
+VOCABULARY = {
+    "model": {"POSITIONAL_OR_KEYWORD"},
+    "inputs": {"POSITIONAL_OR_KEYWORD", "VAR_POSITIONAL"},  # the model's positional inputs for one pass
+    "data": {"POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY"},  # batches: a tensor, dataset, loader or iterable
+    "selectors": {"VAR_POSITIONAL"},  # context managers and pure selection: nothing else is positional
+    "layers": {"KEYWORD_ONLY"},  # functions that run the model on positional inputs or data
+    "kwargs": {"KEYWORD_ONLY"},  # the model's keyword inputs
+    "copy": {"KEYWORD_ONLY"}, "keep": {"KEYWORD_ONLY"}, "target": {"KEYWORD_ONLY"},
+    "device": {"KEYWORD_ONLY"}, "dtype": {"KEYWORD_ONLY"},
+}
+# old or competing spellings of a vocabulary word, never a parameter name
+NOT_WORDS = {"x": "inputs", "input_tensor": "inputs", "layer": "layers", "sites": "layers", "selector": "selectors",
+             "module_names": "layers", "kind": "importance (channel_importance) or method (cam)",
+             "targets": "target", "model_kwargs": "kwargs", "inplace": "copy"}
+# the few that differ, and why
+EXCEPTIONS = {
+    ("edit", "input"), ("edit", "inputs"),  # what edit does to the layer's input(s), not the model's inputs
+    ("grads", "tensors"), ("grads", "named"),  # grads watches tensors, not a model
+    ("summary", "unknown"),  # refused, each with one line saying where a keyword input goes
+    ("diff", "model_a"), ("diff", "model_b"), ("compare_models", "before"), ("compare_models", "after"),
+    ("channels_first", "t"), ("channels_last", "t"),  # reshape functions handed to cam(reshape=)
+}
+COPY_POLICIES = {None, "auto", "always", "never"}
+
+
+def _parameters() -> list[tuple[str, inspect.Parameter]]:
+    found = []
+    for name, obj in PUBLIC.items():
+        if inspect.isclass(obj) or not callable(obj) or inspect.ismodule(obj):
+            continue
+        found += [(name, p) for p in inspect.signature(obj).parameters.values()]
+    return found
+
+
+@pytest.mark.parametrize(("fn", "param"), _parameters(), ids=lambda v: getattr(v, "name", v))
+def test_every_public_parameter_speaks_the_vocabulary(fn: str, param: inspect.Parameter) -> None:
+    assert param.name not in NOT_WORDS, f"{fn}({param.name}=): say {NOT_WORDS[param.name]}"
+    if (fn, param.name) in EXCEPTIONS:
+        return
+    if param.kind is param.VAR_KEYWORD:
+        pytest.fail(f"{fn}(**{param.name}) would swallow a misspelt keyword")
+    if param.name in VOCABULARY:
+        assert param.kind.name in VOCABULARY[param.name], (fn, param.name, param.kind.name)
+    if param.name == "copy":
+        assert param.default in COPY_POLICIES, (fn, param.default)
+    if param.name == "keep":
+        keep = param.default
+        assert isinstance(keep, str) or all(isinstance(k, str) for k in keep), (fn, keep)
+
+
+@pytest.mark.parametrize("fn", sorted(n for n in PUBLIC if callable(PUBLIC[n]) and not inspect.isclass(PUBLIC[n])))
+def test_layers_are_chosen_one_way_per_function(fn: str) -> None:
+    """``*selectors`` where selection is all that is positional; ``layers=`` where inputs or data are."""
+    params = inspect.signature(PUBLIC[fn]).parameters
+    assert not ({"selectors", "layers"} <= set(params)), fn
+    positional = {n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY}
+    if "selectors" in params:
+        assert not positional & {"inputs", "data"}, f"{fn} takes inputs: it chooses layers with layers="
+
+
+def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> None:
+    names = hookscope.__all__
+    assert len(names) == len(set(names))
+    source = inspect.getsource(hookscope)
+    groups = source[source.index("__all__ = ["):source.index("]\n", source.index("__all__ = ["))].split("    # ")[1:]
+    assert len(groups) >= 6 and all(g.split("\n")[0] for g in groups), "each group of __all__ opens with its job"
+    for fn in (n for n in names if callable(PUBLIC[n]) and not inspect.isclass(PUBLIC[n])):
+        returned = inspect.signature(PUBLIC[fn]).return_annotation
+        returned = returned if isinstance(returned, str) else getattr(returned, "__name__", "")
+        for word in returned.replace("[", " ").replace("]", " ").replace("|", " ").replace(",", " ").split():
+            kind = getattr(hookscope, word.split(".")[-1], None) if word[:1].isupper() else None
+            if inspect.isclass(kind) and kind.__module__.startswith("hookscope"):
+                assert word.split(".")[-1] in names, f"{fn} returns {word}, which hookscope does not export"
+
+
+RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
+                "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
+                "ChannelPruning", "ModelComparison", "Store", "Curve"}
+
+
+def test_result_classes_are_named_for_what_they_hold() -> None:
+    """One pattern: a noun for what the result holds; no ``...Result`` beside plain nouns."""
+    assert set(RESULT_TYPES) == RESULT_NAMES
+    assert not [n for n in PUBLIC if n.endswith("Result")]
+    for name in RESULT_NAMES:
+        cls = PUBLIC[name]
+        extra = {m for m in ("to_text", "to_dicts", "report", "row", "all_rows") if hasattr(cls, m)}
+        assert not extra, f"{name} has a second dialect beside table()/to_dict()/to_json(): {extra}"

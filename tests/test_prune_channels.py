@@ -102,7 +102,7 @@ def test_measured_kinds_score_at_the_activation_modules_and_compact_exactly(kind
     res = hookscope.prune_channels(net, data.images[:1], amount=0.5, importance=kind, data=batches)
     assert [r.scored_at for r in res.rows] == ["stem.2", "layer1.2", "layer1.5", "layer2.2", "layer2.5",
                                                "layer3.2", "layer3.5"]
-    imp = hookscope.channel_importance(demo_model(), batches, {"layer1.2": 1}, kind=kind)
+    imp = hookscope.channel_importance(demo_model(), batches, layers={"layer1.2": 1}, importance=kind)
     chosen = sorted(torch.sort(imp["layer1.2"], stable=True).indices[:16].tolist())
     assert res.drop[res.rows[1].group] == chosen
     small = hookscope.compact(net, data.images[:1])
@@ -334,7 +334,7 @@ def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
     group = next(g for g in gs.groups if "features.3.expand1x1" in g.producers)
     scores, where = _measured(net, [group], dict(net.named_modules()), "activation", batches, None, None, None)
     assert where[group.index] == "features.3.expand1x1_activation, features.3.expand3x3_activation"
-    imp = hookscope.channel_importance(net, batches, ["features.3.expand1x1_activation",
+    imp = hookscope.channel_importance(net, batches, layers=["features.3.expand1x1_activation",
                                                       "features.3.expand3x3_activation"])
     expected = torch.full((group.size,), float("nan"), dtype=torch.float64)
     for m in group.members:

@@ -13,7 +13,7 @@ from helpers import no_hooks
 from torch import nn
 
 from hookscope.analysis.prune._compact import compact, dropped_channels, mask_channels
-from hookscope.analysis.prune._graph import Group, Groups, channel_groups
+from hookscope.analysis.prune._graph import Group, ChannelGroups, channel_groups
 from hookscope.core import hook_count
 from hookscope.errors import HookscopeError
 
@@ -22,7 +22,7 @@ def _params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _group(gs: Groups, producer: str) -> Group:
+def _group(gs: ChannelGroups, producer: str) -> Group:
     return next(g for g in gs.groups if producer in g.producers)
 
 
@@ -30,7 +30,7 @@ def _seeded(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
 
 
-def _prune(model: nn.Module, x: torch.Tensor, producer: str, k: int) -> tuple[nn.Module, int, Groups]:
+def _prune(model: nn.Module, x: torch.Tensor, producer: str, k: int) -> tuple[nn.Module, int, ChannelGroups]:
     """Mask the first k channels of the group of ``producer``, compact, check outputs; return the
     compacted model and the parameters removed."""
     gs = channel_groups(model, x)

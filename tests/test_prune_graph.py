@@ -8,13 +8,13 @@ import torch
 from helpers import no_hooks
 from torch import nn
 
-from hookscope.analysis.prune._graph import Group, Groups, channel_groups
+from hookscope.analysis.prune._graph import Group, ChannelGroups, channel_groups
 from hookscope.errors import HookscopeError
 
 X = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(0))
 
 
-def _by_producer(gs: Groups, name: str) -> Group:
+def _by_producer(gs: ChannelGroups, name: str) -> Group:
     return next(g for g in gs.groups if name in g.producers)
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from helpers import AddBack, no_hooks
 from torch import nn
 
-from hookscope.analysis.prune._importance import Importance, channel_importance
+from hookscope.analysis.prune._importance import ChannelImportance, channel_importance
 from hookscope.errors import ForwardError, HookscopeError
 
 
@@ -58,7 +58,7 @@ def test_activation_is_mean_abs_over_every_sample_and_position(site):
     net, data = _net(), _data()
     acts, _ = _outputs(net, site, data)
     expected = _per_channel(torch.cat(acts)).abs().mean(1)
-    res = channel_importance(net, data, {site: 1})
+    res = channel_importance(net, data, layers={site: 1})
     assert res.scores[site].dtype == torch.float64 and res.scores[site].device.type == "cpu"
     torch.testing.assert_close(res.scores[site], expected)
     assert (res.batches, res.samples, res.calls[site]) == (3, 10, 3)
@@ -71,14 +71,14 @@ def test_apoz_is_one_minus_the_fraction_of_zeros_after_a_relu():
     net, data = _net(), _data()
     acts, _ = _outputs(net, "2", data)
     expected = 1 - (_per_channel(torch.cat(acts)) == 0).double().mean(1)
-    res = channel_importance(net, data, {"2": 1}, kind="apoz")
+    res = channel_importance(net, data, layers={"2": 1}, importance="apoz")
     torch.testing.assert_close(res.scores["2"], expected)
     assert 0 < float(expected.min()) < float(expected.max()) < 1  # the test can tell channels apart
 
 
 def test_apoz_warns_where_no_value_is_zero():
     with pytest.warns(UserWarning, match="not one exact zero"):
-        res = channel_importance(_net(), _data(), {"1": 1}, kind="apoz")
+        res = channel_importance(_net(), _data(), layers={"1": 1}, importance="apoz")
     assert res.scores["1"].tolist() == [1.0] * 4
 
 
@@ -86,7 +86,7 @@ def test_apoz_warns_where_no_value_is_zero():
 def test_taylor_is_per_sample_abs_mean_of_activation_times_gradient(site):
     net, data = _net(), _data()
     acts, gs = _outputs(net, site, data, grads=True)
-    res = channel_importance(net, data, {site: 1}, kind="taylor")
+    res = channel_importance(net, data, layers={site: 1}, importance="taylor")
     torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
     assert res.samples == 10 and float(res.scores[site].min()) > 0
 
@@ -94,7 +94,7 @@ def test_taylor_is_per_sample_abs_mean_of_activation_times_gradient(site):
 def test_taylor_with_a_user_loss_per_sample_is_summed():
     net, data = _net(), _data()
     acts, gs = _outputs(net, "4", data, grads=True)
-    res = channel_importance(net, data, {"4": 1}, kind="taylor",
+    res = channel_importance(net, data, layers={"4": 1}, importance="taylor",
                              loss=lambda out, batch: F.cross_entropy(out, batch[1], reduction="none"))
     torch.testing.assert_close(res.scores["4"], _taylor_ref(acts, gs))
 
@@ -104,7 +104,7 @@ def test_weight_norms_of_conv_linear_bn_and_depthwise_rows(kind):
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3, groups=4), nn.Linear(5, 6),
                         nn.ConvTranspose2d(4, 2, 3))
     nn.init.normal_(net[1].weight)
-    res = channel_importance(net, None, ["0", "1", "2", "3", "4"], kind=kind)
+    res = channel_importance(net, None, layers=["0", "1", "2", "3", "4"], importance=kind)
     p = 1 if kind == "l1" else 2
     for name, w in [("0", net[0].weight), ("1", net[1].weight), ("2", net[2].weight), ("3", net[3].weight),
                     ("4", net[4].weight.transpose(0, 1))]:
@@ -116,7 +116,7 @@ def test_weight_norms_of_conv_linear_bn_and_depthwise_rows(kind):
 
 def test_weight_kind_on_a_module_without_weight_is_refused():
     with pytest.raises(HookscopeError, match="'2' \\(ReLU\\) has none"):
-        channel_importance(_net(), None, ["2"], kind="l1")
+        channel_importance(_net(), None, layers=["2"], importance="l1")
 
 
 # --- channel dims -----------------------------------------------------------------------------------
@@ -134,8 +134,8 @@ class Tokens(nn.Module):
 
 def test_token_outputs_use_the_last_dim_and_selectors_infer_it():
     net, x = Tokens(), torch.randn(3, 7, 4)
-    by_dict = channel_importance(net, x, {"mlp.1": -1})
-    by_type = channel_importance(net, x, nn.GELU)
+    by_dict = channel_importance(net, x, layers={"mlp.1": -1})
+    by_type = channel_importance(net, x, layers=nn.GELU)
     expected = _per_channel(net.mlp[:2](x).detach(), 2).abs().mean(1)
     torch.testing.assert_close(by_dict.scores["mlp.1"], expected)
     torch.testing.assert_close(by_type.scores["mlp.1"], expected)
@@ -143,7 +143,7 @@ def test_token_outputs_use_the_last_dim_and_selectors_infer_it():
 
 
 def test_relu_after_batch_norm_infers_dim_one():
-    res = channel_importance(_net(), _data(), nn.ReLU)
+    res = channel_importance(_net(), _data(), layers=nn.ReLU)
     assert res.dims == {"2": 1, "4": 1} and res.scores["4"].shape == (5,)
 
 
@@ -158,15 +158,15 @@ class Permute(nn.Module):
 ])
 def test_an_ambiguous_channel_dim_is_refused_naming_sites(net, shape):
     with pytest.raises(HookscopeError, match="cannot tell the channel dim.*sites=") as e:
-        channel_importance(net, torch.randn(*shape), [type(net[-1])])
+        channel_importance(net, torch.randn(*shape), layers=[type(net[-1])])
     assert "\n" not in str(e.value) and no_hooks(net)
 
 
 def test_dim_zero_and_out_of_range_are_refused():
     with pytest.raises(HookscopeError, match="dim 0 is the batch"):
-        channel_importance(_net(), _data(), {"2": 0})
+        channel_importance(_net(), _data(), layers={"2": 0})
     with pytest.raises(HookscopeError, match="out of range"):
-        channel_importance(_net(), _data(), {"2": 5})
+        channel_importance(_net(), _data(), layers={"2": 5})
 
 
 # --- shared modules and keyword batches ---------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_a_shared_module_accumulates_every_call(kind):
     net, data = Twice(), [(torch.randn(n, 3), torch.randint(0, 2, (n,))) for n in (2, 4)]
     acts, gs = _outputs(net, "lin", data, grads=kind == "taylor")
     assert len(acts) == 4
-    res = channel_importance(net, data, {"lin": -1}, kind=kind)
+    res = channel_importance(net, data, layers={"lin": -1}, importance=kind)
     expected = (_per_channel(torch.cat(acts)).abs().mean(1) if kind == "activation"
                 else _taylor_ref(acts, gs))
     torch.testing.assert_close(res.scores["lin"], expected)
@@ -208,10 +208,10 @@ def test_dict_batches_are_keyword_inputs_and_their_labels_feed_taylor():
     net = Keywords()
     data = [{"x": torch.randn(n, 2), "scale": torch.full((n, 1), 2.0), "labels": torch.randint(0, 4, (n,))}
             for n in (3, 1)]
-    res = channel_importance(net, data, {"proj": -1})
+    res = channel_importance(net, data, layers={"proj": -1})
     outs = torch.cat([net.proj(b["x"]).detach() for b in data])
     torch.testing.assert_close(res.scores["proj"], outs.abs().double().mean(0))
-    tay = channel_importance(net, data, {"proj": -1}, kind="taylor")
+    tay = channel_importance(net, data, layers={"proj": -1}, importance="taylor")
     ref = []
     for b in data:
         a = net.proj(b["x"]).detach().requires_grad_()
@@ -224,10 +224,10 @@ def test_dict_batches_are_keyword_inputs_and_their_labels_feed_taylor():
 @pytest.mark.parametrize("kind", ["activation", "taylor"])
 def test_memory_is_flat_and_no_activation_outlives_the_pass(kind):
     net, (x, y) = _net(), _data((4,))[0]
-    few = channel_importance(net, [(x, y)] * 5, {"4": 1}, kind=kind)
+    few = channel_importance(net, [(x, y)] * 5, layers={"4": 1}, importance=kind)
     alive: list[weakref.ref] = []
     spy = net[4].register_forward_hook(lambda m, i, o: alive.append(weakref.ref(o)))
-    many = channel_importance(net, ((x.clone(), y) for _ in range(50)), {"4": 1}, kind=kind)
+    many = channel_importance(net, ((x.clone(), y) for _ in range(50)), layers={"4": 1}, importance=kind)
     spy.remove()
     gc.collect()
     torch.testing.assert_close(few.scores["4"], many.scores["4"])
@@ -236,7 +236,7 @@ def test_memory_is_flat_and_no_activation_outlives_the_pass(kind):
 
 
 def test_max_batches_stops_reading():
-    res = channel_importance(_net(), iter(_data()), {"2": 1}, max_batches=2)
+    res = channel_importance(_net(), iter(_data()), layers={"2": 1}, max_batches=2)
     assert (res.batches, res.samples) == (2, 5)
 
 
@@ -249,7 +249,7 @@ def test_taylor_leaves_grads_requires_grad_grad_mode_flags_and_buffers_as_they_w
     state = copy.deepcopy(net.state_dict())
     flags = [m.training for m in net.modules()]
     with torch.no_grad():
-        res = channel_importance(net, data, {"4": 1}, kind="taylor")
+        res = channel_importance(net, data, layers={"4": 1}, importance="taylor")
         assert not torch.is_grad_enabled()
     assert float(res.scores["4"].min()) > 0
     assert torch.equal(net[0].weight.grad, torch.full_like(net[0].weight, 7.0))
@@ -262,7 +262,7 @@ def test_taylor_leaves_grads_requires_grad_grad_mode_flags_and_buffers_as_they_w
 def test_train_true_uses_batch_statistics_and_puts_running_statistics_back():
     net, data = _net(), _data()
     state = copy.deepcopy(net.state_dict())
-    res = channel_importance(net, data, {"1": 1}, train=True)
+    res = channel_importance(net, data, layers={"1": 1}, train=True)
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items()) and not net.training
     ref = copy.deepcopy(net).train()
     acts = [ref[:2](x).detach() for x, _ in data]
@@ -277,14 +277,14 @@ def test_taylor_reads_an_output_rewritten_in_place_as_its_module_returned_it():
     out_of_place[2] = nn.ReLU()  # the same model without the in-place write: the true values by hand
     acts, gs = _outputs(out_of_place, "1", _data(), grads=True)
     assert float(torch.cat(acts).min()) < 0  # the ReLU would have rewritten these
-    res = channel_importance(net, _data(), {"1": 1}, kind="taylor")
+    res = channel_importance(net, _data(), layers={"1": 1}, importance="taylor")
     torch.testing.assert_close(res.scores["1"], _taylor_ref(acts, gs))
     assert no_hooks(net) and float(res.scores["1"].min()) > 0
-    relu = channel_importance(net, _data(), {"2": 1}, kind="taylor")  # the ReLU's own output
+    relu = channel_importance(net, _data(), layers={"2": 1}, importance="taylor")  # the ReLU's own output
     acts, gs = _outputs(out_of_place, "2", _data(), grads=True)
     torch.testing.assert_close(relu.scores["2"], _taylor_ref(acts, gs))
     # activation reads the batch norm's output in its hook, before the ReLU rewrites it
-    act = channel_importance(net, _data(), {"1": 1})
+    act = channel_importance(net, _data(), layers={"1": 1})
     bn = torch.cat([net[:2](x).detach() for x, _ in _data()])
     assert float(bn.min()) < 0
     torch.testing.assert_close(act.scores["1"], _per_channel(bn).abs().mean(1))
@@ -297,20 +297,20 @@ def test_a_failing_batch_is_named_and_leaves_no_hook():
     state = copy.deepcopy(net.state_dict())
     for kind in ("activation", "taylor"):
         with pytest.raises(ForwardError, match="^calibration batch 1: the forward pass failed in '0'") as e:
-            channel_importance(net, data, {"2": 1}, kind=kind)
+            channel_importance(net, data, layers={"2": 1}, importance=kind)
         assert "\n" not in str(e.value) and no_hooks(net)
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda n: channel_importance(n, [], {"2": 1}), "no batch"),
-    (lambda n: channel_importance(n, None, {"2": 1}), "data=None"),
-    (lambda n: channel_importance(n, _data(), {"2": 1}, kind="taylr"), "Did you mean 'taylor'"),
-    (lambda n: channel_importance(n, [x for x, _ in _data()], {"2": 1}, kind="taylor"), "loss="),
-    (lambda n: channel_importance(n, _data(), {"2": 1}, loss=len), "drop loss="),
-    (lambda n: channel_importance(n, _data(), {"conv9": 1}), "matches no module"),
-    (lambda n: channel_importance(n, _data(), {"2": 1}, max_batches=0), "max_batches"),
-    (lambda n: channel_importance(n, [(1, 2, 3)], {"2": 1}), "batch 0 is a tuple of 3"),
+    (lambda n: channel_importance(n, [], layers={"2": 1}), "no batch"),
+    (lambda n: channel_importance(n, None, layers={"2": 1}), "data=None"),
+    (lambda n: channel_importance(n, _data(), layers={"2": 1}, importance="taylr"), "Did you mean 'taylor'"),
+    (lambda n: channel_importance(n, [x for x, _ in _data()], layers={"2": 1}, importance="taylor"), "loss="),
+    (lambda n: channel_importance(n, _data(), layers={"2": 1}, loss=len), "drop loss="),
+    (lambda n: channel_importance(n, _data(), layers={"conv9": 1}), "matches no module"),
+    (lambda n: channel_importance(n, _data(), layers={"2": 1}, max_batches=0), "max_batches"),
+    (lambda n: channel_importance(n, [(1, 2, 3)], layers={"2": 1}), "batch 0 is a tuple of 3"),
 ])
 def test_bad_input_is_one_line(call, message):
     net = _net()
@@ -333,16 +333,16 @@ class Branchy(nn.Module):
 def test_a_site_that_never_ran_or_returns_no_tensor_is_refused():
     net, x = Branchy(), torch.randn(2, 2)
     with pytest.raises(HookscopeError, match="'unused' never ran"):
-        channel_importance(net, x, {"used": -1, "unused": -1})
+        channel_importance(net, x, layers={"used": -1, "unused": -1})
     with pytest.raises(HookscopeError, match="'0' \\(LSTM\\) returns a tuple, not a tensor"):
-        channel_importance(nn.Sequential(net.pair), torch.randn(2, 3, 2), {"0": -1})
+        channel_importance(nn.Sequential(net.pair), torch.randn(2, 3, 2), layers={"0": -1})
     assert no_hooks(net)
 
 
 # --- the result ---------------------------------------------------------------------------------------------
 def test_result_protocol():
-    res = channel_importance(_net(), _data(), {"2": 1, "4": 1}, device="cpu")
-    assert isinstance(res, Importance) and [r.site for r in res.rows] == ["2", "4"]
+    res = channel_importance(_net(), _data(), layers={"2": 1, "4": 1}, device="cpu")
+    assert isinstance(res, ChannelImportance) and [r.site for r in res.rows] == ["2", "4"]
     row = res.rows[1]
     assert row.channels == 5 and row.lowest == tuple(res.order("4")[:3])
     assert res.scores["4"][list(row.lowest)].tolist() == sorted(res.scores["4"].tolist())[:3]
@@ -374,27 +374,27 @@ def test_a_dataloader_of_lists_and_a_model_output_with_logits():
     net = Wrapped()
     x, y = torch.randn(7, 3), torch.randint(0, 2, (7,))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=3)
-    res = channel_importance(net, loader, {"act": -1}, kind="taylor")
+    res = channel_importance(net, loader, layers={"act": -1}, importance="taylor")
     a = net.act(net.body(x)).detach().requires_grad_()
     (g,) = torch.autograd.grad(F.cross_entropy(net.head(a), y, reduction="sum"), a)
     torch.testing.assert_close(res.scores["act"], (a * g).abs().double().mean(0))
     assert (res.batches, res.samples) == (3, 7)
-    by_kw = channel_importance(net, [{"input_ids": x, "labels": y}], {"act": -1}, kind="taylor")
+    by_kw = channel_importance(net, [{"input_ids": x, "labels": y}], layers={"act": -1}, importance="taylor")
     torch.testing.assert_close(by_kw.scores["act"], res.scores["act"])
 
 
 def test_selectors_in_the_mapping_and_globs():
-    res = channel_importance(_net(), _data(), {"[24]": 1})
+    res = channel_importance(_net(), _data(), layers={"[24]": 1})
     assert list(res.scores) == ["2", "4"]
 
 
 def test_a_detached_loss_and_a_site_changing_its_channels_are_refused():
     net = _net()
     with pytest.raises(HookscopeError, match="does not depend on the model's output"):
-        channel_importance(net, _data(), {"4": 1}, kind="taylor", loss=lambda out, b: out.detach().sum())
+        channel_importance(net, _data(), layers={"4": 1}, importance="taylor", loss=lambda out, b: out.detach().sum())
     flat = nn.Sequential(nn.Flatten())
     with pytest.raises(HookscopeError, match="'0' gave 12 channels on one call"):
-        channel_importance(flat, [torch.randn(2, 3, 4), torch.randn(2, 5, 4)], {"0": 1})
+        channel_importance(flat, [torch.randn(2, 3, 4), torch.randn(2, 5, 4)], layers={"0": 1})
     assert no_hooks(net) and no_hooks(flat) and torch.is_grad_enabled()
 
 
@@ -403,7 +403,7 @@ def test_flags_are_restored_after_a_failing_batch():
     net[3].eval()
     flags = [m.training for m in net.modules()]
     with pytest.raises(ForwardError):
-        channel_importance(net, [_data()[0], (torch.randn(1, 1), torch.zeros(1).long())], {"2": 1}, kind="taylor")
+        channel_importance(net, [_data()[0], (torch.randn(1, 1), torch.zeros(1).long())], layers={"2": 1}, importance="taylor")
     assert [m.training for m in net.modules()] == flags and no_hooks(net)
     assert all(p.grad is None and p.requires_grad for p in net.parameters())
 
@@ -412,18 +412,18 @@ def test_taylor_inside_inference_mode_and_bfloat16_activations():
     net, data = _net(), _data()
     acts, gs = _outputs(net, "4", data, grads=True)
     with torch.inference_mode():
-        res = channel_importance(net, data, {"4": 1}, kind="taylor")
+        res = channel_importance(net, data, layers={"4": 1}, importance="taylor")
         assert torch.is_inference_mode_enabled()
     torch.testing.assert_close(res.scores["4"], _taylor_ref(acts, gs))
     tok = Tokens().to(torch.bfloat16)
     x = torch.randn(3, 7, 4).to(torch.bfloat16)
-    got = channel_importance(tok, x, {"mlp.0": -1})
+    got = channel_importance(tok, x, layers={"mlp.0": -1})
     expected = tok.mlp[0](x).double().abs().reshape(-1, 6).mean(0)
     torch.testing.assert_close(got.scores["mlp.0"], expected)
 
 
 def test_take_reads_a_groups_positions_and_checks_its_dim():
-    res = channel_importance(Tokens(), torch.randn(3, 7, 4), {"mlp.1": -1})
+    res = channel_importance(Tokens(), torch.randn(3, 7, 4), layers={"mlp.1": -1})
     assert res.dims["mlp.1"] == 2 and res.ndims["mlp.1"] == 3
     assert res.take("mlp.1", [4, 1], dim=-1).tolist() == [res.scores["mlp.1"][4].item(), res.scores["mlp.1"][1].item()]
     assert torch.equal(res.take("mlp.1", dim=2), res.scores["mlp.1"])
@@ -490,7 +490,7 @@ def test_each_call_of_a_shared_module_has_its_own_scores_and_size(kind, sites):
     net, data = TwoSizes(), _data((2, 3, 5))
     acts, gs = _per_call_outputs(net, "act", data, grads=kind == "taylor")
     assert [a[0].shape[1] for a in acts.values()] == [4, 6]
-    res = channel_importance(net, data, sites, kind=kind)
+    res = channel_importance(net, data, layers=sites, importance=kind)
     assert res.calls_per_forward == {"act": 2} and res.calls["act"] == 6 and res.uneven == {}
     for k in (0, 1):
         expected = _reference(kind, acts[k], gs.get(k))
@@ -510,7 +510,7 @@ def test_each_call_of_a_shared_module_has_its_own_scores_and_size(kind, sites):
 
 
 def test_per_call_rows_table_and_json():
-    res = channel_importance(TwoSizes(), _data(), {"act": 1, "b": 1})
+    res = channel_importance(TwoSizes(), _data(), layers={"act": 1, "b": 1})
     assert [(r.site, r.call, r.channels, r.calls) for r in res.rows] == [("b", None, 6, 3), ("act", 0, 4, 3),
                                                                           ("act", 1, 6, 3)]
     lines = str(res).splitlines()
@@ -526,7 +526,7 @@ def test_per_call_rows_table_and_json():
 def test_calls_of_the_same_size_are_read_together_and_one_by_one(kind):
     net, data = Twice(), [(torch.randn(n, 3), torch.randint(0, 2, (n,))) for n in (2, 4)]
     acts, gs = _per_call_outputs(net, "act", data, grads=kind == "taylor")
-    res = channel_importance(net, data, {"act": -1}, kind=kind)
+    res = channel_importance(net, data, layers={"act": -1}, importance=kind)
     every = _reference(kind, acts[0] + acts[1], (gs[0] + gs[1]) if gs else None)
     torch.testing.assert_close(res.scores["act"], every)
     for k in (0, 1):
@@ -541,7 +541,7 @@ def test_calls_of_the_same_size_are_read_together_and_one_by_one(kind):
     (True, r"call=True"),
 ])
 def test_a_call_that_did_not_happen_is_one_line(call, message):
-    res = channel_importance(TwoSizes(), _data((2,)), {"act": 1})
+    res = channel_importance(TwoSizes(), _data((2,)), layers={"act": 1})
     with pytest.raises(HookscopeError, match=message) as e:
         res.take("act", call=call)
     assert "\n" not in str(e.value)
@@ -566,7 +566,7 @@ class Sometimes(nn.Module):
 def test_calls_per_forward_that_differ_between_batches_refuse_per_call_reading():
     net = Sometimes()
     data = [torch.randn(n, 3) for n in (2, 4)]
-    res = channel_importance(net, data, {"act": -1})
+    res = channel_importance(net, data, layers={"act": -1})
     assert res.uneven == {"act": (1, 2)} and "act" not in res.calls_per_forward and res.calls["act"] == 3
     with pytest.raises(HookscopeError, match=r"'act' ran 1 or 2 times per forward.*drop call=") as e:
         res.take("act", call=0)
@@ -577,8 +577,8 @@ def test_calls_per_forward_that_differ_between_batches_refuse_per_call_reading()
 
 
 def test_weight_kinds_have_no_calls_to_read():
-    res = channel_importance(TwoSizes(), None, ["a"], kind="l1")
-    with pytest.raises(HookscopeError, match="kind='l1' reads the weights, not calls of 'a'; drop call="):
+    res = channel_importance(TwoSizes(), None, layers=["a"], importance="l1")
+    with pytest.raises(HookscopeError, match="importance='l1' reads the weights, not calls of 'a'; drop call="):
         res.take("a", call=0)
     with pytest.raises(KeyError, match="no site 'b'"):
         res.take("b", call=0)
@@ -591,7 +591,7 @@ def test_resnet50_bottleneck_relu_calls_match_the_block_computed_by_hand(kind):
     net = tv.models.resnet50(weights=None, num_classes=4).eval()
     g = torch.Generator().manual_seed(3)
     data = [(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in (2, 3)]
-    res = channel_importance(net, data, "layer1.0.relu", kind=kind)  # dim inferred though calls differ
+    res = channel_importance(net, data, layers="layer1.0.relu", importance=kind)  # dim inferred though calls differ
     assert res.calls_per_forward == {"layer1.0.relu": 3} and res.dims == {"layer1.0.relu": 1}
     blk = net.layer1[0]
     if kind == "activation":
@@ -637,8 +637,8 @@ def test_a_model_writing_into_its_input_leaves_the_batches_and_every_run_sees_th
     data = _data()
     given = [(x.clone(), y.clone()) for x, y in data]
     model = Halves()
-    first = channel_importance(model, data, {"net.2": 1}, kind=kind)
-    again = channel_importance(model, data, {"net.2": 1}, kind=kind)
+    first = channel_importance(model, data, layers={"net.2": 1}, importance=kind)
+    again = channel_importance(model, data, layers={"net.2": 1}, importance=kind)
     assert all(torch.equal(x, gx) and torch.equal(y, gy) for (x, y), (gx, gy) in zip(data, given))
     acts, gs = _outputs(_net(), "2", [(x / 2, y) for x, y in given], grads=kind == "taylor")
     if kind == "activation":
@@ -655,7 +655,7 @@ def test_keyword_inputs_of_dict_batches_are_copied_too():
     x = _data((3,))[0][0]
     gain = torch.full((1,), 1.5)
     batch = {"x": x.clone(), "gain": gain.clone()}
-    res = channel_importance(Halves(), [batch, batch], {"net.2": 1})
+    res = channel_importance(Halves(), [batch, batch], layers={"net.2": 1})
     assert torch.equal(batch["x"], x) and torch.equal(batch["gain"], gain)
     acts, _ = _outputs(_net(), "2", [(x / 2 * 3, None)])
     torch.testing.assert_close(res.scores["net.2"], _per_channel(torch.cat(acts * 2)).abs().mean(1))
@@ -666,7 +666,7 @@ def test_keyword_inputs_of_dict_batches_are_copied_too():
 def test_taylor_at_a_batch_norm_rewritten_by_a_residual_add_or_relu_equals_the_hand_computation(site):
     net, data = AddBack().eval(), _data()
     acts, gs = _outputs(AddBack(inplace=False).eval(), site, data, grads=True)
-    res = channel_importance(net, data, {site: 1}, kind="taylor")
+    res = channel_importance(net, data, layers={site: 1}, importance="taylor")
     torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
     assert res.samples == 10 and float(res.scores[site].min()) > 0 and no_hooks(net)
 
@@ -676,7 +676,7 @@ def test_taylor_on_every_site_of_a_rewritten_block_at_once_and_a_loss_from_a_use
     twin = AddBack(inplace=False).eval()
     sites = {"stem": 1, "bn0": 1, "conv": 1, "bn": 1}
     per_sample = lambda out, batch: F.cross_entropy(out, batch[1], reduction="none")  # noqa: E731
-    res = channel_importance(net, data, sites, kind="taylor", loss=per_sample)
+    res = channel_importance(net, data, layers=sites, importance="taylor", loss=per_sample)
     for site in sites:
         acts, gs = _outputs(twin, site, data, grads=True)
         torch.testing.assert_close(res.scores[site], _taylor_ref(acts, gs))
@@ -687,7 +687,7 @@ def test_taylor_refuses_a_view_output_whose_gradient_an_in_place_op_detached():
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.ReLU(inplace=True), nn.LazyLinear(3)).eval()
     net(torch.zeros(1, 3, 6, 6))
     with pytest.raises(HookscopeError, match="taylor at '1'.*in-place op rewrote") as e:
-        channel_importance(net, _data(), {"1": -1}, kind="taylor")
+        channel_importance(net, _data(), layers={"1": -1}, importance="taylor")
     assert "\n" not in str(e.value) and no_hooks(net)
 
 
@@ -708,7 +708,7 @@ def test_taylor_at_a_module_that_returns_its_input_before_an_in_place_add(passin
             return self.head(out.mean((2, 3)))
 
     net, data = Through().eval(), _data()
-    res = channel_importance(net, data, {"bn": 1, "through": 1}, kind="taylor")
+    res = channel_importance(net, data, layers={"bn": 1, "through": 1}, importance="taylor")
     twin = Through(inplace=False).eval()
     for site in ("bn", "through"):
         acts, gs = _outputs(twin, site, data, grads=True)
@@ -735,7 +735,7 @@ def test_taylor_per_call_of_a_shared_module_whose_every_output_is_rewritten_in_p
             return self.head(h.mean((2, 3)))
 
     net, data = Twice().eval(), _data()
-    res = channel_importance(net, data, {"conv": 1}, kind="taylor")
+    res = channel_importance(net, data, layers={"conv": 1}, importance="taylor")
     acts, gs = _per_call_outputs(Twice(inplace=False).eval(), "conv", data, grads=True)
     assert res.calls_per_forward["conv"] == 2
     for call in (0, 1):
@@ -748,7 +748,7 @@ def test_every_kind_on_a_channels_last_model_equals_the_contiguous_one():
     last = copy.deepcopy(net).to(memory_format=torch.channels_last)
     batches = [(x.to(memory_format=torch.channels_last), y) for x, y in data]
     for kind in ("activation", "apoz", "taylor"):
-        a = channel_importance(net, data, {"2": 1, "4": 1}, kind=kind)
-        b = channel_importance(last, batches, {"2": 1, "4": 1}, kind=kind)
+        a = channel_importance(net, data, layers={"2": 1, "4": 1}, importance=kind)
+        b = channel_importance(last, batches, layers={"2": 1, "4": 1}, importance=kind)
         for site in ("2", "4"):
             torch.testing.assert_close(a.scores[site], b.scores[site], rtol=1e-5, atol=1e-7)

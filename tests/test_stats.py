@@ -1,14 +1,11 @@
 import csv
 import gc
-import importlib
 import io
 import json
 import math
-import re
 import subprocess
 import sys
 import threading
-import warnings
 import weakref
 
 try:
@@ -647,28 +644,16 @@ def _json_rows(text):
                   for r in rows)
 
 
-# --- issue 10: one vocabulary (keep=), one result protocol, the engine apart from trace ------------
+# --- one vocabulary (keep=), one result protocol, the engine apart from trace ------------
 def _kinds(t):
     return [(r.module, r.which) for r in t.rows]
 
 
-@pytest.mark.parametrize("keep, old", [
-    ("io", {}), ("output", {"inputs": False}), ("all", {"grads": True}),
-    (("output", "grads"), {"inputs": False, "grads": True}),
-])
-def test_keep_records_what_the_old_flags_did_and_the_old_flags_warn(keep, old):
-    m, x = hand_model(), torch.tensor([[1.0, 1.0], [2.0, -1.0]], requires_grad=True)
-    with trace(m, keep=keep) as new:
-        m(x).sum().backward()
-    spelled = repr(keep)
-    with pytest.warns(DeprecationWarning, match=rf"use trace\(\.\.\., keep={re.escape(spelled)}\)") if old \
-            else warnings.catch_warnings():
-        if not old:
-            warnings.simplefilter("error")
-        with trace(m, **old) as was:
-            m(x).sum().backward()
-    assert _kinds(new) == _kinds(was) and [r.mean for r in new.rows] == [r.mean for r in was.rows]
-    assert no_hooks(m)
+@pytest.mark.parametrize(("fn", "flag"), [(trace, {"inputs": False}), (trace, {"grads": True}),
+                                          (watch, {"inputs": True})])
+def test_keep_is_the_only_way_to_say_what_is_recorded(fn, flag):
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        fn(hand_model(), **flag)
 
 
 def test_keep_takes_each_field_on_its_own():
@@ -688,8 +673,8 @@ def test_a_wrong_keep_is_one_line_before_any_hook():
     m = hand_model()
     with pytest.raises(HookscopeError, match="keep='ouput'.*Did you mean 'output'"):
         trace(m, keep="ouput")
-    with pytest.raises(HookscopeError, match=r"trace\(\) would record nothing"):
-        trace(m, keep="input", inputs=False)
+    with pytest.raises(HookscopeError, match="keep= is empty; name at least one of"):
+        trace(m, keep=())
     with pytest.raises(TypeError, match="dpeth"):
         trace(m, dpeth=2)  # type: ignore[call-arg]
     assert no_hooks(m)
@@ -710,21 +695,6 @@ def test_trace_speaks_the_result_protocol():
     for indent in (None, 2):
         assert json.loads(t.to_json(indent=indent)) == json.loads(t.to_json())
     assert "\n" in t.to_json(2) and json.loads(t.to_json())["rows"][1]["mean"] == "nan"
-    with pytest.warns(DeprecationWarning, match=r"to_dict\(\)\['rows'\]"):
-        assert t.to_dicts() == data["rows"]
-
-
-def test_the_old_module_still_works_for_one_release_and_warns():
-    import hookscope.analysis.stats as old
-
-    with pytest.warns(DeprecationWarning, match="hookscope.analysis.stats is deprecated"):
-        importlib.reload(old)
-    import hookscope.analysis._recorder as engine
-    import hookscope.analysis.trace as new
-
-    assert (old.trace, old.Trace, old.StatRow) == (new.trace, new.Trace, new.StatRow)
-    assert (old.Recorder, old.select, old.ForwardError) == (engine.Recorder, engine.select, ForwardError)
-    assert old.tensor_stats is tensor_stats and old.STATS == STATS
 
 
 def test_an_exception_caught_inside_the_block_can_be_reported_as_one_forward_error_line():

@@ -60,7 +60,7 @@ class Story9(nn.Module):
 def test_story9_own_parameters_children_modes_and_shapes():
     model = Story9()
     s = summary(model, torch.randn(3, 10))
-    root = s.row("")
+    root = s[""][0]
     assert root.parameters == {"weight": (5, 10), "bias": (5,)} and root.params == 55
     assert s.parameters == {n: tuple(p.shape) for n, p in model.named_parameters()}
     assert list(s.parameters) == [
@@ -71,10 +71,10 @@ def test_story9_own_parameters_children_modes_and_shapes():
     assert s.totals.params == root.params_total == 118
     assert root.children == ("submodel_1", "submodel_2", "submodel_3")
     assert list(s.modules) == ["", "submodel_1", "submodel_2", "submodel_3", "submodel_3.0", "submodel_3.1"]
-    assert s.row("submodel_3").children == ("submodel_3.0", "submodel_3.1")
+    assert s["submodel_3"][0].children == ("submodel_3.0", "submodel_3.1")
     assert s.buffers == {} and s.totals.buffers == 0
     # what a forward hook on submodel_2 sees for a 3x10 input
-    assert s.row("submodel_2").input_shapes == [(3, 4)] and s.row("submodel_2").output_shapes == [(3, 2)]
+    assert s["submodel_2"][0].input_shapes == [(3, 4)] and s["submodel_2"][0].output_shapes == [(3, 2)]
     # modes: train() by default, eval() switches every submodule, summary changes neither
     assert all(r.training for r in s.rows)
     model.eval()
@@ -85,7 +85,7 @@ def test_story9_own_parameters_children_modes_and_shapes():
 def test_story9_buffers_of_batchnorm():
     bn = nn.BatchNorm1d(5)
     s = summary(bn, torch.randn(3, 5))
-    assert s.row("").buffers == {"running_mean": (5,), "running_var": (5,), "num_batches_tracked": ()}
+    assert s[""][0].buffers == {"running_mean": (5,), "running_var": (5,), "num_batches_tracked": ()}
     assert s.totals.buffers == 3 and s.totals.buffer_numel == 11
     assert s.totals.buffer_bytes == 5 * 4 + 5 * 4 + 8  # num_batches_tracked is an int64
     # in training mode the pass would update the running statistics: they are restored
@@ -120,16 +120,16 @@ def test_tied_weight_counted_once_and_each_call_shown():
     # embed 40 + shared 20 + unused 20; head's weight is embed's
     assert s.totals.params == 80 == sum(p.numel() for p in model.parameters())
     assert s.totals.param_bytes == 80 * 4
-    assert s.row("head").params == 40 and s.row("head").shared == {"weight": "embed.weight"}
+    assert s["head"][0].params == 40 and s["head"][0].shared == {"weight": "embed.weight"}
     assert [(r.name, r.call, r.calls) for r in s.rows] == [
         ("", 0, 1), ("embed", 0, 1), ("shared", 0, 2), ("act", 0, 2), ("shared", 1, 2), ("act", 1, 2),
         ("head", 0, 1), ("unused", 0, 0),
     ]
-    assert not s.row("unused").called and s.totals.not_called == 1 and s.totals.calls == 7
-    assert s.row("act").aliases == ("alias",)
+    assert not s["unused"][0].called and s.totals.not_called == 1 and s.totals.calls == 7
+    assert s["act"][0].aliases == ("alias",)
     # shared: 2x3 rows of 4 outputs x 4 inputs, twice; head: 2x3x10 outputs x 4 inputs
-    assert s.row("shared", call=1).macs == 96 and s.row("head").macs == 240
-    assert s.totals.macs == s.row("").macs == 2 * 96 + 240
+    assert s["shared"][1].macs == 96 and s["head"][0].macs == 240
+    assert s.totals.macs == s[""][0].macs == 2 * 96 + 240
     # new outputs of innermost calls: embed, shared twice, act twice (ReLU is out of place), head
     assert s.totals.activation_bytes == 4 * (24 + 24 + 24 + 24 + 24 + 60)
     assert s.totals.input_bytes == 6 * 8
@@ -163,10 +163,10 @@ def test_module_shared_across_parents_counts_once():
 
     model = Shared()
     s = summary(model, torch.randn(1, 4))
-    assert s.totals.params == 120 and s.row("blocks").params_total == 120
-    assert s.row("blocks.1").params_total == 40
+    assert s.totals.params == 120 and s["blocks"][0].params_total == 120
+    assert s["blocks.1"][0].params_total == 40
     assert len([r for r in s.rows if r.name == "blocks.0.act"]) == 6
-    assert s.row("blocks.0.act").aliases == ("blocks.1.act", "blocks.2.act")
+    assert s["blocks.0.act"][0].aliases == ("blocks.1.act", "blocks.2.act")
     assert s.totals.macs == 6 * 16 and no_hooks(model)
 
 
@@ -178,9 +178,9 @@ def test_tinyresnet_totals_against_pytorch():
     assert s.totals.buffer_numel == sum(b.numel() for b in model.buffers())
     assert s.totals.macs == macs_by_flop_counter(model, x)
     # stem.0: 2x16x32x32 outputs, 3x3x3 products each
-    assert s.row("stem.0").macs == 2 * 16 * 32 * 32 * 27 and s.row("stem.0").output_shapes == [(2, 16, 32, 32)]
-    assert s.row("layer1").macs == s.row("layer1.0").macs + s.row("layer1.1").macs
-    assert s.row("fc").params == 32 * 10 + 10 and s.row("layer2").training is False
+    assert s["stem.0"][0].macs == 2 * 16 * 32 * 32 * 27 and s["stem.0"][0].output_shapes == [(2, 16, 32, 32)]
+    assert s["layer1"][0].macs == s["layer1.0"][0].macs + s["layer1.1"][0].macs
+    assert s["fc"][0].params == 32 * 10 + 10 and s["layer2"][0].training is False
     assert no_hooks(model)
 
 
@@ -189,7 +189,7 @@ def test_frozen_and_trainable():
     net.l1.requires_grad_(False)
     s = summary(net, torch.randn(1, 2))
     assert (s.totals.trainable, s.totals.frozen) == (60, 15)
-    assert s.row("").trainable_total == 60 and s.row("").frozen_total == 15 and s.row("l1").trainable_total == 0
+    assert s[""][0].trainable_total == 60 and s[""][0].frozen_total == 15 and s["l1"][0].trainable_total == 0
     assert s.table().splitlines()[4].split()[4] == "partial"  # the model row's Trainable column
 
 
@@ -219,7 +219,7 @@ def test_mult_adds_by_hand_attention_and_recurrent():
     # LSTM(3 -> 5, 2 layers), 4 steps x batch 2: per step 4*5*(3+5) + 4*5*(5+5) = 360
     lstm = nn.LSTM(3, 5, num_layers=2)
     s = summary(lstm, torch.randn(4, 2, 3))
-    assert s.totals.macs == 8 * 360 and s.row("").output_shapes == [(4, 2, 5), (2, 2, 5), (2, 2, 5)]
+    assert s.totals.macs == 8 * 360 and s[""][0].output_shapes == [(4, 2, 5), (2, 2, 5), (2, 2, 5)]
     # bidirectional GRU: layer 1 reads 2*5 features; 3 gates
     gru = nn.GRU(3, 5, num_layers=2, bidirectional=True, batch_first=True)
     assert summary(gru, torch.randn(2, 4, 3)).totals.macs == 8 * 2 * (3 * 5 * (3 + 5) + 3 * 5 * (10 + 5))
@@ -261,9 +261,9 @@ def test_attention_products_in_a_modules_own_forward(how):
     x = torch.randn(2, 5, 8)
     s = summary(model, x)
     # qkv: 2x5 tokens x 24 outputs x 8 inputs = 1,920; proj: 2x5 x 8 x 8 = 640, each once
-    assert s.row("0.qkv").macs == 1920 and s.row("0.proj").macs == 640
+    assert s["0.qkv"][0].macs == 1920 and s["0.proj"][0].macs == 640
     # batch 2 x heads 2, 5 queries x 5 keys, head size 4: Q K^T 400, weights @ V 400, in the module itself
-    assert s.row("0").macs == 1920 + 640 + 800 == s.totals.macs == s.row("").macs
+    assert s["0"][0].macs == 1920 + 640 + 800 == s.totals.macs == s[""][0].macs
     if how != "sdpa":  # PyTorch's counter has no CPU formula for the fused attention
         assert s.totals.macs == macs_by_flop_counter(model, x)
     assert not s.totals.macs_partial and no_hooks(model)
@@ -276,12 +276,12 @@ def test_tiny_vit_by_hand_attention_counted_once():
                                                hidden_dim=8, mlp_dim=16).eval()
     s = summary(vit, torch.randn(1, 3, 32, 32))
     # patches: 8 x 2 x 2 outputs x 3 x 16 x 16 = 24,576; 5 tokens (4 patches + class token)
-    assert s.row("conv_proj").macs == 24_576
+    assert s["conv_proj"][0].macs == 24_576
     # MultiheadAttention(8): q, k, v, out projections 4 x 5 x 8 x 8 = 1,280, QK^T and AV 2 x 5 x 5 x 8 = 400,
     # whatever functions it runs inside
-    assert s.row("encoder.layers.encoder_layer_0.self_attention").macs == 1280 + 400
+    assert s["encoder.layers.encoder_layer_0.self_attention"][0].macs == 1280 + 400
     # MLP 5 x 8 x 16 twice = 1,280; head: 8 x 1,000
-    assert s.row("encoder.layers.encoder_layer_0.mlp").macs == 1280 and s.row("heads").macs == 8000
+    assert s["encoder.layers.encoder_layer_0.mlp"][0].macs == 1280 and s["heads"][0].macs == 8000
     assert s.totals.macs == 24_576 + 1680 + 1280 + 8000 == 35_536
     assert no_hooks(vit)
 
@@ -293,11 +293,11 @@ def test_tiny_swin_by_hand_functional_linear_and_matmul():
                                               window_size=[2, 2], num_classes=10).eval()
     s = summary(swin, torch.randn(1, 3, 8, 8))
     # patches: 8 x 2 x 2 outputs x 3 x 4 x 4 = 1,536; then one 2x2 window of 4 tokens per block
-    assert s.row("features.0.0").macs == 1536
+    assert s["features.0.0"][0].macs == 1536
     # ShiftedWindowAttention calls F.linear on its qkv / proj weights (the Linear modules never run):
     # qkv 4 x 24 x 8 = 768, QK^T and AV 2 x (2 heads x 4 x 4 x 4) = 256, proj 4 x 8 x 8 = 256
-    attn = s.row("features.1.0.attn")
-    assert attn.macs == 768 + 256 + 256 and not s.row("features.1.0.attn.qkv").called
+    attn = s["features.1.0.attn"][0]
+    assert attn.macs == 768 + 256 + 256 and not s["features.1.0.attn.qkv"][0].called
     # MLP 4 x 8 x 32 twice = 2,048 per block; head 8 x 10
     assert s.totals.macs == 1536 + 2 * (1280 + 2048) + 80 == 8272
     assert s.totals.macs == macs_by_flop_counter(swin, torch.randn(1, 3, 8, 8))
@@ -308,7 +308,7 @@ def test_fused_encoder_layer_runs_its_modules_and_counts_them():
     # under the summary, TransformerEncoderLayer takes its Python path, so every submodule has a row
     layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
     s = summary(layer, torch.randn(2, 5, 8))
-    assert s.row("self_attn").called and s.row("linear1").called
+    assert s["self_attn"][0].called and s["linear1"][0].called
     # per sequence: MultiheadAttention 4 x 5 x 64 + 2 x 5 x 5 x 8 = 1,680, linear1 + linear2 2 x 5 x 8 x 16
     assert s.totals.macs == 2 * (1680 + 1280) == 5920 and no_hooks(layer)
 
@@ -324,10 +324,10 @@ def test_uncounted_products_make_the_count_a_lower_bound():
 
     model = nn.Sequential(nn.Linear(3, 3), Chain())
     s = summary(model, torch.randn(2, 3))
-    chain, root = s.row("1"), s.row("")
+    chain, root = s["1"][0], s[""][0]
     assert chain.uncounted == ("einsum",) and chain.macs_partial and chain.macs == 0
     assert root.macs_partial and root.uncounted == () and root.macs == 18
-    assert not s.row("0").macs_partial and s.totals.macs_partial
+    assert not s["0"][0].macs_partial and s.totals.macs_partial
     text = s.table()
     assert "  1 (Chain)" in text and "mult-adds not counted: einsum" in text
     assert ">= 18" in text and "Mult-adds: 18 at least; not counted: einsum in 1" in text
@@ -396,7 +396,7 @@ def test_forward_runs_without_grad_and_model_kwargs_pass_through():
             return x * scale
 
     s = summary(Probe(), torch.ones(2, 3, requires_grad=True), kwargs={"scale": 2.0})
-    assert seen == [False] and s.row("").output_shapes == [(2, 3)]
+    assert seen == [False] and s[""][0].output_shapes == [(2, 3)]
     assert s.totals.activation_bytes == 24 and s.totals.params == 0
 
 
@@ -412,7 +412,7 @@ def test_no_parameters_no_children_and_non_tensor_outputs():
     s = summary(nn.ReLU(), torch.randn(2))
     assert [r.name for r in s.rows] == [""] and s.totals.params == 0 and s.totals.macs == 0
     s = summary(Odd(), torch.randn(3, 2))
-    assert s.row("").output_shapes == [(3, 2), ()] and s.row("inner").output_shapes == [(3, 2)]
+    assert s[""][0].output_shapes == [(3, 2), ()] and s["inner"][0].output_shapes == [(3, 2)]
     assert s.totals.activation_bytes == 0  # Identity returns its input: nothing new
     assert "3x2, scalar" in s.table()
     s = summary(nn.Flatten(), torch.randn(2, 3, 4))
@@ -452,7 +452,7 @@ def test_bad_arguments():
         summary(Net(), torch.randn(1, 2), depth=-1)
     s = summary(Net(), torch.randn(1, 2))
     with pytest.raises(HookscopeError, match="Did you mean 'l2', 'l1'"):
-        s.row("l3")
+        s["l3"][0]
 
 
 
@@ -467,7 +467,7 @@ def test_model_keywords_go_in_kwargs_and_a_typo_is_never_forwarded():
 
     model = Masked()
     s = summary(model, torch.ones(2, 3), kwargs={"mask": torch.zeros(2, 3)})
-    assert seen == [(True, [])] and s.row("").input_shapes == [(2, 3), (2, 3)]
+    assert seen == [(True, [])] and s[""][0].input_shapes == [(2, 3), (2, 3)]
     # a typo of summary's own keyword: refused before the model runs, with the keyword it meant
     with pytest.raises(HookscopeError) as e:
         summary(model, torch.ones(2, 3), dpeth=2)
@@ -487,7 +487,7 @@ def test_model_keywords_go_in_kwargs_and_a_typo_is_never_forwarded():
 def test_lookups_raise_a_key_error_with_did_you_mean_and_in_agrees():
     model = TiedTwice().eval()
     s = summary(model, torch.tensor([[1, 2, 3]]), depth=0)
-    assert [r.call for r in s["act"]] == [0, 1] and s["unused"] == [s.row("unused")]
+    assert [r.call for r in s["act"]] == [0, 1] and s["unused"] == [s["unused"][0]]
     assert "act" in s and "alias" not in s and "actt" not in s and 0 not in s
     assert [r.name for r in s] == [""] and len(s) == 1  # rows down to depth; lookups see every row
     for bad in ("actt", "alias"):
@@ -495,9 +495,9 @@ def test_lookups_raise_a_key_error_with_did_you_mean_and_in_agrees():
             s[bad]
         assert isinstance(e.value, RecordError) and "\n" not in str(e.value)
     with pytest.raises(RecordError, match="Did you mean 'act'"):
-        s.row("actt")
+        s["actt"][0]
     with pytest.raises(RecordError, match=r"'act' has 2 row\(s\) in this result; pass call= from 0 to 1"):
-        s.row("act", call=2)
+        s["act"][2]
 
 
 def test_protocol_table_str_dict_and_json():
@@ -505,8 +505,6 @@ def test_protocol_table_str_dict_and_json():
     assert str(s) == s.table() and s.table().endswith("=\n")
     assert s.to_json() == json.dumps(json.loads(s.to_json()))  # one line by default, as every result
     assert json.loads(s.to_json(indent=2)) == json.loads(s.to_json()) == json.loads(json.dumps(s.to_dict()))
-    with pytest.warns(DeprecationWarning, match=r"to_text\(\) is now Summary.table\(\)"):
-        assert s.to_text() == s.table()
 
 
 def test_failure_restores_the_model_and_removes_every_hook():
@@ -526,8 +524,8 @@ def test_depth_keeps_totals_and_wrappers_keep_names():
     full = summary(model, x)
     top = summary(nn.DataParallel(model), x, depth=1)
     assert [r.name for r in top.rows] == ["", "stem", "layer1", "down", "layer2", "pool", "fc"]
-    assert top.totals == full.totals and top.row("layer1.0.conv1").macs == full.row("layer1.0.conv1").macs
-    assert top.row("").macs == full.totals.macs
+    assert top.totals == full.totals and top["layer1.0.conv1"][0].macs == full["layer1.0.conv1"][0].macs
+    assert top[""][0].macs == full.totals.macs
     assert no_hooks(model)
 
 
@@ -630,7 +628,7 @@ def test_param_totals_on_every_torchvision_classifier(name, monkeypatch):
     assert s.totals.params == sum(p.numel() for p in model.parameters())
     assert s.totals.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert s.totals.buffer_numel == sum(b.numel() for b in model.buffers())
-    assert len(s.all_rows) == s.totals.calls + s.totals.not_called
+    assert len(s.rows) == s.totals.calls + s.totals.not_called
     assert s.totals.activation_bytes > 0 and no_hooks(model)
     # every product once: convolutions and Linear by their rules, ViT's MultiheadAttention by its
     # rule, Swin's matmuls and functional F.linear and MaxViT's einsums from the functions they call

@@ -44,13 +44,13 @@ def test_torch_pruned_model_counts_the_zeros_of_the_effective_weights():
     net = _pruned()
     hooks = hook_count(net)
     s = summary(net, X)
-    assert [s.row(n).zeros for n in ("0", "2", "4")] == [65, 144, 96]
+    assert [s[n][0].zeros for n in ("0", "2", "4")] == [65, 144, 96]
     # independently: the weight attribute torch's own pre-hook computed during the pass
     assert [int((net[i].weight == 0).sum()) for i in (0, 2, 4)] == [65, 144, 96]
     assert s.totals.params == 224 + 292 + 325 == sum(p.numel() for p in net.parameters())
     assert s.totals.zeros == 65 + 144 + 96 and s.totals.sparsity == pytest.approx(305 / 841)
     assert s.totals.masked == ("0.weight", "2.weight", "4.weight") and s.totals.sparse
-    assert s.row("0").masked == ("weight",) and s.row("0").sparsity == pytest.approx(65 / 224)
+    assert s["0"][0].masked == ("weight",) and s["0"][0].sparsity == pytest.approx(65 / 224)
     assert s.totals.buffer_numel == 216 + 288 + 320  # the masks are buffers, the parameter is weight_orig
     assert hook_count(net) == hooks  # torch's mask hooks stay, summary's are gone
 
@@ -83,7 +83,7 @@ def test_hand_zeroed_weight_without_mask():
         net[4].weight[0, :10] = 0.0
         net[4].weight[3, 5] = -0.0  # a negative zero is a zero
     s = summary(net, X)
-    assert s.row("4").zeros == 11 and s.totals.zeros == 11 and s.totals.masked == () and s.totals.sparse
+    assert s["4"][0].zeros == 11 and s.totals.zeros == 11 and s.totals.masked == () and s.totals.sparse
     assert "Zeros: 11 of 841 params (1.3%)" in s.table().splitlines()
 
 
@@ -105,7 +105,7 @@ def test_tied_parameter_is_counted_once():
         net.embed.weight[7, 1] = 0.0
     s = summary(net, torch.tensor([[1, 2, 3]]))
     assert s.totals.params == 40 and s.totals.zeros == 5
-    assert s.row("embed").zeros == 5 and s.row("head").zeros == 5  # each row its own (shared) tensor
+    assert s["embed"][0].zeros == 5 and s["head"][0].zeros == 5  # each row its own (shared) tensor
     assert s.to_dict()["totals"]["sparsity"] == pytest.approx(5 / 40)
 
 
@@ -132,7 +132,7 @@ def test_hookscope_own_masks_are_read_alike():
     mask[:, :7] = 0  # 35 zeros
     apply_mask(net[4], "weight", mask)
     s = summary(net, X)
-    assert s.row("4").zeros == 35 and s.totals.masked == ("4.weight",)
+    assert s["4"][0].zeros == 35 and s.totals.masked == ("4.weight",)
     assert torch.equal(effective(net[4], "weight"), net[4].weight)
 
 
@@ -158,7 +158,7 @@ def test_meta_device_zeros_are_unknown_not_zero():
         ghost = nn.Linear(4, 2)
     assert zeros_in(ghost.weight) is None
     s = summary(ghost, torch.zeros(1, 4))
-    assert s.totals.zeros is None and s.totals.sparsity is None and s.row("").zeros is None
+    assert s.totals.zeros is None and s.totals.sparsity is None and s[""][0].zeros is None
 
 
 def test_engine_ignores_look_alike_names():
@@ -183,4 +183,4 @@ def test_torchvision_resnet18_global_pruning_matches_an_independent_count():
     others = sum(int((p == 0).sum()) for n, p in net.named_parameters() if not n.endswith("weight_orig"))
     assert s.totals.zeros == effective_zeros + others
     assert s.totals.params == 11_689_512 and len(s.totals.masked) == 20
-    assert s.row("layer1.0.conv1").zeros == int((net.layer1[0].conv1.weight == 0).sum())
+    assert s["layer1.0.conv1"][0].zeros == int((net.layer1[0].conv1.weight == 0).sum())

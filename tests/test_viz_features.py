@@ -65,7 +65,7 @@ class FirstImageOnly(nn.Module):
 # --- 2: a batch's picture of image i frames only what differs in image i -------------------------------------
 def test_the_comparison_of_image_i_frames_only_the_channels_rewritten_in_image_i():
     net = FirstImageOnly().eval()
-    c = compare_references(net, torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)), "conv")
+    c = compare_references(net, torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)), layers="conv")
     assert c.changed == [0, 1] and c.differs_by_image.tolist() == [[True, True, False, False], [False] * 4]
     h = w = 6
     for image, framed in ((0, [0, 1]), (1, [])):

@@ -315,14 +315,12 @@ def test_watch_of_a_compiled_model_names_the_same_culprit(ran_before):
     assert no_hooks(compiled) and param_hooks(compiled) == 0
 
 
-# --- issue 10: one result protocol, one vocabulary ------------------------------------------------
-def test_watch_speaks_the_result_protocol_and_report_is_the_old_name_of_table():
+# --- one result protocol, one vocabulary ------------------------------------------------
+def test_watch_speaks_the_result_protocol():
     m = log_model(k=6)
     with watch(m, last=2) as w:
         m(-torch.ones(2, 4))
     assert str(w) == w.table() and w.table().startswith("first non-finite value: '6' call 0")
-    with pytest.warns(DeprecationWarning, match=r"Watch.report\(\) is now Watch.table\(\)"):
-        assert w.report() == w.table()
     assert w.rows == [*w.before, w.culprit] and [r.module for r in w.rows] == ["4", "5", "6"]
     data = json.loads(w.to_json(indent=2))
     assert data == json.loads(w.to_json()) == json.loads(json.dumps(w.to_dict(), default=str).replace("NaN", '"nan"'))
@@ -335,16 +333,12 @@ def test_watch_speaks_the_result_protocol_and_report_is_the_old_name_of_table():
     assert json.loads(ok.to_json())["culprit"] is None and no_hooks(m)
 
 
-def test_keep_is_the_old_inputs_flag_which_warns():
+def test_keep_all_also_checks_inputs_and_output_only_skips_gradients():
     m = log_model(k=6)
     with watch(m, keep="all") as new:
         m(-torch.ones(1, 4))
-    with pytest.warns(DeprecationWarning, match=r"watch\(inputs=True\) is deprecated; use watch\(\.\.\., keep='all'\)"):
-        old = watch(m, inputs=True)
-    with old:
-        m(-torch.ones(1, 4))
-    assert new.culprit.describe() == old.culprit.describe() and new.before == old.before
     assert (new.culprit.module, new.culprit.which) == ("6", "output")
+    assert {r.which for r in new.before} >= {"input", "output"}
     with watch(m, keep="output") as out:  # forward only: no gradient is watched
         m(-torch.ones(1, 4, requires_grad=True)).sum().backward()
     assert {r.phase for r in out.before} == {"forward"} and no_hooks(m)

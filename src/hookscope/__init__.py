@@ -10,7 +10,7 @@ Example:
 """
 
 from . import metrics, targets
-from .analysis.cam import CamResult, CamRow, cam, channels_first, channels_last, tokens_to_grid
+from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
     ComparisonRow,
     FeatureMaps,
@@ -24,10 +24,10 @@ from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
 from .analysis.prune import (
     ChannelPruning,
-    Comparison,
-    Groups,
-    Importance,
-    PruneResult,
+    ModelComparison,
+    ChannelGroups,
+    ChannelImportance,
+    Sparsity,
     channel_groups,
     channel_importance,
     compact,
@@ -57,83 +57,30 @@ from .store import LayerArray, Store, open_store
 
 __version__ = "0.1.0"
 
+# What a user needs, by job; each function next to the result it returns. Frozen for 1.0: names are
+# added, never renamed or removed (tests/test_protocol.py checks the order and that results are reachable).
 __all__ = [
-    "CamResult",
-    "CamRow",
-    "cam",
-    "channels_first",
-    "channels_last",
-    "metrics",
-    "targets",
-    "tokens_to_grid",
-    "FeatureMaps",
-    "ReferenceComparison",
-    "feature_maps",
-    "compare_references",
-    "Diff",
-    "extract",
-    "LayerArray",
-    "Store",
-    "open_store",
-    "load",
-    "DiffRow",
-    "Settings",
-    "Unmatched",
-    "diff",
-    "settings",
-    "GradientFlow",
-    "gradient_flow",
-    "ChannelPruning",
-    "Comparison",
-    "Groups",
-    "Importance",
-    "PruneResult",
-    "channel_groups",
-    "channel_importance",
-    "compact",
-    "compare_models",
-    "prune",
-    "prune_channels",
-    "remove_masks",
-    "sparsity",
-    "ForwardError",
-    "StatRow",
-    "Trace",
-    "trace",
-    "Summary",
-    "summary",
-    "NonFiniteError",
-    "Watch",
-    "watch",
-    "CallRecord",
-    "Capture",
-    "Edit",
-    "GradRecord",
-    "TensorGrads",
-    "HookscopeError",
-    "LayerRecord",
-    "MutationError",
-    "RecordError",
-    "Recording",
-    "Retention",
-    "SelectionError",
-    "ablate",
-    "capture",
-    "edit",
-    "grads",
-    "At",
-    "at",
-    "layers",
-    "names",
-    "scale",
-    "unwrap",
+    # read and steer activations and gradients
+    "capture", "Capture", "Recording", "LayerRecord", "CallRecord", "Retention", "load",
+    "edit", "Edit", "scale", "ablate",
+    "grads", "TensorGrads", "GradRecord",
+    # choose layers
+    "layers", "names", "unwrap", "at", "At",
+    # know and debug a model
+    "summary", "Summary",
+    "trace", "Trace", "StatRow",
+    "watch", "Watch",
+    "gradient_flow", "GradientFlow",
+    "diff", "Diff", "DiffRow", "Unmatched", "settings", "Settings",
+    # see what a layer sees, and why the model decided
+    "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
+    "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
+    # prune
+    "prune", "sparsity", "Sparsity", "remove_masks",
+    "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
+    "prune_channels", "ChannelPruning", "compact", "compare_models", "ModelComparison",
+    # extract at scale
+    "extract", "open_store", "Store", "LayerArray",
+    # errors
+    "HookscopeError", "SelectionError", "RecordError", "MutationError", "ForwardError", "NonFiniteError",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "GradWatch":  # the old name, one release
-        import warnings
-
-        warnings.warn("hookscope.GradWatch is now hookscope.TensorGrads", DeprecationWarning, stacklevel=2)
-        return TensorGrads
-    raise AttributeError(f"module 'hookscope' has no attribute {name!r}")

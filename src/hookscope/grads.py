@@ -39,7 +39,7 @@ class GradRecord:
     @property
     def grads(self) -> list[torch.Tensor]:
         """Every gradient that arrived, in order; :class:`~hookscope.MutationError` if one was
-        rewritten in place after it arrived (``grads(..., copy=True)`` keeps copies)."""
+        rewritten in place after it arrived (``grads(..., copy="always")`` keeps copies)."""
         return [s.get() for s in self._grads]
 
     @property
@@ -90,7 +90,7 @@ def _kept(g: torch.Tensor, where: str, copy: bool) -> Slot:
     v = g.detach() if g.requires_grad else g
     if copy:
         return Slot(v.clone(), "copied", where)
-    return Slot(v, "never", where, fix="grads(..., copy=True), which keeps a copy of each arrival")
+    return Slot(v, "never", where, fix="grads(..., copy='always'), which keeps a copy of each arrival")
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,7 @@ class GradRow:
 class TensorGrads(Result, Mapping[str, GradRecord]):
     """Context that records (and with ``fn`` rewrites) the gradient of chosen tensors.
 
-    Build it with :func:`grads`. (Named ``GradWatch`` before 0.2; that name still works, with a
-    warning.)
+    Build it with :func:`grads`.
     """
 
     def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None,
@@ -213,7 +212,7 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
 def grads(
     *tensors: torch.Tensor,
     fn: GradFn | Mapping[str, GradFn] | None = None,
-    copy: bool = False,
+    copy: str = "never",
     **named: torch.Tensor,
 ) -> TensorGrads:
     """Watch the gradient of intermediate (or leaf) tensors during the backward passes in the block.
@@ -223,10 +222,10 @@ def grads(
         fn: optional ``grad -> new grad | None`` run on each arriving gradient, like a PyTorch tensor
             hook: return a tensor to replace the gradient, or change it in place, or just look.
             A mapping gives one function per name. Whether it changed the gradient is recorded.
-        copy: keep a copy of every arriving gradient. By default a gradient is kept as it arrived,
-            without a copy (a view's gradient excepted: a leaf may adopt it as ``.grad``), and
-            reading one that was later rewritten in place (by another hook's ``mul_``, say) raises
-            :class:`~hookscope.MutationError`.
+        copy: as in :func:`hookscope.capture`: ``"never"`` (the default) keeps each gradient as it
+            arrived, without a copy (a view's gradient excepted: a leaf may adopt it as ``.grad``),
+            and reading one that was later rewritten in place (by another hook's ``mul_``, say)
+            raises :class:`~hookscope.MutationError`; ``"always"`` keeps a copy of every arrival.
         **named: tensors to watch under a name.
 
     Example:
@@ -250,13 +249,8 @@ def grads(
                 f"tensor {name!r} does not require grad, so no gradient will reach it; compute it "
                 "from inputs or parameters with requires_grad=True, outside torch.no_grad()"
             )
-    if not isinstance(copy, bool):
-        raise HookscopeError(f"copy={copy!r} is not True or False")
-    return TensorGrads(watched, fn, copy)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GradWatch":  # the old name, one release
-        warnings.warn("hookscope.GradWatch is now hookscope.TensorGrads", DeprecationWarning, stacklevel=2)
-        return TensorGrads
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if copy not in ("never", "always"):
+        hint = " (copy='always' keeps copies)" if isinstance(copy, bool) else ""
+        raise HookscopeError(f"copy={copy!r} is not a copy policy of grads(){hint}; use 'never' (the default: "
+                             "kept as it arrived, an error if rewritten later) or 'always'")
+    return TensorGrads(watched, fn, copy == "always")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from types import CodeType, TracebackType
@@ -43,49 +42,20 @@ __all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded"
            "refresh_for", "select"]
 
 _T = TypeVar("_T")
-_SPELLED = {frozenset(parse_keep(k)): k for k in ("output", "input", "io", "grads", "all")}
-
-
-def _spell(fields: frozenset[str]) -> str:
-    """The shortest ``keep=`` that says ``fields``, as Python source."""
-    if fields in _SPELLED:
-        return repr(_SPELLED[fields])
-    grads = {"grad_input", "grad_output"}
-    parts = sorted(fields - grads) + (["grads"] if grads <= fields else sorted(fields & grads))
-    return repr(tuple(parts))
-
-
-def recorded(keep: str | Iterable[str], *, inputs: bool | None, grads: bool | None, fn: str) -> frozenset[str]:
+def recorded(keep: str | Iterable[str], *, fn: str) -> frozenset[str]:
     """The fields a ``trace``/``watch`` records: ``keep`` (capture's vocabulary: ``"input"``,
     ``"output"``, ``"grad_input"``, ``"grad_output"``, ``"io"``, ``"grads"``, ``"all"``, or several).
 
-    ``inputs=``/``grads=`` are the flags of the previous release, deprecated: given, they warn
-    (naming the ``keep=`` to write instead) and add (``True``) or remove (``False``) ``"input"`` /
-    both gradients.
-
     Example:
-        >>> sorted(recorded("io", inputs=None, grads=None, fn="trace"))
+        >>> sorted(recorded("io", fn="trace"))
         ['input', 'output']
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     sorted(recorded("io", inputs=False, grads=True, fn="trace"))
+        >>> sorted(recorded(("output", "grads"), fn="trace"))
         ['grad_input', 'grad_output', 'output']
-        >>> str(caught[0].message)
-        "trace(inputs=False, grads=True) is deprecated; use trace(..., keep=('output', 'grads'))"
     """
-    fields = set(parse_keep(keep))
-    if inputs is not None:
-        fields = fields | {"input"} if inputs else fields - {"input"}
-    if grads is not None:
-        both = {"grad_input", "grad_output"}
-        fields = fields | both if grads else fields - both
+    fields = frozenset(parse_keep(keep))
     if not fields:
         raise HookscopeError(f"{fn}() would record nothing: keep at least 'output'")
-    given = [f"{k}={v!r}" for k, v in (("inputs", inputs), ("grads", grads)) if v is not None]
-    if given:
-        warnings.warn(f"{fn}({', '.join(given)}) is deprecated; use {fn}(..., keep={_spell(frozenset(fields))})",
-                      DeprecationWarning, stacklevel=3)
-    return frozenset(fields)
+    return fields
 
 
 def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:

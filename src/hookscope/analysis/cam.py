@@ -37,19 +37,11 @@ from ._cam_methods import GRADIENT_METHODS, cam_map, eigen_map, gradient_map, sc
 from ._targets import (Target, anchored, batch_coupled, call_model, class_targets, for_rows, is_function,
                        per_sample, read_logits, rows_of, user_scores)
 
-__all__ = ["METHODS", "CamResult", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
+__all__ = ["METHODS", "CamMaps", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
 
 METHODS = ("cam", "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "scorecam", "eigencam")
 
 V = TypeVar("V")
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<not given>"
-
-
-_UNSET: Any = _Unset()  # layer= not given (None is a value: "find the layer")
 
 
 class _ByLayer(dict[str, V]):
@@ -62,7 +54,7 @@ class _ByLayer(dict[str, V]):
 
 @dataclass(frozen=True)
 class CamRow:
-    """One image of a :class:`CamResult` (a row of ``res.rows``).
+    """One image of a :class:`CamMaps` (a row of ``res.rows``).
 
     Attributes:
         image: the image's index in the batch.
@@ -84,7 +76,7 @@ def _shape_and_dtype(t: torch.Tensor) -> dict[str, Any]:
 
 
 @dataclass
-class CamResult(Result):
+class CamMaps(Result):
     """What :func:`cam` returns: the maps, one row per image, and how they were made.
 
     Speaks hookscope's result protocol: ``rows`` (one :class:`CamRow` per image), ``table()``
@@ -737,8 +729,7 @@ def cam(
     batch_size: int = 16,  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
     progress: bool | None = None,
     kwargs: Mapping[str, Any] | None = None,
-    layer: Selector | Sequence[Selector] | None = _UNSET,
-) -> CamResult:
+) -> CamMaps:
     """Class activation maps of a batch, one per image, in one forward pass (Score-CAM: plus its masked inputs).
 
     With ``A_k`` the layer's activation channels and ``g = d score / d A`` (gradient methods):
@@ -779,7 +770,7 @@ def cam(
     float16 / bfloat16 models.
 
     A 4-D activation is ``B x C x h x w`` or, as Swin's stages and the inside of ConvNeXt blocks,
-    ``B x h x w x C`` (channels last, then permuted first; ``CamResult.layouts`` says which). Told by
+    ``B x h x w x C`` (channels last, then permuted first; ``CamMaps.layouts`` says which). Told by
     the modules around the layer: the last one of known layout to run inside it (``Conv2d``,
     ``BatchNorm2d``, pooling: first; ``Linear``, ``LayerNorm`` over the last dimension, torchvision's
     ``Permute``: by their dimensions; for a ReLU-like layer, the one that made its input) and the
@@ -800,14 +791,14 @@ def cam(
     when not square). A 4-D reading the modules tell must also give a grid of the input's aspect
     ratio. A ``torch.compile``'d model runs with the hooks eager between graph pieces. A sample whose score's
     gradient at the layer is exactly zero (all logits equal: an untrained head) gets an all-zero
-    map and a warning, kept in ``CamResult.notes``.
+    map and a warning, kept in ``CamMaps.notes``.
 
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
         inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
         layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
             maps that are upsampled, normalised and fused. ``None``: found in a first pass and stated
-            in ``CamResult.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
+            in ``CamMaps.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
             or a class named ``...Attention``, ``...Attn``, ``MHSA``, ``GPSA`` ran), the norm that ran
             last before the last attention of the repeated blocks (a module list; a pooling head's
             attention after them does not count) in its block, i.e. the input of the last token
@@ -834,10 +825,9 @@ def cam(
             5 seconds.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``. A tensor with ``B`` rows
             goes with its samples: Score-CAM's masked inputs get the rows of the images they mask.
-        layer: the old name of ``layers=`` (until hookscope 0.3; it warns).
 
     Returns:
-        A :class:`CamResult`.
+        A :class:`CamMaps`.
 
     Raises:
         ForwardError: the model's forward pass failed (one line: the module, what it received).
@@ -850,7 +840,6 @@ def cam(
         >>> res.maps.shape, res.raw["layer2"].shape, res.layers
         (torch.Size([2, 32, 32]), torch.Size([2, 16, 16]), ['layer2'])
     """
-    layers = _renamed(layers, layer)
     method = _check_method(method)
     index = getattr(target, "class_index", None)  # hookscope.targets.Class: its class, an int or a list of ints
     if isinstance(index, (list, tuple)) and len(index) == 1:  # Class([3]): one row for every sample
@@ -869,18 +858,6 @@ def cam(
     for note in res.notes:  # a blank map must not pass for an answer: said here, and kept in res.notes
         warnings.warn(note, UserWarning, stacklevel=2)
     return res
-
-
-def _renamed(layers: Selector | Sequence[Selector] | None,
-             layer: Selector | Sequence[Selector] | None) -> Selector | Sequence[Selector] | None:
-    """``layers=``, or the deprecated ``layer=`` with a warning."""
-    if layer is _UNSET:
-        return layers
-    if layers is not None:
-        raise HookscopeError("cam() got both layers= and layer=; layer= is the old name of layers=, pass only layers=")
-    warnings.warn("cam(layer=...) is now cam(layers=...); layer= goes away in hookscope 0.3",
-                  DeprecationWarning, stacklevel=3)
-    return layer
 
 
 def _activations(p: _Pass, chosen: list[tuple[str, nn.Module]], leaf: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -902,7 +879,7 @@ def _activations(p: _Pass, chosen: list[tuple[str, nn.Module]], leaf: torch.Tens
 def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str, Any],
          chosen: list[tuple[str, nn.Module]] | None, method: str, target: Target,
          output: Callable[[Any], torch.Tensor] | None, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
-         fuse: str, batch_size: int, progress: bool | None) -> CamResult:
+         fuse: str, batch_size: int, progress: bool | None) -> CamMaps:
     B, size = inputs.shape[0], (inputs.shape[-2], inputs.shape[-1])
     original = inputs.detach().clone()  # what Score-CAM masks, whatever the model writes into its input
     leaf = original.detach().requires_grad_() if original.is_floating_point() else None
@@ -948,7 +925,7 @@ def _cam(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str,
     else:
         stacked = torch.stack(ups)
         maps = _normalise(stacked.mean(0) if fuse == "mean" else stacked.amax(0))
-    return CamResult(maps=maps, raw=raw, targets=targets,
+    return CamMaps(maps=maps, raw=raw, targets=targets,
                      scores=None if score is None else score.detach(), layers=list(raw), method=method,
                      forwards=forwards, masked=masked, layouts=layouts, chosen=why, notes=notes)
 

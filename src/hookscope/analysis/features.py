@@ -312,11 +312,11 @@ def _unequal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --- collecting ----------------------------------------------------------------------------------
 def _one_layer(model: nn.Module, layer: Selector) -> tuple[str, nn.Module]:
     if isinstance(layer, (list, tuple)):
-        raise HookscopeError(f"layer={layer!r} is several selectors; feature maps are of one layer, pass one")
+        raise HookscopeError(f"layers={layer!r} is several selectors; feature maps are of one layer, pass one")
     chosen = select(model, layer)
     if len(chosen) != 1:
         shown = ", ".join(repr(n) for n, _ in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
-        raise HookscopeError(f"layer={layer!r} matches {len(chosen)} layers ({shown}); feature maps are of one "
+        raise HookscopeError(f"layers={layer!r} matches {len(chosen)} layers ({shown}); feature maps are of one "
                              "layer, so give its exact name (`hookscope layers MODEL` lists them)")
     check_hookable(chosen)
     return chosen[0]
@@ -377,7 +377,7 @@ def _no_layout(name: str, t: Any, reshaped: bool, batch: int) -> NoReturn:
 def _check_inputs(x: Any) -> int:
     if not isinstance(x, torch.Tensor) or x.ndim < 1 or x.shape[0] < 1:
         shape = shape_text(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise HookscopeError(f"x of shape {shape} is not a batch; pass B x C x H x W images (B >= 1)")
+        raise HookscopeError(f"inputs of shape {shape} are not a batch; pass B x C x H x W images (B >= 1)")
     return int(x.shape[0])
 
 
@@ -442,7 +442,7 @@ def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str
     return _Ran(name, true, kept, _layout_of(true, name, probe, x, reshape, prefix_tokens(unwrap(model)[0])))
 
 
-def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
+def feature_maps(model: nn.Module, inputs: torch.Tensor, *, layers: Selector, reshape: Reshape | None = None,
                  kwargs: Mapping[str, Any] | None = None) -> FeatureMaps:
     """The channels one layer produces for a batch of images, as ``B x C x h x w``, with statistics.
 
@@ -464,9 +464,9 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
 
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
-        x: the batch, ``B x C x H x W`` for an image model (whatever the model takes as its one
+        inputs: the batch, ``B x C x H x W`` for an image model (whatever the model takes as its one
             positional input).
-        layer: one layer: its name, a glob or type matching exactly one module, or the module.
+        layers: one layer: its name, a glob or type matching exactly one module, or the module.
         reshape: turns the layer's output into ``B x C x h x w``; it receives the tensor (or, for a
             layer returning several tensors, the whole output). Without it, a layer returning several
             tensors (an HF Swin stage's tuple) is read by its first, as :func:`hookscope.cam` does.
@@ -482,19 +482,19 @@ def feature_maps(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape:
 
     Example:
         >>> import torch, hookscope.zoo
-        >>> res = feature_maps(hookscope.zoo.TinyResNet().eval(), torch.randn(2, 3, 32, 32), "layer1")
+        >>> res = feature_maps(hookscope.zoo.TinyResNet().eval(), torch.randn(2, 3, 32, 32), layers="layer1")
         >>> res.maps.shape, res.layer, len(res.rows)
         (torch.Size([2, 16, 32, 32]), 'layer1', 16)
     """
-    batch = _check_inputs(x)
-    ran = _run(model, x, layer, kwargs, False, reshape)
+    batch = _check_inputs(inputs)
+    ran = _run(model, inputs, layers, kwargs, False, reshape)
     maps = _as_maps(ran.name, ran.out, reshape, batch, ran.layout)
     first = next(tensors(ran.out), None)
     shape = tuple(first.shape) if first is not None else tuple(maps.shape)
     return FeatureMaps(maps, ran.name, _layout_name(ran.layout) if reshape is None else "reshape=", shape)
 
 
-def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, reshape: Reshape | None = None,
+def compare_references(model: nn.Module, inputs: torch.Tensor, *, layers: Selector, reshape: Reshape | None = None,
                        kwargs: Mapping[str, Any] | None = None) -> ReferenceComparison:
     """The in-place trap: what a hook that keeps ``output.detach()`` reads, against what the layer produced.
 
@@ -505,7 +505,7 @@ def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, re
     what the reference points to; ``differs`` says which channels it touched.
 
     Args:
-        model, x, layer, reshape, kwargs: as in :func:`feature_maps`.
+        model, inputs, layers, reshape, kwargs: as in :func:`feature_maps`.
 
     Returns:
         A :class:`ReferenceComparison`.
@@ -513,12 +513,12 @@ def compare_references(model: nn.Module, x: torch.Tensor, layer: Selector, *, re
     Example:
         >>> import torch
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(inplace=True))
-        >>> res = compare_references(net, torch.randn(1, 3, 8, 8), "0")
+        >>> res = compare_references(net, torch.randn(1, 3, 8, 8), layers="0")
         >>> bool((res.true < 0).any()), bool((res.stored < 0).any()), res.changed
         (True, False, [0, 1, 2, 3])
     """
-    batch = _check_inputs(x)
-    ran = _run(model, x, layer, kwargs, True, reshape)
+    batch = _check_inputs(inputs)
+    ran = _run(model, inputs, layers, kwargs, True, reshape)
     name = ran.name
     true = _as_maps(name, ran.out, reshape, batch, ran.layout)
     stored = _as_maps(name, ran.kept, reshape, batch, ran.layout).clone()  # our own memory, not the model's

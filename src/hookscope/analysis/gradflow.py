@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -130,14 +129,6 @@ class GradientFlow(Result):
         """
         return {"vanish": self.vanish, "explode": self.explode,
                 "layers": [dataclasses.asdict(r) for r in self.rows]}
-
-    def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts: ``to_dict()["layers"]``, the name every result now uses.
-
-        Deprecated: warns, and goes in a later release.
-        """
-        warnings.warn("GradientFlow.to_dicts() is now to_dict()['layers']", DeprecationWarning, stacklevel=2)
-        return [dataclasses.asdict(r) for r in self.rows]
 
     def table(self) -> str:
         """A text table for people (also ``str(flow)``).

@@ -11,7 +11,6 @@ import dataclasses
 import io
 import json
 import threading
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -107,14 +106,6 @@ class Trace(ByModule, RecorderSession, Result):
         """
         return {"rows": [dataclasses.asdict(r) for r in self.rows]}
 
-    def to_dicts(self) -> list[dict[str, Any]]:
-        """The rows as plain dicts: ``to_dict()["rows"]``, the name every result now uses.
-
-        Deprecated: warns, and goes in a later release.
-        """
-        warnings.warn("Trace.to_dicts() is now to_dict()['rows']", DeprecationWarning, stacklevel=2)
-        return [dataclasses.asdict(r) for r in self.rows]
-
     def to_json(self, indent: int | None = None) -> str:
         """:meth:`to_dict` as JSON, ``{"rows": [...]}``; NaN and infinities are written as the
         strings "nan", "inf", "-inf".
@@ -173,8 +164,8 @@ class Trace(ByModule, RecorderSession, Result):
         return f"Trace({len(self._rec.selected)} modules, {len(self._rows) + len(self._pending)} rows)"
 
 
-def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io", param_grads: bool = False,
-          inputs: bool | None = None, grads: bool | None = None) -> Trace:
+def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io",
+          param_grads: bool = False) -> Trace:
     """Statistics of what every selected module receives and produces, forward and backward.
 
     For each call, in execution order, one :class:`StatRow` per tensor (nested outputs included):
@@ -195,8 +186,6 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
             trainable parameter of the selected modules and their submodules (of the whole model
             without selectors): ``which="grad_param"``, ``module`` the module that owns it,
             ``path`` its name. A sparse gradient is summarised by its stored values.
-        inputs: deprecated, warns: ``False`` is ``keep="output"``.
-        grads: deprecated, warns: ``True`` is ``keep="all"``.
 
     Raises:
         ForwardError: a forward pass in the block raised an exception inside a selected module,
@@ -213,7 +202,7 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         >>> sorted(r.path for r in t.rows if r.which == "grad_param")
         ['bias', 'weight']
     """
-    fields = recorded(keep, inputs=inputs, grads=grads, fn="trace")
+    fields = recorded(keep, fn="trace")
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -304,14 +303,6 @@ class Watch(ByModule, RecorderSession, Result):
         lines += ["", "the culprit:", render([row])]
         return "\n".join(lines)
 
-    def report(self) -> str:
-        """The text of :meth:`table`, under its old name.
-
-        Deprecated: warns, and goes in a later release.
-        """
-        warnings.warn("Watch.report() is now Watch.table() (or str(w))", DeprecationWarning, stacklevel=2)
-        return self.table()
-
     def to_dict(self) -> dict[str, Any]:
         """Plain data: ``finite``, ``checked`` (records examined), ``culprit`` (a row as a dict, or
         ``None``) and ``rows`` (see :attr:`rows`).
@@ -335,8 +326,7 @@ class Watch(ByModule, RecorderSession, Result):
 
 
 def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = False, last: int = 5,
-          keep: str | Iterable[str] = ("output", "grads"), param_grads: bool = True,
-          inputs: bool | None = None) -> Watch:
+          keep: str | Iterable[str] = ("output", "grads"), param_grads: bool = True) -> Watch:
     """Find the first module whose forward output, or backward gradient, holds a NaN or an Inf.
 
     Order is execution order: forward records in the order calls finish (an inner module before
@@ -369,7 +359,6 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
             apart), ``"output"`` only the forward pass.
         param_grads: also check the ``.grad`` of every trainable parameter of the watched modules
             and their submodules (of the whole model without selectors) after each backward pass.
-        inputs: deprecated, warns: ``True`` is ``keep="all"``.
 
     Raises:
         ForwardError: a forward pass in the block raised an exception inside a watched module or
@@ -387,7 +376,7 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     """
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
-    fields = recorded(keep, inputs=inputs, grads=None, fn="watch")
+    fields = recorded(keep, fn="watch")
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []

@@ -12,7 +12,7 @@ import textwrap
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..core.text import first_line
 from ..errors import ForwardError, HookscopeError
@@ -59,6 +59,18 @@ SECURITY_NOTE = (
     "whole pickled model only with --trust-pickle, which runs any code the file holds. hf: reads local "
     "files only and never runs a model repository's own code (trust_remote_code stays off)."
 )
+
+
+def _unrecognized(extra: list[str], sub: Any, command: str | None) -> str:
+    """argparse's "unrecognized arguments", with the closest option of the command for a misspelt one."""
+    parser = sub.choices[command] if command else None
+    known = sorted(set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", parser.format_usage()))) if parser else []
+    for word in extra:
+        if word.startswith("-"):
+            near = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+            if near:
+                return f"unrecognized argument {word!r}. Did you mean {near[0]}?"
+    return f"unrecognized arguments: {' '.join(extra)}"
 
 
 def _one_line(text: str) -> str:
@@ -140,7 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         module.add_parser(sub)
     given = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in given  # anywhere: `hookscope --debug trace ...` or `hookscope trace ... --debug`
-    args = parser.parse_args([a for a in given if a != "--debug"])
+    args, extra = parser.parse_known_args([a for a in given if a != "--debug"])
+    if extra:
+        (sub.choices[args.command] if args.command else parser).error(_unrecognized(extra, sub, args.command))
     if args.command is None:
         parser.print_help()
         return 2

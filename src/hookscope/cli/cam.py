@@ -34,7 +34,7 @@ from ._outputs import check_outputs, input_paths
 from ._thirdparty import is_hf_model
 
 if TYPE_CHECKING:
-    from ..analysis.cam import CamResult
+    from ..analysis.cam import CamMaps
 
 _METHODS_HELP = ("cam, gradcam (default), gradcam++, xgradcam, hirescam, layercam, scorecam, eigencam; "
                  "a comma list such as gradcam,layercam runs each on the same input")
@@ -63,8 +63,8 @@ def add_parser(sub: Any) -> None:
     add_image_arguments(p)
     p.add_argument("--normalize", dest="preset", choices=("auto", "imagenet", "none"), default=argparse.SUPPRESS,
                    help="the older name of --preset")
-    p.add_argument("--layer", metavar="L", action="append", default=None,
-                   help="layer name or glob; repeat to fuse several (default: the last Conv2d)")
+    p.add_argument("--layers", "--layer", metavar="L", nargs="+", action="extend", default=None,
+                   help="layer names or globs; several are fused (default: the last Conv2d)")
     p.add_argument("--fuse", choices=("mean", "max"), default="mean", help="how several layers are fused")
     p.add_argument("--method", metavar="M[,M...]", default="gradcam", help=_METHODS_HELP)
     p.add_argument("--target", metavar="K", type=int, default=None,
@@ -204,7 +204,7 @@ def _label(k: int | None, score: float | None, names: list[str] | None) -> str:
     return f"class {k}{name}, score {score:.4f}"
 
 
-def _row_facts(results: list[CamResult]) -> tuple[list[int | None], list[float | None]]:
+def _row_facts(results: list[CamMaps]) -> tuple[list[int | None], list[float | None]]:
     """Targets and scores per image, from the first method that has them (Eigen-CAM may not)."""
     n = results[0].maps.shape[0]
     for r in results:
@@ -213,7 +213,7 @@ def _row_facts(results: list[CamResult]) -> tuple[list[int | None], list[float |
     return [None] * n, [None] * n
 
 
-def _save(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+def _save(results: list[CamMaps], inputs: _Inputs, names: list[str] | None,
           args: argparse.Namespace) -> tuple[dict[str, list[Path | None]], list[Path | None]]:
     """The overlays (per method, per image) and the side-by-side plots (per image) written."""
     from ..viz.overlay import save_overlay
@@ -234,7 +234,7 @@ def _save(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
     return overlays, plots
 
 
-def _report(model: torch.nn.Module, results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+def _report(model: torch.nn.Module, results: list[CamMaps], inputs: _Inputs, names: list[str] | None,
             written: tuple[dict[str, list[Path | None]], list[Path | None]], args: argparse.Namespace) -> None:
     first, (overlays, plots) = results[0], written
     methods = ", ".join(r.method for r in results)
@@ -256,7 +256,7 @@ def _report(model: torch.nn.Module, results: list[CamResult], inputs: _Inputs, n
         print(f"image {i}{file}: {_label(targets[i], scores[i], names)}" + (f" -> {', '.join(paths)}" if paths else ""))
 
 
-def _json(results: list[CamResult], inputs: _Inputs, names: list[str] | None,
+def _json(results: list[CamMaps], inputs: _Inputs, names: list[str] | None,
           written: tuple[dict[str, list[Path | None]], list[Path | None]], args: argparse.Namespace) -> str:
     """Each result's own JSON, plus the model, the image files, the class names and the files written."""
     overlays, plots = written
@@ -316,7 +316,7 @@ def _run(args: argparse.Namespace) -> int:
     model = load_model(args.model, seed=args.seed, weights=args.weights)  # a bad MODEL is said first
     inputs = _inputs(args, model)
     _check_outputs(args, inputs, methods)  # the batch says which files are written; checked before any runs
-    chosen = args.layer if args.layer is None or len(args.layer) > 1 else args.layer[0]
+    chosen = args.layers if args.layers is None or len(args.layers) > 1 else args.layers[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}
     reshape = tokens_to_grid(args.tokens, grid=grid) if args.tokens is not None else shapers[args.layout]
     try:

@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
                    help="second MODEL, same spellings as A (default: A itself)")
     p.add_argument("--b-seed", type=int, default=None,
                    help="build B with this seed instead of --seed (e.g. two differently initialised models)")
-    p.add_argument("--layers", nargs="+", metavar="LAYER", default=None,
+    p.add_argument("--layers", "--layer", nargs="+", metavar="LAYER", default=None,
                    help="names or globs of the modules to compare (default: every module)")
     p.add_argument("--rtol", type=float, default=None,
                    help=f"relative tolerance (default: float32's {RTOL:g}, or the bfloat16 / float16 tolerance "

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
                         ".pt files (torch.load(weights_only=True): a tensor whose rows are samples, or a dict "
                         "of keyword tensors for hf models) or .npy files (np.load(allow_pickle=False), memory-"
                         "mapped); several paths of one kind are concatenated in order")
-    p.add_argument("--layers", nargs="+", metavar="SPEC", required=True,
+    p.add_argument("--layers", "--layer", nargs="+", metavar="SPEC", required=True,
                    help=f"what to store: {_FORMS}; NAME is a layer name or a glob, as `hookscope layers MODEL` lists")
     p.add_argument("--out", metavar="DIR", required=True,
                    help="the store's folder (new or empty; an existing store needs --resume or --overwrite)")
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         describe = {"model": {"spec": args.model, "weights": args.weights, "config": args.config}, **found.describe()}
         finished = args.resume and _complete(args.out)
         start = time.perf_counter()
-        store = extract(model, found.dataset, *({n: how} for n, how in layers.items()), out=args.out,
+        store = extract(model, found.dataset, layers=dict(layers), out=args.out,
                         keep=args.keep, dtype=dtype, batch_size=args.batch_size, shard_size=args.shard_size,
                         device=device, workers=args.workers, resume=args.resume, overwrite=args.overwrite,
                         on_error="skip" if args.skip_unreadable else "stop", ids=found.ids, describe=describe)

@@ -29,10 +29,10 @@ _PRINTED = 16  # rows printed when every channel is drawn (--json prints them al
 _R = TypeVar("_R")
 EXAMPLE = """\
 Examples:
-  hookscope features demo --layer layer1 --image shapes/ --out layer1.png
-  hookscope features torchvision:resnet18 --weights DEFAULT --image cat.jpg --layer layer4 --top 32 --out l4.png
-  hookscope features torchvision:alexnet --layer features.0 --compare-references --out trap.png
-  hookscope features torchvision:vit_b_16 --layer encoder.layers.encoder_layer_11 --tokens 1 --reduce pca \\
+  hookscope features demo --layers layer1 --out layer1.png
+  hookscope features torchvision:resnet18 --weights DEFAULT --image cat.jpg --layers layer4 --top 32 --out l4.png
+  hookscope features torchvision:alexnet --layers features.0 --compare-references --out trap.png
+  hookscope features torchvision:vit_b_16 --layers encoder.layers.encoder_layer_11 --tokens 1 --reduce pca \\
       --out vit.png"""
 
 
@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
         help="draw a layer's feature maps (its output channels) as a labelled grid PNG",
         description=textwrap.fill(
             "Runs MODEL on images (--image: files or folders) or a seeded random input (--input), keeps what "
-            "--layer produced (its true output, also where an in-place op rewrites it later), prints each "
+            "the layer (--layers) produced (its true output, also where an in-place op rewrites it later), prints each "
             "channel's statistics and draws the channels as a grid of tiles labelled by channel, one row per "
             "image, the input beside it (--out; MODEL demo without --image draws one generated shape). "
             "--compare-references draws what a hook that keeps "
@@ -53,7 +53,7 @@ def add_parser(sub: Any) -> None:
     add_model_arguments(p)
     p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 100)
     add_image_arguments(p)
-    p.add_argument("--layer", metavar="L", required=True,
+    p.add_argument("--layers", "--layer", metavar="L", required=True,
                    help="the layer whose output is drawn: a name from `hookscope layers MODEL`")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--top", metavar="K", type=int, default=None,
@@ -193,11 +193,11 @@ def _print_features(res: FeatureMaps, shown: list[int], model: torch.nn.Module, 
 
 def _collect(analysis: Callable[..., _R], model: torch.nn.Module, x: torch.Tensor, args: argparse.Namespace,
              kwargs: dict[str, Any]) -> _R:
-    return analysis(model, x, args.layer, reshape=_reshape(args), kwargs=kwargs)
+    return analysis(model, x, layers=args.layers, reshape=_reshape(args), kwargs=kwargs)
 
 
 def _drawable(layer: str, maps: torch.Tensor) -> None:
-    """Refuse maps of one pixel (a pooled layer, ``--layer pool``) before anything is printed or drawn."""
+    """Refuse maps of one pixel (a pooled layer, ``--layers pool``) before anything is printed or drawn."""
     _, c, h, w = maps.shape
     if h * w == 1:
         raise HookscopeError(f"layer {layer!r} gives {c} channels of 1x1: no spatial extent to draw (a pooled "

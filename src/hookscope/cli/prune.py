@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
     )
     add_model_arguments(p)
     add_image_arguments(p)
-    p.add_argument("--layers", nargs="+", metavar="SEL", default=None,
+    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=None,
                    help="names, globs or types of the layers to prune (default: every Linear and Conv; with "
                         "--channels every removable channel group)")
     p.add_argument("--amount", metavar="FRACTION", type=float, default=None,

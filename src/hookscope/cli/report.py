@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
     p.epilog = EXAMPLE + "\n" + (p.epilog or "")
     p.add_argument("--images", metavar="N", type=int, default=4,
                    help=f"for MODEL demo without --image: how many generated images (default 4, at most {_MOST})")
-    p.add_argument("--layers", nargs="+", metavar="L", default=None,
+    p.add_argument("--layers", "--layer", nargs="+", metavar="L", default=None,
                    help="layers whose feature maps to draw (default: up to four top-level layers)")
     p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
                    help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam)")

@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
         "its inputs and outputs (and of its gradients with --backward). " + LOSS_HELP + ".",
     )
     add_model_arguments(p)
-    p.add_argument("--layers", nargs="+", metavar="SEL", default=[],
+    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=[],
                    help="layer names, globs or re:REGEX (default: every module)")
     p.add_argument("--backward", action="store_true", help="also run a backward pass and trace gradients")
     p.add_argument("--no-inputs", action="store_true", help="leave out the inputs of each call")

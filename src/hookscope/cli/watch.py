@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
         "found. " + LOSS_HELP + ".",
     )
     add_model_arguments(p)
-    p.add_argument("--layers", nargs="+", metavar="SEL", default=[],
+    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=[],
                    help="layer names, globs or re:REGEX (default: every module)")
     p.add_argument("--backward", action="store_true", help="also run a backward pass and check gradients")
     p.add_argument("--last", type=int, default=5, metavar="N",

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.cam import CamResult, cam
+from ..analysis.cam import CamMaps, cam
 from ..analysis.cam_metrics import deletion, insertion, pointing_game
 from ..analysis.features import feature_maps
 from ..analysis.summary import summary
@@ -51,7 +51,7 @@ def feature_section(s: Subject, layers: Sequence[str] | None) -> Section:
                           "(one colour scale per layer).")
     picture = s.pictures[0] if s.pictures is not None else None
     for i, name in enumerate(chosen):
-        fm = feature_maps(s.model, s.x[:1], name)
+        fm = feature_maps(s.model, s.x[:1], layers=name)
         top = fm.top(min(_TOP, fm.maps.shape[1]))
         fig = plot_feature_maps(fm, picture=picture, channels=top)
         path = save_figure(fig, s.image(f"features_{i}"))
@@ -62,7 +62,7 @@ def feature_section(s: Subject, layers: Sequence[str] | None) -> Section:
     return sec
 
 
-def _faithfulness(s: Subject, r: CamResult) -> dict[str, Any]:
+def _faithfulness(s: Subject, r: CamMaps) -> dict[str, Any]:
     """Deletion and insertion AUC (means over the images) and, with masks, the pointing-game hit rate."""
     target, given = r.targets, s.baselines is not None
     cut = deletion(s.model, s.x, r.maps, target=target, steps=50, baseline=s.baselines if given else "zeros")

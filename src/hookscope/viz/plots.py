@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from ..analysis._rows import StatRow
-    from ..analysis.cam import CamResult
+    from ..analysis.cam import CamMaps
     from ..analysis.diff import Diff, DiffRow
     from ..analysis.gradflow import FlowRow, GradientFlow
 
@@ -174,7 +174,7 @@ def _mark(axes: Sequence[Axes], x: float, label: str, text: str) -> None:
 
 
 # --- CAM methods side by side ---------------------------------------------------------------------------
-def _cam_title(result: CamResult, index: int, class_names: Sequence[str] | None) -> str:
+def _cam_title(result: CamMaps, index: int, class_names: Sequence[str] | None) -> str:
     """The method, the class explained (with its name) and its score."""
     target = None if result.targets is None else int(result.targets[index])
     if target is None:
@@ -195,7 +195,7 @@ def _image_array(t: torch.Tensor) -> Any:
     return t.detach().clamp(0, 1).permute(1, 2, 0).contiguous().numpy()
 
 
-def plot_cams(picture: torch.Tensor, results: Sequence[CamResult], *, index: int = 0,
+def plot_cams(picture: torch.Tensor, results: Sequence[CamMaps], *, index: int = 0,
               class_names: Sequence[str] | None = None, alpha: float = 0.5) -> Figure:
     """The input image, then each CAM result's map blended over it, side by side.
 
@@ -206,7 +206,7 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamResult], *, index: int
 
     Args:
         picture: the input image, 3 x H x W in [0, 1] (undo any normalisation first).
-        results: :class:`~hookscope.analysis.cam.CamResult` objects of the same input batch.
+        results: :class:`~hookscope.analysis.cam.CamMaps` objects of the same input batch.
         index: which image of the batch to show.
         class_names: the model's class names, indexed by class.
         alpha: weight of the map in each overlay, from 0 (image only) to 1 (map only).
@@ -223,7 +223,7 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamResult], *, index: int
 
     results = list(results)
     if not results:
-        raise HookscopeError("plot_cams needs at least one CamResult; pass [hookscope.cam(model, x, method=m) "
+        raise HookscopeError("plot_cams needs at least one CamMaps; pass [hookscope.cam(model, x, method=m) "
                              "for m in methods]")
     image = as_image(picture)
     for r in results:

@@ -123,8 +123,8 @@ def _selection(model: nn.Module, selectors: Sequence[Any]) -> tuple[list[Selecto
         else:
             flat.append(sel)
     if not flat:
-        raise HookscopeError("extract needs layers: name them, e.g. extract(model, data, 'layer2', 'layer4', out=...) "
-                             "or extract(model, data, {'layer4': 'mean'}, out=...)")
+        raise HookscopeError("extract needs layers: name them, e.g. extract(model, data, layers=['layer2', 'layer4'], "
+                             "out=...) or extract(model, data, layers={'layer4': 'mean'}, out=...)")
     return flat, chosen
 
 

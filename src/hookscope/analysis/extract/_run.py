@@ -269,7 +269,8 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
     r.barrier()
 
 
-def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Reduction],
+def extract(model: nn.Module, data: Any, *,
+            layers: Selector | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
             out: str | os.PathLike[str], keep: str = "output", reduce: Reduction = None,
             dtype: torch.dtype | None = None, batch_size: int | None = None, shard_size: int | str = "256MB",
             device: str | torch.device | None = None, workers: int = 0, resume: bool = False,
@@ -284,7 +285,8 @@ def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Red
             not shuffled), a tensor or array whose rows are samples, or any iterable of batches (one
             process only). A sample may be a tensor, an ``(input, label)`` pair or a dict of keyword
             arguments (transformers models).
-        *selectors: layer names, globs, types (as :func:`hookscope.layers`), or dicts ``{name: reduction}``.
+        layers: a layer name, glob or type (as :func:`hookscope.layers`), a dict ``{name: reduction}``,
+            or a list of them.
         out: the store's folder (new or empty; an existing store needs ``resume`` or ``overwrite``).
         keep: ``"output"`` (default) or ``"input"`` of each layer (its first tensor).
         reduce: the reduction of layers without their own: ``None`` (all values), ``"mean"``/``"max"`` over
@@ -314,11 +316,12 @@ def extract(model: nn.Module, data: Any, *selectors: Selector | Mapping[str, Red
         >>> import tempfile, torch, hookscope
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
         >>> folder = tempfile.mkdtemp()
-        >>> store = hookscope.extract(net, torch.randn(10, 3, 8, 8), {"0": "mean"}, out=folder, batch_size=4)
+        >>> store = hookscope.extract(net, torch.randn(10, 3, 8, 8), layers={"0": "mean"}, out=folder, batch_size=4)
         >>> store["0"].shape
         (10, 4)
     """
-    p = plan(model, data, selectors, out=out, keep=keep, reduce=reduce, dtype=dtype, batch_size=batch_size,
+    chosen = [] if layers is None else list(layers) if isinstance(layers, (list, tuple)) else [layers]
+    p = plan(model, data, chosen, out=out, keep=keep, reduce=reduce, dtype=dtype, batch_size=batch_size,
              shard_size=shard_size, device=device, workers=workers,
              on_error=on_error, ids=ids, describe=describe)
     r = ranks(p.device)

@@ -11,15 +11,15 @@ compacted state_dict). Must not import: any other analysis module, ``cli``, ``vi
 
 from ._channels import ChannelPruning, ChannelRow, prune_channels
 from ._compact import compact, mask_channels
-from ._compare import CompareRow, Comparison, compare_models
-from ._graph import BlockedGroup, Group, GroupMember, Groups, Site, channel_groups
-from ._importance import Importance, ImportanceRow, channel_importance
+from ._compare import CompareRow, ModelComparison, compare_models
+from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
+from ._importance import ChannelImportance, ImportanceRow, channel_importance
 from ._resize import fit_to
-from ._weights import PruneResult, PruneRow, prune, remove, sparsity
+from ._weights import Sparsity, PruneRow, prune, remove, sparsity
 
-__all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
+__all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
            "prune_channels", "ChannelPruning", "ChannelRow",
-           "channel_groups", "Groups", "Group", "GroupMember", "Site", "BlockedGroup",
+           "channel_groups", "ChannelGroups", "Group", "GroupMember", "Site", "BlockedGroup",
            "mask_channels", "compact",
-           "channel_importance", "Importance", "ImportanceRow",
-           "compare_models", "Comparison", "CompareRow", "fit_to"]
+           "channel_importance", "ChannelImportance", "ImportanceRow",
+           "compare_models", "ModelComparison", "CompareRow", "fit_to"]

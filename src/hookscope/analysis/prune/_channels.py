@@ -21,8 +21,8 @@ from ...core.result import Result
 from ...errors import HookscopeError
 from ...selection import Selector, layers, named_modules, unwrap
 from ._compact import dropped_channels, mask_channels
-from ._graph import Group, Groups, Site, channel_groups
-from ._importance import Importance, channel_importance
+from ._graph import Group, ChannelGroups, Site, channel_groups
+from ._importance import ChannelImportance, channel_importance
 
 __all__ = ["ChannelRow", "ChannelPruning", "prune_channels", "IMPORTANCE"]
 
@@ -68,7 +68,7 @@ class ChannelPruning(Result):
         ((8, 4), '0')
     """
 
-    def __init__(self, kind: str, amount: float, scope: str, rows: list[ChannelRow], groups: Groups,
+    def __init__(self, kind: str, amount: float, scope: str, rows: list[ChannelRow], groups: ChannelGroups,
                  drop: dict[int, list[int]]) -> None:
         self.kind, self.amount, self.scope = kind, amount, scope
         self.rows, self.groups, self.drop = rows, groups, drop
@@ -127,7 +127,7 @@ def _check(amount: object, importance: object, scope: object, data: object) -> f
     return float(amount)
 
 
-def _chosen(groups: Groups, model: nn.Module, selectors: Sequence[Selector] | None) -> list[Group]:
+def _chosen(groups: ChannelGroups, model: nn.Module, selectors: Sequence[Selector] | None) -> list[Group]:
     if not groups.groups:
         reasons = sorted({b.reason for b in groups.blocked})
         warnings.warn(f"no channel of {type(model).__name__} can be removed ({'; '.join(reasons[:3]) or 'no groups'}); "
@@ -167,7 +167,7 @@ def _sites(group: Group, mods: Mapping[str, nn.Module]) -> list[tuple[Site, list
     return [(s, ks) for s, ks in picks if ks]
 
 
-def _named(site: Site, res: Importance) -> str:
+def _named(site: Site, res: ChannelImportance) -> str:
     """A site as the table shows it: ``layer1.0.relu#2`` when the module runs several times."""
     return site.module if res.calls_per_forward.get(site.module, 1) == 1 else f"{site.module}#{site.call}"
 
@@ -182,7 +182,7 @@ def _unmeasured(g: Group, picks: list[tuple[Site, list[int]]], kind: str) -> Hoo
                           "use importance='l2' or restrict layers= to other groups")
 
 
-def _group_scores(g: Group, picks: list[tuple[Site, list[int]]], res: Importance) -> torch.Tensor:
+def _group_scores(g: Group, picks: list[tuple[Site, list[int]]], res: ChannelImportance) -> torch.Tensor:
     """Each channel's mean over the sites that carry it of its statistic there (the mean over its
     positions at that site: a concatenation puts it at its offset)."""
     sums = torch.zeros(g.size, dtype=torch.float64)
@@ -206,7 +206,7 @@ def _measured(model: nn.Module, chosen: list[Group], mods: Mapping[str, nn.Modul
         if problem is not None:
             raise problem
     sites = {s.module: s.dim for ss in picks.values() for s, _ in ss}
-    res: Importance = channel_importance(model, data, sites, kind=kind, loss=loss, device=device,
+    res: ChannelImportance = channel_importance(model, data, layers=sites, importance=kind, loss=loss, device=device,
                                          max_batches=max_batches)
     scores = {g.index: _group_scores(g, picks[g.index], res) for g in chosen}
     where = {g.index: ", ".join(_named(s, res) for s, _ in picks[g.index]) for g in chosen}

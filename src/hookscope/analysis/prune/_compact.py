@@ -18,7 +18,7 @@ from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_verify import verify
-from ._graph import Group, Groups, assemble, channel_groups, deep_copy, prepared, trace_channels
+from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, prepared, trace_channels
 from ._resize import fix_sizes
 from ._masks import apply_mask
 
@@ -36,7 +36,7 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
     return t if isinstance(t, torch.Tensor) else None
 
 
-def mask_channels(model: nn.Module, groups: Groups, drop: Mapping[int, Sequence[int]]) -> None:
+def mask_channels(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> None:
     """Zero channels group-wise by masks (forward pre-hooks): the producers' weight rows and bias and
     every follower (BatchNorm weight and bias, depthwise rows, layer scales). Consumers need no mask:
     they read zeros. ``drop`` maps a group index to channel indices of that group.
@@ -74,7 +74,7 @@ def mask_channels(model: nn.Module, groups: Groups, drop: Mapping[int, Sequence[
             apply_mask(module, m.name, mask)
 
 
-def dropped_channels(model: nn.Module, groups: Groups) -> dict[int, list[int]]:
+def dropped_channels(model: nn.Module, groups: ChannelGroups) -> dict[int, list[int]]:
     """The channels of each group that are zero in every producer and follower parameter (masked or
     zero weights): the ones :func:`compact` removes. Masks are read through their pre-hooks.
 
@@ -125,7 +125,7 @@ def _keep_one(g: Group, mods: dict[str, nn.Module], zero: list[int]) -> list[int
     return sorted(gone)
 
 
-def _plan(groups: Groups, drop: dict[int, list[int]]) -> Plan:
+def _plan(groups: ChannelGroups, drop: dict[int, list[int]]) -> Plan:
     plan: Plan = {}
     by_index = {g.index: g for g in groups.groups}
     for gi, chans in drop.items():
@@ -164,7 +164,7 @@ def _slice(model: nn.Module, plan: Plan) -> None:
         fix_sizes(mods[q], depthwise=q in depthwise)
 
 
-def _unseen(groups: Groups, why: str) -> HookscopeError:
+def _unseen(groups: ChannelGroups, why: str) -> HookscopeError:
     names = f"{', '.join(repr(u) for u in groups.unseen[:3])}{' ...' if len(groups.unseen) > 3 else ''}"
     return HookscopeError(
         f"compaction refused: {names} did not run on the example input in eval mode, and {why}, so the "

@@ -1,7 +1,7 @@
 """What pruning did, as a before/after table: parameters, zeros, multiply-adds, CPU latency, file size.
 
 Collect (:func:`compare_models` runs both models: one counted pass each, then timed passes
-interleaved), result (:class:`Comparison`, :class:`CompareRow`), render (:meth:`Comparison.table`).
+interleaved), result (:class:`ModelComparison`, :class:`CompareRow`), render (:meth:`ModelComparison.table`).
 Zeros come from the shared ``analysis._sparsity`` (a masked weight is ``<name>_orig * <name>_mask``),
 mult-adds from the shared ``analysis._macs``. Must not import: any other analysis, ``cli``, ``viz``.
 """
@@ -29,7 +29,7 @@ from ...errors import HookscopeError
 from .._macs import ProductCounter, has_rule, own_macs
 from .._sparsity import effective, masked, model_zeros, zeros_in
 
-__all__ = ["CompareRow", "Comparison", "compare_models"]
+__all__ = ["CompareRow", "ModelComparison", "compare_models"]
 
 _SPARSE_RULED = (nn.modules.conv._ConvNd, nn.Linear)  # each weight element takes part in equally many products
 
@@ -72,7 +72,7 @@ def _number(v: float | None, unit: str) -> str:
     return f"{v:,} {unit}"
 
 
-class Comparison(Result):
+class ModelComparison(Result):
     """The result of :func:`compare_models`: ``rows`` (:class:`CompareRow`), ``c["parameters"]``, text, JSON.
 
     Example:
@@ -122,7 +122,7 @@ class Comparison(Result):
                 "rows": [r.to_dict() for r in self.rows]}
 
     def __repr__(self) -> str:
-        return f"Comparison({self.before} -> {self.after}, {len(self.rows)} rows)"
+        return f"ModelComparison({self.before} -> {self.after}, {len(self.rows)} rows)"
 
 
 class _Macs:
@@ -282,7 +282,7 @@ def compare_models(
     kwargs: Mapping[str, Any] | None = None,
     repeats: int = 10,
     warmup: int = 2,
-) -> Comparison:
+) -> ModelComparison:
     """Measure two models (an original and its pruned version) side by side on the same inputs.
 
     Rows: ``"parameters"`` (each tensor once; a masked weight once, as ``<name>_orig``),
@@ -309,7 +309,7 @@ def compare_models(
         warmup: untimed runs per model first (>= 0).
 
     Returns:
-        A :class:`Comparison`: ``print(c)`` shows the table; ``c["file size"].ratio``, ``c.to_json()``.
+        A :class:`ModelComparison`: ``print(c)`` shows the table; ``c["file size"].ratio``, ``c.to_json()``.
 
     Raises:
         HookscopeError: a model that is not an ``nn.Module`` or not on the CPU, a bad count.
@@ -335,5 +335,5 @@ def compare_models(
                              "compare_models(model, pruned, torch.randn(1, 3, 224, 224))")
     with restored(before, train=False), restored(after, train=False), torch.no_grad():
         rows = _measured(before, after, inputs, kw, repeats, warmup)
-    return Comparison(rows, before=type(before).__name__, after=type(after).__name__, repeats=repeats,
+    return ModelComparison(rows, before=type(before).__name__, after=type(after).__name__, repeats=repeats,
                       threads=torch.get_num_threads())

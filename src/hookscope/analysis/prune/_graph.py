@@ -1,6 +1,6 @@
 """Channel groups: the sets of channels that must be removed together, found by tracing ONE forward
 pass under a ``TorchFunctionMode`` that gives every tensor a shadow of channel ids (see
-``_graph_state`` and ``_graph_ops``). Collect (trace), result (``Groups``), render (``table()``).
+``_graph_state`` and ``_graph_ops``). Collect (trace), result (``ChannelGroups``), render (``table()``).
 
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
@@ -29,7 +29,7 @@ from ._graph_ops import handle
 from ._graph_state import Tracer
 from ._masks import make_permanent, masked
 
-__all__ = ["GroupMember", "Site", "Group", "BlockedGroup", "Groups", "channel_groups", "trace_channels",
+__all__ = ["GroupMember", "Site", "Group", "BlockedGroup", "ChannelGroups", "channel_groups", "trace_channels",
            "prepared", "deep_copy", "assemble", "traced_mode"]
 
 
@@ -113,7 +113,7 @@ class BlockedGroup:
 
 
 @dataclass
-class Groups(Result):
+class ChannelGroups(Result):
     """The channel groups of a model: ``groups`` (removable), ``blocked`` (with reasons), ``unseen``
     (modules with parameters that did not run on the example input: left as they are).
 
@@ -333,7 +333,7 @@ def _pop(tr: Tracer, qualname: str) -> Any:
 
 
 # --- result --------------------------------------------------------------------------------------
-def assemble(tr: Tracer, model: nn.Module) -> Groups:
+def assemble(tr: Tracer, model: nn.Module) -> ChannelGroups:
     """Turn the tracer's union-find into groups: channels sharing a parameter are one group.
 
     Example:
@@ -374,7 +374,7 @@ def assemble(tr: Tracer, model: nn.Module) -> Groups:
     used = tr.used | {id(p) for q, m in named_modules(model) if q in tr.ran for p in m.parameters(False)}
     unseen = [q for q, m in named_modules(model)  # a shared weight used by a module that ran is seen
               if q not in tr.ran and any(id(p) not in used for p in m.parameters(False))]
-    return Groups(groups, blocked, unseen)
+    return ChannelGroups(groups, blocked, unseen)
 
 
 def _one_group(tr: Tracer, g: int, cls: list[int], groups: list[Group], blocked: list[BlockedGroup]) -> None:
@@ -428,7 +428,7 @@ def _sites(tr: Tracer, where: dict[int, tuple[int, int]]) -> dict[int, list[Site
     return out
 
 
-def channel_groups(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None) -> Groups:
+def channel_groups(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None) -> ChannelGroups:
     """The channel groups of ``model`` on one example input (batch 1 is enough), found by tracing
     one forward pass. Names are those of the unwrapped model (DataParallel, ``torch.compile``).
 

@@ -16,7 +16,7 @@ from ..._tree import tensors
 from ...core.inputs import private
 from ...errors import HookscopeError
 from ...selection import named_modules
-from ._graph import Groups, traced_mode
+from ._graph import ChannelGroups, traced_mode
 
 __all__ = ["verify", "output_gap"]
 
@@ -88,7 +88,7 @@ def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
     return seen, stack
 
 
-def _kept(ref: torch.Tensor, name: str, groups: Groups, drop: dict[int, list[int]]) -> torch.Tensor:
+def _kept(ref: torch.Tensor, name: str, groups: ChannelGroups, drop: dict[int, list[int]]) -> torch.Tensor:
     """The reference output of ``name`` with the removed channels taken out (via the group sites)."""
     by_dim: dict[int, set[int]] = {}
     for g in groups.groups:
@@ -103,7 +103,7 @@ def _kept(ref: torch.Tensor, name: str, groups: Groups, drop: dict[int, list[int
 
 
 def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
-                      atol: float, groups: Groups, drop: dict[int, list[int]], wide: bool) -> str:
+                      atol: float, groups: ChannelGroups, drop: dict[int, list[int]], wide: bool) -> str:
     ref, _ = _outputs(inner, inputs, kw, wide)
     got, stack = _outputs(work, inputs, kw, wide)
     if stack:
@@ -119,12 +119,12 @@ def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...]
 
 
 def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], atol: float,
-           groups: Groups, drop: dict[int, list[int]], *, wide: bool = False) -> None:
+           groups: ChannelGroups, drop: dict[int, list[int]], *, wide: bool = False) -> None:
     """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input (in eval mode;
     ``wide``: with the branches taken only in training, see ``traced_mode``).
 
     Example:
-        >>> verify(nn.Linear(2, 2), nn.Linear(2, 2), (torch.randn(1, 2),), {}, 1e-5, Groups([], []), {})
+        >>> verify(nn.Linear(2, 2), nn.Linear(2, 2), (torch.randn(1, 2),), {}, 1e-5, ChannelGroups([], []), {})
         Traceback (most recent call last):
         ...
         hookscope.errors.HookscopeError: compaction refused: the compacted model's output 0 differs ...

@@ -27,12 +27,12 @@ from ._importance_kinds import Kind, get_kind
 from ._importance_run import Loss, SiteCalls, calibrate
 from ._importance_sites import Site, resolve_sites, weight_rows
 
-__all__ = ["CallScores", "Importance", "ImportanceRow", "Scores", "channel_importance"]
+__all__ = ["CallScores", "ChannelImportance", "ImportanceRow", "Scores", "channel_importance"]
 
 
 @dataclass(frozen=True)
 class ImportanceRow:
-    """One site of an :class:`Importance` (a row of ``res.rows``), or one call of a site whose calls
+    """One site of an :class:`ChannelImportance` (a row of ``res.rows``), or one call of a site whose calls
     per forward carry different channel counts.
 
     Attributes:
@@ -58,7 +58,7 @@ class ImportanceRow:
 
 @dataclass(frozen=True)
 class CallScores:
-    """The scores of one call number of a site within a forward pass (``Importance.per_call``).
+    """The scores of one call number of a site within a forward pass (``ChannelImportance.per_call``).
 
     Attributes:
         scores: ``C`` scores of that call, float64 on the CPU.
@@ -78,7 +78,7 @@ class CallScores:
 
 
 class Scores(dict[str, torch.Tensor]):
-    """``Importance.scores``: site -> scores of every call together; a site whose calls per forward
+    """``ChannelImportance.scores``: site -> scores of every call together; a site whose calls per forward
     carry different channel counts has none, and reading it says to read one call.
 
     Example:
@@ -104,7 +104,7 @@ class Scores(dict[str, torch.Tensor]):
 
 
 @dataclass
-class Importance(Result):
+class ChannelImportance(Result):
     """What :func:`channel_importance` returns: a score per output channel of each site, low = prune first.
 
     Attributes:
@@ -125,7 +125,7 @@ class Importance(Result):
         uneven: site -> the different counts of calls per forward seen, for such a site.
 
     Example:
-        >>> res = Importance("l1", {"fc": torch.tensor([3., 1., 2.], dtype=torch.float64)}, {"fc": None})
+        >>> res = ChannelImportance("l1", {"fc": torch.tensor([3., 1., 2.], dtype=torch.float64)}, {"fc": None})
         >>> res.order("fc"), res.rows[0].lowest
         ([1, 2, 0], (1, 2, 0))
     """
@@ -158,7 +158,7 @@ class Importance(Result):
         called several times per forward (a ResNet block's ReLU) carries different channels on each.
 
         Example:
-            >>> res = Importance("activation", {"act": torch.tensor([3., 1., 2.], dtype=torch.float64)},
+            >>> res = ChannelImportance("activation", {"act": torch.tensor([3., 1., 2.], dtype=torch.float64)},
             ...                  {"act": 2}, ndims={"act": 3})
             >>> res.take("act", [2, 0], dim=-1).tolist()
             [2.0, 3.0]
@@ -186,7 +186,7 @@ class Importance(Result):
         if site not in self:
             raise missing(site, "site", self.dims)
         if site not in self.per_call:
-            raise HookscopeError(f"kind={self.kind!r} reads the weights, not calls of {site!r}; drop call=")
+            raise HookscopeError(f"importance={self.kind!r} reads the weights, not calls of {site!r}; drop call=")
         if site in self.uneven:
             raise HookscopeError(f"{site!r} ran {' or '.join(map(str, self.uneven[site]))} times per forward over "
                                  "the calibration batches, so its calls cannot be read one by one; drop call= "
@@ -225,7 +225,7 @@ class Importance(Result):
         carry different channel counts.
 
         Example:
-            >>> print(Importance("l2", {"fc": torch.tensor([3., 4.], dtype=torch.float64)}, {"fc": None}))
+            >>> print(ChannelImportance("l2", {"fc": torch.tensor([3., 4.], dtype=torch.float64)}, {"fc": None}))
             channel importance (l2, low = prune first), from the weights
             site  dim  channels  calls  min  mean  max  lowest
             --------------------------------------------------
@@ -247,7 +247,7 @@ class Importance(Result):
         the sites run several times per forward.
 
         Example:
-            >>> Importance("l1", {"fc": torch.ones(2, dtype=torch.float64)}, {"fc": None}).to_dict()["scores"]
+            >>> ChannelImportance("l1", {"fc": torch.ones(2, dtype=torch.float64)}, {"fc": None}).to_dict()["scores"]
             {'fc': [1.0, 1.0]}
         """
         return {"kind": self.kind, "batches": self.batches, "samples": self.samples,
@@ -257,9 +257,9 @@ class Importance(Result):
                 "call_scores": {k: [c.scores.tolist() for c in v] for k, v in self.per_call.items() if len(v) > 1}}
 
 
-def _weight_scores(sites: list[Site], kind: Kind) -> Importance:
+def _weight_scores(sites: list[Site], kind: Kind) -> ChannelImportance:
     scores = {s.name: kind.finish(kind.reduce(weight_rows(s), None)[0]).cpu() for s in sites}
-    return Importance(kind.name, scores, {s.name: None for s in sites})
+    return ChannelImportance(kind.name, scores, {s.name: None for s in sites})
 
 
 def _per_call(kind: Kind, calls: SiteCalls) -> list[CallScores]:
@@ -276,9 +276,9 @@ def _together(kind: Kind, calls: SiteCalls) -> torch.Tensor:
     return kind.finish(total / sum(a.count for a in calls.per_call)).to("cpu", torch.float64)
 
 
-def _collected(sites: list[Site], kind: Kind, accs: dict[str, SiteCalls], batches: int, samples: int) -> Importance:
+def _collected(sites: list[Site], kind: Kind, accs: dict[str, SiteCalls], batches: int, samples: int) -> ChannelImportance:
     """The result of a data pass: per-call scores, and every call together where the channels agree."""
-    res = Importance(kind.name, Scores(), {}, batches=batches, samples=samples)
+    res = ChannelImportance(kind.name, Scores(), {}, batches=batches, samples=samples)
     for s in sites:
         calls = accs[s.name]
         if not calls.per_call or any(a.sums is None for a in calls.per_call):
@@ -297,7 +297,7 @@ def _collected(sites: list[Site], kind: Kind, accs: dict[str, SiteCalls], batche
             res.uneven[s.name] = tuple(sorted(calls.per_forward))
         if kind.name == "apoz" and all(bool((c.scores == 1).all()) for c in per):
             warnings.warn(f"apoz at {s.name!r}: not one exact zero in its output, so APoZ cannot rank its "
-                          "channels (it is not after a ReLU-like op); use kind='activation' or a ReLU site",
+                          "channels (it is not after a ReLU-like op); use importance='activation' or a ReLU site",
                           stacklevel=3)
     return res
 
@@ -306,13 +306,13 @@ def _check_args(kind: Kind, data: Any, loss: Any, max_batches: Any) -> None:
     if loss is not None and not callable(loss):
         raise HookscopeError(f"loss={type(loss).__name__} is not callable; pass loss=lambda output, batch: ...")
     if loss is not None and kind.reads != "gradient":
-        raise HookscopeError(f"loss= is read by kind='taylor' only, not kind={kind.name!r}; drop loss=")
+        raise HookscopeError(f"loss= is read by importance='taylor' only, not importance={kind.name!r}; drop loss=")
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int)
                                     or max_batches < 1):
         raise HookscopeError(f"max_batches={max_batches!r} must be a whole number >= 1, or None for every batch")
     if data is None and kind.reads != "weight":
-        raise HookscopeError(f"kind={kind.name!r} measures the model on data, and data=None; pass calibration "
-                             "batches, or use kind='l1' / 'l2', which read the weights")
+        raise HookscopeError(f"importance={kind.name!r} measures the model on data, and data=None; pass calibration "
+                             "batches, or use importance='l1' / 'l2', which read the weights")
 
 
 def _device(model: nn.Module, device: torch.device | str | None) -> torch.device | None:
@@ -325,17 +325,17 @@ def _device(model: nn.Module, device: torch.device | str | None) -> torch.device
 def channel_importance(
     model: nn.Module,
     data: Any,
-    sites: Mapping[str, int] | Selector | list[Selector],
     *,
-    kind: str = "activation",
+    layers: Mapping[str, int] | Selector | list[Selector],
+    importance: str = "activation",
     loss: Loss | None = None,
     device: torch.device | str | None = None,
     max_batches: int | None = None,
     train: bool = False,
-) -> Importance:
+) -> ChannelImportance:
     """Score every output channel of each site over calibration data; low = prune first.
 
-    Kinds: ``"l1"`` / ``"l2"``: norm of the site module's weight rows (``weight[c]`` flattened; no
+    Importances: ``"l1"`` / ``"l2"``: norm of the site module's weight rows (``weight[c]`` flattened; no
     data, ``data`` may be ``None``). ``"activation"``: mean |activation| over samples and positions.
     ``"apoz"``: 1 - the fraction of exact zeros (Hu et al. 2016), meaningful after a ReLU-like op;
     elsewhere exact zeros are rare, every channel scores about 1, and a site with no zero at all
@@ -360,29 +360,29 @@ def channel_importance(
         model: the model (wrappers such as DataParallel are seen through for names).
         data: calibration batches: a tensor, ``(inputs, labels)`` or a dict of keyword inputs (one
             batch), or a list / DataLoader / iterable of them.
-        sites: ``{qualname: channel dim of its output}`` (``{"layer1.0.relu": 1, "blocks.0.mlp.act": -1}``),
+        layers: the sites scored: ``{qualname: channel dim of its output}`` (``{"layer1.0.relu": 1, "blocks.0.mlp.act": -1}``),
             or selectors, whose dim follows from the module type (see :mod:`._importance_sites`).
-        kind: one of ``"l1"``, ``"l2"``, ``"activation"``, ``"apoz"``, ``"taylor"``.
+        importance: one of ``"l1"``, ``"l2"``, ``"activation"``, ``"apoz"``, ``"taylor"``.
         loss: for ``"taylor"``, ``(output, batch) -> loss``.
         device: where batches are moved (default: the model's first parameter's device).
         max_batches: read at most this many batches.
         train: run in training mode (batch statistics) instead of eval mode.
 
     Returns:
-        An :class:`Importance`.
+        A :class:`ChannelImportance`.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
         >>> with torch.no_grad():
         ...     _ = net[0].weight.copy_(torch.tensor([[1., 0.], [0., 1.], [-1., 0.]])), net[0].bias.zero_()
-        >>> res = channel_importance(net, torch.tensor([[1., 2.], [3., 0.]]), "1")
+        >>> res = channel_importance(net, torch.tensor([[1., 2.], [3., 0.]]), layers="1")
         >>> res.scores["1"].tolist(), res.order("1"), res.samples
         ([2.0, 1.0, 0.0], [2, 1, 0], 2)
     """
-    k = get_kind(kind)
+    k = get_kind(importance)
     _check_args(k, data, loss, max_batches)
     inner, _ = unwrap(model)
-    resolved = resolve_sites(model, sites)
+    resolved = resolve_sites(model, layers)
     if k.reads == "weight":
         return _weight_scores(resolved, k)
     accs, batches, samples = calibrate(model, inner, data, resolved, k, loss=loss, device=_device(inner, device),

@@ -25,7 +25,7 @@ class Kind:
     """One importance kind of the table.
 
     Attributes:
-        name: its name in ``kind=``.
+        name: its name in ``importance=``.
         reads: ``"weight"``, ``"activation"`` or ``"gradient"``.
         reduce: for data kinds, ``(a, g) -> (per-channel sums, count)`` of one call, ``a`` (and the
             gradient ``g``, or ``None``) laid out ``B x C x positions``; for weight kinds,
@@ -89,12 +89,12 @@ def get_kind(name: object) -> Kind:
         >>> get_kind("activaton")
         Traceback (most recent call last):
         ...
-        hookscope.errors.HookscopeError: kind='activaton' is not an importance kind. Did you mean 'activation'? Known: l1, l2, activation, apoz, taylor
+        hookscope.errors.HookscopeError: importance='activaton' is not a channel importance. Did you mean 'activation'? Known: l1, l2, activation, apoz, taylor
     """
     if isinstance(name, str) and name in KINDS:
         return KINDS[name]
     hint = did_you_mean(name, KINDS) if isinstance(name, str) else ""
-    raise HookscopeError(f"kind={name!r} is not an importance kind.{hint} Known: {', '.join(KINDS)}")
+    raise HookscopeError(f"importance={name!r} is not a channel importance.{hint} Known: {', '.join(KINDS)}")
 
 
 def accumulator_dtype(device: torch.device) -> torch.dtype:

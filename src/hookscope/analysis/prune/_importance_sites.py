@@ -184,11 +184,11 @@ def weight_rows(site: Site) -> torch.Tensor:
     if not isinstance(w, torch.Tensor) or w.ndim < 1:
         raise HookscopeError(f"weight kinds (l1, l2) read the weight of the module at the site, and {site.name!r} "
                              f"({type(m).__name__}) has none; score the convolution or linear layer that makes "
-                             "the channels, or use kind='activation'")
+                             "the channels, or use importance='activation'")
     w = w.detach()
     if isinstance(m, (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
         if m.groups != 1:
             raise HookscopeError(f"{site.name!r} is a grouped transposed convolution (groups={m.groups}): its "
-                                 "output channels are not weight rows; use kind='activation'")
+                                 "output channels are not weight rows; use importance='activation'")
         w = w.transpose(0, 1)
     return w.reshape(w.shape[0], -1).to(torch.float64)

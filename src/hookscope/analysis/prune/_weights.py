@@ -25,7 +25,7 @@ from .._sparsity import zeros_in
 from ._masks import apply_mask, make_permanent, mask_of
 from ._methods import Spec, criterion, global_masks, new_mask, to_prune, units_left, validate_amount
 
-__all__ = ["PruneRow", "PruneResult", "prune", "remove", "sparsity", "DEFAULT_TYPES"]
+__all__ = ["PruneRow", "Sparsity", "prune", "remove", "sparsity", "DEFAULT_TYPES"]
 
 DEFAULT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
@@ -58,7 +58,7 @@ class PruneRow:
         return self.zeros / self.numel if self.numel else 0.0
 
 
-class PruneResult(Result):
+class Sparsity(Result):
     """Per-layer and total sparsity: what :func:`prune` did, or what :func:`sparsity` reads.
 
     ``rows`` holds one :class:`PruneRow` per (layer, parameter) in ``named_modules()`` order;
@@ -144,7 +144,7 @@ class PruneResult(Result):
                                left={0, 1, 2, 6}))
 
     def __repr__(self) -> str:
-        return f"PruneResult({len(self.rows)} rows, sparsity {num(self.sparsity)})"
+        return f"Sparsity({len(self.rows)} rows, sparsity {num(self.sparsity)})"
 
 
 def _current(module: nn.Module, name: str) -> torch.Tensor | None:
@@ -316,7 +316,7 @@ def _score(q: str, s: object, w: torch.Tensor | None, spec: Spec, kind: str, nam
 def prune(model: nn.Module, *selectors: Selector, amount: int | float, method: str = "l1_unstructured",
           name: str = "weight", n: int | float | str = 1, dim: int = 0, scope: str = "layer",
           generator: torch.Generator | None = None,
-          scores: Mapping[str, torch.Tensor] | None = None) -> PruneResult:
+          scores: Mapping[str, torch.Tensor] | None = None) -> Sparsity:
     """Mask parameter ``name`` of the selected layers, exactly as ``torch.nn.utils.prune`` would.
 
     Args:
@@ -337,7 +337,7 @@ def prune(model: nn.Module, *selectors: Selector, amount: int | float, method: s
             together (torch's ``global_unstructured``; unstructured methods only).
 
     Returns:
-        :class:`PruneResult` of the pruned layers. A layer pruned before (by hookscope or torch) has
+        :class:`Sparsity` of the pruned layers. A layer pruned before (by hookscope or torch) has
         the new mask composed with its old one, as torch's ``PruningContainer`` does.
 
     Example:
@@ -361,7 +361,7 @@ def prune(model: nn.Module, *selectors: Selector, amount: int | float, method: s
         new = [new_mask(method, t, mask, spec) for t, mask in zip(tensors, masks)]
     for (_, m), mask in zip(targets, new):
         apply_mask(m, name, mask)
-    return PruneResult([_row(q, m, name) for q, m in targets])
+    return Sparsity([_row(q, m, name) for q, m in targets])
 
 
 def _row(qualname: str, module: nn.Module, name: str) -> PruneRow:
@@ -383,7 +383,7 @@ def _params(module: nn.Module) -> list[str]:
     return out
 
 
-def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) -> PruneResult:
+def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) -> Sparsity:
     """Zeros of every parameter of the selected layers (every layer, the model's own included, if none),
     masks applied (hookscope's or ``torch.nn.utils.prune``'s), each parameter once.
 
@@ -411,7 +411,7 @@ def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) ->
         what = f"parameter {name!r}" if name else "parameters"
         raise HookscopeError(f"the selected layers have no {what}; select layers that have "
                              "(hookscope.names(model) lists them)")
-    return PruneResult(rows)
+    return Sparsity(rows)
 
 
 def remove(model: nn.Module, *selectors: Selector, name: str | None = None) -> list[str]:

@@ -88,7 +88,7 @@ def summary(
         >>> import torch
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
         >>> s = summary(net, torch.randn(3, 4))
-        >>> s.totals.params, s.totals.macs, s.row("2").output_shapes
+        >>> s.totals.params, s.totals.macs, s["2"][0].output_shapes
         (58, 144, [(3, 2)])
     """
     refuse_unknown(unknown)

@@ -94,7 +94,7 @@ def _cells(r: Row, zeros: bool) -> list[str]:
 
 
 def _uncounted(s: Summary) -> str:
-    where = [f"{', '.join(r.uncounted)} in {r.name or s.model}" for r in s.all_rows if r.uncounted]
+    where = [f"{', '.join(r.uncounted)} in {r.name or s.model}" for n in s.modules if n in s for r in s[n] if r.uncounted]
     where = list(dict.fromkeys(where))
     return "; ".join(where[:3]) + (f" and {len(where) - 3} more (Row.uncounted)" if len(where) > 3 else "")
 

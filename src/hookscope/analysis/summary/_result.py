@@ -1,20 +1,18 @@
 """What :func:`~hookscope.summary` returns: :class:`Summary`, its rows found by name, as text or JSON.
 
 It speaks the protocol of every result (:class:`~hookscope.core.result.Result`): ``rows``,
-``table()`` (also ``str()``), ``to_dict()``, ``to_json(indent=None)``; ``s[name]`` and
-:meth:`Summary.row` raise :class:`~hookscope.RecordError` (a ``KeyError``) naming the closest
+``table()`` (also ``str()``), ``to_dict()``, ``to_json(indent=None)``; ``s[name]``
+raises :class:`~hookscope.RecordError` (a ``KeyError``) naming the closest
 modules, and ``name in s`` agrees. Nothing here runs a model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from ...core.result import Result, missing
-from ...errors import RecordError
 from ._render import render
 from ._rows import Row, Shape
 from ._totals import Totals
@@ -27,14 +25,15 @@ class Summary(Result):
 
     ``parameters`` and ``buffers`` map every qualified name to its shape, each tensor once, as
     ``model.named_parameters()`` / ``named_buffers()`` name them; ``modules`` maps every module name
-    to its type. ``rows`` holds the rows down to ``depth``, ``all_rows`` every row; :meth:`row` and
-    ``s[name]`` find any module's rows, ``name in s`` says whether the model has that module.
+    to its type. ``rows`` holds the rows down to ``depth`` (what :meth:`table` shows); ``s[name]`` finds any
+    module's rows, one per call (``s[name][1]``: its second call), ``name in s`` says whether the
+    model has that module.
 
     Example:
         >>> import json, torch
         >>> from hookscope import summary
         >>> s = summary(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()), torch.zeros(3, 4))
-        >>> s.totals.params, s.row("0").output_shapes, s.modules
+        >>> s.totals.params, s["0"][0].output_shapes, s.modules
         (40, [(3, 8)], {'': 'Sequential', '0': 'Linear', '1': 'ReLU'})
         >>> "1" in s, json.loads(s.to_json())["rows"][1]["output_shapes"]
         (True, [[3, 8]])
@@ -50,7 +49,6 @@ class Summary(Result):
         self.parameters = parameters
         self.buffers = buffers
         self.depth = depth
-        self.all_rows = rows
         self.rows = rows if depth is None else [r for r in rows if r.depth <= depth]
         self._by_name: dict[str, list[Row]] = {}
         for r in rows:
@@ -85,23 +83,6 @@ class Summary(Result):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def row(self, name: str, *, call: int = 0) -> Row:
-        """The row of call number ``call`` (from 0) of module ``name`` (``""`` is the model).
-
-        Example:
-            >>> import torch
-            >>> from hookscope import summary
-            >>> relu = torch.nn.ReLU()  # one module called twice: a row per call
-            >>> s = summary(torch.nn.Sequential(relu, torch.nn.Flatten(), relu), torch.zeros(2, 3, 4))
-            >>> s.row("0").output_shapes, s.row("0", call=1).output_shapes
-            ([(2, 3, 4)], [(2, 12)])
-        """
-        found = self[name]
-        if isinstance(call, bool) or not isinstance(call, int) or not 0 <= call < len(found):
-            raise RecordError(f"module {name!r} has {len(found)} row(s) in this result; "
-                              f"pass call= from 0 to {len(found) - 1}")
-        return found[call]
-
     def table(self) -> str:
         """The table for people: the module tree with shapes, counts, mult-adds and modes, then totals.
 
@@ -127,12 +108,6 @@ class Summary(Result):
         """
         return render(self)
 
-    def to_text(self) -> str:
-        """The old name of :meth:`table` (also ``str(s)``); it warns, and goes in hookscope 0.3."""
-        warnings.warn("Summary.to_text() is now Summary.table() (or str(summary)); to_text goes away "
-                      "in hookscope 0.3", DeprecationWarning, stacklevel=2)
-        return self.table()
-
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, tuples, dicts, numbers, strings), ready for ``json.dumps``.
 
@@ -151,4 +126,4 @@ class Summary(Result):
         }
 
     def __repr__(self) -> str:
-        return f"Summary({self.model}, {len(self.all_rows)} rows, {self.totals.params:,} params)"
+        return f"Summary({self.model}, {len(self.rows)} rows, {self.totals.params:,} params)"

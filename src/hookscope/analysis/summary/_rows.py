@@ -135,7 +135,7 @@ class Row:
 
         Example:
             >>> from hookscope import summary
-            >>> d = summary(nn.Linear(4, 2), torch.zeros(3, 4)).row("").to_dict()
+            >>> d = summary(nn.Linear(4, 2), torch.zeros(3, 4))[""][0].to_dict()
             >>> d["type"], d["output_shapes"], d["params_total"], d["macs"]
             ('Linear', [(3, 2)], 10, 24)
         """
