@@ -12,7 +12,7 @@ from torch import nn
 import hookscope
 from hookscope import HookscopeError
 from hookscope.errors import ForwardError
-from hookscope.analysis import _cam_methods, cam as cam_module
+from hookscope.analysis.cam import _api, _formulas, _result, _scorecam, _shape
 from hookscope.analysis.cam import METHODS, cam
 from hookscope.zoo import TinyResNet
 
@@ -106,7 +106,7 @@ def test_gradient_methods_by_hand(method, expected):
 def test_eigencam_matches_an_independent_svd():
     torch.manual_seed(0)
     A = torch.rand(3, 5, 4, 3)
-    got = _cam_methods.eigen_map(A)
+    got = _formulas.eigen_map(A)
     for b in range(3):
         X = A[b].reshape(5, -1).T.double().numpy()
         X = X - X.mean(0)
@@ -222,7 +222,7 @@ def test_inplace_relu_after_the_target_layer():
     net = ConvInplace().eval()
     x = torch.randn(2, 3, 8, 8)
     res = cam(net, x, layers="conv")
-    assert (cam_module.cam(net, x, layers="conv", method="eigencam").raw["conv"] >= 0).all()
+    assert (cam(net, x, layers="conv", method="eigencam").raw["conv"] >= 0).all()
     assert torch.allclose(res.maps, _reference_gradcam(net, net.conv, x), atol=1e-5)
     # found automatically: the last conv is rewritten in place, so it is run again with a copy
     auto = cam(net, x)
@@ -455,7 +455,7 @@ def test_a_model_in_training_mode_is_explained_in_eval_mode_and_left_as_it_was(m
 
 
 def test_docstring_examples_run():
-    for module in (cam_module, _cam_methods):
+    for module in (_api, _formulas, _result, _scorecam, _shape):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
         assert result.failed == 0 and result.attempted > 0
 
@@ -541,18 +541,18 @@ def test_vision_transformer_tokens_to_grid_and_the_class_token_trap():
     vit = _tiny_vit()
     x = torch.randn(3, 3, 32, 32)
     norm = "encoder.layers.encoder_layer_1.ln_1"
-    got = cam(vit, x, layers=norm, reshape=cam_module.tokens_to_grid(skip=1))
+    got = cam(vit, x, layers=norm, reshape=hookscope.tokens_to_grid(skip=1))
     assert got.raw[norm].shape == (3, 4, 4) and (got.maps.flatten(1).amax(1) == 1).all()
-    one = cam(vit, x[1:2], layers=norm, reshape=cam_module.tokens_to_grid(skip=1))
+    one = cam(vit, x[1:2], layers=norm, reshape=hookscope.tokens_to_grid(skip=1))
     assert torch.allclose(one.maps[0], got.maps[1], atol=1e-5)
     # the last block's output reaches the head through the class token only: refused, not all zero
     with pytest.raises(HookscopeError, match=r"gradient reaches only positions that reshape= drops"):
-        cam(vit, x, layers="encoder.layers.encoder_layer_1", reshape=cam_module.tokens_to_grid(skip=1))
+        cam(vit, x, layers="encoder.layers.encoder_layer_1", reshape=hookscope.tokens_to_grid(skip=1))
     # the token layout is certain (a class token, the patch embedding's 4 x 4 grid): read by itself
     auto = cam(vit, x, layers=norm)
     assert auto.layouts[norm] == "tokens(k=1, 4x4)" and torch.equal(auto.maps, got.maps)
     with pytest.raises(HookscopeError, match=r"17 tokens after skipping 0 do not fill a 4 x 4 grid"):
-        cam(vit, x, layers=norm, reshape=cam_module.tokens_to_grid(skip=0))
+        cam(vit, x, layers=norm, reshape=hookscope.tokens_to_grid(skip=0))
     assert no_hooks(vit)
 
 
@@ -634,15 +634,13 @@ def test_scorecam_progress_bar_on_request_only(capsys, monkeypatch):
 
 
 def test_scorecam_shows_no_bar_in_a_log_however_long_the_run(capsys, monkeypatch):
-    import hookscope.analysis._cam_methods as methods
-
-    monkeypatch.setattr(methods, "_SHOW_AFTER", 0.0)  # every run "long"
+    monkeypatch.setattr(_scorecam, "_SHOW_AFTER", 0.0)  # every run "long"
     net, x = DeadChannels().eval(), torch.randn(1, 3, 8, 8)
     cam(net, x, layers="relu", method="scorecam", batch_size=1)  # stderr captured: not a terminal
     assert capsys.readouterr().err == ""
 
 
-# --- issue 10: the result protocol, layers=, kwargs=, ForwardError --------------------------------
+# --- the result protocol, layers=, kwargs=, ForwardError --------------------------------
 def test_cam_result_speaks_the_result_protocol():
     import json
 

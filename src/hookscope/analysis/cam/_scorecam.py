@@ -1,7 +1,6 @@
-"""The per-method formulas of :func:`hookscope.analysis.cam.cam`: activations (and gradients) in, a raw map out.
+"""Score-CAM (Wang et al. 2020): channel weights from the scores of the input masked by each channel.
 
-Pure tensor code: no hook, no model state. ``A`` is a ``B x K x h x w`` activation, ``G`` the gradient
-of each sample's score with respect to it, the same shape. Every function returns a ``B x h x w`` map.
+Masked inputs run in batches under ``no_grad``, without hooks; channels with equal masks share one forward.
 """
 
 from __future__ import annotations
@@ -10,101 +9,16 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["GRADIENT_METHODS", "gradient_map", "cam_map", "eigen_map", "score_weights", "weighted_sum"]
+from ...core.inputs import private
+from .._targets import Target, call_model, for_rows, per_sample, read_logits, rows_of, user_scores
 
-GRADIENT_METHODS = ("gradcam", "gradcam++", "xgradcam", "hirescam", "layercam")
-
-
-def weighted_sum(weights: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """``sum_k weights[b, k] * A[b, k]``: ``B x K`` and ``B x K x h x w`` -> ``B x h x w``."""
-    return torch.einsum("bk,bkhw->bhw", weights, A)
-
-
-def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """``num / den`` where ``den != 0``, else 0 (no eps that would shift small values)."""
-    nonzero = den != 0
-    return torch.where(nonzero, num / torch.where(nonzero, den, torch.ones_like(den)), torch.zeros_like(num))
-
-
-def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """The raw map of a gradient method, after its ReLU.
-
-    - ``gradcam`` (Selvaraju et al. 2017): ``w_k = mean_ij G_kij``; ``relu(sum_k w_k A_k)``.
-    - ``gradcam++`` (Chattopadhay et al. 2018, eq. 19 with the exponential-score closed form):
-      ``alpha_kij = G_kij^2 / (2 G_kij^2 + (sum_ab A_kab) G_kij^3)`` (0 where the denominator is 0),
-      ``w_k = sum_ij alpha_kij relu(G_kij)``; ``relu(sum_k w_k A_k)``. The paper's ``exp(S)`` factor is
-      a positive constant per image, dropped here (min-max normalisation removes it). Neither peer
-      agrees with the paper (bench/RESULTS.md): pytorch-grad-cam adds 1e-6 to the denominator,
-      which dominates it where ``G^2`` is small (~3e-7 on an untrained resnet18: maps differ by
-      5e-2); torchcam's ``alpha`` stays ``G^2`` (its division acts on a copy: 6e-2).
-    - ``xgradcam`` (Fu et al. 2020): ``w_k = sum_ij A_kij G_kij / sum_ij A_kij`` (0 where the sum
-      is 0); ``relu(sum_k w_k A_k)``.
-    - ``hirescam`` (Draelos & Carin 2020): ``relu(sum_k G_k * A_k)``, element-wise.
-    - ``layercam`` (Jiang et al. 2021): ``relu(sum_k relu(G_k) * A_k)``.
-
-    Example:
-        >>> A = torch.ones(1, 2, 2, 2); G = torch.tensor([1., -1.]).view(1, 2, 1, 1).expand(1, 2, 2, 2)
-        >>> gradient_map("layercam", A, G)
-        tensor([[[1., 1.],
-                 [1., 1.]]])
-    """
-    if method == "gradcam":
-        m = weighted_sum(G.mean((2, 3)), A)
-    elif method == "gradcam++":
-        g2 = G * G
-        denom = 2 * g2 + A.sum((2, 3), keepdim=True) * g2 * G
-        alpha = _safe_div(g2, denom)
-        m = weighted_sum((alpha * G.clamp(min=0)).sum((2, 3)), A)
-    elif method == "xgradcam":
-        m = weighted_sum(_safe_div((A * G).sum((2, 3)), A.sum((2, 3))), A)
-    elif method == "hirescam":
-        m = (G * A).sum(1)
-    elif method == "layercam":
-        m = (G.clamp(min=0) * A).sum(1)
-    else:  # pragma: no cover - cam() checks the name first
-        raise ValueError(method)
-    return m.clamp(min=0)
-
-
-def cam_map(fc_rows: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """CAM (Zhou et al. 2016): ``M = sum_k W[c, k] A_k`` with ``W[c]`` the head's row of class ``c``.
-
-    No ReLU, as in the paper. ``fc_rows`` is ``B x K`` (one row per sample's target).
-
-    Example:
-        >>> cam_map(torch.tensor([[2., -1.]]), torch.ones(1, 2, 1, 1))
-        tensor([[[1.]]])
-    """
-    return weighted_sum(fc_rows.to(A.dtype), A)
-
-
-def eigen_map(A: torch.Tensor) -> torch.Tensor:
-    """Eigen-CAM (Muhammad & Yeasin 2020): the activations projected on their first principal component.
-
-    Per image, ``X`` is the ``hw x K`` matrix of activations with each channel centred over the
-    pixels (a principal component is that of centred data; pytorch-grad-cam centres too, the paper's
-    text does not say). ``v`` is the first right singular vector of ``X``; the map is ``relu(X v)``.
-    An SVD's sign is arbitrary, so ``v`` is oriented so that its loadings sum to >= 0, which is the
-    same as the map correlating positively with the sum of the channels (``X^T X v = s^2 v``). Peers
-    leave the sign to LAPACK, so their maps can be the negative of this one (then all zero after
-    their ReLU). Needs no gradient and no target.
-
-    Example:
-        >>> eigen_map(torch.tensor([[[[0., 1.]], [[0., 2.]]]]))
-        tensor([[[0.0000, 1.1180]]])
-    """
-    B, K, h, w = A.shape
-    X = A.flatten(2).transpose(1, 2).to(torch.float64 if A.dtype == torch.float64 else torch.float32)
-    X = X - X.mean(1, keepdim=True)
-    _, _, Vh = torch.linalg.svd(X, full_matrices=False)
-    v = Vh[:, 0, :]
-    v = torch.where(v.sum(1, keepdim=True) < 0, -v, v)
-    proj = (X @ v.unsqueeze(2)).squeeze(2)
-    return proj.clamp(min=0).view(B, h, w).to(A.dtype)
+__all__ = ["Scorer", "flat_scores", "score_weights", "scorer"]
 
 
 def _masks(acts: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -206,7 +120,7 @@ def score_weights(
         return _score_weights(scores, inputs, A, batch_size, progress)
 
 
-def _score_weights(scorer: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_size: int,
+def _score_weights(score_of: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_size: int,
                    progress: bool | None) -> tuple[torch.Tensor, int, int]:
     B, K = A.shape[:2]
     size = (inputs.shape[-2], inputs.shape[-1])
@@ -229,12 +143,12 @@ def _score_weights(scorer: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_
             if layout is not None:
                 try:
                     calls += 1
-                    got = scorer(batch.contiguous(memory_format=layout), jb)
+                    got = score_of(batch.contiguous(memory_format=layout), jb)
                 except RuntimeError:
                     layout = None
             if layout is None:
                 calls += 1
-                got = scorer(batch, jb)
+                got = score_of(batch, jb)
             job_scores[i * batch_size:i * batch_size + len(chunk)] = got
             if bar is not None:
                 bar.step()
@@ -251,7 +165,39 @@ def _score_weights(scorer: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_
     if len(jobs):
         scores[known] = job_scores[owner[known]]
     if not bool(known.all()):
-        zero = scorer(torch.zeros_like(inputs[:1]), torch.arange(B, device=A.device)).to(scores.dtype)
+        zero = score_of(torch.zeros_like(inputs[:1]), torch.arange(B, device=A.device)).to(scores.dtype)
         scores = torch.where(known, scores, zero.unsqueeze(1))
         runs, calls = runs + 1, calls + 1
     return torch.softmax(scores, dim=1).to(A.dtype), runs, calls
+
+
+def scorer(model: nn.Module, target: Target, output: Callable[[Any], torch.Tensor] | None,
+           targets: torch.Tensor | None, kw: dict[str, Any], B: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Score-CAM's scores of a batch of masked inputs; ``rows`` are their samples (one input: every row)."""
+    # keyword inputs, or a target's data (hookscope.targets), with a row per sample go with each masked input
+    spread = per_sample(kw, B) or callable(getattr(target, "take", None))
+
+    def scores(batch: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if spread and batch.shape[0] != len(rows):  # the zero image differs per sample only by its kwargs
+            batch = batch.expand(len(rows), *batch.shape[1:]).contiguous()  # rows the model may write
+        out = call_model(model, (batch,), private(rows_of(kw, rows, B) if spread else kw))
+        n = batch.shape[0]
+        if targets is None:  # a target function, which scores each row on its own
+            fn = cast(Callable[[Any], Any], for_rows(target, rows))
+            return user_scores(fn, output, out, n, f"a batch of {n} masked inputs").float().expand(len(rows))
+        logits = read_logits(output, out, n).float()
+        return logits.expand(len(rows), -1).gather(1, targets[rows].unsqueeze(1)).squeeze(1)
+
+    return scores
+
+
+def flat_scores(name: str, weights: torch.Tensor) -> str | None:
+    """One line when every masked input of a sample scored the same (softmax weights all equal, exactly): its
+    Score-CAM map is then the plain sum of the channels, whatever the target."""
+    flat = ((weights.amax(1) == weights.amin(1)) if weights.shape[1] > 1 else torch.zeros(0, dtype=torch.bool))
+    dead = flat.nonzero().flatten().tolist()
+    if not dead:
+        return None
+    return (f"every masked input of sample{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} scores the "
+            f"same at layer {name!r}, so all channels weigh the same and the map is the sum of the activations, "
+            "not the target's; an untrained or zero-initialised head (all logits equal)?")
