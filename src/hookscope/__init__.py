@@ -51,6 +51,8 @@ from .errors import (
     SelectionError,
 )
 from .grads import GradRecord, TensorGrads, grads
+from .errors import LoadError, UntrustedPickleError
+from .loading import class_names, load_model, load_weights
 from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
 from .store import LayerArray, Store, open_store
@@ -127,6 +129,11 @@ __all__ = [
     "names",
     "scale",
     "unwrap",
+    "load_model",
+    "load_weights",
+    "class_names",
+    "LoadError",
+    "UntrustedPickleError",
 ]
 
 

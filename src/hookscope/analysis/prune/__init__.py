@@ -14,7 +14,7 @@ from ._compact import compact, mask_channels
 from ._compare import CompareRow, Comparison, compare_models
 from ._graph import BlockedGroup, Group, GroupMember, Groups, Site, channel_groups
 from ._importance import Importance, ImportanceRow, channel_importance
-from ._resize import fit_to
+from ._resize import fit_to, is_compacted, marked_compacted, shrinks
 from ._weights import PruneResult, PruneRow, prune, remove, sparsity
 
 __all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
@@ -22,4 +22,4 @@ __all__ = ["prune", "remove", "sparsity", "PruneResult", "PruneRow",
            "channel_groups", "Groups", "Group", "GroupMember", "Site", "BlockedGroup",
            "mask_channels", "compact",
            "channel_importance", "Importance", "ImportanceRow",
-           "compare_models", "Comparison", "CompareRow", "fit_to"]
+           "compare_models", "Comparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks"]
