@@ -60,6 +60,22 @@ def test_no_private_name_is_imported_from_another_module():
     assert not bad, "\n".join(bad)
 
 
+def _private(part: str) -> bool:
+    """A private module or name: a leading underscore, but not a dunder (``__version__``)."""
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def test_the_cli_imports_only_public_modules_and_names_from_outside_the_cli():
+    # a thin layer over the public API: every module path segment and name public, at module level and
+    # inside functions (ast.walk); cli's own private modules (cli._load) are its own
+    bad = [f"{p.relative_to(SRC)}:{line} imports {', '.join(names) or target} from {target}"
+           for p in FILES if _module(p).split(".")[:2] == ["hookscope", "cli"]
+           for target, names, line in _imports(p)
+           if target.split(".")[0] == "hookscope" and target.split(".")[:2] != ["hookscope", "cli"]
+           and (any(_private(s) for s in target.split(".")) or any(_private(n) for n in names))]
+    assert not bad, "\n".join(bad)
+
+
 def test_analyses_do_not_import_each_other():
     # `from ..cam import X` names the other analysis as the module, `from ...analysis import trace`
     # among the names imported (a name counts where it is a module: `from .. import X` of a class)
