@@ -244,7 +244,8 @@ def test_tokens_on_a_non_square_grid_need_grid_and_the_error_says_the_cli_option
     assert main([*argv, "--grid", "4x5"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["raw"]["emb"]["shape"] == [1, 4, 5]
-    from hookscope.cli._load import example_input, load_model
+    from hookscope.cli._load import load_model
+    from hookscope.cli._shapes import example_input
 
     own = cam(load_model(f"{tmp_path}/tok.py:Tok"), example_input("x", "1x3x4x5"), layers="emb",
               reshape=tokens_to_grid(1, grid=(4, 5)))

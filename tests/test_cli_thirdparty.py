@@ -19,7 +19,8 @@ import torch
 from hookscope.cli import main
 from hookscope.cli._images import Preset, load_images, preset_for
 from hookscope.cli._inputs import model_input
-from hookscope.cli._load import check_fits, load_model
+from hookscope.cli._load import load_model
+from hookscope.cli._shapes import check_fits
 from hookscope.errors import HookscopeError
 from hookscope.loading import hf as loading_hf
 from hookscope.loading.extras import missing_package

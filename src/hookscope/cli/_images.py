@@ -28,7 +28,8 @@ from ..loading.hf import hf_config
 from ..loading.preprocessing import hf_preprocessing, timm_pretrained_cfg
 from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..loading.vision import torchvision_weights
-from ._load import DEMO_SPEC, check_fits, parse_shape, warn
+from ._load import DEMO_SPEC, warn
+from ._shapes import check_fits, parse_shape
 
 __all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files", "size_hint",
            "load_images", "preset_for", "read_image", "transform"]

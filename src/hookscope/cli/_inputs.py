@@ -26,7 +26,7 @@ from ..loading import check_seed
 from ..loading.hf import is_hf_model
 from ..loading.preprocessing import timm_input_size
 from ..loading.spec import TIMM_PREFIX
-from ._load import check_fits, example_input, parse_shape, random_input
+from ._shapes import check_fits, example_input, parse_shape, random_input
 from ._tokenizer import hf_tokenizer, tokenizer_files
 
 __all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]

@@ -1,6 +1,6 @@
 """The MODEL argument of every command and what goes with it: its options (``--weights``, ``--config``,
-``--trust-pickle``, ``--seed``, ``--classes``), one command's session (the options given to the
-command's MODEL, warnings said once after it succeeded), and the example input ``--input`` describes.
+``--trust-pickle``, ``--seed``, ``--classes``) and one command's session (the options given to the
+command's MODEL, warnings said once after it succeeded). The example input is ``_shapes``'.
 
 MODEL is a spec of :func:`hookscope.load_model` (``tiny``, ``demo``, ``torchvision:NAME``,
 ``hf:CLASS_OR_TASK``, ``timm:NAME``, ``package.module:ATTR``, ``file.py:ATTR``, ``model.pt``); the
@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-import torch
 from torch import nn
 
-from ..core.text import first_line, shape_text
 from ..errors import HookscopeError
-from ..loading import check_seed, usual_shape
+from ..loading import check_seed
 from ..loading import class_names as model_class_names
 from ..loading import load_model as load_spec
 from ..loading.files import CODE_RUNS, safer
@@ -34,8 +29,7 @@ from ..loading.spec import DEMO_SPEC, HF_PREFIX, TIMM_PREFIX, TORCHVISION_PREFIX
 from ..loading.voice import Terms, speaking
 
 __all__ = ["DEMO_SPEC", "TRUST_FLAG", "add_class_arguments", "add_model_arguments", "check_class_names",
-           "check_fits", "class_names", "example_input", "load_model", "model_session", "note", "parse_shape",
-           "random_input", "seed_arg", "trusting_pickles", "warn"]
+           "class_names", "load_model", "model_session", "note", "seed_arg", "trusting_pickles", "warn"]
 
 TRUST_FLAG = "--trust-pickle"
 _trust_pickle: ContextVar[bool] = ContextVar("hookscope_trust_pickle", default=False)
@@ -283,73 +277,3 @@ def check_class_names(names: Sequence[str], outputs: int, args: argparse.Namespa
               else f"--weights {args.weights}" if getattr(args, "weights", None) is not None else f"MODEL {args.model}")
     raise HookscopeError(f"{source} gives {len(names)} class names but the model has {outputs} outputs; "
                          "give one name per output, in class order")
-
-
-# --- example inputs --------------------------------------------------------------------------------
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"1x3x224x224"`` (or ``1,3,224,224``) -> ``(1, 3, 224, 224)``."""
-    parts = re.split(r"[x,\s]+", text.strip().lower())
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise HookscopeError(f"--input {text!r} is not a shape; write it like 1x3x224x224")
-    return tuple(int(p) for p in parts)
-
-
-def _memory_bytes() -> int | None:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _size(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.3g} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
-
-
-def check_fits(dims: Sequence[int], what: str, *, fix: str = "give a smaller shape",
-               dtype: torch.dtype = torch.float32) -> None:
-    """Refuse, in one line, a tensor of shape ``dims`` and ``dtype`` (float32 unless said) that cannot fit
-    in this machine's memory.
-
-    Example:
-        >>> check_fits((1, 3, 64, 64), "--input 1x3x64x64")
-        >>> check_fits((2**40, 2**40), "--size 2**40 squared", fix="give a smaller --size")
-        Traceback (most recent call last):
-        ...
-        hookscope.errors.HookscopeError: --size 2**40 squared is 1,208,925,819,614,629,174,706,176 values (...)...; give a smaller --size
-        >>> check_fits((2**20, 2**20), "--input 1048576x1048576", dtype=torch.long)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        hookscope.errors.HookscopeError: --input 1048576x1048576 is 1,099,511,627,776 values (8.8 TB of int64), ...
-    """
-    numel = math.prod(dims)
-    nbytes = dtype.itemsize * numel
-    memory = _memory_bytes()
-    if numel >= 2**63 or (memory is not None and nbytes > memory):
-        room = f"more than this machine's {_size(memory)} of memory" if memory else "too large"
-        kind = str(dtype).removeprefix("torch.")
-        raise HookscopeError(f"{what} is {numel:,} values ({_size(nbytes)} of {kind}), {room}; {fix}")
-
-
-def random_input(dims: Sequence[int], what: str, generator: torch.Generator | None = None, *,
-                 fix: str = "give a smaller shape") -> torch.Tensor:
-    """``torch.randn(*dims)``, refused in one line if it cannot fit in this machine's memory."""
-    check_fits(dims, what, fix=fix)
-    try:
-        return torch.randn(*dims, generator=generator)
-    except (RuntimeError, MemoryError) as e:
-        numel = math.prod(dims)
-        raise HookscopeError(f"{what} ({numel:,} values, {_size(4 * numel)} of float32) cannot be "
-                             f"created: {first_line(e) or type(e).__name__}; {fix}") from e
-
-
-def example_input(spec: str, shape: str | None, seed: int = 0) -> torch.Tensor:
-    """A seeded random input of ``shape`` (or the model's usual one)."""
-    dims = parse_shape(shape) if shape is not None else usual_shape(spec)
-    if dims is None:
-        raise HookscopeError(f"give the example input's shape for {spec!r}, e.g. --input 1x3x224x224")
-    gen = torch.Generator().manual_seed(check_seed(seed))
-    return random_input(dims, f"--input {shape_text(dims)}", gen)

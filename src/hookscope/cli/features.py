@@ -19,8 +19,9 @@ from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..viz.features import REDUCTIONS, SCALES
 from ._images import add_image_arguments, load_images
 from ._inputs import ModelInput, model_input
-from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
+from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
 from ._outputs import check_outputs, input_paths
+from ._shapes import example_input
 
 if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps
