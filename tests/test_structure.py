@@ -127,6 +127,74 @@ def test_no_private_name_is_read_from_an_imported_module():
     assert not bad, "\n".join(bad)
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _runtime_imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import that can run, at module level or inside a function; not under ``if TYPE_CHECKING:``."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [node]
+    children = node.orelse if _is_type_checking(node) else list(ast.iter_child_nodes(node))
+    return [found for child in children for found in _runtime_imports(child)]
+
+
+def _depends_on(path: Path) -> set[str]:
+    """The hookscope modules ``path`` imports when it runs: ``from pkg import sub`` counts as the
+    module ``pkg.sub``, ``from pkg import name`` as ``pkg``."""
+    deps = set()
+    for node in _runtime_imports(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names if a.name in MODULES}
+            continue
+        source = _source(node, path)
+        if source.split(".")[0] != "hookscope":
+            continue
+        for a in node.names:
+            deps.add(f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else source)
+    return deps & MODULES - {_module(path)}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import one another, round a loop (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    # a lazy import inside a function counts: it only hides the circle until that function runs;
+    # an import under `if TYPE_CHECKING:` never runs and does not
+    graph = {_module(p): _depends_on(p) for p in FILES}
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    bad = [" -> ".join(group) for group in _circles(graph)]
+    assert not bad, "modules that import one another:\n" + "\n".join(bad)
+
+
 def test_core_and_selection_import_nothing_above_them():
     low = [p for p in FILES if _module(p).startswith(("hookscope.core", "hookscope.selection",
                                                       "hookscope.errors", "hookscope._tree"))]
@@ -159,3 +227,4 @@ def test_no_function_is_over_60_lines_of_code(path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and (n := _code_lines(source, node)) > MAX_LINES]
     assert not long, f"{path.relative_to(SRC)}: {', '.join(long)}"
+
