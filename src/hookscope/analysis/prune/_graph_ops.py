@@ -82,7 +82,7 @@ def _along(pos: int) -> Handler:
             return
         d = c.arg(pos, "dim", -1 if c.name in ("softmax", "log_softmax") else 1)
         if not isinstance(d, int) or d % s.dim() in carrying_dims(s):
-            tr.block(s, f"normalised _along a channel dim by {c.name} in '{tr.here()}'")
+            tr.block(s, f"normalised along a channel dim by {c.name} in '{tr.here()}'")
             return
         pointwise(tr, c)
     return run

@@ -156,7 +156,7 @@ def _follow(tr: Tracer, p: torch.Tensor, acc: torch.Tensor) -> bool:
     if not carry:
         return False
     if len(carry) > 1:
-        tr.block(pshadow, f"parameter '{info and info[0]}.{info and info[1]}' meets channels _along "
+        tr.block(pshadow, f"parameter '{info and info[0]}.{info and info[1]}' meets channels along "
                           f"several dims in '{tr.here()}'")
         return False
     d = carry.pop()
