@@ -45,7 +45,15 @@ def safer() -> str:
 
 def read_torch_file(path: str, *, weights_only: bool) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=weights_only)``, torch's own warnings about
-    pickle protocols silenced (not the caller's business)."""
+    pickle protocols silenced (not the caller's business).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.pt")
+        >>> torch.save({"w": torch.ones(2)}, path)
+        >>> read_torch_file(path, weights_only=True)
+        {'w': tensor([1., 1.])}
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.load(path, map_location="cpu", weights_only=weights_only)

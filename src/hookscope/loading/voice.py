@@ -62,7 +62,12 @@ class Terms:
         return f"--{name}" if self.cli else name.replace("-", "_")
 
     def given(self, name: str, value: str) -> str:
-        """An option with its value: ``--weights FILE`` or ``weights=FILE``."""
+        """An option with its value: ``--weights FILE`` or ``weights=FILE``.
+
+        Example:
+            >>> Terms(cli=True).given("trust-pickle", "x"), Terms().given("trust-pickle", "x")
+            ('--trust-pickle x', 'trust_pickle=x')
+        """
         return f"--{name} {value}" if self.cli else f"{name.replace('-', '_')}={value}"
 
 
@@ -71,7 +76,12 @@ _listener: ContextVar[Listener | None] = ContextVar("hookscope_loading_listener"
 
 
 def terms() -> Terms:
-    """The words in use here: Python's, unless inside :func:`speaking`."""
+    """The words in use here: Python's, unless inside :func:`speaking`.
+
+    Example:
+        >>> terms().model
+        'spec'
+    """
     return _terms.get()
 
 
@@ -96,7 +106,11 @@ def speaking(words: Terms, listener: Listener | None = None) -> Iterator[None]:
 
 def tell(kind: str, text: str) -> None:
     """Say ``text`` (see :data:`Listener`) to the listener, or without one: a warning or a note as a
-    :class:`UserWarning`, nothing for ``"random"`` (a Python caller knows what it built)."""
+    :class:`UserWarning`, nothing for ``"random"`` (a Python caller knows what it built).
+
+    Example:
+        >>> tell("random", "tiny")  # a Python caller is not told: it asked for random weights
+    """
     listener = _listener.get()
     if listener is not None:
         listener(kind, text)
