@@ -16,4 +16,4 @@ def _seed() -> None:
 @pytest.fixture(autouse=True)
 def _watch_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests use small tensors; watch them all so the copy-on-write guard is what they exercise."""
-    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+    monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 0)

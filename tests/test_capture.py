@@ -415,7 +415,7 @@ def test_story10_find_the_first_layer_that_goes_non_finite():
 
 
 def test_auto_copies_small_tensors_at_once_and_watches_large_ones(monkeypatch):
-    monkeypatch.setattr("hookscope.records.COPY_BELOW", 1 << 20)
+    monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 1 << 20)
     small, large = nn.Linear(4, 4), nn.Linear(4, 1 << 16)  # 64 B and 256 KiB x 4 rows = 1 MiB
     m = nn.Sequential(small, large, nn.ReLU())  # the model's own output is copied as it is handed back
     x = torch.randn(4, 4)
@@ -468,7 +468,8 @@ def test_capture_of_a_compiled_model_whose_record_feeds_a_matmul():
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_guards_says_what_keep_hands_the_model(copy, device):
     from hookscope.core.guard import Guarded, release
-    from hookscope.records import COPY_BELOW, Retention
+    from hookscope.records import Retention
+    from hookscope.records.retention import COPY_BELOW
 
     ret = Retention(copy=copy, device=device)
     with torch.inference_mode():

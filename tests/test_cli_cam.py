@@ -25,7 +25,7 @@ from hookscope.cli import main
 from hookscope.cli._images import image_files, read_image
 from helpers import cached_torchvision_weights
 
-import hookscope.cli._load as load
+from hookscope.core.text import first_line
 from hookscope.viz import as_image
 
 TV = "squeezenet1_1"  # the smallest torchvision classifier with ImageNet weights
@@ -244,7 +244,8 @@ def test_tokens_on_a_non_square_grid_need_grid_and_the_error_says_the_cli_option
     assert main([*argv, "--grid", "4x5"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["raw"]["emb"]["shape"] == [1, 4, 5]
-    from hookscope.cli._load import example_input, load_model
+    from hookscope.cli._load import load_model
+    from hookscope.cli._shapes import example_input
 
     own = cam(load_model(f"{tmp_path}/tok.py:Tok"), example_input("x", "1x3x4x5"), layers="emb",
               reshape=tokens_to_grid(1, grid=(4, 5)))
@@ -293,11 +294,11 @@ def test_offline_layers_and_summary_say_they_do_not_need_the_weights_values(hub,
 
 # --- 16. errors about weights files --------------------------------------------------------------------
 def test_long_messages_end_at_a_word():
-    assert load.first_line(ValueError("short")) == "short"
-    assert load.first_line(ValueError("alpha beta gamma delta"), limit=13) == "alpha beta..."
-    assert load.first_line(ValueError("alpha beta, gamma"), limit=12) == "alpha beta..."
-    assert load.first_line(ValueError("x" * 30), limit=10) == "x" * 10 + "..."
-    assert load.first_line(ValueError("first line\nsecond")) == "first line"
+    assert first_line(ValueError("short")) == "short"
+    assert first_line(ValueError("alpha beta gamma delta"), limit=13) == "alpha beta..."
+    assert first_line(ValueError("alpha beta, gamma"), limit=12) == "alpha beta..."
+    assert first_line(ValueError("x" * 30), limit=10) == "x" * 10 + "..."
+    assert first_line(ValueError("first line\nsecond")) == "first line"
 
 
 def test_a_corrupt_weights_file_is_cut_at_a_word(tmp_path, capsys):

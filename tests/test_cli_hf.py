@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from helpers import no_hooks
-from hookscope.cli import _load, main
+from hookscope.cli import main
 from hookscope.cli._inputs import model_input
 from hookscope.cli._load import load_model
+from hookscope.loading import model as loading_model
 
 transformers = pytest.importorskip("transformers")
 T: Any = transformers
@@ -70,14 +71,14 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def built(monkeypatch: pytest.MonkeyPatch) -> list[torch.nn.Module]:
     """Every hf model the CLI builds, to check afterwards that no hook is left on it."""
     seen: list[torch.nn.Module] = []
-    real = _load.hf_model
+    real = loading_model.hf_model
 
     def spy(*a: Any, **k: Any) -> Any:
         made = real(*a, **k)
         seen.append(made.model)
         return made
 
-    monkeypatch.setattr(_load, "hf_model", spy)
+    monkeypatch.setattr(loading_model, "hf_model", spy)
     return seen
 
 

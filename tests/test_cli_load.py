@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from hookscope import HookscopeError
-from hookscope.cli._load import example_input, load_model, parse_shape, trusting_pickles
+from hookscope.cli._load import load_model, trusting_pickles
+from hookscope.cli._shapes import example_input, parse_shape
 from hookscope.zoo import TinyResNet
 
 

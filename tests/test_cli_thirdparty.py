@@ -16,11 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-from hookscope.cli import _thirdparty, main
+from hookscope.cli import main
 from hookscope.cli._images import Preset, load_images, preset_for
 from hookscope.cli._inputs import model_input
-from hookscope.cli._load import check_fits, load_model
+from hookscope.cli._load import load_model
+from hookscope.cli._shapes import check_fits
 from hookscope.errors import HookscopeError
+from hookscope.loading import hf as loading_hf
+from hookscope.loading.extras import missing_package
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -199,11 +202,11 @@ def test_a_backend_transformers_lacks_is_named_with_its_install(monkeypatch: pyt
         def from_config(cls, config: Any, **kw: Any) -> Any:
             raise ImportError("\nTimmBackbone requires the timm library but it was not found in your environment.")
 
-    monkeypatch.setattr(_thirdparty, "hf_class", lambda name: NeedsTimm)  # as DETR with use_timm_backbone
+    monkeypatch.setattr(loading_hf, "hf_class", lambda name: NeedsTimm)  # as DETR with use_timm_backbone
     err = _error(capsys, ["trace", "hf:NeedsTimmModel", "--config", saved["gpt2_config"]])
     assert err.endswith("needs the package timm, which cannot be imported here (TimmBackbone requires the timm "
                         "library but it was not found in your environment.); install it: pip install timm")
-    assert _thirdparty.missing_package(ModuleNotFoundError("x", name="safetensors.torch")) == "safetensors"
+    assert missing_package(ModuleNotFoundError("x", name="safetensors.torch")) == "safetensors"
 
 
 @pytest.mark.slow

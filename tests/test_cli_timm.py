@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from helpers import no_hooks
-from hookscope.cli import _load, main
+from hookscope.cli import main
+from hookscope.loading import model as loading_model
 
 timm = pytest.importorskip("timm")
 
@@ -20,13 +21,13 @@ timm = pytest.importorskip("timm")
 def built(monkeypatch: pytest.MonkeyPatch) -> list[torch.nn.Module]:
     """Every timm model the CLI builds, to check afterwards that no hook is left on it."""
     seen: list[torch.nn.Module] = []
-    real = _load.timm_model
+    real = loading_model.timm_model
 
     def spy(spec: str) -> torch.nn.Module:
         seen.append(real(spec))
         return seen[-1]
 
-    monkeypatch.setattr(_load, "timm_model", spy)
+    monkeypatch.setattr(loading_model, "timm_model", spy)
     return seen
 
 

@@ -543,7 +543,7 @@ def _flatten_model(inplace: bool) -> nn.Sequential:
 @pytest.mark.parametrize("big", [False, True])
 def test_a_view_output_rewritten_in_place_never_reads_as_a_missing_gradient(monkeypatch, big):
     if big:  # the output handed on as a guarded alias, as tensors over 1 MiB are
-        monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+        monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 0)
     x = torch.randn(4, 1, 4, 4)
     clean = _flatten_model(inplace=False)
     with hookscope.capture(clean, "1", keep="all") as rec:
@@ -579,7 +579,7 @@ def test_an_edit_of_a_gradient_its_hooks_lost_raises_and_one_that_holds_applies(
 def test_an_output_object_of_another_class_is_recorded_detached_and_true(monkeypatch, copy):
     from types import SimpleNamespace
 
-    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+    monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 0)
 
     class Head(nn.Module):
         def __init__(self) -> None:
@@ -866,7 +866,7 @@ def test_a_list_argument_is_the_callers_list_also_when_input_gradients_are_kept(
 
 @pytest.mark.parametrize("copy", ["auto", "never"])
 def test_a_tensor_returned_and_kept_in_the_modules_list_stays_one_tensor(monkeypatch, copy):
-    monkeypatch.setattr("hookscope.records.COPY_BELOW", 0)
+    monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 0)
 
     class Inner(nn.Module):
         def __init__(self) -> None:

@@ -49,7 +49,7 @@ from torch import nn
 
 import hookscope
 from hookscope import MutationError
-from hookscope.records import COPY_BELOW
+from hookscope.records.retention import COPY_BELOW
 
 POLICIES = ("auto", "always", "never")
 ROWS = 4

@@ -216,6 +216,9 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "extract": lambda **kw: hookscope.extract(net, x, layers="fc", out="/nonexistent/never-written", **kw),
         "open_store": lambda **kw: hookscope.open_store("/nonexistent", **kw),
         "load": lambda **kw: hookscope.load("/nonexistent", **kw),
+        "load_model": lambda **kw: hookscope.load_model("tiny", **kw),
+        "load_weights": lambda **kw: hookscope.load_weights(net, "/nonexistent/w.pt", **kw),
+        "class_names": lambda **kw: hookscope.class_names("demo", **kw),
     }
 
 

@@ -51,6 +51,8 @@ from .errors import (
     SelectionError,
 )
 from .grads import GradRecord, TensorGrads, grads
+from .errors import LoadError, UntrustedPickleError
+from .loading import class_names, load_model, load_weights
 from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
 from .store import LayerArray, Store, open_store
@@ -81,6 +83,9 @@ __all__ = [
     "prune_channels", "ChannelPruning", "compact", "compare_models", "ModelComparison",
     # extract at scale
     "extract", "open_store", "Store", "LayerArray",
+    # load models and weights as the command line does
+    "load_model", "load_weights", "class_names",
     # errors
     "HookscopeError", "SelectionError", "RecordError", "MutationError", "ForwardError", "NonFiniteError",
+    "LoadError", "UntrustedPickleError",
 ]

@@ -188,5 +188,10 @@ def paths(obj: Any, prefix: str = "", _depth: int = 0) -> Iterator[tuple[str, to
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in ``obj`` or ``None``."""
+    """The first tensor in ``obj`` (depth first, in container order, as :func:`tensors`) or ``None``.
+
+    Example:
+        >>> first_tensor({"loss": None, "logits": (torch.ones(2), torch.zeros(1))})
+        tensor([1., 1.])
+    """
     return next(tensors(obj), None)

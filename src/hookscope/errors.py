@@ -16,6 +16,8 @@ __all__ = [
     "MutationError",
     "ForwardError",
     "NonFiniteError",
+    "LoadError",
+    "UntrustedPickleError",
     "closest",
 ]
 
@@ -48,6 +50,15 @@ class ForwardError(HookscopeError, RuntimeError):
     The message names the module where it failed, what that module received and what ran before;
     the model's exception is chained as ``__cause__``.
     """
+
+
+class LoadError(HookscopeError):
+    """A model, its weights or its class names could not be loaded (:func:`hookscope.load_model`)."""
+
+
+class UntrustedPickleError(LoadError):
+    """A file holds pickled objects, which are unpickled (running whatever code they name) only when
+    the caller vouches for the file: ``trust_pickle=True``, or ``--trust-pickle`` on the command line."""
 
 
 class StopForward(BaseException):

@@ -206,11 +206,14 @@ class LayoutProbe:
         ``wrap`` is applied to every hook (``hookscope.core.compiled.eager`` for a compiled model)."""
         w = wrap if wrap is not None else (lambda f: f)
         for name, module in keep:
+            # own hook: follows shapes, strides and who reads which tensor (by identity) as the pass runs; keeps none
             group.add(module.register_forward_pre_hook(w(self._starter(name, isinstance(module, _SAME_LAYOUT)))))
         for m in {id(m): m for m in model.modules() if _decides(m)}.values():
+            # own hook: as above, on every module whose layout is known
             group.add(m.register_forward_pre_hook(w(self._reader())))
             group.add(m.register_forward_hook(w(self._maker())))
         for name, module in keep:  # after every other hook on the layer
+            # own hook: registered after every other hook on the layer, to mark it finished
             group.add(module.register_forward_hook(w(lambda m, a, o, n=name: self.running.discard(n))))
         self.reorder = next((f"{n!r} ({type(m).__name__})" for n, m in model.named_modules() if any(
             r in type(m).__name__ for r in _REORDERS) or callable(getattr(m, "random_masking", None))), None)

@@ -277,9 +277,11 @@ class Recorder:
             for name, module in [*targets, *self.selected]:
                 pre, post = self._root_hooks() if name is None else self._hooks(name, module_label(name, module), module)
                 self._own_code.update((pre.__code__, post.__code__))
+                # own hook: the statistics engine reduces each tensor on its device in the hook; capture would keep it
                 self.group.add(module.register_forward_pre_hook(eager(pre), with_kwargs=True))
                 self.group.add(module.register_forward_hook(eager(post), with_kwargs=True, always_call=True))
             for owner, pname, p in self.params:
+                # own hook: a parameter's gradient, reduced once accumulated (capture records module calls only)
                 self.group.add(p.register_post_accumulate_grad_hook(self._param_hook(owner, pname)))
         except BaseException:
             self.group.remove()
@@ -419,6 +421,7 @@ class Recorder:
             self._outputs(name, call, output)
             for path, a, version in aliases:
                 if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
+                    # own hook: a tensor hook from the forward hook (full backward hooks fail after in-place ops)
                     self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
 
         return pre, post
@@ -490,6 +493,7 @@ class Recorder:
             if self.outputs:
                 self._emit(name, call, "forward", "output", path, t)
             if grads and t.requires_grad:
+                # own hook: the output's gradient, reduced on its device as it arrives
                 self.group.add(t.register_hook(self._grad_hook(name, call, "grad_output", path)))
 
     def forward_error(self, exc: BaseException | None) -> ForwardError | None:

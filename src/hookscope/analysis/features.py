@@ -429,9 +429,11 @@ def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str
     probe, group = LayoutProbe([name]), HookGroup()
     try:
         if naive:  # registered first, so it sees the layer's own output, as a hand-written hook does
+            # own hook: the hand-written, reference-keeping hook whose trap compare_references shows
             group.add(module.register_forward_hook(_naive_keeper(stored)))
         with restored(model, train=False), torch.no_grad(), capture(model, module, copy="always") as rec:
-            group.add(module.register_forward_hook(_hander(probe, name)))  # after capture's: sees what goes on
+            # own hook, after capture's: it sees the tensor the model goes on with (the layout probe reads it)
+            group.add(module.register_forward_hook(_hander(probe, name)))
             probe.attach(unwrap(model)[0], [(name, module)], group)
             call_model(model, *private(((x,), kw)))  # the model may write into its inputs: ours
     finally:

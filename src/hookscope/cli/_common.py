@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._tree import first_tensor
-from ..analysis._recorder import RecorderSession
+from ..analysis.trace import Trace
+from ..analysis.watch import Watch
+from ..core import first_tensor
 from ..errors import HookscopeError
 from ..viz.plots import save_figure
 from ._load import load_model
@@ -130,7 +131,7 @@ def backward_loss(output: Any) -> torch.Tensor:
     return t.logsumexp(-1).sum() if t.dim() else t
 
 
-def run_model(session: RecorderSession, model: nn.Module, x: torch.Tensor, *, backward: bool,
+def run_model(session: Trace | Watch, model: nn.Module, x: torch.Tensor, *, backward: bool,
               kwargs: dict[str, Any] | None = None) -> None:
     """One forward pass ``model(x, **kwargs)`` (and the backward of :func:`backward_loss`) inside
     ``session``: an exception the model raises in its forward leaves the block as a one-line

@@ -23,8 +23,13 @@ import torch.nn.functional as F
 
 from ..core.text import first_line
 from ..errors import HookscopeError
-from ._load import DEMO_SPEC, check_fits, parse_shape, torchvision_weights, usual_shape, warn
-from ._thirdparty import HF_PREFIX, TIMM_PREFIX, hf_config, hf_preprocessing, timm_pretrained_cfg
+from ..loading import usual_shape
+from ..loading.hf import hf_config
+from ..loading.preprocessing import hf_preprocessing, timm_pretrained_cfg
+from ..loading.spec import HF_PREFIX, TIMM_PREFIX
+from ..loading.vision import torchvision_weights
+from ._load import DEMO_SPEC, warn
+from ._shapes import check_fits, parse_shape
 
 __all__ = ["IMAGE_SUFFIXES", "PRESETS", "Images", "Preset", "add_image_arguments", "image_files", "size_hint",
            "load_images", "preset_for", "read_image", "transform"]

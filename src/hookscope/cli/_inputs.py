@@ -22,8 +22,12 @@ from torch import nn
 
 from ..core.text import first_line, shape_text
 from ..errors import HookscopeError
-from ._load import check_fits, check_seed, example_input, parse_shape, random_input
-from ._thirdparty import TIMM_PREFIX, hf_tokenizer, is_hf_model, timm_input_size, tokenizer_files
+from ..loading import check_seed
+from ..loading.hf import is_hf_model
+from ..loading.preprocessing import timm_input_size
+from ..loading.spec import TIMM_PREFIX
+from ._shapes import check_fits, example_input, parse_shape, random_input
+from ._tokenizer import hf_tokenizer, tokenizer_files
 
 __all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]
 

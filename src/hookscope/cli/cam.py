@@ -18,6 +18,7 @@ import torch
 
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
+from ..loading.hf import is_hf_model
 from ._images import add_image_arguments, load_images
 from ._inputs import hf_logits, model_input
 from ._load import (
@@ -31,7 +32,6 @@ from ._load import (
     warn,
 )
 from ._outputs import check_outputs, input_paths
-from ._thirdparty import is_hf_model
 
 if TYPE_CHECKING:
     from ..analysis.cam import CamMaps

@@ -51,6 +51,7 @@ def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, tor
     """What a hand-written hook that stores ``output`` by reference ends up holding."""
     kept: dict[str, torch.Tensor] = {}
     mods = dict(model.named_modules())
+    # own hook: the naive, reference-keeping hook whose in-place trap the demo shows; capture would not fall into it
     handles = [mods[n].register_forward_hook(lambda m, i, o, n=n: kept.__setitem__(n, o.detach())) for n in names]
     try:
         with torch.no_grad():

@@ -15,12 +15,13 @@ import torch
 from ..analysis.features import BY, compare_references, feature_maps
 from ..core.text import shape_text, table
 from ..errors import HookscopeError
+from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..viz.features import REDUCTIONS, SCALES
 from ._images import add_image_arguments, load_images
 from ._inputs import ModelInput, model_input
-from ._load import DEMO_SPEC, add_model_arguments, example_input, load_model, model_session
-from ._thirdparty import HF_PREFIX, TIMM_PREFIX
+from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
 from ._outputs import check_outputs, input_paths
+from ._shapes import example_input
 
 if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps

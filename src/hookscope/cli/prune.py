@@ -357,7 +357,7 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
 def _save(model: nn.Module, path: str, *, compacted: bool) -> int:
     """Write the state_dict atomically (temp file, then rename): a failure leaves no half file. A
     compacted model's says so in its metadata, for --weights to resize the architecture to it."""
-    from ..analysis.prune._resize import marked_compacted
+    from ..analysis.prune import marked_compacted
 
     state = model.state_dict()
     held = marked_compacted(state) if compacted else {k: v.detach().clone().contiguous() for k, v in state.items()}

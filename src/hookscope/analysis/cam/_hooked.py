@@ -89,14 +89,18 @@ def hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep: 
     hook: Callable[[Any], Any] = eager if is_compiled(model) else (lambda f: f)
     try:
         for name, module in keep:
+            # own hook: the kept output must stay in the autograd graph (capture detaches) and the model runs
+            # on a copy of it, so that an in-place op after the layer cannot rewrite what is differentiated
             group.add(module.register_forward_hook(hook(keeper(p, name))))
         if probe is not None:  # after the keepers, so that they see the copies handed on
             p.probe.attach(probe, keep, group, wrap=hook)
             p.probed = True
         for name, module in watch:
+            # own hook: holds each output by reference with its version, only to find the layer; copies nothing
             group.add(module.register_forward_pre_hook(hook(starts(name, p))))
             group.add(module.register_forward_hook(hook(watcher(name, p))))
         for name, module in heads:
+            # own hook: the last Linear's input and output, read by reference to check CAM's head
             group.add(module.register_forward_hook(hook(head_watcher(name, p))))
         refresh.open()
         p.output = call_model(model, (x,), private(kw))  # a failure names where it failed

@@ -228,11 +228,14 @@ class Tracker:
         # Under torch.compile, hooks run eagerly between graph pieces instead of being traced.
         wrap: Callable[[Any], Any] = eager if is_compiled(self.model) else (lambda f: f)
         for name, module in targets:
+            # own hook: run B hands each output to the comparison as it is produced, keeping none (run A is a capture)
             self.group.add(module.register_forward_pre_hook(wrap(self.enter(name)), with_kwargs=True))
             self.group.add(module.register_forward_hook(wrap(self.leave(name))))
         if self.on_output is not None and self.like_a.guards_any():  # as capture() does for run A
             for module in boundary_modules(self.model):
+                # own hook: what capture() registers for run A, so that run B takes the same code paths
                 self.group.add(module.register_forward_pre_hook(settle_inputs, with_kwargs=True))
+            # own hook: as above, capture()'s hook on the model's output
             self.group.add(self.model.register_forward_hook(plain_output))
         self.refresh.open()  # a compiled model that already ran would not see the new hooks
 

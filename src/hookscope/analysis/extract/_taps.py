@@ -73,8 +73,10 @@ class Taps:
         try:
             for name, module in self.selected:
                 if self.keep == "input":
+                    # own hook: reduces on the device into the shard buffers and stops the pass; capture would keep tensors
                     self._group.add(module.register_forward_pre_hook(self._pre(name), with_kwargs=True))
                 else:
+                    # own hook: as above, for the layer's output
                     self._group.add(module.register_forward_hook(self._post(name)))
         except BaseException:
             self._group.remove()

@@ -14,7 +14,7 @@ from ._compact import compact, mask_channels
 from ._compare import CompareRow, ModelComparison, compare_models
 from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
 from ._importance import ChannelImportance, ImportanceRow, channel_importance
-from ._resize import fit_to
+from ._resize import fit_to, is_compacted, marked_compacted, shrinks
 from ._weights import Sparsity, PruneRow, prune, remove, sparsity
 
 __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
@@ -22,4 +22,4 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
            "channel_groups", "ChannelGroups", "Group", "GroupMember", "Site", "BlockedGroup",
            "mask_channels", "compact",
            "channel_importance", "ChannelImportance", "ImportanceRow",
-           "compare_models", "ModelComparison", "CompareRow", "fit_to"]
+           "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks"]

@@ -145,6 +145,7 @@ class _Macs:
     def register(self, model: nn.Module, group: HookGroup) -> None:
         for m in dict.fromkeys(model.modules()):
             if has_rule(m):
+                # own hook: counts each ruled module's mult-adds as it runs; keeps no tensor
                 group.add(m.register_forward_pre_hook(self._pre))
                 group.add(m.register_forward_hook(self._post, with_kwargs=True))
 

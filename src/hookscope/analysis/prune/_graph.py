@@ -296,6 +296,7 @@ def trace_channels(model: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, 
     handles: list[Any] = []
     try:
         for qualname, m in mods:
+            # own hook: tells the channel tracer which module each op runs in; keeps nothing
             handles.append(m.register_forward_pre_hook(_push(tr, qualname)))
             handles.append(m.register_forward_hook(_pop(tr, qualname), always_call=True))
         args, kw = private((inputs, kwargs))  # the model may write into its inputs: never the caller's

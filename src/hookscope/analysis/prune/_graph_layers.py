@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
+from ._graph_call import Call
+from ._graph_pointwise import pointwise
 from ._graph_shadow import carrying_dims, row_ids
 from ._graph_state import Tracer
-
-from ._graph_call import Call
 
 __all__ = ["LAYERS"]
 
@@ -180,8 +180,6 @@ def _prelu(tr: Tracer, c: Call) -> None:
     if s is None or not isinstance(c.out, torch.Tensor):
         return
     if not isinstance(w, torch.Tensor) or w.numel() == 1:
-        from ._graph_ops import pointwise
-
         pointwise(tr, c)
         return
     cdim = 1 if x.dim() >= 2 else 0
@@ -197,8 +195,6 @@ def _prelu(tr: Tracer, c: Call) -> None:
 def _norm_over(pos: int) -> Callable[[Tracer, Call], None]:
     """layer_norm / rms_norm / group_norm: statistics over channels change when one is removed."""
     def run(tr: Tracer, c: Call) -> None:
-        from ._graph_ops import pointwise
-
         x = c.args[0]
         s = tr.shadow(x)
         if s is None:

@@ -76,6 +76,7 @@ def _outputs(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any],
 
     try:
         for name, m in named_modules(model):
+            # own hook: the first output of every module, and the modules running when the pass raised
             handles.append(m.register_forward_pre_hook(pre(name or "(model)")))
             handles.append(m.register_forward_hook(post(name or "(model)")))
         try:

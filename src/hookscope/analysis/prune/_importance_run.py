@@ -339,6 +339,7 @@ def calibrate(model: nn.Module, inner: nn.Module, data: Any, sites: list[Site], 
     batches = samples = 0
     with HookGroup() as group, _prepared(inner, kind, train):
         for s in sites:
+            # own hook: folds each call's statistics into running sums on the device, batch after batch; keeps no tensor
             group.add(s.module.register_forward_hook(collector.hook(s)))
         for index, raw in enumerate(batches_of(data)):
             if max_batches is not None and index >= max_batches:

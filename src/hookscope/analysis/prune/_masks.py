@@ -249,8 +249,10 @@ def _apply(module: nn.Module, name: str, mask: torch.Tensor) -> None:
         module.register_parameter(name + "_orig", param)
         del module._parameters[name]
         module.register_buffer(name + "_mask", new)
+        # own hook: the mask stays on the model after this returns, as torch.nn.utils.prune's does
         module.register_forward_pre_hook(MaskHook(name, module))
     if not _refresh_keys(module, name):  # also on a layer pruned by torch, adopted
+        # own hook: the masked weight is made again when a state_dict is loaded
         module.register_load_state_dict_post_hook(RefreshHook(name))
     setattr(module, name, _product(module, name))
 

@@ -48,7 +48,12 @@ def marked_compacted(state_dict: Mapping[str, torch.Tensor]) -> OrderedDict[str,
 
 
 def is_compacted(held: object) -> bool:
-    """Whether what a weights file held is a state_dict :func:`marked_compacted` wrote (see there)."""
+    """Whether what a weights file held is a state_dict :func:`marked_compacted` wrote (see there).
+
+    Example:
+        >>> is_compacted({"weight": torch.zeros(1)})
+        False
+    """
     meta = getattr(held, "_metadata", None)
     root = meta.get("") if isinstance(meta, Mapping) else None
     return isinstance(root, Mapping) and root.get(_MARK) == _COMPACTED
