@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 import hookscope
 
 pytest.importorskip("transformers")
-from test_lm import IDS, MODELS, gpt2, t5  # noqa: E402 - the same tiny models
+from test_capture_lm import IDS, MODELS, gpt2, t5  # noqa: E402 - the same tiny models
 
 SEQ = IDS.shape[1]  # 5 tokens; T5's decoder reads 3
 # Q K^T and weights @ V over every head (2 heads x 16 = 32 wide), 2 layers, by hand

@@ -275,3 +275,15 @@ def test_every_hook_registered_outside_the_hook_layer_says_why_it_is_its_own():
         bad += [f"{where}:{line}" for line in lines if not _explained(line, set(lines), comments)]
     assert not bad, f"hooks registered outside the hook layer with no '# {MARK}: why' comment:\n" + "\n".join(bad)
 
+
+
+LONG = 500  # lines: a module past this says why it is one file, in its docstring
+
+
+def test_a_module_past_500_lines_says_why_it_is_one_file():
+    long = []
+    for p in FILES:
+        source = p.read_text()
+        if source.count("\n") > LONG and "past 500 lines" not in (ast.get_docstring(ast.parse(source)) or ""):
+            long.append(f"{p.relative_to(SRC)} ({source.count(chr(10))} lines)")
+    assert not long, "modules past 500 lines that do not say why they are one file: " + ", ".join(long)

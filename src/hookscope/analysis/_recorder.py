@@ -9,6 +9,9 @@ in-place trap of kept references does not apply to them.
 
 ``trace`` and ``watch`` are siblings on this floor: each is a :class:`RecorderSession` with its own
 ``sink`` for the events.
+
+One file past 500 lines: the hooks, their lifecycle and the naming of failures all read and write one
+session's state; split apart, each part would reach into the others' fields.
 """
 
 from __future__ import annotations

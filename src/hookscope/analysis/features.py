@@ -5,6 +5,9 @@ when an in-place op rewrites it after the layer ran) and returns a :class:`Featu
 comparison, :func:`compare_references`, runs a hand-written hook that keeps ``output.detach()``
 by reference alongside the capture, and says which channels the two disagree on.
 :mod:`hookscope.viz.features` draws both.
+
+One file past 500 lines: the two results and the one hooked pass they both come from, with the layout
+rules that pass applies.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ leftovers of killed runs, and clearing a folder that holds nothing but a store.
 
 Layout: ``DIR/manifest.json`` and ``DIR/shards/000000.safetensors``...; a file under a final name is
 complete, because it was renamed there only after its last byte reached the disk.
+
+One file past 500 lines: every operation on a store's files (write, scan, clear, leftovers of a killed
+run) follows the same atomicity rules, which are easiest to check in one place.
 """
 
 from __future__ import annotations

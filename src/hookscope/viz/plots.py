@@ -10,6 +10,9 @@ Lines are drawn on log axes, which have no place for 0, Inf or NaN; so that no v
 a 0 is drawn on the bottom edge (with a hollow circle, labelled "0 (on the bottom edge)"), +Inf on
 the top edge, and a layer whose values hold NaN or Inf gets a red cross near the top (labelled
 "NaN/Inf (count)"). A layer with no value at all (no parameters, no gradient) is a gap.
+
+One file past 500 lines: the figures share the conventions above (log axes, edges for 0 and Inf, crosses
+for NaN) and the Agg canvas they are drawn on.
 """
 
 from __future__ import annotations

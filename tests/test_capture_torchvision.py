@@ -1,4 +1,4 @@
-"""Real torchvision models and the traps users meet with hooks on them (stories 3, 4 and 5).
+"""Real torchvision models and the traps users meet with hooks on them: keeping a layer's input and output, the in-place trap, the wrapper trap.
 
 Every model is built with ``weights=None`` (nothing is downloaded) and every test ends by checking
 that no hook is left on the model.
