@@ -89,8 +89,8 @@ def hooked_forward(model: nn.Module, x: torch.Tensor, kw: dict[str, Any], keep: 
     hook: Callable[[Any], Any] = eager if is_compiled(model) else (lambda f: f)
     try:
         for name, module in keep:
-            # own hook: the kept output must stay in the autograd graph (capture detaches) and the model runs
-            # on a copy of it, so that an in-place op after the layer cannot rewrite what is differentiated
+            # the kept output stays in the autograd graph (capture detaches) and the model runs on a copy of it,
+            # so no in-place op after the layer rewrites what is differentiated: cam's own hook
             group.add(module.register_forward_hook(hook(keeper(p, name))))
         if probe is not None:  # after the keepers, so that they see the copies handed on
             p.probe.attach(probe, keep, group, wrap=hook)
