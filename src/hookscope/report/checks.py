@@ -9,7 +9,7 @@ import torch
 from ..analysis.gradflow import gradient_flow
 from ..analysis.summary import summary
 from ..analysis.trace import Trace, trace
-from ..analysis.watch import watch
+from ..analysis.watch import Watch, watch
 from ..core.text import num
 from ..errors import HookscopeError
 from .html import Figure, Section
@@ -64,23 +64,24 @@ def _figure(v: object) -> str:
     return f"{v:,}" if isinstance(v, int) else num(v)
 
 
-def _traced(s: Subject) -> Trace:
+def _checked(s: Subject) -> tuple[Trace, Watch]:
+    """One forward and backward pass, traced and watched at once: both see the same tensors, so this is
+    what two passes gave, for half the work."""
+    s.model.zero_grad(set_to_none=True)  # both read this pass's gradients only
     t = trace(s.model, keep=("output", "grads"), param_grads=True)
-    with t:
+    w = watch(s.model)
+    with t, w:
         loss_of(s.model(s.x)).backward()
-    return t
+    return t, w
 
 
 def debug_sections(s: Subject) -> list[Section]:
-    """Trace (forward and backward statistics), the NaN/Inf check and gradient flow, from two passes."""
+    """Trace (forward and backward statistics), the NaN/Inf check and gradient flow, from one pass."""
     from ..viz.plots import plot_gradient_flow, plot_trace, save_figure
 
-    t = _traced(s)
+    t, w = _checked(s)
     flow = gradient_flow(s.model, trace=t)
-    s.model.zero_grad(set_to_none=True)  # the NaN/Inf check sees this pass's gradients only
-    w = watch(s.model)
-    with w:
-        loss_of(s.model(s.x)).backward()
+    s.model.zero_grad(set_to_none=True)
     tr = Section("trace", "Trace", text=t.table(), text_title=f"every row ({len(t.rows)})",
                  paragraphs=["Per layer standard deviation and largest |x| of outputs (forward) and of "
                              "their gradients (backward, loss = logsumexp of the logits), in execution order."],
