@@ -1,4 +1,4 @@
-"""Report sections about the model as a whole: predictions, summary, trace, the NaN/Inf check, gradient flow."""
+"""Report sections about the model as a whole: predictions, trace, the NaN/Inf check, gradient flow."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ from collections.abc import Mapping
 import torch
 
 from ..analysis.gradflow import gradient_flow
-from ..analysis.summary import summary
 from ..analysis.trace import Trace, trace
 from ..analysis.watch import Watch, watch
-from ..core.text import num
 from ..errors import HookscopeError
 from .html import Figure, Section
 from .subject import Subject, loss_of
 
-__all__ = ["debug_sections", "predictions", "summary_section"]
+__all__ = ["debug_sections", "predictions"]
 
 _SHOWN = 8  # images listed one by one; more are summed up
 
@@ -45,23 +43,6 @@ def predictions(s: Subject) -> Section:
         sec.paragraphs.append(f"{len(rows) - _SHOWN} more images in report.json.")
     sec.data = rows
     return sec
-
-
-def summary_section(s: Subject) -> Section:
-    """Layers, parameters, multiply-adds and shapes (``hookscope.summary``)."""
-    result = summary(s.model, s.x)
-    data = result.to_dict()
-    sec = Section("summary", "Summary", text=result.table(), text_title="every layer", data=data)
-    totals = data.get("totals", {}) if isinstance(data, dict) else {}
-    sec.facts = [(k.replace("_", " "), _figure(v)) for k, v in totals.items() if not isinstance(v, (dict, list))]
-    return sec
-
-
-def _figure(v: object) -> str:
-    """A total as people read it: counts with thousands separators, other numbers short."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    return f"{v:,}" if isinstance(v, int) else num(v)
 
 
 def _checked(s: Subject) -> tuple[Trace, Watch]:
