@@ -48,7 +48,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", nargs="+", metavar="L", default=None,
                    help="layers whose feature maps to draw (default: up to four top-level layers)")
     p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
-                   help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam)")
+                   help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam); each method "
+                        "runs the model about 100 more times per image for its deletion and insertion curves, "
+                        "most of a report's time")
     p.add_argument("--against", metavar="B", default=None,
                    help="also compare MODEL layer by layer with B on the same inputs (a section on the first "
                         "divergence): a weights file for MODEL's architecture (a state_dict, as --weights takes), "

@@ -51,7 +51,7 @@ class Subject:
     random_weights: bool = False
     generated_inputs: bool = False
     progress: Progress = field(default_factory=lambda: Progress(0, enabled=False))
-    _summary: Summary | None = field(default=None, repr=False)
+    _summary: Summary | None = field(default=None, init=False, repr=False)
 
     def image(self, name: str) -> Path:
         """The path of a picture called ``name`` in the report's ``img`` folder."""
