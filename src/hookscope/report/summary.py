@@ -43,7 +43,9 @@ def _zeros(result: Summary) -> str:
     t = result.totals
     if t.zeros is None or t.sparsity is None:
         return "unknown (the values cannot be read here)"
-    return "none" if not t.zeros else f"{t.sparsity:.1%} ({t.zeros:,} of {t.params:,})"
+    pct = 100 * t.sparsity
+    share = f"{pct:.1f}%" if pct >= 1 else f"{pct:.2f}%" if pct >= 0.01 else "under 0.01%"  # never a bare 0.0%
+    return "none" if not t.zeros else f"{share} ({t.zeros:,} of {t.params:,})"
 
 
 def summary_facts(result: Summary) -> list[tuple[str, str]]:
