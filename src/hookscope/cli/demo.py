@@ -141,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report:
         from ..report import build_report
 
+        # the trained model on the kind of images it was trained on: real weights and inputs, no banner
         path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
                             class_names=DEMO_CLASSES, baselines=data.backgrounds, title=_TITLE,
-                            overwrite=True)
+                            overwrite=True, random_weights=False, generated_inputs=False)
         found["report"] = str((path / "index.html").resolve())
     if args.json:
         print(json.dumps(found, indent=1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,15 @@ import torch
 from ..errors import HookscopeError
 from ._images import add_image_arguments, load_images
 from ._inputs import model_input
-from ._load import add_class_arguments, add_model_arguments, check_class_names, class_names, load_model
+from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_class_names, class_names, load_model,
+                    warn)
+from ..loading.spec import TIMM_PREFIX
 
 _MOST = 512  # generated images at once: every layer's output and gradient of each is kept for a while
 EXAMPLE = """Example:
   hookscope report demo --out demo-report
   hookscope report torchvision:resnet18 --weights DEFAULT --image photos/ --out r18 --methods gradcam,scorecam
+  hookscope report tiny --weights finetuned.pt --against base.pt --out compared
 """
 
 
@@ -28,8 +32,11 @@ def add_parser(sub: Any) -> None:
              "gradient flow) to a folder",
         description="Runs MODEL on images (--image), on generated demo images (MODEL demo), or on a seeded "
         "random input (--input), and writes DIR/index.html with its pictures under DIR/img and every number "
-        "in DIR/report.json. The folder appears only when complete; an existing folder is replaced only "
-        "with --overwrite, and only if it holds a report or nothing.",
+        "in DIR/report.json. The page opens offline, shows a tab per image and a layer picker (everything "
+        "one under another without JavaScript), and says at the top when the weights are random or the "
+        "input is generated. The folder appears only when complete; an existing folder is replaced only "
+        "with --overwrite, and only if it holds a report or nothing. A progress bar shows on stderr when "
+        "it is a terminal.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
@@ -41,7 +48,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", "--layer", nargs="+", metavar="L", default=None,
                    help="layers whose feature maps to draw (default: up to four top-level layers)")
     p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
-                   help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam)")
+                   help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam); each method "
+                        "runs the model about 100 more times per image for its deletion and insertion curves, "
+                        "most of a report's time")
+    p.add_argument("--against", metavar="B", default=None,
+                   help="also compare MODEL layer by layer with B on the same inputs (a section on the first "
+                        "divergence): a weights file for MODEL's architecture (a state_dict, as --weights takes), "
+                        "or another MODEL in any form MODEL takes")
     p.add_argument("--out", metavar="DIR", required=True, help="the folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds an earlier report")
     p.add_argument("--json", action="store_true", help="print the report's paths as JSON")
@@ -95,6 +108,40 @@ def _names(args: argparse.Namespace, model: torch.nn.Module, x: torch.Tensor) ->
     return names
 
 
+def _random_weights(args: argparse.Namespace) -> bool:
+    """MODELs built without --weights that have random weights (what load_model warns of): tiny, torchvision
+    and timm; the demo model is trained; other MODELs bring their own weights."""
+    return args.weights is None and (args.model == "tiny" or args.model.startswith(("torchvision:", TIMM_PREFIX)))
+
+
+def _generated(args: argparse.Namespace) -> bool:
+    """Inputs that are not images: a seeded random tensor (the demo's generated shapes are its own data)."""
+    generated = not args.image and not (args.model == DEMO_SPEC and args.input is None)
+    if generated:
+        warn("the input is generated (random values, not images): its maps show no real object; give --image PATH")
+    return generated
+
+
+def _against(args: argparse.Namespace) -> tuple[torch.nn.Module, str] | None:
+    """--against B: a weights file for MODEL's architecture, else another MODEL (a whole saved model too)."""
+    spec = args.against
+    if spec is None:
+        return None
+    if not os.path.isfile(spec):
+        try:
+            return load_model(spec, seed=args.seed).eval(), spec
+        except HookscopeError as e:
+            raise HookscopeError(f"--against {spec}: {e}") from None
+    try:
+        return load_model(args.model, seed=args.seed, weights=spec).eval(), f"{args.model} with the weights {spec}"
+    except HookscopeError as e:
+        said = str(e).replace(f"--weights {spec}", f"--against {spec}")
+        try:  # a whole saved model (torch.save(model)) rather than a state_dict
+            return load_model(spec, seed=args.seed).eval(), spec
+        except HookscopeError:
+            raise HookscopeError(said if f"--against {spec}" in said else f"--against {spec}: {said}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ..report import build_report, check_target
 
@@ -103,11 +150,14 @@ def run(args: argparse.Namespace) -> int:
         raise HookscopeError(f"--images {args.images} must be from 1 to {_MOST}")
     check_target(Path(args.out).absolute(), overwrite=args.overwrite, flag="--overwrite")
     model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
+    against = _against(args)
     x, pictures, masks, baselines = _inputs(args, model)
     path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=_names(args, model, x),
-                        baselines=baselines,
-                        layers=args.layers, methods=methods, title=f"hookscope report: {args.model}",
-                        overwrite=args.overwrite, overwrite_flag="--overwrite")
+                        baselines=baselines, layers=args.layers, methods=methods,
+                        title=f"hookscope report: {args.model}", overwrite=args.overwrite,
+                        overwrite_flag="--overwrite", random_weights=_random_weights(args),
+                        generated_inputs=_generated(args), against=against[0] if against else None,
+                        against_name=against[1] if against else None)
     path = path.resolve()
     index = path / "index.html"
     if args.json:

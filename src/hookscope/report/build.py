@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
@@ -17,11 +18,16 @@ from ..core.state import restored
 from ..core.text import shape_text
 from ..errors import HookscopeError
 from ..selection import layers as select
-from .checks import debug_sections, predictions, summary_section
+from .cams import DEFAULT_METHODS, cam_section
+from .checks import debug_sections, predictions
+from .diffs import diff_section
+from .features import feature_section, spatial_layers
 from .folder import MARKER, staged_folder
 from .html import Section, page
-from .maps import DEFAULT_METHODS, cam_section, feature_section
+from .progress import Progress
+from .structure import structure_section
 from .subject import Subject, kept_grads
+from .summary import summary_section
 
 __all__ = ["build_report"]
 
@@ -35,7 +41,8 @@ def _version() -> str:
         return "unknown"
 
 
-def _check(x: torch.Tensor, pictures: torch.Tensor | None, masks: torch.Tensor | None) -> None:
+def _check(x: torch.Tensor, pictures: torch.Tensor | None, masks: torch.Tensor | None,
+           against: nn.Module | None) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise HookscopeError("a report needs inputs as one B x C x H x W tensor; give images or an input shape")
     if pictures is not None and (pictures.shape[0] != x.shape[0] or pictures.dim() != 4 or pictures.shape[1] != 3):
@@ -43,6 +50,8 @@ def _check(x: torch.Tensor, pictures: torch.Tensor | None, masks: torch.Tensor |
                              f"{shape_text(tuple(x.shape))}; give one B x 3 x H x W picture per input")
     if masks is not None and (masks.dim() != 3 or masks.shape[0] != x.shape[0]):
         raise HookscopeError(f"masks {shape_text(tuple(masks.shape))} are not one H x W mask per input")
+    if against is not None and not isinstance(against, nn.Module):
+        raise HookscopeError(f"against= is a {type(against).__name__}, not a model; give the nn.Module to compare with")
 
 
 def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequence[str]) -> None:
@@ -54,17 +63,31 @@ def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequ
         select(model, name)  # a name that matches nothing says so, with the closest names
 
 
-def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str]) -> list[Section]:
-    found = [predictions(s), summary_section(s), feature_section(s, layers)]
+def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str],
+              against: tuple[nn.Module, str] | None) -> list[Section]:
+    """Every section in page order; each long step tells the progress bar."""
+    s.progress.start("predictions")
+    found = [predictions(s)]
+    s.progress.start("summary")
+    found += [summary_section(s), structure_section(s)]
+    chosen = list(layers) if layers is not None else spatial_layers(s.summary())
+    s.progress.add(len(chosen) + 2 * len(methods) + bool(methods) + (against is not None))
+    if against is not None:
+        s.progress.start(f"comparison with {against[1]}")
+        found.append(diff_section(s, *against))
+    found.append(feature_section(s, chosen))
     if methods:
         found.append(cam_section(s, methods))
+    s.progress.start("trace, NaN/Inf check and gradient flow")
     return found + debug_sections(s)
 
 
 def _write(s: Subject, title: str, subtitle: str, sections: list[Section]) -> None:
-    (s.folder / "index.html").write_text(page(title, subtitle, sections), encoding="utf-8")
+    s.progress.start("writing the folder")
+    (s.folder / "index.html").write_text(page(title, subtitle, sections, banners=s.banners()), encoding="utf-8")
     doc = {"hookscope_report": FORMAT, "title": title, "about": subtitle, "hookscope": _version(),
            "torch": torch.__version__, "input_shape": list(s.x.shape),
+           "origin": {"random_weights": s.random_weights, "generated_inputs": s.generated_inputs},
            "sections": {sec.key: sec.data for sec in sections}}
     (s.folder / MARKER).write_text(json.dumps(jsonable(doc), indent=1) + "\n", encoding="utf-8")
 
@@ -84,14 +107,22 @@ def build_report(
     note: str = "",
     overwrite: bool = False,
     overwrite_flag: str = "overwrite=True",
+    random_weights: bool = False,
+    generated_inputs: bool = False,
+    against: nn.Module | None = None,
+    against_name: str | None = None,
+    progress: bool | None = None,
 ) -> Path:
     """Write a self-contained report folder (``index.html``, ``img/``, ``report.json``) about ``model``.
 
-    Sections: predictions, summary, feature maps of ``layers`` (default: up to four top-level layers
-    with spatial outputs), CAMs by each of ``methods`` with deletion / insertion AUC (and the pointing
-    game where ``masks`` are given), trace, the NaN/Inf check and gradient flow. The folder appears
-    only when complete; an existing one is replaced only with ``overwrite`` and only if it is a report
-    or empty. The model comes back as it was: modes, buffers, random state and ``.grad``.
+    Sections: predictions, summary, structure (the top-level modules in call order, drawn), the
+    comparison with ``against`` when given, feature maps of ``layers`` (default: up to four top-level
+    layers with spatial outputs), CAMs by each of ``methods`` with deletion / insertion AUC (and the
+    pointing game where ``masks`` are given), trace, the NaN/Inf check and gradient flow. Feature maps
+    and CAMs are drawn for each input (up to 8), a tab each; the page works offline and, without
+    JavaScript, shows every view one under another. The folder appears only when complete; an
+    existing one is replaced only with ``overwrite`` and only if it is a report or empty. The model
+    comes back as it was: modes, buffers, random state and ``.grad``.
 
     Args:
         model: the model, in the mode to report on (usually ``eval()``).
@@ -102,23 +133,42 @@ def build_report(
         class_names: names of the model's classes, shown next to predictions.
         baselines: what deletion / insertion put in place of removed pixels (inputs without their
             objects, where known); default zeros for deletion and a blur for insertion.
+        random_weights: the model's weights are random (not trained): the page opens with a banner
+            saying its maps and scores show the methods, not findings.
+        generated_inputs: the inputs are generated, not real images: the page says so at the top.
+        against: another model (same layer names, such as the same architecture with other weights)
+            to compare with layer by layer on ``inputs`` (:func:`hookscope.diff`).
+        against_name: how the page names ``against`` (default: its class name).
+        progress: a progress bar on stderr; ``None``: when stderr is a terminal.
 
     Example:
         >>> import tempfile, pathlib, shutil
         >>> from hookscope.zoo import TinyResNet
         >>> root = pathlib.Path(tempfile.mkdtemp())
-        >>> path = build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), root / "r", methods=["gradcam"])
+        >>> path = build_report(TinyResNet().eval(), torch.rand(1, 3, 32, 32), root / "r", methods=["gradcam"],
+        ...                     random_weights=True, generated_inputs=True)
         >>> sorted(p.name for p in path.iterdir())
         ['img', 'index.html', 'report.json']
+        >>> "Random weights:" in (path / "index.html").read_text()
+        True
         >>> shutil.rmtree(root)
     """
-    _check(inputs, pictures, masks)
+    _check(inputs, pictures, masks, against)
     _check_choices(model, layers, methods)
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
-    with staged_folder(out, overwrite=overwrite, flag=overwrite_flag) as folder:
-        s = Subject(model, inputs, folder, pictures, masks, class_names, baselines)
-        with restored(model), kept_grads(model):
-            sections = _sections(s, layers, methods)
-        _write(s, title, subtitle, sections)
+    bar = Progress(4, enabled=progress)
+    pair = (against, against_name or type(against).__name__) if against is not None else None
+    other = restored(against) if against is not None and against is not model else contextlib.nullcontext()
+    try:
+        with staged_folder(out, overwrite=overwrite, flag=overwrite_flag) as folder:
+            s = Subject(model, inputs, folder, pictures, masks, class_names, baselines, random_weights,
+                        generated_inputs, bar)
+            with restored(model), kept_grads(model), other:
+                sections = _sections(s, layers, methods, pair)
+            _write(s, title, subtitle, sections)
+    except BaseException:
+        bar.close(done=False)  # ends the bar's line, so that the error is said on a line of its own
+        raise
+    bar.close()
     return Path(out)

@@ -1,4 +1,4 @@
-"""Report sections about the model as a whole: predictions, summary, trace, the NaN/Inf check, gradient flow."""
+"""Report sections about the model as a whole: predictions, trace, the NaN/Inf check, gradient flow."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ from collections.abc import Mapping
 import torch
 
 from ..analysis.gradflow import gradient_flow
-from ..analysis.summary import summary
 from ..analysis.trace import Trace, trace
-from ..analysis.watch import watch
-from ..core.text import num
+from ..analysis.watch import Watch, watch
 from ..errors import HookscopeError
 from .html import Figure, Section
 from .subject import Subject, loss_of
 
-__all__ = ["debug_sections", "predictions", "summary_section"]
+__all__ = ["debug_sections", "predictions"]
 
 _SHOWN = 8  # images listed one by one; more are summed up
 
@@ -47,40 +45,24 @@ def predictions(s: Subject) -> Section:
     return sec
 
 
-def summary_section(s: Subject) -> Section:
-    """Layers, parameters, multiply-adds and shapes (``hookscope.summary``)."""
-    result = summary(s.model, s.x)
-    data = result.to_dict()
-    sec = Section("summary", "Summary", text=result.table(), text_title="every layer", data=data)
-    totals = data.get("totals", {}) if isinstance(data, dict) else {}
-    sec.facts = [(k.replace("_", " "), _figure(v)) for k, v in totals.items() if not isinstance(v, (dict, list))]
-    return sec
-
-
-def _figure(v: object) -> str:
-    """A total as people read it: counts with thousands separators, other numbers short."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    return f"{v:,}" if isinstance(v, int) else num(v)
-
-
-def _traced(s: Subject) -> Trace:
+def _checked(s: Subject) -> tuple[Trace, Watch]:
+    """One forward and backward pass, traced and watched at once: both see the same tensors, so this is
+    what two passes gave, for half the work."""
+    s.model.zero_grad(set_to_none=True)  # both read this pass's gradients only
     t = trace(s.model, keep=("output", "grads"), param_grads=True)
-    with t:
+    w = watch(s.model)
+    with t, w:
         loss_of(s.model(s.x)).backward()
-    return t
+    return t, w
 
 
 def debug_sections(s: Subject) -> list[Section]:
-    """Trace (forward and backward statistics), the NaN/Inf check and gradient flow, from two passes."""
+    """Trace (forward and backward statistics), the NaN/Inf check and gradient flow, from one pass."""
     from ..viz.plots import plot_gradient_flow, plot_trace, save_figure
 
-    t = _traced(s)
+    t, w = _checked(s)
     flow = gradient_flow(s.model, trace=t)
-    s.model.zero_grad(set_to_none=True)  # the NaN/Inf check sees this pass's gradients only
-    w = watch(s.model)
-    with w:
-        loss_of(s.model(s.x)).backward()
+    s.model.zero_grad(set_to_none=True)
     tr = Section("trace", "Trace", text=t.table(), text_title=f"every row ({len(t.rows)})",
                  paragraphs=["Per layer standard deviation and largest |x| of outputs (forward) and of "
                              "their gradients (backward, loss = logsumexp of the logits), in execution order."],

@@ -1,7 +1,8 @@
-"""The report's page: plain HTML and inline CSS, no JavaScript and no network resources.
+"""The report's page: HTML with inline CSS and a small inline script, nothing fetched from the network.
 
-Every text that comes from a model or a user (layer names, class names, tables) is escaped here,
-so a class called ``<script>`` shows as text.
+Every text that comes from a model or a user (layer names, class names, tables) is escaped here or in
+:mod:`.widgets`, so a class called ``<script>`` shows as text. The script only shows and hides what
+is already on the page (see :mod:`.assets`): without JavaScript the page shows everything.
 """
 
 from __future__ import annotations
@@ -11,17 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Figure", "Section", "page"]
+from .assets import CSS, HEAD_SCRIPT, SCRIPT
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;
-color:#222;padding:0 1rem;line-height:1.45}
-h1{font-size:1.6rem;margin-bottom:.2rem}h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
-nav a{margin-right:1rem}figure{margin:1rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:.9rem}pre{background:#f6f8fa;padding:.8rem;overflow-x:auto;font-size:.8rem}
-table.kv td,table.kv th{padding:.15rem .8rem .15rem 0;text-align:left}.warn{color:#a40000;font-weight:600}
-.ok{color:#176f2c;font-weight:600}.meta{color:#555}
-"""
+__all__ = ["Figure", "Section", "page"]
 
 
 @dataclass
@@ -35,8 +28,9 @@ class Figure:
 
 @dataclass
 class Section:
-    """One part of the report: a title, paragraphs, key-value rows, pictures and preformatted text.
+    """One part of the report: a title, paragraphs, label-value rows, pictures, HTML blocks and preformatted text.
 
+    ``blocks`` are pieces of HTML built by :mod:`.widgets` (escaped there), placed after the figures.
     ``data`` goes to ``report.json`` under the section's ``key``.
     """
 
@@ -49,6 +43,7 @@ class Section:
     text_title: str = "table"
     warning: str | None = None
     data: Any = None
+    blocks: list[str] = field(default_factory=list)
 
 
 def _section(s: Section) -> str:
@@ -63,24 +58,29 @@ def _section(s: Section) -> str:
     for f in s.figures:
         parts.append(f'<figure><img src="{e(f.path)}" alt="{e(f.alt or f.caption)}">'
                      f"<figcaption>{e(f.caption)}</figcaption></figure>")
+    parts += s.blocks
     if s.text is not None:
         parts.append(f"<details><summary>{e(s.text_title)}</summary><pre>{e(s.text)}</pre></details>")
     parts.append("</section>")
     return "\n".join(parts)
 
 
-def page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
-    """The whole ``index.html``.
+def page(title: str, subtitle: str, sections: Sequence[Section], *,
+         banners: Sequence[tuple[str, str]] = ()) -> str:
+    """The whole ``index.html``; each banner (heading, text) opens the page, above everything else.
 
     Example:
-        >>> text = page("r", "m", [Section("a", "<A>", paragraphs=["x < y"])])
-        >>> "<h2>&lt;A&gt;</h2>" in text and "x &lt; y" in text and "<script" not in text
+        >>> text = page("r", "m", [Section("a", "<A>", paragraphs=["x < y"])], banners=[("Random weights", "...")])
+        >>> "<h2>&lt;A&gt;</h2>" in text and "x &lt; y" in text and '<div class="banner"' in text
         True
     """
     e = html.escape
+    top = "".join(f'<div class="banner" role="note"><strong>{e(head)}:</strong> {e(text)}</div>'
+                  for head, text in banners)
     nav = " ".join(f'<a href="#{e(s.key)}">{e(s.title)}</a>' for s in sections)
     body = "\n".join(_section(s) for s in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{e(title)}</title><style>{_CSS}</style></head>\n<body>\n"
-            f'<h1>{e(title)}</h1><p class="meta">{e(subtitle)}</p><nav>{nav}</nav>\n{body}\n</body></html>\n')
+            f"<title>{e(title)}</title><style>{CSS}</style><script>{HEAD_SCRIPT}</script></head>\n<body>\n"
+            f'{top}<h1>{e(title)}</h1><p class="meta">{e(subtitle)}</p><nav>{nav}</nav>\n{body}\n'
+            f"<script>{SCRIPT}</script>\n</body></html>\n")
