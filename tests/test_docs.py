@@ -1,4 +1,5 @@
-"""The README's Python blocks and every module's docstring examples run as written."""
+"""The README's Python blocks, every module's docstring examples and every example in every command's
+``--help`` run as written."""
 
 import doctest
 import importlib
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import hookscope
+from doc_blocks import check_line, help_examples, help_text
+from hookscope.cli import COMMAND_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(
@@ -46,3 +49,27 @@ def test_readme_python_blocks_run_in_order():
         exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own documentation
     assert scope["g"]["a"].grad.item() == 2.0 and scope["w"].grad.item() == 15.0
     assert scope["rec"].stopped
+
+
+@pytest.fixture
+def empty_folder(tmp_path, monkeypatch):
+    """An empty current folder, no network, an empty hub cache and no figure windows."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("COLUMNS", "80")
+    return work
+
+
+@pytest.mark.parametrize("command", COMMAND_NAMES)
+def test_help_examples_run(command, empty_folder):
+    """Each example of ``hookscope COMMAND --help`` runs as printed, in order, in one empty folder (an
+    example may read what an earlier one wrote)."""
+    examples = help_examples(help_text(command))
+    assert examples, f"hookscope {command} --help has no examples"
+    for line in examples:
+        check_line(line)

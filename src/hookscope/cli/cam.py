@@ -40,9 +40,17 @@ _METHODS_HELP = ("cam, gradcam (default), gradcam++, xgradcam, hirescam, layerca
                  "a comma list such as gradcam,layercam runs each on the same input")
 EXAMPLE = """\
 Examples:
-  hookscope cam demo --image shapes/ --method gradcam,gradcam++,layercam --plot cams.png
-  hookscope cam torchvision:resnet18 --weights DEFAULT --image cat.jpg --out cat_cam.png
-  hookscope cam tiny --input 2x3x32x32 --json"""
+  python -c "import hookscope.synthetic as s, torchvision.utils as u; \\
+      u.save_image(s.shapes(1).images, 'shape.png')"
+      a picture to try them on: one of hookscope's generated shapes, as a PNG
+  hookscope cam demo --image shape.png --method gradcam,gradcam++,layercam \\
+      --plot cams.png
+      three methods side by side (without --image, demo draws a shape itself)
+  hookscope cam torchvision:resnet18 --image shape.png --out shape_cam.png
+      the map blended over the picture (--weights DEFAULT: trained weights,
+      downloaded once)
+  hookscope cam tiny --input 2x3x32x32 --json
+      a seeded random input, the maps' numbers for programs"""
 
 
 def add_parser(sub: Any) -> None:

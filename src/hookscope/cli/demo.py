@@ -21,10 +21,14 @@ from ..zoo import DEMO_CLASSES, demo_model
 from ._load import seed_arg
 
 _MOST = 512  # images the demo draws at once: every conv and batch norm output and gradient is kept
-EXAMPLE = """Example:
-  hookscope demo                      # 4 images, report in ./hookscope-demo
-  hookscope demo --batch 8 --out /tmp/demo-report
+EXAMPLE = """Examples:
+  hookscope demo --no-report
+      the predictions and the in-place trap, as tables (plain `hookscope demo`
+      also writes the HTML report, to ./hookscope-demo)
+  hookscope demo --batch 8 --seed 1 --no-report
+      eight other images
   hookscope demo 'layer3.*' --no-report --json
+      only the modules under layer3, as JSON for programs
 """
 
 

@@ -52,7 +52,8 @@ def add_parser(sub: Any) -> None:
     add_examples(p, ("hookscope diff tiny --b-autocast bfloat16", "where bfloat16 autocast departs from float32"),
                  ("hookscope diff tiny --b-train --plot diff.png", "train mode against eval mode, drawn"),
                  ("hookscope diff tiny tiny --b-seed 1 --only-diverging", "two differently seeded models"),
-                 ("hookscope diff a.pt b.pt --input 1x3x224x224 --json", "two saved models, for programs"))
+                 ("hookscope diff demo --b-autocast float16 --layers 'layer*' --json",
+                  "some layers under float16 autocast, for programs"))
 
 
 def _setting(args: argparse.Namespace, side: str) -> Settings:

@@ -73,14 +73,18 @@ def add_parser(sub: Any) -> None:
                    help="how images become the input, as for --image in the other commands (default auto: the "
                         "model's own preset)")
     p.add_argument("--json", action="store_true", help="print the store's summary as JSON only")
-    add_examples(p, ("hookscope extract demo --data shapes/ --layers layer2:mean fc --out feats",
-                     "the channel means of layer2 and the logits of every image in shapes/"),
-                 ("hookscope extract torchvision:resnet50 --weights DEFAULT --data val/ --layers avgpool "
-                  "--dtype float16 --out r50 --skip-unreadable", "ImageNet features in float16, broken files skipped"),
-                 ("hookscope extract hf:causal-lm --config gpt2/ --data tokens.pt --layers 'transformer.h.*:at[:, -1]' "
-                  "--out last", "the last token's hidden state of every block, from a dict of input_ids"),
-                 ("torchrun --nproc_per_node 2 -m hookscope extract tiny --data x.npy --layers layer1:mean --out s",
-                  "two processes, each writing every other shard"))
+    add_examples(p, ("python -c \"import torch, hookscope.synthetic as s; \\\n"
+                     "      torch.save(s.shapes(64).images, 'shapes.pt')\"",
+                     "64 pictures in one tensor file (or give image folders, .npy files)"),
+                 ("hookscope extract demo --data shapes.pt --layers layer2:mean fc --out feats",
+                  "the channel means of layer2 and the logits of every picture"),
+                 ("hookscope extract torchvision:resnet18 --data shapes.pt --layers avgpool \\\n"
+                  "      --dtype float16 --out r18",
+                  "an ImageNet model's features in float16 (add --weights DEFAULT for\n"
+                  "      its trained weights, downloaded once)"),
+                 ("torchrun --nproc_per_node 2 -m hookscope extract demo --data shapes.pt \\\n"
+                  "      --layers layer1:mean --out split",
+                  "two processes, each writing every other shard of one store"))
 
 
 def _index_part(node: ast.expr, spec: str) -> Any:

@@ -31,10 +31,19 @@ _R = TypeVar("_R")
 EXAMPLE = """\
 Examples:
   hookscope features demo --layers layer1 --out layer1.png
-  hookscope features torchvision:resnet18 --weights DEFAULT --image cat.jpg --layers layer4 --top 32 --out l4.png
-  hookscope features torchvision:alexnet --layers features.0 --compare-references --out trap.png
-  hookscope features torchvision:vit_b_16 --layers encoder.layers.encoder_layer_11 --tokens 1 --reduce pca \\
-      --out vit.png"""
+      layer1's channels for one generated shape, the shape beside them
+  python -c "import hookscope.synthetic as s, torchvision.utils as u; \\
+      u.save_image(s.shapes(1).images, 'shape.png')"
+      a picture to try them on: one of hookscope's generated shapes, as a PNG
+  hookscope features demo --image shape.png --layers layer2 --top 16 \\
+      --out layer2.png
+      the 16 most active channels of layer2 for your picture
+  hookscope features torchvision:alexnet --layers features.0 \\
+      --compare-references --out trap.png
+      the in-place trap: what a reference-keeping hook reads, and the truth
+  hookscope features timm:vit_tiny_patch16_224 --layers blocks.11 \\
+      --tokens 1 --reduce pca --out vit.png
+      a vision transformer's tokens on their grid, the class token dropped"""
 
 
 def add_parser(sub: Any) -> None:

@@ -35,7 +35,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
     add_examples(p, ("hookscope layers torchvision:resnet18 'layer1.*'", "the names a glob selects, with shapes"),
                  ("hookscope layers tiny 're:.*conv\\d$' --json", "a regular expression, for programs"),
-                 ("hookscope layers model.pt --no-run", "names and types without an input"))
+                 ("hookscope layers hookscope.zoo:DemoNet --no-run",
+                  "a model class of your own code (package.module:ATTR or file.py:ATTR),\n"
+                  "      names and types without running it"))
 
 
 def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:

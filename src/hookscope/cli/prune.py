@@ -72,12 +72,16 @@ def add_parser(sub: Any) -> None:
                    help="timed runs of each model for the CPU latency (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the tables")
     add_examples(p, ("hookscope prune tiny --amount 0.5", "mask half the weights of every conv and linear layer"),
-                 ("hookscope prune torchvision:resnet18 --channels --amount 0.5 --compact --out small.pt",
-                  "remove half the channels; small.pt loads back with --weights small.pt"),
-                 ("hookscope prune demo --channels --importance taylor --data shapes/ --amount 0.3",
-                  "rank channels on labelled images (one subfolder per class)"),
-                 ("hookscope prune tiny --layers 'layer1.*' --method ln_structured --amount 0.25 --json",
-                  "structured masks on some layers, for programs"))
+                 ("hookscope prune demo --channels --amount 0.5 --compact --out small.pt",
+                  "remove half the channels; `hookscope summary demo --weights small.pt`\n"
+                  "      loads the smaller model back"),
+                 ("python -c \"import torch, hookscope.synthetic as s; d = s.shapes(16); \\\n"
+                  "      torch.save({'inputs': d.images, 'labels': d.labels}, 'shapes.pt')\"",
+                  "16 labelled pictures (or a folder of images, one subfolder per class)"),
+                 ("hookscope prune demo --channels --importance taylor --data shapes.pt \\\n"
+                  "      --amount 0.3 --repeats 3", "channels ranked on that labelled data; latency over 3 runs"),
+                 ("hookscope prune tiny --layers 'layer1.*conv*' --method ln_structured \\\n"
+                  "      --amount 0.25 --json", "structured masks on some layers, for programs"))
 
 
 def _add_channel_arguments(p: argparse.ArgumentParser) -> None:

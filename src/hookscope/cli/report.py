@@ -18,10 +18,14 @@ from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_c
 from ..loading.spec import TIMM_PREFIX
 
 _MOST = 512  # generated images at once: every layer's output and gradient of each is kept for a while
-EXAMPLE = """Example:
-  hookscope report demo --out demo-report
-  hookscope report torchvision:resnet18 --weights DEFAULT --image photos/ --out r18 --methods gradcam,scorecam
-  hookscope report tiny --weights finetuned.pt --against base.pt --out compared
+EXAMPLE = """Examples:
+  hookscope report demo --images 2 --methods gradcam --out demo-report
+      two generated shapes, Grad-CAM only; their masks add the pointing game
+      (--image PATH: your own pictures, files or folders)
+  hookscope prune demo --amount 0.3 --out pruned.pt
+      other weights for demo to compare with: 30% of each layer's weights zeroed
+  hookscope report demo --against pruned.pt --methods none --out compared
+      the demo model and its pruned weights compared layer by layer
 """
 
 

@@ -25,10 +25,14 @@ def add_parser(sub: Any) -> None:
                    help="show modules down to this depth of the tree (0: the model only; default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
     add_examples(p, ("hookscope summary torchvision:resnet18 --depth 2", "the tree two levels deep, with totals"),
-                 ("hookscope summary model.py:build --input 1x3x64x64", "your own model (its code runs)"),
+                 ("hookscope summary hookscope.zoo:TinyResNet --input 1x3x64x64",
+                  "a model of your own code: package.module:ATTR or file.py:ATTR (it runs)"),
                  ("hookscope summary tiny --json", "every call's numbers, for programs"),
-                 ("hookscope summary hf:causal-lm --config gpt2-folder --input-ids '15496 11 995'",
-                  "a transformers model save_pretrained wrote, on token ids"),
+                 ("python -c \"import transformers as t; \\\n"
+                  "      t.GPT2Config(n_layer=2, n_embd=96).save_pretrained('gpt2-tiny')\"",
+                  "a small GPT-2's config (a folder save_pretrained wrote works the same)"),
+                 ("hookscope summary hf:causal-lm --config gpt2-tiny --input-ids '15496 11 995'",
+                  "a transformers model (random weights without weights in the folder)"),
                  ("hookscope summary timm:resnet18 --input 1x3x64x64", "a timm model (random weights)"))
 
 

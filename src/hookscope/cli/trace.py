@@ -39,7 +39,8 @@ def add_parser(sub: Any) -> None:
     add_examples(p, ("hookscope trace tiny", "every layer's statistics as a table"),
                  ("hookscope trace torchvision:resnet18 --backward --plot trace.png", "forward and backward, drawn"),
                  ("hookscope trace tiny --grad-flow --plot flow.png", "gradient norms per layer, flagged"),
-                 ("hookscope trace tiny --layers 'layer1.*' --json > trace.json", "the rows for programs"))
+                 ("hookscope trace tiny --layers 'layer1.*' --json > trace.json",
+                  "some layers' rows, for programs"))
 
 
 # --- shared by the commands: examples in --help, --plot, the model with its weights ----------------

@@ -31,8 +31,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print JSON for programs (finite, checked, culprit, rows) instead of the report")
     add_examples(p, ("hookscope watch tiny --backward", "the first NaN or Inf, forward or backward"),
-                 ("hookscope watch model.py:build --input 8x3x64x64 --inputs", "inputs checked too"),
-                 ("hookscope watch tiny --backward --json", "the culprit and the calls before it, for programs"))
+                 ("hookscope watch hookscope.zoo:TinyResNet --input 8x3x64x64 --inputs",
+                  "a model of your own code, each module's inputs checked too"),
+                 ("hookscope watch tiny --backward --json",
+                  "the culprit and the calls before it, for programs"))
 
 
 def run(args: argparse.Namespace) -> int:
