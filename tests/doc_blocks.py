@@ -102,7 +102,10 @@ def run_line(line: str) -> tuple[int, str]:
             if words[0] == "torchrun":
                 words = words[words.index("-m") + 1:]
             assert words[0] == "hookscope", f"not a command the tests can run: {line!r}"
-            status = main(words[1:])
+            try:
+                status = main(words[1:])
+            except SystemExit as e:  # argparse's own exits: --help, a mistake in the command line
+                status = e.code if isinstance(e.code, int) else 2
     if target is not None:
         Path(target).write_text(out.getvalue())
     return status, out.getvalue()[-3000:] + err.getvalue()[-3000:]

@@ -1,5 +1,6 @@
-"""The README's Python blocks, every module's docstring examples and every example in every command's
-``--help`` run as written."""
+"""The documentation runs as written: every module's docstring examples, every code block of the README
+and of every page under docs/, and every example in every command's ``--help``, each from an empty
+folder, offline (no weights downloaded: torch's hub cache is an empty folder)."""
 
 import doctest
 import importlib
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 
 import hookscope
-from doc_blocks import check_line, help_examples, help_text
+from doc_blocks import RUN, SHOWN, blocks, check_line, help_examples, help_text, shell_lines
 from hookscope.cli import COMMAND_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
 MODULES = sorted(
     m.name for m in pkgutil.walk_packages(hookscope.__path__, "hookscope.")
     if not m.name.endswith("__main__")
@@ -40,17 +43,6 @@ def test_every_module_is_found():
     assert len(MODULES) >= 30
 
 
-@pytest.mark.slow
-def test_readme_python_blocks_run_in_order():
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    assert len(blocks) >= 3
-    scope: dict = {}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own documentation
-    assert scope["g"]["a"].grad.item() == 2.0 and scope["w"].grad.item() == 15.0
-    assert scope["rec"].stopped
-
-
 @pytest.fixture
 def empty_folder(tmp_path, monkeypatch):
     """An empty current folder, no network, an empty hub cache and no figure windows."""
@@ -63,6 +55,47 @@ def empty_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("COLUMNS", "80")
     return work
+
+
+def run_page(path: Path) -> dict:
+    """Run a Markdown page's blocks in order: its Python blocks in one fresh namespace, its shell lines
+    in this process; every block of another language must be one that is only shown."""
+    scope: dict = {"__name__": "__main__"}
+    found = blocks(path.read_text())
+    for block in found:
+        assert block.lang in RUN + SHOWN, (
+            f"{path.name}:{block.line}: a ```{block.lang} block; use python or bash (run by the tests), "
+            "text (output) or shell (set-up commands, not run)")
+        if block.lang == "python":
+            code = "\n" * (block.line - 1) + block.code  # tracebacks give the line in the page
+            exec(compile(code, str(path), "exec"), scope)  # noqa: S102 - our own documentation
+        elif block.lang == "bash":
+            for line in shell_lines(block.code):
+                check_line(line)
+    return scope
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_docs_page_blocks_run(page, empty_folder):
+    run_page(DOCS / page)
+
+
+def test_readme_blocks_run(empty_folder):
+    scope = run_page(ROOT / "README.md")
+    assert scope["rec"]["layer1.0.bn2"].output.min() < 0  # the true values, under the in-place trap
+    assert scope["g"]["a"].original.item() == 6.0 and scope["w"].grad.item() == 9.0
+    assert scope["cams"].maps.shape == (8, 64, 64) and scope["hits"].float().mean() > 0.5
+    assert sum(p.numel() for p in scope["slim"].parameters()) == 36_462
+
+
+def test_readme_set_up_commands_are_the_ones_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    try_it = ('python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e ".[all]" '
+              "&& .venv/bin/hookscope demo")
+    test = re.search(r"^python3 -m venv .*pytest$", ci, flags=re.M)
+    assert test is not None and try_it in readme and test.group(0) in readme
+    assert readme.count("\n") <= 260, "the README is the front door: the rest goes under docs/"
 
 
 @pytest.mark.parametrize("command", COMMAND_NAMES)
