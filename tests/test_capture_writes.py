@@ -1,6 +1,6 @@
 """Hostile writes into recorded tensors: the promise of ``capture(copy=...)`` under attack.
 
-The promise (README, "What is kept, and how"): a record holds the values the layer produced, even
+The promise (docs/guide/in-place-trap.md, "What is guaranteed, and its limits"): a record holds the values the layer produced, even
 if a later op writes into that memory. ``copy="auto"`` and ``copy="always"`` must return those
 values; ``copy="never"`` may instead raise :class:`hookscope.MutationError` when the memory was
 overwritten. No policy may ever return a wrong value, and the capture must never change what the
@@ -145,7 +145,7 @@ def diff(got: Any, want: torch.Tensor) -> str:
 
 # Write paths through references hookscope never handed out: the version counter is the witness.
 UNSEEN_BUT_COUNTED = ("as_subclass_plain_then_mul_", "disable_torch_function_subclass", "jit_scripted_fn")
-# Documented limits (README, "What is guaranteed"): no Python code sees these aliases being made.
+# Documented limits (docs/guide/in-place-trap.md, "What is guaranteed, and its limits"): no Python code sees these aliases being made.
 LIMITS = {
     "utils_dlpack_roundtrip": "torch.utils.dlpack.to_dlpack is a C function no __torch_function__ "
                               "sees, and the imported tensor has its own version counter",

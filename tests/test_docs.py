@@ -106,3 +106,27 @@ def test_help_examples_run(command, empty_folder):
     assert examples, f"hookscope {command} --help has no examples"
     for line in examples:
         check_line(line)
+
+
+def test_api_reference_shows_every_public_name():
+    """Each name of ``hookscope.__all__`` has its entry on a page of docs/reference/, by its public path
+    (``hookscope.NAME``) or, where a module of that name is in the way, ``hookscope.NAME.NAME``."""
+    shown = set(re.findall(r"^::: (hookscope[\w.]*)", "\n".join(
+        p.read_text() for p in (DOCS / "reference").glob("*.md")), flags=re.M))
+    missing = [n for n in hookscope.__all__ if not {f"hookscope.{n}", f"hookscope.{n}.{n}",
+                                                    f"hookscope.capture.{n}", f"hookscope.edit.{n}",
+                                                    f"hookscope.grads.{n}", f"hookscope.selection.{n}"} & shown]
+    assert not missing, f"not on any API reference page: {missing}"
+
+
+def test_every_page_is_in_the_nav():
+    import yaml  # mkdocs' own dependency, in the docs extra
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)  # mkdocs' !!python tags, unused here
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    listed = set(re.findall(r"[\w/.-]+\.md", str(config["nav"])))
+    assert set(PAGES) - listed == set(), "pages no one can reach from the navigation"
+    assert listed - set(PAGES) == {"reference/cli.md"}  # written at build time by docs/hooks/cli_reference.py

@@ -13,7 +13,7 @@ from mkdocs.structure.files import File, Files
 from hookscope.cli import COMMAND_NAMES, main
 
 PAGE = "reference/cli.md"
-WIDTH = "100"  # help text is wrapped to this many columns, whatever the terminal that builds the site
+WIDTH = "80"  # help text is wrapped as on a terminal of this width, whatever the one that builds the site
 
 
 def _help(argv: list[str]) -> str:
