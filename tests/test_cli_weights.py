@@ -543,7 +543,7 @@ def test_help_shows_an_example_and_the_security_note(capsys):
     with pytest.raises(SystemExit):
         main(["cam", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "Examples: hookscope cam demo --image shapes/ --method gradcam,gradcam++,layercam --plot cams.png" in text
-    assert "hookscope cam torchvision:resnet18 --weights DEFAULT --image cat.jpg" in text
+    assert "Examples: python -c" in text and "hookscope cam demo --image shape.png --method gradcam,gradcam++,layercam" in text
+    assert "hookscope cam torchvision:resnet18 --image shape.png" in text and "--weights DEFAULT" in text
     assert "Security: file.py:ATTR and package.module:ATTR import and run that Python code" in text
     assert "--weights FILE|NAME" in text and "--classes FILE" in text and "--preset {auto,imagenet,demo,none}" in text
