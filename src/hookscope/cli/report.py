@@ -22,9 +22,10 @@ EXAMPLE = """Examples:
   hookscope report demo --images 2 --methods gradcam --out demo-report
       two generated shapes, Grad-CAM only; their masks add the pointing game
       (--image PATH: your own pictures, files or folders)
-  hookscope prune demo --amount 0.3 --out pruned.pt
+  hookscope prune demo --amount 0.3 --repeats 3 --out pruned.pt
       other weights for demo to compare with: 30% of each layer's weights zeroed
-  hookscope report demo --against pruned.pt --methods none --out compared
+  hookscope report demo --against pruned.pt --images 1 --methods none \\
+      --out compared
       the demo model and its pruned weights compared layer by layer
 """
 
