@@ -72,16 +72,16 @@ def add_parser(sub: Any) -> None:
                    help="timed runs of each model for the CPU latency (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the tables")
     add_examples(p, ("hookscope prune tiny --amount 0.5", "mask half the weights of every conv and linear layer"),
-                 ("hookscope prune demo --channels --amount 0.5 --compact --out small.pt",
-                  "remove half the channels; `hookscope summary demo --weights small.pt`\n"
-                  "      loads the smaller model back"),
+                 ("hookscope prune demo --channels --amount 0.5 --compact --repeats 3 \\\n"
+                  "      --out small.pt",
+                  "half the channels removed; --weights small.pt loads them back into demo"),
                  ("python -c \"import torch, hookscope.synthetic as s; d = s.shapes(16); \\\n"
                   "      torch.save({'inputs': d.images, 'labels': d.labels}, 'shapes.pt')\"",
                   "16 labelled pictures (or a folder of images, one subfolder per class)"),
                  ("hookscope prune demo --channels --importance taylor --data shapes.pt \\\n"
                   "      --amount 0.3 --repeats 3", "channels ranked on that labelled data; latency over 3 runs"),
                  ("hookscope prune tiny --layers 'layer1.*conv*' --method ln_structured \\\n"
-                  "      --amount 0.25 --json", "structured masks on some layers, for programs"))
+                  "      --amount 0.25 --repeats 3 --json", "structured masks on some layers, for programs"))
 
 
 def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
