@@ -120,7 +120,7 @@ def test_the_demo_spec_is_the_trained_demo_model_with_its_input():
     data = shapes(4, seed=99)
     assert torch.equal(model(data.images), demo_model()(data.images))  # the shipped weights, not seed-0 ones
     assert example_input("demo", None).shape == (1, 3, 64, 64)
-    with pytest.raises(HookscopeError, match="use tiny, demo, torchvision:NAME"):
+    with pytest.raises(HookscopeError, match="Did you mean .demo.. Use tiny, demo, torchvision:NAME"):
         load_model("dmeo")
 
 

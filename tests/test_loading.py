@@ -145,8 +145,9 @@ def test_a_compacted_file_resizes_the_model_and_says_so(tmp_path: Path):
 
 # --- bad specs: one line naming what was tried ------------------------------------------------------------
 @pytest.mark.parametrize(("spec", "message"), [
-    ("dmeo", "spec 'dmeo' is not understood; use tiny, demo, torchvision:NAME, hf:CLASS_OR_TASK, timm:NAME, "
-             "package.module:ATTR, file.py:ATTR or a saved model.pt"),
+    ("dmeo", "spec 'dmeo' is not understood. Did you mean 'demo'? Use tiny, demo, torchvision:NAME, "
+             "hf:CLASS_OR_TASK, timm:NAME, package.module:ATTR, file.py:ATTR or a saved model.pt"),
+    ("xyz", "spec 'xyz' is not understood. Use tiny, demo, torchvision:NAME"),
     ("torchvision:resnet19", "torchvision has no model 'resnet19'. Did you mean 'resnet18'"),
     ("hookscope.zoo:TinyResnet", "hookscope.zoo has no attribute 'TinyResnet'. Did you mean 'TinyResNet'?"),
     ("nosuchpkg_hookscope.mod:X", "cannot import 'nosuchpkg_hookscope.mod': No module named 'nosuchpkg_hookscope'"),

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import LoadError
+from ..errors import LoadError, did_you_mean
 from .voice import terms
 
 __all__ = ["DEMO_SPEC", "HF_PREFIX", "TIMM_PREFIX", "TINY_SPEC", "TORCHVISION_PREFIX", "Kind", "Spec",
@@ -72,7 +72,7 @@ def parse_spec(spec: str) -> Spec:
         >>> parse_spec("dmeo")
         Traceback (most recent call last):
         ...
-        hookscope.errors.LoadError: spec 'dmeo' is not understood; use tiny, demo, torchvision:NAME, ...
+        hookscope.errors.LoadError: spec 'dmeo' is not understood. Did you mean 'demo'? Use tiny, demo, ...
     """
     if spec in (TINY_SPEC, DEMO_SPEC):
         return Spec(spec, "tiny" if spec == TINY_SPEC else "demo")
@@ -87,9 +87,11 @@ def parse_spec(spec: str) -> Spec:
             return Spec(spec, "module", where, attr)
     if spec.endswith((".pt", ".pth", ".py")) or os.path.lexists(spec) or os.sep in spec:
         return Spec(spec, "path", spec)
+    rest = spec.split(":", 1)[1] if ":" in spec else None
+    near = [TINY_SPEC, DEMO_SPEC] if rest is None else [prefix + rest for prefix, _ in _PREFIXES]
     raise LoadError(
-        f"{terms().model} {spec!r} is not understood; use tiny, {DEMO_SPEC}, torchvision:NAME, hf:CLASS_OR_TASK, "
-        "timm:NAME, package.module:ATTR, file.py:ATTR or a saved model.pt"
+        f"{terms().model} {spec!r} is not understood.{did_you_mean(spec, near)} Use tiny, {DEMO_SPEC}, "
+        "torchvision:NAME, hf:CLASS_OR_TASK, timm:NAME, package.module:ATTR, file.py:ATTR or a saved model.pt"
     )
 
 
