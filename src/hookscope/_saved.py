@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._tree import attributes, tree_map
+from ._tree import attributes
 from .core.guard import Slot
 from .errors import HookscopeError, MutationError, RecordError
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 

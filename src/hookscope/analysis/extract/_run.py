@@ -19,7 +19,6 @@ import platform
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..._tree import tensors
 from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
