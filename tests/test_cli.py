@@ -1,5 +1,8 @@
+import json
 import subprocess
 import sys
+
+import pytest
 
 from hookscope.cli import main
 
@@ -76,3 +79,36 @@ def test_an_unknown_command_names_the_closest_one(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown command 'repot'. Did you mean 'report'?" in err[0]
+
+
+def _refused(capsys, argv):
+    """The stderr of a refused command line (exit status 2); SystemExit from argparse counts too."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def test_a_misspelt_option_is_answered_with_the_closest_one(capsys, tmp_path):
+    err = _refused(capsys, ["cam", "demo", "--layr", "layer1", "--out", str(tmp_path / "c.png")])
+    assert err == "hookscope cam: error: unrecognized argument '--layr'. Did you mean --layers? (see hookscope cam --help)\n"
+    err = _refused(capsys, ["trace", "tiny", "--lyers", "layer1"])
+    assert "unrecognized argument '--lyers'. Did you mean --layers?" in err
+    err = _refused(capsys, ["summary", "tiny", "--zzzz"])  # nothing close: argparse's own words
+    assert "unrecognized arguments: --zzzz" in err and "Did you mean" not in err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_layers_and_layer_are_one_option_on_every_command(capsys, tmp_path):
+    outs = []
+    for argv in (["--layers", "layer1", "layer2"], ["--layer", "layer1", "--layer", "layer2"]):
+        assert main(["cam", "demo", *argv, "--json", "--out", str(tmp_path / f"{len(outs)}.png")]) == 0
+        outs.append(json.loads(capsys.readouterr().out.replace(f"{len(outs)}.png", "N.png")))
+    assert outs[0] == outs[1] and outs[0]["layers"] == ["layer1", "layer2"]
+    for command in ("trace", "watch", "diff", "features", "prune", "extract", "report"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "--layers" in text and "--layer" in text.replace("--layers", ""), command

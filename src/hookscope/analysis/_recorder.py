@@ -20,7 +20,7 @@ import itertools
 import math
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from types import CodeType, TracebackType
 from typing import Any, TypeVar
 
@@ -30,7 +30,6 @@ from torch.nn.modules import module as _module_globals  # torch's global module 
 
 from .._memory import TensorMemo
 from .._tree import paths, tree_map
-from ..capture import parse_keep
 from ..core.calls import CallStack
 from ..core.compiled import HookRefresh, eager
 from ..core.guard import plain
@@ -41,26 +40,10 @@ from ..selection import Selector, check_hookable, layers, named_modules, unwrap
 from ._reduce import Scratch, on_host, relu_told, stats_and_relu, tensor_stats
 from ._rows import Pending
 
-__all__ = ["Context", "Recorder", "RecorderSession", "param_targets", "recorded",
+__all__ = ["Context", "Recorder", "RecorderSession", "param_targets",
            "refresh_for", "select"]
 
 _T = TypeVar("_T")
-def recorded(keep: str | Iterable[str], *, fn: str) -> frozenset[str]:
-    """The fields a ``trace``/``watch`` records: ``keep`` (capture's vocabulary: ``"input"``,
-    ``"output"``, ``"grad_input"``, ``"grad_output"``, ``"io"``, ``"grads"``, ``"all"``, or several).
-
-    Example:
-        >>> sorted(recorded("io", fn="trace"))
-        ['input', 'output']
-        >>> sorted(recorded(("output", "grads"), fn="trace"))
-        ['grad_input', 'grad_output', 'output']
-    """
-    fields = frozenset(parse_keep(keep))
-    if not fields:
-        raise HookscopeError(f"{fn}() would record nothing: keep at least 'output'")
-    return fields
-
-
 def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """Every tensor a call received, positional first, with its path (``input[0]``, ``input.mask``)."""
     found = [(f"input[{i}]{p}", t) for i, a in enumerate(args) for p, t in paths(a)]

@@ -20,7 +20,8 @@ from torch import nn
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
 from ..selection import Selector, unwrap
-from ._recorder import RecorderSession, param_targets, recorded, select
+from ..capture import parse_keep
+from ._recorder import RecorderSession, param_targets, select
 from ._rows import ByModule, Pending, StatRow, gather, render
 
 __all__ = ["StatRow", "Trace", "trace"]
@@ -202,7 +203,7 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         >>> sorted(r.path for r in t.rows if r.which == "grad_param")
         ['bias', 'weight']
     """
-    fields = recorded(keep, fn="trace")
+    fields = parse_keep(keep)
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []

@@ -20,7 +20,8 @@ from torch import nn
 from ..core.result import Result
 from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
-from ._recorder import Context, RecorderSession, param_targets, recorded, select
+from ..capture import parse_keep
+from ._recorder import Context, RecorderSession, param_targets, select
 from ._rows import ByModule, Pending, StatRow, gather, render
 
 __all__ = ["NonFiniteError", "OwnForward", "Watch", "watch"]
@@ -376,7 +377,7 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     """
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
-    fields = recorded(keep, fn="watch")
+    fields = parse_keep(keep)
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
