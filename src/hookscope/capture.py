@@ -19,6 +19,7 @@ from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
+from .core.ops import SEP, OpSite, call_name, seen_ops
 from .errors import HookscopeError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
@@ -161,6 +162,9 @@ class Capture(Recording):
 
     def _close(self) -> None:
         self._group.remove()  # sets closed first: a hook still running releases what it keeps
+        for _, site in self._targets or ():
+            if isinstance(site, OpSite) and seen_ops(site):
+                self.ops_seen[site.owner_name] = list(seen_ops(site))
         self._remove_call_hooks()
         self._orphans.settle()
         self._refresh.close()
@@ -356,7 +360,7 @@ class Capture(Recording):
             # kwargs may be missing: PyTorch calls a pre-hook removed mid-call without them
             if not self._ours(module, target) or self._group.closed:
                 return None
-            call = self._add(name)  # at the start, so records are in the order calls began
+            call = self._add(call_name(target, name))  # at the start, so records are in the order calls began
             open_calls.push(call)
             if "output" in keep:
                 call.mark_running()
@@ -367,7 +371,7 @@ class Capture(Recording):
                 return None
             call = open_calls.pop()
             if call is None:  # began before the capture opened
-                call = self._add(name)
+                call = self._add(call_name(target, name))
             new = self._record_output(call, output, held_by(module, args))
             if self.on_call is not None:
                 self._hand(call)
@@ -425,6 +429,11 @@ class Capture(Recording):
         # alias is orphaned by such an op; a hook on the original fires with the true grad_output.
         outs = list(tensors(output))
         grads = call.expect_grad_output(tree_map(lambda t: HOLE, output), len(outs))
+        if SEP in call.name and not torch.is_grad_enabled():
+            call.lose_grad_output(f"the operation {call.name!r} ran where autograd records nothing (under torch.no_grad, "
+                                  "or inside a custom autograd Function, whose internals have no gradient of their "
+                                  "own); run the model with gradients on, or select the Function's caller")
+            return
         where = ("grad_output", call.name, call.index)
         for i, t in enumerate(outs):
             if t.requires_grad:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ._tree import paths, tree_map
+from .core.ops import SEP, OpSite
 from .errors import HookscopeError, SelectionError, did_you_mean
 
 __all__ = ["Selector", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
@@ -199,7 +200,11 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
             )
         return every
     chosen: dict[int, tuple[str, nn.Module]] = {}  # a module under several names: the first selected
+    sites: list[tuple[str, nn.Module]] = []
     for sel in flat:
+        if isinstance(sel, str) and SEP in sel:
+            sites.extend(_op_sites(model, sel))
+            continue
         if isinstance(sel, str) and not sel.startswith("re:") and not (_GLOB_CHARS & set(sel)):
             sel = strip_prefix(sel, names)
         match = _matcher(sel)
@@ -217,7 +222,53 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
         for n, m in hits:  # a module reachable under two names is keyed by the name selected
             chosen.setdefault(id(m), (n, m))
     order = {n: i for i, n in enumerate(names)}
-    return sorted(chosen.values(), key=lambda item: order[item[0]])
+    every = list(chosen.values()) + _unique_sites(sites)  # an operation comes right after its module
+    return sorted(every, key=lambda item: (order[item[0].split(SEP)[0]], SEP in item[0]))
+
+
+def _op_sites(model: nn.Module, sel: str) -> list[tuple[str, nn.Module]]:
+    """``"layer1.*::add"`` -> an :class:`~hookscope.core.ops.OpSite` for each module the part before
+    ``::`` selects (``"::add"``: the model's own forward)."""
+    module_part, op = sel.split(SEP, 1)
+    if not op or SEP in op:
+        raise SelectionError(f"selector {sel!r} names no operation after '::'; write 'module::op' such as "
+                             "'layer1.0::add' (list them with `hookscope layers --ops MODEL`)")
+    owners = [("", named_modules(model)[0][1])] if module_part == "" else layers(model, module_part)
+    compiled = _compiled_names(model)
+    out: list[tuple[str, nn.Module]] = []
+    for name, module in owners:
+        if isinstance(module, OpSite):
+            continue
+        inside = next((c for c in compiled if c == "" or name == c or name.startswith(c + ".")), None)
+        if inside is not None:
+            raise SelectionError(
+                f"{sel!r}: the operations of {name or 'the model'!r} run inside the torch.compile'd "
+                f"{inside or 'model'!r}, where they are fused into compiled code and cannot be hooked; "
+                "select them on the eager model, or select modules")
+        out.append((f"{name}{SEP}{op}", OpSite(module, name, op)))
+    return out
+
+
+def _compiled_names(model: nn.Module) -> list[str]:
+    """Names of the ``torch.compile`` wrappers in ``model`` (``""``: the model itself)."""
+    found = []
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        wrapper = type(module).__name__
+        if wrapper == "OptimizedModule":
+            found.append(name)
+        attr = _WRAPPERS.get(wrapper)
+        for key, child in module._modules.items():
+            if child is not None:
+                inner = name if key == attr else (f"{name}.{key}" if name else key)
+                stack.append((inner, child))
+    return found
+
+
+def _unique_sites(sites: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    seen: set[str] = set()
+    return [(n, s) for n, s in sites if not (n in seen or seen.add(n))]  # type: ignore[func-returns-value]
 
 
 def aliases_of(model: nn.Module, selected: list[tuple[str, nn.Module]]) -> dict[str, str]:

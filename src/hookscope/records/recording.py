@@ -6,6 +6,7 @@ modules (``_saved`` when saving).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import threading
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..core.result import Result, jsonable
 from ..core.text import table
+from ..core.ops import SEP
 from ..errors import RecordError, did_you_mean
 from ..selection import strip_prefix
 from .call import CallRecord
@@ -58,6 +60,7 @@ class Recording(Result, Mapping[str, LayerRecord]):
         self.calls: list[CallRecord] = []
         self._lock = threading.Lock()  # DataParallel's replicas add calls from several threads
         self._count = 0  # calls begun so far: the index of the next one
+        self.ops_seen: dict[str, list[str]] = {}  # module -> the operations it ran while selected (for hints)
 
     def _key(self, name: str) -> str:
         key = strip_prefix(name, self._layers.keys() | self._aliases.keys())
@@ -70,6 +73,8 @@ class Recording(Result, Mapping[str, LayerRecord]):
             self._count += 1
             if file:
                 self.calls.append(call)
+                if name not in self._layers:  # an operation selected by a glob (h.0::soft*), named as it runs
+                    self._layers[name] = LayerRecord(name)
                 self._layers[name].calls.append(call)
         return call
 
@@ -83,6 +88,8 @@ class Recording(Result, Mapping[str, LayerRecord]):
         if not isinstance(name, str):
             raise RecordError(f"records are keyed by layer name (str), not {type(name).__name__}")
         key = self._key(name)
+        if key not in self._layers and SEP in key and any(fnmatch.fnmatchcase(key, s) for s in self.selected):
+            raise RecordError(f"{key!r} never ran.{self._ops_hint(key)}")
         if key not in self._layers:
             raise RecordError(
                 f"{name!r} was not selected in this capture.{did_you_mean(key, self.selected)}"
@@ -90,8 +97,19 @@ class Recording(Result, Mapping[str, LayerRecord]):
             )
         layer = self._layers[key]
         if not layer.calls:
+            if SEP in key:
+                raise RecordError(f"{key!r} was selected but never ran.{self._ops_hint(key)}")
             raise RecordError(f"{key!r} was selected but never called; check that the forward pass reaches it")
         return layer
+
+    def _ops_hint(self, key: str) -> str:
+        """The closest operations the module of ``key`` ran, or how to list them."""
+        module = key.split(SEP)[0]
+        ran = [f"{module}{SEP}{label}" for label in self.ops_seen.get(module, ())]
+        if not ran:
+            return (f" {module or 'The model'!r} ran no operation of its own while selected; list the operations of "
+                    "one forward pass with hookscope.ops(model, inputs) or `hookscope layers --ops MODEL`")
+        return did_you_mean(key, ran) or f" It ran: {', '.join(ran[:8])}{', ...' if len(ran) > 8 else ''}."
 
     def __iter__(self) -> Iterator[str]:
         """Names of the modules that were called, in the order of their first call."""

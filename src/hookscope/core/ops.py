@@ -1,0 +1,373 @@
+"""Operations as hook sites: the torch functions, ``Tensor`` methods and operators a module's own
+``forward`` runs, named ``module::op`` and hooked like modules.
+
+An :class:`OpSite` stands for the operations of one module that match a name (``add``, ``softmax``,
+``add.1`` for the second ``add`` of one call, a glob such as ``*``). Hooks are registered on it
+with the ordinary ``register_forward_pre_hook`` / ``register_forward_hook``, so everything that
+hooks a module hooks an operation the same way. While a site holds a hook, its module's
+``forward`` is wrapped (an instance attribute, removed with the last hook) and a
+``TorchFunctionMode`` runs in the thread while that ``forward`` runs; the mode calls the site's
+hooks around each matching operation. Nothing is installed while no operation is hooked.
+
+Which module an operation belongs to: the innermost wrapped ``forward`` on the Python stack, unless
+a module call (``Module._call_impl``) sits between them: operations made by a child module, or by
+a hook, are not the parent's.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> class Block(nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.relu(x + 1) * 2
+    >>> block = Block()
+    >>> seen = []
+    >>> handle = OpSite(block, "", "add").register_forward_hook(lambda m, a, out: seen.append(out))
+    >>> _ = block(torch.zeros(2))
+    >>> handle.remove()
+    >>> seen
+    [tensor([1., 1.])]
+    >>> "forward" in vars(block)  # the wrapper went with the last hook
+    False
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from .._tree import tensors
+from ..errors import HookscopeError
+
+__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "seen_ops", "split_op"]
+
+SEP = "::"
+_GLOB = set("*?[")
+
+# Operator dunders -> the torch name of the operation (``a / b`` is ``div``, ``a @ b`` is ``matmul``).
+_OPERATORS = {
+    "add": "add", "sub": "sub", "mul": "mul", "truediv": "div", "floordiv": "floor_divide", "mod": "remainder",
+    "pow": "pow", "matmul": "matmul", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+    "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift", "neg": "neg", "abs": "abs",
+    "invert": "bitwise_not", "getitem": "getitem", "setitem": "setitem", "eq": "eq", "ne": "ne", "lt": "lt",
+    "le": "le", "gt": "gt", "ge": "ge",
+}
+
+# What never returns a tensor (sizes, flags, properties): not an operation, never counted or hooked.
+_NOT_OPS = frozenset({
+    "dim", "size", "numel", "item", "tolist", "stride", "is_contiguous", "data_ptr", "element_size", "nelement",
+    "ndimension", "is_floating_point", "is_complex",
+    "get_device", "storage_offset", "untyped_storage", "reduce_ex", "numpy", "dim_order", "shape", "dtype", "device",
+    "requires_grad", "is_leaf", "grad_fn", "ndim", "is_cuda", "is_meta", "layout", "names", "is_quantized",
+    "is_sparse", "is_mkldnn", "output_nr", "_version", "_base", "grad", "data", "is_nested", "has_names", "len",
+    "bool", "int", "float", "complex", "index", "format", "repr", "hash",
+    "is_inference", "is_shared", "is_pinned", "is_set_to", "is_same_size", "is_nonzero", "is_signed", "itemsize",
+    "nbytes", "is_cpu", "is_xpu", "is_mps", "retain_grad", "register_hook", "backward", "contains", "iter",
+    "reversed", "dir", "setstate", "reduce", "deepcopy", "array", "dlpack", "dlpack_device", "storage",
+})
+_CONVERSIONS = frozenset({"bool", "int", "float", "complex", "index", "len", "format", "repr", "hash"})  # dunders only
+
+
+def split_op(name: str) -> tuple[str, str] | None:
+    """``"layer1.0::add"`` -> ``("layer1.0", "add")``; ``None`` for a module name."""
+    if SEP not in name:
+        return None
+    module, op = name.split(SEP, 1)
+    return module, op
+
+
+def op_name(func: Any) -> str:
+    """The name an operation goes by: ``torch.add``, ``Tensor.add``, ``a + b``, ``a += b`` and
+    ``Tensor.add_`` are all ``add``; ``F.scaled_dot_product_attention`` is
+    ``scaled_dot_product_attention``; a property such as ``x.T`` is ``T``.
+
+    Example:
+        >>> op_name(torch.Tensor.__iadd__), op_name(torch.Tensor.__rmatmul__), op_name(torch.relu_)
+        ('add', 'matmul', 'relu')
+    """
+    name = getattr(func, "__name__", None) or type(func).__name__
+    if name == "__get__":  # a property of Tensor (x.T, x.mT, x.data)
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    if name.startswith("__") and name.endswith("__") and len(name) > 4:
+        core = name[2:-2]
+        if core not in _OPERATORS and core[:1] in ("i", "r") and core[1:] in _OPERATORS:
+            core = core[1:]
+        return _OPERATORS.get(core, core)
+    return name[:-1] if name.endswith("_") and not name.endswith("__") and len(name) > 1 else name
+
+
+def in_place(func: Any) -> bool:
+    """Whether ``func`` writes into its first argument (``add_``, ``+=``, ``x[i] = v``)."""
+    name = getattr(func, "__name__", "") or ""
+    if name.startswith("__") and name.endswith("__"):
+        core = name[2:-2]
+        return core == "setitem" or (core[:1] == "i" and core[1:] in _OPERATORS)
+    return name.endswith("_") and not name.endswith("__")
+
+
+class OpSite(nn.Module):
+    """The operations named ``pattern`` that ``owner``'s own ``forward`` runs, as a module to hook.
+
+    ``pattern`` is an operation's name (``add``), its n-th use in one call (``add.1`` is the second),
+    or a glob (``*``, ``soft*``). Hooks take the same arguments as module hooks: the pre-hook gets
+    the operation's positional (and with ``with_kwargs=True`` keyword) arguments, the forward hook
+    its output, and either may return replacements.
+    """
+
+    def __init__(self, owner: nn.Module, owner_name: str, pattern: str) -> None:
+        super().__init__()
+        self.__dict__["owner"] = owner  # a plain reference: not a child module of the site
+        self.owner_name = owner_name
+        self.pattern = pattern
+        self.is_pattern = bool(_GLOB & set(pattern))
+
+    @property
+    def site_name(self) -> str:
+        """``owner_name::pattern``."""
+        return f"{self.owner_name}{SEP}{self.pattern}"
+
+    def matches(self, label: str) -> bool:
+        """Whether the operation ``label`` (``add``, ``add.1``) is one of this site's."""
+        if self.is_pattern:
+            return fnmatch.fnmatchcase(label, self.pattern)
+        return label == self.pattern
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise HookscopeError(f"{self.site_name!r} is an operation of {self.owner_name or 'the model'!r}, not a "
+                             "module to call; run the model")
+
+    def register_forward_pre_hook(self, hook: Any, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        return _attached(self, super().register_forward_pre_hook(hook, prepend=prepend, with_kwargs=with_kwargs))
+
+    def register_forward_hook(self, hook: Any, *, prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
+        handle = super().register_forward_hook(hook, prepend=prepend, with_kwargs=with_kwargs,
+                                               always_call=always_call)
+        return _attached(self, handle)
+
+    def register_full_backward_hook(self, hook: Any, prepend: bool = False) -> RemovableHandle:
+        raise HookscopeError(f"{self.site_name!r} is an operation; its gradients are read with "
+                             "hookscope.grads or capture(keep='grads'), not backward hooks")
+
+    def extra_repr(self) -> str:
+        return repr(self.site_name)
+
+
+class _SiteHandle(RemovableHandle):
+    """A hook handle of an :class:`OpSite`: removing it may unwrap the site's module."""
+
+    site: OpSite | None
+
+    def remove(self) -> None:
+        super().remove()
+        site, self.site = getattr(self, "site", None), None
+        if site is not None:
+            _detach(site)
+
+
+class _Owner:
+    """A module whose ``forward`` is wrapped: its sites, and the names of operations it ran."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.sites: list[OpSite] = []
+        self.hooks = 0  # hooks registered on its sites and not removed yet
+        self.saved = module.__dict__.get("forward")  # an instance forward the user set, put back after
+        self.seen: dict[str, Any] = {}  # operation label -> the function, from every call so far
+
+
+_lock = threading.Lock()
+_owners: dict[int, _Owner] = {}
+
+
+def _attached(site: OpSite, handle: RemovableHandle) -> RemovableHandle:
+    owner_module = site.__dict__["owner"]
+    with _lock:
+        owner = _owners.get(id(owner_module))
+        if owner is None:
+            owner = _owners[id(owner_module)] = _Owner(owner_module)
+            owner_module.__dict__["forward"] = _wrap(owner)
+        if site not in owner.sites:
+            owner.sites.append(site)
+        site.__dict__["seen"] = owner.seen  # still readable once the hooks are gone
+        owner.hooks += 1
+    handle.__class__ = _SiteHandle
+    handle.site = site  # type: ignore[attr-defined]
+    return handle
+
+
+def _detach(site: OpSite) -> None:
+    owner_module = site.__dict__["owner"]
+    with _lock:
+        owner = _owners.get(id(owner_module))
+        if owner is None:
+            return
+        owner.hooks -= 1
+        if not (site._forward_hooks or site._forward_pre_hooks) and site in owner.sites:
+            owner.sites.remove(site)
+        if owner.hooks > 0:
+            return
+        del _owners[id(owner_module)]
+        if owner.saved is None:
+            owner_module.__dict__.pop("forward", None)
+        else:
+            owner_module.__dict__["forward"] = owner.saved
+
+
+def seen_ops(site: nn.Module) -> dict[str, Any]:
+    """The operations (label -> function) the module of ``site`` ran while it was hooked (for "did
+    you mean"); empty for a module or a site never hooked."""
+    return dict(site.__dict__.get("seen", {})) if isinstance(site, OpSite) else {}
+
+
+class _Frame:
+    __slots__ = ("owner", "counts")
+
+    def __init__(self, owner: _Owner) -> None:
+        self.owner = owner
+        self.counts: dict[str, int] = {}
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.frames: list[_Frame] = []
+        self.mode: _OpMode | None = None
+        self.current: list[str] = []  # the concrete name of the operation whose hooks run now
+
+
+_state = _State()
+
+
+def call_name(module: nn.Module, name: str) -> str:
+    """The name to file a call under: ``name``, or for a site given as a glob, the operation that
+    runs now (``h.0::softmax`` for ``h.0::soft*``)."""
+    if isinstance(module, OpSite) and module.is_pattern and _state.current:
+        return _state.current[-1]
+    return name
+
+
+def _wrap(owner: _Owner) -> Callable[..., Any]:
+    module = owner.module
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        original = owner.saved if owner.saved is not None else type(module).forward.__get__(module)
+        state = _state
+        state.frames.append(_Frame(owner))
+        mode = _OpMode() if state.mode is None else None  # one mode per thread, entered by the outermost forward
+        if mode is not None:
+            state.mode = mode
+            mode.__enter__()  # type: ignore[no-untyped-call]
+        try:
+            return original(*args, **kwargs)
+        finally:
+            state.frames.pop()
+            if mode is not None:
+                state.mode = None
+                mode.__exit__(None, None, None)
+
+    return forward
+
+
+def _call_codes() -> frozenset[Any]:
+    """Code objects of PyTorch's module call: a frame of one of them means "inside a module call,
+    outside the forward being wrapped" (a child's operations, or a hook's)."""
+    impl = nn.Module._call_impl.__code__
+    inner = [c for c in impl.co_consts if hasattr(c, "co_name") and c.co_name == "inner"]
+    return frozenset([impl, nn.Module._wrapped_call_impl.__code__, *inner])
+
+
+_CALLS = _call_codes()
+_WRAPPER = next(c for c in _wrap.__code__.co_consts if getattr(c, "co_name", "") == "forward")
+
+
+def _owner_frame() -> _Frame | None:
+    """The frame of the wrapped ``forward`` the running operation belongs to, or ``None``."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code is _WRAPPER:
+            frames = _state.frames
+            return frames[-1] if frames else None
+        if code in _CALLS:
+            return None
+        f = f.f_back
+    return None
+
+
+class _OpMode(TorchFunctionMode):
+    """Calls the hooks of the sites an operation matches, around it."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        frame = _owner_frame()
+        if frame is None:
+            return func(*args, **kwargs)
+        op = op_name(func)
+        if op in _NOT_OPS and (op not in _CONVERSIONS or getattr(func, "__name__", "").startswith("__")):
+            return func(*args, **kwargs)
+        n = frame.counts.get(op, 0)
+        label = op if n == 0 else f"{op}.{n}"
+        frame.counts[op] = n + 1
+        sites = [s for s in frame.owner.sites if s.matches(label)]
+        if not sites:
+            out = func(*args, **kwargs)
+        else:
+            out = _run_hooked(sites, label, func, args, kwargs)
+        if next(iter(tensors(out)), None) is None:  # size(), dim(), dtype: not an operation on tensors
+            frame.counts[op] = n
+        else:
+            frame.owner.seen.setdefault(label, func)
+        return out
+
+
+def _run_hooked(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+    """Run ``func`` with the sites' pre-hooks before it and forward hooks after it, as a module call
+    runs its hooks."""
+    for site in sites:
+        _state.current.append(f"{site.owner_name}{SEP}{label}")
+        try:
+            args, kwargs = _pre(site, args, kwargs)
+        finally:
+            _state.current.pop()
+    out = func(*args, **kwargs)
+    for site in sites:
+        _state.current.append(f"{site.owner_name}{SEP}{label}")
+        try:
+            out = _post(site, args, kwargs, out)
+        finally:
+            _state.current.pop()
+    return out
+
+
+def _pre(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    for hook_id, hook in list(site._forward_pre_hooks.items()):
+        if hook_id in site._forward_pre_hooks_with_kwargs:
+            got = hook(site, args, kwargs)
+            if got is not None:
+                args, kwargs = got
+        else:
+            got = hook(site, args)
+            if got is not None:
+                args = got if isinstance(got, tuple) else (got,)
+    return args, kwargs
+
+
+def _post(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    for hook_id, hook in list(site._forward_hooks.items()):
+        if hook_id in site._forward_hooks_with_kwargs:
+            got = hook(site, args, kwargs, out)
+        else:
+            got = hook(site, args, out)
+        if got is not None:
+            out = got
+    return out
+

@@ -1,0 +1,221 @@
+"""Operations as selections (``module::op``): names, values, in-place writes, edits, gradients, clean-up."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hookscope
+from hookscope.core.ops import OpSite, in_place, op_name
+from hookscope.errors import HookscopeError, RecordError, SelectionError
+
+
+class Block(nn.Module):
+    """Operations of every kind in one forward: functions, methods, operators, in place, a child."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)            # a child: its linear is fc::linear, not Block::linear
+        y = h + x                 # add
+        y += 1                    # add.1, in place
+        z = F.relu(y) @ torch.ones(4, 4)   # relu, matmul
+        z = z.mul_(2)             # mul, in place
+        return torch.cat([z, y.sum(-1, keepdim=True)], -1)  # sum, cat
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def test_names_of_functions_methods_and_operators() -> None:
+    assert op_name(torch.add) == op_name(torch.Tensor.add) == op_name(torch.Tensor.__add__) == "add"
+    assert op_name(torch.Tensor.__iadd__) == op_name(torch.Tensor.add_) == op_name(torch.Tensor.__radd__) == "add"
+    assert op_name(torch.Tensor.__matmul__) == "matmul" and op_name(torch.Tensor.__truediv__) == "div"
+    assert op_name(F.scaled_dot_product_attention) == "scaled_dot_product_attention"
+    assert in_place(torch.Tensor.__iadd__) and in_place(torch.Tensor.mul_) and not in_place(torch.Tensor.__add__)
+
+
+def test_every_operation_of_a_block_in_order_with_true_values() -> None:
+    torch.manual_seed(0)
+    net = Block()
+    x = torch.randn(3, 4)
+    with hookscope.capture(net, "::*", "fc::*", keep="io") as rec:
+        out = net(x)
+    # in the order they ran; torch.ones is an operation too (a factory)
+    assert list(rec) == ["fc::linear", "::add", "::add.1", "::relu", "::ones", "::matmul", "::mul", "::sum", "::cat"]
+    h = net.fc(x).detach()
+    y = h + x
+    assert torch.equal(rec["fc::linear"].output, h)
+    assert torch.equal(rec["::add"].output, y)
+    assert torch.equal(rec["::add.1"].output, y + 1)  # in place: the value at that moment
+    z = F.relu(y + 1) @ torch.ones(4, 4)
+    assert torch.equal(rec["::matmul"].output, z)  # before mul_ rewrote it
+    assert torch.equal(rec["::mul"].output, z * 2)
+    assert torch.equal(rec["::cat"].output, out.detach())
+    assert torch.equal(rec["::add"].args[1], x)
+
+
+def test_residual_add_of_resnet_before_the_in_place_relu() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(weights=None).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad(), hookscope.capture(net, "layer1.0::add", "layer1.0") as rec:
+        net(x)
+        blk = net.layer1[0]
+        stem = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        by_hand = blk.bn2(blk.conv2(blk.relu(blk.bn1(blk.conv1(stem))))) + stem
+    assert torch.equal(rec["layer1.0::add"].output, by_hand)
+    assert (by_hand < 0).any()  # what relu_ then wrote over
+    assert torch.equal(rec["layer1.0"].output, by_hand.relu())
+
+
+def test_hand_written_rmsnorm_and_numbered_uses() -> None:
+    norm = RMSNorm(8)
+    x = torch.randn(2, 8)
+    with hookscope.capture(norm, "::*") as rec:
+        norm(x)
+    assert list(rec) == ["::pow", "::mean", "::add", "::rsqrt", "::mul", "::mul.1"]
+    assert torch.equal(rec["::rsqrt"].output, torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_a_module_called_twice_gives_a_record_per_call() -> None:
+    norm = RMSNorm(4)
+    net = nn.Sequential(norm, nn.Tanh(), norm)
+    x = torch.randn(2, 4)
+    with hookscope.capture(net, "0::rsqrt") as rec:
+        net(x)
+    assert len(rec["0::rsqrt"].calls) == 2
+
+
+def test_hooks_own_operations_are_not_the_modules() -> None:
+    net = Block()
+    net.fc.register_forward_hook(lambda m, a, out: torch.zeros(1) + 1)  # an add made by a hook
+    with hookscope.capture(net, "::add*", "fc") as rec:
+        net(torch.randn(2, 4))
+    assert list(rec) == ["fc", "::add", "::add.1"]
+
+
+def test_a_misspelt_operation_gets_the_closest_names() -> None:
+    net = Block()
+    with hookscope.capture(net, "::ad") as rec:
+        net(torch.randn(2, 4))
+    with pytest.raises(RecordError, match=r"'::ad' was selected but never ran\. Did you mean '::add'"):
+        rec["::ad"]
+    with pytest.raises(SelectionError, match="matches no module"):
+        hookscope.capture(net, "fcc::linear")
+    with pytest.raises(SelectionError, match="names no operation"):
+        hookscope.capture(net, "fc::")
+
+
+def test_edit_an_operation_and_nothing_left_behind() -> None:
+    net = Block()
+    x = torch.randn(2, 4)
+    with hookscope.edit(net, "::add", output=torch.zeros(2, 4)):
+        out = net(x)
+    z = F.relu(torch.ones(2, 4)) @ torch.ones(4, 4) * 2
+    assert torch.equal(out, torch.cat([z, torch.full((2, 1), 4.0)], -1))
+    assert "forward" not in vars(net) and not net._forward_hooks
+    assert torch.equal(net(x), Block.forward(net, x))
+
+
+def test_an_exception_inside_forward_leaves_nothing() -> None:
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x + 1
+            raise ValueError("boom")
+
+    bad = Bad()
+    with pytest.raises(Exception, match="boom"), hookscope.capture(bad, "::add"):
+        bad(torch.ones(1))
+    assert "forward" not in vars(bad)
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_an_instance_forward_set_by_the_user_is_put_back() -> None:
+    net = Block()
+    mine = lambda x: x * 3  # noqa: E731
+    net.forward = mine
+    with hookscope.capture(net, "::mul") as rec:
+        net(torch.ones(1, 4))
+    assert net.forward is mine and torch.equal(rec["::mul"].output, torch.full((1, 4), 3.0))
+
+
+def test_gradient_of_an_operation_and_refusal_under_no_grad() -> None:
+    net = Block()
+    x = torch.randn(2, 4, requires_grad=True)
+    with hookscope.capture(net, "::add", keep=("output", "grad_output")) as rec:
+        net(x).sum().backward()
+    y = (net.fc(x) + x).detach().requires_grad_()
+    z = torch.cat([(F.relu(y + 1) @ torch.ones(4, 4)) * 2, (y + 1).sum(-1, keepdim=True)], -1)
+    z.sum().backward()
+    assert torch.allclose(rec["::add"].grad_output, y.grad)
+    with torch.no_grad(), hookscope.capture(net, "::add", keep="grad_output") as rec:
+        net(x)
+    with pytest.raises(HookscopeError, match=r"'::add' ran where autograd records nothing"):
+        rec["::add"].grad_output
+
+
+def test_compiled_models_are_refused_in_one_line() -> None:
+    net = Block()
+    compiled = torch.compile(net)
+    with pytest.raises(SelectionError, match="torch.compile'd"):
+        hookscope.capture(compiled, "::add")
+    outer = nn.Sequential(Block())
+    outer[0] = torch.compile(outer[0])
+    with pytest.raises(SelectionError, match=r"inside the torch.compile'd '0'"):
+        hookscope.capture(outer, "0::add")
+
+
+def test_threads_record_their_own_operations() -> None:
+    nets = [Block() for _ in range(4)]
+    xs = [torch.randn(2, 4) for _ in nets]
+    got: dict[int, torch.Tensor] = {}
+
+    def run(i: int) -> None:
+        with hookscope.capture(nets[i], "::add") as rec:
+            for _ in range(20):
+                nets[i](xs[i])
+        got[i] = rec["::add"].calls[-1].output
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, net in enumerate(nets):
+        assert torch.equal(got[i], net.fc(xs[i]).detach() + xs[i])
+
+
+def test_gpt2_attention_logits_under_eager_attention() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.config._attn_implementation = "eager"
+    ids = torch.randint(0, 50, (1, 5))
+    with torch.no_grad(), hookscope.capture(model, "transformer.h.0.attn::matmul", "transformer.h.0.attn.c_attn") as rec:
+        model(ids)
+    qkv = rec["transformer.h.0.attn.c_attn"].output
+    q, k, _ = qkv.split(16, dim=-1)
+    q = q.view(1, 5, 2, 8).transpose(1, 2)
+    k = k.view(1, 5, 2, 8).transpose(1, 2)
+    assert torch.allclose(rec["transformer.h.0.attn::matmul"].output, q @ k.transpose(-1, -2), atol=1e-6)
+
+
+def test_an_op_site_is_not_callable() -> None:
+    with pytest.raises(HookscopeError, match="not a module to call"):
+        OpSite(nn.Linear(1, 1), "fc", "linear")(torch.ones(1))
