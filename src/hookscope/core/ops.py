@@ -271,7 +271,7 @@ def _wrap(owner: _Owner) -> Callable[..., Any]:
             state.frames.pop()
             if mode is not None:
                 state.mode = None
-                mode.__exit__(None, None, None)
+                mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
     return forward
 
