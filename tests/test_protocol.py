@@ -31,14 +31,15 @@ RESULT_TYPES = {n: o for n, o in PUBLIC.items() if inspect.isclass(o) and hasatt
 LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
-              "Edit", "FeatureRow", "ComparisonRow", "LayerArray"}
+              "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
 # a case is a public result type, and after a colon the kind of run it comes from
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
-                "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store"]
+                "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
+                "Operations", "AttentionPatterns"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -53,6 +54,8 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("ChannelImportance", "stem.2", "fcc"),
     ("ModelComparison", "parameters", "params"),
     ("Store", "fc", "fcc"),
+    ("Operations", "fc::linear", "fc::linaer"),
+    ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -109,7 +112,13 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "ReferenceComparison": hookscope.compare_references(net, x, layers="layer1.0.bn1"),
         **_pruning(net, x),
         "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
+        "Operations": hookscope.operations(net, x), "AttentionPatterns": hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4)),
     }
+
+
+class _Attend(nn.Module):
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, q, q)
 
 
 def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
@@ -219,6 +228,10 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "load_model": lambda **kw: hookscope.load_model("tiny", **kw),
         "load_weights": lambda **kw: hookscope.load_weights(net, "/nonexistent/w.pt", **kw),
         "class_names": lambda **kw: hookscope.class_names("demo", **kw),
+        "operations": lambda **kw: hookscope.operations(net, x, **kw),
+        "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
+        "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
+                                                                                   torch.ones(1, 3, 4), **kw),
     }
 
 
@@ -313,7 +326,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
-                "ChannelPruning", "ModelComparison", "Store", "Curve"}
+                "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

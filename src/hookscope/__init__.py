@@ -10,6 +10,7 @@ Example:
 """
 
 from . import metrics, targets
+from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
     ComparisonRow,
@@ -22,6 +23,7 @@ from .analysis.features import (
 from .analysis.extract import extract
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
+from .analysis.operations import OperationRow, Operations, operations
 from .analysis.prune import (
     ChannelPruning,
     ModelComparison,
@@ -68,6 +70,7 @@ __all__ = [
     "grads", "TensorGrads", "GradRecord",
     # choose layers
     "layers", "names", "unwrap", "at", "At",
+    "operations", "Operations", "OperationRow",
     # know and debug a model
     "summary", "Summary",
     "trace", "Trace", "StatRow",
@@ -76,6 +79,7 @@ __all__ = [
     "diff", "Diff", "DiffRow", "Unmatched", "settings", "Settings",
     # see what a layer sees, and why the model decided
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
+    "attention", "AttentionPatterns", "attention_probabilities",
     "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",

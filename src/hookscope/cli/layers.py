@@ -8,10 +8,14 @@ type, and, from one forward pass on the example input, the shape of what it retu
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 from typing import Any
 
+from ..analysis.operations import Operations, operations
 from ..analysis.summary import summary
+from ..core.ops import SEP
+from ..errors import HookscopeError
 from ..core.text import shape_text, table
 from ..selection import layers
 from ._inputs import model_input
@@ -32,8 +36,13 @@ def add_parser(sub: Any) -> None:
                    help="only the layers this selector matches (default: every layer)")
     p.add_argument("--no-run", action="store_true",
                    help="list names and types without running the model (no output shapes)")
+    p.add_argument("--ops", action="store_true",
+                   help="list the operations (torch functions, Tensor methods, operators) each module's own "
+                   "forward runs in one pass, named MODULE::OP as --layers selects them, with their shapes")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
     add_examples(p, ("hookscope layers torchvision:resnet18 'layer1.*'", "the names a glob selects, with shapes"),
+                 ("hookscope layers --ops torchvision:resnet18 'layer1.0'",
+                  "the operations of one block: layer1.0::add is its residual add"),
                  ("hookscope layers tiny 're:.*conv\\d$' --json", "a regular expression, for programs"),
                  ("hookscope layers hookscope.zoo:DemoNet --no-run",
                   "a model class of your own code (package.module:ATTR or file.py:ATTR),\n"
@@ -53,8 +62,28 @@ def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
     return shown
 
 
+def _run_ops(model: Any, args: argparse.Namespace) -> int:
+    """``--ops``: one pass, every operation of the modules PATTERN selects (or of every module)."""
+    if args.no_run:
+        raise HookscopeError("--ops lists what one forward pass runs, so it cannot go with --no-run; drop --no-run")
+    pattern = args.pattern or "*"
+    module_part, _, op_part = pattern.partition(SEP)
+    given = model_input(args, model)
+    found = operations(model, given.x, layers=module_part, kwargs=given.kwargs)
+    rows = [r for r in found.rows if not op_part or fnmatch.fnmatchcase(r.name.split(SEP, 1)[1], op_part)]
+    if args.json:
+        print(json.dumps([{"name": r.name, "call": r.call, "function": r.function, "in_place": r.in_place,
+                           "inputs": r.inputs, "output": r.output} for r in rows], indent=2))
+        return 0
+    print(Operations(rows).table())
+    print(f"{len(rows)} operation call(s); select them by these names (MODULE::OP) in every hookscope command")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     model = model_from(args)
+    if args.ops:
+        return _run_ops(model, args)
     chosen = layers(model, args.pattern) if args.pattern is not None else layers(model)
     shapes = _shapes(model, args)
     rows = [{"name": n, "type": type(m).__name__, **({} if args.no_run else {"output": shapes.get(n, "not called")})}

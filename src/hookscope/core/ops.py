@@ -46,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 from .._tree import tensors
 from ..errors import HookscopeError
 
-__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "seen_ops", "split_op"]
+__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "current_function", "seen_ops", "split_op"]
 
 SEP = "::"
 _GLOB = set("*?[")
@@ -241,6 +241,7 @@ class _State(threading.local):
         self.frames: list[_Frame] = []
         self.mode: _OpMode | None = None
         self.current: list[str] = []  # the concrete name of the operation whose hooks run now
+        self.funcs: list[Any] = []  # and its function
 
 
 _state = _State()
@@ -252,6 +253,11 @@ def call_name(module: nn.Module, name: str) -> str:
     if isinstance(module, OpSite) and module.is_pattern and _state.current:
         return _state.current[-1]
     return name
+
+
+def current_function() -> Any:
+    """The function of the operation whose hooks run now (``torch.add``, ``Tensor.__iadd__``), or ``None``."""
+    return _state.funcs[-1] if _state.funcs else None
 
 
 def _wrap(owner: _Owner) -> Callable[..., Any]:
@@ -332,6 +338,14 @@ def _run_hooked(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...
                 kwargs: dict[str, Any]) -> Any:
     """Run ``func`` with the sites' pre-hooks before it and forward hooks after it, as a module call
     runs its hooks."""
+    _state.funcs.append(func)
+    try:
+        return _run_sites(sites, label, func, args, kwargs)
+    finally:
+        _state.funcs.pop()
+
+
+def _run_sites(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for site in sites:
         _state.current.append(f"{site.owner_name}{SEP}{label}")
         try:

@@ -1,0 +1,140 @@
+"""Attention probabilities from any attention kernel, per head.
+
+Fused kernels (``scaled_dot_product_attention`` on flash, memory-efficient or CPU paths) never
+materialise the probabilities, which is why ``output_attentions=True`` needs eager attention in
+transformers. :func:`attention` reads the inputs of each ``scaled_dot_product_attention`` call
+(query, key, mask, causal flag, scale, grouped-query heads) and computes what the math kernel
+would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``. A selected
+``softmax`` operation (eager attention written by hand) gives its output as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture import capture
+from ..core.inputs import model_kwargs, private
+from ..core.ops import SEP, OpSite, split_op
+from ..core.result import Result, missing
+from ..core.state import restored
+from ..core.text import table
+from ..errors import HookscopeError
+from ..selection import Selector, layers as select
+from ._targets import call_model
+
+__all__ = ["attention", "attention_probabilities", "AttentionPatterns"]
+
+SDPA = "scaled_dot_product_attention"
+
+
+def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
+                            attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                            scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """The probabilities ``scaled_dot_product_attention`` weighs ``value`` with, for the same
+    arguments (dropout left out): ``... x heads x queries x keys``.
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+        >>> p = attention_probabilities(q, k, is_causal=True)
+        >>> p.shape, bool(torch.allclose(p.sum(-1), torch.ones(1, 2, 3))), float(p[0, 0, 0, 1])
+        (torch.Size([1, 2, 3, 3]), True, 0.0)
+    """
+    q_heads, k_heads = query.size(-3) if query.dim() > 2 else 1, key.size(-3) if key.dim() > 2 else 1
+    if q_heads != k_heads:
+        if q_heads % k_heads:
+            raise HookscopeError(f"{q_heads} query heads cannot share {k_heads} key heads evenly; "
+                                 "scaled_dot_product_attention would refuse these inputs too")
+        key = key.repeat_interleave(q_heads // k_heads, dim=-3)
+    factor = 1 / math.sqrt(query.size(-1)) if scale is None else scale
+    logits = (query @ key.transpose(-2, -1)) * factor
+    length, source = query.size(-2), key.size(-2)
+    if is_causal:
+        causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        logits = logits.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+    return torch.softmax(logits, dim=-1)
+
+
+class AttentionPatterns(Result, Mapping[str, torch.Tensor]):
+    """Attention probabilities by operation name (``h.0.attn::scaled_dot_product_attention``):
+    ``batch x heads x queries x keys``; an operation run several times gives the first call's
+    (``calls(name)`` gives them all)."""
+
+    def __init__(self, patterns: dict[str, list[torch.Tensor]]) -> None:
+        self._patterns = patterns
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.calls(name)[0]
+
+    def calls(self, name: str) -> list[torch.Tensor]:
+        """Every call's probabilities, in the order the calls ran."""
+        if name not in self._patterns:
+            raise missing(name, "attention operation", self._patterns)
+        return self._patterns[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._patterns)
+
+    def __len__(self) -> int:
+        return len(self._patterns)
+
+    def table(self) -> str:
+        """One row per operation: its shape and how many calls."""
+        rows = [[n, " x ".join(map(str, p[0].shape)), str(len(p))] for n, p in self._patterns.items()]
+        return "\n".join(table(["operation", "batch x heads x queries x keys", "calls"], rows, left={0, 1}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{name: probabilities}`` (the first call of each operation)."""
+        return {n: p[0] for n, p in self._patterns.items()}
+
+
+def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector] | None = None,
+              kwargs: Mapping[str, Any] | None = None) -> AttentionPatterns:
+    """The attention probabilities of one forward pass, whatever kernel the model runs.
+
+    Args:
+        model: any model; it runs once, in eval mode, without gradients, and is left as it was.
+        inputs: its positional input (a tensor, or a tuple of them).
+        layers: the attention operations: ``"h.*::scaled_dot_product_attention"`` (computed from
+            the kernel's inputs), or a ``softmax`` operation of eager attention (its output). By
+            default every ``scaled_dot_product_attention`` call of the model.
+        kwargs: keyword inputs of the model (``attention_mask=...``).
+
+    Example:
+        >>> import torch, hookscope
+        >>> class Attend(torch.nn.Module):
+        ...     def forward(self, q, k, v):
+        ...         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> net = torch.nn.Sequential()
+        >>> net.attn = Attend()
+        >>> q = torch.randn(1, 2, 3, 4)
+        >>> p = hookscope.attention(net.attn, (q, q, q))
+        >>> list(p), tuple(p["::scaled_dot_product_attention"].shape)
+        (['::scaled_dot_product_attention'], (1, 2, 3, 3))
+    """
+    chosen = [layers] if layers is None or not isinstance(layers, list) else layers
+    selectors = [f"*{SEP}{SDPA}"] if layers is None else chosen
+    sites = select(model, *selectors)
+    for name, site in sites:
+        if not isinstance(site, OpSite):
+            raise HookscopeError(f"{name!r} is a module; attention patterns come from an operation: select "
+                                 f"'{name}{SEP}{SDPA}' or '{name}{SEP}softmax'")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    with restored(model, train=False), torch.no_grad(), capture(model, *[n for n, _ in sites], keep="io") as rec:
+        call_model(model, *private((args, model_kwargs(kwargs))))
+    patterns: dict[str, list[torch.Tensor]] = {}
+    for call in rec.calls:
+        op = (split_op(call.name) or ("", ""))[1]
+        got = attention_probabilities(*call.args, **call.kwargs) if op.split(".")[0] == SDPA else call.output
+        patterns.setdefault(call.name, []).append(got)
+    if not patterns:
+        raise HookscopeError(f"no attention operation ran in {type(model).__name__}; list the operations of one "
+                             "pass with hookscope.operations(model, inputs) and select the one that computes "
+                             f"attention (e.g. 'layer::softmax')")
+    return AttentionPatterns(patterns)
