@@ -219,3 +219,39 @@ def test_gpt2_attention_logits_under_eager_attention() -> None:
 def test_an_op_site_is_not_callable() -> None:
     with pytest.raises(HookscopeError, match="not a module to call"):
         OpSite(nn.Linear(1, 1), "fc", "linear")(torch.ones(1))
+
+
+def _tiny() -> tuple[nn.Module, torch.Tensor]:
+    from hookscope.zoo import TinyResNet
+
+    torch.manual_seed(0)
+    return TinyResNet().eval(), torch.randn(2, 3, 32, 32)
+
+
+def _residual(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad(), hookscope.capture(net, "layer1.0::add") as rec:
+        net(x)
+    return rec["layer1.0::add"].output
+
+
+def test_every_analysis_takes_an_operation(tmp_path: object) -> None:
+    net, x = _tiny()
+    want = _residual(net, x)
+    d = hookscope.diff(net, net, x, layers="layer1.0::add", b=hookscope.settings(train=True))
+    assert [r.name for r in d.rows] == ["layer1.0::add"] and d.rows[0].max_abs > 0  # batch statistics differ
+    store = hookscope.extract(net, x, layers="layer1.0::add", reduce="mean", out=f"{tmp_path}/s")
+    assert torch.allclose(store["layer1.0::add"][:], want.mean((2, 3)), atol=1e-6)
+    fm = hookscope.feature_maps(net, x, layers="layer1.0::add")
+    assert torch.allclose(fm.maps, want)
+    maps = hookscope.cam(net, x, layers="layer2.0::add")
+    assert maps.layers == ["layer2.0::add"] and maps.maps.shape == (2, 32, 32)
+    assert not [m for m in net.modules() if "forward" in vars(m)]
+
+
+def test_analyses_keyed_by_name_refuse_an_operation_glob(tmp_path: object) -> None:
+    net, x = _tiny()
+    for run in (lambda: hookscope.diff(net, net, x, layers="layer1.0::*"),
+                lambda: hookscope.extract(net, x, layers="layer1.0::a*", reduce="mean", out=f"{tmp_path}/s"),
+                lambda: hookscope.cam(net, x, layers="layer2.*::add*")):
+        with pytest.raises(SelectionError, match="needs each operation by its exact name, not a glob"):
+            run()

@@ -21,7 +21,7 @@ from .core.ops import SEP, OpSite
 from .errors import HookscopeError, SelectionError, did_you_mean
 
 __all__ = ["Selector", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
-           "check_hookable"]
+           "check_hookable", "exact_ops"]
 
 Predicate = Callable[[str, nn.Module], bool]
 Selector = Union[str, "re.Pattern[str]", type, "tuple[type, ...]", nn.Module, Predicate]
@@ -202,6 +202,9 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
     chosen: dict[int, tuple[str, nn.Module]] = {}  # a module under several names: the first selected
     sites: list[tuple[str, nn.Module]] = []
     for sel in flat:
+        if isinstance(sel, OpSite):  # a site resolved before (one layer handed on)
+            sites.append((sel.site_name, sel))
+            continue
         if isinstance(sel, str) and SEP in sel:
             sites.extend(_op_sites(model, sel))
             continue
@@ -293,6 +296,23 @@ def check_hookable(selected: list[tuple[str, nn.Module]]) -> None:
                 f"{name!r} is a TorchScript module, where Python hooks do not run; "
                 "select its eager nn.Module (before torch.jit.script) instead"
             )
+
+
+def exact_ops(selected: list[tuple[str, nn.Module]], what: str) -> list[tuple[str, nn.Module]]:
+    """``selected`` as it is, or one line refusing an operation given as a glob (``h.0::soft*``)
+    where results are keyed by exact name (``what`` says by whom).
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2))
+        >>> exact_ops(layers(net, "0::linear"), "diff")[0][0]
+        '0::linear'
+    """
+    for name, module in selected:
+        if isinstance(module, OpSite) and module.is_pattern:
+            raise SelectionError(
+                f"{name!r}: {what} needs each operation by its exact name, not a glob; list them with "
+                "hookscope.operations(model, inputs) or `hookscope layers --ops MODEL`, and pass the names")
+    return selected
 
 
 def _dedupe(named: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:

@@ -15,7 +15,7 @@ from ..._tree import tensors
 from ...core.inputs import model_kwargs
 from ...core.state import kept_rng, restored
 from ...errors import HookscopeError, did_you_mean
-from ...selection import Selector, check_hookable, unwrap
+from ...selection import exact_ops, Selector, check_hookable, unwrap
 from ...selection import layers as select
 from .._layout import prefix_tokens
 from .._targets import (Target, batch_coupled, class_targets, is_function, read_logits, user_scores)
@@ -161,7 +161,7 @@ def cam(
     target = target if index is None else index
     kw = model_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
-    chosen = None if layers is None else select(model, cast(Selector, layers))  # lists are flattened there
+    chosen = None if layers is None else exact_ops(select(model, cast(Selector, layers)), "cam")  # lists flattened there
     if chosen is not None:
         check_hookable(chosen)
     # In eval already, no flag changes: only the random stream is kept, since restored() would write

@@ -8,7 +8,8 @@ from typing import Any
 from torch import nn
 
 from ...errors import HookscopeError, SelectionError
-from ...selection import layers, named_modules, unwrap
+from ...core.ops import SEP
+from ...selection import exact_ops, layers, named_modules, unwrap
 from ._result import Unmatched
 
 __all__ = ["matched"]
@@ -57,8 +58,8 @@ def matched(model_a: nn.Module, model_b: nn.Module, selectors: Any) -> tuple[Nam
         sel_a, sel_b = list(mods_a), list(mods_b)
     else:
         picked_a, picked_b = _selected(model_a, model_b, selectors)
-        sel_a = list(dict.fromkeys(picked_a + [n for n in picked_b if n in mods_a]))
-        sel_b = list(dict.fromkeys(picked_b + [n for n in picked_a if n in mods_b]))
+        sel_a = list(dict.fromkeys(picked_a + [n for n in picked_b if n.split(SEP)[0] in mods_a]))
+        sel_b = list(dict.fromkeys(picked_b + [n for n in picked_a if n.split(SEP)[0] in mods_b]))
     set_b = set(sel_b)
     common = [n for n in sel_a if n in set_b]
     real_a, real_b = [n for n in sel_a if n], [n for n in sel_b if n]
@@ -74,4 +75,9 @@ def matched(model_a: nn.Module, model_b: nn.Module, selectors: Any) -> tuple[Nam
         tuple(n for n in sel_a if n not in set_b),
         tuple(sorted((n for n in sel_b if n not in set(sel_a)), key=order_b.__getitem__)),
     )
-    return [(n, mods_a[n]) for n in common], [(n, mods_b[n]) for n in common], unmatched
+    return _resolved(model_a, mods_a, common), _resolved(model_b, mods_b, common), unmatched
+
+
+def _resolved(model: nn.Module, mods: dict[str, nn.Module], names: list[str]) -> Named:
+    """``(name, module)`` for each name; an operation (``layer1.0::add``) by its exact name."""
+    return [(n, mods[n]) if n in mods else exact_ops(layers(model, n), "diff")[0] for n in names]

@@ -23,6 +23,7 @@ from ...core.inputs import private
 from ...core.state import RngDevices, own_arithmetic, restored
 from ...errors import ForwardError, RecordError
 from ...records import CopyPolicy, Recording, Retention
+from ...core.ops import OpSite
 from ...selection import unwrap
 from ._settings import Settings
 from ._tolerance import low_precision, narrowest
@@ -286,9 +287,10 @@ def record(model: nn.Module, targets: Named, setting: Settings, shared: Shared, 
     (args, kw), dev = fresh_inputs(model, (shared.inputs, dict(shared.kwargs)))
     like_a = Retention(copy="always" if compiled and copy == "auto" else copy, device=shared.device)
     track = Tracker(model, label, dev.type, on_output, like_a)
-    wanted = {id(m) for _, m in targets}  # one predicate: O(modules), not O(modules x selectors)
-    rec = None if on_output is not None else capture(
-        model, lambda n, m: id(m) in wanted, copy=copy, device=shared.device)
+    wanted = {id(m) for _, m in targets if not isinstance(m, OpSite)}  # one predicate: O(modules), not O(m x s)
+    sites: list[Any] = [m for _, m in targets if isinstance(m, OpSite)]  # operations, by the sites resolved
+    chosen = ([lambda n, m: id(m) in wanted] if wanted else []) + sites
+    rec = None if on_output is not None else capture(model, *chosen, copy=copy, device=shared.device)
     grad_mode = torch.no_grad() if shared.no_grad else contextlib.nullcontext()
     with _put_back(inner, shared):
         try:

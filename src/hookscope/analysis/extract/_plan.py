@@ -17,7 +17,7 @@ from torch import nn
 
 from ...core.text import dtype_text
 from ...errors import HookscopeError
-from ...selection import Selector, aliases_of, check_hookable, layers, unwrap
+from ...selection import exact_ops, Selector, aliases_of, check_hookable, layers, unwrap
 from ._reduce import Reducer, Reduction, reducers_for
 from ._source import Source, source_of
 
@@ -167,7 +167,7 @@ def plan(model: nn.Module, data: Any, selectors: Sequence[Any], *, out: str | os
     size = _checked(batch_size, workers, on_error, keep, dtype)
     inner, _ = unwrap(model)
     flat, chosen = _selection(inner, selectors)
-    selected = layers(inner, *flat)
+    selected = exact_ops(layers(inner, *flat), "extract")
     check_hookable(selected)
     if any(n == "" for n, _ in selected):
         raise HookscopeError("the model itself (name '') has no layer name to store it under; select its last "
