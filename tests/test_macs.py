@@ -56,6 +56,16 @@ CASES = [
     ("einsum ellipsis", lambda x, y: torch.einsum("...ij,...jk->...ik", x, y), (a, b), ("einsum", 120)),
     # i is summed inside the first operand before any product: 5 outputs x 4 = 20
     ("einsum pre-summed index", lambda x, y: torch.einsum("ij,jk->k", x, y), (a[0], b[0]), ("einsum", 20)),
+    # the ellipsis is contracted too when the output leaves it out: 3 x 5 outputs x (6 x 4)
+    ("einsum contracted ellipsis", lambda x, y: torch.einsum("...ij,...jk->ik", x, y),
+     (torch.randn(6, 3, 4), torch.randn(6, 4, 5)), ("einsum", 360)),
+    # no product at all: torch transposes, or multiplies element by element (no sums, as x * y)
+    ("einsum one operand", lambda x: torch.einsum("ij->ji", x), (a[0],), ("einsum", 0)),
+    ("einsum elementwise", lambda x, y: torch.einsum("ij,ij->ij", x, y), (a[0], a[0]), ("einsum", 0)),
+    ("einsum outer", lambda x, y: torch.einsum("i,j->ij", x, y), (torch.randn(3), torch.randn(5)), ("einsum", 0)),
+    # j broadcast from size 1 in the second operand: torch sums the first over j, then multiplies
+    ("einsum broadcast index", lambda x, y: torch.einsum("ij,jk->ik", x, y), (a[0], torch.randn(1, 5)),
+     ("einsum", 0)),
 ]
 
 
