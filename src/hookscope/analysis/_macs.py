@@ -151,29 +151,47 @@ def _sdpa(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
     return int(q.numel() // q.shape[-1]) * int(k.shape[-2]) * int(q.shape[-1] + v.shape[-1])
 
 
+def _labels(term: str, ndim: int) -> list[str]:
+    """The label of each dimension of one einsum operand: its letter, or ``...k`` for the k-th
+    dimension of the ellipsis counted from the right (so that broadcast ellipses line up)."""
+    head, dots, tail = term.partition("...")
+    if not dots:
+        return list(head)
+    n = ndim - len(head) - len(tail)
+    return [*head, *(f"...{n - i}" for i in range(n)), *tail]
+
+
 def _einsum(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
-    """Two operands: output elements times the sizes of the indices both operands contract."""
+    """Output elements times the sizes of the indices the two operands contract, as torch runs it.
+
+    One operand (a transpose, trace or sum) multiplies nothing: 0. Of two operands, an index is
+    contracted when both have it, the output does not, and both sizes exceed 1: torch sums a
+    broadcast (size-1) index beforehand, and with no index left to contract it multiplies element by
+    element (an outer or elementwise product: no additions, 0 multiply-adds, as ``x * y`` counts 0).
+    Three or more operands: ``None``, the cost depends on the order of the contractions.
+    """
     equation = args[0] if args else kwargs.get("equation")
     operands = args[1:]
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    if not isinstance(equation, str) or len(operands) != 2:
-        return None  # three or more operands (the cost depends on the order), or the sublist form
+    if not isinstance(equation, str):
+        return None  # the sublist form
     lhs, arrow, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    if len(terms) != 2:
+    if len(terms) != len(operands) or len(terms) > 2:
         return None
-    sizes: dict[str, int] = {}
-    for term, t in zip(terms, operands):
-        head, dots, tail = term.partition("...")
-        sizes.update(zip(head, t.shape))
-        if dots:  # the letters after "..." name the last dimensions
-            sizes.update(zip(tail, t.shape[t.dim() - len(tail):]))
+    if len(terms) == 1:
+        return 0
+    dims = [dict(zip(_labels(term, t.dim()), t.shape)) for term, t in zip(terms, operands)]
+    dotted = {label for d in dims for label in d if label.startswith("...")}
     letters = [c for c in lhs if c.isalpha()]
-    output = set(rhs) if arrow else {c for c in letters if letters.count(c) == 1}
-    both = set(terms[0]) & set(terms[1])
-    contracted = [sizes[c] for c in both if c.isalpha() and c not in output]
-    return int(out.numel()) * math.prod(contracted)
+    if arrow:
+        output = set(rhs) | (dotted if "..." in rhs else set())
+    else:  # implicit output: the ellipsis and the letters that occur once
+        output = dotted | {c for c in letters if letters.count(c) == 1}
+    contracted = [size for label, size in dims[0].items()
+                  if label not in output and size > 1 and dims[1].get(label, 1) > 1]
+    return int(out.numel()) * math.prod(contracted) if contracted else 0
 
 
 def _functions() -> dict[Any, tuple[str, _Counter | None]]:

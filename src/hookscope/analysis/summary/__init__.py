@@ -52,11 +52,14 @@ def summary(
 
     Multiply-adds come from a rule per common layer (convolutions, linear, bilinear,
     ``MultiheadAttention``, recurrent layers), and, in any other module, from the matrix products
-    of the torch functions its own forward calls (``@``, ``matmul``, ``bmm``, ``einsum`` of two
-    operands, ``F.linear``, ``F.conv*``, ``F.scaled_dot_product_attention``), seen by a torch
-    function mode active during this pass only. A product it cannot count (``einsum`` of three
-    operands, ``tensordot``) is named in ``Row.uncounted`` and the counts above it are marked as
-    lower bounds.
+    of the torch functions its own forward calls (``@``, ``matmul``, ``mm``, ``bmm``, ``baddbmm``,
+    ``addmm``, ``einsum`` of one or two operands, ``F.linear``, ``F.conv*``,
+    ``F.scaled_dot_product_attention``: both products of every query head, whichever kernel runs
+    it), seen by a torch function mode active during this pass only and counted in the row of the
+    innermost module running them. The total equals ``FlopCounterMode``'s flops / 2 wherever that
+    counter has a formula (it counts the CPU's fused attention kernels 0). A product it cannot
+    count (``einsum`` of three operands, ``tensordot``) is named in ``Row.uncounted`` and the
+    counts above it are marked as lower bounds.
 
     The train/eval flags are left as they are; in training mode, buffers the pass updates
     (BatchNorm's running statistics) are restored afterwards, and so are the caller's random

@@ -79,7 +79,8 @@ class Row:
     with a module listed earlier are named in ``shared``); ``params_total`` and ``trainable_total``
     count every distinct parameter of its subtree once. ``macs`` are the multiply-adds of this call,
     calls nested inside it included: the module's rule for common layers, else the matrix products
-    of the functions its own forward calls (``@``, ``F.linear``, ``einsum``, attention...).
+    of the functions its own forward calls (``@``, ``bmm``, ``F.linear``, ``einsum``, attention...),
+    counted in the innermost module that runs them.
     ``uncounted`` names the products this call computed but could not count (``einsum`` of three
     operands, ``tensordot``...); ``macs_partial`` says ``macs`` is then only a lower bound, also
     when the uncounted product ran in a nested call. ``zeros`` counts the zero elements of the
