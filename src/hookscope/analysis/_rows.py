@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..core.ops import SEP
 from ..core.result import missing
 from ..core.text import dtype_text, num, shape_text, table
 from ._reduce import tensor_stats
@@ -86,16 +87,24 @@ Pending = tuple[str, int, str, str, str, torch.Size, torch.dtype, torch.device, 
 
 class ByModule:
     """Lookups by module name over a result's ``rows`` of :class:`StatRow` (trace and watch):
-    ``r["layer1"]`` gives that module's rows in order, a missing name raises the shared
-    ``KeyError``-compatible error with the closest names, and ``in`` agrees."""
+    ``r["layer1"]`` gives that module's rows in order, ``r["layer1::add"]`` an operation's, a
+    missing name raises the shared ``KeyError``-compatible error with the closest names (for an
+    operation, among those that ran: :meth:`operations_ran`), and ``in`` agrees."""
 
     @property
     def rows(self) -> list[StatRow]:
         raise NotImplementedError
 
+    def operations_ran(self) -> list[str]:
+        """The operations (``module::op``) that ran, rows or not; none unless told."""
+        return []
+
     def __getitem__(self, name: str) -> list[StatRow]:
         rows = self.rows
         found = [r for r in rows if r.module == name] if isinstance(name, str) else []
+        if not found and isinstance(name, str) and SEP in name:
+            ran = [r.module for r in rows if SEP in r.module] + self.operations_ran()
+            raise missing(name, "operation", dict.fromkeys(ran))
         if not found:
             raise missing(name, "module", dict.fromkeys(r.module for r in rows))
         return found

@@ -27,7 +27,7 @@ from ._rows import ByModule, Pending, StatRow, gather, render
 __all__ = ["StatRow", "Trace", "trace"]
 
 
-class Trace(ByModule, RecorderSession, Result):
+class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
 
     After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module; ``in`` agrees),

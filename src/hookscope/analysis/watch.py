@@ -17,6 +17,7 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
+from ..core.ops import SEP
 from ..core.result import Result
 from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
@@ -102,7 +103,7 @@ def _numbered(rows: list[StatRow], start: int) -> list[StatRow]:
     return out
 
 
-class Watch(ByModule, RecorderSession, Result):
+class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that finds the first non-finite output or gradient; build it with :func:`watch`.
 
     After the block: ``culprit``, ``before``, ``finite``, ``rows``, ``table()`` (also ``str(w)``),
@@ -176,7 +177,7 @@ class Watch(ByModule, RecorderSession, Result):
     def _all_watched(self, parent: str) -> bool:
         """Whether every direct child of ``parent`` is watched: then code that ran inside it and
         outside its watched children is its own forward's."""
-        if self._root is None:
+        if self._root is None or SEP in parent:  # a call inside an operation: no child of a module
             return False
         module = self._root.get_submodule(parent) if parent else self._root
         prefix = f"{parent}." if parent else ""
