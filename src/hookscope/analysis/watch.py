@@ -158,7 +158,7 @@ class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran,
         """The culprit's own earlier records and those of the ``last`` calls before it."""
         own = _key(culprit)
         others = [k for k in self._recent if k != own]
-        keep = others[len(others) - self.last:] if self.last else []
+        keep = others[max(len(others) - self.last, 0):] if self.last else []
         rows = [r for k in [*keep, own] for r in self._recent.get(k, [])]
         return sorted(rows, key=lambda r: r.index)
 
