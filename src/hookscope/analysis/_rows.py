@@ -22,7 +22,8 @@ __all__ = ["ByModule", "Pending", "StatRow", "event", "gather", "render"]
 
 @dataclass(frozen=True)
 class StatRow:
-    """Statistics of one tensor seen by one call of one module (a row of ``Trace.rows``).
+    """Statistics of one tensor seen by one call of one module (a row of ``Trace.rows``), or of
+    one operation: ``module`` is then the operation's name (``"norm::div"``).
 
     ``phase`` is ``"forward"`` or ``"backward"``; ``which`` is ``"input"``, ``"output"``,
     ``"grad_output"`` (gradient arriving at an output), ``"grad_input"`` (gradient the module

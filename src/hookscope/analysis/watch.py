@@ -351,7 +351,11 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     Args:
         model: any ``nn.Module``; names are the inner model's, through wrappers.
         *selectors: as for :func:`hookscope.layers`; none watches every module but the root (a model
-            without children watches itself).
+            without children watches itself). An operation selector (``"norm::div"``, ``"::*"``
+            for the model's own operations, ``"*::*"`` for every module's) watches each call of
+            those operations, named by the operation that ran (``"norm::div"``, ``"h.0::add.1"``
+            for the second ``add`` of one call), so that the culprit is the operation that made
+            the value, not the module around it.
         raise_on_nonfinite: raise :class:`~hookscope.NonFiniteError` inside the hook that sees the
             first NaN or Inf, so the traceback points there. Costs one host synchronisation per record.
         last: how many module calls before the culprit to keep, with all their records (their
@@ -375,6 +379,14 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
         ...     net(torch.full((1, 2), float("inf"))).sum().backward()
         >>> w.culprit.module, w.culprit.which
         ('0', 'output')
+        >>> class Norm(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return (x - x.mean()) / x.std()
+        >>> norm = Norm()
+        >>> with hookscope.watch(norm, "::*") as w:  # the model's own operations
+        ...     _ = norm(torch.ones(3))              # std 0: 0 / 0
+        >>> w.culprit.describe()
+        "'::div' call 0, forward output output 3: 3 NaN, 0 Inf of 3 values"
     """
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
