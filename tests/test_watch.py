@@ -424,6 +424,10 @@ def test_a_misspelt_operation_gets_the_closest_that_ran_under_watch():
     with watch(net, "norm::dvi") as w:
         net(torch.randn(2, 3))
     assert w.finite  # nothing of its own was watched
+    assert "no NaN and no Inf; 'norm::dvi' never ran. Did you mean 'norm::div'," in w.table()
+    with watch(net, "norm::*", "norm::dvi", "norm::div") as both:  # one site: the misspelt part is told
+        net(torch.randn(2, 3))
+    assert [line.split(".")[0] for line in both.never_ran()] == ["'norm::dvi' never ran"]
     with pytest.raises(HookscopeError, match=r"no operation 'norm::dvi' in this result\. Did you mean 'norm::div'"):
         w["norm::dvi"]
     assert "forward" not in vars(net.norm) and no_hooks(net)

@@ -36,7 +36,7 @@ from ..core.guard import plain
 from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
 from ..core.ops import SEP, OpSite, call_name, seen_ops
-from ..errors import ForwardError, HookscopeError
+from ..errors import ForwardError, HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
 from ._reduce import Scratch, on_host, relu_told, stats_and_relu, tensor_stats
 from ._rows import Pending
@@ -352,6 +352,26 @@ class Recorder:
         return [f"{site.owner_name}{SEP}{op}" for _, site in self.selected if isinstance(site, OpSite)
                 for op in seen_ops(site)]
 
+    def never_ran(self) -> list[str]:
+        """The operation selectors that matched no operation that ran, each with the closest
+        operations that did (a misspelt name: ``"'0::lin' never ran. Did you mean '0::linear'?"``).
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> rec = Recorder(select(net, ("0::lin",)), keep=frozenset({"output"}), sink=print)
+            >>> rec.attach(); _ = net(torch.ones(1, 2)); rec.close()
+            >>> rec.never_ran()
+            ["'0::lin' never ran. Did you mean '0::linear'?"]
+        """
+        ran = self.operations_ran()
+        out = []
+        for _, site in self.selected:
+            seen = seen_ops(site)  # of the site hooked: the parts of a merged one never were
+            for part in site.parts if isinstance(site, _Operations) else [site]:
+                if isinstance(part, OpSite) and not any(part.matches(op) for op in seen):
+                    out.append(f"{part.site_name!r} never ran.{did_you_mean(part.site_name, ran)}")
+        return out
+
     def close(self) -> None:
         """Remove every hook and forget the calls still open in any thread. Idempotent."""
         self.group.remove()  # closed first: a hook running now sees it and keeps nothing
@@ -643,6 +663,11 @@ class RecorderSession:
         """Every operation (``module::op``) that a module of a selected operation ran in the block:
         the names a misspelt operation is told the closest of."""
         return self._rec.operations_ran()
+
+    def never_ran(self) -> list[str]:
+        """The operation selectors that matched no operation in the block, with the closest names
+        that ran (see :meth:`Recorder.never_ran`)."""
+        return self._rec.never_ran()
 
     def forward_error(self, exc: BaseException) -> ForwardError | None:
         """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a forward pass in the block

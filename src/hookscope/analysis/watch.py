@@ -294,7 +294,8 @@ class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran,
         """
         row = self.culprit
         if row is None:
-            return f"all finite: {self.checked} outputs and gradients checked, no NaN and no Inf"
+            missed = "".join(f"; {line}" for line in self.never_ran())
+            return f"all finite: {self.checked} outputs and gradients checked, no NaN and no Inf{missed}"
         lines = [f"first non-finite value: {row.describe()}"]
         if self._before:
             keys = {_key(r) for r in self._before}
