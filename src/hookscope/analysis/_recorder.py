@@ -285,6 +285,11 @@ class Recorder:
     ``on_context`` is then told, for each call with an input event, where its inputs were made
     (:data:`Context`).
 
+    A selected operation (an :class:`~hookscope.core.ops.OpSite`, ``"norm::div"``) is hooked like
+    a module; a site of several operations (a glob) files each call under the operation that runs
+    (``"norm::div"`` for ``"norm::*"``), numbered per operation. The sites of one module are made
+    one (:func:`select`), so that a call matched by two selectors makes one set of records.
+
     Every module hook runs eagerly (:func:`~hookscope.core.compiled.eager`): under
     ``torch.compile`` the graph breaks around it instead of Dynamo tracing it. A hook that PyTorch
     still calls after :meth:`close` (another thread was between a module's hooks when the block
@@ -707,7 +712,7 @@ def refresh_for(model: nn.Module | None, root: nn.Module | None,
 
 def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
     """Resolve and check selectors; with none, every module but the root (a model without children
-    selects itself).
+    selects itself). The operation sites of one module are made one.
 
     Example:
         >>> [name for name, _ in select(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ())]

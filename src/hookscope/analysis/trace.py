@@ -30,7 +30,8 @@ __all__ = ["StatRow", "Trace", "trace"]
 class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
 
-    After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module; ``in`` agrees),
+    After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module, or of one
+    operation: ``t["layer1::add"]``; ``in`` agrees),
     ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()`` and ``to_csv()``.
 
     Example:
