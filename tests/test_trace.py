@@ -818,3 +818,37 @@ def test_an_operation_that_raises_is_named_by_its_module_and_leaves_nothing_open
         with trace(net, "*", "*::*"):
             net(torch.randn(2, 4))
     assert "forward" not in vars(net[1]) and no_hooks(net) and torch._C._len_torch_function_stack() == 0
+
+
+def test_in_place_operations_traced_with_gradients_change_nothing_the_model_computes():
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x) + x
+            y += 1                            # add.1, in place
+            z = (y * 3).mul_(2)               # mul, then mul.1 in place
+            z[:, 0] = 0                       # setitem
+            return z.sum(-1)
+
+    torch.manual_seed(0)
+    net = InPlace()
+    x = torch.randn(3, 4, requires_grad=True)
+    want = net(x)
+    want.sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()] + [x.grad.clone()]
+    net.zero_grad(); x.grad = None
+    with trace(net, "*", "::*", keep="all") as t:
+        got = net(x)
+        got.sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip([p.grad for p in net.parameters()] + [x.grad], grads))
+    y = net.fc(x).detach() + x.detach()
+    outputs = {r.module: r for r in t.rows if r.which == "output"}
+    same_stats(outputs["::add"], y)          # before the in-place add rewrote it
+    same_stats(outputs["::add.1"], y + 1)
+    same_stats(outputs["::mul"], (y + 1) * 3)      # before mul_ rewrote it
+    same_stats(outputs["::mul.1"], (y + 1) * 6)
+    assert "::setitem" in t and "forward" not in vars(net) and no_hooks(net)
