@@ -438,3 +438,18 @@ def test_last_larger_than_the_calls_at_hand_keeps_them_all():
     with watch(net, last=10) as w:  # 6 calls before the culprit, fewer than 10: every one
         net(torch.zeros(1))
     assert [r.module for r in w.before] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_a_non_finite_parameter_is_named_by_the_operation_that_used_it():
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.tensor([1.0, float("inf")]))
+
+        def forward(self, x):
+            return (x + 1) * self.gain
+
+    net = nn.Sequential(nn.Identity(), Scale())
+    with watch(net, "*", "*::*", param_grads=False) as w:
+        net(torch.ones(1, 2))
+    assert (w.culprit.module, w.culprit.which, w.culprit.inf) == ("1::mul", "output", 1)

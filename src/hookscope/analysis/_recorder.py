@@ -464,6 +464,7 @@ class Recorder:
     def _hooks(self, name: str, label: str, module: nn.Module) -> tuple[Any, Any]:
         counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
         named = _call_namer(name, module)  # several operations: each call under its own name
+        op = isinstance(module, OpSite)
         relu = _inplace_relu(module) and self.outputs
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
@@ -486,7 +487,9 @@ class Recorder:
                 for path, t in found:
                     self._emit(here, call, "forward", "input", path, t)
             elif context is not None:
-                self._check(here, call, found, context)
+                # an operation's parameters are no code's making: a non-finite one shows in its output
+                self._check(here, call, [(p, t) for p, t in found if not isinstance(t, nn.Parameter)] if op else found,
+                            context)
             if self.grad_inputs and found and torch.is_grad_enabled() and getattr(module, "inplace", False) is not True:
                 # an in-place module (ReLU(inplace=True)) would write into the alias: no gradient row
                 # could come of it (see post), and autograd would rebuild the base's history around
