@@ -123,13 +123,17 @@ def _call_namer(name: str, module: nn.Module) -> Callable[[], tuple[str, int]] |
     return named
 
 
+def _owner(site: OpSite) -> nn.Module:
+    """The module whose operations ``site`` stands for."""
+    return cast(nn.Module, site.owner)
+
+
 class _Operations(OpSite):
     """Several operation selectors of one module as one site, so that each call of an operation is
     seen once (``"*::*"`` and ``"::add"`` both select the model's ``add``): one row per call."""
 
     def __init__(self, sites: list[OpSite]) -> None:
-        owner = cast(nn.Module, sites[0].__dict__["owner"])
-        super().__init__(owner, sites[0].owner_name, "|".join(s.pattern for s in sites))
+        super().__init__(_owner(sites[0]), sites[0].owner_name, "|".join(s.pattern for s in sites))
         self.parts = list(sites)
         self.is_pattern = True  # each call goes by the operation's own name
 
@@ -149,12 +153,12 @@ def _one_site_per_module(chosen: list[tuple[str, nn.Module]]) -> list[tuple[str,
     by_owner: dict[int, list[OpSite]] = {}
     for _, m in chosen:
         if isinstance(m, OpSite):
-            by_owner.setdefault(id(m.__dict__["owner"]), []).append(m)
+            by_owner.setdefault(id(_owner(m)), []).append(m)
     if all(len(group) == 1 for group in by_owner.values()):
         return chosen
     out: list[tuple[str, nn.Module]] = []
     for name, m in chosen:
-        group = by_owner.get(id(m.__dict__["owner"])) if isinstance(m, OpSite) else None
+        group = by_owner.get(id(_owner(m))) if isinstance(m, OpSite) else None
         if group is None or len(group) == 1:
             out.append((name, m))
         elif group[0] is m:
