@@ -673,7 +673,16 @@ class RecorderSession:
 
     def operations_ran(self) -> list[str]:
         """Every operation (``module::op``) that a module of a selected operation ran in the block:
-        the names a misspelt operation is told the closest of."""
+        the names a misspelt operation is told the closest of.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> with RecorderSession(select(net, ("0::*",)), keep=frozenset({"output"}), sink=list, root=net,
+            ...                      params=(), model=net) as s:
+            ...     _ = net(torch.ones(1, 2))
+            >>> s.operations_ran(), s.never_ran()
+            (['0::linear'], [])
+        """
         return self._rec.operations_ran()
 
     def never_ran(self) -> list[str]:

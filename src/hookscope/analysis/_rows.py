@@ -97,7 +97,12 @@ class ByModule:
         raise NotImplementedError
 
     def operations_ran(self) -> list[str]:
-        """The operations (``module::op``) that ran, rows or not; none unless told."""
+        """The operations (``module::op``) that ran, rows or not; none unless told.
+
+        Example:
+            >>> ByModule().operations_ran()
+            []
+        """
         return []
 
     def __getitem__(self, name: str) -> list[StatRow]:
