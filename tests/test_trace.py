@@ -709,3 +709,146 @@ def test_an_exception_caught_inside_the_block_can_be_reported_as_one_forward_err
         "had run: IndexError: index 7 is out of bounds for dimension 0 with size 1; check the example "
         "input's shape and dtype")
     assert t.forward_error(KeyError("elsewhere")) is None
+
+
+# --- operations as selections: 'module::op' -----------------------------------------------------
+class HandNorm(nn.Module):
+    """A hand-written LayerNorm: mean, centre, variance, then a division by its square root."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((dim,), 2.0))
+
+    def forward(self, x):
+        centred = x - x.mean(-1, keepdim=True)
+        var = centred.pow(2).mean(-1, keepdim=True)
+        return self.weight * (centred / torch.sqrt(var))
+
+
+def norm_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), HandNorm(4))
+
+
+def same_stats(row, t):
+    """The row's statistics are those of ``t``, worked out here."""
+    t = t.detach().double()
+    assert row.shape == tuple(t.shape)
+    assert (row.mean, row.std, row.min, row.max, row.absmax) == pytest.approx(
+        (t.mean().item(), t.std(unbiased=False).item(), t.min().item(), t.max().item(), t.abs().max().item()))
+    assert row.zero_frac == (t == 0).double().mean().item() and row.finite
+
+
+def test_trace_of_operations_one_row_per_call_with_true_values():
+    net = norm_net()
+    x = torch.randn(3, 4)
+    with trace(net, "*::*", keep="output") as t:
+        net(x)
+    h = net[0](x)
+    centred = h - h.mean(-1, keepdim=True)
+    var = centred.pow(2).mean(-1, keepdim=True)
+    want = {"0::linear": h, "1::mean": h.mean(-1, keepdim=True), "1::sub": centred, "1::pow": centred.pow(2),
+            "1::mean.1": var, "1::sqrt": var.sqrt(), "1::div": centred / var.sqrt(),
+            "1::mul": net[1].weight * (centred / var.sqrt())}
+    assert [r.module for r in t.rows] == list(want)  # each under the operation that ran, in order
+    for row in t.rows:
+        same_stats(row, want[row.module])
+    assert "forward" not in vars(net[0]) and "forward" not in vars(net[1]) and no_hooks(net)
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_operations_interleave_with_modules_and_leave_the_module_rows_as_they_were():
+    net = norm_net()
+    x = torch.randn(3, 4)
+    with trace(net) as plain:
+        net(x)
+    with trace(net, "*", "1::*", "1::div") as t:  # "1::div" twice over: still one row per call
+        net(x)
+        net(x)
+    names = [(r.module, r.call, r.which) for r in t.rows if r.module in ("1", "1::sqrt", "1::div")]
+    assert names[:6] == [("1", 0, "input"), ("1::sqrt", 0, "input"), ("1::sqrt", 0, "output"),
+                         ("1::div", 0, "input"), ("1::div", 0, "input"), ("1::div", 0, "output")]
+    assert names[6:8] == [("1", 0, "output"), ("1", 1, "input")]
+    assert [r.call for r in t["1::mean.1"]] == [0, 0, 1, 1]  # its input and output, in each forward
+    modules = [r for r in t.rows if "::" not in r.module and r.module]
+    fields = ("module", "call", "phase", "which", "path", "shape", "mean", "std", "min", "max", "zero_frac")
+    first = [tuple(getattr(r, f) for f in fields) for r in modules if r.call == 0]
+    assert first == [tuple(getattr(r, f) for f in fields) for r in plain.rows]
+
+
+def test_gradient_rows_of_an_operation_and_none_under_no_grad():
+    class Scaled(nn.Module):
+        def forward(self, x):
+            with torch.no_grad():
+                top = x.abs().amax()          # no autograd here: no gradient row
+            return torch.exp(x) / top
+
+    net = nn.Sequential(Scaled())
+    x = torch.randn(2, 3, requires_grad=True)
+    with trace(net, "0::*", keep="all") as t:
+        net(x).pow(2).sum().backward()
+    e = torch.exp(x.detach()).requires_grad_()
+    out = e / x.detach().abs().amax()
+    out.pow(2).sum().backward()
+    grads = {(r.module, r.which): r for r in t.rows if r.phase == "backward"}
+    same_stats(grads[("0::exp", "grad_output")], e.grad)
+    same_stats(grads[("0::div", "grad_output")], 2 * out)
+    assert {m for m, _ in grads} == {"0::exp", "0::div"}  # abs and amax ran under no_grad
+    assert [r.module for r in t.rows if r.phase == "forward" and r.which == "output"] == [
+        "0::abs", "0::amax", "0::exp", "0::div"]
+
+
+def test_a_misspelt_operation_gets_the_closest_that_ran():
+    net = norm_net()
+    with trace(net, "1::sqr") as t:
+        net(torch.randn(2, 4))
+    assert len(t) == 0
+    with pytest.raises(RecordError, match=r"no operation '1::sqr' in this result\. Did you mean '1::sqrt'"):
+        t["1::sqr"]
+    assert "1::sqrt" not in t and no_hooks(net) and "forward" not in vars(net[1])
+
+
+def test_an_operation_that_raises_is_named_by_its_module_and_leaves_nothing_open():
+    class Bad(nn.Module):
+        def forward(self, x):
+            return x @ torch.ones(5, 5)
+
+    net = nn.Sequential(nn.Linear(4, 4), Bad())
+    with pytest.raises(ForwardError, match=r"failed in '1' \(Bad\).*after '1::ones' had run"):
+        with trace(net, "*", "*::*"):
+            net(torch.randn(2, 4))
+    assert "forward" not in vars(net[1]) and no_hooks(net) and torch._C._len_torch_function_stack() == 0
+
+
+def test_in_place_operations_traced_with_gradients_change_nothing_the_model_computes():
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x) + x
+            y += 1                            # add.1, in place
+            z = (y * 3).mul_(2)               # mul, then mul.1 in place
+            z[:, 0] = 0                       # setitem
+            return z.sum(-1)
+
+    torch.manual_seed(0)
+    net = InPlace()
+    x = torch.randn(3, 4, requires_grad=True)
+    want = net(x)
+    want.sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()] + [x.grad.clone()]
+    net.zero_grad(); x.grad = None
+    with trace(net, "*", "::*", keep="all") as t:
+        got = net(x)
+        got.sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip([p.grad for p in net.parameters()] + [x.grad], grads))
+    y = net.fc(x).detach() + x.detach()
+    outputs = {r.module: r for r in t.rows if r.which == "output"}
+    same_stats(outputs["::add"], y)          # before the in-place add rewrote it
+    same_stats(outputs["::add.1"], y + 1)
+    same_stats(outputs["::mul"], (y + 1) * 3)      # before mul_ rewrote it
+    same_stats(outputs["::mul.1"], (y + 1) * 6)
+    assert "::setitem" in t and "forward" not in vars(net) and no_hooks(net)

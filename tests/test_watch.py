@@ -1,4 +1,5 @@
 import json
+from collections import OrderedDict
 import math
 
 import pytest
@@ -350,3 +351,105 @@ def test_a_failure_after_the_culprit_still_says_what_the_module_received():
         with watch(m):
             m(-torch.ones(1, 4))
     assert no_hooks(m)
+
+
+# --- operations as selections: the first non-finite value named as the operation that made it ---
+class HandNorm(nn.Module):
+    """A hand-written LayerNorm: divides by the square root of the variance, 0 for a constant row."""
+
+    def forward(self, x):
+        centred = x - x.mean(-1, keepdim=True)
+        return centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True))
+
+
+def constant_rows():
+    """A model whose Linear makes every row constant: the norm divides 0 by 0."""
+    fc = nn.Linear(3, 3)
+    with torch.no_grad():
+        fc.weight.zero_()
+        fc.bias.fill_(0.5)
+    return nn.Sequential(OrderedDict(fc=fc, norm=HandNorm()))
+
+
+def test_the_division_by_zero_variance_is_named_not_the_norm_around_it():
+    net = constant_rows()
+    with watch(net) as modules_only:
+        net(torch.randn(2, 3))
+    assert modules_only.culprit.module == "norm"
+    with watch(net, "*", "*::*", last=3) as w:
+        net(torch.randn(2, 3))
+    row = w.culprit
+    assert (row.module, row.call, row.which, row.nan) == ("norm::div", 0, "output", 6)
+    assert [(r.module, r.which) for r in w.before] == [
+        ("norm::pow", "output"), ("norm::mean.1", "output"), ("norm::sqrt", "output")]
+    assert (w.before[-1].min, w.before[-1].max) == (0.0, 0.0)  # the zero it divided by, seen
+    assert "'norm::div' call 0, forward output" in w.table()
+    for m in net.modules():
+        assert "forward" not in vars(m)
+    assert no_hooks(net) and torch._C._len_torch_function_stack() == 0
+
+
+def test_a_log_of_zero_inside_a_forward_is_named_by_a_glob_and_raises_there():
+    class LogProb(nn.Module):
+        def forward(self, x):
+            return torch.log(x.relu()) + 1
+
+    net = nn.Sequential(nn.Identity(), LogProb())
+    with pytest.raises(NonFiniteError, match=r"first non-finite value: '1::log' call 0") as err:
+        with watch(net, "1::*", raise_on_nonfinite=True):
+            net(torch.tensor([[1.0, -1.0]]))
+    assert (err.value.row.inf, err.value.row.min) == (1, -math.inf)
+    assert [r.module for r in err.value.before] == ["1::relu"]
+    assert "forward" not in vars(net[1]) and no_hooks(net)
+
+
+def test_sqrt_at_zero_is_named_in_the_backward_pass_and_no_grad_ops_have_no_gradient():
+    class Root(nn.Module):
+        def forward(self, x):
+            with torch.no_grad():
+                scale = x.abs().amax() + 1    # under no_grad: no gradient record
+            return torch.sqrt(x) * scale
+
+    net = nn.Sequential(Root())
+    x = torch.tensor([[0.0, 4.0]], requires_grad=True)
+    with watch(net, "0::*", last=10) as w:
+        net(x).sum().backward()
+    assert (w.culprit.module, w.culprit.phase, w.culprit.which, w.culprit.inf) == ("0::sqrt", "backward", "grad_input", 1)
+    assert {r.module for r in w.rows if r.phase == "backward"} == {"0::mul", "0::sqrt"}
+    assert [r.module for r in w.rows if r.phase == "forward"] == ["0::abs", "0::amax", "0::add", "0::sqrt", "0::mul"]
+
+
+def test_a_misspelt_operation_gets_the_closest_that_ran_under_watch():
+    net = constant_rows()
+    with watch(net, "norm::dvi") as w:
+        net(torch.randn(2, 3))
+    assert w.finite  # nothing of its own was watched
+    assert "no NaN and no Inf; 'norm::dvi' never ran. Did you mean 'norm::div'," in w.table()
+    with watch(net, "norm::*", "norm::dvi", "norm::div") as both:  # one site: the misspelt part is told
+        net(torch.randn(2, 3))
+    assert [line.split(".")[0] for line in both.never_ran()] == ["'norm::dvi' never ran"]
+    with pytest.raises(HookscopeError, match=r"no operation 'norm::dvi' in this result\. Did you mean 'norm::div'"):
+        w["norm::dvi"]
+    assert "forward" not in vars(net.norm) and no_hooks(net)
+
+
+def test_last_larger_than_the_calls_at_hand_keeps_them_all():
+    net = nn.Sequential(*[nn.Identity() for _ in range(6)], Log())
+    with watch(net, last=10) as w:  # 6 calls before the culprit, fewer than 10: every one
+        net(torch.zeros(1))
+    assert [r.module for r in w.before] == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_a_non_finite_parameter_is_named_by_the_operation_that_used_it():
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.tensor([1.0, float("inf")]))
+
+        def forward(self, x):
+            return (x + 1) * self.gain
+
+    net = nn.Sequential(nn.Identity(), Scale())
+    with watch(net, "*", "*::*", param_grads=False) as w:
+        net(torch.ones(1, 2))
+    assert (w.culprit.module, w.culprit.which, w.culprit.inf) == ("1::mul", "output", 1)

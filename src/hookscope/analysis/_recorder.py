@@ -22,7 +22,7 @@ import sys
 import weakref
 from collections.abc import Callable, Sequence
 from types import CodeType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -35,7 +35,8 @@ from ..core.compiled import HookRefresh, eager
 from ..core.guard import plain
 from ..core.failure import forward_error, module_label, received
 from ..core.hooks import HookGroup
-from ..errors import ForwardError, HookscopeError
+from ..core.ops import SEP, OpSite, call_name, seen_ops
+from ..errors import ForwardError, HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
 from ._reduce import Scratch, on_host, relu_told, stats_and_relu, tensor_stats
 from ._rows import Pending
@@ -44,6 +45,8 @@ __all__ = ["Context", "Recorder", "RecorderSession", "param_targets",
            "refresh_for", "select"]
 
 _T = TypeVar("_T")
+
+
 def _input_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """Every tensor a call received, positional first, with its path (``input[0]``, ``input.mask``)."""
     found = [(f"input[{i}]{p}", t) for i, a in enumerate(args) for p, t in paths(a)]
@@ -95,6 +98,73 @@ class _Memo:
     def remember(self, t: torch.Tensor, stats: torch.Tensor) -> None:
         """Take ``stats`` as those of ``t``'s elements at their current version."""
         self._seen.put(plain(t), stats)
+
+
+def _call_namer(name: str, module: nn.Module) -> Callable[[], tuple[str, int]] | None:
+    """For a site of several operations (``"h.0::soft*"``), a function giving the name of the
+    operation whose hooks run now (``"h.0::softmax"``) and that operation's call number; ``None``
+    for a module, or a site of one operation, whose calls go by ``name``.
+
+    Example:
+        >>> _call_namer("fc", nn.Linear(1, 1)) is None, _call_namer("fc::*", OpSite(nn.Linear(1, 1), "fc", "*")) is None
+        (True, False)
+    """
+    if not (isinstance(module, OpSite) and module.is_pattern):
+        return None
+    counters: dict[str, itertools.count[int]] = {}
+
+    def named() -> tuple[str, int]:
+        here = call_name(module, name)
+        counter = counters.get(here)
+        if counter is None:
+            counter = counters.setdefault(here, itertools.count())
+        return here, next(counter)
+
+    return named
+
+
+def _owner(site: OpSite) -> nn.Module:
+    """The module whose operations ``site`` stands for."""
+    return cast(nn.Module, site.owner)
+
+
+class _Operations(OpSite):
+    """Several operation selectors of one module as one site, so that each call of an operation is
+    seen once (``"*::*"`` and ``"::add"`` both select the model's ``add``): one row per call."""
+
+    def __init__(self, sites: list[OpSite]) -> None:
+        super().__init__(_owner(sites[0]), sites[0].owner_name, "|".join(s.pattern for s in sites))
+        self.parts = list(sites)
+        self.is_pattern = True  # each call goes by the operation's own name
+
+    def matches(self, label: str) -> bool:
+        return any(site.matches(label) for site in self.parts)
+
+
+def _one_site_per_module(chosen: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """``chosen`` with the operation sites of one module made one (at the first one's place).
+
+    Example:
+        >>> fc = nn.Linear(1, 1)
+        >>> sites = [("fc::*", OpSite(fc, "fc", "*")), ("fc", fc), ("fc::add", OpSite(fc, "fc", "add"))]
+        >>> [(n, type(m).__name__) for n, m in _one_site_per_module(sites)]
+        [('fc::*|add', '_Operations'), ('fc', 'Linear')]
+    """
+    by_owner: dict[int, list[OpSite]] = {}
+    for _, m in chosen:
+        if isinstance(m, OpSite):
+            by_owner.setdefault(id(_owner(m)), []).append(m)
+    if all(len(group) == 1 for group in by_owner.values()):
+        return chosen
+    out: list[tuple[str, nn.Module]] = []
+    for name, m in chosen:
+        group = by_owner.get(id(_owner(m))) if isinstance(m, OpSite) else None
+        if group is None or len(group) == 1:
+            out.append((name, m))
+        elif group[0] is m:
+            site = _Operations(group)
+            out.append((site.site_name, site))
+    return out
 
 
 def _raised_in(exc: BaseException, codes: set[CodeType]) -> bool:
@@ -219,6 +289,11 @@ class Recorder:
     ``on_context`` is then told, for each call with an input event, where its inputs were made
     (:data:`Context`).
 
+    A selected operation (an :class:`~hookscope.core.ops.OpSite`, ``"norm::div"``) is hooked like
+    a module; a site of several operations (a glob) files each call under the operation that runs
+    (``"norm::div"`` for ``"norm::*"``), numbered per operation. The sites of one module are made
+    one (:func:`select`), so that a call matched by two selectors makes one set of records.
+
     Every module hook runs eagerly (:func:`~hookscope.core.compiled.eager`): under
     ``torch.compile`` the graph breaks around it instead of Dynamo tracing it. A hook that PyTorch
     still calls after :meth:`close` (another thread was between a module's hooks when the block
@@ -272,6 +347,39 @@ class Recorder:
         except BaseException:
             self.group.remove()
             raise
+
+    def operations_ran(self) -> list[str]:
+        """Every operation (``module::op``) that a module of a selected operation ran while hooked.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> rec = Recorder(select(net, ("0::lin",)), keep=frozenset({"output"}), sink=print)
+            >>> rec.attach(); _ = net(torch.ones(1, 2)); rec.close()
+            >>> rec.operations_ran()
+            ['0::linear']
+        """
+        return [f"{site.owner_name}{SEP}{op}" for _, site in self.selected if isinstance(site, OpSite)
+                for op in seen_ops(site)]
+
+    def never_ran(self) -> list[str]:
+        """The operation selectors that matched no operation that ran, each with the closest
+        operations that did (a misspelt name: ``"'0::lin' never ran. Did you mean '0::linear'?"``).
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> rec = Recorder(select(net, ("0::lin",)), keep=frozenset({"output"}), sink=print)
+            >>> rec.attach(); _ = net(torch.ones(1, 2)); rec.close()
+            >>> rec.never_ran()
+            ["'0::lin' never ran. Did you mean '0::linear'?"]
+        """
+        ran = self.operations_ran()
+        out = []
+        for _, site in self.selected:
+            seen = seen_ops(site)  # of the site hooked: the parts of a merged one never were
+            for part in site.parts if isinstance(site, _Operations) else [site]:
+                if isinstance(part, OpSite) and not any(part.matches(op) for op in seen):
+                    out.append(f"{part.site_name!r} never ran.{did_you_mean(part.site_name, ran)}")
+        return out
 
     def close(self) -> None:
         """Remove every hook and forget the calls still open in any thread. Idempotent."""
@@ -359,15 +467,17 @@ class Recorder:
 
     def _hooks(self, name: str, label: str, module: nn.Module) -> tuple[Any, Any]:
         counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
+        named = _call_namer(name, module)  # several operations: each call under its own name
+        op = isinstance(module, OpSite)
         relu = _inplace_relu(module) and self.outputs
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
                 return None
-            call = next(counter)
+            here, call = (name, next(counter)) if named is None else named()
             aliases: list[tuple[str, torch.Tensor, int]] = []
             context = self._context(module) if self.received else None
-            entry: _Call = (call, aliases, name, module, [None], [])
+            entry: _Call = (call, aliases, here, module, [None], [])
             if not self._push(self._open, entry) or not self.enabled:
                 return None
             if relu and len(args) == 1 and not kwargs:
@@ -377,11 +487,13 @@ class Recorder:
             found = _input_paths(args, kwargs)
             if self.inputs:
                 if context is not None and self.on_context is not None:
-                    self.on_context(name, call, "input", context)
+                    self.on_context(here, call, "input", context)
                 for path, t in found:
-                    self._emit(name, call, "forward", "input", path, t)
+                    self._emit(here, call, "forward", "input", path, t)
             elif context is not None:
-                self._check(name, call, found, context)
+                # an operation's parameters are no code's making: a non-finite one shows in its output
+                self._check(here, call, [(p, t) for p, t in found if not isinstance(t, nn.Parameter)] if op else found,
+                            context)
             if self.grad_inputs and found and torch.is_grad_enabled() and getattr(module, "inplace", False) is not True:
                 # an in-place module (ReLU(inplace=True)) would write into the alias: no gradient row
                 # could come of it (see post), and autograd would rebuild the base's history around
@@ -391,26 +503,34 @@ class Recorder:
             return None
 
         def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> None:  # rest: [kwargs,] output
-            top = self._open.pop()
-            call, aliases = (top[0], top[1]) if top is not None else (-1, [])
+            top = self._pop(module)
+            call, aliases, here = (top[0], top[1], top[2]) if top is not None else (-1, [], name)
             output, error = rest[-1], sys.exc_info()[1]
             if self.group.closed:
                 return
             if self.received:
-                self._finished(name)
+                self._finished(here)
             if output is None and error is not None:  # always_call: the forward raised
                 self._failed(error, label, args, rest[0])
                 return
-            self.last_done = name
+            self.last_done = here
             if top is not None and top[5]:
                 self._after_relu(output, top[5][0])
-            self._outputs(name, call, output)
+            self._outputs(here, call, output)
             for path, a, version in aliases:
                 if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
                     # own hook: a tensor hook from the forward hook (full backward hooks fail after in-place ops)
-                    self.group.add(a.register_hook(self._grad_hook(name, call, "grad_input", path)))
+                    self.group.add(a.register_hook(self._grad_hook(here, call, "grad_input", path)))
 
         return pre, post
+
+    def _pop(self, module: nn.Module) -> _Call | None:
+        """Close the innermost open call of ``module`` on this thread. An operation that raised
+        never ran its post-hook: its call, left open above, is closed with it."""
+        top = self._open.pop()
+        while top is not None and top[3] is not module and isinstance(top[3], OpSite):
+            top = self._open.pop()
+        return top
 
     def _before_relu(self, module: nn.Module, t: Any, slot: _Relu) -> None:
         """Before ``ReLU(inplace=True)`` runs on ``t``, not reduced at this version: when its row is
@@ -551,6 +671,25 @@ class RecorderSession:
         self._rec.close()
         self._refresh.close()  # after the hooks are gone: the graphs compiled without them are valid
 
+    def operations_ran(self) -> list[str]:
+        """Every operation (``module::op``) that a module of a selected operation ran in the block:
+        the names a misspelt operation is told the closest of.
+
+        Example:
+            >>> net = nn.Sequential(nn.Linear(2, 2))
+            >>> with RecorderSession(select(net, ("0::*",)), keep=frozenset({"output"}), sink=list, root=net,
+            ...                      params=(), model=net) as s:
+            ...     _ = net(torch.ones(1, 2))
+            >>> s.operations_ran(), s.never_ran()
+            (['0::linear'], [])
+        """
+        return self._rec.operations_ran()
+
+    def never_ran(self) -> list[str]:
+        """The operation selectors that matched no operation in the block, with the closest names
+        that ran (see :meth:`Recorder.never_ran`)."""
+        return self._rec.never_ran()
+
     def forward_error(self, exc: BaseException) -> ForwardError | None:
         """The one-line :class:`~hookscope.ForwardError` for ``exc`` if a forward pass in the block
         raised it, else ``None``: an error raised outside every forward pass, one of hookscope's own
@@ -589,7 +728,7 @@ def refresh_for(model: nn.Module | None, root: nn.Module | None,
 
 def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
     """Resolve and check selectors; with none, every module but the root (a model without children
-    selects itself).
+    selects itself). The operation sites of one module are made one.
 
     Example:
         >>> [name for name, _ in select(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), ())]
@@ -599,7 +738,7 @@ def select(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str,
     """
     inner, _ = unwrap(model)
     if selectors or next(inner.children(), None) is not None:
-        chosen = layers(model, *selectors)
+        chosen = _one_site_per_module(layers(model, *selectors))
     else:
         chosen = [("", inner)]
     check_hookable(chosen)

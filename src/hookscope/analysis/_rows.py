@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..core.ops import SEP
 from ..core.result import missing
 from ..core.text import dtype_text, num, shape_text, table
 from ._reduce import tensor_stats
@@ -21,7 +22,8 @@ __all__ = ["ByModule", "Pending", "StatRow", "event", "gather", "render"]
 
 @dataclass(frozen=True)
 class StatRow:
-    """Statistics of one tensor seen by one call of one module (a row of ``Trace.rows``).
+    """Statistics of one tensor seen by one call of one module (a row of ``Trace.rows``), or of
+    one operation: ``module`` is then the operation's name (``"norm::div"``).
 
     ``phase`` is ``"forward"`` or ``"backward"``; ``which`` is ``"input"``, ``"output"``,
     ``"grad_output"`` (gradient arriving at an output), ``"grad_input"`` (gradient the module
@@ -86,16 +88,29 @@ Pending = tuple[str, int, str, str, str, torch.Size, torch.dtype, torch.device, 
 
 class ByModule:
     """Lookups by module name over a result's ``rows`` of :class:`StatRow` (trace and watch):
-    ``r["layer1"]`` gives that module's rows in order, a missing name raises the shared
-    ``KeyError``-compatible error with the closest names, and ``in`` agrees."""
+    ``r["layer1"]`` gives that module's rows in order, ``r["layer1::add"]`` an operation's, a
+    missing name raises the shared ``KeyError``-compatible error with the closest names (for an
+    operation, among those that ran: :meth:`operations_ran`), and ``in`` agrees."""
 
     @property
     def rows(self) -> list[StatRow]:
         raise NotImplementedError
 
+    def operations_ran(self) -> list[str]:
+        """The operations (``module::op``) that ran, rows or not; none unless told.
+
+        Example:
+            >>> ByModule().operations_ran()
+            []
+        """
+        return []
+
     def __getitem__(self, name: str) -> list[StatRow]:
         rows = self.rows
         found = [r for r in rows if r.module == name] if isinstance(name, str) else []
+        if not found and isinstance(name, str) and SEP in name:
+            ran = [r.module for r in rows if SEP in r.module] + self.operations_ran()
+            raise missing(name, "operation", dict.fromkeys(ran))
         if not found:
             raise missing(name, "module", dict.fromkeys(r.module for r in rows))
         return found

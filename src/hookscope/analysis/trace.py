@@ -27,10 +27,11 @@ from ._rows import ByModule, Pending, StatRow, gather, render
 __all__ = ["StatRow", "Trace", "trace"]
 
 
-class Trace(ByModule, RecorderSession, Result):
+class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
 
-    After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module; ``in`` agrees),
+    After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module, or of one
+    operation: ``t["layer1::add"]``; ``in`` agrees),
     ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()`` and ``to_csv()``.
 
     Example:
@@ -177,7 +178,11 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
     Args:
         model: any ``nn.Module`` (wrappers are seen through; rows use the inner model's names).
         *selectors: as for :func:`hookscope.layers`; none selects every module but the root (a
-            model without children selects itself).
+            model without children selects itself). An operation selector (``"norm::div"``,
+            ``"h.*::soft*"``, ``"*::*"`` for every operation of every module) gives rows for each
+            call of each operation it names, under that operation's own name (``"h.0::softmax"``,
+            ``"h.0::add.1"`` for the second ``add`` of one call), among the modules' rows in the
+            order they ran; an operation run under ``torch.no_grad()`` has no gradient row.
         keep: what to record, in :func:`hookscope.capture`'s words: ``"io"`` (default: inputs and
             outputs; an input that is the output just traced is not reduced twice), ``"output"``,
             ``"input"``, ``"all"`` (also, during backward passes in the block, the gradient arriving
@@ -202,6 +207,10 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         [('0', 'input'), ('0', 'output'), ('1', 'input')]
         >>> sorted(r.path for r in t.rows if r.which == "grad_param")
         ['bias', 'weight']
+        >>> with hookscope.trace(net, "0", "0::*", keep="output") as t:  # Linear's own operation too
+        ...     _ = net(torch.ones(1, 2))
+        >>> [r.module for r in t.rows]
+        ['0::linear', '0']
     """
     fields = parse_keep(keep)
     selected = select(model, selectors)

@@ -17,6 +17,7 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
+from ..core.ops import SEP
 from ..core.result import Result
 from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
@@ -102,7 +103,7 @@ def _numbered(rows: list[StatRow], start: int) -> list[StatRow]:
     return out
 
 
-class Watch(ByModule, RecorderSession, Result):
+class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that finds the first non-finite output or gradient; build it with :func:`watch`.
 
     After the block: ``culprit``, ``before``, ``finite``, ``rows``, ``table()`` (also ``str(w)``),
@@ -157,7 +158,7 @@ class Watch(ByModule, RecorderSession, Result):
         """The culprit's own earlier records and those of the ``last`` calls before it."""
         own = _key(culprit)
         others = [k for k in self._recent if k != own]
-        keep = others[len(others) - self.last:] if self.last else []
+        keep = others[max(len(others) - self.last, 0):] if self.last else []
         rows = [r for k in [*keep, own] for r in self._recent.get(k, [])]
         return sorted(rows, key=lambda r: r.index)
 
@@ -176,7 +177,7 @@ class Watch(ByModule, RecorderSession, Result):
     def _all_watched(self, parent: str) -> bool:
         """Whether every direct child of ``parent`` is watched: then code that ran inside it and
         outside its watched children is its own forward's."""
-        if self._root is None:
+        if self._root is None or SEP in parent:  # a call inside an operation: no child of a module
             return False
         module = self._root.get_submodule(parent) if parent else self._root
         prefix = f"{parent}." if parent else ""
@@ -293,7 +294,8 @@ class Watch(ByModule, RecorderSession, Result):
         """
         row = self.culprit
         if row is None:
-            return f"all finite: {self.checked} outputs and gradients checked, no NaN and no Inf"
+            missed = "".join(f"; {line}" for line in self.never_ran())
+            return f"all finite: {self.checked} outputs and gradients checked, no NaN and no Inf{missed}"
         lines = [f"first non-finite value: {row.describe()}"]
         if self._before:
             keys = {_key(r) for r in self._before}
@@ -350,7 +352,11 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
     Args:
         model: any ``nn.Module``; names are the inner model's, through wrappers.
         *selectors: as for :func:`hookscope.layers`; none watches every module but the root (a model
-            without children watches itself).
+            without children watches itself). An operation selector (``"norm::div"``, ``"::*"``
+            for the model's own operations, ``"*::*"`` for every module's) watches each call of
+            those operations, named by the operation that ran (``"norm::div"``, ``"h.0::add.1"``
+            for the second ``add`` of one call), so that the culprit is the operation that made
+            the value, not the module around it.
         raise_on_nonfinite: raise :class:`~hookscope.NonFiniteError` inside the hook that sees the
             first NaN or Inf, so the traceback points there. Costs one host synchronisation per record.
         last: how many module calls before the culprit to keep, with all their records (their
@@ -374,6 +380,14 @@ def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = Fal
         ...     net(torch.full((1, 2), float("inf"))).sum().backward()
         >>> w.culprit.module, w.culprit.which
         ('0', 'output')
+        >>> class Norm(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return (x - x.mean()) / x.std()
+        >>> norm = Norm()
+        >>> with hookscope.watch(norm, "::*") as w:  # the model's own operations
+        ...     _ = norm(torch.ones(3))              # std 0: 0 / 0
+        >>> w.culprit.describe()
+        "'::div' call 0, forward output output 3: 3 NaN, 0 Inf of 3 values"
     """
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
         raise HookscopeError(f"last={last!r} must be a whole number of module calls, 0 or more")
