@@ -255,3 +255,26 @@ def test_analyses_keyed_by_name_refuse_an_operation_glob(tmp_path: object) -> No
                 lambda: hookscope.cam(net, x, layers="layer2.*::add*")):
         with pytest.raises(SelectionError, match="needs each operation by its exact name, not a glob"):
             run()
+
+
+def test_an_operation_selected_twice_is_recorded_once() -> None:
+    net = Block()
+    with hookscope.capture(net, "::*", "::add") as rec:
+        net(torch.randn(2, 4))
+    assert len(rec["::add"].calls) == 1 and len(rec["::add.1"].calls) == 1
+
+
+def test_always_called_hooks_see_an_operation_that_raises() -> None:
+    class Bad(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ torch.ones(3, 3)  # 2 features against 3: the matmul raises
+
+    bad, seen = Bad(), []
+    site = OpSite(bad, "", "matmul")
+    handle = site.register_forward_hook(lambda m, a, out: seen.append(out), always_call=True)
+    try:
+        with pytest.raises(RuntimeError):
+            bad(torch.ones(1, 2))
+    finally:
+        handle.remove()
+    assert seen == [None] and "forward" not in vars(bad)

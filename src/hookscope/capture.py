@@ -19,7 +19,7 @@ from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .core.ops import SEP, OpSite, call_name, seen_ops
+from .core.ops import SEP, OpSite, call_name, covered, seen_ops
 from .errors import HookscopeError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
@@ -134,7 +134,8 @@ class Capture(Recording):
             self.retention = dataclasses.replace(self.retention, copy=copy, guard=False)
         try:
             for name, module in self._targets:
-                self._register(name, module, compiled)
+                if not covered(module, self._targets):  # a glob beside it records its calls, once
+                    self._register(name, module, compiled)
             if self.retention.guards_any():
                 for module in boundary_modules(self._model):
                     self._group.add(module.register_forward_pre_hook(settle_inputs, with_kwargs=True))

@@ -125,7 +125,7 @@ def _call_namer(name: str, module: nn.Module) -> Callable[[], tuple[str, int]] |
 
 def _owner(site: OpSite) -> nn.Module:
     """The module whose operations ``site`` stands for."""
-    return cast(nn.Module, site.owner)
+    return site.owner
 
 
 class _Operations(OpSite):
@@ -511,7 +511,7 @@ class Recorder:
             if self.received:
                 self._finished(here)
             if output is None and error is not None:  # always_call: the forward raised
-                self._failed(error, label, args, rest[0])
+                self._failed(error, module_label(here, module) if isinstance(module, OpSite) else label, args, rest[0])
                 return
             self.last_done = here
             if top is not None and top[5]:

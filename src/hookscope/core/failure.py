@@ -13,6 +13,7 @@ import torch
 
 from .._tree import paths
 from ..errors import ForwardError
+from .ops import OpSite, call_name, current_function
 from .text import dtype_text, first_line, shape_text
 
 __all__ = ["received", "module_label", "forward_error"]
@@ -49,6 +50,9 @@ def module_label(name: str, module: torch.nn.Module, model_name: str = "") -> st
         >>> module_label("fc", torch.nn.Linear(1, 1))
         "'fc' (Linear)"
     """
+    if isinstance(module, OpSite):  # inside its hooks: the operation that runs now
+        func = current_function()
+        return f"{call_name(module, name)!r} ({getattr(func, '__name__', None) or 'an operation'})"
     if not name:
         return f"{model_name or type(module).__name__}'s own forward"
     return f"{name!r} ({type(module).__name__})"

@@ -46,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 from .._tree import tensors
 from ..errors import HookscopeError
 
-__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "current_function", "seen_ops", "split_op"]
+__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "covered", "current_function", "seen_ops", "split_op"]
 
 SEP = "::"
 _GLOB = set("*?[")
@@ -121,6 +121,8 @@ class OpSite(nn.Module):
     its output, and either may return replacements.
     """
 
+    owner: nn.Module  # the module whose forward runs the operations (a plain reference, not a child)
+
     def __init__(self, owner: nn.Module, owner_name: str, pattern: str) -> None:
         super().__init__()
         self.__dict__["owner"] = owner  # a plain reference: not a child module of the site
@@ -159,6 +161,15 @@ class OpSite(nn.Module):
 
     def extra_repr(self) -> str:
         return repr(self.site_name)
+
+
+def covered(site: nn.Module, selected: list[tuple[str, nn.Module]]) -> bool:
+    """Whether ``site`` names an operation that a glob site of the same module in ``selected`` also
+    selects (``::add`` beside ``::*``): hooking both would record each call twice."""
+    if not isinstance(site, OpSite) or site.is_pattern:
+        return False
+    return any(isinstance(g, OpSite) and g.is_pattern and g.owner is site.owner and g.matches(site.pattern)
+               for _, g in selected)
 
 
 class _SiteHandle(RemovableHandle):
@@ -352,7 +363,16 @@ def _run_sites(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...]
             args, kwargs = _pre(site, args, kwargs)
         finally:
             _state.current.pop()
-    out = func(*args, **kwargs)
+    try:
+        out = func(*args, **kwargs)
+    except BaseException:
+        for site in sites:  # as a module call does: forward hooks registered with always_call=True see the failure
+            _state.current.append(f"{site.owner_name}{SEP}{label}")
+            try:
+                _post(site, args, kwargs, None, only_always=True)
+            finally:
+                _state.current.pop()
+        raise
     for site in sites:
         _state.current.append(f"{site.owner_name}{SEP}{label}")
         try:
@@ -375,8 +395,10 @@ def _pre(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[t
     return args, kwargs
 
 
-def _post(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+def _post(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, only_always: bool = False) -> Any:
     for hook_id, hook in list(site._forward_hooks.items()):
+        if only_always and hook_id not in site._forward_hooks_always_called:
+            continue
         if hook_id in site._forward_hooks_with_kwargs:
             got = hook(site, args, kwargs, out)
         else:
