@@ -59,3 +59,14 @@ def test_layers_ops_from_the_command_line(capsys: pytest.CaptureFixture[str]) ->
     assert [r["name"] for r in rows] == ["layer1.0::add", "layer1.1::add", "layer2.0::add"]
     assert main(["layers", "--ops", "--no-run", "tiny"]) == 2
     assert "cannot go with --no-run" in capsys.readouterr().err
+
+
+def test_operations_on_the_command_line_of_trace_and_watch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "tiny", "--layers", "layer1.0::add", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["module"] for r in rows} == {"layer1.0::add"} and len(rows) == 3  # two inputs, one output
+    assert main(["trace", "tiny", "--layers", "layer1.0::ad"]) == 2
+    assert "'layer1.0::ad' never ran. Did you mean 'layer1.0::add'?" in capsys.readouterr().err
+    assert main(["watch", "tiny", "--layers", "*::*"]) == 0
+    out = capsys.readouterr().out
+    assert "all finite" in out and "never ran" not in out and "matching" not in out

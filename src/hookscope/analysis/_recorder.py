@@ -374,11 +374,18 @@ class Recorder:
         """
         ran = self.operations_ran()
         out = []
+        globs: dict[str, bool] = {}  # a glob's operation part -> whether some module ran a match
         for _, site in self.selected:
             seen = seen_ops(site)  # of the site hooked: the parts of a merged one never were
             for part in site.parts if isinstance(site, _Operations) else [site]:
-                if isinstance(part, OpSite) and not any(part.matches(op) for op in seen):
+                if not isinstance(part, OpSite):
+                    continue
+                hit = any(part.matches(op) for op in seen)
+                if part.is_pattern:  # '*::*' over a container that runs no operation of its own is fine
+                    globs[part.pattern] = globs.get(part.pattern, False) or hit
+                elif not hit:
                     out.append(f"{part.site_name!r} never ran.{did_you_mean(part.site_name, ran)}")
+        out += [f"no selected module ran an operation matching {p!r}" for p, hit in globs.items() if not hit]
         return out
 
     def close(self) -> None:

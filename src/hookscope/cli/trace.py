@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
     t = trace(model, *args.layers, keep=keep_for(inputs=not args.no_inputs, backward=backward),
               param_grads=args.grad_flow and args.plot is not None)
     run_model(t, model, given.x, backward=backward, kwargs=given.kwargs)
+    missing = t.never_ran()
+    if missing:  # a misspelt operation: never an empty table
+        raise HookscopeError(f"{'; '.join(missing)}; list what ran with `hookscope layers --ops MODEL`")
     flow = gradient_flow(model, *args.layers, trace=t) if args.grad_flow else None
     if flow is not None:
         text = flow.to_json(indent=1) if fmt == "json" else flow.table()
