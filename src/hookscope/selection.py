@@ -178,10 +178,18 @@ def layers(model: nn.Module, *selectors: Selector) -> list[tuple[str, nn.Module]
     the root is selected. Every selector must match something, or :class:`SelectionError` names it
     and the closest real names.
 
+    ``"module::op"`` selects operations (torch functions, ``Tensor`` methods, operators) that the
+    module's own ``forward`` runs: ``"layer1.0::add"`` (the residual ``out += identity``),
+    ``"h.*::scaled_dot_product_attention"``, ``"::matmul"`` for the model's own forward, a glob
+    such as ``"layer1.0::*"``; each comes back as an operation site, hooked like a module (see
+    :func:`hookscope.operations` for the names one pass runs).
+
     Example:
         >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
         >>> [name for name, _ in layers(net, nn.Conv2d)]
         ['0', '2']
+        >>> [name for name, _ in layers(net, "1::relu")]
+        ['1::relu']
     """
     inner, _ = unwrap(model)
     named = named_modules(model, remove_duplicate=False)
