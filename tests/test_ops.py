@@ -278,3 +278,26 @@ def test_always_called_hooks_see_an_operation_that_raises() -> None:
     finally:
         handle.remove()
     assert seen == [None] and "forward" not in vars(bad)
+
+
+def test_a_gradient_inside_a_custom_autograd_function_is_refused_naming_the_operation() -> None:
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x.mul(x)  # runs inside the Function: autograd records nothing here
+
+        @staticmethod
+        def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    class Net(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Square.apply(x) + 1
+
+    net, x = Net(), torch.randn(3, requires_grad=True)
+    with hookscope.capture(net, "::mul", "::add", keep=("output", "grad_output")) as rec:
+        net(x).sum().backward()
+    assert torch.equal(rec["::mul"].output, x.detach() * x.detach())  # its value is there
+    assert torch.equal(rec["::add"].grad_output, torch.ones(3))
+    with pytest.raises(HookscopeError, match=r"'::mul' ran where autograd records nothing .*custom autograd Function"):
+        rec["::mul"].grad_output
