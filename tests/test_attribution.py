@@ -58,16 +58,15 @@ def test_gradient_methods_equal_captum(resnet, images, method, make, extra):
 RULES = ["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre"]
 
 
-@pytest.mark.parametrize("model, rule", [("resnet", "gausslegendre"), ("resnet", "riemann_trapezoid")]
-                         + [("smooth", r) for r in RULES])
+@pytest.mark.parametrize("model, rule", [("resnet", "gausslegendre")] + [("smooth", r) for r in RULES])
 def test_integrated_gradients_equal_captum(resnet, images, model, rule):
     net, x = (resnet, images) if model == "resnet" else (_smooth(), torch.rand(2, 6))
-    steps, baseline = 5, torch.full_like(x, 0.25)
+    steps, baseline = 4, torch.full_like(x, 0.25)
     ours = hookscope.attribute(net, x, method="integrated_gradients", target=TARGETS, baseline=baseline,
-                               steps=steps, rule=rule, batch_size=4)
+                               steps=steps, rule=rule, batch_size=3)
     ig = captum_attr.IntegratedGradients(net)
     theirs, delta = ig.attribute(x, baselines=baseline, target=TARGETS, n_steps=steps, method=rule,
-                                 return_convergence_delta=True, internal_batch_size=4)
+                                 return_convergence_delta=True, internal_batch_size=3)
     if rule == "riemann_trapezoid":
         # captum weighs its n points 1/n (ends 1/2n): they sum to (n-1)/n; ours are 1/(n-1) apart and sum to 1
         theirs = theirs * steps / (steps - 1)
@@ -77,14 +76,22 @@ def test_integrated_gradients_equal_captum(resnet, images, model, rule):
     assert no_hooks(net)
 
 
-@pytest.mark.parametrize("method", ["smoothgrad", "smoothgrad_sq", "vargrad"])
-def test_noise_tunnel_equals_captum_with_the_same_draws(resnet, images, method):
-    ours = hookscope.attribute(resnet, images, method=method, target=TARGETS, samples=4, noise=0.2, seed=5)
+@pytest.mark.parametrize("model, method", [("resnet", "smoothgrad"), ("tiny", "smoothgrad"), ("tiny", "smoothgrad_sq"),
+                                           ("tiny", "vargrad")])
+def test_noise_tunnel_equals_captum_with_the_same_draws(resnet, images, model, method):
+    net, x = (resnet, images) if model == "resnet" else (_tiny(), images[:, :, :16, :16])
+    x = (x - x.flatten(1).amin(1).view(-1, 1, 1, 1)) / (x.flatten(1).amax(1) - x.flatten(1).amin(1)).view(-1, 1, 1, 1)
+    ours = hookscope.attribute(net, x, method=method, target=TARGETS, samples=3, noise=0.2, seed=5)
     torch.manual_seed(5)  # captum draws from the global generator; ours from a generator seeded alike
-    nt = captum_attr.NoiseTunnel(captum_attr.Saliency(resnet))
-    theirs = nt.attribute(images, nt_type=method, nt_samples=4, stdevs=0.2, target=TARGETS, abs=False)
+    nt = captum_attr.NoiseTunnel(captum_attr.Saliency(net))
+    theirs = nt.attribute(x, nt_type=method, nt_samples=3, stdevs=0.2, target=TARGETS, abs=False)
     assert rel(ours.maps, theirs) <= 1e-5
-    assert ours.settings == {"samples": 4, "noise": 0.2, "seed": 5}
+    assert ours.settings == {"samples": 3, "noise": 0.2, "seed": 5}
+
+
+def _tiny() -> nn.Module:
+    torch.manual_seed(0)
+    return hookscope.zoo.TinyResNet().eval()
 
 
 # --- a Hugging Face model, at its token embedding --------------------------------------------------
@@ -155,12 +162,13 @@ def test_gauss_legendre_makes_delta_small():
     assert float(res.delta.abs().max()) < 1e-5 * max(1.0, float(change.abs().max()))
 
 
-def test_a_memory_budget_cuts_the_passes_and_changes_nothing(resnet, images):
+def test_a_memory_budget_cuts_the_passes_and_changes_nothing(images):
+    resnet, images = _tiny(), images[:, :, :16, :16]
     whole = hookscope.attribute(resnet, images, method="integrated_gradients", target=TARGETS, steps=4)
     with pytest.raises(hookscope.HookscopeError, match="memory >= ") as e:
         hookscope.attribute(resnet, images, method="integrated_gradients", target=TARGETS, steps=4, memory=1000)
     row = int(str(e.value).split("memory >= ")[1].split(",")[0])
-    assert row > 32 * 32 * 3 * 4  # more than the row itself: what autograd keeps for it
+    assert row > 16 * 16 * 3 * 4  # more than the row itself: what autograd keeps for it
     cut = hookscope.attribute(resnet, images, method="integrated_gradients", target=TARGETS, steps=4,
                               memory=3 * row)
     assert (whole.forwards, cut.forwards) == (2 + 1, 2 + 3)  # 8 rows: one pass, or passes of 3, 3 and 2
@@ -259,8 +267,8 @@ def test_a_target_function_and_the_predicted_class():
     assert given.target is None and torch.allclose(given.maps, by_default.maps)
 
 
-def test_the_result_speaks_the_protocol(resnet, images):
-    res = hookscope.attribute(resnet, images, method="integrated_gradients", target=TARGETS, steps=2)
+def test_the_result_speaks_the_protocol(images):
+    res = hookscope.attribute(_tiny(), images, method="integrated_gradients", target=TARGETS, steps=2)
     text = res.table()
     assert str(res) == text and "integrated_gradients" in text and "delta" in text
     assert '"shape": [2, 3, 32, 32]' in res.to_json() and res.to_dict()["delta"] is res.delta
