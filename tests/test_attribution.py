@@ -295,3 +295,13 @@ def test_bad_requests_are_refused_in_one_line(frozen_in_training, given, said):
         hookscope.attribute(net, torch.rand(2, 3, 16, 16), **given)
     assert said in str(e.value) and "\n" not in str(e.value)
     assert _same(before, _state(net)) and no_hooks(net)
+
+
+def test_a_batch_norm_without_running_statistics_is_refused_unless_rows_cannot_mix():
+    net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False), nn.Linear(3, 2))
+    with pytest.raises(hookscope.HookscopeError, match="BatchNorm1d '1'.*pass one input"):
+        hookscope.attribute(net, torch.rand(2, 4))
+    with pytest.raises(hookscope.HookscopeError, match="batch_size=1"):
+        hookscope.attribute(net, torch.rand(1, 4), method="integrated_gradients", steps=3)
+    one = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))  # normalises each row: allowed
+    assert hookscope.attribute(one, torch.rand(2, 4), method="integrated_gradients", steps=3).maps.shape == (2, 4)

@@ -13,9 +13,9 @@ from ...core.inputs import model_kwargs, private
 from ...core.state import kept_rng, restored
 from ...core.text import shape_text
 from ...errors import HookscopeError, did_you_mean
-from ...selection import Selector, check_hookable, exact_ops
+from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
-from .._targets import Target, pinned, scores_of
+from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, leaf, probe
 from ._methods import LAYER_METHODS, TABLE, Settings
 from ._result import Attributions
@@ -112,7 +112,8 @@ def attribute(
     _check_inputs(inputs, layers)
     layer = _one_layer(model, layers)
     points = rule_points(rule, steps) if key == "integrated_gradients" else ([], [])
-    _check_numbers(batch_size, memory, samples, noise, key)
+    _check_numbers(batch_size, memory, samples, noise)
+    _check_independent(model, inputs, batch_size, key)
     x = cast(torch.Tensor, private(inputs)).detach()
     settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
     job = Job(model, x, kw, layer)
@@ -163,12 +164,22 @@ def _one_layer(model: nn.Module, layers: Any) -> tuple[str, nn.Module] | None:
     return chosen[0]
 
 
-def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: float, key: str) -> None:
+def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: float) -> None:
     for name, v in (("batch_size", batch_size), ("samples", samples)) + ((("memory", memory),) if memory is not None else ()):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HookscopeError(f"{name}={v!r} must be a positive int")
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
         raise HookscopeError(f"noise={noise!r} must be a number >= 0 (a fraction of each input's range)")
+
+
+def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
+    """Refuse rows that would mix: each row's gradient is read from the gradient of the batch's summed score."""
+    coupled = batch_coupled(unwrap(model)[0])
+    copies = key not in ("saliency", "gradient", "input_x_gradient")
+    if coupled is not None and (inputs.shape[0] > 1 or (copies and batch_size > 1)):
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
+                             "score would depend on the other rows of its batch; pass one input"
+                             + (" with batch_size=1" if copies else ""))
 
 
 def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
