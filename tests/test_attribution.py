@@ -305,3 +305,13 @@ def test_a_batch_norm_without_running_statistics_is_refused_unless_rows_cannot_m
         hookscope.attribute(net, torch.rand(1, 4), method="integrated_gradients", steps=3)
     one = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))  # normalises each row: allowed
     assert hookscope.attribute(one, torch.rand(2, 4), method="integrated_gradients", steps=3).maps.shape == (2, 4)
+
+
+@pytest.mark.parametrize("outer", [torch.no_grad, torch.inference_mode])
+def test_it_works_under_no_grad_and_inference_mode(outer):
+    net = _smooth()
+    with outer():
+        x = torch.randn(2, 6)
+        res = hookscope.attribute(net, x, method="integrated_gradients", steps=3)
+        noisy = hookscope.attribute(net, x, method="vargrad", samples=3)
+    assert res.maps.shape == noisy.maps.shape == (2, 6) and no_hooks(net)

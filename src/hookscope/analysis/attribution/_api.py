@@ -17,9 +17,9 @@ from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, leaf, probe
-from ._methods import LAYER_METHODS, TABLE, Settings
+from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._result import Attributions
-from ._rules import rule_points
+from ._rules import rule_name, rule_points
 
 __all__ = ["METHODS", "attribute"]
 
@@ -112,20 +112,21 @@ def attribute(
     _check_inputs(inputs, layers)
     layer = _one_layer(model, layers)
     points = rule_points(rule, steps) if key == "integrated_gradients" else ([], [])
+    rule = rule_name(rule) if key == "integrated_gradients" else rule
     _check_numbers(batch_size, memory, samples, noise)
     _check_independent(model, inputs, batch_size, key)
-    x = cast(torch.Tensor, private(inputs)).detach()
-    settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
-    job = Job(model, x, kw, layer)
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
     with kept, torch.inference_mode(False), torch.enable_grad():
+        x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
+        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
+        job = Job(model, x, kw, layer)
         first = probe(job, None if layer is None else leaf)
         job.target = pinned(target, first.output, job.batch)
         first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=x.device))
         job.chunk = _chunk(first.saved, x, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
-    told = {"steps": steps, "rule": rule} if key == "integrated_gradients" else (
-        {"samples": samples, "noise": noise, "seed": seed} if key in ("smoothgrad", "smoothgrad_sq", "vargrad") else None)
+    named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
+    told = {k: named[k] for k in SETTINGS.get(key, ())} or None
     classes = job.target if isinstance(job.target, torch.Tensor) else None
     return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
                         delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
@@ -175,7 +176,7 @@ def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: flo
 def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
     """Refuse rows that would mix: each row's gradient is read from the gradient of the batch's summed score."""
     coupled = batch_coupled(unwrap(model)[0])
-    copies = key not in ("saliency", "gradient", "input_x_gradient")
+    copies = key in SETTINGS  # runs copies of the inputs
     if coupled is not None and (inputs.shape[0] > 1 or (copies and batch_size > 1)):
         raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
                              "score would depend on the other rows of its batch; pass one input"

@@ -88,7 +88,7 @@ def _hooked(job: Job, kept: list[torch.Tensor], make: Make | None) -> Iterator[N
 def run(job: Job, x: torch.Tensor, rows: torch.Tensor, make: Make | None, count: bool = False) -> Pass:
     """The model on ``x``, the batch of the samples ``rows``; the layer's output replaced by ``make``."""
     p = Pass()
-    params = {t.data_ptr() for t in job.model.parameters()}
+    params = {t.data_ptr() for t in job.model.parameters()} if count else set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.data_ptr() not in params:

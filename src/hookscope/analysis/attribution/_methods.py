@@ -13,7 +13,7 @@ import torch
 
 from ._engine import Job, Make, Pass, grad, gradients, leaf, run
 
-__all__ = ["LAYER_METHODS", "TABLE", "Made", "Settings"]
+__all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
 
 
 @dataclass
@@ -155,3 +155,8 @@ TABLE: dict[str, Method] = {
     "vargrad": vargrad,
 }
 LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
+SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
+    "integrated_gradients": ("steps", "rule"),
+    "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
+    "vargrad": ("samples", "noise", "seed"),
+}

@@ -51,10 +51,13 @@ class Attributions(Result):
 
         Example:
             >>> import torch, hookscope
-            >>> net = torch.nn.Linear(3, 2)
-            >>> print(hookscope.attribute(net, torch.ones(2, 3), target=1))  # doctest: +ELLIPSIS
-            saliency on the inputs: 2 maps of 3, 1 forward pass
-            sample  target  score...
+            >>> net = torch.nn.Linear(3, 2); _ = torch.nn.init.ones_(net.weight); _ = torch.nn.init.zeros_(net.bias)
+            >>> print(hookscope.attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=2))
+            integrated_gradients (steps=2, rule=riemann_trapezoid) on the inputs: 2 maps of 3, 3 forward passes
+            sample  target  score  sum  delta
+            ---------------------------------
+                 0       1      3    3      0
+                 1       1      3    3      0
         """
         where = "the inputs" if self.layer is None else f"layer {self.layer!r}"
         said = ", ".join(f"{k}={v}" for k, v in (self.settings or {}).items())

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import HookscopeError, did_you_mean
 
-__all__ = ["RULES", "rule_points"]
+__all__ = ["RULES", "rule_name", "rule_points"]
 
 Points = tuple[list[float], list[float]]  # (alphas, weights)
 
@@ -46,18 +46,29 @@ RULES: dict[str, tuple[Callable[[int], Points], int]] = {  # rule -> (its points
 }
 
 
-def rule_points(rule: str, steps: int) -> Points:
-    """``(alphas, weights)`` of ``steps`` points of a rule (``"gauss_legendre"`` spelt either way).
+def rule_name(rule: str) -> str:
+    """The rule's name as :data:`RULES` spells it (``"gauss-legendre"`` is ``"gausslegendre"``).
 
     Example:
-        >>> rule_points("riemann_trapezoid", 3)
-        ([0.0, 0.5, 1.0], [0.25, 0.5, 0.25])
+        >>> rule_name("Gauss-Legendre"), rule_name("riemann-left")
+        ('gausslegendre', 'riemann_left')
     """
     key = rule.lower().replace("-", "_") if isinstance(rule, str) else ""
     key = "gausslegendre" if key == "gauss_legendre" else key
     if key not in RULES:
         raise HookscopeError(f"rule={rule!r} is not an integration rule.{did_you_mean(str(rule), RULES)} "
                              f"Use one of {', '.join(RULES)}")
+    return key
+
+
+def rule_points(rule: str, steps: int) -> Points:
+    """``(alphas, weights)`` of ``steps`` points of a rule.
+
+    Example:
+        >>> rule_points("riemann_trapezoid", 3)
+        ([0.0, 0.5, 1.0], [0.25, 0.5, 0.25])
+    """
+    key = rule_name(rule)
     points, fewest = RULES[key]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < fewest:
         raise HookscopeError(f"steps={steps!r} is too few for rule={key!r}; pass an int >= {fewest}")
