@@ -324,3 +324,24 @@ def test_it_works_under_no_grad_and_inference_mode(outer):
         res = hookscope.attribute(net, x, method="integrated_gradients", steps=3)
         noisy = hookscope.attribute(net, x, method="vargrad", samples=3)
     assert res.maps.shape == noisy.maps.shape == (2, 6) and no_hooks(net)
+
+
+# --- targets of hookscope.targets -----------------------------------------------------------------------
+def test_a_similarity_target_equals_captum_on_the_cosine():
+    torch.manual_seed(6)
+    net, x, ref = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4)).eval(), torch.randn(2, 6), torch.randn(4)
+    ours = hookscope.attribute(net, x, method="integrated_gradients", target=hookscope.targets.Similarity(ref), steps=6)
+    cosine = lambda v: nn.functional.cosine_similarity(net(v), ref[None], dim=1)  # noqa: E731
+    theirs = captum_attr.IntegratedGradients(cosine).attribute(x, n_steps=6, method="riemann_trapezoid") * 6 / 5
+    assert ours.target is None and rel(ours.maps, theirs) <= 1e-5
+
+
+def test_a_region_predicted_on_the_inputs_stays_for_every_scaled_copy():
+    torch.manual_seed(7)
+    net, x = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.Tanh(), nn.Conv2d(3, 2, 1)).eval(), torch.randn(1, 1, 5, 5)
+    region = net(x).argmax(1) == 1  # where class 1 is predicted on the inputs themselves
+    ours = hookscope.attribute(net, x, method="integrated_gradients", target=hookscope.targets.Segmentation(1),
+                               steps=5, rule="gausslegendre")
+    summed = lambda v: (net(v)[:, 1] * region).flatten(1).sum(1)  # noqa: E731
+    theirs = captum_attr.IntegratedGradients(summed).attribute(x, n_steps=5, method="gausslegendre")
+    assert rel(ours.maps, theirs) <= 1e-5
