@@ -345,3 +345,16 @@ def test_a_region_predicted_on_the_inputs_stays_for_every_scaled_copy():
     summed = lambda v: (net(v)[:, 1] * region).flatten(1).sum(1)  # noqa: E731
     theirs = captum_attr.IntegratedGradients(summed).attribute(x, n_steps=5, method="gausslegendre")
     assert rel(ours.maps, theirs) <= 1e-5
+
+
+def test_a_language_model_needs_a_target_function_and_says_so():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(0)
+    gpt2, ids = transformers.GPT2LMHeadModel(config).eval(), torch.randint(0, 40, (2, 5))
+    with pytest.raises(hookscope.HookscopeError, match=r"got 2x5x40; pass target= a function"):
+        hookscope.attribute(gpt2, ids, layers="transformer.wte")
+    res = hookscope.attribute(gpt2, ids, method="integrated_gradients", layers="transformer.wte", steps=12,
+                              rule="gausslegendre", target=lambda out: out.logits[:, -1, 7])
+    assert res.maps.shape == (2, 5, 16) and float(res.delta.abs().max()) < 1e-4 and no_hooks(gpt2)

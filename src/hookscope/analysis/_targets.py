@@ -308,7 +308,11 @@ def pinned(target: Target, out: Any, batch: int) -> Any:
     if is_function(target):
         user_scores(cast(Callable[[Any], Any], target), None, out, batch, f"a batch of {batch}")  # checked once, here
         return anchored(target, None, out)
-    logits = read_logits(None, out, batch)
+    logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+    if logits is None or logits.ndim != 2 or logits.shape[0] != batch:
+        got = type(out).__name__ if logits is None else "x".join(map(str, logits.shape))
+        raise HookscopeError(f"class targets need B x classes logits (B={batch}), got {got}; pass target= a function "
+                             "of the output giving one score per sample, e.g. lambda out: out.logits[:, -1, token]")
     if target is None:
         return logits.detach().argmax(1)
     return class_targets(cast(Target, target), batch, logits.shape[1], logits.device)
