@@ -120,7 +120,7 @@ def attribute(
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
         settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
         job = Job(model, x, kw, layer)
-        first = probe(job, None if layer is None else leaf)
+        first = probe(job, None if layer is None else leaf, count=memory is not None)
         job.target = pinned(target, first.output, job.batch)
         first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=x.device))
         job.chunk = _chunk(first.saved, x, batch_size, memory)

@@ -9,7 +9,7 @@ gradient is taken at, or the scaled outputs of integrated gradients) and keeps i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +95,8 @@ def run(job: Job, x: torch.Tensor, rows: torch.Tensor, make: Make | None, count:
             p.saved += t.numel() * t.element_size()
         return t
 
-    counting = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else _nothing()
+    counting: AbstractContextManager[Any] = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count
+                                             else nullcontext())
     with _hooked(job, p.kept, make), counting:
         # a copy: a model that writes into its input must not rewrite the leaf differentiated at
         p.output = call_model(job.model, (x.clone(),), rows_of(job.kw, rows, job.batch))
@@ -107,20 +108,15 @@ def run(job: Job, x: torch.Tensor, rows: torch.Tensor, make: Make | None, count:
     return p
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 def leaf(t: torch.Tensor) -> torch.Tensor:
     """A detached copy of ``t`` to take the gradient at."""
     return t.detach().clone().requires_grad_()
 
 
-def probe(job: Job, make: Make | None) -> Pass:
-    """The first pass, on the inputs themselves, counting the bytes autograd keeps."""
+def probe(job: Job, make: Make | None, count: bool) -> Pass:
+    """The first pass, on the inputs themselves; ``count``: the bytes autograd keeps counted."""
     x = leaf(job.x) if job.x.is_floating_point() else job.x
-    p = run(job, x, torch.arange(job.batch, device=job.x.device), make, count=True)
+    p = run(job, x, torch.arange(job.batch, device=job.x.device), make, count=count)
     p.leaf = x if x.requires_grad else None
     return p
 
