@@ -39,7 +39,7 @@ CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES 
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
-                "Operations", "AttentionPatterns"]
+                "Operations", "AttentionPatterns", "Attributions"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -59,7 +59,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
-                                        "ReferenceComparison": {"maps": True}}
+                                        "ReferenceComparison": {"maps": True}, "Attributions": {"maps": True}}
 
 
 def _kind(case: str) -> str:
@@ -113,6 +113,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         **_pruning(net, x),
         "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
         "Operations": hookscope.operations(net, x), "AttentionPatterns": hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4)),
+        "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
     }
 
 
@@ -229,6 +230,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "load_weights": lambda **kw: hookscope.load_weights(net, "/nonexistent/w.pt", **kw),
         "class_names": lambda **kw: hookscope.class_names("demo", **kw),
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
+        "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
@@ -326,7 +328,8 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
-                "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns"}
+                "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
+                "Attributions"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

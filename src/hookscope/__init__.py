@@ -10,6 +10,7 @@ Example:
 """
 
 from . import metrics, targets
+from .analysis.attribution import Attributions, attribute
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
@@ -81,6 +82,7 @@ __all__ = [
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
     "attention", "AttentionPatterns", "attention_probabilities",
     "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
+    "attribute", "Attributions",
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",

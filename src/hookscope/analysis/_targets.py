@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from ..selection import named_modules, unwrap
 __all__ = ["Target", "anchored", "batch_coupled", "call_user", "check_range", "class_index_of", "class_targets",
            "for_rows",
            "is_function", "logits_of", "read_logits", "user_scores", "per_sample", "rows_of", "forward_failure",
-           "call_model"]
+           "call_model", "pinned", "scores_of"]
 
 Target = int | Sequence[int] | torch.Tensor | Callable[[Any], torch.Tensor] | None
 _USER_MISTAKES = (AttributeError, KeyError, IndexError, TypeError, ValueError)
@@ -292,3 +292,44 @@ def call_model(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any
         raise  # hookscope's own (an outer capture's, or a ForwardError from a nested call)
     except Exception as e:
         raise forward_failure(e, model, args, kwargs) from e
+
+
+# --- a target pinned on the inputs, scored on any batch made of their samples -------------------------
+def pinned(target: Target, out: Any, batch: int) -> Any:
+    """The target read on the inputs' own output ``out``, to score other batches of the same samples
+    (scaled, noisy or baseline copies): class indices (``None``: each sample's predicted class, the
+    argmax of ``out``'s logits), or a function anchored there (a region predicted on the inputs stays).
+
+    Example:
+        >>> pinned(None, torch.tensor([[0.0, 2.0], [3.0, 1.0]]), 2).tolist()
+        [1, 0]
+    """
+    target = class_index_of(target)
+    if is_function(target):
+        user_scores(cast(Callable[[Any], Any], target), None, out, batch, f"a batch of {batch}")  # checked once, here
+        return anchored(target, None, out)
+    logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+    if logits is None or logits.ndim != 2 or logits.shape[0] != batch:
+        got = type(out).__name__ if logits is None else "x".join(map(str, logits.shape))
+        raise HookscopeError(f"class targets need B x classes logits (B={batch}), got {got}; pass target= a function "
+                             "of the output giving one score per sample, e.g. lambda out: out.logits[:, -1, token]")
+    if target is None:
+        return logits.detach().argmax(1)
+    return class_targets(cast(Target, target), batch, logits.shape[1], logits.device)
+
+
+def scores_of(target: Any, out: Any, rows: torch.Tensor) -> torch.Tensor:
+    """One score per row of ``out``, the output of a batch made of the samples ``rows``, for a target
+    :func:`pinned` on those samples.
+
+    Example:
+        >>> scores_of(torch.tensor([1, 0]), torch.tensor([[0.0, 2.0], [3.0, 1.0], [5.0, 4.0]]),
+        ...           torch.tensor([0, 1, 1])).tolist()
+        [2.0, 3.0, 5.0]
+    """
+    n = len(rows)
+    if is_function(target):
+        return user_scores(for_rows(target, rows), None, out, n, f"a batch of {n}")
+    logits = read_logits(None, out, n)
+    return logits.gather(1, target.to(logits.device)[rows.to(logits.device)].unsqueeze(1)).squeeze(1)
+

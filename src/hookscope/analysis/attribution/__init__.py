@@ -1,0 +1,15 @@
+"""Input attribution by gradients: saliency, input x gradient, integrated gradients (at the inputs or
+at one layer), SmoothGrad, SmoothGrad-squared and VarGrad, for any target of :mod:`hookscope.targets`.
+
+Gradients are taken with ``torch.autograd.grad`` at the inputs (or one layer's output) only: no
+``.backward()``, no parameter ``.grad`` written, every flag and buffer of the model put back.
+
+Collect (``_engine``: the forward passes and their gradients), compute (``_methods``: one table of
+methods, ``_rules``: integrated gradients' quadrature), result (``_result``); ``_api`` holds
+:func:`attribute` itself.
+"""
+
+from ._api import METHODS, attribute
+from ._result import Attributions
+
+__all__ = ["METHODS", "Attributions", "attribute"]

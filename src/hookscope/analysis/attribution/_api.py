@@ -1,0 +1,210 @@
+""":func:`hookscope.attribute`: checks the call, runs the first pass on the inputs (the target pinned
+there, the bytes of one row counted), then hands the job to the method's entry of :data:`~._methods.TABLE`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ...core.inputs import model_kwargs, private
+from ...core.state import kept_rng, restored
+from ...core.text import shape_text
+from ...errors import HookscopeError, did_you_mean
+from ...selection import Selector, check_hookable, exact_ops, unwrap
+from ...selection import layers as select
+from .._targets import Target, batch_coupled, pinned, scores_of
+from ._engine import Job, leaf, probe
+from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._result import Attributions
+from ._rules import rule_name, rule_points
+
+__all__ = ["METHODS", "attribute"]
+
+METHODS = tuple(TABLE)  # every method's name, as attribute(method=) takes it
+
+
+def attribute(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    *,
+    method: str = "saliency",
+    target: Target = None,
+    baseline: torch.Tensor | float | None = None,
+    steps: int = 50,
+    rule: str = "riemann_trapezoid",
+    samples: int = 50,
+    noise: float = 0.1,
+    seed: int = 0,
+    batch_size: int = 64,
+    memory: int | None = None,
+    layers: Selector | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> Attributions:
+    """Which input values (or values of one layer's output) a target's score depends on, by its gradient.
+
+    With ``g = d score / d x`` for each sample's own score (the model in eval mode, so the samples of
+    a batch do not mix):
+
+    ========================  ==========================================================================
+    ``"saliency"``            ``|g|`` (Simonyan et al. 2014).
+    ``"gradient"``            ``g``, signed.
+    ``"input_x_gradient"``    ``x * g``; at a layer, its output times the gradient there.
+    ``"integrated_gradients"`` ``(x - x0) * sum_i w_i g(x0 + a_i (x - x0))`` (Sundararajan et al. 2017),
+                              ``x0`` the baseline, ``(a_i, w_i)`` the ``steps`` points of ``rule``; at
+                              a layer, the path runs between the layer's outputs for the baseline and
+                              for the inputs. ``delta`` says how far ``sum(maps)`` is from
+                              ``f(x) - f(x0)``.
+    ``"smoothgrad"``          the mean of ``g`` over ``samples`` noisy copies ``x + N(0, s^2)``,
+                              ``s = noise * (max(x) - min(x))`` per input (Smilkov et al. 2017).
+    ``"smoothgrad_sq"``       the mean of ``g^2`` over the noisy copies.
+    ``"vargrad"``             their variance, ``mean(g^2) - mean(g)^2`` (Adebayo et al. 2018).
+    ========================  ==========================================================================
+
+    Rules: ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"``, ``"riemann_trapezoid"``
+    (``steps`` points from 0 to 1, the ends half-weighted; the weights sum to 1) and
+    ``"gausslegendre"`` (Gauss-Legendre nodes: the smallest ``delta`` for the fewest steps).
+
+    The model is left as it was: no hook, every train/eval flag, buffer and random generator put
+    back, ``requires_grad`` and ``.grad`` of every parameter untouched (the gradient is taken with
+    ``torch.autograd.grad`` at the inputs or the layer only). Your tensors are never written to.
+
+    Args:
+        model: any ``nn.Module`` (DataParallel and ``torch.compile`` seen through).
+        inputs: the batch, one row per sample; floating point, or token ids with ``layers=``.
+        method: one of :data:`METHODS`.
+        target: ``None`` (each sample's predicted class on the inputs, kept for every scaled or
+            noisy copy), a class index, one per sample, or a function of the model's output giving
+            one score per sample, such as the targets of :mod:`hookscope.targets`.
+        baseline: integrated gradients' start: ``None`` (zeros), a number, a tensor of the inputs'
+            shape or of one sample's shape (the same for every sample).
+        steps: integrated gradients' number of points on the path.
+        rule: integrated gradients' integration rule (above).
+        samples: the noisy copies of each input (smoothgrad, smoothgrad_sq, vargrad).
+        noise: the noise's standard deviation as a fraction of each input's range (max - min).
+        seed: seeds the noise (the caller's random stream is not used).
+        batch_size: rows per forward pass for the scaled or noisy copies.
+        memory: a budget in bytes for one forward pass of copies: the rows per pass are cut to fit,
+            reckoned from the bytes autograd keeps for one row of the inputs.
+        layers: one layer (a name, or any selector that picks one) to attribute its output instead
+            of the inputs, e.g. a token embedding.
+        kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
+            per sample goes with its sample into every copy.
+
+    Returns:
+        An :class:`Attributions`.
+
+    Raises:
+        ForwardError: the model's forward pass failed (one line: the module, what it received).
+        HookscopeError: a method, target, baseline, layer or budget that cannot work, in one line.
+
+    Example:
+        >>> import torch, hookscope
+        >>> net = torch.nn.Linear(3, 2)
+        >>> res = attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=4)
+        >>> res.maps.shape, bool(res.delta.abs().max() < 1e-5)
+        (torch.Size([2, 3]), True)
+    """
+    key = _check_method(method, layers)
+    kw = model_kwargs(kwargs)
+    _check_inputs(inputs, layers)
+    layer = _one_layer(model, layers)
+    points = rule_points(rule, steps) if key == "integrated_gradients" else ([], [])
+    rule = rule_name(rule) if key == "integrated_gradients" else rule
+    _check_numbers(batch_size, memory, samples, noise)
+    _check_independent(model, inputs, batch_size, key)
+    kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
+    with kept, torch.inference_mode(False), torch.enable_grad():
+        x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
+        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
+        job = Job(model, x, kw, layer)
+        first = probe(job, None if layer is None else leaf, count=memory is not None)
+        job.target = pinned(target, first.output, job.batch)
+        first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=x.device))
+        job.chunk = _chunk(first.saved, x, batch_size, memory)
+        maps, delta, forwards = TABLE[key](job, first, settings)
+    named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
+    told = {k: named[k] for k in SETTINGS.get(key, ())} or None
+    classes = job.target if isinstance(job.target, torch.Tensor) else None
+    return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
+                        delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
+                        settings=told, forwards=forwards)
+
+
+def _check_method(method: str, layers: Any) -> str:
+    key = method.lower().replace("-", "_") if isinstance(method, str) else ""
+    if key not in TABLE:
+        raise HookscopeError(f"method={method!r} is not an attribution method.{did_you_mean(str(method), TABLE)} "
+                             f"Use one of {', '.join(TABLE)}")
+    if layers is not None and key not in LAYER_METHODS:
+        raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
+                             f"{', '.join(LAYER_METHODS)}")
+    return key
+
+
+def _check_inputs(inputs: Any, layers: Any) -> None:
+    if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1:
+        got = shape_text(tuple(inputs.shape)) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+        raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
+    if not inputs.is_floating_point() and layers is None:
+        raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
+                             "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
+
+
+def _one_layer(model: nn.Module, layers: Any) -> tuple[str, nn.Module] | None:
+    if layers is None:
+        return None
+    chosen = exact_ops(select(model, cast(Selector, layers)), "attribute")
+    check_hookable(chosen)
+    if len(chosen) != 1:
+        shown = ", ".join(repr(n) for n, _ in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
+        raise HookscopeError(f"layers={layers!r} selects {len(chosen)} layers ({shown}); attribution at a layer "
+                             "takes one: pass its exact name")
+    return chosen[0]
+
+
+def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: float) -> None:
+    for name, v in (("batch_size", batch_size), ("samples", samples)) + ((("memory", memory),) if memory is not None else ()):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise HookscopeError(f"{name}={v!r} must be a positive int")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
+        raise HookscopeError(f"noise={noise!r} must be a number >= 0 (a fraction of each input's range)")
+
+
+def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
+    """Refuse rows that would mix: each row's gradient is read from the gradient of the batch's summed score."""
+    coupled = batch_coupled(unwrap(model)[0])
+    copies = key in SETTINGS  # runs copies of the inputs
+    if coupled is not None and (inputs.shape[0] > 1 or (copies and batch_size > 1)):
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
+                             "score would depend on the other rows of its batch; pass one input"
+                             + (" with batch_size=1" if copies else ""))
+
+
+def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
+    """The baseline as a tensor of the inputs' shape, dtype and device."""
+    if baseline is None or isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        return torch.full_like(x, 0 if baseline is None else baseline)
+    if not isinstance(baseline, torch.Tensor):
+        raise HookscopeError(f"baseline= is a {type(baseline).__name__}; pass None (zeros), a number or a tensor")
+    b = baseline.detach().to(device=x.device, dtype=x.dtype)
+    if tuple(b.shape) == tuple(x.shape[1:]):
+        b = b.unsqueeze(0)
+    if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
+        raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
+                             f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
+                             f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
+    return b.expand_as(x).clone()
+
+
+def _chunk(saved: int, x: torch.Tensor, batch_size: int, memory: int | None) -> int:
+    """Rows per forward pass: ``batch_size``, fewer where ``memory`` bytes cannot hold them."""
+    if memory is None:
+        return batch_size
+    row = saved // max(x.shape[0], 1) + x[:1].numel() * x.element_size()  # what autograd keeps, the row itself
+    if memory < row:
+        raise HookscopeError(f"memory={memory} bytes cannot hold one row of a forward pass, which keeps about "
+                             f"{row} bytes for the backward pass; pass memory >= {row}, or None for batch_size rows")
+    return max(1, min(batch_size, memory // row))

@@ -1,0 +1,162 @@
+"""The attribution methods, one small function each, in one table (:data:`TABLE`).
+
+Each takes the :class:`~._engine.Job`, the first pass on the inputs and the :class:`Settings`, and
+returns the maps and, for integrated gradients, the completeness gap of each sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ._engine import Job, Make, Pass, grad, gradients, leaf, run
+
+__all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
+
+
+@dataclass
+class Settings:
+    """What the methods are asked for beyond the job: the baseline and path, the noise."""
+
+    baseline: torch.Tensor  # the inputs' shape (a layer method: the model's inputs, e.g. token ids)
+    alphas: list[float]
+    weights: list[float]
+    samples: int
+    noise: float
+    seed: int
+
+
+Made = tuple[torch.Tensor, torch.Tensor | None, int]  # (maps, delta, forward passes)
+Method = Callable[[Job, Pass, Settings], Made]
+
+
+def _at(job: Job, p: Pass) -> torch.Tensor:
+    """What the first pass differentiates at: the inputs' leaf, or the layer's stand-in."""
+    at = p.kept[0] if job.layer is not None else p.leaf
+    assert at is not None
+    return at
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in at least float32, to sum many gradients in."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _first(job: Job, p: Pass) -> torch.Tensor:
+    assert p.scores is not None
+    return grad(job, p.scores, _at(job, p))
+
+
+def gradient(job: Job, p: Pass, s: Settings) -> Made:
+    return _first(job, p), None, 1
+
+
+def saliency(job: Job, p: Pass, s: Settings) -> Made:
+    return _first(job, p).abs(), None, 1
+
+
+def input_x_gradient(job: Job, p: Pass, s: Settings) -> Made:
+    return _first(job, p) * _at(job, p).detach(), None, 1
+
+
+def integrated_gradients(job: Job, p: Pass, s: Settings) -> Made:
+    B, steps = job.batch, len(s.alphas)
+    dev = job.x.device
+    rows = torch.arange(B, device=dev).repeat(steps)  # step by step, each step a copy of the batch
+    step = torch.arange(B * steps, device=dev) // B
+    with torch.no_grad():
+        base = run(job, s.baseline, torch.arange(B, device=dev), None if job.layer is None else _kept)
+    start = job.x if job.layer is None else p.kept[0].detach()
+    origin = s.baseline if job.layer is None else base.kept[0]
+    alpha = torch.tensor(s.alphas, dtype=torch.float64, device=dev)
+    weight = torch.tensor(s.weights, dtype=torch.float64, device=dev)
+
+    def scaled(lo: int, hi: int) -> torch.Tensor:
+        r, a = rows[lo:hi], alpha[step[lo:hi]].to(start.dtype).view(-1, *[1] * (start.dim() - 1))
+        return origin[r] + a * (start[r] - origin[r])
+
+    build = scaled if job.layer is None else (lambda lo, hi: job.x[rows[lo:hi]])
+    stand = None if job.layer is None else (lambda lo, hi: _fixed(scaled(lo, hi)))
+    total = torch.zeros_like(_wide(start))
+    forwards = 2
+    for lo, hi, _, g in gradients(job, rows, build, stand):
+        w = weight[step[lo:hi]].to(total.dtype).view(-1, *[1] * (g.dim() - 1))
+        total.index_add_(0, rows[lo:hi], _wide(g) * w)
+        forwards += 1
+    maps = total * _wide(start - origin)
+    assert p.scores is not None and base.scores is not None
+    delta = _wide(p.scores.detach()) - _wide(base.scores) - maps.flatten(1).sum(1)
+    return maps, delta, forwards
+
+
+def _kept(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone()
+
+
+def _fixed(value: torch.Tensor) -> Make:
+    """A stand-in that is ``value`` whatever the layer computed (checked to have its shape)."""
+    def make(t: torch.Tensor) -> torch.Tensor:
+        if t.shape != value.shape:
+            raise RuntimeError(f"the layer's output changed shape between passes ({tuple(t.shape)} after "
+                               f"{tuple(value.shape)})")
+        return leaf(value.to(t.dtype))
+
+    return make
+
+
+def _noisy(job: Job, s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noisy batch, sample by sample (``samples`` copies of each), and which sample each row is."""
+    B, n, x = job.batch, s.samples, job.x
+    spread = (x.flatten(1).amax(1) - x.flatten(1).amin(1)) * s.noise  # a fraction of each input's range
+    std = spread.repeat_interleave(n).view(-1, *[1] * (x.dim() - 1)).expand(B * n, *x.shape[1:]).contiguous()
+    generator = torch.Generator(device=x.device).manual_seed(s.seed)
+    noise = torch.normal(0.0, std, generator=generator)
+    rows = torch.arange(B, device=x.device).repeat_interleave(n)
+    return x.repeat_interleave(n, dim=0) + noise, rows
+
+
+def _moments(job: Job, s: Settings) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The mean gradient and mean squared gradient of each input over its noisy copies."""
+    noisy, rows = _noisy(job, s)
+    first = torch.zeros_like(_wide(job.x))
+    second = torch.zeros_like(first)
+    forwards = 1
+    for lo, hi, _, g in gradients(job, rows, lambda lo, hi: noisy[lo:hi], None):
+        first.index_add_(0, rows[lo:hi], _wide(g))
+        second.index_add_(0, rows[lo:hi], _wide(g) ** 2)
+        forwards += 1
+    return first / s.samples, second / s.samples, forwards
+
+
+def smoothgrad(job: Job, p: Pass, s: Settings) -> Made:
+    mean, _, forwards = _moments(job, s)
+    return mean, None, forwards
+
+
+def smoothgrad_sq(job: Job, p: Pass, s: Settings) -> Made:
+    _, square, forwards = _moments(job, s)
+    return square, None, forwards
+
+
+def vargrad(job: Job, p: Pass, s: Settings) -> Made:
+    mean, square, forwards = _moments(job, s)
+    return square - mean * mean, None, forwards
+
+
+TABLE: dict[str, Method] = {
+    "saliency": saliency,
+    "gradient": gradient,
+    "input_x_gradient": input_x_gradient,
+    "integrated_gradients": integrated_gradients,
+    "smoothgrad": smoothgrad,
+    "smoothgrad_sq": smoothgrad_sq,
+    "vargrad": vargrad,
+}
+LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
+SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
+    "integrated_gradients": ("steps", "rule"),
+    "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
+    "vargrad": ("samples", "noise", "seed"),
+}
