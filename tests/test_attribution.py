@@ -358,3 +358,61 @@ def test_a_language_model_needs_a_target_function_and_says_so():
     res = hookscope.attribute(gpt2, ids, method="integrated_gradients", layers="transformer.wte", steps=12,
                               rule="gausslegendre", target=lambda out: out.logits[:, -1, 7])
     assert res.maps.shape == (2, 5, 16) and float(res.delta.abs().max()) < 1e-4 and no_hooks(gpt2)
+
+
+# --- guided backpropagation: the ReLU rule put on operations, wherever the ReLU is ------------------
+def test_guided_backprop_equals_captum(resnet, images):
+    ours = hookscope.attribute(resnet, images, method="guided_backprop", target=TARGETS)
+    theirs = captum_attr.GuidedBackprop(resnet).attribute(images.clone(), target=TARGETS).detach()
+    assert rel(ours.maps, theirs) <= 1e-5 and no_hooks(resnet)
+    assert not [m for m in resnet.modules() if "forward" in vars(m)]
+
+
+class _Relus(nn.Module):
+    """ReLUs captum's module hooks miss or get wrong: one in-place module used twice, and F.relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.a(x))
+        h = self.act(self.b(h) - 0.1)
+        return self.c(nn.functional.relu(h * 2 - 0.2))
+
+
+def _guided_by_hand(net: _Relus, x: torch.Tensor, target: int) -> torch.Tensor:
+    """The rule worked out with explicit masks: back through each ReLU only relu(g) where x > 0."""
+    z1 = net.a(x)
+    h1 = z1.relu()
+    z2 = net.b(h1) - 0.1
+    h2 = z2.relu()
+    z3 = h2 * 2 - 0.2
+    g = net.c.weight[target].detach().expand(x.shape[0], -1)
+    g = g.clamp(min=0) * (z3 > 0)
+    g = (g * 2).clamp(min=0) * (z2 > 0)
+    g = (g @ net.b.weight.detach()).clamp(min=0) * (z1 > 0)
+    return g @ net.a.weight.detach()
+
+
+def test_guided_backprop_reaches_an_in_place_relu_used_twice_and_f_relu():
+    net = _Relus()
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = _guided_by_hand(net, x, 1)
+    got = hookscope.attribute(net, x, method="guided_backprop", target=1)
+    assert torch.allclose(got.maps, want, atol=1e-6)
+    plain = hookscope.attribute(net, x, method="gradient", target=1)
+    assert not torch.allclose(plain.maps, want, atol=1e-4)  # the rule changed something
+    assert not [m for m in net.modules() if "forward" in vars(m)] and no_hooks(net)
+
+
+@pytest.mark.parametrize("wrap", [lambda m: torch.compile(m, backend="eager"), nn.DataParallel],
+                         ids=["compiled", "data_parallel"])
+def test_guided_backprop_through_wrappers_runs_the_model_inside(wrap):
+    net = _Relus()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    want = hookscope.attribute(net, x, method="guided_backprop", target=1).maps
+    assert torch.equal(hookscope.attribute(wrap(net), x, method="guided_backprop", target=1).maps, want)

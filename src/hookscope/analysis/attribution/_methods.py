@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ._engine import Job, Make, Pass, grad, gradients, leaf, run
+from ._guided import guided_backprop
 
 __all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
 
@@ -153,6 +154,7 @@ TABLE: dict[str, Method] = {
     "smoothgrad": smoothgrad,
     "smoothgrad_sq": smoothgrad_sq,
     "vargrad": vargrad,
+    "guided_backprop": guided_backprop,
 }
 LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
