@@ -301,3 +301,14 @@ def test_a_gradient_inside_a_custom_autograd_function_is_refused_naming_the_oper
     assert torch.equal(rec["::add"].grad_output, torch.ones(3))
     with pytest.raises(HookscopeError, match=r"'::mul' ran where autograd records nothing .*custom autograd Function"):
         rec["::mul"].grad_output
+
+
+def test_the_wrapped_forward_keeps_its_signature_and_script_modules_are_refused() -> None:
+    import inspect
+
+    net = Block()
+    with hookscope.capture(net, "::add"):
+        assert list(inspect.signature(net.forward).parameters) == ["x"]
+    scripted = nn.Sequential(torch.jit.script(nn.Linear(2, 2)))
+    with pytest.raises(SelectionError, match="TorchScript module"):
+        hookscope.capture(scripted, "0::linear")

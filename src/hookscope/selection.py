@@ -250,6 +250,9 @@ def _op_sites(model: nn.Module, sel: str) -> list[tuple[str, nn.Module]]:
     for name, module in owners:
         if isinstance(module, OpSite):
             continue
+        if isinstance(module, torch.jit.ScriptModule):
+            raise SelectionError(f"{sel!r}: {name or 'the model'!r} is a TorchScript module, whose operations run "
+                                 "outside Python; select them on its eager nn.Module")
         inside = next((c for c in compiled if c == "" or name == c or name.startswith(c + ".")), None)
         if inside is not None:
             raise SelectionError(

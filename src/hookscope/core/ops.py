@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -274,7 +275,7 @@ def current_function() -> Any:
 def _wrap(owner: _Owner) -> Callable[..., Any]:
     module = owner.module
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: Any, **kwargs: Any) -> Any:  # the signature and name of the forward it wraps (below)
         original = owner.saved if owner.saved is not None else type(module).forward.__get__(module)
         state = _state
         state.frames.append(_Frame(owner))
@@ -290,6 +291,8 @@ def _wrap(owner: _Owner) -> Callable[..., Any]:
                 state.mode = None
                 mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
+    # inspect.signature(model.forward) still answers (transformers' generate() reads it)
+    functools.update_wrapper(forward, owner.saved if owner.saved is not None else type(module).forward.__get__(module))
     return forward
 
 
