@@ -5,14 +5,17 @@ kill and resume many short jobs (starting ``python`` and importing torch takes s
 (``argv[0]``, as ``python SCRIPT ARGS`` runs it) or a code string (``python -c CODE ARGS``), with ``sys.argv`` set
 and its stdout and stderr written to files; the child is a process of its own, with its own pid, that
 ``os.kill(pid, SIGKILL)`` kills like any other. ``forks.poll(pid)`` and ``forks.wait(pid)`` give its exit status
-(negative: killed by that signal), ``forks.run(...)`` starts one and waits for it. Only ``torch`` and
-``hookscope`` are imported before the fork, and nothing runs: no thread pool is started that a child inherits.
+(negative: killed by that signal), ``forks.run(...)`` starts one and waits for it. Only ``torch``, ``hookscope``
+and the modules named by ``preload`` are imported before the fork, and nothing runs: no thread pool is started
+that a child inherits. The tests share one server, conftest's session fixture ``forks``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,9 +79,10 @@ class Done:
 class Forks:
     """One server process; every child is forked from it."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       env=env, text=True)
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = ()) -> None:
+        imports = "".join(f"import {name}\n" for name in preload)
+        self.server = subprocess.Popen([sys.executable, "-c", imports + SERVER], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, env=env, text=True)
         self.folder = Path(tempfile.mkdtemp(prefix="forks-"))
         self.outputs: dict[int, tuple[Path, Path]] = {}
         self.codes: dict[int, int] = {}
@@ -95,6 +99,8 @@ class Forks:
         """Fork a child running ``argv[0]`` (or ``code``, with ``argv`` as ``sys.argv``); its pid."""
         n = len(self.outputs)
         out, err = self.folder / f"{n}.out", self.folder / f"{n}.err"
+        out.touch()
+        err.touch()
         pid = self._ask(op="start", argv=argv, code=code, env=env or {}, stdout=str(out), stderr=str(err))
         assert isinstance(pid, int)
         self.outputs[pid] = out, err
@@ -119,10 +125,19 @@ class Forks:
         out, err = self.outputs[pid]
         return Done(self.codes[pid], out.read_text(), err.read_text())
 
+    def printed(self, pid: int) -> str:
+        """What the child has written to its stdout so far."""
+        return self.outputs[pid][0].read_text()
+
     def run(self, argv: list[str], code: str | None = None, env: dict[str, str] | None = None) -> Done:
         return self.wait(self.start(argv, code, env))
 
     def close(self) -> None:
+        """Kill the children still running (a test that failed half way), then end the server."""
+        for pid in self.outputs:
+            if self.poll(pid) is None:
+                os.kill(pid, signal.SIGKILL)
+                self.wait(pid)
         assert self.server.stdin is not None
         self.server.stdin.close()
         self.server.wait(timeout=60)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,14 +25,6 @@ from hookscope.store import write_json
 
 JOB = str(Path(__file__).with_name("extract_job.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-
-
-@pytest.fixture(scope="module")
-def forks() -> Iterator[Forks]:
-    """The jobs' processes, each forked from one that has imported torch and hookscope once."""
-    server = Forks(ENV)
-    yield server
-    server.close()
 
 
 def _run(forks: Forks, out: Path, *flags: str) -> str:

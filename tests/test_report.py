@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from forked import Forks
 from helpers import no_hooks
 from torch import nn
 
@@ -281,22 +282,23 @@ build.build_report(model, torch.rand(1, 3, 8, 8), sys.argv[1], methods=[], overw
 
 
 @pytest.mark.parametrize("existing", [False, True])
-def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing: bool) -> None:
+def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing: bool, forks: Forks) -> None:
     out, flag = tmp_path / "r", tmp_path / "flag"
     if existing:
         build_report(_small(), torch.rand(1, 3, 8, 8), out, methods=[])
         old = (out / "report.json").read_text()
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_KILLED), str(out), str(flag)])
+    pid = forks.start(["-c", str(out), str(flag)], code=textwrap.dedent(_KILLED))  # a process of its own
     try:
         deadline = time.monotonic() + 120
         while not flag.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the writer ended early"
+            assert forks.poll(pid) is None and time.monotonic() < deadline, "the writer ended early"
             time.sleep(0.05)
         partial = [p for p in tmp_path.iterdir() if p.name.startswith(".r.partial-")]
         assert len(partial) == 1 and (partial[0] / "img").is_dir()  # it really was half way
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        if forks.poll(pid) is None:
+            os.kill(pid, signal.SIGKILL)
+        forks.wait(pid)
     if existing:
         assert (out / "report.json").read_text() == old and (out / "index.html").is_file()
     else:
