@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from cli_batch import Session
 from forked import Forks
 
 from helpers import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks  # noqa: F401 - old imports
@@ -32,3 +33,13 @@ def forks() -> Iterator[Forks]:
                    preload=("hookscope.store", "hookscope.report.build", "hookscope.analysis.extract"))
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def hookscope_process() -> Iterator[Session]:
+    """One real process running ``hookscope`` command lines as ``python -m hookscope`` does (``cli_batch``): the
+    one-line errors and exit statuses of the tests that need a process of its own, without starting torch for
+    each."""
+    session = Session()
+    yield session
+    session.close()
