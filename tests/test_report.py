@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 from forked import Forks
-from helpers import no_hooks
+from helpers import exited_pid, no_hooks
 from torch import nn
 
 from hookscope.cli import main
@@ -306,8 +304,7 @@ def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing
 
 
 def test_a_killed_runs_hidden_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".r.partial-{dead.stdout.strip()}-abc_1234"
+    stale = tmp_path / f".r.partial-{exited_pid()}-abc_1234"
     live = tmp_path / f".r.partial-{os.getpid()}-xyz_7890"  # a writer still running: left alone
     for p in (stale, live):
         (p / "img").mkdir(parents=True)
