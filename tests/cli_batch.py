@@ -4,6 +4,8 @@ once per command line (about 4 s each here).
 ``Batch.add(*argv, cwd=...)`` gathers command lines; the first ``batch[i]`` runs them all, in order, each as
 ``python -m hookscope ARGV`` runs it (``hookscope.cli.main``, ``SystemExit`` turned into the exit status, an
 escaping exception printed as a traceback), in its own folder and environment, with its stdout and stderr caught.
+``Session`` is the same process answering one command line at a time, for tests that each run a few: conftest's
+session fixture ``hookscope_process`` is one for the whole run.
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ def deny(opener, target):
         return opener(file, *args, **kwargs)
     return wrapped
 
-results = []
-for case in json.load(sys.stdin):
+def run(case):
     os.chdir(case["cwd"])
     os.environ.update(case["env"])
     opened = builtins.open, _io.open_code
@@ -59,8 +60,13 @@ for case in json.load(sys.stdin):
     builtins.open, _io.open_code = opened
     for key in case["env"]:
         del os.environ[key]
-    results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
+    return [code, out.getvalue(), err.getvalue()]
+
+if sys.argv[1:] == ["--session"]:
+    for line in sys.stdin:
+        print(json.dumps(run(json.loads(line))), flush=True)
+else:
+    print(json.dumps([run(case) for case in json.load(sys.stdin)]))
 """
 
 
@@ -84,3 +90,25 @@ class Batch:
             assert done.returncode == 0, done.stderr[-3000:]
             self.results = [Ran(*r) for r in json.loads(done.stdout.splitlines()[-1])]
         return self.results[i]
+
+
+class Session:
+    """One process that runs each command line as it is given (``run``), as ``Batch`` runs them."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, "--session"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=ENV, text=True)
+
+    def run(self, *argv: str, cwd: Path, env: dict[str, str] | None = None) -> Ran:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        case = {"argv": list(argv), "cwd": str(cwd), "env": env or {}, "deny": None}
+        self.proc.stdin.write(json.dumps(case) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the hookscope process ended with status {self.proc.wait()}"
+        return Ran(*json.loads(line))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)

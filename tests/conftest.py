@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+
 import pytest
 import torch
+from cli_batch import Session
+from forked import Forks
 
 from helpers import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks  # noqa: F401 - old imports
 
@@ -17,3 +23,23 @@ def _seed() -> None:
 def _watch_every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests use small tensors; watch them all so the copy-on-write guard is what they exercise."""
     monkeypatch.setattr("hookscope.records.retention.COPY_BELOW", 0)
+
+
+@pytest.fixture(scope="session")
+def forks() -> Iterator[Forks]:
+    """Real processes forked from one that imported torch and hookscope once, for the tests that start, kill
+    and resume many short jobs (``forked.Forks``)."""
+    server = Forks({**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                   preload=("hookscope.store", "hookscope.report.build", "hookscope.analysis.extract"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def hookscope_process() -> Iterator[Session]:
+    """One real process running ``hookscope`` command lines as ``python -m hookscope`` does (``cli_batch``): the
+    one-line errors and exit statuses of the tests that need a process of its own, without starting torch for
+    each."""
+    session = Session()
+    yield session
+    session.close()

@@ -1,6 +1,5 @@
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,8 @@ def test_demo_with_a_glob_selects_those_layers(capsys):
     assert "layer1.0" in out and "layer1.3" in out and "layer1.1" not in out
 
 
-def test_bad_layer_is_one_line_nonzero_and_no_traceback():
-    res = subprocess.run(
-        [sys.executable, "-m", "hookscope", "demo", "layer9.conv1"], capture_output=True, text=True
-    )
+def test_bad_layer_is_one_line_nonzero_and_no_traceback(hookscope_process):
+    res = hookscope_process.run("demo", "layer9.conv1", cwd=Path.cwd())
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
@@ -65,8 +62,8 @@ def test_layers_without_running_needs_no_input(tmp_path, capsys):
     assert len(err) == 1 and "forward pass failed in 'a' (Linear)" in err[0]
 
 
-def test_a_bad_pattern_names_the_closest_layers_and_the_command():
-    r = subprocess.run([sys.executable, "-m", "hookscope", "layers", "tiny", "laye1"], capture_output=True, text=True)
+def test_a_bad_pattern_names_the_closest_layers_and_the_command(hookscope_process):
+    r = hookscope_process.run("layers", "tiny", "laye1", cwd=Path.cwd())
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "Did you mean 'layer1'" in r.stderr and "hookscope layers MODEL" in r.stderr
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from cli_batch import Session
 from PIL import Image
 
 import hookscope
@@ -335,19 +334,15 @@ def test_workers_read_the_same_rows(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.slow
-def test_a_real_process_and_help(tmp_path: Path) -> None:
+def test_a_real_process_and_help(tmp_path: Path, hookscope_process: Session) -> None:
     files, x = _npys(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-m", "hookscope", "extract", "tiny", "--data", *files, "--layers",
-                           "layer1:mean", "--out", str(tmp_path / "s")], env=env, capture_output=True, text=True,
-                          timeout=120)
+    argv = ["extract", "tiny", "--data", *files, "--layers", "layer1:mean", "--out", str(tmp_path / "s")]
+    done = hookscope_process.run(*argv, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "7 samples" in done.stdout and "Traceback" not in done.stderr
     ref = _captured(load_model("tiny"), x, {"layer1": "mean"})
     assert torch.equal(open_store(tmp_path / "s")["layer1"][:], ref["layer1"])
-    again = subprocess.run([sys.executable, "-m", "hookscope", "extract", "tiny", "--data", *files, "--layers",
-                            "layer1:mean", "--out", str(tmp_path / "s")], env=env, capture_output=True, text=True,
-                           timeout=120)
+    again = hookscope_process.run(*argv, cwd=tmp_path)
     assert again.returncode == 2 and again.stdout == "" and "Traceback" not in again.stderr
     assert len([l for l in again.stderr.splitlines() if "error:" in l]) == 1
 

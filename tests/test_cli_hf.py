@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from cli_batch import Session
 from helpers import no_hooks
 from hookscope.cli import main
 from hookscope.cli._inputs import model_input
@@ -345,10 +345,10 @@ def test_missing_transformers_names_the_extra(folders: dict[str, Any], capsys: A
                    'pip install "hookscope[hf]"')
 
 
-def test_the_installed_command_fails_in_one_line_without_a_traceback(folders: dict[str, Any]) -> None:
-    run = [sys.executable, "-m", "hookscope", "summary", "hf:causal-lm", "--config", folders["gpt2_dir"],
-           "--input-ids", "1 100"]
-    res = subprocess.run(run, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def test_the_installed_command_fails_in_one_line_without_a_traceback(folders: dict[str, Any],
+                                                                    hookscope_process: Session) -> None:
+    res = hookscope_process.run("summary", "hf:causal-lm", "--config", str(folders["gpt2_dir"]), "--input-ids",
+                                "1 100", cwd=Path.cwd(), env={"HF_HUB_OFFLINE": "1"})
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip() == ("hookscope summary: error: --input-ids: token id 100 is out of the vocabulary of "
                                   "GPT2LMHeadModel (vocab size 100); give ids from 0 to 99")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import exited_pid
 from torch import nn
 
 import hookscope
@@ -72,8 +71,7 @@ def test_a_report_lookalike_holding_a_folder_is_not_replaced(tmp_path: Path) -> 
 
 
 def test_the_cleanup_removes_only_its_own_stamped_folders(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = dead.stdout.strip()
+    pid = exited_pid()
     mine = tmp_path / ".d.partial-99999-notes"  # a user's folder that merely looks like one
     (mine / "notes.txt").parent.mkdir()
     (mine / "notes.txt").write_text("keep")

@@ -1,9 +1,8 @@
 import copy
 import json
 import math
-import subprocess
-import sys
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -422,9 +421,8 @@ def test_cli_settings_and_seeds(capsys):
     assert main(["diff", "tiny", "--b-autocast", "bfloat16", "--layers", "stem.0", "fc", "--rtol", "1.3e-6"]) == 1
 
 
-def test_cli_bad_layer_is_one_line_and_status_2():
-    res = subprocess.run([sys.executable, "-m", "hookscope", "diff", "tiny", "--layers", "stem.9"],
-                         capture_output=True, text=True)
+def test_cli_bad_layer_is_one_line_and_status_2(hookscope_process):
+    res = hookscope_process.run("diff", "tiny", "--layers", "stem.9", cwd=Path.cwd())
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "stem.9" in lines[0]

@@ -1,7 +1,8 @@
 """Real processes: an extract killed with SIGKILL at several moments and resumed gives the same store, byte
 for byte, as an uninterrupted run, also when a shard it left was damaged afterwards or its loader workers live
 on; two ranks under torchrun (gloo, DDP-wrapped model) give the same store as one process at the same number
-of threads."""
+of threads. The single-process jobs are forked from one process that has imported torch and hookscope
+(``forked.Forks``): each is still a process of its own, SIGKILLed as any other, without starting torch anew."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked import Forks
 
 import hookscope
 from hookscope.errors import HookscopeError
@@ -25,10 +27,9 @@ JOB = str(Path(__file__).with_name("extract_job.py"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
-def _run(out: Path, *flags: str) -> str:
-    """Run the job to its end; its stderr."""
-    done = subprocess.run([sys.executable, JOB, str(out), *flags], env=ENV, capture_output=True, text=True,
-                          timeout=300)
+def _run(forks: Forks, out: Path, *flags: str) -> str:
+    """Run the job to its end in a process of its own; its stderr."""
+    done = forks.run([JOB, str(out), *flags])
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stderr
 
@@ -48,67 +49,91 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+def reference(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> dict[str, bytes]:
     out = tmp_path_factory.mktemp("ref") / "store"
-    _run(out)
+    _run(forks, out)
     return _files(out)
 
 
-def _kill_after(out: Path, seconds: float, *flags: str) -> None:
+def _kill_after(forks: Forks, out: Path, seconds: float, *flags: str) -> None:
     """Start a slow run, SIGKILL it ``seconds`` after its manifest appears (or when it ends)."""
-    proc = subprocess.Popen([sys.executable, JOB, str(out), "--delay", "0.02", *flags], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid = forks.start([JOB, str(out), "--delay", "0.02", *flags])
     try:
         deadline = time.monotonic() + 120
-        while not (out / "manifest.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        while not (out / "manifest.json").exists() and forks.poll(pid) is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(seconds)
-        proc.send_signal(signal.SIGKILL)
+        if forks.poll(pid) is None:
+            os.kill(pid, signal.SIGKILL)
     finally:
-        proc.wait()
+        forks.wait(pid)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seconds", [0.0, 0.45, 0.95])  # before the first shard, half way, near the end
-def test_killed_and_resumed_is_byte_identical(tmp_path: Path, reference: dict[str, bytes], seconds: float) -> None:
+def test_killed_and_resumed_is_byte_identical(tmp_path: Path, forks: Forks, reference: dict[str, bytes],
+                                              seconds: float) -> None:
     out = tmp_path / "store"
-    _kill_after(out, seconds)
+    _kill_after(forks, out, seconds)
     assert json.loads((out / "manifest.json").read_text())["complete"] is False  # killed before the end
     shards = sorted(p.name for p in (out / "shards").iterdir() if not p.name.startswith("."))
     for name in shards:  # whatever was under a final name when the process died is complete
         assert (out / "shards" / name).read_bytes() == reference[f"shards/{name}"]
-    _run(out, "--resume")
+    _run(forks, out, "--resume")
     assert _files(out) == reference
 
 
 @pytest.mark.slow
-def test_killed_twice_then_resumed(tmp_path: Path, reference: dict[str, bytes]) -> None:
+def test_killed_twice_then_resumed(tmp_path: Path, forks: Forks, reference: dict[str, bytes]) -> None:
     out = tmp_path / "store"
-    _kill_after(out, 0.2)
-    _kill_after(out, 0.2, "--resume")
-    _run(out, "--resume")
+    _kill_after(forks, out, 0.2)
+    _kill_after(forks, out, 0.2, "--resume")
+    _run(forks, out, "--resume")
     assert _files(out) == reference
 
 
 @pytest.mark.slow
-def test_killed_stream_resumes_identically(tmp_path: Path) -> None:
+def test_killed_stream_resumes_identically(tmp_path: Path, forks: Forks) -> None:
     ref = tmp_path / "ref"
-    _run(ref, "--stream")
+    _run(forks, ref, "--stream")
     out = tmp_path / "store"
-    _kill_after(out, 0.25, "--stream")
-    _run(out, "--stream", "--resume")
+    _kill_after(forks, out, 0.25, "--stream")
+    _run(forks, out, "--stream", "--resume")
     assert _files(out) == _files(ref)
 
 
-@pytest.mark.slow
-def test_two_ranks_under_torchrun_equal_one_process(tmp_path: Path, reference: dict[str, bytes]) -> None:
-    out = tmp_path / "store"
+_RANKS = textwrap.dedent("""
+    import runpy, sys
+    sys.path.insert(0, sys.argv[1])
+    import extract_job
+    extract_job.main([sys.argv[2], "--ddp"])  # the DDP-wrapped job, one thread per process
+    sys.argv = [sys.argv[3], sys.argv[4], "2"]  # then the two-thread job, after the first group ended
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """One torchrun launch of two ranks (gloo), each running both rank jobs in turn: the stores of the
+    DDP-wrapped job and of the two-thread job, and what the ranks printed."""
+    root = tmp_path_factory.mktemp("ranks")
+    job, script = root / "threads.py", root / "ranks.py"
+    job.write_text(_THREADS)
+    script.write_text(_RANKS)
+    ddp, threads = root / "ddp", root / "threads"
     # torchrun is torch.distributed.run, shipped with torch itself: always here, never skipped
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "2", JOB, str(out), "--ddp"],
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(Path(JOB).parent), str(ddp), str(job), str(threads)],
                           env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("done") == 2  # both ranks finished (their lines may interleave)
+    return ddp, threads, done.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_equal_one_process(torchrun: tuple[Path, Path, str],
+                                                    reference: dict[str, bytes]) -> None:
+    out, _, printed = torchrun
+    assert printed.count("done") == 2  # both ranks finished (their lines may interleave)
     assert _files(out) == reference
     store = hookscope.open_store(out)
     assert store.indices.tolist() == list(range(57))
@@ -159,14 +184,14 @@ def _damage(shard: Path, damage: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_damaged_shard_is_refused_when_read_and_written_again_on_resume(tmp_path: Path,
+def test_a_damaged_shard_is_refused_when_read_and_written_again_on_resume(tmp_path: Path, forks: Forks,
                                                                           reference: dict[str, bytes]) -> None:
     """A finished store is never rewritten; read, a damaged shard is refused; resumed as unfinished, each
     damaged shard (one damage each: data, the checksum in the header, no checksum, cut short) is written again."""
     out = tmp_path / "store"
-    _run(out)
+    _run(forks, out)
     _damage(out / "shards" / "000001.safetensors", DAMAGES["000001"])
-    _run(out, "--resume")  # a finished store: checked against the settings, nothing written, nothing removed
+    _run(forks, out, "--resume")  # a finished store: checked against the settings, nothing written, nothing removed
     with pytest.raises(HookscopeError, match=r"000001\.safetensors is corrupted"):
         hookscope.open_store(out)["3"][12]
     for number, damage in DAMAGES.items():
@@ -175,7 +200,7 @@ def test_a_damaged_shard_is_refused_when_read_and_written_again_on_resume(tmp_pa
     for number, damage in DAMAGES.items():
         assert (out / "shards" / f"{number}.safetensors").read_bytes() != reference[f"shards/{number}.safetensors"]
     _unfinished(out)
-    err = _run(out, "--resume")
+    err = _run(forks, out, "--resume")
     for number, damage in DAMAGES.items():
         said = [line for line in err.splitlines() if f"{number}.safetensors was removed and is written again" in line]
         assert len(said) == 1, (damage, err)
@@ -184,13 +209,14 @@ def test_a_damaged_shard_is_refused_when_read_and_written_again_on_resume(tmp_pa
 
 
 @pytest.mark.slow
-def test_killed_then_a_kept_shard_damaged_resumes_identically(tmp_path: Path, reference: dict[str, bytes]) -> None:
+def test_killed_then_a_kept_shard_damaged_resumes_identically(tmp_path: Path, forks: Forks,
+                                                              reference: dict[str, bytes]) -> None:
     out = tmp_path / "store"
-    _kill_after(out, 0.45)
+    _kill_after(forks, out, 0.45)
     kept = sorted((out / "shards").glob("0*.safetensors"))
     assert kept and json.loads((out / "manifest.json").read_text())["complete"] is False
     _flip(kept[0], back=100)
-    _run(out, "--resume")
+    _run(forks, out, "--resume")
     assert _files(out) == reference
 
 
@@ -229,23 +255,22 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the loader's workers in /proc")
-def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, reference: dict[str, bytes]) -> None:
+def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, forks: Forks,
+                                                             reference: dict[str, bytes]) -> None:
     out = tmp_path / "store"
     here = str(Path(JOB).parent)
-    proc = subprocess.Popen([sys.executable, "-c", _WORKERS, str(out), here, "300"], env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid = forks.start(["-c", str(out), here, "300"], code=_WORKERS)
     workers: list[int] = []
     stalled = Path(f"{out}.stalled")
     try:
         deadline = time.monotonic() + 120
-        while not stalled.exists() and proc.poll() is None and time.monotonic() < deadline:
+        while not stalled.exists() and forks.poll(pid) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        workers = _children(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        workers = _children(pid)
+        os.kill(pid, signal.SIGKILL)
+        assert forks.wait(pid).returncode == -signal.SIGKILL
         assert len(workers) == 2 and all(_pid_alive(w) for w in workers)  # orphaned, stalled in a sample
-        done = subprocess.run([sys.executable, "-c", _WORKERS, str(out), here, "0", "--resume"], env=ENV,
-                              capture_output=True, text=True, timeout=300)
+        done = forks.run(["-c", str(out), here, "0", "--resume"], code=_WORKERS)
         assert done.returncode == 0, done.stderr[-2000:]
         assert any(_pid_alive(w) for w in workers)  # they lived on all the while the resumed run wrote
         assert _files(out) == reference
@@ -281,17 +306,15 @@ _THREADS = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path) -> None:
+def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path, forks: Forks,
+                                                                torchrun: tuple[Path, Path, str]) -> None:
     """Two threads per process (one thread per process is the torchrun case above)."""
     threads = 2
     job = tmp_path / "job.py"
     job.write_text(_THREADS)
-    one, two = tmp_path / "one", tmp_path / "two"
-    done = subprocess.run([sys.executable, str(job), str(one), str(threads)], env=ENV, capture_output=True,
-                          text=True, timeout=300)
+    one = tmp_path / "one"
+    done = forks.run([str(job), str(one), str(threads)])
     assert done.returncode == 0, done.stderr[-2000:]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(job), str(two), str(threads)], env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    two = torchrun[1]
     assert len(list((one / "shards").iterdir())) == 3
     assert _files(one) == _files(two)

@@ -4,6 +4,9 @@ model's outputs with the parameter count worked out by hand."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,26 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.act(self.bn(self.a(x)))
         return self.head(self.act2(y + self.b(y)))
+
+
+def _torchvision(name: str) -> nn.Module:
+    """torchvision's model ``name``, random weights (seed 0), in eval mode. ``densenet121:short`` and
+    ``efficientnet_v2_s:short`` are those models with at most two layers per dense block or stage, at their
+    widths: every kind of layer and join of the full model (dense concatenations and transitions; FusedMBConv
+    with and without expansion, MBConv with squeeze-excite, stochastic depth) in a fraction of the time."""
+    import torchvision
+    from torchvision.models import densenet, efficientnet
+
+    torch.manual_seed(0)
+    if name == "densenet121:short":
+        return densenet.DenseNet(32, (2, 2, 2, 2), 64).eval()
+    if name == "efficientnet_v2_s:short":
+        setting, last = efficientnet._efficientnet_conf("efficientnet_v2_s")
+        short = [dataclasses.replace(c, num_layers=min(c.num_layers, 2)) for c in setting]
+        return efficientnet.EfficientNet(short, 0.2, last_channel=last,
+                                         norm_layer=functools.partial(nn.BatchNorm2d, eps=1e-03)).eval()
+    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
+    return torchvision.models.get_model(name, weights=None, **extra).eval()
 
 
 def _residual() -> Residual:
@@ -302,16 +325,12 @@ def test_a_channel_without_an_activation_site_is_scored_at_its_leaf_modules():
 
 
 @pytest.mark.parametrize("name", ["squeezenet1_1", pytest.param("googlenet", marks=pytest.mark.slow),
-                                  pytest.param("densenet121", marks=pytest.mark.slow)])
+                                  pytest.param("densenet121:short", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
 def test_torchvision_models_with_concatenations_score_every_group(name, kind):
     import warnings
 
-    import torchvision
-
-    torch.manual_seed(0)
-    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
-    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    net = _torchvision(name)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 3, 64, 64, generator=g), torch.tensor([1, 7]))]
     with warnings.catch_warnings():
@@ -379,16 +398,12 @@ def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
 
 @pytest.mark.parametrize("name", ["mobilenet_v3_small", pytest.param("mobilenet_v3_large", marks=pytest.mark.slow),
                                   pytest.param("efficientnet_b0", marks=pytest.mark.slow),
-                                  pytest.param("efficientnet_v2_s", marks=pytest.mark.slow),
+                                  pytest.param("efficientnet_v2_s:short", marks=pytest.mark.slow),
                                   pytest.param("googlenet", marks=pytest.mark.slow)])
 def test_taylor_scores_every_group_of_models_rewriting_batch_norm_outputs_in_place(name):
-    import torchvision
-
     from hookscope.analysis.prune._channels import _measured
 
-    torch.manual_seed(0)
-    extra = {"init_weights": False, "aux_logits": False} if name == "googlenet" else {}
-    net = torchvision.models.get_model(name, weights=None, **extra).eval()
+    net = _torchvision(name)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 3, 32, 32, generator=g), torch.tensor([3, 8]))]
     x = batches[0][0][:1]

@@ -44,9 +44,20 @@ def _prune(model: nn.Module, x: torch.Tensor, producer: str, k: int) -> tuple[nn
 
 
 def _torchvision(name: str) -> nn.Module:
+    """torchvision's model ``name``, random weights (seed 0), float64, eval mode. ``resnet50:short`` and
+    ``densenet121:short`` keep the full model's stem and first stage (ResNet-50's three bottlenecks of layer1;
+    DenseNet-121's first dense block of six layers and its transition) with one block in each later stage."""
     torchvision = pytest.importorskip("torchvision")
+    from torchvision.models import densenet, resnet
+
     torch.manual_seed(0)  # float64: an untrained deep net's large outputs keep 1e-5 meaningful
-    return torchvision.models.get_model(name, weights=None).double().eval()
+    if name == "resnet50:short":
+        model: nn.Module = resnet.ResNet(resnet.Bottleneck, [3, 1, 1, 1])
+    elif name == "densenet121:short":
+        model = densenet.DenseNet(32, (6, 1, 1, 1), 64)
+    else:
+        model = torchvision.models.get_model(name, weights=None)
+    return model.double().eval()
 
 
 @pytest.mark.parametrize("k", [1, 5])
@@ -74,7 +85,7 @@ def test_resnet18_residual_stream_group_reaches_every_branch() -> None:
 @pytest.mark.slow
 def test_resnet50_bottleneck_group() -> None:
     k = 4
-    _, removed, _ = _prune(_torchvision("resnet50"), _seeded(1, 3, 64, 64, dtype=torch.float64), "layer1.0.conv1", k)
+    _, removed, _ = _prune(_torchvision("resnet50:short"), _seeded(1, 3, 64, 64, dtype=torch.float64), "layer1.0.conv1", k)
     assert removed == k * (64 * 1 + 2 + 64 * 9)  # 1x1 rows, bn1, 3x3 columns
 
 
@@ -97,7 +108,7 @@ def test_vgg11_bn_first_conv() -> None:
 @pytest.mark.slow
 def test_densenet121_stem_reaches_every_layer_of_the_first_block() -> None:
     k = 2
-    _, removed, _ = _prune(_torchvision("densenet121"), _seeded(1, 3, 64, 64, dtype=torch.float64), "features.conv0", k)
+    _, removed, _ = _prune(_torchvision("densenet121:short"), _seeded(1, 3, 64, 64, dtype=torch.float64), "features.conv0", k)
     # conv0 rows (3 x 7 x 7), norm0; six dense layers each read it (norm1 weight+bias, conv1 columns x 128);
     # transition1 reads it too (norm weight+bias, conv columns x 128)
     assert removed == k * (147 + 2 + 6 * (2 + 128) + 2 + 128)

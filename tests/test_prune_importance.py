@@ -587,8 +587,8 @@ def test_weight_kinds_have_no_calls_to_read():
 @pytest.mark.parametrize("kind", ["activation", pytest.param("taylor", marks=pytest.mark.slow)])
 def test_resnet50_bottleneck_relu_calls_match_the_block_computed_by_hand(kind):
     tv = pytest.importorskip("torchvision")
-    torch.manual_seed(0)
-    net = tv.models.resnet50(weights=None, num_classes=4).eval()
+    torch.manual_seed(0)  # ResNet-50's stem and layer1 (three bottlenecks), one bottleneck in each later stage
+    net = tv.models.resnet.ResNet(tv.models.resnet.Bottleneck, [3, 1, 1, 1], num_classes=4).eval()
     g = torch.Generator().manual_seed(3)
     data = [(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g)) for n in (2, 3)]
     res = channel_importance(net, data, layers="layer1.0.relu", importance=kind)  # dim inferred though calls differ

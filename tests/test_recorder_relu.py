@@ -13,6 +13,7 @@ modes), -0.0 next to negative values, NaN, a variance that cancels, layouts, dty
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from collections.abc import Callable
@@ -127,12 +128,24 @@ def test_rows_are_those_read_from_the_output(kind: str, monkeypatch: pytest.Monk
     assert told == read and len(told) > 10
 
 
+_BUILT: dict[str, tuple[nn.Module, torch.Tensor]] = {}
+
+
+def _torchvision(name: str) -> tuple[nn.Module, torch.Tensor]:
+    """torchvision's ``name`` (seed 0, eval mode) and the input drawn right after it, built once per module and
+    handed out as copies: the same weights and input as building it again."""
+    if name not in _BUILT:
+        torch.manual_seed(0)
+        _BUILT[name] = getattr(torchvision.models, name)(weights=None).eval(), torch.randn(1, 3, 64, 64)
+    model, x = _BUILT[name]
+    return copy.deepcopy(model), x.clone()
+
+
 @pytest.mark.parametrize("kind", ["io", "output", "watch"])
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "densenet121", "mobilenet_v2"])
 def test_torchvision_rows_bit_for_bit(name: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def make() -> tuple[nn.Module, torch.Tensor]:
-        torch.manual_seed(0)
-        return getattr(torchvision.models, name)(weights=None).eval(), torch.randn(1, 3, 64, 64)
+        return _torchvision(name)
 
     # the resnets' ReLU after each residual sum is told; densenet's ReLUs follow a BatchNorm (memo)
     # and mobilenet_v2 has ReLU6: nothing to tell there
@@ -143,8 +156,7 @@ def test_torchvision_rows_bit_for_bit(name: str, kind: str, monkeypatch: pytest.
 
 
 def test_fewer_tensors_are_read_on_resnet50(monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.manual_seed(0)
-    model, x = torchvision.models.resnet50(weights=None).eval(), torch.randn(1, 3, 64, 64)
+    model, x = _torchvision("resnet50")
     reads = []
     for recognised in (True, False):
         with monkeypatch.context() as m:

@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -25,7 +23,8 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import no_hooks
+from forked import Forks
+from helpers import exited_pid, no_hooks
 from torch import nn
 
 from hookscope.cli import main
@@ -281,22 +280,23 @@ build.build_report(model, torch.rand(1, 3, 8, 8), sys.argv[1], methods=[], overw
 
 
 @pytest.mark.parametrize("existing", [False, True])
-def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing: bool) -> None:
+def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing: bool, forks: Forks) -> None:
     out, flag = tmp_path / "r", tmp_path / "flag"
     if existing:
         build_report(_small(), torch.rand(1, 3, 8, 8), out, methods=[])
         old = (out / "report.json").read_text()
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_KILLED), str(out), str(flag)])
+    pid = forks.start(["-c", str(out), str(flag)], code=textwrap.dedent(_KILLED))  # a process of its own
     try:
         deadline = time.monotonic() + 120
         while not flag.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the writer ended early"
+            assert forks.poll(pid) is None and time.monotonic() < deadline, "the writer ended early"
             time.sleep(0.05)
         partial = [p for p in tmp_path.iterdir() if p.name.startswith(".r.partial-")]
         assert len(partial) == 1 and (partial[0] / "img").is_dir()  # it really was half way
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        if forks.poll(pid) is None:
+            os.kill(pid, signal.SIGKILL)
+        forks.wait(pid)
     if existing:
         assert (out / "report.json").read_text() == old and (out / "index.html").is_file()
     else:
@@ -304,8 +304,7 @@ def test_sigkill_half_way_leaves_the_old_report_or_none(tmp_path: Path, existing
 
 
 def test_a_killed_runs_hidden_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / f".r.partial-{dead.stdout.strip()}-abc_1234"
+    stale = tmp_path / f".r.partial-{exited_pid()}-abc_1234"
     live = tmp_path / f".r.partial-{os.getpid()}-xyz_7890"  # a writer still running: left alone
     for p in (stale, live):
         (p / "img").mkdir(parents=True)

@@ -9,8 +9,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -20,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from forked import Forks
 from torch import nn
 
 from hookscope.errors import HookscopeError, RecordError
@@ -763,9 +762,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _child(root: Path, mode: str, limit: int = 0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(root), mode, str(limit)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _child(forks: Forks, root: Path, mode: str, limit: int = 0) -> int:
+    """Start the writer in a process of its own; its pid."""
+    return forks.start(["-c", str(root), mode, str(limit)], code=CHILD)
 
 
 def _all_final_files_valid(root: Path) -> dict:
@@ -779,12 +778,11 @@ def _all_final_files_valid(root: Path) -> dict:
     return found
 
 
-def test_disk_full_keeps_complete_shards(tmp_path: Path) -> None:
+def test_disk_full_keeps_complete_shards(tmp_path: Path, forks: Forks) -> None:
     # shard k holds 8(k+1) rows of 4 KiB: shards 0..2 fit in 120 KiB, shard 3 (128 KiB + header) does not
-    proc = _child(tmp_path, "full", 120 * 1024)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 3, err
-    line = err.strip()
+    done = forks.wait(_child(forks, tmp_path, "full", 120 * 1024))
+    assert done.returncode == 3, done.stderr
+    line = done.stderr.strip()
     assert "\n" not in line
     assert line.startswith(f"disk full while writing {shard_path(tmp_path, 3)} (File too large)")
     assert "keeps its 3 complete shards" in line and "--resume" in line
@@ -794,12 +792,18 @@ def test_disk_full_keeps_complete_shards(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sigkill_at_any_moment_leaves_only_complete_files(tmp_path: Path, seed: int) -> None:
-    proc = _child(tmp_path, "loop")
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    time.sleep(random.Random(seed).uniform(0.05, 0.6))
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+def test_sigkill_at_any_moment_leaves_only_complete_files(tmp_path: Path, seed: int, forks: Forks) -> None:
+    pid = _child(forks, tmp_path, "loop")
+    try:
+        deadline = time.monotonic() + 120
+        while forks.printed(pid) != "ready\n":
+            assert forks.poll(pid) is None and time.monotonic() < deadline, forks.wait(pid).stderr
+            time.sleep(0.005)
+        time.sleep(random.Random(seed).uniform(0.05, 0.6))
+    finally:
+        if forks.poll(pid) is None:
+            os.kill(pid, signal.SIGKILL)
+    assert forks.wait(pid).returncode == -signal.SIGKILL
     found = _all_final_files_valid(tmp_path)
     assert sorted(found) == list(range(len(found)))  # written in order: no gap among complete shards
     assert len(found) >= 1

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from forked import Forks
 
 from hookscope import store as hs
 from hookscope.errors import HookscopeError
@@ -283,26 +283,37 @@ def test_index_must_increase_checked_when_read(tmp_path: Path, index: list[int],
 # 6. one writer per folder
 
 _HOLDER = textwrap.dedent("""
-    import sys
+    import os, sys, time
     from hookscope.store import locked
     with locked(sys.argv[1]):
         print("locked", flush=True)
-        sys.stdin.readline()
+        while not os.path.exists(sys.argv[2]):  # held until the test says so
+            time.sleep(0.005)
 """)
 
 
-def _holder(d: Path) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True)
-    assert p.stdout is not None and p.stdout.readline() == "locked\n"
-    return p
+def _printed(forks: Forks, pid: int) -> str:
+    """The first line a forked process prints, once it has printed it."""
+    deadline = time.monotonic() + 120
+    while not forks.printed(pid).endswith("\n"):
+        assert forks.poll(pid) is None and time.monotonic() < deadline, forks.wait(pid).stderr
+        time.sleep(0.005)
+    return forks.printed(pid).splitlines()[0]
 
 
-def test_a_second_process_is_refused_while_the_first_writes(tmp_path: Path) -> None:
+def _holder(forks: Forks, d: Path, release: Path) -> int:
+    """A process of its own holding ``d``'s lock until ``release`` exists; its pid."""
+    pid = forks.start(["-c", str(d), str(release)], code=_HOLDER)
+    assert _printed(forks, pid) == "locked"
+    return pid
+
+
+def test_a_second_process_is_refused_while_the_first_writes(tmp_path: Path, forks: Forks) -> None:
     d = _store(tmp_path)
-    p = _holder(d)
+    release = tmp_path.with_name(tmp_path.name + ".release")
+    pid = _holder(forks, d, release)
     try:
-        busy = f"{d} is being written by another run (pid {p.pid}); wait for it or pick another folder"
+        busy = f"{d} is being written by another run (pid {pid}); wait for it or pick another folder"
         with pytest.raises(HookscopeError) as e:
             with hs.locked(d):
                 pass
@@ -313,16 +324,16 @@ def test_a_second_process_is_refused_while_the_first_writes(tmp_path: Path) -> N
             assert str(e.value) == busy
         assert _names(d) == [hs.LOCK_NAME, "manifest.json", "shards"] and len(_names(d / "shards")) == 2
     finally:
-        p.communicate("\n", timeout=30)
-    assert p.returncode == 0 and _names(d) == ["manifest.json", "shards"]  # the holder removed its lock file
+        release.touch()
+    assert forks.wait(pid).returncode == 0 and _names(d) == ["manifest.json", "shards"]  # it removed its lock file
     with hs.locked(d) as folder:
         assert folder == d
 
 
-def test_a_killed_holder_leaves_a_lock_no_one_holds(tmp_path: Path) -> None:
-    p = _holder(tmp_path)
-    p.kill()
-    p.wait(timeout=30)
+def test_a_killed_holder_leaves_a_lock_no_one_holds(tmp_path: Path, forks: Forks) -> None:
+    pid = _holder(forks, tmp_path, tmp_path.with_name(tmp_path.name + ".release"))
+    os.kill(pid, signal.SIGKILL)
+    assert forks.wait(pid).returncode == -signal.SIGKILL
     assert _names(tmp_path) == [hs.LOCK_NAME] and not hs.is_store(tmp_path)
     with hs.locked(tmp_path):  # the kernel released it
         pass
@@ -375,16 +386,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def test_a_killed_holder_whose_forked_child_lives_on_leaves_the_folder_free(tmp_path: Path) -> None:
-    p = subprocess.Popen([sys.executable, "-c", _FORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    child = int(p.stdout.readline())
+def test_a_killed_holder_whose_forked_child_lives_on_leaves_the_folder_free(tmp_path: Path, forks: Forks) -> None:
+    pid = forks.start(["-c", str(tmp_path)], code=_FORKER)
+    child = int(_printed(forks, pid))
     try:
-        with pytest.raises(HookscopeError, match=rf"being written by another run \(pid {p.pid}\)"):
+        with pytest.raises(HookscopeError, match=rf"being written by another run \(pid {pid}\)"):
             with hs.locked(tmp_path):
                 pass
-        p.kill()
-        p.wait(timeout=30)
+        os.kill(pid, signal.SIGKILL)
+        assert forks.wait(pid).returncode == -signal.SIGKILL
         assert _pid_alive(child)  # the forked child outlives its parent
         with hs.locked(tmp_path) as d:  # at once: the child does not keep the dead run's lock
             assert d == tmp_path
@@ -406,7 +416,8 @@ def _lock_fds(path: Path) -> list[str]:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/fd").exists(), reason="os.fork and /proc")
-def test_a_forked_child_closes_the_lock_and_leaving_the_block_there_touches_nothing(tmp_path: Path) -> None:
+def test_a_forked_child_closes_the_lock_and_leaving_the_block_there_touches_nothing(tmp_path: Path,
+                                                                                     forks: Forks) -> None:
     read, write = os.pipe()
     with hs.locked(tmp_path):
         lock = tmp_path / hs.LOCK_NAME
@@ -420,8 +431,7 @@ def test_a_forked_child_closes_the_lock_and_leaving_the_block_there_touches_noth
         os.waitpid(pid, 0)
         assert os.read(read, 16) == b"0"
         assert len(_lock_fds(lock)) == 1 and lock.exists()  # the parent still holds it
-        p = subprocess.run([sys.executable, "-c", _HOLDER, str(tmp_path)], capture_output=True, text=True,
-                           input="\n", timeout=60)
+        p = forks.run(["-c", str(tmp_path), str(tmp_path)], code=_HOLDER)  # another process: refused
         assert f"being written by another run (pid {os.getpid()})" in p.stderr
         pid = os.fork()
         if pid == 0:
@@ -449,40 +459,41 @@ _CHILD_IN_BLOCK = textwrap.dedent("""
 """)
 
 
-def test_a_child_leaving_the_block_keeps_the_parents_lock(tmp_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-c", _CHILD_IN_BLOCK, str(tmp_path)], capture_output=True, text=True,
-                       timeout=60)
+def test_a_child_leaving_the_block_keeps_the_parents_lock(tmp_path: Path, forks: Forks) -> None:
+    p = forks.run(["-c", str(tmp_path)], code=_CHILD_IN_BLOCK)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split("\n")[:2] == ["parent True", "after False"]
 
 
 _LEFTOVER = textwrap.dedent("""
-    import fcntl, os, sys
+    import fcntl, os, sys, time
     fd = os.open(os.path.join(sys.argv[1], ".hookscope-lock"), os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.pwrite(fd, (sys.argv[2] + "\\n").encode(), 0)
     print("locked", flush=True)
-    sys.stdin.readline()
+    while not os.path.exists(sys.argv[3]):  # held until the test says so
+        time.sleep(0.005)
 """)
 
 
-def test_a_lock_kept_by_a_leftover_of_a_dead_run_says_so_and_names_it(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = int(dead.stdout)  # a pid that has exited (what a killed run wrote in its lock file)
-    p = subprocess.Popen([sys.executable, "-c", _LEFTOVER, str(tmp_path), str(gone)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None and p.stdout.readline() == "locked\n"
+def test_a_lock_kept_by_a_leftover_of_a_dead_run_says_so_and_names_it(tmp_path: Path, forks: Forks) -> None:
+    gone = forks.start(["-c"], code="")  # a pid that has exited (what a killed run wrote in its lock file)
+    assert forks.wait(gone).returncode == 0
+    release = tmp_path.with_name(tmp_path.name + ".release")
+    pid = forks.start(["-c", str(tmp_path), str(gone), str(release)], code=_LEFTOVER)
+    assert _printed(forks, pid) == "locked"
     try:
         with pytest.raises(HookscopeError) as e:
             with hs.locked(tmp_path):
                 pass
-        assert str(e.value) == (f"{tmp_path} is still locked by pid {p.pid}, left over from a run that ended (pid "
-                                f"{gone} exited; its DataLoader workers, say): stop them (kill {p.pid}) or wait for "
+        assert str(e.value) == (f"{tmp_path} is still locked by pid {pid}, left over from a run that ended (pid "
+                                f"{gone} exited; its DataLoader workers, say): stop them (kill {pid}) or wait for "
                                 "them to exit, then run again")
-        with pytest.raises(HookscopeError, match=rf"still locked by pid {p.pid}, left over"):
+        with pytest.raises(HookscopeError, match=rf"still locked by pid {pid}, left over"):
             hs.clear_store(tmp_path)
     finally:
-        p.communicate("\n", timeout=30)
+        release.touch()
+    assert forks.wait(pid).returncode == 0
     with hs.locked(tmp_path):
         pass
 

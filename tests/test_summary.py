@@ -1,8 +1,6 @@
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -574,9 +572,8 @@ def test_cli_table_and_json(capsys):
     assert out.startswith('{\n  "model": ')  # indented for people reading it, as before
 
 
-def test_cli_wrong_input_is_one_line_and_exit_2():
-    res = subprocess.run([sys.executable, "-m", "hookscope", "summary", "tiny", "--input", "1x1x32x32"],
-                         capture_output=True, text=True)
+def test_cli_wrong_input_is_one_line_and_exit_2(hookscope_process):
+    res = hookscope_process.run("summary", "tiny", "--input", "1x1x32x32", cwd=Path.cwd())
     assert res.returncode == 2 and "Traceback" not in res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "'stem.0'" in lines[0] and "1x1x32x32" in lines[0]
