@@ -102,37 +102,27 @@ def test_killed_stream_resumes_identically(tmp_path: Path, forks: Forks) -> None
     assert _files(out) == _files(ref)
 
 
-_RANKS = textwrap.dedent("""
-    import runpy, sys
-    sys.path.insert(0, sys.argv[1])
-    import extract_job
-    extract_job.main([sys.argv[2], "--ddp"])  # the DDP-wrapped job, one thread per process
-    sys.argv = [sys.argv[3], sys.argv[4], "2"]  # then the two-thread job, after the first group ended
-    runpy.run_path(sys.argv[0], run_name="__main__")
-""")
+def _torchrun(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Two ranks (gloo) of ``argv`` under torchrun (torch.distributed.run, shipped with torch itself: always
+    here, never skipped); each launch has one process group (a second group in the same launch can hang)."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           *argv], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 @pytest.fixture(scope="module")
-def torchrun(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """One torchrun launch of two ranks (gloo), each running both rank jobs in turn: the stores of the
-    DDP-wrapped job and of the two-thread job, and what the ranks printed."""
-    root = tmp_path_factory.mktemp("ranks")
-    job, script = root / "threads.py", root / "ranks.py"
-    job.write_text(_THREADS)
-    script.write_text(_RANKS)
-    ddp, threads = root / "ddp", root / "threads"
-    # torchrun is torch.distributed.run, shipped with torch itself: always here, never skipped
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(Path(JOB).parent), str(ddp), str(job), str(threads)],
-                          env=ENV, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return ddp, threads, done.stdout
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The DDP-wrapped job's store under two ranks, and what the ranks printed."""
+    out = tmp_path_factory.mktemp("ranks") / "ddp"
+    done = _torchrun(JOB, str(out), "--ddp")
+    return out, done.stdout
 
 
 @pytest.mark.slow
-def test_two_ranks_under_torchrun_equal_one_process(torchrun: tuple[Path, Path, str],
+def test_two_ranks_under_torchrun_equal_one_process(torchrun: tuple[Path, str],
                                                     reference: dict[str, bytes]) -> None:
-    out, _, printed = torchrun
+    out, printed = torchrun
     assert printed.count("done") == 2  # both ranks finished (their lines may interleave)
     assert _files(out) == reference
     store = hookscope.open_store(out)
@@ -306,15 +296,14 @@ _THREADS = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path, forks: Forks,
-                                                                torchrun: tuple[Path, Path, str]) -> None:
+def test_ranks_equal_one_process_at_the_same_number_of_threads(tmp_path: Path, forks: Forks) -> None:
     """Two threads per process (one thread per process is the torchrun case above)."""
     threads = 2
     job = tmp_path / "job.py"
     job.write_text(_THREADS)
-    one = tmp_path / "one"
+    one, two = tmp_path / "one", tmp_path / "two"
     done = forks.run([str(job), str(one), str(threads)])
     assert done.returncode == 0, done.stderr[-2000:]
-    two = torchrun[1]
+    _torchrun(str(job), str(two), str(threads))
     assert len(list((one / "shards").iterdir())) == 3
     assert _files(one) == _files(two)
