@@ -322,6 +322,20 @@ def _owner_frame() -> _Frame | None:
     return None
 
 
+_NAMES: dict[Any, str] = {}  # function -> op_name(function)
+
+
+def _name(func: Any) -> str:
+    """:func:`op_name`, worked out once per function (this runs on every operation of a hooked forward)."""
+    try:
+        return _NAMES[func]
+    except KeyError:
+        name = _NAMES[func] = op_name(func)
+        return name
+    except TypeError:  # an unhashable callable
+        return op_name(func)
+
+
 class _OpMode(TorchFunctionMode):
     """Calls the hooks of the sites an operation matches, around it."""
 
@@ -330,7 +344,7 @@ class _OpMode(TorchFunctionMode):
         frame = _owner_frame()
         if frame is None:
             return func(*args, **kwargs)
-        op = op_name(func)
+        op = _name(func)
         if op in _NOT_OPS and (op not in _CONVERSIONS or getattr(func, "__name__", "").startswith("__")):
             return func(*args, **kwargs)
         n = frame.counts.get(op, 0)
