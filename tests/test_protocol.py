@@ -31,7 +31,7 @@ RESULT_TYPES = {n: o for n, o in PUBLIC.items() if inspect.isclass(o) and hasatt
 LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
-              "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow"}
+              "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -39,7 +39,7 @@ CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES 
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
-                "Operations", "AttentionPatterns", "Attributions"]
+                "Operations", "AttentionPatterns", "Attributions", "TokenAttributions"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -114,6 +114,8 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
         "Operations": hookscope.operations(net, x), "AttentionPatterns": hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4)),
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
+        "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
+                                                        torch.tensor([[1, 2, 3]]), steps=2),
     }
 
 
@@ -231,6 +233,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "class_names": lambda **kw: hookscope.class_names("demo", **kw),
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
+        "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
@@ -329,7 +332,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions"}
+                "Attributions", "TokenAttributions"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

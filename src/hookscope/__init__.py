@@ -11,6 +11,7 @@ Example:
 
 from . import metrics, targets
 from .analysis.attribution import Attributions, attribute
+from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
@@ -83,6 +84,7 @@ __all__ = [
     "attention", "AttentionPatterns", "attention_probabilities",
     "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
     "attribute", "Attributions",
+    "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",

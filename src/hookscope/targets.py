@@ -1,4 +1,5 @@
-"""What to explain beyond a class: a segmented region, a detected box, the similarity of an embedding.
+"""What to explain beyond a class: a segmented region, a detected box, the similarity of an embedding,
+the next token of a language model.
 
 Each target is a small callable object: given the model's output (read through ``output=`` first
 when it is given) it returns one score per sample, each computed from that sample's own output, so
@@ -23,6 +24,9 @@ Example:
     >>> logits = torch.zeros(1, 3, 2, 2); logits[0, 2] = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> Segmentation(2, mask=torch.tensor([[True, False], [False, True]]))(logits).tolist()
     [5.0]
+
+One file past 500 lines: every target a user imports is found in one place, ``hookscope.targets``,
+and they share the per-sample checks (one value for all samples or one per sample, ``take``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 from .analysis._targets import check_range, class_targets, logits_of, read_logits
 from .errors import HookscopeError
 
-__all__ = ["Class", "Detection", "Segmentation", "Similarity"]
+__all__ = ["Class", "Detection", "Segmentation", "Similarity", "Token"]
 
 Index = int | Sequence[int] | torch.Tensor
 
@@ -461,3 +465,74 @@ class Similarity:
 
     def __repr__(self) -> str:
         return f"Similarity(reference={_shape(self.reference)}, dim={self.dim})"
+
+
+def _token_logits(out: Any) -> torch.Tensor:
+    """``B x T x V`` logits from a tensor, a Hugging Face output's ``.logits`` or a dict's ``"logits"``."""
+    t = out if isinstance(out, torch.Tensor) else logits_of(out)
+    if t is None or t.ndim != 3:
+        raise HookscopeError(f"Token needs a language model's B x T x vocab logits, got {_shape(out if t is None else t)}; "
+                             "use Token with a model whose output (or its .logits) has one row of logits per position")
+    return t
+
+
+class Token:
+    """The logit of a token at one position of a language model: ``logits[b, position, id_b]``.
+
+    Logits are the output itself, or its ``.logits`` (Hugging Face) / ``["logits"]``; ``B x T x V``.
+    With ``position=-1`` (the default) it scores the token the model would write next.
+
+    Args:
+        token_id: one token id for every sample, or one per sample (a list or a tensor).
+        position: the position whose logits are read, counted from 0 (or from the end when negative).
+
+    Example:
+        >>> import torch
+        >>> logits = torch.arange(24.0).reshape(2, 3, 4)          # 2 sequences, 3 positions, 4 tokens
+        >>> Token(1)(logits).tolist(), Token([0, 3], position=0)(logits).tolist()
+        ([9.0, 21.0], [0.0, 15.0])
+    """
+
+    def __init__(self, token_id: Index, position: int = -1) -> None:
+        self.shared = _rank(token_id) == 0
+        try:
+            ids = class_targets(token_id, 1 if self.shared else len(token_id))  # type: ignore[arg-type]
+        except HookscopeError:
+            raise HookscopeError(f"token_id={token_id!r} is not a token id; pass an int, or one int per "
+                                 "sample") from None
+        if bool((ids < 0).any()):
+            raise HookscopeError(f"token id {int(ids.min())} is negative; token ids count from 0")
+        if isinstance(position, bool) or not isinstance(position, int):
+            raise HookscopeError(f"position={position!r} must be an int (-1: the last position)")
+        self.token_id, self.position = ids, position
+
+    @property
+    def token_ids(self) -> int | list[int]:
+        """The token: one int for every sample, or the list of one int per sample.
+
+        Example:
+            >>> Token(7).token_ids, Token([2, 0]).token_ids
+            (7, [2, 0])
+        """
+        return int(self.token_id[0]) if self.shared else [int(i) for i in self.token_id.tolist()]
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        logits = _token_logits(out)
+        b, length, vocab = logits.shape
+        if not -length <= self.position < length:
+            raise HookscopeError(f"position={self.position} is out of range for {length} positions; pass one "
+                                 f"from {-length} to {length - 1}")
+        ids = _fit(self.token_id.to(logits.device), b, "token ids")
+        bad = (ids >= vocab).nonzero()
+        if len(bad):
+            i = int(bad[0, 0])
+            raise HookscopeError(f"token id {int(ids[i])} (sample {i}) is out of range: the model's vocabulary has "
+                                 f"{vocab} tokens (0 to {vocab - 1})")
+        return logits[:, self.position].gather(1, ids.unsqueeze(1)).squeeze(1)
+
+    def take(self, rows: torch.Tensor) -> Token:
+        """The target for the samples ``rows``: their own token ids."""
+        return self if self.shared else Token(_take(self.token_id, rows, "token ids"), self.position)
+
+    def __repr__(self) -> str:
+        return f"Token({self.token_ids}, position={self.position})"

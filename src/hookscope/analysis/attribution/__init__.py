@@ -7,9 +7,15 @@ Gradients are taken with ``torch.autograd.grad`` at the inputs (or one layer's o
 Collect (``_engine``: the forward passes and their gradients), compute (``_methods``: one table of
 methods, ``_rules``: integrated gradients' quadrature), result (``_result``); ``_api`` holds
 :func:`attribute` itself.
+
+Language models: ``_tokens`` (:func:`attribute_tokens`: per-token scores at the token embedding, for
+the next token and each token of a continuation) and ``_tokens_result`` (``TokenAttributions``).
 """
 
 from ._api import METHODS, attribute
 from ._result import Attributions
+from ._tokens import TOKEN_METHODS, attribute_tokens
+from ._tokens_result import TokenAttributions, TokenRow
 
 __all__ = ["METHODS", "Attributions", "attribute"]
+__all__ += ["TOKEN_METHODS", "TokenAttributions", "TokenRow", "attribute_tokens"]

@@ -1,0 +1,424 @@
+""":func:`hookscope.attribute_tokens`: which tokens a language model's next token depends on, and each
+token of a greedy continuation, one score per token.
+
+Token ids have no gradient, so the attribution is taken at the token embedding (or another layer whose
+output has one row per token): one pass records the layer's output on the ids, then
+:func:`hookscope.attribute` runs a stand-in model whose input *is* that output (``hookscope.edit``
+puts it in place of the layer's output, the ids going in as before), so that every method, baseline
+and integration rule of :func:`hookscope.attribute` holds as it is, with a baseline of zeros at the
+layer by default. The scores of a token are its attribution summed over the hidden dimension.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from ..._tree import first_tensor, tree_map
+from ...capture import capture
+from ...core.inputs import model_kwargs
+from ...core.state import restored
+from ...core.text import shape_text
+from ...edit import edit
+from ...errors import HookscopeError, did_you_mean
+from ...selection import Selector, check_hookable, exact_ops, unwrap
+from ...selection import layers as select
+from ...targets import Token
+from .._targets import call_model, is_function, logits_of
+from ._api import attribute
+from ._rules import rule_name
+from ._tokens_result import TokenAttributions, TokenRow
+
+__all__ = ["TOKEN_METHODS", "attribute_tokens"]
+
+TOKEN_METHODS = ("integrated_gradients", "input_x_gradient", "saliency", "gradient")  # those with no noise
+_IDS = "hookscope token ids"  # the stand-in's keyword for the ids: no model takes a name with spaces
+
+Site = tuple[str, nn.Module]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every attribution of one call shares."""
+
+    model: nn.Module
+    site: Site
+    method: str
+    steps: int
+    rule: str
+    baseline: int | torch.Tensor | None
+    batch_size: int
+
+
+def attribute_tokens(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    *,
+    target: Any = None,
+    generate: int = 0,
+    method: str = "integrated_gradients",
+    steps: int = 50,
+    rule: str = "riemann_trapezoid",
+    baseline: int | torch.Tensor | None = None,
+    layers: Selector | None = None,
+    tokenizer: Any = None,
+    batch_size: int = 64,
+    kwargs: dict[str, Any] | None = None,
+) -> TokenAttributions:
+    """Per-token scores for the token a language model writes next, or for every token of a greedy continuation.
+
+    The attribution of :func:`hookscope.attribute` (``method``, ``steps``, ``rule``) is taken at the
+    token embedding (``model.get_input_embeddings()``, or ``layers=``) and summed over its hidden
+    dimension: one score per token. With integrated gradients the path runs from ``baseline`` to the
+    embedding of the tokens, and each row's ``delta`` says how far the sum of its scores is from
+    ``f(x) - f(baseline)``; the result equals captum's ``LayerIntegratedGradients`` at the embedding.
+
+    With ``generate=N`` the model first writes ``N`` tokens greedily (its own ``generate()`` where it
+    has one, as transformers models do, else a greedy loop over the last position's logits; a
+    sequence stops after its end-of-sequence token), then each new token is explained over all the
+    tokens before it: row ``k`` equals ``attribute_tokens`` on the prompt and the first ``k`` new
+    tokens with ``target`` the ``k``-th.
+
+    The model is left as it was (no hook, flags, buffers, random state and ``.grad`` untouched).
+
+    Args:
+        model: a language model whose output (or its ``.logits``) is ``B x T x vocab``.
+        input_ids: ``B x T`` token ids (``T`` for one sequence); pad on the left, so that the last
+            position is each sequence's own.
+        target: ``None`` (each sequence's most likely next token), a token id, one per sequence, a
+            :class:`hookscope.targets.Token` (another position), or a function of the output giving one
+            score per sequence. Not with ``generate``.
+        generate: how many tokens to write and explain one by one (0: explain the next token only).
+        method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``.
+        steps: integrated gradients' number of points on the path.
+        rule: integrated gradients' integration rule, as :func:`hookscope.attribute` takes it.
+        baseline: where integrated gradients' path starts: ``None`` (zeros at the layer), a token id
+            (a pad token at every position), token ids (``T`` or ``B x T``), or a float tensor, the
+            layer's output itself (one sequence's, or ``B`` of them).
+        layers: the layer to attribute at (default: the input embedding); its output must have one
+            row per token, ``B x T x ...``.
+        tokenizer: turns ids into text in the result: a tokenizer with ``decode`` (transformers), a
+            list of strings indexed by id, or a function ``id -> str``.
+        batch_size: rows per forward pass for integrated gradients' scaled copies.
+        kwargs: the model's keyword inputs, e.g. ``{"attention_mask": m}`` (extended by ones for
+            the tokens written with ``generate``).
+
+    Returns:
+        A :class:`TokenAttributions`: ``rows`` of per-token scores, the tokens and their text.
+
+    Raises:
+        HookscopeError: a method, target, baseline, layer or token id that cannot work, in one line.
+
+    Example:
+        >>> import torch, hookscope
+        >>> lm = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 5))
+        >>> res = hookscope.attribute_tokens(lm, torch.tensor([[1, 2, 3]]), layers="0", steps=8, target=4)
+        >>> res.rows[0].scores.shape, res.rows[0].target
+        (torch.Size([3]), 4)
+    """
+    key = _check_method(method)
+    ids = _check_ids(input_ids)
+    kw = model_kwargs(kwargs)
+    n = _check_generate(generate, target)
+    _check_tokenizer(tokenizer)
+    plan = _Plan(model, _site(model, layers), key, steps, rule_name(rule) if key == "integrated_gradients" else rule,
+                 _check_baseline(baseline), batch_size)
+    if n == 0:
+        rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
+        tokens = ids.tolist()
+    else:
+        rows, forwards, tokens = _explain_continuation(plan, ids, kw, n)
+    texts = _texts(tokenizer, tokens)
+    for r in rows:
+        r.text = None if texts is None or r.target is None else _text(tokenizer, r.target)
+    settings = ({"steps": steps, "rule": plan.rule, "baseline": _baseline_text(baseline)}
+                if key == "integrated_gradients" else None)
+    return TokenAttributions(rows, tokens, texts, ids.shape[1], key, plan.site[0], settings, forwards)
+
+
+def _check_method(method: str) -> str:
+    key = method.lower().replace("-", "_") if isinstance(method, str) else ""
+    if key not in TOKEN_METHODS:
+        raise HookscopeError(f"method={method!r} is not a token attribution method.{did_you_mean(str(method), TOKEN_METHODS)}"
+                             f" Use one of {', '.join(TOKEN_METHODS)}")
+    return key
+
+
+def _check_ids(input_ids: Any) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
+            or input_ids.dtype == torch.bool or input_ids.ndim not in (1, 2) or input_ids.numel() == 0:
+        got = (f"{shape_text(tuple(input_ids.shape))} {input_ids.dtype}" if isinstance(input_ids, torch.Tensor)
+               else type(input_ids).__name__)
+        raise HookscopeError(f"input_ids ({got}) are not token ids; pass a B x T (or T) tensor of ints, e.g. "
+                             "tokenizer(text, return_tensors='pt')['input_ids']")
+    if bool((input_ids < 0).any()):
+        raise HookscopeError(f"input_ids hold {int(input_ids.min())}, a negative id; token ids count from 0")
+    return (input_ids if input_ids.ndim == 2 else input_ids.unsqueeze(0)).long()
+
+
+def _check_generate(generate: Any, target: Any) -> int:
+    if isinstance(generate, bool) or not isinstance(generate, int) or generate < 0:
+        raise HookscopeError(f"generate={generate!r} must be an int >= 0, the number of tokens to write and explain")
+    if generate and target is not None:
+        raise HookscopeError("generate= explains the tokens the model writes, so it takes no target=; pass one of them")
+    return generate
+
+
+def _check_baseline(baseline: Any) -> int | torch.Tensor | None:
+    if baseline is None or isinstance(baseline, torch.Tensor):
+        return baseline
+    if isinstance(baseline, int) and not isinstance(baseline, bool) and baseline >= 0:
+        return baseline
+    raise HookscopeError(f"baseline={baseline!r} is not a baseline; pass None (zeros at the layer), a token id "
+                         "such as the pad token's, token ids, or the layer's output as a float tensor")
+
+
+def _site(model: nn.Module, layers: Selector | None) -> Site:
+    """The layer to attribute at: ``layers=``, else the input embedding."""
+    if layers is None:
+        layers = _embedding(model)
+    chosen = exact_ops(select(model, layers), "attribute_tokens")
+    check_hookable(chosen)
+    if len(chosen) != 1:
+        shown = ", ".join(repr(n) for n, _ in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
+        raise HookscopeError(f"layers={layers!r} selects {len(chosen)} layers ({shown}); token attribution "
+                             "takes one: pass the token embedding's exact name")
+    return chosen[0]
+
+
+def _embedding(model: nn.Module) -> nn.Module:
+    """``get_input_embeddings()`` (transformers), else the model's one ``nn.Embedding``."""
+    inner = unwrap(model)[0]
+    get = getattr(inner, "get_input_embeddings", None)
+    try:
+        found = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        found = None
+    if isinstance(found, nn.Module):
+        return found
+    tables = [(n, m) for n, m in inner.named_modules() if isinstance(m, nn.Embedding)]
+    if len(tables) == 1:
+        return tables[0][1]
+    names = ", ".join(repr(n) for n, _ in tables[:4]) if tables else "none"
+    raise HookscopeError(f"cannot tell which layer embeds the tokens of {type(inner).__name__} (nn.Embedding: "
+                         f"{names}); pass layers= its name")
+
+
+def _running(model: nn.Module) -> AbstractContextManager[Any]:
+    """Eval mode inside, every flag and buffer put back after (dropout would make the rows random)."""
+    return restored(model, train=False) if any(m.training for m in model.modules()) else nullcontext()
+
+
+def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, torch.Tensor]:
+    """The model's output on ``ids`` and the layer's output there (one pass, no gradient)."""
+    name, module = plan.site
+    with _running(plan.model), torch.no_grad(), capture(plan.model, module) as rec:
+        out = call_model(plan.model, (ids,), kw)
+    calls = len(rec[name]) if name in rec else 0
+    t = first_tensor(rec[name][0].output) if calls == 1 else None
+    if calls != 1:
+        raise HookscopeError(f"layer {name!r} {'did not run' if not calls else f'ran {calls} times'} in the forward "
+                             "pass; attribute at a layer that runs once, such as the token embedding")
+    if t is None or t.ndim < 2 or tuple(t.shape[:2]) != tuple(ids.shape) or not t.is_floating_point():
+        got = shape_text(tuple(t.shape)) if t is not None else "no tensor"
+        raise HookscopeError(f"layer {name!r} gives {got}, not one row per token ({shape_text(tuple(ids.shape))} x "
+                             "...); attribute at the token embedding or a layer of B x T x hidden")
+    return out, t.detach().clone()
+
+
+def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor) -> tuple[torch.Tensor | None, int]:
+    """Integrated gradients' start at the layer (zeros, the layer's output for baseline ids, or as given),
+    and the forward passes that took."""
+    b = plan.baseline
+    if plan.method != "integrated_gradients" or b is None:
+        return None, 0
+    if isinstance(b, torch.Tensor) and b.is_floating_point():
+        return b.detach().to(device=at.device, dtype=at.dtype), 0
+    base = torch.full_like(ids, b) if isinstance(b, int) else _check_ids(b).to(ids.device)
+    if base.shape[0] == 1 and ids.shape[0] > 1 and base.shape[1] == ids.shape[1]:
+        base = base.expand_as(ids)
+    if tuple(base.shape) != tuple(ids.shape):
+        raise HookscopeError(f"baseline ids of shape {shape_text(tuple(base.shape))} do not fit input_ids of "
+                             f"{shape_text(tuple(ids.shape))}; pass T ids, B x T, or one token id")
+    return _probe(plan, base.contiguous(), kw)[1], 1
+
+
+def _pinned(target: Any, out: Any, batch: int) -> Any:
+    """The target as :func:`hookscope.attribute` takes it: a :class:`Token`, or the caller's function."""
+    if target is None:
+        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+        if logits is None or logits.ndim != 3:
+            got = shape_text(tuple(logits.shape)) if logits is not None else type(out).__name__
+            raise HookscopeError(f"the model gives {got}, not B x T x vocab logits; pass target= a function of "
+                                 "its output giving one score per sequence")
+        return Token(logits[:, -1].argmax(-1).cpu())
+    if isinstance(target, Token) or is_function(target):
+        return target
+    return Token(target)
+
+
+def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, samples: list[int],
+             step: int) -> tuple[list[TokenRow], int]:
+    """One row per sequence of ``ids`` (the samples ``samples`` of the caller's batch)."""
+    out, at = _probe(plan, ids, kw)
+    token = _pinned(target, out, ids.shape[0])
+    start, used = _start(plan, ids, kw, at)
+    res = attribute(_Through(plan.model, plan.site), at, method=plan.method, target=token, baseline=start,
+                    steps=plan.steps, rule=plan.rule, batch_size=plan.batch_size, kwargs={**kw, _IDS: ids})
+    scores = res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps
+    position = (token.position % ids.shape[1]) if isinstance(token, Token) else ids.shape[1] - 1
+    chosen = token.token_id.expand(ids.shape[0]).tolist() if isinstance(token, Token) else [None] * ids.shape[0]
+    rows = [TokenRow(s, step, position, chosen[i], None, float(res.scores[i]),
+                     None if res.delta is None else float(res.delta[i]), scores[i].detach().cpu())
+            for i, s in enumerate(samples)]
+    return rows, res.forwards + 1 + used
+
+
+def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
+                          n: int) -> tuple[list[TokenRow], int, list[list[int]]]:
+    """Write ``n`` tokens, then explain each over the tokens before it."""
+    full, counts = _continue(plan.model, ids, n, kw)
+    rows: list[TokenRow] = []
+    forwards, length = 0, ids.shape[1]
+    for k in range(max(counts, default=0)):
+        alive = [b for b in range(ids.shape[0]) if counts[b] > k]
+        pick = torch.tensor(alive, device=ids.device)
+        prefix = full[pick, : length + k]
+        found, used = _explain(plan, prefix, _extended(kw, pick, ids.shape[0], k), Token(full[pick, length + k].cpu()),
+                               alive, k)
+        rows += found
+        forwards += used
+    rows.sort(key=lambda r: (r.sample, r.step))
+    return rows, forwards, [full[b, : length + counts[b]].tolist() for b in range(ids.shape[0])]
+
+
+def _extended(kw: dict[str, Any], pick: torch.Tensor, batch: int, k: int) -> dict[str, Any]:
+    """The keyword inputs of the samples ``pick`` with ``k`` tokens written: the attention mask grown by ones."""
+    def grow(name: str, v: Any) -> Any:
+        if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != batch:
+            return v
+        v = v[pick.to(v.device)]
+        return torch.cat([v, v.new_ones(v.shape[0], k)], dim=1) if name == "attention_mask" and k else v
+
+    return {name: grow(name, v) for name, v in kw.items()}
+
+
+def _continue(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
+    """``B x (T + n)`` ids, the prompt and its greedy continuation, and how many tokens each sample wrote."""
+    _check_growable(kw, ids)
+    inner = unwrap(model)[0]
+    can = getattr(inner, "can_generate", None)
+    with _running(model), torch.no_grad():
+        if callable(getattr(inner, "generate", None)) and callable(can) and can():
+            full = _hf_generate(inner, ids, n, kw)
+        else:
+            full = _greedy(model, ids, n, kw)
+    eos = getattr(getattr(inner, "config", None), "eos_token_id", None)
+    ends = {eos} if isinstance(eos, int) else set(eos) if isinstance(eos, (list, tuple)) else set()
+    counts = []
+    for row in full[:, ids.shape[1]:].tolist():
+        stop = next((i + 1 for i, t in enumerate(row) if t in ends), len(row))
+        counts.append(stop)
+    return full, counts
+
+
+def _check_growable(kw: dict[str, Any], ids: torch.Tensor) -> None:
+    for name, v in kw.items():
+        if name != "attention_mask" and isinstance(v, torch.Tensor) and tuple(v.shape[:2]) == tuple(ids.shape):
+            raise HookscopeError(f"kwargs[{name!r}] holds one value per token, which does not grow with the tokens "
+                                 "generate= writes; only attention_mask does: leave it out or pass generate=0")
+
+
+def _hf_generate(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
+    """transformers' own greedy ``generate()``, its pad id set so that it says nothing."""
+    config = getattr(model, "config", None)
+    pad = getattr(config, "pad_token_id", None)
+    eos = getattr(config, "eos_token_id", None)
+    extra = {} if pad is not None else {"pad_token_id": eos if isinstance(eos, int) else 0}
+    with warnings.catch_warnings():  # transformers' notes on the generation settings given here
+        warnings.simplefilter("ignore")
+        gen = cast(Callable[..., torch.Tensor], getattr(model, "generate"))
+        out = gen(ids, max_new_tokens=n, do_sample=False, num_beams=1, **extra, **kw)
+    return out if isinstance(out, torch.Tensor) else cast(torch.Tensor, getattr(out, "sequences"))
+
+
+def _greedy(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
+    """``n`` steps of: the model on all tokens so far, the most likely next token appended."""
+    full = ids
+    everyone = torch.arange(ids.shape[0], device=ids.device)
+    for k in range(n):
+        out = call_model(model, (full,), _extended(kw, everyone, ids.shape[0], k))
+        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+        if logits is None or logits.ndim != 3:
+            raise HookscopeError(f"generate= needs B x T x vocab logits from the model, got {type(out).__name__}; "
+                                 "pass a language model")
+        full = torch.cat([full, logits[:, -1].argmax(-1, keepdim=True).to(full.device)], dim=1)
+    return full
+
+
+class _Through(nn.Module):
+    """The model run on its token ids with the layer's output replaced by this module's input, so that
+    :func:`hookscope.attribute` differentiates at the layer with float inputs and a float baseline."""
+
+    def __init__(self, model: nn.Module, site: Site) -> None:
+        super().__init__()
+        self.model = model
+        self.site = site  # a tuple: the layer is not registered a second time
+
+    def forward(self, given: torch.Tensor, **kw: Any) -> Any:
+        ids = kw.pop(_IDS)
+        name, module = self.site
+
+        def put(out: Any) -> Any:
+            t = first_tensor(out)
+            if t is None or t.shape != given.shape:
+                raise HookscopeError(f"layer {name!r} changed shape between passes; attribute at a layer whose "
+                                     "output depends only on the token ids")
+            new = given.to(t.dtype)
+            return new if t is out else tree_map(lambda u: new if u is t else u, out)
+
+        with edit(self.model, module, output=put) as changed:
+            out = self.model(ids, **kw)
+        if sum(changed.counts.values()) != 1:
+            raise HookscopeError(f"layer {name!r} ran {sum(changed.counts.values())} times in one forward pass; "
+                                 "attribute at a layer that runs once")
+        return out
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    if tokenizer is None or callable(tokenizer) or callable(getattr(tokenizer, "decode", None)) or (
+            isinstance(tokenizer, Sequence) and not isinstance(tokenizer, (str, bytes))):
+        return
+    raise HookscopeError(f"tokenizer= is a {type(tokenizer).__name__}; pass a tokenizer with decode(), a list of "
+                         "strings indexed by id, or a function id -> str")
+
+
+def _text(tokenizer: Any, token: int) -> str:
+    if callable(getattr(tokenizer, "decode", None)):
+        return str(tokenizer.decode([token]))
+    if isinstance(tokenizer, Sequence) and not isinstance(tokenizer, (str, bytes)):
+        if not 0 <= token < len(tokenizer):
+            raise HookscopeError(f"tokenizer= holds {len(tokenizer)} strings but the tokens hold id {token}; pass "
+                                 "one string per id of the vocabulary")
+        return str(tokenizer[token])
+    return str(tokenizer(token))
+
+
+def _texts(tokenizer: Any, tokens: list[list[int]]) -> list[list[str]] | None:
+    if tokenizer is None:
+        return None
+    return [[_text(tokenizer, t) for t in row] for row in tokens]
+
+
+def _baseline_text(baseline: Any) -> str:
+    if baseline is None:
+        return "zeros"
+    if isinstance(baseline, int):
+        return f"token {baseline}"
+    return "ids" if not baseline.is_floating_point() else "given"

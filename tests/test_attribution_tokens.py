@@ -1,0 +1,285 @@
+"""``hookscope.attribute_tokens`` and ``hookscope.targets.Token``: per-token scores for the next token of a
+language model and for each token of a greedy continuation, compared with captum's layer methods, with
+the score's own change (completeness) worked out on ``inputs_embeds``, and with separate calls on each
+prefix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookscope
+from hookscope.targets import Token
+
+from helpers import no_hooks
+
+transformers = pytest.importorskip("transformers")
+captum_attr = pytest.importorskip("captum.attr")
+T: Any = transformers
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tensors this small go faster on one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    T.utils.logging.set_verbosity_error()
+    yield
+    torch.set_num_threads(n)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max()) if b.numel() else 0.0
+
+
+def _rel_detached(a: torch.Tensor, b: torch.Tensor) -> float:
+    return rel(a.detach(), b.detach())
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> nn.Module:
+    torch.manual_seed(0)
+    config = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=32, bos_token_id=0, eos_token_id=0)
+    return T.GPT2LMHeadModel(config).eval()
+
+
+IDS = torch.tensor([[5, 7, 9, 11], [3, 4, 2, 8]])
+
+
+def _logit(model: nn.Module, token: list[int], **inputs: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).logits[:, -1].gather(1, torch.tensor(token)[:, None])[:, 0]
+
+
+# --- the Token target --------------------------------------------------------------------------------
+def test_a_token_target_reads_one_logit_per_sequence():
+    logits = torch.arange(2 * 3 * 4, dtype=torch.float).reshape(2, 3, 4)  # logits[b, t, v] = 12b + 4t + v
+    assert Token(1)(logits).tolist() == [9.0, 21.0]
+    assert Token([0, 3], position=0)(logits).tolist() == [0.0, 15.0]
+    assert Token(2, position=-2)({"logits": logits}).tolist() == [6.0, 18.0]
+    assert Token([1, 2]).take(torch.tensor([1, 1, 0]))(torch.cat([logits, logits[:1]])).tolist() == [10.0, 22.0, 9.0]
+    assert Token(3).take(torch.tensor([0, 0])) is not None and Token(3).token_ids == 3
+
+
+@pytest.mark.parametrize(("make", "said"), [
+    (lambda l: Token(4)(l), "token id 4 (sample 0) is out of range: the model's vocabulary has 4 tokens"),
+    (lambda l: Token(1, position=3)(l), "position=3 is out of range for 3 positions"),
+    (lambda l: Token(-1), "token id -1 is negative"),
+    (lambda l: Token(1.5), "token_id=1.5 is not a token id"),
+    (lambda l: Token(1, position="last"), "position='last' must be an int"),
+    (lambda l: Token([1, 2, 3])(l), "holds 3 token ids (one per sample) but the model's output has 2 rows"),
+    (lambda l: Token(1)(l[:, 0]), "Token needs a language model's B x T x vocab logits, got 2x4"),
+])
+def test_a_token_target_refuses_in_one_line(make, said):
+    with pytest.raises(hookscope.HookscopeError) as e:
+        make(torch.zeros(2, 3, 4))
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the next token ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rule", ["gausslegendre", "riemann_middle"])
+def test_integrated_gradients_equal_captums_layer_integrated_gradients(gpt2, rule):
+    res = hookscope.attribute_tokens(gpt2, IDS, steps=16, rule=rule, baseline=1)
+    targets = [r.target for r in res.rows]
+    with torch.no_grad():
+        assert targets == gpt2(IDS).logits[:, -1].argmax(-1).tolist()  # the most likely next token
+    lig = captum_attr.LayerIntegratedGradients(lambda i: gpt2(i).logits[:, -1], gpt2.transformer.wte)
+    ref = lig.attribute(IDS, baselines=torch.ones_like(IDS), target=targets, n_steps=16, method=rule).sum(-1)
+    assert res.scores.shape == (2, 4) and rel(res.scores, ref) <= 1e-5
+    assert res.layer == "transformer.wte" and no_hooks(gpt2)
+
+
+def test_the_scores_sum_to_the_change_of_the_logit_from_zero_embeddings(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS, steps=32, rule="gausslegendre", target=[17, 3])
+    at_zero = _logit(gpt2, [17, 3], inputs_embeds=torch.zeros(2, 4, 32))  # the default baseline, worked out apart
+    logit = _logit(gpt2, [17, 3], input_ids=IDS)
+    delta = torch.tensor([r.delta for r in res.rows])
+    assert torch.allclose(torch.tensor([r.logit for r in res.rows]), logit, atol=1e-6)
+    assert torch.allclose(res.scores.sum(1) + delta, logit - at_zero, atol=1e-5)
+    assert float(delta.abs().max()) < 1e-3 * float((logit - at_zero).abs().max())
+
+
+def test_input_x_gradient_and_gradient_equal_the_embedding_times_its_gradient(gpt2):
+    emb = gpt2.transformer.wte(IDS).detach().requires_grad_()
+    score = gpt2(inputs_embeds=emb).logits[:, -1, 6].sum()
+    (g,) = torch.autograd.grad(score, emb)
+    x_g = hookscope.attribute_tokens(gpt2, IDS, method="input_x_gradient", target=6)
+    grad = hookscope.attribute_tokens(gpt2, IDS, method="gradient", target=6)
+    sal = hookscope.attribute_tokens(gpt2, IDS, method="saliency", target=6)
+    assert torch.allclose(x_g.scores, (emb * g).sum(-1).detach(), atol=1e-6)
+    assert torch.allclose(grad.scores, g.sum(-1), atol=1e-6)
+    assert torch.allclose(sal.scores, g.abs().sum(-1), atol=1e-6)
+    ref = captum_attr.LayerGradientXActivation(lambda i: gpt2(i).logits[:, -1], gpt2.transformer.wte)
+    assert _rel_detached(x_g.scores, ref.attribute(IDS, target=6).sum(-1)) <= 1e-5
+
+
+def test_a_masked_language_model_at_another_position_equals_captum():
+    torch.manual_seed(1)
+    config = T.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=16)
+    bert = T.BertForMaskedLM(config).eval()
+    ids, mask = torch.tensor([[2, 9, 3, 4, 5]]), torch.ones(1, 5, dtype=torch.long)
+    res = hookscope.attribute_tokens(bert, ids, target=Token(7, position=2), steps=8, rule="gausslegendre",
+                                     baseline=0, kwargs={"attention_mask": mask})
+    lig = captum_attr.LayerIntegratedGradients(lambda i, m: bert(i, attention_mask=m).logits[:, 2],
+                                               bert.bert.embeddings.word_embeddings)
+    ref = lig.attribute(ids, baselines=torch.zeros_like(ids), target=7, n_steps=8, method="gausslegendre",
+                        additional_forward_args=(mask,)).sum(-1)
+    assert res.layer == "bert.embeddings.word_embeddings" and res.rows[0].position == 2
+    assert rel(res.scores, ref) <= 1e-5 and no_hooks(bert)
+
+
+def test_a_llama_with_a_float_baseline_and_per_sequence_ids():
+    torch.manual_seed(2)
+    config = T.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16)
+    llama = T.LlamaForCausalLM(config).eval()
+    ids = torch.tensor([[1, 5, 6], [1, 7, 8]])
+    start = torch.full((3, 16), 0.01)  # one sequence's baseline at the layer, the same for both
+    res = hookscope.attribute_tokens(llama, ids, target=[4, 9], baseline=start, steps=24, rule="gausslegendre")
+    at_start = _logit(llama, [4, 9], inputs_embeds=start.expand(2, 3, 16).contiguous())
+    logit = _logit(llama, [4, 9], input_ids=ids)
+    assert torch.allclose(res.scores.sum(1) + torch.tensor([r.delta for r in res.rows]), logit - at_start, atol=1e-5)
+    assert [r.target for r in res.rows] == [4, 9] and no_hooks(llama)
+
+
+# --- a continuation -----------------------------------------------------------------------------------
+def test_each_generated_token_is_explained_as_a_separate_call_on_its_prefix(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS, generate=3, steps=8)
+    written = gpt2.generate(IDS, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert res.tokens == written.tolist() and res.prompt == 4
+    assert [(r.sample, r.step) for r in res.rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    for r in res.rows:
+        prefix = written[r.sample: r.sample + 1, : 4 + r.step]
+        with torch.no_grad():  # greedy: each token is the most likely one after its prefix
+            assert r.target == int(gpt2(prefix).logits[0, -1].argmax())
+        alone = hookscope.attribute_tokens(gpt2, prefix, target=r.target, steps=8).rows[0]
+        assert r.scores.shape == (4 + r.step,) and torch.allclose(r.scores, alone.scores, atol=1e-6)
+        assert r.delta == pytest.approx(alone.delta, abs=1e-6) and r.position == 3 + r.step
+    assert torch.isnan(res.scores[0, 4:]).all() and not torch.isnan(res.scores[2, :6]).any()  # 7 tokens, 6 before the last
+    assert no_hooks(gpt2)
+
+
+class _Counter(nn.Module):
+    """A language model by hand: the next token is the last one plus 1 (mod 6), and 5 ends a sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(6, 6)
+        with torch.no_grad():
+            self.embed.weight.copy_(torch.eye(6))
+        self.head = nn.Linear(6, 6, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.roll(torch.eye(6), 1, 0) * 4)
+        self.config = type("Config", (), {"eos_token_id": 5})()
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.embed(ids))
+
+
+def test_a_model_without_generate_writes_greedily_and_stops_after_its_end_token():
+    lm = _Counter()
+    res = hookscope.attribute_tokens(lm, torch.tensor([[0, 2], [1, 3]]), generate=3, method="input_x_gradient",
+                                     tokenizer=["a", "b", "c", "d", "e", "<end>"])
+    assert res.tokens == [[0, 2, 3, 4, 5], [1, 3, 4, 5]]  # the second stops after its end token
+    assert [(r.sample, r.step, r.target) for r in res.rows] == [(0, 0, 3), (0, 1, 4), (0, 2, 5), (1, 0, 4), (1, 1, 5)]
+    # logit = 4 * (one-hot of the last token), so x * g puts all 4 on the last token
+    for r in res.rows:
+        assert r.scores.tolist() == [0.0] * (len(r.scores) - 1) + [4.0]
+    assert res.texts == [["a", "c", "d", "e", "<end>"], ["b", "d", "e", "<end>"]] and res.rows[2].text == "<end>"
+    assert "0:'a'" in res.table() and "'<end>'" in str(res)
+
+
+def test_a_left_padded_batch_grows_its_attention_mask(gpt2):
+    ids = torch.tensor([[0, 0, 5, 7], [3, 4, 2, 8]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    res = hookscope.attribute_tokens(gpt2, ids, generate=2, method="input_x_gradient", kwargs={"attention_mask": mask})
+    written = torch.tensor(res.tokens)
+    r = res.rows[1]  # sample 0, the second token written
+    grown = torch.cat([mask[:1], torch.ones(1, 1, dtype=torch.long)], 1)
+    alone = hookscope.attribute_tokens(gpt2, written[:1, :5], target=r.target, method="input_x_gradient",
+                                       kwargs={"attention_mask": grown})
+    assert (r.sample, r.step) == (0, 1) and torch.allclose(r.scores, alone.rows[0].scores, atol=1e-6)
+
+
+# --- the model left as it was, and bad requests --------------------------------------------------------
+def test_the_model_is_left_exactly_as_it_was(gpt2):
+    lm = copy.deepcopy(gpt2).train()
+    lm.lm_head.weight.grad = torch.ones_like(lm.lm_head.weight)
+    lm.transformer.h[0].mlp.c_fc.weight.requires_grad_(False)
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    flags = [m.training for m in lm.modules()]
+    rng = torch.random.get_rng_state()
+    hookscope.attribute_tokens(lm, IDS, generate=2, steps=4)
+    hookscope.attribute_tokens(lm, IDS, steps=4, baseline=2)
+    assert all(torch.equal(before[k], v) for k, v in lm.state_dict().items())
+    assert [m.training for m in lm.modules()] == flags and torch.equal(rng, torch.random.get_rng_state())
+    assert torch.equal(lm.lm_head.weight.grad, torch.ones_like(lm.lm_head.weight))
+    assert not lm.transformer.h[0].mlp.c_fc.weight.requires_grad and lm.transformer.wpe.weight.grad is None  # (wte is lm_head: tied)
+    with pytest.raises(hookscope.HookscopeError):
+        hookscope.attribute_tokens(lm, IDS, target=99)  # out of the vocabulary: fails inside the forward passes
+    assert no_hooks(lm) and [m.training for m in lm.modules()] == flags
+    # dropout was off: the same scores as in eval mode
+    evaluated = hookscope.attribute_tokens(gpt2, IDS, steps=4)
+    assert torch.allclose(hookscope.attribute_tokens(lm, IDS, steps=4).scores, evaluated.scores, atol=1e-6)
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    (dict(method="smoothgrad"), "method='smoothgrad' is not a token attribution method"),
+    (dict(input_ids=torch.rand(1, 4)), "are not token ids; pass a B x T (or T) tensor of ints"),
+    (dict(input_ids=torch.tensor([[1, -2]])), "a negative id"),
+    (dict(generate=2, target=3), "generate= explains the tokens the model writes, so it takes no target="),
+    (dict(generate=-1), "generate=-1 must be an int >= 0"),
+    (dict(baseline="pad"), "baseline='pad' is not a baseline"),
+    (dict(baseline=torch.tensor([1, 2])), "baseline ids of shape 1x2 do not fit input_ids of 2x4"),
+    (dict(target=50), "token id 50 (sample 0) is out of range: the model's vocabulary has 50 tokens"),
+    (dict(layers=["transformer.h.0", "transformer.h.1"]), "selects 2 layers"),
+    (dict(tokenizer=3.5), "tokenizer= is a float"),
+])
+def test_bad_requests_are_refused_in_one_line(gpt2, call, said):
+    args = {"input_ids": IDS, **call}
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(gpt2, args.pop("input_ids"), **args)
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert no_hooks(gpt2)
+
+
+def test_a_model_with_several_embeddings_asks_which():
+    lm = nn.Sequential(nn.Embedding(5, 4), nn.Embedding(4, 4))
+    with pytest.raises(hookscope.HookscopeError, match=r"cannot tell which layer embeds the tokens .*'0', '1'"):
+        hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]))
+    with pytest.raises(hookscope.HookscopeError, match="not one row per token"):
+        hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Flatten(), nn.Linear(8, 5)),
+                                   torch.tensor([[1, 2]]), layers="1", target=0)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = nn.Embedding(5, 4), nn.Linear(4, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids) + self.embed(ids.flip(1)))
+
+    twice = Twice()
+    with pytest.raises(hookscope.HookscopeError, match=r"layer 'embed' ran 2 times in the forward pass"):
+        hookscope.attribute_tokens(twice, torch.tensor([[1, 2]]))
+    assert no_hooks(twice)
+
+
+# --- the result ------------------------------------------------------------------------------------
+def test_the_result_speaks_the_protocol(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS, steps=4, tokenizer=lambda i: f"w{i}")
+    data = json.loads(res.to_json())
+    assert data == json.loads(json.dumps(hookscope.core.result.jsonable(res.to_dict())))
+    assert data["rows"][0]["scores"] == pytest.approx(res.rows[0].scores.tolist())
+    assert data["texts"][0] == ["w5", "w7", "w9", "w11"] and data["settings"]["baseline"] == "zeros"
+    assert len(res.table().splitlines()) == 3 + 2 and str(res) == res.table()  # title, head, rule; a line per row
+    assert res.forwards == 4  # the probe, the inputs, the baseline, one pass of 4 steps x 2 rows
+    assert res.table().splitlines()[0].startswith("integrated_gradients (steps=4, rule=riemann_trapezoid, "
+                                                  "baseline=zeros) at layer 'transformer.wte': 2 tokens explained")
+    assert "\n" not in res.to_json()
