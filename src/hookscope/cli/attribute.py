@@ -163,12 +163,12 @@ def _images(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
                              "model with --text or --input-ids")
     res = attribute(model, given.x, method=args.method or "saliency", target=_class_target(args.target),
                     steps=args.steps, rule=args.rule, layers=args.layers, kwargs=given.kwargs)
+    print(res.to_json(indent=2) if args.json else res.table())
     if args.plot is not None:
         from ..viz.attribution import plot_image_attribution
 
         pictures = given.pictures if args.layers is None else None
         save_plot(args.plot, plot_image_attribution(res, pictures), quiet=args.json)
-    print(res.to_json(indent=2) if args.json else res.table())
     return 0
 
 
@@ -183,12 +183,12 @@ def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
     res = attribute_tokens(model, given.x, target=_token_target(args.target, tokenizer), generate=args.generate,
                            method=method, steps=args.steps, rule=args.rule, layers=args.layers, tokenizer=tokenizer,
                            kwargs=given.kwargs)
+    print(res.to_json(indent=2) if args.json else res.table(top=args.top))
     if args.plot is not None:
         from ..viz.attribution import plot_token_attribution
 
         for i, path in enumerate(_plots(args.plot, given.x.shape[0])):
             save_plot(str(path), plot_token_attribution(res, sample=i), quiet=args.json)
-    print(res.to_json(indent=2) if args.json else res.table(top=args.top))
     return 0
 
 

@@ -401,7 +401,7 @@ def _check_tokenizer(tokenizer: Any) -> None:
 
 def _text(tokenizer: Any, token: int) -> str:
     if callable(getattr(tokenizer, "decode", None)):
-        return str(tokenizer.decode([token]))
+        return str(tokenizer.decode([token])) or f"#{token}"  # an id the tokenizer has no text for
     if isinstance(tokenizer, Sequence) and not isinstance(tokenizer, (str, bytes)):
         if not 0 <= token < len(tokenizer):
             raise HookscopeError(f"tokenizer= holds {len(tokenizer)} strings but the tokens hold id {token}; pass "

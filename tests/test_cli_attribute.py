@@ -1,0 +1,155 @@
+"""``hookscope attribute``: images and tokens from the command line, its numbers compared with the Python
+API on the same model and input, its pictures read back, and its mistakes said in one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hookscope
+from cli_batch import Session
+from hookscope.cli import main
+from hookscope.synthetic import shapes
+
+transformers = pytest.importorskip("transformers")
+T: Any = transformers
+WORDS = ["[UNK]", "hello", "world", "the", "cat", "sat", "on", "mat"]
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small GPT-2 with a word-level tokenizer, saved as save_pretrained writes them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    T.utils.logging.set_verbosity_error()
+    T.utils.logging.disable_progress_bar()
+    folder = tmp_path_factory.mktemp("hf") / "gpt2"
+    torch.manual_seed(5)
+    config = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=60, n_positions=32, bos_token_id=0,
+                          eos_token_id=0)
+    T.GPT2LMHeadModel(config).save_pretrained(str(folder))
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    T.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(str(folder))
+    return folder
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["attribute", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _png(path: Path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB")).astype(int)
+
+
+# --- images --------------------------------------------------------------------------------------------
+def test_demo_without_an_image_attributes_a_generated_shape_as_the_api_does(capsys, tmp_path):
+    code, out, err = run(capsys, "demo", "--method", "integrated_gradients", "--steps", "8", "--json",
+                         "--plot", str(tmp_path / "ig.png"))
+    assert code == 0, err
+    data = json.loads(out)
+    model = hookscope.load_model("demo")
+    res = hookscope.attribute(model, shapes(1, seed=0).images, method="integrated_gradients", steps=8)
+    assert data["method"] == "integrated_gradients" and data["maps"]["shape"] == [1, 3, 64, 64]
+    assert data["target"] == res.target.tolist() and data["scores"] == pytest.approx(res.scores.tolist(), rel=1e-5)
+    assert data["delta"] == pytest.approx(res.delta.tolist(), abs=1e-5)
+    pixels = _png(tmp_path / "ig.png")  # the picture, and a signed map: red and blue both drawn
+    red = (pixels[..., 0] > 200) & (pixels[..., 1] < 80) & (pixels[..., 2] < 80)
+    blue = (pixels[..., 2] > 200) & (pixels[..., 0] < 80) & (pixels[..., 1] < 80)
+    assert red.sum() > 20 and blue.sum() > 20 and "wrote plot to" in err
+
+
+def test_an_image_file_with_a_target_prints_one_line_per_image(capsys, tmp_path):
+    picture = shapes(1, seed=3).images[0]
+    Image.fromarray((picture.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()).save(tmp_path / "s.png")
+    code, out, err = run(capsys, "demo", "--image", str(tmp_path / "s.png"), "--target", "4")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("saliency on the inputs: 1 map of 3x64x64") and lines[-1].split()[:2] == ["0", "4"]
+
+
+# --- tokens ----------------------------------------------------------------------------------------------
+def _lm(folder: Path) -> Any:
+    return hookscope.load_model("hf:causal-lm", config=str(folder))
+
+
+def test_text_is_explained_token_by_token_as_the_api_does(capsys, gpt2):
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat sat on the",
+                         "--steps", "8", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    lm, ids = _lm(gpt2), torch.tensor([[3, 4, 5, 6, 3]])
+    with torch.no_grad():
+        predicted = int(lm(ids).logits[0, -1].argmax())
+    res = hookscope.attribute_tokens(lm, ids, steps=8, kwargs={"attention_mask": torch.ones_like(ids)})
+    assert data["tokens"] == [[3, 4, 5, 6, 3]] and data["texts"] == [["the", "cat", "sat", "on", "the"]]
+    assert data["rows"][0]["target"] == predicted and data["rows"][0]["text"] == WORDS[predicted]
+    assert data["rows"][0]["scores"] == pytest.approx(res.rows[0].scores.tolist(), abs=1e-6)
+    assert data["layer"] == "transformer.wte"
+
+
+def test_generate_explains_each_written_token_and_draws_a_strip(capsys, gpt2, tmp_path):
+    argv = ("hf:causal-lm", "--config", str(gpt2), "--input-ids", "3 4 5", "--generate", "3", "--method",
+            "input_x_gradient")
+    code, out, err = run(capsys, *argv, "--plot", str(tmp_path / "t.png"))
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("input_x_gradient at layer 'transformer.wte': 3 tokens explained")
+    assert [line.split()[:2] for line in lines[3:6]] == [["0", "0"], ["0", "1"], ["0", "2"]]
+    assert lines[6] == f"wrote plot to {tmp_path / 't.png'}"
+    data = json.loads(run(capsys, *argv, "--json")[1])
+    written = _lm(gpt2).generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert data["tokens"] == written.tolist() and [r["target"] for r in data["rows"]] == written[0, 3:].tolist()
+    shown = [WORDS[t] if t < len(WORDS) else f"#{t}" for t in written[0, 3:].tolist()]
+    assert [r["text"] for r in data["rows"]] == shown and repr(shown[0]) in lines[3]
+    pixels = _png(tmp_path / "t.png")
+    assert pixels.shape[0] > 100 and ((pixels[..., 0] > 200) & (pixels[..., 2] < 80)).sum() > 50  # red cells
+
+
+def test_a_target_by_id_or_by_its_text_is_the_same(capsys, gpt2):
+    by_id = json.loads(run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--target", "7",
+                           "--method", "gradient", "--json")[1])
+    by_text = json.loads(run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--target", "mat",
+                             "--method", "gradient", "--json")[1])
+    assert by_id["rows"] == by_text["rows"] and by_id["rows"][0]["target"] == 7 and by_id["rows"][0]["text"] == "mat"
+
+
+# --- mistakes: one line, exit 2, no traceback, from a real process ---------------------------------------
+@pytest.mark.parametrize(("argv", "said"), [
+    (["tiny", "--method", "integrated_gradiens"], "--method 'integrated_gradiens' is not an attribution method. "
+                                                  "Did you mean 'integrated_gradients'"),
+    (["tiny", "--text", "the cat"], "--text needs a transformers model with its tokenizer"),
+    (["tiny", "--image", "no-such.png"], "no such image file: no-such.png"),
+    (["tiny", "--target", "10"], "target class 10 (sample 0) is out of range: the model has 10 classes"),
+    (["tiny", "--target", "cat"], "--target 'cat' is not a class index"),
+    (["tiny", "--generate", "2"], "--generate writes tokens, but TinyResNet takes images"),
+    (["tiny", "--steps", "0"], "--steps 0 must be 1 or more"),
+    (["tiny", "--image", "a.png", "--input", "1x3x8x8"], "give either --image PATH or --input, not both"),
+])
+def test_mistakes_are_one_line_and_exit_2(hookscope_process: Session, tmp_path, argv, said):
+    done = hookscope_process.run("attribute", *argv, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--target", "60"], "token id 60 (sample 0) is out of range: the model's vocabulary has 60 tokens"),
+    (["--method", "smoothgrad"], "--method 'smoothgrad' adds noise to the inputs, which token ids cannot take"),
+    (["--generate", "2", "--target", "3"], "give --target or --generate, not both"),
+    (["--target", "cat sat"], "--target 'cat sat' is 2 tokens for the tokenizer"),
+])
+def test_token_mistakes_are_one_line_and_exit_2(hookscope_process: Session, gpt2, tmp_path, argv, said):
+    done = hookscope_process.run("attribute", "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", *argv,
+                                 cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
