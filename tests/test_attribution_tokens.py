@@ -94,6 +94,22 @@ def test_integrated_gradients_equal_captums_layer_integrated_gradients(gpt2, rul
     assert res.layer == "transformer.wte" and no_hooks(gpt2)
 
 
+def test_the_default_baseline_is_zeros_at_the_embedding_as_captum_on_inputs_embeds(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS, steps=16, rule="gausslegendre", target=[6, 9])
+    emb = gpt2.transformer.wte(IDS).detach()
+    ig = captum_attr.IntegratedGradients(lambda e: gpt2(inputs_embeds=e).logits[:, -1])
+    ref = ig.attribute(emb, baselines=torch.zeros_like(emb), target=[6, 9], n_steps=16, method="gausslegendre")
+    assert _rel_detached(res.scores, ref.sum(-1)) <= 1e-5 and res.settings["baseline"] == "zeros"
+
+
+def test_a_transformer_block_as_the_layer_equals_captum(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS, layers="transformer.h.0", method="input_x_gradient", target=6)
+    ref = captum_attr.LayerGradientXActivation(lambda i: gpt2(i).logits[:, -1], gpt2.transformer.h[0])
+    found = ref.attribute(IDS, target=6)
+    found = found[0] if isinstance(found, tuple) else found
+    assert res.layer == "transformer.h.0" and _rel_detached(res.scores, found.sum(-1)) <= 1e-5 and no_hooks(gpt2)
+
+
 def test_the_scores_sum_to_the_change_of_the_logit_from_zero_embeddings(gpt2):
     res = hookscope.attribute_tokens(gpt2, IDS, steps=32, rule="gausslegendre", target=[17, 3])
     at_zero = _logit(gpt2, [17, 3], inputs_embeds=torch.zeros(2, 4, 32))  # the default baseline, worked out apart
