@@ -299,3 +299,11 @@ def test_the_result_speaks_the_protocol(gpt2):
     assert res.table().splitlines()[0].startswith("integrated_gradients (steps=4, rule=riemann_trapezoid, "
                                                   "baseline=zeros) at layer 'transformer.wte': 2 tokens explained")
     assert "\n" not in res.to_json()
+
+
+def test_one_sequence_and_a_wrapped_model_give_the_same_rows(gpt2):
+    res = hookscope.attribute_tokens(gpt2, IDS[:1], steps=8)
+    assert torch.equal(hookscope.attribute_tokens(gpt2, IDS[0], steps=8).scores, res.scores)
+    wrapped = hookscope.attribute_tokens(nn.DataParallel(gpt2), IDS[:1], steps=8, generate=2)
+    assert wrapped.layer == "transformer.wte" and torch.allclose(wrapped.rows[0].scores, res.rows[0].scores)
+    assert wrapped.tokens == gpt2.generate(IDS[:1], max_new_tokens=2, do_sample=False, pad_token_id=0).tolist()
