@@ -133,6 +133,8 @@ def test_a_target_by_id_or_by_its_text_is_the_same(capsys, gpt2):
     (["tiny", "--target", "cat"], "--target 'cat' is not a class index"),
     (["tiny", "--generate", "2"], "--generate writes tokens, but TinyResNet takes images"),
     (["tiny", "--steps", "0"], "--steps 0 must be 1 or more"),
+    (["tiny", "--layers", "layer1", "--method", "vargrad"], "--method vargrad adds noise to the inputs, not to a "
+                                                            "layer; with --layers give one of"),
     (["tiny", "--image", "a.png", "--input", "1x3x8x8"], "give either --image PATH or --input, not both"),
 ])
 def test_mistakes_are_one_line_and_exit_2(hookscope_process: Session, tmp_path, argv, said):

@@ -86,6 +86,9 @@ def _check(args: argparse.Namespace) -> None:
         if key not in METHODS:
             raise HookscopeError(f"--method {args.method!r} is not an attribution method.{did_you_mean(key, METHODS)}"
                                  f" Give one of {', '.join(METHODS)}")
+        if args.layers is not None and key not in TOKEN_METHODS:
+            raise HookscopeError(f"--method {key} adds noise to the inputs, not to a layer; with --layers give one "
+                                 f"of {', '.join(TOKEN_METHODS)}")
     if args.image and (args.text is not None or args.input_ids is not None or args.input is not None):
         given = "--text" if args.text is not None else "--input-ids" if args.input_ids is not None else "--input"
         raise HookscopeError(f"give either --image PATH or {given}, not both")

@@ -12,7 +12,7 @@ layer by default. The scores of a token are its attribution summed over the hidd
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, cast
@@ -69,7 +69,7 @@ def attribute_tokens(
     layers: Selector | None = None,
     tokenizer: Any = None,
     batch_size: int = 64,
-    kwargs: dict[str, Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
 ) -> TokenAttributions:
     """Per-token scores for the token a language model writes next, or for every token of a greedy continuation.
 
