@@ -155,3 +155,11 @@ def test_token_mistakes_are_one_line_and_exit_2(hookscope_process: Session, gpt2
                                  cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+
+
+def test_a_plot_over_an_input_image_is_refused_and_the_image_kept(capsys, tmp_path):
+    picture = tmp_path / "s.png"
+    Image.fromarray(np.full((64, 64, 3), 128, dtype=np.uint8)).save(picture)
+    before = picture.read_bytes()
+    code, out, err = run(capsys, "demo", "--image", str(picture), "--plot", str(picture))
+    assert code == 2 and out == "" and "is one of the --image files" in err and picture.read_bytes() == before
