@@ -247,20 +247,20 @@ def test_the_model_is_left_exactly_as_it_was(gpt2):
 
 @pytest.mark.parametrize(("call", "said"), [
     (dict(method="smoothgrad"), "method='smoothgrad' is not a token attribution method"),
-    (dict(input_ids=torch.rand(1, 4)), "are not token ids; pass a B x T (or T) tensor of ints"),
-    (dict(input_ids=torch.tensor([[1, -2]])), "a negative id"),
+    (dict(inputs=torch.rand(1, 4)), "are not token ids; pass a B x T (or T) tensor of ints"),
+    (dict(inputs=torch.tensor([[1, -2]])), "a negative id"),
     (dict(generate=2, target=3), "generate= explains the tokens the model writes, so it takes no target="),
     (dict(generate=-1), "generate=-1 must be an int >= 0"),
     (dict(baseline="pad"), "baseline='pad' is not a baseline"),
-    (dict(baseline=torch.tensor([1, 2])), "baseline ids of shape 1x2 do not fit input_ids of 2x4"),
+    (dict(baseline=torch.tensor([1, 2])), "baseline ids of shape 1x2 do not fit inputs of 2x4"),
     (dict(target=50), "token id 50 (sample 0) is out of range: the model's vocabulary has 50 tokens"),
     (dict(layers=["transformer.h.0", "transformer.h.1"]), "selects 2 layers"),
     (dict(tokenizer=3.5), "tokenizer= is a float"),
 ])
 def test_bad_requests_are_refused_in_one_line(gpt2, call, said):
-    args = {"input_ids": IDS, **call}
+    args = {"inputs": IDS, **call}
     with pytest.raises(hookscope.HookscopeError) as e:
-        hookscope.attribute_tokens(gpt2, args.pop("input_ids"), **args)
+        hookscope.attribute_tokens(gpt2, args.pop("inputs"), **args)
     assert said in str(e.value) and "\n" not in str(e.value)
     assert no_hooks(gpt2)
 

@@ -58,7 +58,7 @@ class _Plan:
 
 def attribute_tokens(
     model: nn.Module,
-    input_ids: torch.Tensor,
+    inputs: torch.Tensor,
     *,
     target: Any = None,
     generate: int = 0,
@@ -89,7 +89,7 @@ def attribute_tokens(
 
     Args:
         model: a language model whose output (or its ``.logits``) is ``B x T x vocab``.
-        input_ids: ``B x T`` token ids (``T`` for one sequence); pad on the left, so that the last
+        inputs: ``B x T`` token ids (``T`` for one sequence); pad on the left, so that the last
             position is each sequence's own.
         target: ``None`` (each sequence's most likely next token), a token id, one per sequence, a
             :class:`hookscope.targets.Token` (another position), or a function of the output giving one
@@ -123,7 +123,7 @@ def attribute_tokens(
         (torch.Size([3]), 4)
     """
     key = _check_method(method)
-    ids = _check_ids(input_ids)
+    ids = _check_ids(inputs)
     kw = model_kwargs(kwargs)
     n = _check_generate(generate, target)
     _check_tokenizer(tokenizer)
@@ -155,10 +155,10 @@ def _check_ids(input_ids: Any) -> torch.Tensor:
             or input_ids.dtype == torch.bool or input_ids.ndim not in (1, 2) or input_ids.numel() == 0:
         got = (f"{shape_text(tuple(input_ids.shape))} {input_ids.dtype}" if isinstance(input_ids, torch.Tensor)
                else type(input_ids).__name__)
-        raise HookscopeError(f"input_ids ({got}) are not token ids; pass a B x T (or T) tensor of ints, e.g. "
+        raise HookscopeError(f"inputs ({got}) are not token ids; pass a B x T (or T) tensor of ints, e.g. "
                              "tokenizer(text, return_tensors='pt')['input_ids']")
     if bool((input_ids < 0).any()):
-        raise HookscopeError(f"input_ids hold {int(input_ids.min())}, a negative id; token ids count from 0")
+        raise HookscopeError(f"inputs hold {int(input_ids.min())}, a negative id; token ids count from 0")
     return (input_ids if input_ids.ndim == 2 else input_ids.unsqueeze(0)).long()
 
 
@@ -244,7 +244,7 @@ def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor)
     if base.shape[0] == 1 and ids.shape[0] > 1 and base.shape[1] == ids.shape[1]:
         base = base.expand_as(ids)
     if tuple(base.shape) != tuple(ids.shape):
-        raise HookscopeError(f"baseline ids of shape {shape_text(tuple(base.shape))} do not fit input_ids of "
+        raise HookscopeError(f"baseline ids of shape {shape_text(tuple(base.shape))} do not fit inputs of "
                              f"{shape_text(tuple(ids.shape))}; pass T ids, B x T, or one token id")
     return _probe(plan, base.contiguous(), kw)[1], 1
 
