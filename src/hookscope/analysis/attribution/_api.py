@@ -18,6 +18,9 @@ from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, leaf, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._composites import assign
+from ._lrp import lrp_settings
+from ._lrp_rules import LRPRule
 from ._result import Attributions
 from ._rules import rule_name, rule_points
 
@@ -42,6 +45,9 @@ def attribute(
     memory: int | None = None,
     layers: Selector | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    composite: str | Mapping[str | type[nn.Module], str | LRPRule] | None = None,
+    canonize: bool = True,
+    bounds: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
 ) -> Attributions:
     """Which input values (or values of one layer's output) a target's score depends on, by its gradient.
 
@@ -108,6 +114,7 @@ def attribute(
         (torch.Size([2, 3]), True)
     """
     key = _check_method(method, layers)
+    composite = _check_lrp(model, key, composite, canonize, bounds)
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
     layer = _one_layer(model, layers)
@@ -118,7 +125,8 @@ def attribute(
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
     with kept, torch.inference_mode(False), torch.enable_grad():
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
-        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
+        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
+                            bounds)
         job = Job(model, x, kw, layer)
         first = probe(job, None if layer is None else leaf, count=memory is not None)
         job.target = pinned(target, first.output, job.batch)
@@ -126,7 +134,7 @@ def attribute(
         job.chunk = _chunk(first.saved, x, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
     named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
-    told = {k: named[k] for k in SETTINGS.get(key, ())} or None
+    told = lrp_settings(composite, canonize) if key == "lrp" else {k: named[k] for k in SETTINGS.get(key, ())} or None
     classes = job.target if isinstance(job.target, torch.Tensor) else None
     return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
                         delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
@@ -142,6 +150,23 @@ def _check_method(method: str, layers: Any) -> str:
         raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
                              f"{', '.join(LAYER_METHODS)}")
     return key
+
+
+def _check_lrp(model: nn.Module, key: str, composite: Any, canonize: Any, bounds: Any) -> Any:
+    """The composite LRP runs with (checked on the model before any pass); ``None`` for other methods."""
+    if key != "lrp":
+        given = [n for n, v in (("composite", composite), ("bounds", bounds)) if v is not None]
+        if given or canonize is not True:
+            raise HookscopeError(f"{(given or ['canonize'])[0]}= is a setting of method='lrp', not of "
+                                 f"method={key!r}; drop it or pass method='lrp'")
+        return None
+    if not isinstance(canonize, bool):
+        raise HookscopeError(f"canonize={canonize!r} must be True or False")
+    if bounds is not None and not (isinstance(bounds, tuple) and len(bounds) == 2):
+        raise HookscopeError(f"bounds={bounds!r} must be a pair (low, high) of numbers or tensors, e.g. (0.0, 1.0)")
+    composite = "epsilon_plus_flat" if composite is None else composite
+    assign(unwrap(model)[0], composite)
+    return composite
 
 
 def _check_inputs(inputs: Any, layers: Any) -> None:
