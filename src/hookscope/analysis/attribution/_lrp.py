@@ -221,6 +221,9 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
     t = _trace(eager)
     chosen = _bounded(chosen, job.x, s.bounds, t.first)
     merged = _pairs(model, t) if s.canonize else {}
+    norms = {bn for bn, _ in merged.values()}
+    chosen.update({n: (m, LRPRule("pass")) for n, m in model.named_modules()  # as zennit: relevance passes on
+                   if isinstance(m, BATCH_NORMS) and n not in norms and n not in chosen})
     with _rules_on(chosen, merged, dict(model.named_modules())), RuleMode("lrp"):
         again = probe(eager, None, count=False)
     assert again.scores is not None and again.leaf is not None

@@ -1,0 +1,162 @@
+"""hookscope.attribute's backward-pass rules: DeconvNet against hand computations, LRP against zennit
+0.5.1 (every composite on VGG-16 and ResNet-18, each rule alone), conservation, activations that
+zennit's module hooks cannot reach, the model left bit-identical, and one-line refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hookscope
+import hookscope.zoo
+from hookscope import HookscopeError
+from hookscope.analysis.attribution import LRPRule
+
+from helpers import no_hooks
+
+zennit = pytest.importorskip("zennit")
+torchvision = pytest.importorskip("torchvision")
+from zennit import rules as zr  # noqa: E402
+from zennit.attribution import Gradient  # noqa: E402
+from zennit.canonizers import SequentialMergeBatchNorm  # noqa: E402
+from zennit.composites import (EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlus, EpsilonPlusFlat,  # noqa: E402
+                               NameMapComposite)
+from zennit.torchvision import ResNetCanonizer  # noqa: E402
+
+TARGET = 3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def zennit_lrp(model: nn.Module, x: torch.Tensor, composite: object, target: int = TARGET) -> torch.Tensor:
+    """zennit's Gradient attributor with the relevance at the output being the target's score."""
+    with Gradient(model, composite) as attributor:
+        _, r = attributor(x.clone(), lambda out: F.one_hot(torch.tensor([target] * x.shape[0]), out.shape[1]) * out)
+    return r.detach()
+
+
+def state(model: nn.Module) -> dict[str, object]:
+    return {"tensors": {k: v.clone() for k, v in model.state_dict(keep_vars=False).items()},
+            "flags": [m.training for m in model.modules()],
+            "requires_grad": [p.requires_grad for p in model.parameters()],
+            "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+            "forward": [m for m in model.modules() if "forward" in vars(m)]}
+
+
+def unchanged(model: nn.Module, before: dict[str, object]) -> bool:
+    now = state(model)
+    same = all(torch.equal(now["tensors"][k], v) for k, v in before["tensors"].items())  # bit-identical
+    grads = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                for a, b in zip(before["grads"], now["grads"]))
+    return (same and grads and no_hooks(model) and now["flags"] == before["flags"]
+            and now["requires_grad"] == before["requires_grad"] and not now["forward"])
+
+
+def _images(dtype: torch.dtype, size: int) -> torch.Tensor:
+    return torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+
+BOUNDS = (torch.zeros(1, 3, 1, 1), torch.ones(1, 3, 1, 1))  # the images lie in [0, 1] per channel
+
+
+def zennit_composite(name: str, canonizers: list[object], x: torch.Tensor) -> object:
+    low, high = (b.to(x.dtype).expand_as(x) for b in BOUNDS)
+    return {"epsilon_plus": lambda: EpsilonPlus(canonizers=canonizers),
+            "epsilon_plus_flat": lambda: EpsilonPlusFlat(canonizers=canonizers),
+            "epsilon_gamma_box": lambda: EpsilonGammaBox(low=low, high=high, canonizers=canonizers),
+            "epsilon_alpha2_beta1": lambda: EpsilonAlpha2Beta1(canonizers=canonizers)}[name]()
+
+
+COMPOSITES = ["epsilon_plus", "epsilon_plus_flat", "epsilon_gamma_box", "epsilon_alpha2_beta1"]
+
+
+# --- against zennit on torchvision models ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vgg() -> nn.Module:
+    torch.manual_seed(0)
+    return torchvision.models.vgg16(weights=None).eval()
+
+
+def _randomise_batch_norms(model: nn.Module, eps: float) -> nn.Module:
+    """Batch norms with statistics and affine parameters of their own, so merging them changes something."""
+    g = torch.Generator().manual_seed(5)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+            m.weight.data.copy_(torch.rand(n, generator=g) + 0.5)
+            m.bias.data.copy_(torch.randn(n, generator=g) * 0.1)
+            m.eps = eps
+    return model
+
+
+@pytest.fixture(scope="module")
+def resnet() -> nn.Module:
+    torch.manual_seed(0)
+    # eps=0: zennit turns a merged batch norm into x / sqrt(1 + eps), ours hands x on, so only then are
+    # the two bit for bit comparable (with eps=1e-5 they differ by ~1e-4, see below)
+    return _randomise_batch_norms(torchvision.models.resnet18(weights=None), 0.0).double().eval()
+
+
+@pytest.mark.parametrize("composite", COMPOSITES)
+def test_every_composite_equals_zennit_on_vgg16(vgg, composite):
+    x = _images(torch.float32, 32)
+    before = state(vgg)
+    ours = hookscope.attribute(vgg, x, method="lrp", composite=composite, target=TARGET, bounds=BOUNDS)
+    assert unchanged(vgg, before)
+    theirs = zennit_lrp(vgg, x, zennit_composite(composite, [SequentialMergeBatchNorm()], x))
+    assert rel(ours.maps, theirs) <= 1e-5
+    assert ours.settings == {"composite": composite, "canonize": True}
+
+
+@pytest.mark.parametrize("composite", COMPOSITES)
+def test_every_composite_equals_zennit_on_resnet18_with_its_canonizer(resnet, composite):
+    x = _images(torch.float64, 32)
+    before = state(resnet)
+    ours = hookscope.attribute(resnet, x, method="lrp", composite=composite, target=TARGET, bounds=BOUNDS)
+    assert unchanged(resnet, before)  # batch norms merged for the pass only, every tensor bit-identical
+    theirs = zennit_lrp(resnet, x, zennit_composite(composite, [ResNetCanonizer()], x))
+    assert rel(ours.maps, theirs) <= 1e-10
+
+
+def test_batch_norms_with_their_usual_eps_differ_from_zennit_only_by_its_identity_rescaling():
+    torch.manual_seed(0)
+    net = _randomise_batch_norms(torchvision.models.resnet18(weights=None), 1e-5).double().eval()
+    x = _images(torch.float64, 32)
+    ours = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", target=TARGET).maps
+    theirs = zennit_lrp(net, x, EpsilonPlus(canonizers=[ResNetCanonizer()]))
+    assert 1e-8 < rel(ours, theirs) <= 1e-3
+
+
+def _conv_bn(eps: float) -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 8, 3, bias=False),
+                        nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, 5))
+    return _randomise_batch_norms(net, eps).double().eval()
+
+
+@pytest.mark.parametrize("canonize", [True, False])
+def test_batch_norms_merged_or_passed_on_as_zennit_does_with_and_without_its_canonizer(canonize):
+    net, x = _conv_bn(0.0), _images(torch.float64, 12)
+    before = state(net)
+    ours = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", canonize=canonize, target=TARGET)
+    assert unchanged(net, before) and ours.settings == {"composite": "epsilon_plus", "canonize": canonize}
+    theirs = zennit_lrp(net, x, EpsilonPlus(canonizers=[SequentialMergeBatchNorm()] if canonize else None))
+    assert rel(ours.maps, theirs) <= 1e-10
+    other = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", canonize=not canonize, target=TARGET)
+    assert rel(other.maps, theirs) > 1e-3  # the setting matters on this net
