@@ -252,3 +252,181 @@ def test_the_residual_sum_equals_zennits_canonized_sum():
     x = torch.randn(4, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     ours = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", target=0)
     assert rel(ours.maps, zennit_lrp(Stacked().double(), x, EpsilonPlus(), target=0)) <= 1e-10
+
+
+# --- activations zennit's module hooks cannot reach -------------------------------------------------------------
+class _Block(nn.Module):
+    """A transformer-like block written with functions: F.gelu, an in-place SiLU, a residual sum, F.relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(2)
+        self.up, self.down, self.mix, self.head = nn.Linear(6, 12), nn.Linear(12, 6), nn.Linear(6, 6), nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.down(F.gelu(self.up(x)))
+        h = F.silu(self.mix(h), inplace=True)
+        return self.head(F.relu(h))
+
+
+class _BlockOfModules(_Block):
+    """The same block with activation modules and zennit's Sum module: what zennit's composites can see."""
+
+    def __init__(self) -> None:
+        from zennit.layer import Sum
+
+        super().__init__()
+        self.gelu, self.silu, self.relu, self.sum = nn.GELU(), nn.SiLU(), nn.ReLU(), Sum()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.sum(torch.stack([x, self.down(self.gelu(self.up(x)))], dim=-1))
+        return self.head(self.relu(self.silu(self.mix(h))))
+
+
+def test_lrp_reaches_functional_and_in_place_activations_and_sums_as_zennit_reaches_modules():
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    net = _Block().double()
+    before = state(net)
+    ours = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", target=1)
+    assert unchanged(net, before)
+    theirs = zennit_lrp(_BlockOfModules().double(), x, EpsilonPlus(), target=1)
+    assert rel(ours.maps, theirs) <= 1e-10
+    plain = zennit_lrp(net, x, EpsilonPlus(), target=1)  # zennit on the functional block: gradients through them
+    assert rel(plain, theirs) > 1e-3
+
+
+# --- DeconvNet ---------------------------------------------------------------------------------------------------
+class _Relus(nn.Module):
+    """An in-place ReLU module used twice, F.relu inside forward, and torch.relu_."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.a(x))
+        h = self.act(self.b(h) - 0.1)
+        return self.c(torch.relu_(F.relu(h * 2 - 0.2)))
+
+
+def _deconv_by_hand(net: _Relus, target: int) -> torch.Tensor:
+    """relu(g) back through every ReLU whatever its input: c^T e_t, then relu twice, *2, relu, b^T, relu, a^T."""
+    g = net.c.weight[target].detach()
+    g = (g.clamp(min=0).clamp(min=0) * 2).clamp(min=0)
+    return (g @ net.b.weight.detach()).clamp(min=0) @ net.a.weight.detach()
+
+
+def test_deconvnet_is_worked_out_by_hand_and_ignores_the_forward_masks():
+    net = _Relus()
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+    before = state(net)
+    got = hookscope.attribute(net, x, method="deconvnet", target=1)
+    assert unchanged(net, before) and got.method == "deconvnet" and got.settings is None
+    assert torch.allclose(got.maps, _deconv_by_hand(net, 1).expand(5, -1), atol=1e-6)  # the same for every input
+
+
+def test_deconvnet_on_two_layers_is_w1_transposed_relu_of_w2_transposed_onehot():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(2, 3)
+    want = net[2].weight[0].detach().clamp(min=0) @ net[0].weight.detach()
+    got = hookscope.attribute(net, x, method="deconvnet", target=0).maps
+    assert torch.allclose(got, want.expand(2, -1), atol=1e-6)
+
+
+@pytest.mark.parametrize("wrap", [lambda m: torch.compile(m, backend="eager"), nn.DataParallel],
+                         ids=["compiled", "data_parallel"])
+@pytest.mark.parametrize("method", ["deconvnet", "lrp"])
+def test_wrappers_give_the_wrapped_models_maps(wrap, method):
+    net = _Relus()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    want = hookscope.attribute(net, x, method=method, target=1).maps
+    assert torch.equal(hookscope.attribute(wrap(net), x, method=method, target=1).maps, want) and no_hooks(net)
+
+
+@pytest.mark.parametrize("method, extra", [("deconvnet", {}), ("lrp", {"composite": "epsilon_gamma_box"}),
+                                           ("lrp", {"composite": "epsilon_plus", "canonize": False})])
+def test_a_training_model_with_frozen_parameters_is_left_bit_identical(method, extra):
+    torch.manual_seed(0)
+    net = hookscope.zoo.TinyResNet().train()
+    for p in net.stem.parameters():
+        p.requires_grad_(False)
+    net.fc.weight.grad = torch.full_like(net.fc.weight, 7.0)
+    x = torch.rand(2, 3, 16, 16)
+    before, kept = state(net), x.clone()
+    res = hookscope.attribute(net, x, method=method, **extra)
+    assert unchanged(net, before) and torch.equal(x, kept)
+    evaluated = hookscope.attribute(copy.deepcopy(net).eval(), x, method=method, **extra)
+    assert torch.equal(res.maps, evaluated.maps) and torch.isfinite(res.maps).all()
+
+
+def test_hooks_go_when_the_forward_pass_fails():
+    class Fails(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.bn = nn.Linear(3, 3), nn.BatchNorm1d(3)
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            if self.calls > 2:  # the pass under the rules
+                raise ValueError("boom")
+            return self.bn(F.relu(self.lin(x)))
+
+    net = Fails().eval()
+    with pytest.raises(hookscope.ForwardError):
+        hookscope.attribute(net, torch.randn(2, 3), method="lrp", target=0)
+    y = torch.relu(torch.ones(1, requires_grad=True))
+    assert no_hooks(net) and type(y.grad_fn).__name__ == "ReluBackward0"  # no rule left on the functions
+
+
+# --- one-line refusals --------------------------------------------------------------------------------------------
+class _WithNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.fc = nn.Conv2d(3, 4, 3), nn.LayerNorm(4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(self.conv(x).mean((2, 3))))
+
+
+BAD = [
+    ({"method": "lrp", "composite": "epsilon_pluss"}, "composite='epsilon_pluss' is not an LRP composite. Did you mean 'epsilon_plus'"),
+    ({"method": "lrp", "composite": {nn.Conv2d: "gama"}}, "'gama' is not an LRP rule. Did you mean 'gamma'"),
+    ({"method": "lrp", "composite": {"norm": "gamma"}}, "rule 'gamma' on layer 'norm' (LayerNorm): it needs the weight"),
+    ({"method": "lrp", "composite": {nn.LayerNorm: "epsilon"}}, "rule 'epsilon' on layer 'norm' (LayerNorm)"),
+    ({"method": "lrp", "composite": {"fc": "zbox"}}, "rule 'zbox' on layer 'fc': it bounds the model's inputs"),
+    ({"method": "lrp", "composite": {"fcc": "epsilon"}}, "names layer 'fcc', which the model does not have. Did you mean 'fc'"),
+    ({"method": "lrp", "composite": {"fc": "alpha_beta:2:2"}}, "alpha - beta == 1"),
+    ({"method": "lrp", "composite": {"fc": "epsilon:x"}}, "rule 'epsilon:x' has a part that is not a number"),
+    ({"method": "lrp", "composite": {"fc": "zplus:1"}}, "rule 'zplus:1' has 1 numbers; 'zplus' takes none"),
+    ({"method": "lrp", "composite": {"fc": 3}}, "an LRP rule is a name such as 'gamma:0.25' or an LRPRule, not a int"),
+    ({"method": "lrp", "composite": {"norm": "pass", "conv": "zbox"}, "target": 0}, None),  # fine: a pass rule on a norm
+    ({"method": "saliency", "composite": "epsilon_plus"}, "composite= is a setting of method='lrp', not of method='saliency'"),
+    ({"method": "deconvnet", "canonize": False}, "canonize= is a setting of method='lrp'"),
+    ({"method": "lrp", "bounds": 1.0}, "bounds=1.0 must be a pair (low, high)"),
+]
+
+
+@pytest.mark.parametrize("given, said", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_requests_are_refused_in_one_line_naming_the_fix(given, said):
+    torch.manual_seed(0)
+    net = _WithNorm()
+    if said is None:
+        assert hookscope.attribute(net, torch.rand(1, 3, 6, 6), **given).maps.shape == (1, 3, 6, 6)
+        return
+    with pytest.raises(HookscopeError) as err:
+        hookscope.attribute(net, torch.rand(1, 3, 6, 6), **given)
+    assert said in str(err.value) and "\n" not in str(err.value) and no_hooks(net)
+
+
+def test_the_result_names_the_composite_and_speaks_the_protocol():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    res = hookscope.attribute(net, torch.rand(2, 3), method="lrp", composite={"0": "flat", nn.Linear: "gamma:0.5"})
+    assert res.settings == {"composite": "0=flat, Linear=gamma:0.5", "canonize": True}
+    assert str(res).splitlines()[0] == ("lrp (composite=0=flat, Linear=gamma:0.5, canonize=True) on the inputs: "
+                                        "2 maps of 3, 3 forward passes")
+    assert '"composite": "0=flat, Linear=gamma:0.5"' in res.to_json()
