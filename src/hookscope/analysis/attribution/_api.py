@@ -67,6 +67,13 @@ def attribute(
                               ``s = noise * (max(x) - min(x))`` per input (Smilkov et al. 2017).
     ``"smoothgrad_sq"``       the mean of ``g^2`` over the noisy copies.
     ``"vargrad"``             their variance, ``mean(g^2) - mean(g)^2`` (Adebayo et al. 2018).
+    ``"guided_backprop"``     ``g`` with every ReLU passing back ``relu(grad) * (x > 0)``
+                              (Springenberg et al. 2015).
+    ``"deconvnet"``           ``g`` with every ReLU passing back ``relu(grad)``, its forward mask
+                              ignored (Zeiler and Fergus 2014).
+    ``"lrp"``                 layer-wise relevance propagation (Bach et al. 2015), as zennit computes
+                              it: the score is the relevance at the output, each layer hands it back
+                              by its rule in ``composite``; ``sum(maps)`` is about the score.
     ========================  ==========================================================================
 
     Rules: ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"``, ``"riemann_trapezoid"``
@@ -98,13 +105,24 @@ def attribute(
             of the inputs, e.g. a token embedding.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
             per sample goes with its sample into every copy.
+        composite: LRP's rules: a composite's name (``"epsilon_plus_flat"`` by default,
+            ``"epsilon_plus"``, ``"epsilon_gamma_box"``, ``"epsilon_alpha2_beta1"``), or a mapping of
+            layer names (globs allowed) or module types to rules, such as
+            ``{"features.0": "zbox", nn.Conv2d: "gamma:0.25", nn.Linear: "epsilon"}`` (names win over
+            types; layers with weights it leaves out get ``"epsilon"``). A rule is a name with its
+            numbers or an :class:`LRPRule`.
+        canonize: LRP: each batch norm right after a Linear or Conv layer merged into it for the pass
+            (the model's tensors are not written); ``False``: relevance passes through batch norms.
+        bounds: LRP: ``(low, high)`` of the inputs for the ``zbox`` rule, numbers or tensors that
+            broadcast to one sample; ``None``: each sample's smallest and largest value.
 
     Returns:
         An :class:`Attributions`.
 
     Raises:
         ForwardError: the model's forward pass failed (one line: the module, what it received).
-        HookscopeError: a method, target, baseline, layer or budget that cannot work, in one line.
+        HookscopeError: a method, target, baseline, layer, budget, composite or rule that cannot work,
+            in one line.
 
     Example:
         >>> import torch, hookscope
@@ -112,6 +130,11 @@ def attribute(
         >>> res = attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=4)
         >>> res.maps.shape, bool(res.delta.abs().max() < 1e-5)
         (torch.Size([2, 3]), True)
+        >>> from torch import nn
+        >>> net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2, bias=False))
+        >>> res = attribute(net, torch.ones(1, 3), method="lrp", composite={nn.Linear: "epsilon:0"})
+        >>> bool(torch.allclose(res.maps.sum(), res.scores))  # relevance conserved
+        True
     """
     key = _check_method(method, layers)
     composite = _check_lrp(model, key, composite, canonize, bounds)

@@ -95,6 +95,7 @@ def composite_name(composite: Any) -> str:
     """The composite's name, checked (``-`` and case forgiven)."""
     key = composite.lower().replace("-", "_") if isinstance(composite, str) else ""
     if key not in COMPOSITES:
-        raise HookscopeError(f"composite={composite!r} is not an LRP composite.{did_you_mean(str(composite), COMPOSITES)}"
+        hint = did_you_mean(str(composite), COMPOSITES)
+        raise HookscopeError(f"composite={composite!r} is not an LRP composite.{hint}"
                              f" Use one of {', '.join(COMPOSITES)}, or a mapping {{layer name or type: rule}}")
     return key

@@ -165,8 +165,8 @@ def _ruled_hook(name: str, m: nn.Module, rule: LRPRule, params: tuple[Tensor, Te
         if not isinstance(x, Tensor) or not x.requires_grad or not isinstance(out, Tensor):
             return None
         if rule.name == "pass" and out.shape != x.shape:
-            raise HookscopeError(f"rule 'pass' on layer {name!r}: its output {tuple(out.shape)} is not the shape of its "
-                                 f"input {tuple(x.shape)}; give it 'norm' or 'gradient'")
+            raise HookscopeError(f"rule 'pass' on layer {name!r}: its output {tuple(out.shape)} is not the shape of "
+                                 f"its input {tuple(x.shape)}; give it 'norm' or 'gradient'")
         if layer is not None and params is not None:
             with torch.no_grad():
                 value = layer(x, *params)
