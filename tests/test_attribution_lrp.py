@@ -404,6 +404,7 @@ BAD = [
     ({"method": "lrp", "composite": {"fc": "zplus:1"}}, "rule 'zplus:1' has 1 numbers; 'zplus' takes none"),
     ({"method": "lrp", "composite": {"fc": 3}}, "an LRP rule is a name such as 'gamma:0.25' or an LRPRule, not a int"),
     ({"method": "lrp", "composite": {"norm": "pass", "conv": "zbox"}, "target": 0}, None),  # fine: a pass rule on a norm
+    ({"method": "lrp", "composite": {"*": "zplus"}, "target": 0}, None),  # a glob: the layers with weights it matches
     ({"method": "saliency", "composite": "epsilon_plus"}, "composite= is a setting of method='lrp', not of method='saliency'"),
     ({"method": "deconvnet", "canonize": False}, "canonize= is a setting of method='lrp'"),
     ({"method": "lrp", "bounds": 1.0}, "bounds=1.0 must be a pair (low, high)"),

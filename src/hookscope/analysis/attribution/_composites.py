@@ -62,7 +62,8 @@ def _by_mapping(model: nn.Module, mapping: Mapping[Any, Any]) -> Chosen:
             raise HookscopeError(f"composite= has a key {k!r}; keys are layer names (globs allowed) or module types")
     out: Chosen = {}
     for qual, m in model.named_modules():
-        rule = next((r for k, r in rules.items() if isinstance(k, str) and fnmatch.fnmatchcase(qual, k)), None)
+        rule = next((r for k, r in rules.items() if isinstance(k, str) and fnmatch.fnmatchcase(qual, k)
+                     and (k == qual or r.name not in WEIGHTED or isinstance(m, LINEARS))), None)  # a glob: fitting layers
         rule = rule or next((r for k, r in rules.items() if isinstance(k, type) and isinstance(m, k)), None)
         if rule is None:
             rule = LRPRule("epsilon") if isinstance(m, LINEARS) else LRPRule("norm") if isinstance(m, POOLS) else None

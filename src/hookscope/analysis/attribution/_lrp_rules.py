@@ -96,7 +96,7 @@ def _example(name: str) -> str:
 def settings_text(rule: LRPRule) -> str:
     """The rule as ``name:numbers``, the way :func:`parse_rule` reads it."""
     keep = [f.name for f in fields(rule) if f.name in _ARGS.get(rule.name, ())]
-    numbers = [getattr(rule, k) for k in keep]
+    numbers = [getattr(rule, k) for k in keep if getattr(rule, k) is not None]  # zbox's bounds may come later
     return ":".join([rule.name] + [f"{v:g}" if isinstance(v, (int, float)) else "tensor" for v in numbers])
 
 
