@@ -431,3 +431,17 @@ def test_the_result_names_the_composite_and_speaks_the_protocol():
     assert str(res).splitlines()[0] == ("lrp (composite=0=flat, Linear=gamma:0.5, canonize=True) on the inputs: "
                                         "2 maps of 3, 3 forward passes")
     assert '"composite": "0=flat, Linear=gamma:0.5"' in res.to_json()
+
+
+def test_a_batch_norm_is_merged_only_into_a_layer_with_a_rule_and_only_without_a_rule_of_its_own():
+    net, x = _conv_bn(0.0), _images(torch.float64, 12)
+    passed = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", canonize=False, target=TARGET).maps
+    # the first batch norm given 'pass' by name: as if not merged; the second stays merged
+    mixed = hookscope.attribute(net, x, method="lrp", composite={"1": "pass", "4": "pass", nn.Conv2d: "zplus"},
+                                target=TARGET).maps
+    assert torch.allclose(mixed, passed, rtol=1e-10)
+    # layers left to their gradient keep their batch norms unmerged, which pass relevance on
+    res = hookscope.attribute(net, x, method="lrp", composite={"0": "gradient", "3": "gradient"}, target=TARGET)
+    names = [("1", zr.Pass()), ("4", zr.Pass()), ("2", zr.Pass()), ("5", zr.Pass()), ("6", zr.Norm()),
+             ("8", zr.Epsilon())]
+    assert rel(res.maps, zennit_lrp(net, x, NameMapComposite([((n,), r) for n, r in names]))) <= 1e-10

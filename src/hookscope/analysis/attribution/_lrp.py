@@ -138,8 +138,8 @@ def _pairs(model: nn.Module, t: _Trace) -> dict[str, tuple[str, tuple[Tensor, Te
         (layer,) = feeders if len(feeders) == 1 else ("",)
         m = mods[bn]
         if layer and t.calls[layer] == t.calls[bn] and m.running_mean is not None and not m.training:
-            out[layer] = (bn, _merged(mods[layer], m))
-    return out
+            out[layer] = (bn, _merged(mods[layer], m)) if layer not in out else ("", out[layer][1])
+    return {k: v for k, v in out.items() if v[0]}  # a layer feeding two batch norms keeps both
 
 
 def _back(m: nn.Module, rule: LRPRule, params: tuple[Tensor, Tensor | None] | None) -> Back:
@@ -220,7 +220,8 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
     chosen = assign(model, s.composite)
     t = _trace(eager)
     chosen = _bounded(chosen, job.x, s.bounds, t.first)
-    merged = _pairs(model, t) if s.canonize else {}
+    # merged where the layer has a rule to compute with and the batch norm no rule of its own
+    merged = {k: v for k, v in (_pairs(model, t) if s.canonize else {}).items() if k in chosen and v[0] not in chosen}
     norms = {bn for bn, _ in merged.values()}
     chosen.update({n: (m, LRPRule("pass")) for n, m in model.named_modules()  # as zennit: relevance passes on
                    if isinstance(m, BATCH_NORMS) and n not in norms and n not in chosen})
