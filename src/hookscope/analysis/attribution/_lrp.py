@@ -130,10 +130,13 @@ def _trace(job: Job) -> _Trace:
     return t
 
 
-def _pairs(model: nn.Module, t: _Trace) -> dict[str, tuple[str, tuple[Tensor, Tensor]]]:
+Merged = dict[str, tuple[str, tuple[Tensor, Tensor]]]  # layer -> (its batch norm, merged weight and bias)
+
+
+def _pairs(model: nn.Module, t: _Trace) -> Merged:
     """Layer -> (its batch norm, merged weight and bias) where every call of each feeds the other."""
     mods = dict(model.named_modules())
-    out = {}
+    out: Merged = {}
     for bn, feeders in t.fed.items():
         (layer,) = feeders if len(feeders) == 1 else ("",)
         m = mods[bn]
@@ -182,8 +185,7 @@ def _handed_on(module: nn.Module, args: Any, out: Any) -> Any:
 
 
 @contextmanager
-def _rules_on(chosen: Chosen, merged: dict[str, tuple[str, tuple[Tensor, Tensor]]],
-              mods: dict[str, nn.Module]) -> Iterator[None]:
+def _rules_on(chosen: Chosen, merged: Merged, mods: dict[str, nn.Module]) -> Iterator[None]:
     group = HookGroup()
     try:
         for name, (m, rule) in chosen.items():
