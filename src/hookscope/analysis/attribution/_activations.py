@@ -41,19 +41,21 @@ def stabilize(z: Tensor, epsilon: float) -> Tensor:
 
 
 class _Swapped(torch.autograd.Function):
-    """``run(x)`` forward (in place when ``run`` writes into ``x``), ``back(grad)`` backward."""
+    """``run(x)`` forward (in place when ``run`` writes into ``x``); backward ``back(grad)``, masked to
+    where the output is positive when ``masked``."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward) -> Tensor:
+    def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward, masked: bool) -> Tensor:
         out = run(x)
-        ctx.back = back
+        ctx.back, ctx.mask = back, (out > 0) if masked else None
         if out is x:
             ctx.mark_dirty(x)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.back(grad), None, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        g = ctx.back(grad)
+        return (g if ctx.mask is None else g * ctx.mask), None, None, None
 
 
 class _NormSum(torch.autograd.Function):
@@ -82,9 +84,9 @@ def _computed(t: Any) -> bool:
 
 
 class RuleMode(TorchFunctionMode):
-    """While active, every ReLU passes gradients back by ``relu`` (``"deconvnet"``), or every
-    activation passes them on unchanged and sums of two computed values split them in proportion
-    (``"lrp"``, with ``epsilon`` the sum's stabiliser).
+    """While active, every ReLU passes gradients back as ``relu(grad)`` (``"deconvnet"``) or as
+    ``relu(grad) * (x > 0)`` (``"guided"``), or every activation passes them on unchanged and sums of
+    two computed values split them in proportion (``"lrp"``, with ``epsilon`` the sum's stabiliser).
 
     Example:
         >>> x = torch.tensor([-1.0, 2.0], requires_grad=True)
@@ -105,7 +107,7 @@ class RuleMode(TorchFunctionMode):
         if func in self.caught and args and _grad(args[0]):
             rest = args[1:]
             back: Backward = (lambda g: g) if self.rule == "lrp" else (lambda g: g.clamp(min=0))
-            return _Swapped.apply(args[0], lambda t: func(t, *rest, **kwargs), back)
+            return _Swapped.apply(args[0], lambda t: func(t, *rest, **kwargs), back, self.rule == "guided")
         if (self.rule == "lrp" and func in _ADDS and len(args) == 2 and not kwargs
                 and _computed(args[0]) and _computed(args[1])):
             a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
