@@ -131,6 +131,7 @@ def attribute(
         >>> res.maps.shape, bool(res.delta.abs().max() < 1e-5)
         (torch.Size([2, 3]), True)
         >>> from torch import nn
+        >>> _ = torch.manual_seed(0)
         >>> net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2, bias=False))
         >>> res = attribute(net, torch.ones(1, 3), method="lrp", composite={nn.Linear: "epsilon:0"})
         >>> bool(torch.allclose(res.maps.sum(), res.scores))  # relevance conserved
