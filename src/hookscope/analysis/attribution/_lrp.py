@@ -220,7 +220,9 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
     eager = _eager(job)
     model = eager.model
     chosen = assign(model, s.composite)
-    t = _trace(eager)
+    needed = any(r.name == "zbox" for _, r in chosen.values()) or (
+        s.canonize and any(isinstance(m, BATCH_NORMS) for m in model.modules()))
+    t = _trace(eager) if needed else _Trace()  # a plain pass, only to find batch norms or the first layer
     chosen = _bounded(chosen, job.x, s.bounds, t.first)
     # merged where the layer has a rule to compute with and the batch norm no rule of its own
     merged = {k: v for k, v in (_pairs(model, t) if s.canonize else {}).items() if k in chosen and v[0] not in chosen}
@@ -231,7 +233,7 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
         again = probe(eager, None, count=False)
     assert again.scores is not None and again.leaf is not None
     # the relevance at the output is the score itself: d(s * s.detach())/ds = s
-    return grad(eager, again.scores * again.scores.detach(), again.leaf), None, 3
+    return grad(eager, again.scores * again.scores.detach(), again.leaf), None, 3 if needed else 2
 
 
 def lrp_settings(composite: Any, canonize: bool) -> dict[str, Any]:
