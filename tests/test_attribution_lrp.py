@@ -445,3 +445,22 @@ def test_a_batch_norm_is_merged_only_into_a_layer_with_a_rule_and_only_without_a
     names = [("1", zr.Pass()), ("4", zr.Pass()), ("2", zr.Pass()), ("5", zr.Pass()), ("6", zr.Norm()),
              ("8", zr.Epsilon())]
     assert rel(res.maps, zennit_lrp(net, x, NameMapComposite([((n,), r) for n, r in names]))) <= 1e-10
+
+
+def test_a_layer_called_twice_gets_its_rule_on_each_call():
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(3)
+            self.lin, self.head = nn.Linear(5, 5, bias=False), nn.Linear(5, 2, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(F.relu(self.lin(F.relu(self.lin(x)))))
+
+    net = Shared().double()
+    x = torch.rand(3, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    res = hookscope.attribute(net, x, method="lrp", composite={nn.Linear: "epsilon:0"}, target=1)
+    # LRP-0 on a bias-free ReLU net is gradient x input, whichever call of the layer relevance passes through
+    assert rel(res.maps, hookscope.attribute(net, x, method="input_x_gradient", target=1).maps) <= 1e-10
+    zplus = hookscope.attribute(net, x, method="lrp", composite={nn.Linear: "zplus"}, target=1)
+    assert torch.allclose(zplus.maps.sum(1), zplus.scores, rtol=1e-4) and no_hooks(net)
