@@ -464,3 +464,12 @@ def test_a_layer_called_twice_gets_its_rule_on_each_call():
     assert rel(res.maps, hookscope.attribute(net, x, method="input_x_gradient", target=1).maps) <= 1e-10
     zplus = hookscope.attribute(net, x, method="lrp", composite={nn.Linear: "zplus"}, target=1)
     assert torch.allclose(zplus.maps.sum(1), zplus.scores, rtol=1e-4) and no_hooks(net)
+
+
+@pytest.mark.parametrize("method", ["deconvnet", "guided_backprop", "lrp"])
+def test_a_target_function_keeps_its_own_gradient(method):
+    net = _Relus()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    # the ReLU is the target's, not the model's: below zero it passes nothing back, under any rule
+    score = hookscope.attribute(net, x, method=method, target=lambda out: torch.relu(out[:, 0] - 1e3) + out[:, 1])
+    assert torch.allclose(score.maps, hookscope.attribute(net, x, method=method, target=1).maps, atol=1e-6)

@@ -14,11 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["ACTIVATIONS", "RELUS", "RuleMode", "stabilize"]
+from ...selection import unwrap
+from .._targets import scores_of
+from ._engine import Job, probe
+
+__all__ = ["ACTIVATIONS", "RELUS", "RuleMode", "rule_pass", "stabilize"]
 
 Tensor = torch.Tensor
 
@@ -117,3 +123,14 @@ class RuleMode(TorchFunctionMode):
 
 def _grad(t: Any) -> bool:
     return isinstance(t, Tensor) and t.requires_grad and t.is_floating_point()
+
+
+def rule_pass(job: Job, mode: RuleMode) -> tuple[Tensor, Tensor]:
+    """The target's scores and the inputs' leaf of one more pass of the model (inside its wrappers)
+    under ``mode``; the scores are read after the mode ends, so the target's own functions keep their
+    gradient."""
+    eager = dataclasses.replace(job, model=unwrap(job.model)[0], target=None)
+    with mode:
+        again = probe(eager, None, count=False)
+    assert again.leaf is not None
+    return scores_of(job.target, again.output, torch.arange(job.batch, device=job.x.device)), again.leaf

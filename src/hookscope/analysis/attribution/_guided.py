@@ -10,13 +10,10 @@ the ``nn.ReLU`` modules that call them, in place or not, a module used several t
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from ...selection import unwrap
-from ._activations import RuleMode
-from ._engine import Job, Pass, grad, probe
+from ._activations import RuleMode, rule_pass
+from ._engine import Job, Pass, grad
 
 __all__ = ["guided_backprop"]
 
@@ -24,8 +21,5 @@ __all__ = ["guided_backprop"]
 def guided_backprop(job: Job, p: Pass, s: object) -> tuple[torch.Tensor, None, int]:
     """The gradient of the target's score at the inputs with every ReLU passing back only positive
     gradients (one more forward and backward pass, under the rule)."""
-    eager = dataclasses.replace(job, model=unwrap(job.model)[0])
-    with RuleMode("guided"):
-        again = probe(eager, None, count=False)
-    assert again.scores is not None and again.leaf is not None
-    return grad(eager, again.scores, again.leaf), None, 2
+    scores, leaf = rule_pass(job, RuleMode("guided"))
+    return grad(job, scores, leaf), None, 2

@@ -23,9 +23,9 @@ from torch import nn
 from ...core.hooks import HookGroup
 from ...errors import HookscopeError
 from ...selection import unwrap
-from ._activations import RuleMode
+from ._activations import RuleMode, rule_pass
 from ._composites import CONVS, LINEARS, Chosen, assign
-from ._engine import Job, Pass, grad, probe, run
+from ._engine import Job, Pass, grad, run
 from ._lrp_rules import Layer, LRPRule, norm_relevance, parse_rule, relevance, settings_text
 
 __all__ = ["deconvnet", "lrp", "lrp_settings"]
@@ -56,11 +56,8 @@ def _eager(job: Job) -> Job:
 
 def deconvnet(job: Job, p: Pass, s: object) -> tuple[Tensor, None, int]:
     """The target's gradient with every ReLU passing back ``relu(grad)`` (its forward mask ignored)."""
-    eager = _eager(job)
-    with RuleMode("deconvnet"):
-        again = probe(eager, None, count=False)
-    assert again.scores is not None and again.leaf is not None
-    return grad(eager, again.scores, again.leaf), None, 2
+    scores, leaf = rule_pass(job, RuleMode("deconvnet"))
+    return grad(job, scores, leaf), None, 2
 
 
 def _layer_fn(m: nn.Module) -> Layer:
@@ -229,11 +226,10 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
     norms = {bn for bn, _ in merged.values()}
     chosen.update({n: (m, LRPRule("pass")) for n, m in model.named_modules()  # as zennit: relevance passes on
                    if isinstance(m, BATCH_NORMS) and n not in norms and n not in chosen})
-    with _rules_on(chosen, merged, dict(model.named_modules())), RuleMode("lrp"):
-        again = probe(eager, None, count=False)
-    assert again.scores is not None and again.leaf is not None
+    with _rules_on(chosen, merged, dict(model.named_modules())):
+        scores, leaf = rule_pass(job, RuleMode("lrp"))
     # the relevance at the output is the score itself: d(s * s.detach())/ds = s
-    return grad(eager, again.scores * again.scores.detach(), again.leaf), None, 3 if needed else 2
+    return grad(job, scores * scores.detach(), leaf), None, 3 if needed else 2
 
 
 def lrp_settings(composite: Any, canonize: bool) -> dict[str, Any]:
