@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 
 from ...errors import HookscopeError, did_you_mean
 from ._activations import stabilize
 
-__all__ = ["LRPRule", "RULES", "WEIGHTED", "Layer", "parse_rule", "relevance"]
+__all__ = ["LRPRule", "RULES", "WEIGHTED", "Layer", "norm_relevance", "parse_rule", "relevance", "settings_text"]
 
 Tensor = torch.Tensor
 Layer = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]  # (x, weight, bias) -> the layer's output
@@ -190,7 +189,3 @@ def norm_relevance(run: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, eps
         z = run(xi)
         (g,) = torch.autograd.grad(z, xi, grad / stabilize(z.detach(), epsilon))
     return xi.detach() * g
-
-
-def rule_settings(rules: dict[str, LRPRule]) -> dict[str, Any]:
-    return {name: settings_text(r) for name, r in rules.items()}
