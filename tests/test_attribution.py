@@ -368,6 +368,12 @@ def test_guided_backprop_equals_captum(resnet, images):
     assert not [m for m in resnet.modules() if "forward" in vars(m)]
 
 
+def test_deconvnet_equals_captum(resnet, images):
+    ours = hookscope.attribute(resnet, images, method="deconvnet", target=TARGETS)
+    theirs = captum_attr.Deconvolution(resnet).attribute(images.clone(), target=TARGETS).detach()
+    assert rel(ours.maps, theirs) <= 1e-5 and no_hooks(resnet)
+
+
 class _Relus(nn.Module):
     """ReLUs captum's module hooks miss or get wrong: one in-place module used twice, and F.relu."""
 

@@ -10,7 +10,7 @@ Example:
 """
 
 from . import metrics, targets
-from .analysis.attribution import Attributions, attribute
+from .analysis.attribution import Attributions, LRPRule, attribute
 from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
@@ -83,7 +83,7 @@ __all__ = [
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
     "attention", "AttentionPatterns", "attention_probabilities",
     "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
-    "attribute", "Attributions",
+    "attribute", "Attributions", "LRPRule",
     "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",

@@ -1,11 +1,14 @@
 """Input attribution by gradients: saliency, input x gradient, integrated gradients (at the inputs or
-at one layer), SmoothGrad, SmoothGrad-squared and VarGrad, for any target of :mod:`hookscope.targets`.
+at one layer), SmoothGrad, SmoothGrad-squared and VarGrad, for any target of :mod:`hookscope.targets`;
+and by modified backward passes: guided backpropagation, DeconvNet and layer-wise relevance
+propagation (LRP) with zennit's rules and composites.
 
 Gradients are taken with ``torch.autograd.grad`` at the inputs (or one layer's output) only: no
 ``.backward()``, no parameter ``.grad`` written, every flag and buffer of the model put back.
 
 Collect (``_engine``: the forward passes and their gradients), compute (``_methods``: one table of
-methods, ``_rules``: integrated gradients' quadrature), result (``_result``); ``_api`` holds
+methods, ``_rules``: integrated gradients' quadrature; ``_guided``, ``_lrp``: the backward-pass rules,
+with ``_activations``, ``_lrp_rules`` and ``_composites``), result (``_result``); ``_api`` holds
 :func:`attribute` itself.
 
 Language models: ``_tokens`` (:func:`attribute_tokens`: per-token scores at the token embedding, for
@@ -13,9 +16,11 @@ the next token and each token of a continuation) and ``_tokens_result`` (``Token
 """
 
 from ._api import METHODS, attribute
+from ._composites import COMPOSITES
+from ._lrp_rules import LRPRule
 from ._result import Attributions
 from ._tokens import TOKEN_METHODS, attribute_tokens
 from ._tokens_result import TokenAttributions, TokenRow
 
-__all__ = ["METHODS", "Attributions", "attribute"]
+__all__ = ["COMPOSITES", "METHODS", "Attributions", "LRPRule", "attribute"]
 __all__ += ["TOKEN_METHODS", "TokenAttributions", "TokenRow", "attribute_tokens"]

@@ -18,6 +18,9 @@ from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, leaf, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._composites import assign
+from ._lrp import lrp_settings
+from ._lrp_rules import LRPRule
 from ._result import Attributions
 from ._rules import rule_name, rule_points
 
@@ -42,6 +45,9 @@ def attribute(
     memory: int | None = None,
     layers: Selector | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    composite: str | Mapping[str | type[nn.Module], str | LRPRule] | None = None,
+    canonize: bool = True,
+    bounds: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
 ) -> Attributions:
     """Which input values (or values of one layer's output) a target's score depends on, by its gradient.
 
@@ -61,6 +67,13 @@ def attribute(
                               ``s = noise * (max(x) - min(x))`` per input (Smilkov et al. 2017).
     ``"smoothgrad_sq"``       the mean of ``g^2`` over the noisy copies.
     ``"vargrad"``             their variance, ``mean(g^2) - mean(g)^2`` (Adebayo et al. 2018).
+    ``"guided_backprop"``     ``g`` with every ReLU passing back ``relu(grad) * (x > 0)``
+                              (Springenberg et al. 2015).
+    ``"deconvnet"``           ``g`` with every ReLU passing back ``relu(grad)``, its forward mask
+                              ignored (Zeiler and Fergus 2014).
+    ``"lrp"``                 layer-wise relevance propagation (Bach et al. 2015), as zennit computes
+                              it: the score is the relevance at the output, each layer hands it back
+                              by its rule in ``composite``; ``sum(maps)`` is about the score.
     ========================  ==========================================================================
 
     Rules: ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"``, ``"riemann_trapezoid"``
@@ -92,13 +105,24 @@ def attribute(
             of the inputs, e.g. a token embedding.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
             per sample goes with its sample into every copy.
+        composite: LRP's rules: a composite's name (``"epsilon_plus_flat"`` by default,
+            ``"epsilon_plus"``, ``"epsilon_gamma_box"``, ``"epsilon_alpha2_beta1"``), or a mapping of
+            layer names (globs allowed) or module types to rules, such as
+            ``{"features.0": "zbox", nn.Conv2d: "gamma:0.25", nn.Linear: "epsilon"}`` (names win over
+            types; layers with weights it leaves out get ``"epsilon"``). A rule is a name with its
+            numbers or an :class:`LRPRule`.
+        canonize: LRP: each batch norm right after a Linear or Conv layer merged into it for the pass
+            (the model's tensors are not written); ``False``: relevance passes through batch norms.
+        bounds: LRP: ``(low, high)`` of the inputs for the ``zbox`` rule, numbers or tensors that
+            broadcast to one sample; ``None``: each sample's smallest and largest value.
 
     Returns:
         An :class:`Attributions`.
 
     Raises:
         ForwardError: the model's forward pass failed (one line: the module, what it received).
-        HookscopeError: a method, target, baseline, layer or budget that cannot work, in one line.
+        HookscopeError: a method, target, baseline, layer, budget, composite or rule that cannot work,
+            in one line.
 
     Example:
         >>> import torch, hookscope
@@ -106,8 +130,15 @@ def attribute(
         >>> res = attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=4)
         >>> res.maps.shape, bool(res.delta.abs().max() < 1e-5)
         (torch.Size([2, 3]), True)
+        >>> from torch import nn
+        >>> _ = torch.manual_seed(0)
+        >>> net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2, bias=False))
+        >>> res = attribute(net, torch.ones(1, 3), method="lrp", composite={nn.Linear: "epsilon:0"})
+        >>> bool(torch.allclose(res.maps.sum(), res.scores))  # relevance conserved
+        True
     """
     key = _check_method(method, layers)
+    composite = _check_lrp(model, key, composite, canonize, bounds)
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
     layer = _one_layer(model, layers)
@@ -118,7 +149,8 @@ def attribute(
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
     with kept, torch.inference_mode(False), torch.enable_grad():
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
-        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed)
+        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
+                            bounds)
         job = Job(model, x, kw, layer)
         first = probe(job, None if layer is None else leaf, count=memory is not None)
         job.target = pinned(target, first.output, job.batch)
@@ -126,7 +158,7 @@ def attribute(
         job.chunk = _chunk(first.saved, x, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
     named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
-    told = {k: named[k] for k in SETTINGS.get(key, ())} or None
+    told = lrp_settings(composite, canonize) if key == "lrp" else {k: named[k] for k in SETTINGS.get(key, ())} or None
     classes = job.target if isinstance(job.target, torch.Tensor) else None
     return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
                         delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
@@ -142,6 +174,23 @@ def _check_method(method: str, layers: Any) -> str:
         raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
                              f"{', '.join(LAYER_METHODS)}")
     return key
+
+
+def _check_lrp(model: nn.Module, key: str, composite: Any, canonize: Any, bounds: Any) -> Any:
+    """The composite LRP runs with (checked on the model before any pass); ``None`` for other methods."""
+    if key != "lrp":
+        given = [n for n, v in (("composite", composite), ("bounds", bounds)) if v is not None]
+        if given or canonize is not True:
+            raise HookscopeError(f"{(given or ['canonize'])[0]}= is a setting of method='lrp', not of "
+                                 f"method={key!r}; drop it or pass method='lrp'")
+        return None
+    if not isinstance(canonize, bool):
+        raise HookscopeError(f"canonize={canonize!r} must be True or False")
+    if bounds is not None and not (isinstance(bounds, tuple) and len(bounds) == 2):
+        raise HookscopeError(f"bounds={bounds!r} must be a pair (low, high) of numbers or tensors, e.g. (0.0, 1.0)")
+    composite = "epsilon_plus_flat" if composite is None else composite
+    assign(unwrap(model)[0], composite)
+    return composite
 
 
 def _check_inputs(inputs: Any, layers: Any) -> None:

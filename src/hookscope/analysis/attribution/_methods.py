@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ._engine import Job, Make, Pass, grad, gradients, leaf, run
 from ._guided import guided_backprop
+from ._lrp import deconvnet, lrp
 
 __all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
 
@@ -27,6 +29,9 @@ class Settings:
     samples: int
     noise: float
     seed: int
+    composite: Any = None  # LRP: a composite's name or a mapping of layers to rules
+    canonize: bool = True  # LRP: batch norms merged into the layer before them
+    bounds: Any = None  # LRP: the zbox rule's (low, high)
 
 
 Made = tuple[torch.Tensor, torch.Tensor | None, int]  # (maps, delta, forward passes)
@@ -155,6 +160,8 @@ TABLE: dict[str, Method] = {
     "smoothgrad_sq": smoothgrad_sq,
     "vargrad": vargrad,
     "guided_backprop": guided_backprop,
+    "deconvnet": deconvnet,
+    "lrp": lrp,
 }
 LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them

@@ -1,0 +1,191 @@
+"""The LRP rules of layers with weights (and the norm rule of pooling layers), as zennit defines them.
+
+A rule turns the relevance ``R`` arriving at a layer's output into the relevance of its input by
+recomputing the layer's forward with modified inputs and parameters (``z_i = f(x_i; w_i, b_i)``),
+dividing ``R`` by a stabilised sum of them and taking the gradient back to the inputs
+(Montavon et al. 2019). :class:`LRPRule` names a rule and its parameters; :func:`parse_rule` reads
+one from ``"gamma"``, ``"gamma:0.5"``, ``"alpha_beta:2:1"`` or ``"zbox:-1:1"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from ...errors import HookscopeError, did_you_mean
+from ._activations import stabilize
+
+__all__ = ["LRPRule", "RULES", "WEIGHTED", "Layer", "norm_relevance", "parse_rule", "relevance", "settings_text"]
+
+Tensor = torch.Tensor
+Layer = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]  # (x, weight, bias) -> the layer's output
+Mod = Callable[[Tensor], Tensor]
+Variant = tuple[Mod, Mod, "Mod | None"]  # how the input, the weight and the bias are changed (None: no bias)
+
+WEIGHTED = ("epsilon", "gamma", "zplus", "alpha_beta", "flat", "wsquare", "zbox")  # need a weight and bias
+RULES = WEIGHTED + ("norm", "pass", "gradient")
+_ARGS = {"epsilon": ("epsilon",), "gamma": ("gamma",), "alpha_beta": ("alpha", "beta"), "zbox": ("low", "high")}
+
+
+@dataclass(frozen=True)
+class LRPRule:
+    """One LRP rule and its parameters, for :func:`hookscope.attribute`'s ``composite=`` mapping.
+
+    Rules of layers with weights (``nn.Linear``, ``nn.Conv*d``, ``nn.ConvTranspose*d``):
+    ``"epsilon"`` (``epsilon`` added to the denominator; 0 is LRP-0), ``"gamma"`` (positive weights
+    favoured by ``gamma``), ``"zplus"``, ``"alpha_beta"`` (``alpha - beta == 1``), ``"flat"``,
+    ``"wsquare"`` and ``"zbox"`` (inputs bounded by ``low`` and ``high``, a number or a tensor that
+    broadcasts to one sample: the input layer only). ``"norm"`` (any layer: relevance in proportion
+    to each input's share of the output, as for average pooling), ``"pass"`` (relevance passed on
+    unchanged: an elementwise layer) and ``"gradient"`` (the plain gradient, no rule).
+
+    Example:
+        >>> LRPRule("gamma", gamma=0.5)
+        LRPRule(name='gamma', epsilon=1e-06, gamma=0.5, alpha=2.0, beta=1.0, low=None, high=None, stabilizer=1e-06)
+    """
+
+    name: str
+    epsilon: float = 1e-6
+    gamma: float = 0.25
+    alpha: float = 2.0
+    beta: float = 1.0
+    low: Tensor | float | None = None
+    high: Tensor | float | None = None
+    stabilizer: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.name not in RULES:
+            raise HookscopeError(f"{self.name!r} is not an LRP rule.{did_you_mean(str(self.name), RULES)} "
+                                 f"Use one of {', '.join(RULES)}")
+        if self.name == "alpha_beta" and (self.alpha < 0 or self.beta < 0 or self.alpha - self.beta != 1):
+            raise HookscopeError(f"alpha_beta with alpha={self.alpha}, beta={self.beta}: LRP needs alpha, beta >= 0 "
+                                 "and alpha - beta == 1, e.g. 'alpha_beta:2:1'")
+
+
+def parse_rule(spec: str | LRPRule) -> LRPRule:
+    """An :class:`LRPRule` from ``"name"`` or ``"name:p1:p2"`` (the rule's numbers in order).
+
+    Example:
+        >>> parse_rule("alpha_beta:1:0").alpha, parse_rule("epsilon:0.25").epsilon
+        (1.0, 0.25)
+    """
+    if isinstance(spec, LRPRule):
+        return spec
+    if not isinstance(spec, str):
+        raise HookscopeError(f"an LRP rule is a name such as 'gamma:0.25' or an LRPRule, not a {type(spec).__name__}")
+    name, *numbers = spec.strip().lower().replace("-", "_").split(":")
+    names = _ARGS.get(name, ())
+    if len(numbers) > len(names):
+        raise HookscopeError(f"rule {spec!r} has {len(numbers)} numbers; '{name}' takes "
+                             + (", ".join(names) if names else "none") + f", e.g. {_example(name)!r}")
+    try:
+        values = {k: float(v) for k, v in zip(names, numbers)}
+    except ValueError:
+        raise HookscopeError(f"rule {spec!r} has a part that is not a number; write e.g. {_example(name)!r}") from None
+    return LRPRule(name, **values)
+
+
+def _example(name: str) -> str:
+    return {"epsilon": "epsilon:0.25", "gamma": "gamma:0.25", "alpha_beta": "alpha_beta:2:1",
+            "zbox": "zbox:-1:1"}.get(name, name)
+
+
+def settings_text(rule: LRPRule) -> str:
+    """The rule as ``name:numbers``, the way :func:`parse_rule` reads it."""
+    keep = [f.name for f in fields(rule) if f.name in _ARGS.get(rule.name, ())]
+    numbers = [getattr(rule, k) for k in keep if getattr(rule, k) is not None]  # zbox's bounds may come later
+    return ":".join([rule.name] + [f"{v:g}" if isinstance(v, (int, float)) else "tensor" for v in numbers])
+
+
+def _pos(t: Tensor) -> Tensor:
+    return t.clamp(min=0)
+
+
+def _neg(t: Tensor) -> Tensor:
+    return t.clamp(max=0)
+
+
+def _same(t: Tensor) -> Tensor:
+    return t
+
+
+def _ones(t: Tensor) -> Tensor:
+    return torch.ones_like(t)
+
+
+def _variants(rule: LRPRule, x: Tensor) -> list[Variant]:
+    """zennit's input and parameter modifiers of each rule, one per recomputed output."""
+    if rule.name == "epsilon":
+        return [(_same, _same, _same)]
+    if rule.name in ("zplus", "alpha_beta"):
+        plus: list[Variant] = [(_pos, _pos, _pos), (_neg, _neg, None)]
+        return plus + ([(_pos, _neg, _neg), (_neg, _pos, None)] if rule.name == "alpha_beta" else [])
+    if rule.name == "gamma":
+        def up(t: Tensor) -> Tensor:
+            return t + rule.gamma * t.clamp(min=0)
+
+        def down(t: Tensor) -> Tensor:
+            return t + rule.gamma * t.clamp(max=0)
+
+        return [(_pos, up, up), (_neg, down, None), (_pos, down, down), (_neg, up, None), (_same, _same, _same)]
+    if rule.name == "flat":
+        return [(_ones, _ones, None)]
+    if rule.name == "wsquare":
+        return [(_ones, torch.square, torch.square)]
+    low, high = (_bound(v, x) for v in (rule.low, rule.high))
+    return [(_same, _same, _same), (lambda t: low, _pos, _pos), (lambda t: high, _neg, _neg)]
+
+
+def _bound(v: Tensor | float | None, x: Tensor) -> Tensor:
+    assert v is not None  # bounds are filled in before the pass
+    return torch.as_tensor(v).to(x).expand_as(x)
+
+
+def _denominators(rule: LRPRule, z: Sequence[Tensor], grad: Tensor) -> list[Tensor]:
+    """zennit's gradient mappers: the relevance divided by each output's stabilised denominator."""
+    s = rule.epsilon if rule.name == "epsilon" else rule.stabilizer
+    if rule.name in ("epsilon", "flat", "wsquare"):
+        return [grad / stabilize(z[0], s)]
+    if rule.name == "zplus":
+        return [grad / stabilize(z[0] + z[1], s)] * 2
+    if rule.name == "alpha_beta":
+        return [grad / stabilize(z[0] + z[1], s)] * 2 + [grad / stabilize(z[2] + z[3], s)] * 2
+    if rule.name == "gamma":
+        up, down = grad / stabilize(z[0] + z[1], s), grad / stabilize(z[2] + z[3], s)
+        return [(z[4] > 0) * up] * 2 + [(z[4] < 0) * down] * 2 + [torch.zeros_like(grad)]
+    return [grad / stabilize(z[0] - z[1] - z[2], s)] * 3  # zbox
+
+
+def _reduce(rule: LRPRule, xs: Sequence[Tensor], gs: Sequence[Tensor]) -> Tensor:
+    if rule.name in ("flat", "wsquare"):
+        return gs[0]
+    if rule.name == "zbox":
+        return xs[0] * gs[0] - xs[1] * gs[1] - xs[2] * gs[2]
+    if rule.name == "alpha_beta":
+        return rule.alpha * (xs[0] * gs[0] + xs[1] * gs[1]) - rule.beta * (xs[2] * gs[2] + xs[3] * gs[3])
+    n = 4 if rule.name == "gamma" else len(xs)
+    return sum((xs[i] * gs[i] for i in range(1, n)), xs[0] * gs[0])
+
+
+def relevance(rule: LRPRule, layer: Layer, x: Tensor, weight: Tensor, bias: Tensor | None, grad: Tensor) -> Tensor:
+    """The relevance of the layer's input ``x`` given ``grad``, the relevance at its output."""
+    xs, zs = [], []
+    with torch.enable_grad():
+        for on_x, on_w, on_b in _variants(rule, x):
+            xi = on_x(x.detach()).detach().requires_grad_()
+            b = None if bias is None or on_b is None else on_b(bias)
+            xs.append(xi)
+            zs.append(layer(xi, on_w(weight), b))
+        gs = torch.autograd.grad(zs, xs, _denominators(rule, [z.detach() for z in zs], grad), allow_unused=True)
+    return _reduce(rule, xs, [torch.zeros_like(x) if g is None else g for g in gs])
+
+
+def norm_relevance(run: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, epsilon: float) -> Tensor:
+    """The norm rule on a layer without weights: ``x * J^T (R / stabilize(f(x)))``."""
+    with torch.enable_grad():
+        xi = x.detach().requires_grad_()
+        z = run(xi)
+        (g,) = torch.autograd.grad(z, xi, grad / stabilize(z.detach(), epsilon))
+    return xi.detach() * g
