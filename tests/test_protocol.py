@@ -234,6 +234,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
+        "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
