@@ -124,7 +124,8 @@ def _bert(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
 
 def _gpt2(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
     kids = dict(m.named_children())
-    if type(kids.get("c_attn")).__name__ != "Conv1D" or not hasattr(m, "split_size"):
+    if type(kids.get("c_attn")).__name__ != "Conv1D" or not all(hasattr(m, a) for a in ("split_size", "num_heads",
+                                                                                         "head_dim")):
         return None
     if getattr(m, "is_cross_attention", False):
         return f"'{q}' is cross-attention (queries from another stream): its heads are not followed"
@@ -151,11 +152,16 @@ def _llama(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | 
     return HeadLayout(q, "llama", h, kv, d, tuple(parts), _name(q, "o_proj"))
 
 
+_TIMM_CHILDREN = {"qkv", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj", "proj_drop"}
+
+
 def _timm(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
     kids = dict(m.named_children())
     if not isinstance(kids.get("qkv"), nn.Linear) or not isinstance(kids.get("proj"), nn.Linear) \
             or not hasattr(m, "num_heads") or not hasattr(m, "head_dim"):
         return None
+    if set(kids) - _TIMM_CHILDREN or any(p is not None for p in m._parameters.values()):
+        return f"'{q}' holds more than its projections (per-head biases or tables): its heads are not followed"
     h, d = int(getattr(m, "num_heads")), int(getattr(m, "head_dim"))
     if not isinstance(kids.get("norm", nn.Identity()), nn.Identity) or kids.get("gate") is not None:
         return f"'{q}' normalises or gates its heads together before the projection: they cannot be removed"

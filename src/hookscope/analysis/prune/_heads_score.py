@@ -83,10 +83,9 @@ def _calibrate(model: nn.Module, lays: list[HeadLayout], batches: Iterable[tuple
     handles: list[Any] = []
     try:
         for lay in lays:
-            # own hook: per-head norms of the attention output, reduced on the device, nothing kept
-            if lay.out is None:
+            if lay.out is None:  # own hook: the MHA's inputs, to recompute its heads (out_proj is never called)
                 handles.append(mods[lay.module].register_forward_hook(_mha(sums[lay.module]), with_kwargs=True))
-            else:
+            else:  # own hook: per-head norms of the output projection's input, reduced on the device
                 handles.append(mods[lay.out].register_forward_pre_hook(_pre(sums[lay.module])))
         with restored(model, train=False, buffers=True), torch.no_grad():
             for batch in batches:
