@@ -5,6 +5,7 @@ head counts fixed in the layers and their configs, and bad requests refused befo
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -276,3 +277,102 @@ def test_save_pretrained_round_trip(kind: str, tmp_path) -> None:
     assert back.config.num_attention_heads == 4 and back.config.num_key_value_heads == 1
     assert _params(back) == _params(small) < _params(model)
     assert _rel(model(ids).logits, back(ids).logits) <= TOL
+
+
+def test_channels_and_heads_pruned_together_compact_in_one_pass() -> None:
+    model = _hf("bert").double().eval()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    before = _params(model)
+    hookscope.prune_channels(model, ids, amount=0.5)  # the MLP hidden units
+    prune_heads(model, ids, amount=0.5)
+    small = compact(model, ids)
+    layer = small.bert.encoder.layer[0]
+    assert (layer.intermediate.dense.out_features, layer.attention.self.query.out_features) == (16, 8)
+    assert _rel(model(ids).logits, small(ids).logits) <= TOL
+    heads, mlp, pooler = 2 * (3 * 8 * 16 + 3 * 8 + 8 * 16), 2 * (16 * 16 + 16 + 16 * 16), 8 * 16 + 8 + 3 * 8
+    assert small.classifier.in_features == 8 and before - _params(small) == heads + mlp + pooler
+
+
+def test_unequal_heads_per_layer_leave_the_config_with_a_warning() -> None:
+    model = _hf("gpt2").double().eval()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(4))
+    prune_heads(model, ids, heads={"transformer.h.0.attn": [1], "transformer.h.1.attn": [0, 2]})
+    with pytest.warns(UserWarning, match=r"config keeps num_attention_heads=4: its layers now keep \[2, 3\]"):
+        small = compact(model, ids)
+    assert small.config.num_attention_heads == 4
+    assert [small.transformer.h[i].attn.num_heads for i in (0, 1)] == [3, 2]
+    assert _rel(model(ids).logits, small(ids).logits) <= TOL
+
+
+def test_layers_limits_the_pruning_and_whole_kv_groups_can_be_named() -> None:
+    model = _hf("llama").double().eval()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(5))
+    res = prune_heads(model, ids, heads={"model.layers.1.self_attn": [4, 5, 6, 7]}, layers="model.layers.1.*")
+    assert [r.layer for r in res.rows] == ["model.layers.1.self_attn"] and res.rows[0].removed == (4, 5, 6, 7)
+    with pytest.warns(UserWarning, match="config keeps"):
+        small = compact(model, ids)
+    a0, a1 = small.model.layers[0].self_attn, small.model.layers[1].self_attn
+    assert (a0.k_proj.out_features, a1.k_proj.out_features, a1.q_proj.out_features) == (8, 4, 16)
+    assert _rel(model(ids).logits, small(ids).logits) <= TOL
+
+
+def test_compacted_llama_generates_the_masked_models_tokens() -> None:
+    model = _hf("llama").double().eval()
+    model.config.use_cache = True
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(6))
+    prune_heads(model, ids, amount=0.5)
+    small = compact(model, ids, kwargs={"use_cache": False})  # a returned cache holds the old key/value heads
+    assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False),
+                       small.generate(ids, max_new_tokens=4, do_sample=False))
+
+
+def test_an_unmasked_model_compacts_with_its_attention_as_it_was() -> None:
+    net = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    small = compact(net, torch.randn(1, 3, 8))
+    assert type(small.self_attn) is nn.MultiheadAttention and small.self_attn._qkv_same_embed_dim
+
+
+# --- the command line ------------------------------------------------------------------------------
+def _bert_folder(tmp_path) -> str:
+    tr = pytest.importorskip("transformers")
+    tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=8, intermediate_size=64,
+                  max_position_embeddings=64, num_labels=2).save_pretrained(tmp_path / "bert-tiny")
+    return str(tmp_path / "bert-tiny")
+
+
+def test_cli_heads_compact_json(tmp_path, capsys) -> None:
+    import json
+
+    from hookscope.cli import main
+
+    folder = _bert_folder(tmp_path)
+    code = main(["prune", "hf:BertForSequenceClassification", "--config", folder, "--heads", "0.5", "--channels",
+                 "--amount", "0.5", "--compact", "--repeats", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["mode"] == "channels"
+    assert [r["kept"] for r in doc["pruned"]["heads"]["rows"]] == [4, 4]
+    assert doc["pruned"]["channels"]["removed"] == 2 * 32 + 16  # MLP hidden units and the pooler
+    params = next(r for r in doc["comparison"]["rows"] if r["name"] == "parameters")
+    assert params["after"] < 0.7 * params["before"]
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--heads", "1"], "--heads 1 is not a share of heads"),
+    (["--heads", "0.5", "--amount", "0.5"], "--heads alone removes attention heads only"),
+    (["--heads", "0.5", "--importance", "taylor"], "--importance ranks channels"),
+])
+def test_cli_heads_bad_options_exit_non_zero_in_one_line(argv: list[str], match: str, capsys) -> None:
+    from hookscope.cli import main
+
+    code = main(["prune", "demo", *argv, "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert code != 0 and re.search(match, err) and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_heads_on_a_model_without_attention_says_so(capsys) -> None:
+    from hookscope.cli import main
+
+    code = main(["prune", "demo", "--heads", "0.5", "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert code != 0 and "no attention layer of DemoNet" in err and "Traceback" not in err
