@@ -119,6 +119,14 @@ def test_torchvision_vit_shrinks_and_runs() -> None:
     assert _rel(vit(x), small(x)) <= TOL
     assert before - _params(small) == 2 * (3 * 2 * 4 * 16 + 3 * 2 * 4 + 2 * 4 * 16)  # q/k/v rows, biases, out cols
     assert small(torch.randn(3, 3, 32, 32, dtype=torch.float64)).shape == (3, 5)
+    from hookscope.analysis.prune import fit_to
+
+    fresh = tv.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=16,
+                                 mlp_dim=32, num_classes=5).double().eval()
+    fit_to(fresh, small.state_dict())
+    fresh.load_state_dict(small.state_dict())
+    assert type(fresh.encoder.layers[0].self_attention).__name__ == "HeadPrunedMultiheadAttention"
+    assert _rel(vit(x), fresh(x)) <= TOL
 
 
 # --- importance ------------------------------------------------------------------------------------
@@ -227,7 +235,7 @@ def test_bert_and_gpt2_heads(kind: str) -> None:
     assert [r.kept for r in res.rows] == [2, 2]
     small = compact(model, ids)
     assert _rel(model(ids).logits, small(ids).logits) <= TOL
-    assert small.config.num_attention_heads == 2 and model.config.num_attention_heads == 4
+    assert small.config.num_attention_heads == 4  # the head size derives from hidden_size / num_attention_heads
     attn = small.bert.encoder.layer[1].attention.self if kind == "bert" else small.transformer.h[1].attn
     if kind == "bert":
         assert (attn.num_attention_heads, attn.attention_head_size, attn.all_head_size) == (2, 4, 8)
@@ -293,15 +301,34 @@ def test_channels_and_heads_pruned_together_compact_in_one_pass() -> None:
     assert small.classifier.in_features == 8 and before - _params(small) == heads + mlp + pooler
 
 
-def test_unequal_heads_per_layer_leave_the_config_with_a_warning() -> None:
-    model = _hf("gpt2").double().eval()
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "llama"])
+def test_unequal_heads_per_layer_and_fit_to_rebuilds_them_from_the_shapes(kind: str) -> None:
+    from hookscope.analysis.prune import fit_to
+
+    model = _hf(kind).double().eval()
     ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(4))
-    prune_heads(model, ids, heads={"transformer.h.0.attn": [1], "transformer.h.1.attn": [0, 2]})
-    with pytest.warns(UserWarning, match=r"config keeps num_attention_heads=4: its layers now keep \[2, 3\]"):
+    names = {"gpt2": "transformer.h.{}.attn", "bert": "bert.encoder.layer.{}.attention.self",
+             "llama": "model.layers.{}.self_attn"}[kind]
+    heads = {names.format(0): [1], names.format(1): [0, 2]} if kind != "llama" else \
+        {names.format(0): [0, 4], names.format(1): [4, 5, 6, 7]}
+    prune_heads(model, ids, heads=heads)
+    if kind == "llama":  # a config that says the head counts holds one count for all layers
+        with pytest.warns(UserWarning, match=r"config keeps num_attention_heads=8: its layers now keep \[4, 6\]"):
+            small = compact(model, ids)
+    else:
         small = compact(model, ids)
-    assert small.config.num_attention_heads == 4
-    assert [small.transformer.h[i].attn.num_heads for i in (0, 1)] == [3, 2]
+    assert small.config.num_attention_heads == model.config.num_attention_heads
     assert _rel(model(ids).logits, small(ids).logits) <= TOL
+    state = small.state_dict()
+    fresh = type(model)(copy.deepcopy(model.config)).double().eval()  # the architecture as built
+    if kind == "llama":
+        with pytest.warns(UserWarning, match="config keeps"):
+            fit_to(fresh, state)
+    else:
+        proj = ".c_attn" if kind == "gpt2" else ".query"
+        assert names.format(0) + proj in fit_to(fresh, state)
+    fresh.load_state_dict(state)
+    assert _rel(model(ids).logits, fresh(ids).logits) <= TOL
 
 
 def test_layers_limits_the_pruning_and_whole_kv_groups_can_be_named() -> None:
@@ -309,7 +336,7 @@ def test_layers_limits_the_pruning_and_whole_kv_groups_can_be_named() -> None:
     ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(5))
     res = prune_heads(model, ids, heads={"model.layers.1.self_attn": [4, 5, 6, 7]}, layers="model.layers.1.*")
     assert [r.layer for r in res.rows] == ["model.layers.1.self_attn"] and res.rows[0].removed == (4, 5, 6, 7)
-    with pytest.warns(UserWarning, match="config keeps"):
+    with pytest.warns(UserWarning, match="config keeps"):  # layer 0 keeps 8 heads, layer 1 four
         small = compact(model, ids)
     a0, a1 = small.model.layers[0].self_attn, small.model.layers[1].self_attn
     assert (a0.k_proj.out_features, a1.k_proj.out_features, a1.q_proj.out_features) == (8, 4, 16)

@@ -25,7 +25,7 @@ from ...selection import named_modules
 from ._graph import ChannelGroups, Group, GroupMember
 from ._heads_layouts import HeadLayout, config_heads, fix_layout, heads_of, read_layout
 
-__all__ = ["HeadGroup", "layouts", "head_groups_of", "with_heads", "kept_heads", "check_heads", "fix_heads"]
+__all__ = ["HeadGroup", "layouts", "head_groups_of", "with_heads", "kept_heads", "check_heads", "fix_heads", "write_configs"]
 
 
 @dataclass
@@ -154,8 +154,7 @@ def _kv_alive(groups: ChannelGroups, drop: Mapping[int, Sequence[int]], lay: Hea
 
 def fix_heads(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> list[str]:
     """After slicing: set the head counts each attention layer reads, then those of its Hugging Face
-    config when every layer sharing it keeps the same counts (a config holds one count for all layers;
-    otherwise it is left as it was, with a warning). Returns the layers changed.
+    config (see :func:`write_configs`). Returns the layers changed.
 
     Example:
         >>> net = nn.TransformerEncoderLayer(8, 2)
@@ -164,21 +163,36 @@ def fix_heads(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
     """
     mods = dict(named_modules(model))
     kept = kept_heads(groups, drop)
-    configs: dict[int, tuple[Any, HeadLayout, set[tuple[int, int]]]] = {}
-    for lay in (g.layout for g in groups.groups if isinstance(g, HeadGroup) and g.layout is not None):
+    counts: list[tuple[nn.Module, HeadLayout, tuple[int, int]]] = []
+    for lay in dict.fromkeys(g.layout for g in groups.groups if isinstance(g, HeadGroup) and g.layout is not None):
         m = mods[lay.module]
         heads = kept[lay.module][1] if lay.module in kept else list(range(lay.heads))
         if lay.module in kept:
             fix_layout(m, lay, heads)
+        counts.append((m, lay, heads_of(lay, heads)))
+    if kept:
+        write_configs(counts)
+    return list(kept)
+
+
+def write_configs(counts: Sequence[tuple[nn.Module, HeadLayout, tuple[int, int]]]) -> None:
+    """Write the head counts into the Hugging Face config the layers share, when every layer sharing it
+    keeps the same counts (a config holds one count for all layers) and the config can say them
+    (``config_heads``); layers left with different counts leave it as it was, with a warning.
+
+    Example:
+        >>> write_configs([])
+    """
+    configs: dict[int, tuple[Any, HeadLayout, set[tuple[int, int]]]] = {}
+    for m, lay, hk in counts:
         cfg = getattr(m, "config", None)
         if cfg is not None and lay.kind != "mha":
-            configs.setdefault(id(cfg), (cfg, lay, set()))[2].add(heads_of(lay, heads))
-    for cfg, lay, counts in configs.values():
-        if len(counts) == 1:
-            config_heads(lay, cfg, *next(iter(counts)))
-        elif kept:
+            configs.setdefault(id(cfg), (cfg, lay, set()))[2].add(hk)
+    for cfg, lay, seen in configs.values():
+        if len(seen) == 1:
+            config_heads(lay, cfg, *next(iter(seen)))
+        elif lay.kind == "llama":
             warnings.warn(f"the model's config keeps num_attention_heads={getattr(cfg, 'num_attention_heads', '?')}: "
-                          f"its layers now keep {sorted(h for h, _ in counts)} heads, and a config holds one count "
+                          f"its layers now keep {sorted(h for h, _ in seen)} heads, and a config holds one count "
                           "for all layers (save_pretrained / from_pretrained need the same count everywhere)",
                           stacklevel=3)
-    return list(kept)

@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
-__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "fix_layout", "heads_of"]
+__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "fix_layout", "heads_of", "config_heads", "refit_heads"]
 
 
 @dataclass(frozen=True)
@@ -225,11 +226,7 @@ def _fix_gpt2(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
 
 
 def _fix_llama(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
-    h, kv = heads_of(lay, kept)
-    setattr(m, "num_key_value_groups", h // kv)
-    for name, value in (("num_heads", h), ("num_attention_heads", h), ("num_key_value_heads", kv)):
-        if hasattr(m, name):
-            setattr(m, name, value)
+    _fix_llama_counts(m, *heads_of(lay, kept))
 
 
 def _fix_timm(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
@@ -253,10 +250,78 @@ def fix_layout(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
     FIXERS[lay.kind](m, lay, kept)
 
 
-def config_heads(lay: HeadLayout, cfg: Any, heads: int, kv_heads: int) -> None:
-    """Write the head counts into a Hugging Face config (every layer keeps ``heads``): LLaMA-style
-    configs also get ``head_dim`` explicitly (it would otherwise be derived as hidden / heads)."""
+def config_heads(lay: HeadLayout, cfg: Any, heads: int, kv_heads: int) -> bool:
+    """Write the head counts into a Hugging Face config (every layer keeps ``heads``) where it can say
+    them: LLaMA-style configs, with ``head_dim`` explicitly (it would otherwise be derived as hidden /
+    heads). BERT and GPT-2 derive the head size from ``hidden_size / num_attention_heads``: their config
+    keeps the count the head size comes from (``fit_to`` rebuilds the heads from the tensors' shapes).
+    Returns whether the config was changed."""
+    if lay.kind != "llama":
+        return False
     setattr(cfg, "num_attention_heads", heads)
-    if lay.kind == "llama":
-        setattr(cfg, "num_key_value_heads", kv_heads)
-        setattr(cfg, "head_dim", lay.head_dim)
+    setattr(cfg, "num_key_value_heads", kv_heads)
+    setattr(cfg, "head_dim", lay.head_dim)
+    return True
+
+
+def _rows(t: torch.Tensor | None, dim: int = 0) -> int:
+    return int(t.shape[dim]) if isinstance(t, torch.Tensor) else 0
+
+
+def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
+    """(kind, query heads, key/value heads, head_dim) an attention module's tensors hold now."""
+    if isinstance(m, nn.MultiheadAttention):
+        fused = m.in_proj_weight is not None
+        h = _rows(m.in_proj_weight if fused else m.q_proj_weight) // (3 if fused else 1) // m.head_dim
+        return "mha", h, h, m.head_dim
+    kids = dict(m.named_children())
+    d = getattr(m, "attention_head_size", getattr(m, "head_dim", None))
+    if not isinstance(d, int) or d < 1:
+        return None
+    if "query" in kids and isinstance(getattr(m, "attention_head_size", None), int):
+        h = _rows(getattr(kids["query"], "weight", None)) // d
+        return "bert", h, h, d
+    if type(kids.get("c_attn")).__name__ == "Conv1D" and hasattr(m, "split_size"):
+        h = _rows(getattr(kids["c_attn"], "weight", None), 1) // 3 // d
+        return "gpt2", h, h, d
+    if "q_proj" in kids and "k_proj" in kids and hasattr(m, "num_key_value_groups"):
+        h, kv = _rows(getattr(kids["q_proj"], "weight", None)) // d, _rows(getattr(kids["k_proj"], "weight", None)) // d
+        return ("llama", h, kv, d) if kv and not h % kv else None
+    if "qkv" in kids and "proj" in kids and hasattr(m, "num_heads"):
+        h = _rows(getattr(kids["qkv"], "weight", None)) // 3 // d
+        return "timm", h, h, d
+    return None
+
+
+def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
+    """Set the head counts of attention module ``m`` from the shapes its tensors have now (after
+    :func:`~._resize.fit_to` gave them a compacted file's shapes). Returns its layout as it was built,
+    with the counts it reads now, or ``None`` when it is no attention hookscope follows.
+
+    Example:
+        >>> mha = nn.MultiheadAttention(8, 4)
+        >>> mha.in_proj_weight = nn.Parameter(mha.in_proj_weight[:12].detach())
+        >>> lay, h, kv = refit_heads(mha); (lay.heads, h, mha.num_heads, mha.head_dim)
+        (4, 2, 2, 2)
+    """
+    found = _counts(m)
+    if found is None:
+        return None
+    kind, h, kv, d = found
+    if h < 1:
+        return None
+    before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads"}
+    was = int(getattr(m, before[kind], h)) if kind in before else h
+    lay = HeadLayout("", kind, was, kv if kind == "llama" else was, d, (), None)
+    if kind == "llama":
+        _fix_llama_counts(m, h, kv)
+    elif h != was:
+        FIXERS[kind](m, lay, list(range(h)))
+    return lay, h, kv
+
+
+def _fix_llama_counts(m: nn.Module, h: int, kv: int) -> None:
+    setattr(m, "num_key_value_groups", h // kv)
+    for name, value in (("num_heads", h), ("num_attention_heads", h), ("num_key_value_heads", kv)):
+        if hasattr(m, name):
+            setattr(m, name, value)
