@@ -403,3 +403,11 @@ def test_cli_heads_on_a_model_without_attention_says_so(capsys) -> None:
     code = main(["prune", "demo", "--heads", "0.5", "--repeats", "1"])
     err = capsys.readouterr().err
     assert code != 0 and "no attention layer of DemoNet" in err and "Traceback" not in err
+
+
+def test_a_wrapped_model_is_named_as_the_users_own() -> None:
+    torch.manual_seed(10)
+    net = _Wrap(True).double().eval()
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    res = prune_heads(nn.DataParallel(net), x, heads={"mha": [2]})
+    assert res.rows[0].layer == "mha" and compact(nn.DataParallel(net), x).mha.num_heads == 3

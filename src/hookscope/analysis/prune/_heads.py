@@ -180,10 +180,8 @@ def _as_drop(lay: HeadLayout, groups: list[Group], heads: list[int]) -> dict[int
     whole = [j for j in range(lay.kv_heads) if all(h in heads for h in range(j * g, (j + 1) * g))]
     rest = [h for h in heads if h // g not in whole]
     drop = {groups[0].index: whole} if whole else {}
-    if rest:
-        if g == 1:
-            raise AssertionError("unreachable: every head is its own group")
-        drop[groups[1].index] = rest
+    if rest:  # query heads within groups (grouped-query attention: the layer's second group)
+        drop[groups[-1].index] = rest
     return drop
 
 

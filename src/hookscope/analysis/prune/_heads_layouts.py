@@ -78,15 +78,15 @@ def _name(parent: str, child: str) -> str:
     return f"{parent}.{child}" if parent else child
 
 
-def _qkv(module: str, names: Sequence[str], m: nn.Module, d: int, heads: int,
-         offsets: Sequence[int], per: Sequence[str], dim: int = 0) -> list[Part]:
-    """Producer parts of separate or fused projections (weight along ``dim``, bias along 0)."""
+def _qkv(module: str, names: Sequence[str], m: nn.Module, offsets: Sequence[int], per: Sequence[str],
+         dim: int = 0) -> list[Part]:
+    """Producer parts of the query, key and value projections, separate (three children) or fused (one
+    child named three times, at three offsets): weight rows along ``dim``, bias entries along 0."""
     parts = []
     for child, off, p in zip(names, offsets, per):
-        owner = m if not child else m.get_submodule(child)
         q = _name(module, child)
         parts.append(Part(q, "weight", dim, off, p, "producer"))
-        if getattr(owner, "bias", None) is not None:
+        if getattr(m.get_submodule(child), "bias", None) is not None:
             parts.append(Part(q, "bias", 0, off, p, "producer"))
     return parts
 
@@ -118,7 +118,7 @@ def _bert(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     if not isinstance(mods.get(out), nn.Linear) or mods[out] is m:
         return f"'{q}' has query / key / value but no sibling output.dense reading its heads"
     d, h = int(getattr(m, "attention_head_size")), int(getattr(m, "num_attention_heads"))
-    parts = _qkv(q, ("query", "key", "value"), m, d, h, (0, 0, 0), ("kv",) * 3)
+    parts = _qkv(q, ("query", "key", "value"), m, (0, 0, 0), ("kv",) * 3)
     parts.append(Part(out, "weight", 1, 0, "kv", "follower"))
     return HeadLayout(q, "bert", h, h, d, tuple(parts), out)
 
@@ -131,8 +131,7 @@ def _gpt2(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     if getattr(m, "is_cross_attention", False):
         return f"'{q}' is cross-attention (queries from another stream): its heads are not followed"
     h, d, s = int(getattr(m, "num_heads")), int(getattr(m, "head_dim")), int(getattr(m, "split_size"))
-    parts = _qkv(q, ("c_attn",) * 3, m, d, h, (0, s, 2 * s), ("kv",) * 3, dim=1)
-    parts = [p for p in parts if p.name == "weight"] + [p for p in parts if p.name == "bias"][:3]
+    parts = _qkv(q, ("c_attn",) * 3, m, (0, s, 2 * s), ("kv",) * 3, dim=1)  # Conv1D: weight is (in, out)
     parts.append(Part(_name(q, "c_proj"), "weight", 0, 0, "kv", "follower"))
     return HeadLayout(q, "gpt2", h, h, d, tuple(parts), _name(q, "c_proj"))
 
@@ -148,7 +147,7 @@ def _llama(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | 
     h, kv = qp.out_features // d, kp.out_features // d
     if h % kv or getattr(m, "num_key_value_groups", h // kv) != h // kv:
         return f"'{q}' has {h} query heads and {kv} key/value heads that do not form equal groups"
-    parts = _qkv(q, names[:3], m, d, h, (0, 0, 0), ("q", "kv", "kv"))
+    parts = _qkv(q, names[:3], m, (0, 0, 0), ("q", "kv", "kv"))
     parts.append(Part(_name(q, "o_proj"), "weight", 1, 0, "q", "follower"))
     return HeadLayout(q, "llama", h, kv, d, tuple(parts), _name(q, "o_proj"))
 
@@ -167,8 +166,7 @@ def _timm(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     if not isinstance(kids.get("norm", nn.Identity()), nn.Identity) or kids.get("gate") is not None:
         return f"'{q}' normalises or gates its heads together before the projection: they cannot be removed"
     a = h * d
-    parts = _qkv(q, ("qkv",) * 3, m, d, h, (0, a, 2 * a), ("kv",) * 3)
-    parts = [p for p in parts if p.name == "weight"] + [p for p in parts if p.name == "bias"][:3]
+    parts = _qkv(q, ("qkv",) * 3, m, (0, a, 2 * a), ("kv",) * 3)
     parts.append(Part(_name(q, "proj"), "weight", 1, 0, "kv", "follower"))
     return HeadLayout(q, "timm", h, h, d, tuple(parts), _name(q, "proj"))
 

@@ -57,22 +57,22 @@ class HeadPrunedMultiheadAttention(nn.MultiheadAttention):
         return out, (w if batched else w.squeeze(0))
 
 
-def _project(self: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor,
+def _project(m: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor,
              value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = self.num_heads * self.head_dim
-    if self.in_proj_weight is not None:
-        ws = self.in_proj_weight.split(a)
+    a = m.num_heads * m.head_dim
+    if m.in_proj_weight is not None:
+        ws = m.in_proj_weight.split(a)
     else:
-        ws = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
-    bs = self.in_proj_bias.split(a) if self.in_proj_bias is not None else (None, None, None)
+        ws = (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
+    bs = m.in_proj_bias.split(a) if m.in_proj_bias is not None else (None, None, None)
     return F.linear(query, ws[0], bs[0]), F.linear(key, ws[1], bs[1]), F.linear(value, ws[2], bs[2])
 
 
-def _masks(self: nn.MultiheadAttention, attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, n: int, tgt: int,
+def _masks(m: nn.MultiheadAttention, attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, n: int, tgt: int,
            dtype: torch.dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     mask = _float_mask(attn_mask, dtype)
     if mask is not None and mask.dim() == 3:  # one mask per (sample, original head)
-        mask = mask.view(n, -1, tgt, mask.shape[-1])[:, getattr(self, "kept_heads", list(range(self.num_heads)))]
+        mask = mask.view(n, -1, tgt, mask.shape[-1])[:, getattr(m, "kept_heads", list(range(m.num_heads)))]
     elif mask is not None:
         mask = mask[None, None]
     return mask, _float_mask(key_padding_mask, dtype)
@@ -91,24 +91,23 @@ def attend(m: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, val
         >>> heads.shape, bool((out - mha(x, x, x)[0]).abs().max() < 1e-5)
         (torch.Size([5, 3, 8]), True)
     """
-    self = m
     if query.dim() != 3:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         key_padding_mask = key_padding_mask.unsqueeze(0) if key_padding_mask is not None else None
-    elif self.batch_first:
+    elif m.batch_first:
         query, key, value = (t.transpose(0, 1) for t in (query, key, value))
     tgt, n, _ = query.shape
-    q, k, v = _project(self, query, key, value)
+    q, k, v = _project(m, query, key, value)
     if is_causal and attn_mask is None:
         raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
-    mask, pad = _masks(self, attn_mask, key_padding_mask, n, tgt, q.dtype)
-    if self.bias_k is not None and self.bias_v is not None:
-        k, v = torch.cat([k, self.bias_k.repeat(1, n, 1)]), torch.cat([v, self.bias_v.repeat(1, n, 1)])
+    mask, pad = _masks(m, attn_mask, key_padding_mask, n, tgt, q.dtype)
+    if m.bias_k is not None and m.bias_v is not None:
+        k, v = torch.cat([k, m.bias_k.repeat(1, n, 1)]), torch.cat([v, m.bias_v.repeat(1, n, 1)])
         mask = F.pad(mask, (0, 1)) if mask is not None else None
         pad = F.pad(pad, (0, 1)) if pad is not None else None
-    h, d = self.num_heads, self.head_dim
+    h, d = m.num_heads, m.head_dim
     q, k, v = (t.reshape(t.shape[0], n, h, d).permute(1, 2, 0, 3) for t in (q, k, v))
-    if self.add_zero_attn:
+    if m.add_zero_attn:
         k, v = (torch.cat([t, t.new_zeros(n, h, 1, d)], dim=2) for t in (k, v))
         mask = F.pad(mask, (0, 1)) if mask is not None else None
         pad = F.pad(pad, (0, 1)) if pad is not None else None
@@ -116,5 +115,5 @@ def attend(m: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, val
         mask = pad[:, None, None] if mask is None else mask + pad[:, None, None]
     scores = (q * math.sqrt(1.0 / d)) @ k.transpose(-2, -1)
     weights = torch.softmax(scores + mask if mask is not None else scores, dim=-1)
-    weights = F.dropout(weights, self.dropout, training=self.training)
+    weights = F.dropout(weights, m.dropout, training=m.training)
     return (weights @ v).permute(2, 0, 1, 3).reshape(tgt, n, h * d), weights
