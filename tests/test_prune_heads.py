@@ -198,11 +198,12 @@ def test_a_model_without_attention_is_refused() -> None:
 
 
 # --- timm --------------------------------------------------------------------------------------------
-def test_timm_vit_fused_qkv() -> None:
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_timm_vit_fused_qkv(qk_norm: bool) -> None:
     vt = pytest.importorskip("timm.models.vision_transformer")
     torch.manual_seed(8)
     vit = vt.VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=4, num_classes=5,
-                               mlp_ratio=2.0).double().eval()
+                               mlp_ratio=2.0, qk_norm=qk_norm).double().eval()  # qk_norm: over head_dim
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     prune_heads(vit, x, amount=0.5)
     small = compact(vit, x)
@@ -411,3 +412,26 @@ def test_a_wrapped_model_is_named_as_the_users_own() -> None:
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     res = prune_heads(nn.DataParallel(net), x, heads={"mha": [2]})
     assert res.rows[0].layer == "mha" and compact(nn.DataParallel(net), x).mha.num_heads == 3
+
+
+def test_hugging_face_vit_and_qwen3_follow_their_families() -> None:
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(11)
+    vit = tr.ViTForImageClassification(tr.ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=1,
+                                                    num_attention_heads=4, intermediate_size=32, num_labels=3))
+    vit = vit.double().eval()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    assert prune_heads(vit, x, amount=0.5).rows[0].kind == "llama"  # q_proj ... o_proj, head_dim in its config
+    small = compact(vit, x)
+    assert (small.config.num_attention_heads, small.config.head_dim) == (2, 4)
+    assert _rel(vit(x).logits, small(x).logits) <= TOL
+    if not hasattr(tr, "Qwen3ForCausalLM"):
+        return
+    qwen3 = tr.Qwen3ForCausalLM(tr.Qwen3Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                               max_position_embeddings=32, use_cache=False)).double().eval()
+    ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(7))
+    assert prune_heads(qwen3, ids, amount=0.5).rows[0].kv_heads == 2  # q_norm / k_norm act per head
+    small = compact(qwen3, ids)
+    assert (small.config.num_attention_heads, small.config.num_key_value_heads) == (2, 1)
+    assert _rel(qwen3(ids).logits, small(ids).logits) <= TOL

@@ -4,9 +4,10 @@ and which columns of the output projection belong to each head, and one fixer pe
 head counts the module reads after its tensors were sliced.
 
 Kinds: ``nn.MultiheadAttention`` (fused ``in_proj_weight`` or separate projections, ``out_proj``),
-BERT-style self-attention (``query`` / ``key`` / ``value``, the sibling ``output.dense``: BERT, RoBERTa,
-Hugging Face ViT ...), GPT-2 (fused ``c_attn`` ``Conv1D`` split in three, ``c_proj``), LLaMA-style
-(``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``, grouped-query attention: LLaMA, Qwen2, Mistral ...)
+BERT-style self-attention (``query`` / ``key`` / ``value``, the sibling ``output.dense``: BERT, RoBERTa
+...), GPT-2 (fused ``c_attn`` ``Conv1D`` split in three, ``c_proj``), LLaMA-style
+(``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``, grouped-query attention: LLaMA, Qwen2, Mistral,
+Hugging Face's ViT ...)
 and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any other analysis module,
 ``cli``, ``viz``.
 """
@@ -257,7 +258,8 @@ def config_heads(lay: HeadLayout, cfg: Any, heads: int, kv_heads: int) -> bool:
     if lay.kind != "llama":
         return False
     setattr(cfg, "num_attention_heads", heads)
-    setattr(cfg, "num_key_value_heads", kv_heads)
+    if hasattr(cfg, "num_key_value_heads"):
+        setattr(cfg, "num_key_value_heads", kv_heads)
     setattr(cfg, "head_dim", lay.head_dim)
     return True
 
