@@ -90,8 +90,13 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--importance", metavar="KIND", default=None, help=_IMPORTANCE_HELP)
     p.add_argument("--data", metavar="PATH", default=None, help=_DATA_HELP)
     p.add_argument("--batch", metavar="N", type=int, default=32, help="calibration batch size (default 32)")
+    p.add_argument("--heads", metavar="FRACTION", type=float, default=None,
+                   help="remove this share, in [0, 1), of every attention layer's heads (nn.MultiheadAttention, "
+                        "BERT, GPT-2, LLaMA-style with grouped-query attention, timm), those of the lowest output "
+                        "norm on the example input; alone or with --channels --amount")
     p.add_argument("--compact", action="store_true",
-                   help="with --channels: build the smaller model (channels removed, outputs checked equal to "
+                   help="with --channels or --heads: build the smaller model (channels or heads removed, outputs "
+                        "checked equal to "
                         "the masked model's); --out then writes its weights, which load back into MODEL "
                         "with --weights FILE (hookscope resizes the layers)")
     p.add_argument("--allow-unseen", action="store_true",
@@ -121,7 +126,24 @@ def _pick(value: str, known: tuple[str, ...], option: str) -> str:
     return value
 
 
+def _check_heads(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.heads < 1.0:  # NaN fails too
+        raise HookscopeError(f"--heads {args.heads:g} is not a share of heads in [0, 1); give e.g. --heads 0.5 "
+                             "(every layer keeps a head)")
+    if not args.channels and (args.amount is not None or args.count is not None):
+        raise HookscopeError("--heads alone removes attention heads only; add --channels to prune channels by "
+                             "--amount too, or drop --amount / --count")
+    if not args.channels and (args.importance is not None or args.data is not None):
+        flag = "--importance" if args.importance is not None else "--data"
+        raise HookscopeError(f"{flag} ranks channels; --heads ranks heads by their output norm on the example input; "
+                             f"add --channels or drop {flag}")
+
+
 def _check_amount(args: argparse.Namespace) -> None:
+    if args.heads is not None:
+        _check_heads(args)
+        if not args.channels:
+            return
     if (args.amount is None) == (args.count is None):
         raise HookscopeError("give how much to prune: --amount FRACTION (such as 0.5) or --count N, one of them")
     if args.amount is not None and not 0.0 <= args.amount <= 1.0:  # NaN fails too
@@ -188,7 +210,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.repeats < 1:
         raise HookscopeError(f"--repeats {args.repeats} is not a count; give 1 or more")
     _check_amount(args)
-    (_check_channels if args.channels else _check_weights)(args)
+    (_check_channels if args.channels or args.heads is not None else _check_weights)(args)
     _check_out(args)
 
 
@@ -346,16 +368,38 @@ def _prune_weights(args: argparse.Namespace, model: nn.Module) -> Any:
 
 def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInput,
                     data: _Data | None) -> tuple[Any, nn.Module]:
-    from ..analysis.prune import compact, prune_channels, remove
+    from ..analysis.prune import compact, prune_channels, prune_heads, remove
 
     kind = args.importance or "l2"
-    result = prune_channels(model, given.x, amount=args.amount, importance=kind, kwargs=given.kwargs,
-                            data=None if data is None else data.batches(args.batch),
-                            layers=args.layers, scope=args.scope or "group")
+    results: list[Any] = []
+    if args.channels:
+        results.append(prune_channels(model, given.x, amount=args.amount, importance=kind, kwargs=given.kwargs,
+                                      data=None if data is None else data.batches(args.batch),
+                                      layers=args.layers, scope=args.scope or "group"))
+    if args.heads is not None:
+        try:
+            results.append(prune_heads(model, given.x, amount=args.heads, kwargs=given.kwargs,
+                                       layers=None if args.channels else args.layers))
+        except HookscopeError as e:
+            raise HookscopeError(str(e).replace("amount=", "--heads ")) from e
+    result = results[0] if len(results) == 1 else _Both(results)
     if args.compact:
         return result, compact(model, given.x, kwargs=given.kwargs, allow_unseen=args.allow_unseen)
     remove(model)
     return result, model
+
+
+class _Both:
+    """What --channels and --heads masked, shown one after the other."""
+
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
+
+    def table(self) -> str:
+        return "\n\n".join(r.table().rstrip("\n") for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"channels": self.results[0].to_dict(), "heads": self.results[1].to_dict()}
 
 
 def _save(model: nn.Module, path: str, *, compacted: bool) -> int:
@@ -399,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
     data = _data(args, model) if args.channels else None
     given = _example(args, model, data)
     before = copy.deepcopy(_copyable(model))
-    if args.channels:
+    if args.channels or args.heads is not None:
         result, after = _prune_channels(args, model, given, data)
     else:
         result, after = _prune_weights(args, model), model
@@ -419,7 +463,8 @@ def run(args: argparse.Namespace) -> int:
 def _to_json(args: argparse.Namespace, result: Any, comparison: Any) -> str:
     import json
 
-    doc = {"model": args.model, "mode": "channels" if args.channels else "weights", "compact": bool(args.compact),
+    mode = "channels" if args.channels else "heads" if args.heads is not None else "weights"
+    doc = {"model": args.model, "mode": mode, "compact": bool(args.compact),
            "pruned": result.to_dict(), "comparison": comparison.to_dict(), "out": args.out}
     return json.dumps(doc, indent=2, default=str)
 

@@ -19,6 +19,7 @@ from ...selection import named_modules, unwrap
 from ._graph_verify import verify
 from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, prepared, trace_channels
 from ._resize import fix_sizes
+from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
@@ -183,13 +184,15 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     except HookscopeError as e:
         cause = e.__cause__ if e.__cause__ is not None else e
         return None, f"the model's training-mode branches fail on it ({type(cause).__name__}: {first_line(cause, 120)})"
-    groups = assemble(tr, wide)
+    groups = with_heads(assemble(tr, wide), wide, tr.ran)
     if not ran <= tr.ran:
         return None, "its training-mode branches skip layers that eval mode runs"
     if groups.unseen and not allow_unseen:
         return None, "not in its training-mode branches either"
     drop = dropped_channels(wide, groups)
+    check_heads(groups, drop)
     _slice(wide, _plan(groups, drop))
+    fix_heads(wide, groups, drop)
     try:
         verify(inner, wide, inputs, kw, atol, groups, drop)
         verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
@@ -234,8 +237,9 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     if work is inner:
         work = deep_copy(inner)
     tr = trace_channels(work, inputs, kw)
-    groups = assemble(tr, work)
+    groups = with_heads(assemble(tr, work), work, tr.ran)  # attention heads: groups of their own
     drop = dropped_channels(work, groups)
+    check_heads(groups, drop)
     if drop and groups.unseen:
         followed, why = _with_training_branches(inner, work, inputs, kw, atol, tr.ran, allow_unseen)
         if followed is not None:
@@ -243,6 +247,7 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
         if not allow_unseen:
             raise _unseen(groups, why)
     _slice(work, _plan(groups, drop))
+    fix_heads(work, groups, drop)
     verify(inner, work, inputs, kw, atol, groups, drop)
     return _flags_of(inner, work)
 

@@ -19,11 +19,13 @@ from torch import nn
 
 from ...core.text import shape_text
 from ...errors import HookscopeError
+from ._heads_groups import write_configs
+from ._heads_layouts import refit_heads
 
 __all__ = ["RESIZABLE", "fit_to", "fix_sizes", "is_compacted", "marked_compacted", "shrinks"]
 
 RESIZABLE: tuple[type[nn.Module], ...] = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._NormBase,
-                                          nn.LayerNorm, nn.Embedding, nn.PReLU)
+                                          nn.LayerNorm, nn.Embedding, nn.PReLU, nn.MultiheadAttention)
 """The layer types whose size attributes :func:`fit_to` knows how to fix."""
 
 _MARK = "hookscope"  # in the root module's entry of the state_dict's ``_metadata``, which torch.save keeps
@@ -89,7 +91,7 @@ def _why_not(q: str, m: nn.Module, key: str, old: torch.Tensor, new: torch.Tenso
     what = f"{key} (file {shape_text(b)}, model {shape_text(a)})"
     if len(a) != len(b) or any(y > x for x, y in zip(a, b)):
         return f"{what} is not a smaller copy of the model's tensor; only shrunk dims are fitted"
-    if not isinstance(m, RESIZABLE):
+    if not isinstance(m, RESIZABLE) and type(m).__name__ != "Conv1D":  # transformers' GPT-2 layer
         return (f"{what}: {q or 'the model'} is a {type(m).__name__}, whose sizes hookscope cannot fix (it fits "
                 "Conv, Linear, BatchNorm, LayerNorm and Embedding layers)")
     if isinstance(m, nn.Embedding) and b[0] != a[0]:
@@ -181,6 +183,17 @@ def _swap(store: dict[str, Any], old: torch.Tensor, new: torch.Tensor) -> None:
             store[k] = new
 
 
+def _refit_attention(model: nn.Module, resized: set[int]) -> None:
+    """The head counts of every attention layer whose projections were resized (heads removed)."""
+    counts = []
+    for m in model.modules():
+        if any(id(c) in resized for c in (m, *m.children())):
+            found = refit_heads(m)
+            if found is not None:
+                counts.append((m, found[0], (found[1], found[2])))
+    write_configs(counts)
+
+
 def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:
     """Resize every layer whose tensors in ``state_dict`` are smaller along some dims (a compacted
     model's file, see :func:`hookscope.compact`): new uninitialised tensors of the file's shapes (dtype,
@@ -224,5 +237,6 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
                 _swap(owner._buffers, old, new)
     for _, m, _ in plan.values():
         fix_sizes(m)
+    _refit_attention(model, {id(m) for _, m, _ in plan.values()})
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return [q for q, m, _ in sorted(plan.values(), key=lambda item: order.get(id(item[1]), 0))]
