@@ -31,6 +31,8 @@ from .analysis.prune import (
     ModelComparison,
     ChannelGroups,
     ChannelImportance,
+    HeadPruning,
+    HeadRow,
     Sparsity,
     channel_groups,
     channel_importance,
@@ -38,6 +40,7 @@ from .analysis.prune import (
     compare_models,
     prune,
     prune_channels,
+    prune_heads,
     sparsity,
 )
 from .analysis.prune import remove as remove_masks
@@ -88,7 +91,7 @@ __all__ = [
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
-    "prune_channels", "ChannelPruning", "compact", "compare_models", "ModelComparison",
+    "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "compact", "compare_models", "ModelComparison",
     # extract at scale
     "extract", "open_store", "Store", "LayerArray",
     # load models and weights as the command line does

@@ -119,6 +119,7 @@ def _trace(job: Job) -> _Trace:
     try:
         for m in names:
             if isinstance(m, LINEARS + BATCH_NORMS):
+                # own hook: the order layers run in, to find which batch norm follows which layer
                 group.add(m.register_forward_hook(hook))
         with torch.no_grad():
             run(job, job.x, torch.arange(job.batch, device=job.x.device), None)
@@ -187,8 +188,10 @@ def _rules_on(chosen: Chosen, merged: Merged, mods: dict[str, nn.Module]) -> Ite
     try:
         for name, (m, rule) in chosen.items():
             params = merged[name][1] if name in merged else None
+            # own hook: the layer's output swapped for a function whose backward is the LRP rule
             group.add(m.register_forward_hook(_ruled_hook(name, m, rule, params)))
         for bn, _ in merged.values():
+            # own hook: a merged batch norm hands its input on (its layer's rule already counts it)
             group.add(mods[bn].register_forward_hook(_handed_on))
         yield
     finally:
