@@ -25,10 +25,11 @@ from ._graph import ChannelGroups, Group
 from ._heads_groups import HeadGroup, check_heads, head_groups_of, layouts
 from ._heads_layouts import HeadLayout
 from ._heads_score import head_scores
+from ._importance_run import Loss
 
 __all__ = ["HEAD_IMPORTANCE", "HeadRow", "HeadPruning", "prune_heads"]
 
-HEAD_IMPORTANCE = ("output", "l2")
+HEAD_IMPORTANCE = ("output", "l2", "taylor", "entropy")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,10 @@ class HeadPruning(Result):
                 "drop": {str(k): v for k, v in self.drop.items()}}
 
 
-def _check(amount: object, heads: object, importance: object) -> float | None:
+def _check(amount: object, heads: object, importance: object, loss: object = None) -> float | None:
+    if loss is not None and (importance != "taylor" or not callable(loss)):
+        raise HookscopeError(f"loss= is read by importance='taylor' only, as a callable (output, batch) -> loss; "
+                             f"drop it or pass importance='taylor' and a function, not {type(loss).__name__}")
     if (amount is None) == (heads is None):
         raise HookscopeError("pass either amount= (a share of every layer's heads) or heads= ({layer: [head "
                              "indices]}), not both or neither")
@@ -188,7 +192,8 @@ def _as_drop(lay: HeadLayout, groups: list[Group], heads: list[int]) -> dict[int
 def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
                 heads: Mapping[str, Sequence[int]] | None = None, importance: str = "output", data: Any = None,
                 layers: Selector | list[Selector] | None = None, kwargs: Mapping[str, Any] | None = None,
-                device: torch.device | str | None = None, max_batches: int | None = None) -> HeadPruning:
+                device: torch.device | str | None = None, max_batches: int | None = None,
+                loss: Loss | None = None) -> HeadPruning:
     """Mask whole attention heads, ready for :func:`compact`: a head's query, key and value rows and
     the output projection's columns that read it.
 
@@ -197,7 +202,12 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
     ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live heads,
     the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
     attention output before the output projection, measured on ``data`` (or on ``inputs`` when no
-    data is given); ``"l2"`` the norm of the head's weights. Under grouped-query attention whole
+    data is given); ``"l2"`` the norm of the head's weights; ``"taylor"`` the first-order Taylor
+    importance of Michel et al. (2019), per sample ``|sum over positions and head channels of
+    z * dL/dz|`` for the head's slice ``z`` of that output, averaged over samples (the loss:
+    ``loss(output, batch)``, else the model's own ``.loss``, else cross entropy against the batch's
+    labels); ``"entropy"`` the mean entropy of the head's attention probabilities, where the
+    highest-entropy (most diffuse) heads go first. Under grouped-query attention whole
     key/value groups go (their scores summed) when the count allows, else the same number of query
     heads in every group; anything else is refused, as the models' ``repeat_kv`` needs equal groups.
     Every layer loses the same share, so a Hugging Face config keeps one head count for all layers.
@@ -207,12 +217,13 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         *inputs: an example input (the calibration batch when ``data`` is None).
         amount: the share of every layer's live heads to mask, in [0, 1).
         heads: instead of ``amount``: ``{attention layer: [query head indices]}``.
-        importance: ``"output"`` or ``"l2"``.
+        importance: ``"output"``, ``"l2"``, ``"taylor"`` or ``"entropy"``.
         data: calibration batches (a tensor, ``(inputs, labels)``, a dict of keyword inputs, or a list
             or DataLoader of them).
         layers: a selector or a list of them: only these attention layers.
         kwargs: keyword inputs of the model for ``inputs``.
         device: where calibration batches go. max_batches: stop calibrating after this many.
+        loss: for ``"taylor"``: ``(output, batch) -> loss`` (a scalar, or per-sample losses, summed).
 
     Returns:
         A :class:`HeadPruning`; ``compact(model, *inputs)`` then makes the model smaller.
@@ -226,7 +237,7 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         >>> small = compact(net, x); small.self_attn.num_heads, small.self_attn.in_proj_weight.shape
         (2, torch.Size([12, 8]))
     """
-    share = _check(amount, heads, importance)
+    share = _check(amount, heads, importance, loss)
     inner, _ = unwrap(model)
     sel = None if layers is None else layers if isinstance(layers, list) else [layers]
     lays = _chosen(inner, sel)
@@ -238,14 +249,15 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         groups += per_layer[lay.module]
     gs = ChannelGroups(groups, [])
     dead = _dead(lays, gs, dropped_channels(inner, gs))
-    scores = head_scores(inner, lays, importance, inputs, dict(kwargs or {}), data, device, max_batches)
+    scores = head_scores(inner, lays, importance, inputs, dict(kwargs or {}), data, device, max_batches, loss)
+    order = {q: -s if importance == "entropy" else s for q, s in scores.items()}  # low = masked first
     drop: dict[int, list[int]] = {}
     for lay in lays:
         if named is not None:
             chosen = [h for h in named.get(lay.module, []) if h not in dead[lay.module]]
         else:
             live = lay.heads - len(dead[lay.module])
-            per, picks = _pick(lay, scores[lay.module], dead[lay.module], math.floor((share or 0.0) * live), share or 0.0)
+            per, picks = _pick(lay, order[lay.module], dead[lay.module], math.floor((share or 0.0) * live), share or 0.0)
             g = lay.group if per == "kv" else 1
             chosen = sorted(h for c in picks for h in range(c * g, (c + 1) * g))
         drop.update(_as_drop(lay, per_layer[lay.module], sorted(set(chosen) | dead[lay.module])))

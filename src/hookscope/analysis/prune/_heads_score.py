@@ -1,7 +1,8 @@
 """Per-head scores: the mean L2 norm of each head's slice of the attention output before the output
 projection (read by a forward pre-hook on that projection, or recomputed from the inputs of an
 ``nn.MultiheadAttention``, whose ``out_proj`` is never called as a module), over calibration batches;
-or the norm of each head's weights. Must not import: any other analysis module, ``cli``, ``viz``.
+or the norm of each head's weights; ``"taylor"`` and ``"entropy"`` are measured by
+``_heads_score_taylor`` and ``_heads_score_entropy``. Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..._tree import first_tensor
 from ...core.inputs import private
 from ...core.state import restored
 from ...errors import HookscopeError
@@ -21,7 +23,9 @@ from ...selection import named_modules
 from .._targets import call_model
 from ._heads_layouts import HeadLayout
 from ._heads_mha import attend
-from ._importance_run import batches_of, split_batch
+from ._heads_score_entropy import entropy_scores
+from ._heads_score_taylor import taylor_scores
+from ._importance_run import Batch, Loss, batches_of, split_batch
 
 __all__ = ["head_scores"]
 
@@ -97,11 +101,21 @@ def _calibrate(model: nn.Module, lays: list[HeadLayout], batches: Iterable[tuple
     return {q: s.scores() for q, s in sums.items()}
 
 
+def _example(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Batch:
+    """The example input as the one calibration batch (``loss(output, batch)`` gets the input itself, or
+    the keyword inputs when there is no positional one); its labels are ``kwargs["labels"]``."""
+    raw = (inputs[0] if len(inputs) == 1 else tuple(inputs)) if inputs else dict(kwargs)
+    first = first_tensor((inputs, kwargs))
+    size = int(first.shape[0]) if first is not None and first.ndim else 1
+    return Batch(tuple(inputs), dict(kwargs), kwargs.get("labels"), size, raw)
+
+
 def head_scores(model: nn.Module, lays: list[HeadLayout], importance: str, inputs: tuple[Any, ...],
                 kwargs: dict[str, Any], data: Any, device: torch.device | str | None,
-                max_batches: int | None) -> dict[str, torch.Tensor]:
-    """Every layer's per-head scores (float64, on the CPU): ``"l2"`` from the weights, ``"output"``
-    measured on ``data`` or, without data, on ``inputs`` (with ``kwargs``).
+                max_batches: int | None, loss: Loss | None = None) -> dict[str, torch.Tensor]:
+    """Every layer's per-head scores (float64, on the CPU): ``"l2"`` from the weights; ``"output"``,
+    ``"taylor"`` (with ``loss``) and ``"entropy"`` measured on ``data`` or, without data, on ``inputs``
+    (with ``kwargs``).
 
     Example:
         >>> from hookscope.analysis.prune._heads_groups import layouts
@@ -114,8 +128,13 @@ def head_scores(model: nn.Module, lays: list[HeadLayout], importance: str, input
         return {lay.module: _weights(model, lay) for lay in lays}
     if data is None:
         if not inputs and not kwargs:
-            raise HookscopeError("importance='output' runs the model: pass an example input, data=, or use "
+            raise HookscopeError(f"importance={importance!r} runs the model: pass an example input, data=, or use "
                                  "importance='l2'")
-        return _calibrate(model, lays, [(tuple(inputs), dict(kwargs))], device)
-    split = ((b.args, b.kwargs) for b in (split_batch(raw, i) for i, raw in enumerate(batches_of(data))))
-    return _calibrate(model, lays, itertools.islice(split, max_batches), device)
+        batches: Iterable[Batch] = [_example(inputs, kwargs)]
+    else:
+        batches = itertools.islice((split_batch(b, i) for i, b in enumerate(batches_of(data))), max_batches)
+    if importance == "taylor":
+        return taylor_scores(model, lays, batches, loss, device)
+    if importance == "entropy":
+        return entropy_scores(model, lays, batches, device)
+    return _calibrate(model, lays, ((b.args, b.kwargs) for b in batches), device)

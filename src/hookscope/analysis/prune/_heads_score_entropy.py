@@ -1,0 +1,142 @@
+"""Mean attention entropy of every head, ``-sum_k p_k log p_k`` in nats over the keys of each query
+row, averaged over samples and query positions (padded query rows included; a row with no key to
+attend to is left out). The probabilities come from where the layer computes them: the inputs of its
+``scaled_dot_product_attention`` call (computed here as the math kernel would, so fused kernels
+need no eager attention), the output of the first ``softmax`` its own forward runs (eager
+attention), or, for ``nn.MultiheadAttention``, its inputs. Per-head sums on the device, nothing
+per token kept. Must not import: any other analysis module, ``cli``, ``viz``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...core.hooks import HookGroup
+from ...core.ops import OpSite
+from ...core.state import restored
+from ...errors import HookscopeError
+from ...selection import named_modules
+from .._targets import call_model
+from ._heads_layouts import HeadLayout
+from ._heads_mha import attend
+from ._importance_kinds import accumulator_dtype
+from ._importance_run import Batch, _to
+
+__all__ = ["entropy_scores", "probabilities"]
+
+_SDPA = "scaled_dot_product_attention"
+_MHA_ARGS = ("query", "key", "value", "key_padding_mask", "attn_mask", "is_causal")
+
+
+def probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
+                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """The probabilities ``scaled_dot_product_attention`` weighs ``value`` with (dropout left out),
+    ``... x heads x queries x keys``; key heads shared by groups of query heads are repeated.
+
+    Example:
+        >>> q = torch.randn(1, 2, 3, 4)
+        >>> p = probabilities(q, q, is_causal=True)
+        >>> float(p[0, 0, 0, 1]), bool(torch.allclose(p.sum(-1), torch.ones(1, 2, 3)))
+        (0.0, True)
+    """
+    hq, hk = (query.size(-3), key.size(-3)) if query.dim() > 2 else (1, 1)
+    if hq != hk and hk and hq % hk == 0:
+        key = key.repeat_interleave(hq // hk, dim=-3)
+    logits = (query @ key.transpose(-2, -1)) * (1 / math.sqrt(query.size(-1)) if scale is None else scale)
+    if is_causal:
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        logits = logits.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
+    return torch.softmax(logits, dim=-1)
+
+
+class _Entropy:
+    """One source of one layer's probabilities: per-head sums of the row entropies and row counts."""
+
+    def __init__(self, lay: HeadLayout, source: str) -> None:
+        self.lay, self.source, self.total, self.rows = lay, source, torch.zeros(0), torch.zeros(0)
+
+    def add(self, p: torch.Tensor) -> None:
+        if p.dim() != 4 or p.shape[1] != self.lay.heads:
+            raise HookscopeError(
+                f"'{self.lay.module}' gives attention probabilities of shape {tuple(p.shape)} from its "
+                f"{self.source}, not batch x {self.lay.heads} heads x queries x keys, so its heads' entropy "
+                "cannot be read; use importance='taylor' or 'output', or leave it out with layers=")
+        ent = -torch.special.xlogy(p, p).sum(-1, dtype=accumulator_dtype(p.device))  # batch x heads x queries
+        ok = ~ent.isnan()
+        total, rows = ent.nan_to_num(0.0).sum((0, 2)), ok.sum((0, 2), dtype=ent.dtype)
+        self.total = total if self.total.numel() == 0 else self.total + total
+        self.rows = rows if self.rows.numel() == 0 else self.rows + rows
+
+
+def _sdpa(acc: _Entropy) -> Callable[[nn.Module, Any, Any], None]:
+    def hook(site: nn.Module, args: Any, kwargs: Any) -> None:
+        acc.add(probabilities(*args, **kwargs))
+    return hook
+
+
+def _softmax(acc: _Entropy) -> Callable[[nn.Module, Any, Any], None]:
+    def hook(site: nn.Module, args: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            acc.add(out.detach())
+    return hook
+
+
+def _mha(acc: _Entropy) -> Callable[[nn.Module, Any, Any, Any], None]:
+    def hook(module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
+        assert isinstance(module, nn.MultiheadAttention)
+        bound = inspect.signature(nn.MultiheadAttention.forward).bind(module, *args, **kwargs).arguments
+        acc.add(attend(module, **{k: v for k, v in bound.items() if k in _MHA_ARGS})[1])
+    return hook
+
+
+def _hooks(mods: dict[str, nn.Module], lay: HeadLayout, group: HookGroup) -> list[_Entropy]:
+    """The layer's sources, most direct first: its own inputs (MHA), its attention kernel, its softmax."""
+    m = mods[lay.module]
+    if lay.out is None:
+        acc = _Entropy(lay, "inputs")
+        group.add(m.register_forward_hook(_mha(acc), with_kwargs=True))
+        return [acc]
+    sdpa, soft = _Entropy(lay, _SDPA), _Entropy(lay, "softmax")
+    group.add(OpSite(m, lay.module, _SDPA).register_forward_pre_hook(_sdpa(sdpa), with_kwargs=True))
+    group.add(OpSite(m, lay.module, "softmax").register_forward_hook(_softmax(soft)))
+    return [sdpa, soft]
+
+
+def _scores(lay: HeadLayout, sources: list[_Entropy]) -> torch.Tensor:
+    for acc in sources:
+        if acc.rows.numel() and bool((acc.rows > 0).all()):
+            return (acc.total / acc.rows).cpu()
+    raise HookscopeError(f"'{lay.module}' ran no scaled_dot_product_attention or softmax in its own forward on "
+                         "the calibration data (a fused kernel of its own?), so its heads' attention cannot be "
+                         "read; use importance='taylor' or 'output', or leave it out with layers=")
+
+
+def entropy_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Batch],
+                   device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    """Every layer's mean attention entropy per head (nats, float64, on the CPU), one pass over ``batches``.
+
+    Example:
+        >>> from hookscope.analysis.prune._heads_groups import layouts
+        >>> from hookscope.analysis.prune._importance_run import split_batch
+        >>> net = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+        >>> s = entropy_scores(net, layouts(net), [split_batch(torch.randn(3, 4, 8), 0)], None)
+        >>> bool(((s["self_attn"] > 0) & (s["self_attn"] <= math.log(4) + 1e-9)).all())
+        True
+    """
+    mods = dict(named_modules(model))
+    where = torch.device(device) if device is not None else None
+    with HookGroup() as group, restored(model, train=False, buffers=True), torch.no_grad():
+        sources = {lay.module: _hooks(mods, lay, group) for lay in lays}
+        for batch in batches:
+            b = _to(batch, where)
+            call_model(model, b.args, b.kwargs)
+    return {lay.module: _scores(lay, sources[lay.module]) for lay in lays}
