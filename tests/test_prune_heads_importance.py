@@ -133,7 +133,7 @@ def _entropy(p: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("eager", [False, True])  # the kernel's inputs (sdpa), the softmax's output (eager)
-@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])  # llama: 8 query heads on 2 key/value heads
 def test_entropy_equals_that_of_eager_output_attentions(kind: str, eager: bool) -> None:
     model = _hf(kind, eager)
     ref = copy.deepcopy(model)
@@ -161,6 +161,23 @@ def test_entropy_of_multihead_attention_and_the_most_diffuse_heads_go_first() ->
     res = prune_heads(layer, x, amount=0.5, importance="entropy")
     assert float((_scores(res)["self_attn"] - want).abs().max()) <= 1e-6
     assert res.rows[0].removed == tuple(sorted(want.argsort(descending=True)[:2].tolist()))
+
+
+def test_entropy_of_timm_attention_from_its_kernel_and_from_its_softmax_agree() -> None:
+    vt = pytest.importorskip("timm.models.vision_transformer")
+    torch.manual_seed(8)
+    vit = vt.VisionTransformer(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=4, num_classes=3,
+                               mlp_ratio=2.0).eval()
+    for p in vit.parameters():
+        p.data.mul_(4)  # attention far from uniform
+    x = torch.randn(2, 3, 16, 16)
+    fused = _scores(prune_heads(vit, x, amount=0.0, importance="entropy"))
+    for b in vit.blocks:
+        b.attn.fused_attn = False  # the same attention written out: q @ k^T, softmax
+    eager = _scores(prune_heads(vit, x, amount=0.0, importance="entropy"))
+    assert list(fused) == ["blocks.0.attn", "blocks.1.attn"]
+    for q in fused:
+        assert float((fused[q] - eager[q]).abs().max()) <= 1e-6 and float(fused[q].max() - fused[q].min()) > 0.05
 
 
 # --- streaming, the model as it was -----------------------------------------------------------------
