@@ -132,10 +132,14 @@ def _entropy(p: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(p.double(), p.double()).sum(-1).mean((0, 2))
 
 
-@pytest.mark.parametrize("eager", [False, True])  # the kernel's inputs (sdpa), the softmax's output (eager)
+@pytest.mark.parametrize("eager", [False, True, "rows"])  # the kernel's inputs (sdpa; "rows": one query
+# row at a time), the softmax's output (eager)
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])  # llama: 8 query heads on 2 key/value heads
-def test_entropy_equals_that_of_eager_output_attentions(kind: str, eager: bool) -> None:
-    model = _hf(kind, eager)
+def test_entropy_equals_that_of_eager_output_attentions(kind: str, eager: bool | str, monkeypatch) -> None:
+    if eager == "rows":
+        import hookscope.analysis.prune._heads_score_entropy as ent
+        monkeypatch.setattr(ent, "_ROWS_BUDGET", 1)
+    model = _hf(kind, eager is True)
     ref = copy.deepcopy(model)
     ref.set_attn_implementation("eager")
     ids = torch.randint(0, 50, (3, 7), generator=torch.Generator().manual_seed(4))
@@ -148,7 +152,7 @@ def test_entropy_equals_that_of_eager_output_attentions(kind: str, eager: bool) 
     assert len(got) == 2 and all(float(s.max() - s.min()) > 0.05 for s in got.values())  # heads told apart
     for (name, s), a in zip(got.items(), atts):
         assert float((s - _entropy(a)).abs().max()) <= 1e-6, (name, s, _entropy(a))
-    assert model.config._attn_implementation == ("eager" if eager else "sdpa")
+    assert model.config._attn_implementation == ("eager" if eager is True else "sdpa")
 
 
 def test_entropy_of_multihead_attention_and_the_most_diffuse_heads_go_first() -> None:

@@ -257,7 +257,8 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
             chosen = [h for h in named.get(lay.module, []) if h not in dead[lay.module]]
         else:
             live = lay.heads - len(dead[lay.module])
-            per, picks = _pick(lay, order[lay.module], dead[lay.module], math.floor((share or 0.0) * live), share or 0.0)
+            per, picks = _pick(lay, order[lay.module], dead[lay.module], math.floor((share or 0.0) * live),
+                               share or 0.0)
             g = lay.group if per == "kv" else 1
             chosen = sorted(h for c in picks for h in range(c * g, (c + 1) * g))
         drop.update(_as_drop(lay, per_layer[lay.module], sorted(set(chosen) | dead[lay.module])))

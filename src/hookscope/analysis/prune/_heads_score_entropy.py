@@ -28,17 +28,21 @@ from ._heads_mha import attend
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import Batch, _to
 
-__all__ = ["entropy_scores", "probabilities"]
+__all__ = ["entropy_scores", "entropies", "probabilities", "row_entropy"]
 
 _SDPA = "scaled_dot_product_attention"
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "attn_mask", "is_causal")
 
 
+_ROWS_BUDGET = 1 << 24  # probabilities held at once by entropies(): query rows x keys x batch x heads
+
+
 def probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
                   attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                  scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+                  scale: float | None = None, enable_gqa: bool = False, *, first_row: int = 0) -> torch.Tensor:
     """The probabilities ``scaled_dot_product_attention`` weighs ``value`` with (dropout left out),
     ``... x heads x queries x keys``; key heads shared by groups of query heads are repeated.
+    ``first_row``: the queries are rows ``first_row ...`` of the call's (for the causal mask).
 
     Example:
         >>> q = torch.randn(1, 2, 3, 4)
@@ -51,11 +55,49 @@ def probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | 
         key = key.repeat_interleave(hq // hk, dim=-3)
     logits = (query @ key.transpose(-2, -1)) * (1 / math.sqrt(query.size(-1)) if scale is None else scale)
     if is_causal:
-        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril(first_row)
         logits = logits.masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
     return torch.softmax(logits, dim=-1)
+
+
+def row_entropy(p: torch.Tensor) -> torch.Tensor:
+    """``-sum_k p_k log p_k`` over the last dim, in the accumulator dtype (``0 log 0 = 0``).
+
+    Example:
+        >>> round(float(row_entropy(torch.tensor([0.5, 0.5, 0.0]))) / math.log(2), 6)
+        1.0
+    """
+    return -torch.special.xlogy(p, p).sum(-1, dtype=accumulator_dtype(p.device))
+
+
+def entropies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
+              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+              scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """The entropy of every query row of a ``scaled_dot_product_attention`` call, ``... x heads x
+    queries``, from its arguments; computed a block of query rows at a time (half precision in
+    float32), so the probabilities of a long sequence are never held whole.
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 40, 4), torch.randn(1, 2, 40, 4)
+        >>> whole = row_entropy(probabilities(q, k, is_causal=True))
+        >>> bool(torch.allclose(entropies(q, k, is_causal=True), whole))
+        True
+    """
+    if query.dtype in (torch.float16, torch.bfloat16):
+        query, key = query.float(), key.float()
+        attn_mask = attn_mask.float() if attn_mask is not None and attn_mask.is_floating_point() else attn_mask
+    rows = query.size(-2)
+    step = max(1, _ROWS_BUDGET // max(1, key.size(-2) * (query.numel() // max(1, rows * query.size(-1)))))
+    out = []
+    for r in range(0, rows, step):
+        m = attn_mask
+        if m is not None and m.dim() >= 2 and m.size(-2) == rows:
+            m = m[..., r:r + step, :]
+        out.append(row_entropy(probabilities(query[..., r:r + step, :], key, None, m, is_causal=is_causal,
+                                             scale=scale, first_row=r)))
+    return torch.cat(out, -1)
 
 
 class _Entropy:
@@ -64,29 +106,38 @@ class _Entropy:
     def __init__(self, lay: HeadLayout, source: str) -> None:
         self.lay, self.source, self.total, self.rows = lay, source, torch.zeros(0), torch.zeros(0)
 
-    def add(self, p: torch.Tensor) -> None:
-        if p.dim() != 4 or p.shape[1] != self.lay.heads:
+    def check(self, shape: tuple[int, ...]) -> None:
+        if len(shape) != 4 or shape[1] != self.lay.heads:
             raise HookscopeError(
-                f"'{self.lay.module}' gives attention probabilities of shape {tuple(p.shape)} from its "
+                f"'{self.lay.module}' gives attention probabilities of shape {shape} from its "
                 f"{self.source}, not batch x {self.lay.heads} heads x queries x keys, so its heads' entropy "
                 "cannot be read; use importance='taylor' or 'output', or leave it out with layers=")
-        ent = -torch.special.xlogy(p, p).sum(-1, dtype=accumulator_dtype(p.device))  # batch x heads x queries
+
+    def add(self, ent: torch.Tensor) -> None:
+        """Row entropies, ``batch x heads x queries``; a row with no key to attend to (NaN) left out."""
         ok = ~ent.isnan()
         total, rows = ent.nan_to_num(0.0).sum((0, 2)), ok.sum((0, 2), dtype=ent.dtype)
         self.total = total if self.total.numel() == 0 else self.total + total
         self.rows = rows if self.rows.numel() == 0 else self.rows + rows
 
+    def add_probabilities(self, p: torch.Tensor) -> None:
+        self.check(tuple(p.shape))
+        self.add(row_entropy(p.float() if p.dtype in (torch.float16, torch.bfloat16) else p))
+
 
 def _sdpa(acc: _Entropy) -> Callable[[nn.Module, Any, Any], None]:
     def hook(site: nn.Module, args: Any, kwargs: Any) -> None:
-        acc.add(probabilities(*args, **kwargs))
+        got = inspect.signature(entropies).bind(*args, **kwargs).arguments
+        q, k = got["query"], got["key"]
+        acc.check((*q.shape[:-1], k.shape[-2]))
+        acc.add(entropies(*args, **kwargs))
     return hook
 
 
 def _softmax(acc: _Entropy) -> Callable[[nn.Module, Any, Any], None]:
     def hook(site: nn.Module, args: Any, out: Any) -> None:
         if isinstance(out, torch.Tensor):
-            acc.add(out.detach())
+            acc.add_probabilities(out.detach())
     return hook
 
 
@@ -94,7 +145,7 @@ def _mha(acc: _Entropy) -> Callable[[nn.Module, Any, Any, Any], None]:
     def hook(module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         assert isinstance(module, nn.MultiheadAttention)
         bound = inspect.signature(nn.MultiheadAttention.forward).bind(module, *args, **kwargs).arguments
-        acc.add(attend(module, **{k: v for k, v in bound.items() if k in _MHA_ARGS})[1])
+        acc.add_probabilities(attend(module, **{k: v for k, v in bound.items() if k in _MHA_ARGS})[1])
     return hook
 
 

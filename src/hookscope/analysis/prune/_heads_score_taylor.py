@@ -51,6 +51,8 @@ class _Heads:
         if g is None:  # the loss does not depend on this call
             g = torch.zeros_like(z)
         g = g.movedim(batch_dim, 0)
+        if z.dtype in (torch.float16, torch.bfloat16):  # products and sums of half precision lose the score
+            z, g = z.float(), g.float()
         per = (z * g).reshape(z.shape[0], -1, z.shape[-1] // self.lay.head_dim, self.lay.head_dim)
         dots = per.sum((1, 3), dtype=accumulator_dtype(z.device)).abs().sum(0)  # per sample |dL/dxi_h|, summed
         self.total = dots if self.total.numel() == 0 else self.total + dots
