@@ -69,7 +69,8 @@ def row_entropy(p: torch.Tensor) -> torch.Tensor:
         >>> round(float(row_entropy(torch.tensor([0.5, 0.5, 0.0]))) / math.log(2), 6)
         1.0
     """
-    return -torch.special.xlogy(p, p).sum(-1, dtype=accumulator_dtype(p.device))
+    plogp: torch.Tensor = torch.special.xlogy(p, p)
+    return -plogp.sum(-1, dtype=accumulator_dtype(p.device))
 
 
 def entropies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
