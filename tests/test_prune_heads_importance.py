@@ -55,15 +55,19 @@ def _mha_heads_by_hand(mha: nn.MultiheadAttention, x: torch.Tensor) -> torch.Ten
     return (p @ v).transpose(1, 2).reshape(b, t, e)
 
 
-def test_taylor_on_multihead_attention_is_the_heads_slice_times_its_gradient() -> None:
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_taylor_on_multihead_attention_is_the_heads_slice_times_its_gradient(batch_first: bool) -> None:
     torch.manual_seed(0)
-    mha = nn.MultiheadAttention(8, 4, batch_first=True).double()
+    mha = nn.MultiheadAttention(8, 4, batch_first=batch_first).double()
     net = nn.Sequential()
     net.add_module("attn", mha)
 
     class First(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return net.attn(x, x, x)[0]
+            if batch_first:
+                return net.attn(x, x, x)[0]
+            y = x.transpose(0, 1)
+            return net.attn(y, y, y)[0].transpose(0, 1)
 
     model = First()
     model.add_module("net", net)
@@ -251,14 +255,21 @@ class _Hidden(nn.Module):
     (_Hidden(), {"importance": "entropy"}, "'' ran no scaled_dot_product_attention or softmax"),
     (_Hidden(True), {"importance": "entropy"}, r"'' gives attention probabilities of shape \(8, 4, 4\)"),
     (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "entropi"}, "Did you mean 'entropy'"),
+    (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "taylor", "loss": lambda o, b: 1 / 0},
+     r"loss= failed on calibration batch 0 \(ZeroDivisionError"),
+    (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+     {"importance": "taylor", "loss": lambda o, b: o.detach().sum()},
+     "the loss does not depend on the model's output"),
 ])
 def test_bad_requests_are_refused_in_one_line_model_untouched(net: nn.Module, kw: dict, match: str) -> None:
+    next(net.parameters()).requires_grad_(False)
     before = {k: v.clone() for k, v in net.state_dict().items()}
+    flags = [p.requires_grad for p in net.parameters()]
     with pytest.raises(HookscopeError, match=match) as e:
         prune_heads(net, torch.randn(2, 4, 8), amount=0.5, **kw)
-    assert "\n" not in str(e.value) and hook_count(net) == 0 and "forward" not in vars(net)
-    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
-    assert all(p.grad is None for p in net.parameters()) and all(p.requires_grad for p in net.parameters())
+    assert "\n" not in str(e.value) and hook_count(net) == 0 and not any("forward" in vars(m) for m in net.modules())
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items()) and net.training
+    assert all(p.grad is None for p in net.parameters()) and [p.requires_grad for p in net.parameters()] == flags
 
 
 def test_the_layer_refused_is_named_inside_a_model() -> None:
