@@ -249,9 +249,9 @@ class _Hidden(nn.Module):
 @pytest.mark.parametrize("net, kw, match", [
     (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "taylor"}, "taylor needs a loss"),
     (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "entropy", "loss": lambda o, b: o.sum()},
-     "loss= is read by importance='taylor' only"),
+     "loss= is read by importance='taylor' only, not importance='entropy'"),
     (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "taylor", "loss": "mse"},
-     "loss= is read by importance='taylor' only"),
+     "loss=str is not callable"),
     (_Hidden(), {"importance": "entropy"}, "'' ran no scaled_dot_product_attention or softmax"),
     (_Hidden(True), {"importance": "entropy"}, r"'' gives attention probabilities of shape \(8, 4, 4\)"),
     (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), {"importance": "entropi"}, "Did you mean 'entropy'"),

@@ -103,9 +103,10 @@ class HeadPruning(Result):
 
 
 def _check(amount: object, heads: object, importance: object, loss: object = None) -> float | None:
-    if loss is not None and (importance != "taylor" or not callable(loss)):
-        raise HookscopeError(f"loss= is read by importance='taylor' only, as a callable (output, batch) -> loss; "
-                             f"drop it or pass importance='taylor' and a function, not {type(loss).__name__}")
+    if loss is not None and not callable(loss):
+        raise HookscopeError(f"loss={type(loss).__name__} is not callable; pass loss=lambda output, batch: ...")
+    if loss is not None and importance != "taylor":
+        raise HookscopeError(f"loss= is read by importance='taylor' only, not importance={importance!r}; drop loss=")
     if (amount is None) == (heads is None):
         raise HookscopeError("pass either amount= (a share of every layer's heads) or heads= ({layer: [head "
                              "indices]}), not both or neither")
