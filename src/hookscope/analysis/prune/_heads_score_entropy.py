@@ -26,7 +26,7 @@ from .._targets import call_model
 from ._heads_layouts import HeadLayout
 from ._heads_mha import attend
 from ._importance_kinds import accumulator_dtype
-from ._importance_run import Batch, _to
+from ._importance_run import Batch, batch_to
 
 __all__ = ["entropy_scores", "entropies", "probabilities", "row_entropy"]
 
@@ -155,9 +155,11 @@ def _hooks(mods: dict[str, nn.Module], lay: HeadLayout, group: HookGroup) -> lis
     m = mods[lay.module]
     if lay.out is None:
         acc = _Entropy(lay, "inputs")
+        # own hook: the attention probabilities reduced to entropies in the hook; none is kept
         group.add(m.register_forward_hook(_mha(acc), with_kwargs=True))
         return [acc]
     sdpa, soft = _Entropy(lay, _SDPA), _Entropy(lay, "softmax")
+    # own hooks: the kernel's inputs or the softmax's output reduced to entropies in the hook, block by block
     group.add(OpSite(m, lay.module, _SDPA).register_forward_pre_hook(_sdpa(sdpa), with_kwargs=True))
     group.add(OpSite(m, lay.module, "softmax").register_forward_hook(_softmax(soft)))
     return [sdpa, soft]
@@ -189,6 +191,6 @@ def entropy_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[B
     with HookGroup() as group, restored(model, train=False, buffers=True), torch.no_grad():
         sources = {lay.module: _hooks(mods, lay, group) for lay in lays}
         for batch in batches:
-            b = _to(batch, where)
+            b = batch_to(batch, where)
             call_model(model, b.args, b.kwargs)
     return {lay.module: _scores(lay, sources[lay.module]) for lay in lays}

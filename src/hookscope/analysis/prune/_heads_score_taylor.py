@@ -26,7 +26,7 @@ from .._targets import call_model
 from ._heads_layouts import HeadLayout
 from ._heads_mha import attend
 from ._importance_kinds import accumulator_dtype
-from ._importance_run import Batch, Loss, _loss, _to
+from ._importance_run import Batch, Loss, batch_to, loss_of
 
 __all__ = ["taylor_scores"]
 
@@ -118,7 +118,7 @@ def _batch_loss(out: Any, batch: Batch, index: int, loss: Loss | None) -> torch.
         raise HookscopeError(f"taylor needs a loss, and calibration batch {index} gives none (the model returns "
                              "no .loss and the batch has no labels); pass loss=lambda output, batch: ... or "
                              "batches with labels")
-    return _loss(loss, out, batch, index)
+    return loss_of(loss, out, batch, index)
 
 
 def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Batch], loss: Loss | None,
@@ -144,7 +144,7 @@ def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Ba
             else:  # own hook: keeps the output projection's input of this batch for the backward
                 group.add(mods[lay.out].register_forward_pre_hook(_pre(heads[lay.module])))
         for index, batch in enumerate(batches):
-            batch = _to(batch, where)
+            batch = batch_to(batch, where)
             try:
                 value = _batch_loss(call_model(model, batch.args, batch.kwargs), batch, index, loss)
                 kept = [(h, z, d) for h in heads.values() for z, d in h.calls]

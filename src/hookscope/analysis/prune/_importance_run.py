@@ -35,7 +35,7 @@ from .._targets import call_model, logits_of
 from ._importance_kinds import Kind, accumulator_dtype, channels_first
 from ._importance_sites import Site, output_dim
 
-__all__ = ["Accumulator", "SiteCalls", "Batch", "Loss", "split_batch", "batches_of", "calibrate"]
+__all__ = ["Accumulator", "SiteCalls", "Batch", "Loss", "split_batch", "batches_of", "calibrate", "batch_to", "loss_of"]
 
 Loss = Callable[[Any, Any], torch.Tensor]
 _LOCK = threading.Lock()
@@ -174,7 +174,7 @@ def batches_of(data: Any) -> Iterable[Any]:
     return data
 
 
-def _to(batch: Batch, device: torch.device | None) -> Batch:
+def batch_to(batch: Batch, device: torch.device | None) -> Batch:
     """The batch for one run: the model's inputs a private copy (on ``device``), so a model writing into
     its input changes neither the caller's batch nor a later run; labels and ``raw`` moved only."""
     args, kwargs = private((batch.args, batch.kwargs), device)
@@ -254,7 +254,7 @@ def _read(call: CallRecord, field: str) -> Any:
         raise HookscopeError(f"taylor at {call.name!r}: {e}") from None
 
 
-def _loss(loss: Loss | None, out: Any, batch: Batch, index: int) -> torch.Tensor:
+def loss_of(loss: Loss | None, out: Any, batch: Batch, index: int) -> torch.Tensor:
     """The scalar whose gradient Taylor reads: ``loss(output, batch)`` (per-sample values are summed),
     or the summed cross entropy of the logits against the batch's labels."""
     try:
@@ -317,7 +317,7 @@ def _run(model: nn.Module, batch: Batch, index: int, collector: _Collector, loss
     # capture's own copy policy: each output as returned, also where the model rewrites it in place later
     with capture(model, lambda name, m: wanted.get(id(m)) == name, keep=("output", "grad_output")) as rec:
         out = _forward(model, batch, index)
-        collector.backward(_loss(loss, out, batch, index))
+        collector.backward(loss_of(loss, out, batch, index))
     collector.reduce(rec)  # after the block: a gradient lost to an in-place op on a view is known by then
 
 
@@ -344,7 +344,7 @@ def calibrate(model: nn.Module, inner: nn.Module, data: Any, sites: list[Site], 
         for index, raw in enumerate(batches_of(data)):
             if max_batches is not None and index >= max_batches:
                 break
-            batch = _to(split_batch(raw, index), device)
+            batch = batch_to(split_batch(raw, index), device)
             collector.start()
             try:
                 _run(model, batch, index, collector, loss)
