@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ._engine import Job, Make, Pass, grad, gradients, leaf, run
+from ._gradcam import guided_gradcam
 from ._guided import guided_backprop
 
 __all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
@@ -155,8 +156,9 @@ TABLE: dict[str, Method] = {
     "smoothgrad_sq": smoothgrad_sq,
     "vargrad": vargrad,
     "guided_backprop": guided_backprop,
+    "guided_gradcam": guided_gradcam,
 }
-LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
+LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam")  # noise goes on the inputs
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
     "integrated_gradients": ("steps", "rule"),
     "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
