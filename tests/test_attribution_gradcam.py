@@ -106,6 +106,16 @@ def test_an_in_place_relu_after_the_layer_does_not_change_the_map():
     assert torch.equal(hookscope.attribute(net, x, method="guided_gradcam", target=[1, 2]).maps, ours.maps)
 
 
+@pytest.mark.parametrize("wrap", [nn.DataParallel, lambda m: torch.compile(m, backend="eager")],
+                         ids=["DataParallel", "compiled"])
+def test_wrappers_give_the_wrapped_models_map(wrap):
+    net, x = _inplace_net(True), torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(1))
+    plain = hookscope.attribute(net, x, method="guided_gradcam", target=1)
+    for layers in (None, "2"):
+        wrapped = hookscope.attribute(wrap(net), x, method="guided_gradcam", target=1, layers=layers)
+        assert torch.allclose(wrapped.maps, plain.maps, atol=1e-6) and no_hooks(net)
+
+
 def test_the_model_is_left_as_it_was(resnet, images):
     net = copy.deepcopy(resnet).train()
     net.fc.weight.grad = torch.full_like(net.fc.weight, 7.0)
@@ -134,6 +144,8 @@ def test_a_model_with_no_convolution_is_refused():
     with pytest.raises(hookscope.HookscopeError, match="no nn.Conv2d with a spatial output.*pass layers=") as e:
         hookscope.attribute(net, torch.rand(1, 3, 2, 2), method="guided_gradcam")
     assert "\n" not in str(e.value) and no_hooks(net)
+    with pytest.raises(hookscope.HookscopeError, match="pass layers= a layer whose output is B x C x h x w$"):
+        hookscope.attribute(net, torch.rand(1, 3, 2, 2), method="guided_gradcam", layers="1")
 
 
 def test_a_depthwise_last_convolution_asks_for_its_block():

@@ -44,7 +44,7 @@ def guided_gradcam(job: Job, p: Pass, s: object) -> tuple[torch.Tensor, None, in
     if act.ndim != job.x.ndim or act.ndim not in _MODES or act.shape[2:].numel() < 2:
         raise HookscopeError(f"layer {job.layer[0]!r} gives {shape_text(tuple(act.shape))}, not channels over a "
                              f"grid like the inputs' {shape_text(tuple(job.x.shape))}, so Grad-CAM has no map to "
-                             f"upsample; pass layers= a convolution, e.g. layers={_a_conv(job.model)!r}")
+                             f"upsample; pass layers= {_a_conv(job.model)}")
     cam = grad_cam(act.detach(), grad(job, p.scores, act))
     guided, _, more = guided_backprop(job, p, s)
     maps = _wide(guided) * F.interpolate(cam, size=tuple(job.x.shape[2:]), mode=_MODES[cam.ndim],
@@ -70,9 +70,9 @@ def grad_cam(act: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def _a_conv(model: nn.Module) -> str:
-    """The last ``nn.Conv2d`` of the model, in module order: a layer to name in an error."""
+    """The last ``nn.Conv2d`` of the model, in module order, as a layer to name in an error."""
     convs = [n for n, m in named_modules(unwrap(model)[0]) if isinstance(m, nn.Conv2d)]
-    return convs[-1] if convs else "features"
+    return f"a convolution, e.g. layers={convs[-1]!r}" if convs else "a layer whose output is B x C x h x w"
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
