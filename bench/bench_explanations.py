@@ -1,8 +1,9 @@
 """Which explanation is right: every CAM method and every attribution method side by side on the demo data,
 whose ground truth (the shape's mask) is known.
 
-Run:  .venv/bin/python bench/bench_explanations.py           (100 images: about 6 minutes on 2 shared cores)
-      .venv/bin/python bench/bench_explanations.py --quick   (40 images, fewer steps: about 2 minutes)
+Run:  .venv/bin/python bench/bench_explanations.py           (100 images; 26 minutes measured on 2 cores
+                                                             under a load of 6, most of it Score-CAM and the curves)
+      .venv/bin/python bench/bench_explanations.py --quick   (40 images, 8 steps and samples, 10 curve steps)
 
 Data: ``hookscope.synthetic.shapes(N, seed=2026)`` (a seed used neither in training nor in the tests), the
 shipped ``hookscope.zoo.demo_model()``, eval, CPU. Target: the true class of each image.
