@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="integrated gradients' points and SmoothGrad's copies")
     ap.add_argument("--rows", type=int, default=25, help="rows per forward pass for the copies (default 25)")
     ap.add_argument("--lrp", action="store_true", help="only LRP against zennit")
+    ap.add_argument("--only", choices=["gradients", "captum", "memory"], default=None, help="run one part only")
     ap.add_argument("--peak-child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     size = a.size or (112 if a.quick else 224)
@@ -193,9 +194,12 @@ def main() -> None:
     print(f"# {' '.join(['.venv/bin/python', 'bench/bench_attribution.py', *sys.argv[1:]])}")
     if a.lrp:
         return lrp(size, 8, rounds)
-    gradients(size, 8, rounds)
-    against_captum(size, a.rows, a.steps, max(3, rounds // 2))
-    memory(size, a.steps, [None, 2**30, 2**29, 2**28])
+    if a.only in (None, "gradients"):
+        gradients(size, 8, rounds)
+    if a.only in (None, "captum"):
+        against_captum(size, a.rows, a.steps, max(3, rounds // 2))
+    if a.only in (None, "memory"):
+        memory(size, a.steps, [None, 2**30, 2**29, 2**28])
 
 
 if __name__ == "__main__":

@@ -326,7 +326,7 @@ def test_the_attribution_scores_are_the_metrics_of_the_attributions(demo_report:
     settings = {"integrated_gradients": {"steps": 16, "rule": "gausslegendre"}}
     for method, said in section["methods"].items():
         r = hookscope.attribute(model, data.images, method=method, **settings.get(method, {}))
-        curve = {"target": r.target, "steps": 50, "baseline": data.backgrounds}
+        curve = {"target": r.target, "steps": 25, "baseline": data.backgrounds}
         assert said["deletion_auc"] == pytest.approx(hookscope.metrics.deletion(model, data.images, r.maps.abs().sum(1),
                                                                                **curve).auc.mean().item())
         assert said["insertion_auc"] == pytest.approx(hookscope.metrics.insertion(model, data.images, r.maps,
