@@ -1,7 +1,8 @@
 """Input attribution: what hookscope.attribute costs against one plain forward + backward, and against captum.
 
-Run:  .venv/bin/python bench/bench_attribution.py            (resnet50, 224 x 224: about 15 minutes on 2 cores)
-      .venv/bin/python bench/bench_attribution.py --quick    (112 x 112, fewer rounds: about 3 minutes)
+Run:  .venv/bin/python bench/bench_attribution.py            (resnet50, 224 x 224: over half an hour on 2 shared cores)
+      .venv/bin/python bench/bench_attribution.py --quick    (112 x 112, 3 rounds)
+      .venv/bin/python bench/bench_attribution.py --only gradients|captum|memory   (one part)
       .venv/bin/python bench/bench_attribution.py --lrp      (LRP against zennit only; see below)
 Peers (test/bench only):  .venv/bin/pip install -c constraints.txt captum zennit
 
