@@ -2,10 +2,11 @@
 
 Maps are plain tensors (``B x H x W``), so any saliency method can be scored, not only
 :func:`hookscope.cam`: attribution maps of images (``B x C x H x W``, :func:`hookscope.attribute`) are
-reduced over their channels first, as ``reduce=`` says (by default the sum of absolute values). Also at the short path :mod:`hookscope.metrics`. The curves only call the
-model, under ``torch.no_grad()``, in eval mode (every submodule's flag, and the random generator,
-are restored afterwards), and always on tensors of their own: a model that writes into its input
-never changes the caller's images. Nothing here registers a hook; a failing forward pass is one
+reduced over their channels first, as ``reduce=`` says (by default the sum of absolute values).
+Also at the short path :mod:`hookscope.metrics`. The curves only call the model, under
+``torch.no_grad()``, in eval mode (every submodule's flag, and the random generator, are restored
+afterwards), and always on tensors of their own: a model that writes into its input never changes
+the caller's images. Nothing here registers a hook; a failing forward pass is one
 :class:`~hookscope.ForwardError` naming the module it failed in.
 
 One file past 500 lines: the curves and the pointing game share the checks of maps, masks and batches, and

@@ -123,8 +123,8 @@ def attribution_section(s: Subject, methods: Sequence[str] = DEFAULT_ATTRIBUTION
         "gradients, Guided Grad-CAM) are summed over the colour channels: red pixels raise the score, blue ones "
         "lower it; saliency, the gradient's size, is summed as absolute values. The scores reduce every map to "
         f"the sum of absolute values over channels. Deletion AUC (lower is better) and insertion AUC (higher is "
-        f"better), in {_STEPS} steps, replace pixels with {removed}; pointing game: the map's peak on the object (higher is better). "
-        f"Scores are means over all {s.x.shape[0]} images.")
+        f"better), in {_STEPS} steps, replace pixels with {removed}; pointing game: the map's peak on the object "
+        f"(higher is better). Scores are means over all {s.x.shape[0]} images.")
     for m, why in skipped.items():
         sec.facts.append((m, f"not drawn: {why}"))
     for r in results:

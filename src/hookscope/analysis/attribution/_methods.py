@@ -158,7 +158,8 @@ TABLE: dict[str, Method] = {
     "guided_backprop": guided_backprop,
     "guided_gradcam": guided_gradcam,
 }
-LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam")  # noise goes on the inputs
+LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients",  # noise goes on the inputs
+                 "guided_gradcam")
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
     "integrated_gradients": ("steps", "rule"),
     "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
