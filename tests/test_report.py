@@ -99,8 +99,8 @@ def test_the_report_holds_its_page_pictures_and_numbers(demo_report: Path) -> No
     doc = _doc(demo_report)
     assert doc["hookscope_report"] == 1 and doc["input_shape"] == [2, 3, 64, 64]
     assert doc["origin"] == {"random_weights": False, "generated_inputs": False}
-    assert set(doc["sections"]) == {"predictions", "summary", "structure", "features", "cam", "trace", "nonfinite",
-                                    "gradflow"}
+    assert set(doc["sections"]) == {"predictions", "summary", "structure", "features", "cam", "attribution", "trace",
+                                    "nonfinite", "gradflow"}
     cams = doc["sections"]["cam"]["methods"]
     assert set(cams) == {"gradcam", "gradcam++", "layercam"}
     assert all(0.0 <= m["pointing_game"] <= 1.0 and 0.0 <= m["deletion_auc"] <= 1.0 for m in cams.values())
@@ -108,6 +108,7 @@ def test_the_report_holds_its_page_pictures_and_numbers(demo_report: Path) -> No
     layers = doc["sections"]["features"]["layers"]
     assert sorted(layers) == ["layer1", "layer2", "layer3", "stem"]
     assert {f"img/cam_{i}.png" for i in range(2)} <= set(pictures)
+    assert {f"img/attribution_{i}.png" for i in range(2)} <= set(pictures)
     assert {f"img/features_{k}_{i}.png" for k in range(4) for i in range(2)} <= set(pictures)
     html = (demo_report / "index.html").read_text()
     assert "http://" not in html and "https://" not in html and "<link" not in html and " src=\"http" not in html
@@ -314,6 +315,28 @@ def test_a_killed_runs_hidden_folder_is_removed_by_the_next_run(tmp_path: Path) 
 
 
 # --- a real browser ------------------------------------------------------------------------------------------
+def test_the_attribution_scores_are_the_metrics_of_the_attributions(demo_report: Path) -> None:
+    """Each method's deletion / insertion AUC and pointing game, worked out again from hookscope.attribute's
+    maps by hookscope.metrics (the maps' channels summed as absolute values, the demo's backgrounds)."""
+    import hookscope
+
+    data, model = shapes(2, seed=0), demo_model()
+    section = _doc(demo_report)["sections"]["attribution"]
+    assert list(section["methods"]) == ["saliency", "integrated_gradients", "guided_gradcam"] and section["skipped"] == {}
+    settings = {"integrated_gradients": {"steps": 16, "rule": "gausslegendre"}}
+    for method, said in section["methods"].items():
+        r = hookscope.attribute(model, data.images, method=method, **settings.get(method, {}))
+        curve = {"target": r.target, "steps": 25, "baseline": data.backgrounds}
+        assert said["deletion_auc"] == pytest.approx(hookscope.metrics.deletion(model, data.images, r.maps.abs().sum(1),
+                                                                               **curve).auc.mean().item())
+        assert said["insertion_auc"] == pytest.approx(hookscope.metrics.insertion(model, data.images, r.maps,
+                                                                                 **curve).auc.mean().item())
+        hits = hookscope.metrics.pointing_game(r.maps.abs().sum(1), data.masks).float().mean().item()
+        assert said["pointing_game"] == pytest.approx(hits) and 0 <= hits <= 1
+    assert section["methods"]["integrated_gradients"]["settings"] == {"steps": 16, "rule": "gausslegendre"}
+    assert no_hooks(model)
+
+
 def _chromium() -> str | None:
     return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
@@ -395,6 +418,16 @@ def test_tabs_the_layer_picker_and_the_channel_viewer_change_what_shows(browser:
     assert errors == []
 
 
+def test_the_attribution_tabs_change_the_image_shown(browser: Any, demo_report: Path) -> None:
+    with _opened(browser, demo_report / "index.html") as (page, errors):
+        assert _shown(page, "attribution-views") == "img/attribution_0.png"
+        page.locator("#attribution-views button", has_text="image 1").click()
+        assert _shown(page, "attribution-views") == "img/attribution_1.png"
+        assert _shown(page, "cam-views") == "img/cam_0.png"  # the CAM tabs are their own
+        heading = page.locator("#attribution h2").inner_text()
+    assert heading == "Input attribution" and errors == []
+
+
 def test_without_javascript_every_picture_shows_and_nothing_is_interactive(browser: Any, demo_report: Path) -> None:
     with _opened(browser, demo_report / "index.html", script=False) as (page, errors):
         images = page.locator("img")
@@ -405,7 +438,8 @@ def test_without_javascript_every_picture_shows_and_nothing_is_interactive(brows
         titles = page.locator("#feature-views h3.view-title:visible").all_inner_texts()
         svg = page.locator("svg.structure").bounding_box()
         text = page.inner_text("body")
-    assert shown == len(_images(demo_report / "index.html")) == 4 * 2 * 2 + 2 + 2  # input and grid per layer and image, CAMs, trace, flow
+    # input and grid per layer and image, CAMs and attributions per image, trace, flow
+    assert shown == len(_images(demo_report / "index.html")) == 4 * 2 * 2 + 2 + 2 + 2
     assert all(visible) and min(boxes) > 0
     assert controls == 0 and svg is not None and svg["height"] > 300
     assert titles == [f"{layer}, image {i}" for layer in ("stem", "layer1", "layer2", "layer3") for i in range(2)]

@@ -3,7 +3,8 @@
 The same functions as :mod:`hookscope.analysis.cam_metrics` (where they live and are documented):
 deletion and insertion curves (RISE) with their area, the pointing game and its energy-based
 variant, boxes turned into masks. They score any ``B x H x W`` saliency maps, not only
-:func:`hookscope.cam`'s, and take the same ``target=`` / ``output=`` / ``kwargs=`` as it does.
+:func:`hookscope.cam`'s, and ``B x C x H x W`` attribution maps reduced over their channels
+(``reduce=``, by default the sum of absolute values), and take the same ``target=`` / ``output=`` / ``kwargs=`` as it does.
 
 Example:
     >>> import torch
@@ -21,6 +22,7 @@ Example:
 from .analysis.cam_metrics import __all__ as __all__
 from .analysis.cam_metrics import (
     BASELINES,
+    REDUCTIONS,
     SCORES,
     Curve,
     CurveRow,

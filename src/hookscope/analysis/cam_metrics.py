@@ -1,10 +1,12 @@
 """How faithful a saliency map is: deletion / insertion curves and the (energy-based) pointing game.
 
 Maps are plain tensors (``B x H x W``), so any saliency method can be scored, not only
-:func:`hookscope.cam`. Also at the short path :mod:`hookscope.metrics`. The curves only call the
-model, under ``torch.no_grad()``, in eval mode (every submodule's flag, and the random generator,
-are restored afterwards), and always on tensors of their own: a model that writes into its input
-never changes the caller's images. Nothing here registers a hook; a failing forward pass is one
+:func:`hookscope.cam`: attribution maps of images (``B x C x H x W``, :func:`hookscope.attribute`) are
+reduced over their channels first, as ``reduce=`` says (by default the sum of absolute values).
+Also at the short path :mod:`hookscope.metrics`. The curves only call the model, under
+``torch.no_grad()``, in eval mode (every submodule's flag, and the random generator, are restored
+afterwards), and always on tensors of their own: a model that writes into its input never changes
+the caller's images. Nothing here registers a hook; a failing forward pass is one
 :class:`~hookscope.ForwardError` naming the module it failed in.
 
 One file past 500 lines: the curves and the pointing game share the checks of maps, masks and batches, and
@@ -40,11 +42,13 @@ __all__ = [
     "box_mask",
     "blur",
     "BASELINES",
+    "REDUCTIONS",
     "SCORES",
 ]
 
 BASELINES = ("zeros", "blur", "mean")
 SCORES = ("prob", "logit")
+REDUCTIONS = ("abs_sum", "sum", "abs_max", "l2")  # how B x C x H x W maps become B x H x W
 _BLUR_SIZE, _BLUR_SIGMA = 11, 5.0  # RISE's insertion substrate: an 11 x 11 Gaussian, sigma 5
 
 Baseline = Union[str, float, torch.Tensor, None]
@@ -155,6 +159,7 @@ def deletion(
     baseline: Baseline = "zeros",
     score: str = "prob",
     batch_size: int = 64,
+    reduce: str = "abs_sum",
     kwargs: Mapping[str, Any] | None = None,
 ) -> Curve:
     """Deletion curve (RISE, Petsiuk et al. 2018): remove the most salient pixels first.
@@ -168,8 +173,9 @@ def deletion(
             training flag is restored afterwards.
         inputs: ``B x C x H x W`` images, on the model's device (never written to: the model gets
             copies, even for ``target=None``). Integer images get integer baselines (rounded).
-        maps: ``B x H x W`` (or ``B x 1 x H x W``) saliency maps, larger = more important. Maps of
-            another size are upsampled bilinearly to ``H x W``.
+        maps: ``B x H x W`` saliency maps, larger = more important, or ``B x C x H x W`` maps
+            (attributions of each input value, :func:`hookscope.attribute`) reduced over ``C`` as
+            ``reduce=`` says. Maps of another size are upsampled bilinearly to ``H x W``.
         target: class index for every image, one index per image (sequence or tensor), ``None``
             for the class the model predicts on ``inputs`` (one extra forward), or a callable that
             gets the model's output for the ``B`` images of one step and returns ``B`` scores
@@ -186,6 +192,11 @@ def deletion(
             image's per-channel mean), a number, or a tensor broadcastable to ``inputs``.
         score: ``"prob"`` (softmax probability of the target, as in RISE) or ``"logit"``.
         batch_size: how many modified images go through the model at once.
+        reduce: how ``B x C x H x W`` maps become one value per pixel: ``"abs_sum"`` (the sum of the
+            channels' absolute values: how much the pixel matters, whatever the sign), ``"sum"`` (the
+            signed sum: positive evidence first), ``"abs_max"`` (the largest absolute value, as
+            Simonyan et al.'s saliency) or ``"l2"`` (the norm over channels). ``B x H x W`` maps are
+            taken as they are.
         kwargs: keyword inputs of the model; a tensor with ``B`` rows goes with its images, so each
             modified image gets the rows of the image it was made from.
 
@@ -202,8 +213,8 @@ def deletion(
         >>> curve.scores.shape, curve.fractions.tolist()
         (torch.Size([1, 5]), [0.0, 0.25, 0.5, 0.75, 1.0])
     """
-    return _curve("deletion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
-                  model_kwargs(kwargs))
+    return _curve("deletion", model, inputs, _flat_maps(maps, reduce, "deletion"), target, output, steps,
+                  baseline, score, batch_size, model_kwargs(kwargs))
 
 
 def insertion(
@@ -217,6 +228,7 @@ def insertion(
     baseline: Baseline = "blur",
     score: str = "prob",
     batch_size: int = 64,
+    reduce: str = "abs_sum",
     kwargs: Mapping[str, Any] | None = None,
 ) -> Curve:
     """Insertion curve (RISE, Petsiuk et al. 2018): put the most salient pixels back first.
@@ -232,8 +244,8 @@ def insertion(
         >>> insertion(net, x, x[:, 0], target=[0, 1], steps=2, baseline="zeros").auc.shape
         torch.Size([2])
     """
-    return _curve("insertion", model, inputs, maps, target, output, steps, baseline, score, batch_size,
-                  model_kwargs(kwargs))
+    return _curve("insertion", model, inputs, _flat_maps(maps, reduce, "insertion"), target, output, steps,
+                  baseline, score, batch_size, model_kwargs(kwargs))
 
 
 def _curve(
@@ -319,11 +331,29 @@ def _step_scores(kind: str, model: nn.Module, inputs: torch.Tensor, kw: dict[str
     return torch.cat(parts).reshape(len(counts), b).t().to(torch.float32)
 
 
+_REDUCE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "abs_sum": lambda m: m.abs().sum(1), "sum": lambda m: m.sum(1), "abs_max": lambda m: m.abs().amax(1),
+    "l2": lambda m: torch.linalg.vector_norm(m, dim=1),
+}
+
+
+def _flat_maps(maps: Any, reduce: str, what: str) -> Any:
+    """``B x C x H x W`` maps reduced over their channels by ``reduce``; any other map as it is."""
+    if reduce not in _REDUCE:
+        hint = did_you_mean(reduce, REDUCTIONS) if isinstance(reduce, str) else ""
+        raise HookscopeError(f"reduce={reduce!r} is not a reduction over channels.{hint} Use one of "
+                             f"{', '.join(REDUCTIONS)}")
+    if not isinstance(maps, torch.Tensor) or maps.dim() != 4:
+        return maps
+    if not maps.is_floating_point():
+        maps = maps.float()
+    _no_nan(maps, f"{what}: maps")
+    return _REDUCE[reduce](maps.detach())
+
+
 def _fit_maps(maps: torch.Tensor, b: int, h: int, w: int, device: torch.device) -> torch.Tensor:
     if not isinstance(maps, torch.Tensor):
         raise HookscopeError(f"maps must be a B x H x W tensor, got {type(maps).__name__}")
-    if maps.dim() == 4 and maps.shape[1] == 1:
-        maps = maps[:, 0]
     if maps.dim() != 3 or maps.shape[0] != b:
         raise HookscopeError(
             f"maps of shape {tuple(maps.shape)} do not fit {b} images; pass one map per image, "
@@ -452,7 +482,8 @@ def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Te
     return maps.detach(), masks
 
 
-def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15) -> torch.Tensor:
+def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15,
+                  reduce: str = "abs_sum") -> torch.Tensor:
     """Pointing game (Zhang et al. 2018): does each map's maximum fall on the object?
 
     A hit when the map's maximum (the first in row-major order if several pixels share it) lies
@@ -460,10 +491,12 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
     ``tolerance=0`` asks for the peak to lie on the object itself.
 
     Args:
-        maps: ``B x H x W`` saliency maps.
+        maps: ``B x H x W`` saliency maps, or ``B x C x H x W`` maps reduced over ``C`` by ``reduce``.
         masks: ``B x H x W`` ground truth (bool or 0/1), same size as the maps; :func:`box_mask`
             makes them from boxes.
         tolerance: distance in pixels within which a miss still counts as a hit.
+        reduce: how ``B x C x H x W`` maps become ``B x H x W``: ``"abs_sum"``, ``"sum"``,
+            ``"abs_max"`` or ``"l2"`` over the channels, as in :func:`deletion`.
 
     Returns:
         ``B`` booleans; ``hits.float().mean()`` is the accuracy.
@@ -473,7 +506,7 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
         >>> pointing_game(m, box_mask([[2, 0, 4, 2]], 4, 4), tolerance=0).tolist()
         [True]
     """
-    maps, masks = _masks(maps, masks, "pointing_game")
+    maps, masks = _masks(_flat_maps(maps, reduce, "pointing_game"), masks, "pointing_game")
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
         raise HookscopeError(f"tolerance={tolerance!r} must be 0 or a positive number of pixels")
     b, h, w = maps.shape
@@ -485,14 +518,16 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
     return (near & masks).flatten(1).any(dim=1)
 
 
-def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, reduce: str = "abs_sum") -> torch.Tensor:
     """Energy-based pointing game (Wang et al. 2020, Score-CAM): share of the map inside the object.
 
     ``sum(map * mask) / sum(map)`` per image, for non-negative maps; an all-zero map scores 0.
 
     Args:
-        maps: ``B x H x W`` non-negative saliency maps (CAM maps are).
+        maps: ``B x H x W`` non-negative saliency maps (CAM maps are), or ``B x C x H x W`` maps
+            reduced over ``C`` by ``reduce`` (the default, ``"abs_sum"``, is never negative).
         masks: ``B x H x W`` ground-truth masks or boxes (bool or 0/1), same size as the maps.
+        reduce: how ``B x C x H x W`` maps become ``B x H x W``, as in :func:`deletion`.
 
     Returns:
         ``B`` proportions in ``[0, 1]``.
@@ -502,7 +537,7 @@ def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor) -> torch.Tenso
         >>> energy_pointing_game(m, torch.tensor([[[1, 1], [0, 0]]])).tolist()
         [0.30000001192092896]
     """
-    maps, masks = _masks(maps, masks, "energy_pointing_game")
+    maps, masks = _masks(_flat_maps(maps, reduce, "energy_pointing_game"), masks, "energy_pointing_game")
     if bool((maps < 0).any()):
         raise HookscopeError(
             "energy_pointing_game needs non-negative maps; min-max normalise them (CAM maps already are)"

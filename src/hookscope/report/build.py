@@ -12,12 +12,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..analysis.attribution import METHODS as ATTRIBUTIONS
 from ..analysis.cam import METHODS
 from ..core.result import jsonable
 from ..core.state import restored
 from ..core.text import shape_text
 from ..errors import HookscopeError
 from ..selection import layers as select
+from .attribution import DEFAULT_ATTRIBUTIONS, attribution_section
 from .cams import DEFAULT_METHODS, cam_section
 from .checks import debug_sections, predictions
 from .diffs import diff_section
@@ -54,16 +56,20 @@ def _check(x: torch.Tensor, pictures: torch.Tensor | None, masks: torch.Tensor |
         raise HookscopeError(f"against= is a {type(against).__name__}, not a model; give the nn.Module to compare with")
 
 
-def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequence[str]) -> None:
+def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequence[str],
+                   attributions: Sequence[str]) -> None:
     """Unknown methods and layers fail before any work, not after the first sections."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise HookscopeError(f"unknown CAM method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    unknown = [m for m in attributions if m not in ATTRIBUTIONS]
+    if unknown:
+        raise HookscopeError(f"unknown attribution method {unknown[0]!r}; choose from {', '.join(ATTRIBUTIONS)}")
     for name in layers or []:
         select(model, name)  # a name that matches nothing says so, with the closest names
 
 
-def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str],
+def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], attributions: Sequence[str],
               against: tuple[nn.Module, str] | None) -> list[Section]:
     """Every section in page order; each long step tells the progress bar."""
     s.progress.start("predictions")
@@ -71,13 +77,16 @@ def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str],
     s.progress.start("summary")
     found += [summary_section(s), structure_section(s)]
     chosen = list(layers) if layers is not None else spatial_layers(s.summary())
-    s.progress.add(len(chosen) + 2 * len(methods) + bool(methods) + (against is not None))
+    s.progress.add(len(chosen) + 2 * len(methods) + bool(methods) + 2 * len(attributions) + bool(attributions)
+                   + (against is not None))
     if against is not None:
         s.progress.start(f"comparison with {against[1]}")
         found.append(diff_section(s, *against))
     found.append(feature_section(s, chosen))
     if methods:
         found.append(cam_section(s, methods))
+    if attributions:
+        found.append(attribution_section(s, attributions))
     s.progress.start("trace, NaN/Inf check and gradient flow")
     return found + debug_sections(s)
 
@@ -103,6 +112,7 @@ def build_report(
     baselines: torch.Tensor | None = None,
     layers: Sequence[str] | None = None,
     methods: Sequence[str] = DEFAULT_METHODS,
+    attributions: Sequence[str] = DEFAULT_ATTRIBUTIONS,
     title: str | None = None,
     note: str = "",
     overwrite: bool = False,
@@ -118,7 +128,8 @@ def build_report(
     Sections: predictions, summary, structure (the top-level modules in call order, drawn), the
     comparison with ``against`` when given, feature maps of ``layers`` (default: up to four top-level
     layers with spatial outputs), CAMs by each of ``methods`` with deletion / insertion AUC (and the
-    pointing game where ``masks`` are given), trace, the NaN/Inf check and gradient flow. Feature maps
+    pointing game where ``masks`` are given), input attribution by each of ``attributions`` with the
+    same scores, trace, the NaN/Inf check and gradient flow. Feature maps
     and CAMs are drawn for each input (up to 8), a tab each; the page works offline and, without
     JavaScript, shows every view one under another. The folder appears only when complete; an
     existing one is replaced only with ``overwrite`` and only if it is a report or empty. The model
@@ -130,6 +141,9 @@ def build_report(
         out: the folder to write.
         pictures: the inputs as images ``B x 3 x H x W`` in [0, 1], drawn under the maps.
         masks: ``B x H x W`` ground-truth object masks, for the pointing game.
+        methods: the CAM methods (``hookscope.cam``); empty for no CAM section.
+        attributions: the input attribution methods (``hookscope.attribute``), with fewer copies than
+            their defaults (integrated gradients: 16 Gauss-Legendre points); empty for no section.
         class_names: names of the model's classes, shown next to predictions.
         baselines: what deletion / insertion put in place of removed pixels (inputs without their
             objects, where known); default zeros for deletion and a blur for insertion.
@@ -154,7 +168,7 @@ def build_report(
         >>> shutil.rmtree(root)
     """
     _check(inputs, pictures, masks, against)
-    _check_choices(model, layers, methods)
+    _check_choices(model, layers, methods, attributions)
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
     bar = Progress(4, enabled=progress)
@@ -165,7 +179,7 @@ def build_report(
             s = Subject(model, inputs, folder, pictures, masks, class_names, baselines, random_weights,
                         generated_inputs, bar)
             with restored(model), kept_grads(model), other:
-                sections = _sections(s, layers, methods, pair)
+                sections = _sections(s, layers, methods, attributions, pair)
             _write(s, title, subtitle, sections)
     except BaseException:
         bar.close(done=False)  # ends the bar's line, so that the error is said on a line of its own

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ._engine import Job, Make, Pass, grad, gradients, leaf, run
+from ._gradcam import guided_gradcam
 from ._guided import guided_backprop
 from ._lrp import deconvnet, lrp
 
@@ -162,8 +163,10 @@ TABLE: dict[str, Method] = {
     "guided_backprop": guided_backprop,
     "deconvnet": deconvnet,
     "lrp": lrp,
+    "guided_gradcam": guided_gradcam,
 }
-LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients")  # noise goes on the inputs
+LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients",  # noise goes on the inputs
+                 "guided_gradcam")
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
     "integrated_gradients": ("steps", "rule"),
     "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
