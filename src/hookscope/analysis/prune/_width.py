@@ -153,7 +153,8 @@ def _measured(model: nn.Module, g: WidthGroup, batches: Iterable[tuple[tuple[Any
     if sums[0] is None:
         raise HookscopeError("no norm of the hidden width ran on the calibration data, so its channels have no "
                              "value to score; pass data that runs the model or importance='l2'")
-    return (sums[0] / sums[1]).cpu()
+    mean: torch.Tensor = (sums[0] / sums[1]).cpu()
+    return mean
 
 
 def _scores(model: nn.Module, g: WidthGroup, importance: str, inputs: tuple[Any, ...], kwargs: dict[str, Any],
