@@ -132,6 +132,19 @@ def test_save_pretrained_and_from_pretrained_give_the_same_logits(kind: str, tmp
     assert _rel(_logits(model, ids), _logits(back, ids)) < TOL
 
 
+def test_a_compacted_state_dict_loads_into_the_original_architecture(exact: None) -> None:
+    from hookscope.analysis.prune import fit_to, marked_compacted
+    model, ids = _hf("llama"), _ids()
+    prune_width(model, ids, amount=0.25, kwargs=KW)
+    small = compact(model, ids, kwargs=KW)
+    fresh = _hf("llama")
+    fit_to(fresh, marked_compacted(small.state_dict()))
+    fresh.load_state_dict(small.state_dict())
+    assert fresh.model.norm.variance_epsilon == pytest.approx(1e-3 * 32 / 24, rel=1e-12)
+    assert fresh.config.hidden_size == 24 and fresh.config.rms_norm_eps == pytest.approx(1e-3 * 32 / 24)
+    assert _rel(_logits(small, ids), _logits(fresh, ids)) < TOL
+
+
 def test_output_importance_is_the_mean_absolute_stream_entering_the_norms() -> None:
     model, ids = _hf("llama"), _ids()
     norms = [m for n, m in model.named_modules() if n.endswith("norm") or n.endswith("layernorm")]

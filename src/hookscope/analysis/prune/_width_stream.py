@@ -27,7 +27,8 @@ from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import ChannelGroups, Group, GroupMember
 
-__all__ = ["READERS", "WRITERS", "Stream", "WidthGroup", "read_stream", "with_width", "fix_width"]
+__all__ = ["READERS", "WRITERS", "Stream", "WidthGroup", "read_stream", "with_width", "fix_width", "is_rms_norm",
+           "refit_width"]
 
 READERS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head", "score", "classifier")
 WRITERS = ("o_proj", "down_proj")
@@ -70,9 +71,7 @@ def _width_of(model: nn.Module) -> int | None:
 
 
 def _is_rms(m: nn.Module, width: int) -> bool:
-    w = getattr(m, "weight", None)
-    return ("RMSNorm" in type(m).__name__ and isinstance(w, torch.Tensor) and tuple(w.shape) == (width,)
-            and (hasattr(m, "variance_epsilon") or hasattr(m, "eps")))
+    return is_rms_norm(m) and tuple(getattr(m, "weight").shape) == (width,)
 
 
 def _role(q: str, m: nn.Module, width: int) -> str | None:
@@ -187,6 +186,39 @@ def _configs(model: nn.Module) -> list[Any]:
     return list(out.values())
 
 
+def is_rms_norm(m: nn.Module) -> bool:
+    """Whether ``m`` is an RMSNorm (torch's or a Hugging Face one) whose width hookscope can change.
+
+    Example:
+        >>> is_rms_norm(nn.RMSNorm(4)), is_rms_norm(nn.LayerNorm(4))
+        (True, False)
+    """
+    w = getattr(m, "weight", None)
+    return "RMSNorm" in type(m).__name__ and isinstance(w, torch.Tensor) and w.dim() == 1 \
+        and (hasattr(m, "variance_epsilon") or hasattr(m, "eps"))
+
+
+def _rescale(m: nn.Module, ratio: float, k: int) -> None:
+    attr = "variance_epsilon" if hasattr(m, "variance_epsilon") else "eps"
+    eps = getattr(m, attr)
+    setattr(m, attr, (torch.finfo(torch.float32).eps if eps is None else eps) * ratio)
+    if hasattr(m, "normalized_shape"):
+        setattr(m, "normalized_shape", (k,))
+
+
+def _write_configs(model: nn.Module, width: int, k: int) -> None:
+    mods = dict(named_modules(model))
+    head_dims = {m.head_dim for m in mods.values() if isinstance(getattr(m, "head_dim", None), int)}
+    for cfg in _configs(model):
+        if getattr(cfg, "hidden_size", None) != width:
+            continue
+        if len(head_dims) == 1 and getattr(cfg, "head_dim", None) is None:
+            cfg.head_dim = next(iter(head_dims))
+        cfg.hidden_size = k
+        if isinstance(getattr(cfg, "rms_norm_eps", None), float):
+            cfg.rms_norm_eps = cfg.rms_norm_eps * width / k
+
+
 def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> list[str]:
     """After slicing ``k`` of ``D`` stream channels: every RMSNorm gets ``eps * D / k`` and its weight
     times ``sqrt(D / k)`` (the masked model's statistics, exactly), and every Hugging Face config
@@ -201,24 +233,28 @@ def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
         if not isinstance(g, WidthGroup) or g.stream is None or not drop.get(g.index):
             continue
         s, k = g.stream, g.size - len(drop[g.index])
-        ratio = s.width / k
         for q in s.norms:
             m = mods[q]
-            attr = "variance_epsilon" if hasattr(m, "variance_epsilon") else "eps"
-            eps = getattr(m, attr)
-            setattr(m, attr, (torch.finfo(torch.float32).eps if eps is None else eps) * ratio)
-            if hasattr(m, "normalized_shape"):
-                setattr(m, "normalized_shape", (k,))
+            _rescale(m, s.width / k, k)
             weight = m.weight
             assert isinstance(weight, torch.Tensor)
             with torch.no_grad():
-                weight.mul_(math.sqrt(ratio))
-        head_dims = {m.head_dim for m in mods.values() if isinstance(getattr(m, "head_dim", None), int)}
-        for cfg in _configs(model):
-            if len(head_dims) == 1 and getattr(cfg, "head_dim", None) is None:
-                cfg.head_dim = next(iter(head_dims))
-            cfg.hidden_size = k
-            if isinstance(getattr(cfg, "rms_norm_eps", None), float):
-                cfg.rms_norm_eps = cfg.rms_norm_eps * ratio
+                weight.mul_(math.sqrt(s.width / k))
+        _write_configs(model, s.width, k)
         return list(s.norms)
     return []
+
+
+def refit_width(model: nn.Module, norms: Sequence[tuple[nn.Module, int, int]]) -> None:
+    """After :func:`~._resize.fit_to` shrank RMSNorms from ``D`` to ``k`` channels (a compacted
+    model's file, whose weights already hold the ``sqrt(D / k)``): their ``eps`` times ``D / k`` and
+    the configs of that width written as :func:`fix_width` does.
+
+    Example:
+        >>> n = nn.RMSNorm(2, eps=1e-6); refit_width(n, [(n, 4, 2)]); n.eps
+        2e-06
+    """
+    for m, width, k in norms:
+        _rescale(m, width / k, k)
+    for width, k in {(w, k) for _, w, k in norms}:
+        _write_configs(model, width, k)
