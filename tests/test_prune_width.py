@@ -44,8 +44,10 @@ def _rms64(self: Any, x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def exact(monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers.models.llama import modeling_llama
+    from transformers.models.mistral import modeling_mistral
     from transformers.models.qwen2 import modeling_qwen2
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms64)
+    monkeypatch.setattr(modeling_mistral.MistralRMSNorm, "forward", _rms64)
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rms64)
 
 
@@ -53,8 +55,10 @@ def _hf(kind: str, tie: bool = False, width: int = 32) -> nn.Module:
     torch.manual_seed(0)
     cfg = dict(vocab_size=50, hidden_size=width, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, tie_word_embeddings=tie, rms_norm_eps=1e-3)
-    model = tr.LlamaForCausalLM(tr.LlamaConfig(**cfg)) if kind == "llama" else tr.Qwen2ForCausalLM(tr.Qwen2Config(**cfg))
-    return model.double().eval()
+    build = {"llama": (tr.LlamaForCausalLM, tr.LlamaConfig), "qwen2": (tr.Qwen2ForCausalLM, tr.Qwen2Config),
+             "mistral": (tr.MistralForCausalLM, tr.MistralConfig),
+             "llama-cls": (tr.LlamaForSequenceClassification, tr.LlamaConfig)}[kind]
+    return build[0](build[1](**cfg)).double().eval()
 
 
 def _ids() -> torch.Tensor:
@@ -66,7 +70,8 @@ def _logits(m: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return m(ids, use_cache=False).logits  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("kind,tie", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True)])
+@pytest.mark.parametrize("kind,tie", [("llama", False), ("llama", True), ("qwen2", False), ("qwen2", True),
+                                      ("mistral", False)])
 def test_compacted_equals_masked_and_every_member_shrinks(kind: str, tie: bool, exact: None) -> None:
     model, ids = _hf(kind, tie), _ids()
     res = prune_width(model, ids, amount=0.25, kwargs=KW)
@@ -84,6 +89,22 @@ def test_compacted_equals_masked_and_every_member_shrinks(kind: str, tie: bool, 
         assert f.down_proj.in_features == 40  # MLP hidden units stay
     assert small.config.hidden_size == 24 and small.config.head_dim == 8
     assert model.config.hidden_size == 32  # the masked model's config is its own
+
+
+def test_a_classifier_loses_its_score_columns_and_a_compacted_model_can_lose_more(exact: None) -> None:
+    model, ids = _hf("llama-cls"), _ids()
+    model.config.pad_token_id = 0
+    prune_width(model, ids, amount=0.25, kwargs=KW)
+    small = compact(model, ids, kwargs=KW)
+    assert small.score.in_features == 24 and small.config.hidden_size == 24
+    with torch.no_grad():
+        assert _rel(model(ids, use_cache=False).logits, small(ids, use_cache=False).logits) < TOL
+    prune_width(small, ids, channels=[0, 23], kwargs=KW)  # the compacted model's own width: 24
+    smaller = compact(small, ids, kwargs=KW)
+    assert smaller.config.hidden_size == 22
+    assert smaller.config.rms_norm_eps == pytest.approx(1e-3 * 32 / 22, rel=1e-12)
+    with torch.no_grad():
+        assert _rel(small(ids, use_cache=False).logits, smaller(ids, use_cache=False).logits) < TOL
 
 
 def test_norms_are_rescaled_as_derived(exact: None) -> None:
