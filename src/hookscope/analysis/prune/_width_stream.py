@@ -201,7 +201,9 @@ def is_rms_norm(m: nn.Module) -> bool:
 def _rescale(m: nn.Module, ratio: float, k: int) -> None:
     attr = "variance_epsilon" if hasattr(m, "variance_epsilon") else "eps"
     eps = getattr(m, attr)
-    setattr(m, attr, (torch.finfo(torch.float32).eps if eps is None else eps) * ratio)
+    if eps is None:  # torch's RMSNorm without eps uses its input's machine epsilon
+        eps = torch.finfo(getattr(m, "weight").dtype).eps
+    setattr(m, attr, eps * ratio)
     if hasattr(m, "normalized_shape"):
         setattr(m, "normalized_shape", (k,))
 
