@@ -31,7 +31,8 @@ RESULT_TYPES = {n: o for n, o in PUBLIC.items() if inspect.isclass(o) and hasatt
 LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
-              "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow"}
+              "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
+              "WidthRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -39,7 +40,8 @@ CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES 
 RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep='input'", "Trace", "Watch",
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
-                "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning"]
+                "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
+                "WidthPruning"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -131,7 +133,15 @@ def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
             "ChannelGroups": hookscope.channel_groups(net, x[:1]),
             "ChannelImportance": hookscope.channel_importance(net, x, layers={"stem.2": 1}),
             "ModelComparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0),
-            "HeadPruning": hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5)}
+            "HeadPruning": hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5),
+            "WidthPruning": hookscope.prune_width(_width(), torch.tensor([[1, 2, 3]]), amount=0.25)}
+
+
+def _width() -> nn.Module:
+    import transformers
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)).eval()
 
 
 def _heads() -> nn.Module:
@@ -241,6 +251,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
         "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5, **kw),
+        "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
@@ -340,7 +351,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

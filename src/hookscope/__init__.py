@@ -41,6 +41,9 @@ from .analysis.prune import (
     prune,
     prune_channels,
     prune_heads,
+    prune_width,
+    WidthPruning,
+    WidthRow,
     sparsity,
 )
 from .analysis.prune import remove as remove_masks
@@ -91,7 +94,8 @@ __all__ = [
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
-    "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "compact", "compare_models", "ModelComparison",
+    "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow",
+    "prune_width", "WidthPruning", "WidthRow", "compact", "compare_models", "ModelComparison",
     # extract at scale
     "extract", "open_store", "Store", "LayerArray",
     # load models and weights as the command line does

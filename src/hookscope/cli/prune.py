@@ -94,8 +94,12 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                    help="remove this share, in [0, 1), of every attention layer's heads (nn.MultiheadAttention, "
                         "BERT, GPT-2, LLaMA-style with grouped-query attention, timm), those of the lowest output "
                         "norm on the example input; alone or with --channels --amount")
+    p.add_argument("--width", metavar="FRACTION", type=float, default=None,
+                   help="remove this share, in [0, 1), of the hidden width (the residual stream) of an RMSNorm "
+                        "transformer (LLaMA, Qwen2, Mistral), the channels of the lowest mean |value| on the example "
+                        "input; alone or with --heads / --channels")
     p.add_argument("--compact", action="store_true",
-                   help="with --channels or --heads: build the smaller model (channels or heads removed, outputs "
+                   help="with --channels, --heads or --width: build the smaller model (channels or heads removed, outputs "
                         "checked equal to "
                         "the masked model's); --out then writes its weights, which load back into MODEL "
                         "with --weights FILE (hookscope resizes the layers)")
@@ -139,11 +143,26 @@ def _check_heads(args: argparse.Namespace) -> None:
                              f"add --channels or drop {flag}")
 
 
+def _check_width(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.width < 1.0:  # NaN fails too
+        raise HookscopeError(f"--width {args.width:g} is not a share of the hidden width in [0, 1); give e.g. "
+                             "--width 0.25")
+    if not args.channels and (args.amount is not None or args.count is not None):
+        raise HookscopeError("--width alone removes hidden channels only; add --channels to prune channels by "
+                             "--amount too, or drop --amount / --count")
+    if not args.channels and (args.importance is not None or args.data is not None):
+        flag = "--importance" if args.importance is not None else "--data"
+        raise HookscopeError(f"{flag} ranks channels; --width ranks hidden channels by their mean |value| on the "
+                             f"example input; add --channels or drop {flag}")
+
+
 def _check_amount(args: argparse.Namespace) -> None:
+    if args.width is not None:
+        _check_width(args)
     if args.heads is not None:
         _check_heads(args)
-        if not args.channels:
-            return
+    if not args.channels and (args.heads is not None or args.width is not None):
+        return
     if (args.amount is None) == (args.count is None):
         raise HookscopeError("give how much to prune: --amount FRACTION (such as 0.5) or --count N, one of them")
     if args.amount is not None and not 0.0 <= args.amount <= 1.0:  # NaN fails too
@@ -204,13 +223,17 @@ def _check_out(args: argparse.Namespace) -> None:
         raise HookscopeError(f"--out {args.out} exists; pass --overwrite to replace it, or give another path")
 
 
+def _structured(args: argparse.Namespace) -> bool:
+    return bool(args.channels) or args.heads is not None or args.width is not None
+
+
 def _check(args: argparse.Namespace) -> None:
     if args.image and args.input is not None:
         raise HookscopeError("give either --image PATH or --input SHAPE, not both")
     if args.repeats < 1:
         raise HookscopeError(f"--repeats {args.repeats} is not a count; give 1 or more")
     _check_amount(args)
-    (_check_channels if args.channels or args.heads is not None else _check_weights)(args)
+    (_check_channels if _structured(args) else _check_weights)(args)
     _check_out(args)
 
 
@@ -368,7 +391,7 @@ def _prune_weights(args: argparse.Namespace, model: nn.Module) -> Any:
 
 def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInput,
                     data: _Data | None) -> tuple[Any, nn.Module]:
-    from ..analysis.prune import compact, prune_channels, prune_heads, remove
+    from ..analysis.prune import compact, prune_channels, prune_heads, prune_width, remove
 
     kind = args.importance or "l2"
     results: list[Any] = []
@@ -382,6 +405,11 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
                                        layers=None if args.channels else args.layers))
         except HookscopeError as e:
             raise HookscopeError(str(e).replace("amount=", "--heads ")) from e
+    if args.width is not None:
+        try:
+            results.append(prune_width(model, given.x, amount=args.width, kwargs=given.kwargs))
+        except HookscopeError as e:
+            raise HookscopeError(str(e).replace("amount=", "--width ")) from e
     result = results[0] if len(results) == 1 else _Both(results)
     if args.compact:
         return result, compact(model, given.x, kwargs=given.kwargs, allow_unseen=args.allow_unseen)
@@ -390,7 +418,7 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
 
 
 class _Both:
-    """What --channels and --heads masked, shown one after the other."""
+    """What --channels, --heads and --width masked, shown one after the other."""
 
     def __init__(self, results: list[Any]) -> None:
         self.results = results
@@ -399,7 +427,8 @@ class _Both:
         return "\n\n".join(r.table().rstrip("\n") for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"channels": self.results[0].to_dict(), "heads": self.results[1].to_dict()}
+        names = {"ChannelPruning": "channels", "HeadPruning": "heads", "WidthPruning": "width"}
+        return {names.get(type(r).__name__, type(r).__name__): r.to_dict() for r in self.results}
 
 
 def _save(model: nn.Module, path: str, *, compacted: bool) -> int:
@@ -443,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
     data = _data(args, model) if args.channels else None
     given = _example(args, model, data)
     before = copy.deepcopy(_copyable(model))
-    if args.channels or args.heads is not None:
+    if _structured(args):
         result, after = _prune_channels(args, model, given, data)
     else:
         result, after = _prune_weights(args, model), model
@@ -463,7 +492,8 @@ def run(args: argparse.Namespace) -> int:
 def _to_json(args: argparse.Namespace, result: Any, comparison: Any) -> str:
     import json
 
-    mode = "channels" if args.channels else "heads" if args.heads is not None else "weights"
+    mode = "channels" if args.channels else "heads" if args.heads is not None else \
+        "width" if args.width is not None else "weights"
     doc = {"model": args.model, "mode": mode, "compact": bool(args.compact),
            "pruned": result.to_dict(), "comparison": comparison.to_dict(), "out": args.out}
     return json.dumps(doc, indent=2, default=str)

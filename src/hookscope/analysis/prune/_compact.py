@@ -21,6 +21,7 @@ from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, p
 from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
+from ._width_stream import fix_width, with_width
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
 
@@ -184,7 +185,7 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     except HookscopeError as e:
         cause = e.__cause__ if e.__cause__ is not None else e
         return None, f"the model's training-mode branches fail on it ({type(cause).__name__}: {first_line(cause, 120)})"
-    groups = with_heads(assemble(tr, wide), wide, tr.ran)
+    groups = with_width(with_heads(assemble(tr, wide), wide, tr.ran), wide)
     if not ran <= tr.ran:
         return None, "its training-mode branches skip layers that eval mode runs"
     if groups.unseen and not allow_unseen:
@@ -193,6 +194,7 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     check_heads(groups, drop)
     _slice(wide, _plan(groups, drop))
     fix_heads(wide, groups, drop)
+    fix_width(wide, groups, drop)
     try:
         verify(inner, wide, inputs, kw, atol, groups, drop)
         verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
@@ -237,7 +239,7 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     if work is inner:
         work = deep_copy(inner)
     tr = trace_channels(work, inputs, kw)
-    groups = with_heads(assemble(tr, work), work, tr.ran)  # attention heads: groups of their own
+    groups = with_width(with_heads(assemble(tr, work), work, tr.ran), work)  # heads, hidden width: groups of their own
     drop = dropped_channels(work, groups)
     check_heads(groups, drop)
     if drop and groups.unseen:
@@ -248,6 +250,7 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
             raise _unseen(groups, why)
     _slice(work, _plan(groups, drop))
     fix_heads(work, groups, drop)
+    fix_width(work, groups, drop)
     verify(inner, work, inputs, kw, atol, groups, drop)
     return _flags_of(inner, work)
 
