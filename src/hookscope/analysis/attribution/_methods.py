@@ -73,8 +73,10 @@ def integrated_gradients(job: Job, p: Pass, s: Settings) -> Made:
     dev = job.x.device
     rows = torch.arange(B, device=dev).repeat(steps)  # step by step, each step a copy of the batch
     step = torch.arange(B * steps, device=dev) // B
-    with torch.no_grad():
-        base = run(job, s.baseline, torch.arange(B, device=dev), None if job.layer is None else _kept)
+    # f(baseline) comes from the path's own first step where that step is the baseline (alpha 0: the
+    # trapezoid and left rules at the inputs); at a layer the baseline's output is the path's start
+    at_zero = job.layer is None and s.alphas[0] == 0.0
+    base = Pass() if at_zero else _baseline_pass(job, s.baseline)
     start = job.x if job.layer is None else p.kept[0].detach()
     origin = s.baseline if job.layer is None else base.kept[0]
     alpha = torch.tensor(s.alphas, dtype=torch.float64, device=dev)
@@ -87,15 +89,23 @@ def integrated_gradients(job: Job, p: Pass, s: Settings) -> Made:
     build = scaled if job.layer is None else (lambda lo, hi: job.x[rows[lo:hi]])
     stand = None if job.layer is None else (lambda lo, hi: _fixed(scaled(lo, hi)))
     total = torch.zeros_like(_wide(start))
-    forwards = 2
-    for lo, hi, _, g in gradients(job, rows, build, stand):
+    forwards = 1 if at_zero else 2
+    for lo, hi, scores, g in gradients(job, rows, build, stand):
         w = weight[step[lo:hi]].to(total.dtype).view(-1, *[1] * (g.dim() - 1))
         total.index_add_(0, rows[lo:hi], _wide(g) * w)
+        if at_zero and lo < B:  # the rows of the first step: the baseline itself
+            base.scores = scores[:B - lo] if base.scores is None else torch.cat([base.scores, scores[:B - lo]])
         forwards += 1
     maps = total * _wide(start - origin)
     assert p.scores is not None and base.scores is not None
     delta = _wide(p.scores.detach()) - _wide(base.scores) - maps.flatten(1).sum(1)
     return maps, delta, forwards
+
+
+def _baseline_pass(job: Job, baseline: torch.Tensor) -> Pass:
+    """The model on the baseline (its layer's output kept at a layer), for ``f(baseline)``."""
+    with torch.no_grad():
+        return run(job, baseline, torch.arange(job.batch, device=job.x.device), None if job.layer is None else _kept)
 
 
 def _kept(t: torch.Tensor) -> torch.Tensor:

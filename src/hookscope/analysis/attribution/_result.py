@@ -53,7 +53,7 @@ class Attributions(Result):
             >>> import torch, hookscope
             >>> net = torch.nn.Linear(3, 2); _ = torch.nn.init.ones_(net.weight); _ = torch.nn.init.zeros_(net.bias)
             >>> print(hookscope.attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=2))
-            integrated_gradients (steps=2, rule=riemann_trapezoid) on the inputs: 2 maps of 3, 3 forward passes
+            integrated_gradients (steps=2, rule=riemann_trapezoid) on the inputs: 2 maps of 3, 2 forward passes
             sample  target  score  sum  delta
             ---------------------------------
                  0       1      3    3      0
