@@ -42,8 +42,13 @@ Backward = Callable[[Tensor], Tensor]
 
 
 def stabilize(z: Tensor, epsilon: float) -> Tensor:
-    """``z`` moved away from zero by ``epsilon`` in the direction of its sign (``+`` at zero)."""
-    return z + epsilon * (z.sign() + (z == 0).to(z.dtype))
+    """``z`` moved away from zero by ``epsilon`` in the direction of its sign (``+`` at zero).
+
+    Example:
+        >>> stabilize(torch.tensor([-2.0, 0.0, 3.0]), 0.5)
+        tensor([-2.5000,  0.5000,  3.5000])
+    """
+    return torch.where(z >= 0, z + epsilon, z - epsilon)
 
 
 class _Swapped(torch.autograd.Function):
@@ -60,8 +65,8 @@ class _Swapped(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        g = ctx.back(grad)
-        return (g if ctx.mask is None else g * ctx.mask), None, None, None
+        g = ctx.back(grad)  # a new tensor where masked (guided backprop's relu(grad))
+        return (g if ctx.mask is None else g.mul_(ctx.mask)), None, None, None
 
 
 class _NormSum(torch.autograd.Function):

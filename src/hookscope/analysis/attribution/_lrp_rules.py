@@ -196,13 +196,14 @@ def relevance(rule: LRPRule, layer: Layer, x: Tensor, weight: Tensor, bias: Tens
     gamma rule's plain output only gives the sign of each output value and is not differentiated.
     """
     variants = _variants(rule, x)
+    nonneg = rule.name in ("zplus", "alpha_beta", "gamma") and bool(x.min() >= 0)  # as after a ReLU
     xs: list[Tensor] = []
     zs: list[Tensor | None] = []
     with torch.enable_grad():
         for i, (on_x, on_w, on_b) in enumerate(variants):
-            xi = on_x(x.detach()).detach()
+            left_out = nonneg and on_x is _neg and on_b is None  # its input is all zeros
+            xi = x.detach() if left_out or (nonneg and on_x is _pos) else on_x(x.detach()).detach()
             b = None if bias is None or on_b is None else on_b(bias)
-            left_out = i > 0 and on_b is None and on_x in (_pos, _neg) and not bool(xi.any())
             sign_only = rule.name == "gamma" and i == 4
             xs.append(xi.requires_grad_(not (left_out or sign_only)))
             with torch.set_grad_enabled(not sign_only):
