@@ -22,4 +22,4 @@ def guided_backprop(job: Job, p: Pass, s: object) -> tuple[torch.Tensor, None, i
     """The gradient of the target's score at the inputs with every ReLU passing back only positive
     gradients (one forward and backward pass, under the rule; the target pinned on its output)."""
     scores, leaf = rule_pass(job, RuleMode("guided"), p)
-    return grad(job, scores, leaf), None, 2
+    return grad(job, scores, leaf), None, 1

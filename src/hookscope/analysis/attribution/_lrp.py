@@ -57,7 +57,7 @@ def _eager(job: Job) -> Job:
 def deconvnet(job: Job, p: Pass, s: object) -> tuple[Tensor, None, int]:
     """The target's gradient with every ReLU passing back ``relu(grad)`` (its forward mask ignored)."""
     scores, leaf = rule_pass(job, RuleMode("deconvnet"), p)
-    return grad(job, scores, leaf), None, 2
+    return grad(job, scores, leaf), None, 1
 
 
 def _layer_fn(m: nn.Module) -> Layer:
