@@ -371,7 +371,7 @@ def test_hooks_go_when_the_forward_pass_fails():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             self.calls += 1
-            if self.calls > 0:  # the one pass, under the rules
+            if self.calls > 0:  # the pass under the rules, the only one
                 raise ValueError("boom")
             return self.bn(F.relu(self.lin(x)))
 

@@ -3,10 +3,11 @@
 LRP, as zennit computes it: the target's score is the relevance at the output; the gradient pass
 carries relevance instead of gradients. A forward hook on each layer with a rule hands the model
 its output through :class:`_Ruled`, whose backward is the rule (:func:`._lrp_rules.relevance`);
-activations and sums are caught by :class:`._activations.RuleMode`. A batch norm right after a
-Linear or Conv layer is merged into it for the pass: the layer's hook computes with the merged
-weight and bias (new tensors, the model's own never written) and the batch norm's hook hands its
-input on. Hooks go when the pass ends, also on errors.
+activations and sums are caught by :class:`._activations.RuleMode`. One forward pass, with the
+model's own values: the same hooks note which batch norm reads a layer's very output (:class:`_Seen`);
+such a batch norm passes relevance on and the layer's rule, whose backward runs after the batch
+norm's, computes with the merged weight and bias (new tensors, the model's own never written).
+Hooks go when the pass ends, also on errors.
 """
 
 from __future__ import annotations
