@@ -20,7 +20,9 @@ float32; target class 3 for every sample (given to both tools).
 Every method runs once per round, the order alternating round by round, so that both tools see the
 same load; each time is a median over the rounds, and ``x fwd+bwd`` is the median over rounds of the
 method's time divided by the floor's time in the same round. ``max rel diff`` is how far hookscope's
-relevances are from zennit's (relative to zennit's largest), float32.
+relevances are from zennit's (relative to zennit's largest), float32: on the ResNets about 1e-3,
+which is zennit's merged batch norms computing ``x / sqrt(1 + eps)`` (``eps=1e-5``) where the model's
+value is ``x``; with ``eps=0`` in float64 the two agree exactly (resnet18, 2x3x224x224: 0.0).
 """
 
 from __future__ import annotations
