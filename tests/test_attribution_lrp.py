@@ -371,7 +371,7 @@ def test_hooks_go_when_the_forward_pass_fails():
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             self.calls += 1
-            if self.calls > 2:  # the pass under the rules
+            if self.calls > 0:  # the pass under the rules, the only one
                 raise ValueError("boom")
             return self.bn(F.relu(self.lin(x)))
 
@@ -429,7 +429,7 @@ def test_the_result_names_the_composite_and_speaks_the_protocol():
     res = hookscope.attribute(net, torch.rand(2, 3), method="lrp", composite={"0": "flat", nn.Linear: "gamma:0.5"})
     assert res.settings == {"composite": "0=flat, Linear=gamma:0.5", "canonize": True}
     assert str(res).splitlines()[0] == ("lrp (composite=0=flat, Linear=gamma:0.5, canonize=True) on the inputs: "
-                                        "2 maps of 3, 2 forward passes")  # no batch norm: no plain pass to find one
+                                        "2 maps of 3, 1 forward pass")  # the target pinned on the pass under the rules
     assert '"composite": "0=flat, Linear=gamma:0.5"' in res.to_json()
 
 
@@ -473,3 +473,67 @@ def test_a_target_function_keeps_its_own_gradient(method):
     # the ReLU is the target's, not the model's: below zero it passes nothing back, under any rule
     score = hookscope.attribute(net, x, method=method, target=lambda out: torch.relu(out[:, 0] - 1e3) + out[:, 1])
     assert torch.allclose(score.maps, hookscope.attribute(net, x, method=method, target=1).maps, atol=1e-6)
+
+
+# --- one forward pass: the target, the batch norms to merge and the first layer read from it ------------------
+class _Counted(nn.Module):
+    """TinyResNet, counting its forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net, self.calls = hookscope.zoo.TinyResNet(), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(x)
+
+
+@pytest.mark.parametrize("method", ["lrp", "guided_backprop", "deconvnet"])
+def test_one_forward_pass_pins_each_samples_predicted_class_and_its_score_as_the_model_computes_them(method):
+    net = _Counted().eval()
+    x = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        out = net(x)
+    net.calls = 0
+    res = hookscope.attribute(net, x, method=method)
+    assert net.calls == 1 and res.forwards == 1
+    assert torch.equal(res.target, out.argmax(1))  # the model's own values, batch norms merged or not
+    assert torch.equal(res.scores, out.gather(1, out.argmax(1)[:, None])[:, 0])
+    assert torch.equal(res.maps, hookscope.attribute(net, x, method=method, target=out.argmax(1)).maps)
+
+
+def test_a_batch_norm_after_an_in_place_activation_is_not_merged_into_the_layer_before_it():
+    # the conv's output is rewritten in place by the ReLU before the batch norm reads it: as in zennit's
+    # SequentialMergeBatchNorm, which merges only a batch norm right after the layer, nothing is merged
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3), nn.ReLU(inplace=True), nn.BatchNorm2d(6), nn.Conv2d(6, 4, 3),
+                        nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+    net = _randomise_batch_norms(net, 0.0).double().eval()
+    x = _images(torch.float64, 10)
+    ours = hookscope.attribute(net, x, method="lrp", composite="epsilon_plus", target=TARGET).maps
+    assert rel(ours, zennit_lrp(net, x, EpsilonPlus(canonizers=[SequentialMergeBatchNorm()]))) <= 1e-10
+    merged_both = nn.Sequential(*[net[i] for i in (0, 2, 1, 3, 4, 5, 6, 7, 8)])  # the batch norm first: merged
+    assert rel(ours, zennit_lrp(merged_both, x, EpsilonPlus(canonizers=[SequentialMergeBatchNorm()]))) > 1e-3
+
+
+class _Backwards(nn.Module):
+    """Layers defined in the opposite order to the one they run in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.conv = nn.Linear(4 * 4 * 4, 3), nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.relu(self.conv(x)).flatten(1))
+
+
+def test_zbox_goes_on_the_layer_that_runs_first_whatever_the_order_of_definition():
+    net, x = _Backwards().double(), _images(torch.float64, 6)
+    ours = hookscope.attribute(net, x, method="lrp", composite={"conv": "zbox"}, bounds=(0.0, 1.0), target=1)
+    zbox = zr.ZBox(low=torch.zeros_like(x), high=torch.ones_like(x))
+    assert rel(ours.maps, zennit_lrp(net, x, NameMapComposite([(("conv",), zbox), (("fc",), zr.Epsilon())]),
+                                     target=1)) <= 1e-10
+    with pytest.raises(HookscopeError, match="rule 'zbox' on layer 'fc'.*first layer \\('conv'\\)") as err:
+        hookscope.attribute(net, x, method="lrp", composite={"fc": "zbox"}, target=1)
+    assert "\n" not in str(err.value) and no_hooks(net)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ...selection import unwrap
-from .._targets import scores_of
-from ._engine import Job, probe
+from .._targets import pinned, scores_of
+from ._engine import Job, Pass, probe
 
 __all__ = ["ACTIVATIONS", "RELUS", "RuleMode", "rule_pass", "stabilize"]
 
@@ -42,8 +42,13 @@ Backward = Callable[[Tensor], Tensor]
 
 
 def stabilize(z: Tensor, epsilon: float) -> Tensor:
-    """``z`` moved away from zero by ``epsilon`` in the direction of its sign (``+`` at zero)."""
-    return z + epsilon * (z.sign() + (z == 0).to(z.dtype))
+    """``z`` moved away from zero by ``epsilon`` in the direction of its sign (``+`` at zero).
+
+    Example:
+        >>> stabilize(torch.tensor([-2.0, 0.0, 3.0]), 0.5)
+        tensor([-2.5000,  0.5000,  3.5000])
+    """
+    return torch.where(z >= 0, z + epsilon, z - epsilon)
 
 
 class _Swapped(torch.autograd.Function):
@@ -60,8 +65,8 @@ class _Swapped(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        g = ctx.back(grad)
-        return (g if ctx.mask is None else g * ctx.mask), None, None, None
+        g = ctx.back(grad)  # a new tensor where masked (guided backprop's relu(grad))
+        return (g if ctx.mask is None else g.mul_(ctx.mask)), None, None, None
 
 
 class _NormSum(torch.autograd.Function):
@@ -125,12 +130,15 @@ def _grad(t: Any) -> bool:
     return isinstance(t, Tensor) and t.requires_grad and t.is_floating_point()
 
 
-def rule_pass(job: Job, mode: RuleMode) -> tuple[Tensor, Tensor]:
-    """The target's scores and the inputs' leaf of one more pass of the model (inside its wrappers)
-    under ``mode``; the scores are read after the mode ends, so the target's own functions keep their
-    gradient."""
+def rule_pass(job: Job, mode: RuleMode, p: Pass) -> tuple[Tensor, Tensor]:
+    """The target's scores and the inputs' leaf of the one pass of the model (inside its wrappers) under
+    ``mode``, its values the model's own: ``job.target`` is pinned on its output and ``p.scores`` set.
+    The scores are read after the mode ends, so the target's own functions keep their gradient."""
     eager = dataclasses.replace(job, model=unwrap(job.model)[0], target=None)
     with mode:
         again = probe(eager, None, count=False)
     assert again.leaf is not None
-    return scores_of(job.target, again.output, torch.arange(job.batch, device=job.x.device)), again.leaf
+    job.target = pinned(job.target, again.output, job.batch)
+    p.output = again.output
+    p.scores = scores_of(job.target, again.output, torch.arange(job.batch, device=job.x.device))
+    return p.scores, again.leaf

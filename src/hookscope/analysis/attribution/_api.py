@@ -1,5 +1,6 @@
 """:func:`hookscope.attribute`: checks the call, runs the first pass on the inputs (the target pinned
-there, the bytes of one row counted), then hands the job to the method's entry of :data:`~._methods.TABLE`."""
+there, the bytes of one row counted; the methods of one pass under their rules pin it on that pass),
+then hands the job to the method's entry of :data:`~._methods.TABLE`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
-from ._engine import Job, leaf, probe
+from ._engine import Job, Pass, leaf, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
 from ._lrp import lrp_settings
@@ -27,6 +28,7 @@ from ._rules import rule_name, rule_points
 __all__ = ["METHODS", "attribute"]
 
 METHODS = tuple(TABLE)  # every method's name, as attribute(method=) takes it
+ONE_PASS = ("guided_backprop", "deconvnet", "lrp")  # one pass under their rules, the target pinned there
 
 
 def attribute(
@@ -152,17 +154,28 @@ def attribute(
         settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
                             bounds)
         job = Job(model, x, kw, layer)
-        first = probe(job, None if layer is None else leaf, count=memory is not None)
-        job.target = pinned(target, first.output, job.batch)
-        first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=x.device))
-        job.chunk = _chunk(first.saved, x, batch_size, memory)
+        first = _first_pass(job, key, target, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
+        assert first.scores is not None
     named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
     told = lrp_settings(composite, canonize) if key == "lrp" else {k: named[k] for k in SETTINGS.get(key, ())} or None
     classes = job.target if isinstance(job.target, torch.Tensor) else None
     return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
                         delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
                         settings=told, forwards=forwards)
+
+
+def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int | None) -> Pass:
+    """The pass on the inputs that pins the target and counts a row's bytes; none for the methods of
+    one pass under their rules, which pin the target on that pass's output (the model's own values)."""
+    if key in ONE_PASS:
+        job.target = target
+        return Pass()
+    first = probe(job, None if job.layer is None else leaf, count=memory is not None)
+    job.target = pinned(target, first.output, job.batch)
+    first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=job.x.device))
+    job.chunk = _chunk(first.saved, job.x, batch_size, memory)
+    return first
 
 
 def _check_method(method: str, layers: Any) -> str:

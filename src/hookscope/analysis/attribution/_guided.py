@@ -20,6 +20,6 @@ __all__ = ["guided_backprop"]
 
 def guided_backprop(job: Job, p: Pass, s: object) -> tuple[torch.Tensor, None, int]:
     """The gradient of the target's score at the inputs with every ReLU passing back only positive
-    gradients (one more forward and backward pass, under the rule)."""
-    scores, leaf = rule_pass(job, RuleMode("guided"))
-    return grad(job, scores, leaf), None, 2
+    gradients (one forward and backward pass, under the rule; the target pinned on its output)."""
+    scores, leaf = rule_pass(job, RuleMode("guided"), p)
+    return grad(job, scores, leaf), None, 1

@@ -3,10 +3,11 @@
 LRP, as zennit computes it: the target's score is the relevance at the output; the gradient pass
 carries relevance instead of gradients. A forward hook on each layer with a rule hands the model
 its output through :class:`_Ruled`, whose backward is the rule (:func:`._lrp_rules.relevance`);
-activations and sums are caught by :class:`._activations.RuleMode`. A batch norm right after a
-Linear or Conv layer is merged into it for the pass: the layer's hook computes with the merged
-weight and bias (new tensors, the model's own never written) and the batch norm's hook hands its
-input on. Hooks go when the pass ends, also on errors.
+activations and sums are caught by :class:`._activations.RuleMode`. One forward pass, with the
+model's own values: the same hooks note which batch norm reads a layer's very output (:class:`_Seen`);
+such a batch norm passes relevance on and the layer's rule, whose backward runs after the batch
+norm's, computes with the merged weight and bias (new tensors, the model's own never written).
+Hooks go when the pass ends, also on errors.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ...errors import HookscopeError
 from ...selection import unwrap
 from ._activations import RuleMode, rule_pass
 from ._composites import CONVS, LINEARS, Chosen, assign
-from ._engine import Job, Pass, grad, run
+from ._engine import Job, Pass, grad
 from ._lrp_rules import Layer, LRPRule, norm_relevance, parse_rule, relevance, settings_text
 
 __all__ = ["deconvnet", "lrp", "lrp_settings"]
@@ -56,8 +57,8 @@ def _eager(job: Job) -> Job:
 
 def deconvnet(job: Job, p: Pass, s: object) -> tuple[Tensor, None, int]:
     """The target's gradient with every ReLU passing back ``relu(grad)`` (its forward mask ignored)."""
-    scores, leaf = rule_pass(job, RuleMode("deconvnet"))
-    return grad(job, scores, leaf), None, 2
+    scores, leaf = rule_pass(job, RuleMode("deconvnet"), p)
+    return grad(job, scores, leaf), None, 1
 
 
 def _layer_fn(m: nn.Module) -> Layer:
@@ -93,146 +94,141 @@ def _param(m: nn.Module, name: str) -> Tensor | None:
 
 
 @dataclasses.dataclass
-class _Trace:
-    """What one plain pass showed: batch norms fed by one layer, the layer that ran first."""
+class _Seen:
+    """What the pass under the rules showed as it ran: each layer's calls, the batch norms fed by one
+    layer's output, the Linear or Conv layer that ran first; after it, the merged weights and biases."""
 
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    made: dict[int, tuple[str, Tensor, int]] = dataclasses.field(default_factory=dict)  # id -> layer, tensor, version
     fed: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # batch norm -> layers feeding it
     first: str | None = None
+    merged: dict[str, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)  # layer -> weight, bias
+
+    def layer_ran(self, name: str, out: Any) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.first = self.first or name
+        if isinstance(out, Tensor):  # the tensor kept, so that its id stays its own
+            self.made[id(out)] = (name, out, out._version)
+
+    def norm_ran(self, name: str, x: Any) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        made = self.made.get(id(x)) if isinstance(x, Tensor) else None
+        # the layer's very output: not written in place since (an in-place activation would change it)
+        self.fed.setdefault(name, set()).add(made[0] if made and made[2] == x._version else "")
+
+    def merge(self, mods: dict[str, nn.Module], chosen: Chosen) -> None:
+        """The merged weight and bias of each layer with a rule whose every call fed the one watched batch
+        norm that only it fed."""
+        pairs: dict[str, str] = {}
+        for bn, feeders in self.fed.items():
+            (layer,) = feeders if len(feeders) == 1 else ("",)
+            if layer and layer in chosen and self.calls[layer] == self.calls[bn]:
+                pairs[layer] = bn if layer not in pairs else ""  # a layer feeding two batch norms keeps both
+        self.made.clear()
+        self.merged = {k: _merged(mods[k], mods[bn]) for k, bn in pairs.items() if bn}
 
 
-def _trace(job: Job) -> _Trace:
-    t, made, group = _Trace(), {}, HookGroup()
-    names = {m: n for n, m in job.model.named_modules()}
-
-    def hook(m: nn.Module, args: Any, out: Any) -> None:
-        name = names[m]
-        t.calls[name] = t.calls.get(name, 0) + 1
-        if isinstance(m, LINEARS):
-            t.first = t.first or name
-            made[id(out)] = (name, out)  # the tensor kept, so that its id stays its own
-        elif args and id(args[0]) in made:
-            t.fed.setdefault(name, set()).add(made[id(args[0])][0])
-        else:
-            t.fed.setdefault(name, set()).add("")
-
-    try:
-        for m in names:
-            if isinstance(m, LINEARS + BATCH_NORMS):
-                # own hook: the order layers run in, to find which batch norm follows which layer
-                group.add(m.register_forward_hook(hook))
-        with torch.no_grad():
-            run(job, job.x, torch.arange(job.batch, device=job.x.device), None)
-    finally:
-        group.remove()
-    return t
+def _mergeable(m: nn.Module) -> bool:
+    return isinstance(m, BATCH_NORMS) and m.running_mean is not None and m.running_var is not None and not m.training
 
 
-Merged = dict[str, tuple[str, tuple[Tensor, Tensor]]]  # layer -> (its batch norm, merged weight and bias)
-
-
-def _pairs(model: nn.Module, t: _Trace) -> Merged:
-    """Layer -> (its batch norm, merged weight and bias) where every call of each feeds the other."""
-    mods = dict(model.named_modules())
-    out: Merged = {}
-    for bn, feeders in t.fed.items():
-        (layer,) = feeders if len(feeders) == 1 else ("",)
-        m = mods[bn]
-        if layer and t.calls[layer] == t.calls[bn] and m.running_mean is not None and not m.training:
-            out[layer] = (bn, _merged(mods[layer], m)) if layer not in out else ("", out[layer][1])
-    return {k: v for k, v in out.items() if v[0]}  # a layer feeding two batch norms keeps both
-
-
-def _back(m: nn.Module, rule: LRPRule, params: tuple[Tensor, Tensor | None] | None) -> Back:
-    """The rule's backward for layer ``m``: its relevance given its input and the relevance at its output."""
+def _back(name: str, m: nn.Module, rule: LRPRule, seen: _Seen) -> Back:
+    """The rule's backward for layer ``m``: its relevance given its input and the relevance at its output,
+    with the merged weight and bias where the forward pass showed a batch norm right after it (the batch
+    norm's backward, passing relevance on, runs first)."""
     if rule.name == "pass":
         return lambda x, g: g
-    if isinstance(m, LINEARS):
-        w, b = params if params is not None else (_param(m, "weight"), _param(m, "bias"))
+    if not isinstance(m, LINEARS):
+        return lambda x, g: norm_relevance(m.forward, x, g, rule.stabilizer)
+    layer = _layer_fn(m)
+
+    def back(x: Tensor, g: Tensor) -> Tensor:
+        w, b = seen.merged.get(name) or (_param(m, "weight"), _param(m, "bias"))
         assert w is not None
-        layer = _layer_fn(m)
         if rule.name == "norm":
-            return lambda x, g: norm_relevance(lambda t: layer(t, w, b), x, g, rule.stabilizer)
-        return lambda x, g: relevance(rule, layer, x, w, b, g)
-    return lambda x, g: norm_relevance(m.forward, x, g, rule.stabilizer)
+            return norm_relevance(lambda t: layer(t, w, b), x, g, rule.stabilizer)
+        return relevance(rule, layer, x, w, b, g)
+
+    return back
 
 
-def _ruled_hook(name: str, m: nn.Module, rule: LRPRule, params: tuple[Tensor, Tensor] | None) -> Any:
-    back = _back(m, rule, params)
-    layer = _layer_fn(m) if params is not None else None
+def _ruled_hook(name: str, m: nn.Module, rule: LRPRule | None, seen: _Seen, norm: bool) -> Any:
+    """The forward hook of a layer: its output handed on with the rule as its backward (the values the
+    model computed, unchanged), and what the pass shows noted in ``seen`` (``norm``: a batch norm to merge
+    into the layer feeding it, if one does)."""
+    back = _back(name, m, rule, seen) if rule is not None else None
 
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
         x = args[0] if args else None
-        if not isinstance(x, Tensor) or not x.requires_grad or not isinstance(out, Tensor):
-            return None
-        if rule.name == "pass" and out.shape != x.shape:
+        if norm:
+            seen.norm_ran(name, x)
+        if back is None or rule is None or not isinstance(x, Tensor) or not x.requires_grad:
+            new = None
+        elif not isinstance(out, Tensor):
+            new = None
+        elif rule.name == "pass" and out.shape != x.shape:
             raise HookscopeError(f"rule 'pass' on layer {name!r}: its output {tuple(out.shape)} is not the shape of "
                                  f"its input {tuple(x.shape)}; give it 'norm' or 'gradient'")
-        if layer is not None and params is not None:
-            with torch.no_grad():
-                value = layer(x, *params)
         else:
             value = out.detach()
-        return _Ruled.apply(x, lambda: value, back)
+            new = _Ruled.apply(x, lambda: value, back)
+        if isinstance(module, LINEARS):
+            seen.layer_ran(name, out if new is None else new)
+        return new
 
     return hook
 
 
-def _handed_on(module: nn.Module, args: Any, out: Any) -> Any:
-    return args[0]  # a batch norm merged into the layer before it: that layer's output already has it
-
-
 @contextmanager
-def _rules_on(chosen: Chosen, merged: Merged, mods: dict[str, nn.Module]) -> Iterator[None]:
+def _rules_on(model: nn.Module, chosen: Chosen, seen: _Seen, norms: set[str]) -> Iterator[None]:
+    """Every layer with a rule hooked, every Linear and Conv layer and the batch norms ``norms`` watched."""
     group = HookGroup()
     try:
-        for name, (m, rule) in chosen.items():
-            params = merged[name][1] if name in merged else None
-            # own hook: the layer's output swapped for a function whose backward is the LRP rule
-            group.add(m.register_forward_hook(_ruled_hook(name, m, rule, params)))
-        for bn, _ in merged.values():
-            # own hook: a merged batch norm hands its input on (its layer's rule already counts it)
-            group.add(mods[bn].register_forward_hook(_handed_on))
+        for name, m in model.named_modules():
+            if name in chosen or isinstance(m, LINEARS):
+                rule = chosen[name][1] if name in chosen else None
+                # own hook: the layer's output handed on through a function whose backward is the LRP rule;
+                # the batch norms it feeds watched, to merge them into the rule
+                group.add(m.register_forward_hook(_ruled_hook(name, m, rule, seen, name in norms)))
         yield
     finally:
         group.remove()
 
 
-def _bounded(chosen: Chosen, x: Tensor, bounds: Any, first: str | None) -> Chosen:
-    """zbox rules given their bounds (``bounds``, else each sample's smallest and largest value), checked
-    to sit on the layer that runs first."""
+def _bounded(chosen: Chosen, x: Tensor, bounds: Any) -> Chosen:
+    """zbox rules given their bounds (``bounds``, else each sample's smallest and largest value)."""
     out = dict(chosen)
     view = (-1,) + (1,) * (x.dim() - 1)
     lo, hi = bounds if bounds is not None else (x.flatten(1).amin(1).view(view), x.flatten(1).amax(1).view(view))
     for name, (m, rule) in chosen.items():
-        if rule.name != "zbox":
-            continue
-        if name != first:
-            raise HookscopeError(f"rule 'zbox' on layer {name!r}: it bounds the model's inputs, so it belongs on the "
-                                 f"first layer ({first!r}); give {name!r} another rule such as 'gamma'")
-        low, high = (lo if rule.low is None else rule.low), (hi if rule.high is None else rule.high)
-        out[name] = (m, dataclasses.replace(rule, low=low, high=high))
+        if rule.name == "zbox":
+            low, high = (lo if rule.low is None else rule.low), (hi if rule.high is None else rule.high)
+            out[name] = (m, dataclasses.replace(rule, low=low, high=high))
     return out
 
 
+def _check_zbox(chosen: Chosen, first: str | None) -> None:
+    """zbox bounds the model's inputs: only the Linear or Conv layer that ran first may have it."""
+    for name, (m, rule) in chosen.items():
+        if rule.name == "zbox" and name != first:
+            raise HookscopeError(f"rule 'zbox' on layer {name!r}: it bounds the model's inputs, so it belongs on the "
+                                 f"first layer ({first!r}); give {name!r} another rule such as 'gamma'")
+
+
 def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
-    """The relevance of each input value: the target's score propagated back by the composite's rules."""
-    eager = _eager(job)
-    model = eager.model
-    chosen = assign(model, s.composite)
-    needed = any(r.name == "zbox" for _, r in chosen.values()) or (
-        s.canonize and any(isinstance(m, BATCH_NORMS) for m in model.modules()))
-    t = _trace(eager) if needed else _Trace()  # a plain pass, only to find batch norms or the first layer
-    chosen = _bounded(chosen, job.x, s.bounds, t.first)
-    # merged where the layer has a rule to compute with and the batch norm no rule of its own
-    merged = {k: v for k, v in (_pairs(model, t) if s.canonize else {}).items() if k in chosen and v[0] not in chosen}
-    norms = {bn for bn, _ in merged.values()}
-    chosen.update({n: (m, LRPRule("pass")) for n, m in model.named_modules()  # as zennit: relevance passes on
-                   if isinstance(m, BATCH_NORMS) and n not in norms and n not in chosen})
-    with _rules_on(chosen, merged, dict(model.named_modules())):
-        scores, leaf = rule_pass(job, RuleMode("lrp"))
+    """The relevance of each input value: the target's score propagated back by the composite's rules,
+    in one forward pass (the target pinned on its output, the batch norms to merge found as it runs)."""
+    model = _eager(job).model
+    chosen = _bounded(assign(model, s.composite), job.x, s.bounds)
+    free = {n: m for n, m in model.named_modules() if isinstance(m, BATCH_NORMS) and n not in chosen}
+    chosen.update({n: (m, LRPRule("pass")) for n, m in free.items()})  # as zennit: relevance passes on
+    seen = _Seen()  # batch norms without a rule of their own may be merged into the layer feeding them
+    with _rules_on(model, chosen, seen, {n for n, m in free.items() if s.canonize and _mergeable(m)}):
+        scores, leaf = rule_pass(job, RuleMode("lrp"), p)
+    _check_zbox(chosen, seen.first)
+    seen.merge(dict(model.named_modules()), chosen)
     # the relevance at the output is the score itself: d(s * s.detach())/ds = s
-    return grad(job, scores * scores.detach(), leaf), None, 3 if needed else 2
+    return grad(job, scores * scores.detach(), leaf), None, 1
 
 
 def lrp_settings(composite: Any, canonize: bool) -> dict[str, Any]:

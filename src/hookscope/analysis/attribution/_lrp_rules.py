@@ -143,43 +143,79 @@ def _bound(v: Tensor | float | None, x: Tensor) -> Tensor:
     return torch.as_tensor(v).to(x).expand_as(x)
 
 
-def _denominators(rule: LRPRule, z: Sequence[Tensor], grad: Tensor) -> list[Tensor]:
-    """zennit's gradient mappers: the relevance divided by each output's stabilised denominator."""
+def _plus(a: Tensor, b: Tensor | None) -> Tensor:
+    return a if b is None else a + b
+
+
+def _denominators(rule: LRPRule, z: Sequence[Tensor | None], grad: Tensor) -> list[Tensor]:
+    """zennit's gradient mappers: the relevance divided by each output's stabilised denominator (an
+    output left out, ``None``, is zero: its input is all zeros and it has no bias)."""
     s = rule.epsilon if rule.name == "epsilon" else rule.stabilizer
+    z0, z2 = z[0], z[2] if len(z) > 2 else None
+    assert z0 is not None
     if rule.name in ("epsilon", "flat", "wsquare"):
-        return [grad / stabilize(z[0], s)]
+        return [grad / stabilize(z0, s)]
     if rule.name == "zplus":
-        return [grad / stabilize(z[0] + z[1], s)] * 2
+        return [grad / stabilize(_plus(z0, z[1]), s)] * 2
+    assert z2 is not None
     if rule.name == "alpha_beta":
-        return [grad / stabilize(z[0] + z[1], s)] * 2 + [grad / stabilize(z[2] + z[3], s)] * 2
+        return [grad / stabilize(_plus(z0, z[1]), s)] * 2 + [grad / stabilize(_plus(z2, z[3]), s)] * 2
     if rule.name == "gamma":
-        up, down = grad / stabilize(z[0] + z[1], s), grad / stabilize(z[2] + z[3], s)
-        return [(z[4] > 0) * up] * 2 + [(z[4] < 0) * down] * 2 + [torch.zeros_like(grad)]
-    return [grad / stabilize(z[0] - z[1] - z[2], s)] * 3  # zbox
+        up, down = grad / stabilize(_plus(z0, z[1]), s), grad / stabilize(_plus(z2, z[3]), s)
+        sign = z[4]
+        assert sign is not None
+        return [(sign > 0) * up] * 2 + [(sign < 0) * down] * 2
+    z1 = z[1]  # zbox: no output left out
+    assert z1 is not None
+    return [grad / stabilize(z0 - z1 - z2, s)] * 3
 
 
-def _reduce(rule: LRPRule, xs: Sequence[Tensor], gs: Sequence[Tensor]) -> Tensor:
+def _dot(xs: Sequence[Tensor], gs: Sequence[Tensor | None], idx: Sequence[int]) -> Tensor:
+    """``sum(xs[i] * gs[i])`` over ``idx``, the terms of outputs left out (zero) skipped."""
+    terms = [xs[i] * g for i in idx if (g := gs[i]) is not None]
+    return sum(terms[1:], terms[0])
+
+
+def _reduce(rule: LRPRule, xs: Sequence[Tensor], gs: Sequence[Tensor | None]) -> Tensor:
+    g0 = gs[0]
+    assert g0 is not None  # the first output is never left out
     if rule.name in ("flat", "wsquare"):
-        return gs[0]
+        return g0
     if rule.name == "zbox":
-        return xs[0] * gs[0] - xs[1] * gs[1] - xs[2] * gs[2]
+        return _dot(xs, gs, [0]) - _dot(xs, gs, [1]) - _dot(xs, gs, [2])
     if rule.name == "alpha_beta":
-        return rule.alpha * (xs[0] * gs[0] + xs[1] * gs[1]) - rule.beta * (xs[2] * gs[2] + xs[3] * gs[3])
-    n = 4 if rule.name == "gamma" else len(xs)
-    return sum((xs[i] * gs[i] for i in range(1, n)), xs[0] * gs[0])
+        return rule.alpha * _dot(xs, gs, [0, 1]) - rule.beta * _dot(xs, gs, [2, 3])
+    return _dot(xs, gs, range(4 if rule.name == "gamma" else len(xs)))
 
 
 def relevance(rule: LRPRule, layer: Layer, x: Tensor, weight: Tensor, bias: Tensor | None, grad: Tensor) -> Tensor:
-    """The relevance of the layer's input ``x`` given ``grad``, the relevance at its output."""
-    xs, zs = [], []
+    """The relevance of the layer's input ``x`` given ``grad``, the relevance at its output.
+
+    An output whose modified input is all zeros and that has no bias is zero: it is left out, along
+    with its gradient (e.g. the negative inputs of ``zplus`` after a ReLU), which changes no value. The
+    gamma rule's plain output only gives the sign of each output value and is not differentiated.
+    """
+    variants = _variants(rule, x)
+    nonneg = rule.name in ("zplus", "alpha_beta", "gamma") and bool(x.min() >= 0)  # as after a ReLU
+    xs: list[Tensor] = []
+    zs: list[Tensor | None] = []
     with torch.enable_grad():
-        for on_x, on_w, on_b in _variants(rule, x):
-            xi = on_x(x.detach()).detach().requires_grad_()
+        for i, (on_x, on_w, on_b) in enumerate(variants):
+            left_out = nonneg and on_x is _neg and on_b is None  # its input is all zeros
+            xi = x.detach() if left_out or (nonneg and on_x is _pos) else on_x(x.detach()).detach()
             b = None if bias is None or on_b is None else on_b(bias)
-            xs.append(xi)
-            zs.append(layer(xi, on_w(weight), b))
-        gs = torch.autograd.grad(zs, xs, _denominators(rule, [z.detach() for z in zs], grad), allow_unused=True)
-    return _reduce(rule, xs, [torch.zeros_like(x) if g is None else g for g in gs])
+            sign_only = rule.name == "gamma" and i == 4
+            xs.append(xi.requires_grad_(not (left_out or sign_only)))
+            with torch.set_grad_enabled(not sign_only):
+                zs.append(None if left_out else layer(xi, on_w(weight), b))
+        live = [(i, z) for i, z in enumerate(zs) if z is not None and z.requires_grad]
+        ds = _denominators(rule, [None if z is None else z.detach() for z in zs], grad)
+        found = torch.autograd.grad([z for _, z in live], [xs[i] for i, _ in live], [ds[i] for i, _ in live],
+                                    allow_unused=True)
+    gs: list[Tensor | None] = [None] * len(xs)
+    for (i, _), g in zip(live, found):
+        gs[i] = torch.zeros_like(x) if g is None else g
+    return _reduce(rule, xs, gs)
 
 
 def norm_relevance(run: Callable[[Tensor], Tensor], x: Tensor, grad: Tensor, epsilon: float) -> Tensor:
