@@ -187,8 +187,7 @@ def _rules_on(model: nn.Module, chosen: Chosen, seen: _Seen, norms: set[str]) ->
         for name, m in model.named_modules():
             if name in chosen or isinstance(m, LINEARS):
                 rule = chosen[name][1] if name in chosen else None
-                # own hook: the layer's output handed on through a function whose backward is the LRP rule;
-                # the batch norms it feeds watched, to merge them into the rule
+                # own hook: the output handed on through a function whose backward is the rule (batch norms merged)
                 group.add(m.register_forward_hook(_ruled_hook(name, m, rule, seen, name in norms)))
         yield
     finally:
