@@ -4,6 +4,8 @@ then hands the job to the method's entry of :data:`~._methods.TABLE`."""
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -171,7 +173,11 @@ def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int
     if key in ONE_PASS:
         job.target = target
         return Pass()
-    first = probe(job, None if job.layer is None else leaf, count=memory is not None)
+    # the methods of copies differentiate only the copies: their first pass keeps no graph unless it is
+    # measured for memory=
+    keep = key not in SETTINGS or memory is not None
+    with contextlib.nullcontext() if keep else torch.no_grad():
+        first = probe(job, None if job.layer is None else leaf, count=memory is not None)
     job.target = pinned(target, first.output, job.batch)
     first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=job.x.device))
     job.chunk = _chunk(first.saved, job.x, batch_size, memory)
