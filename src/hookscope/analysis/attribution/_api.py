@@ -75,6 +75,8 @@ def attribute(
                               (Springenberg et al. 2015).
     ``"deconvnet"``           ``g`` with every ReLU passing back ``relu(grad)``, its forward mask
                               ignored (Zeiler and Fergus 2014).
+    ``"guided_gradcam"``      guided backpropagation's map times Grad-CAM at ``layers=`` (the last
+                              convolution when ``None``), upsampled bilinearly (Selvaraju et al. 2017).
     ``"lrp"``                 layer-wise relevance propagation (Bach et al. 2015), as zennit computes
                               it: the score is the relevance at the output, each layer hands it back
                               by its rule in ``composite``; ``sum(maps)`` is about the score.
