@@ -58,7 +58,7 @@ class _Swapped(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward, masked: bool) -> Tensor:
         out = run(x)
-        ctx.back, ctx.mask = back, (out > 0) if masked else None
+        ctx.back, ctx.off = back, (out <= 0) if masked else None  # where the ReLU passes nothing back
         if out is x:
             ctx.mark_dirty(x)
         return out
@@ -66,7 +66,7 @@ class _Swapped(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         g = ctx.back(grad)  # a new tensor where masked (guided backprop's relu(grad))
-        return (g if ctx.mask is None else g.mul_(ctx.mask)), None, None, None
+        return (g if ctx.off is None else g.masked_fill_(ctx.off, 0)), None, None, None  # no float copy of the mask
 
 
 class _NormSum(torch.autograd.Function):
