@@ -184,3 +184,25 @@ def test_quality_survives_pruning_and_compaction_of_a_small_classifier() -> None
     assert c["accuracy"].after == pytest.approx(masked_acc)
     d = c.to_dict()
     assert d["rows"][-1]["name"] == "accuracy" and d["rows"][-1]["ratio"] == pytest.approx(masked_acc)
+
+
+def test_multiply_adds_of_attention_with_heads_removed_by_hand() -> None:
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()  # head_dim 4
+    x = torch.randn(1, 5, 16)
+
+    class Self(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    net = Self()
+    hookscope.prune_heads(net, x, heads={"attn": [0, 1, 2]})
+    small = hookscope.compact(net, x)
+    c = hookscope.compare_models(net, small, x, repeats=1, warmup=0)
+    dense = 5 * 16 * 16 * 4 + 2 * 5 * 5 * 16  # q, k, v, out projections, then QK^T and AV: 5,920
+    one_head = 5 * 16 * 4 * 4 + 2 * 5 * 5 * 4  # inner width 4 (one head of 4) instead of 16: 1,480
+    assert (c["multiply-adds"].before, c["multiply-adds"].after) == (dense, one_head)
