@@ -39,7 +39,8 @@ TRANSFORMERS = ("vit_", "swin_", "maxvit_")
 def _refused_at(model: torch.nn.Module, exc: HookscopeError) -> str:
     """The first attention layer the refusal is about and what it holds beyond its projections."""
     for name, m in model.named_modules():
-        if "Attention" in type(m).__name__ and not any("Attention" in type(c).__name__ for c in m.children()):
+        inner = list(m.modules())[1:]  # the innermost attention: a wrapper's attention sits deeper
+        if "Attention" in type(m).__name__ and not any("Attention" in type(c).__name__ for c in inner):
             own = [n for n, p in m.named_parameters(recurse=False)]
             held = f"; it holds {', '.join(own)} besides its projections" if own else ""
             kids = ", ".join(type(c).__name__ + " " + n for n, c in m.named_children())
