@@ -48,9 +48,9 @@ def _mha_macs(m: nn.MultiheadAttention, q: torch.Tensor, k: torch.Tensor) -> int
         n, seq_q, seq_k = q.shape[second], q.shape[first], k.shape[first]
     else:  # unbatched (L, E)
         n, seq_q, seq_k = 1, q.shape[0], k.shape[0]
-    e = m.embed_dim
-    projections = seq_q * e * e + seq_k * (m.kdim + m.vdim) * e + seq_q * e * e  # q, k, v, out_proj
-    attention = 2 * seq_q * seq_k * e  # Q K^T and weights @ V, all heads together
+    e, a = m.embed_dim, m.num_heads * m.head_dim  # a < e once heads are removed (HeadPrunedMultiheadAttention)
+    projections = seq_q * e * a + seq_k * (m.kdim + m.vdim) * a + seq_q * a * e  # q, k, v, out_proj
+    attention = 2 * seq_q * seq_k * a  # Q K^T and weights @ V, all heads together
     return int(n * (projections + attention))
 
 

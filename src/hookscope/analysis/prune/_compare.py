@@ -28,6 +28,7 @@ from ...core.text import table
 from ...errors import HookscopeError
 from .._macs import ProductCounter, has_rule, own_macs
 from .._sparsity import effective, masked, model_zeros, zeros_in
+from ._quality import Batch, batches, score
 
 __all__ = ["CompareRow", "ModelComparison", "compare_models"]
 
@@ -272,6 +273,15 @@ def _measured(before: nn.Module, after: nn.Module, args: tuple[Any, ...], kw: di
     ]
 
 
+def _quality_row(models: tuple[nn.Module, nn.Module], kind: str, data: list[Batch]) -> CompareRow:
+    """Perplexity or accuracy of both models on the same batches."""
+    a, b = score(models[0], kind, data, "before"), score(models[1], kind, data, "after")
+    what = (f"exp(mean next-token NLL) over {a.count:,} tokens" if kind == "perplexity"
+            else f"top-1, share of {a.count:,} samples")
+    return CompareRow(kind, a.value, b.value, "", f"{what} in {len(data)} batch(es); lower is better"
+                      if kind == "perplexity" else f"{what} in {len(data)} batch(es)")
+
+
 def _nonzero(elements: int, zeros: int | None) -> int | None:
     return None if zeros is None else elements - zeros
 
@@ -283,6 +293,8 @@ def compare_models(
     kwargs: Mapping[str, Any] | None = None,
     repeats: int = 10,
     warmup: int = 2,
+    data: Any = None,
+    quality: str | None = None,
 ) -> ModelComparison:
     """Measure two models (an original and its pruned version) side by side on the same inputs.
 
@@ -294,6 +306,11 @@ def compare_models(
     interleaved, alternating which runs first, so background load falls on both), ``"file size"``
     (bytes of ``torch.save(model.state_dict())``: a masked weight saves both ``<name>_orig`` and
     ``<name>_mask``, bigger than the original) and ``"max abs output diff"`` (over every output tensor).
+    With ``data``, one more row scores both models on it: ``"perplexity"`` for a language model
+    (``exp`` of the mean negative log-likelihood of each next token: the logits at position ``t``
+    scored against token ``t + 1``, as Hugging Face shifts its labels; labels ``-100`` and padding
+    where ``attention_mask`` is 0 are skipped) or ``"accuracy"`` for a classifier (the share of
+    samples whose highest score is the label).
 
     Every run (each model's counted pass, each timed and warm-up call) gets its own copy of the
     inputs, made outside the timed region: a model that writes into its input changes neither the
@@ -308,12 +325,21 @@ def compare_models(
         kwargs: the example keyword inputs, given to both.
         repeats: timed runs per model (>= 1).
         warmup: untimed runs per model first (>= 0).
+        data: batches to score both models on (a list, read once, or one batch): token ids
+            ``[batch, tokens]``, dicts of model keyword inputs holding ``input_ids`` (and optionally
+            ``labels``), or ``(input_ids, labels)`` pairs for perplexity; ``(inputs, labels)`` pairs with
+            ``labels`` a 1-D tensor of class indices for accuracy. The model's scores are its output
+            tensor, its ``.logits``, or the first tensor of a tuple. Without example ``inputs`` the
+            first batch's inputs are timed and counted.
+        quality: ``"perplexity"``, ``"accuracy"``, or ``None`` to take it from the batches' form
+            (token ids: perplexity; ``(inputs, labels)`` with 1-D labels: accuracy).
 
     Returns:
         A :class:`ModelComparison`: ``print(c)`` shows the table; ``c["file size"].ratio``, ``c.to_json()``.
 
     Raises:
-        HookscopeError: a model that is not an ``nn.Module`` or not on the CPU, a bad count.
+        HookscopeError: a model that is not an ``nn.Module`` or not on the CPU, a bad count, data that
+            is not batches of the measure's form, a model output without scores of the right shape.
         ForwardError: a model's forward pass failed on the inputs.
 
     Example:
@@ -328,13 +354,25 @@ def compare_models(
         (36, 20, 64)
         >>> c["nonzero-weight multiply-adds"].after, c["file size"].ratio > 1
         (32, True)
+        >>> labelled = [(torch.randn(5, 8), torch.tensor([0, 1, 2, 3, 0]))]
+        >>> c = compare_models(net, pruned, data=labelled, repeats=1)   # accuracy, from the batches' form
+        >>> 0 <= c["accuracy"].before <= 1
+        True
     """
     _check((before, after), repeats, warmup)
     kw = model_kwargs(kwargs)
+    kind, scored = batches(data, quality) if data is not None else (None, [])
+    if quality is not None and data is None:
+        raise HookscopeError(f"compare_models: quality={quality!r} needs data=, the batches to score both "
+                             "models on")
+    if not inputs and not kw and scored:
+        inputs, kw = scored[0].args, scored[0].kwargs
     if not inputs and not kw:
         raise HookscopeError("compare_models runs both models and needs an example input: "
                              "compare_models(model, pruned, torch.randn(1, 3, 224, 224))")
     with restored(before, train=False), restored(after, train=False), torch.no_grad():
         rows = _measured(before, after, inputs, kw, repeats, warmup)
+        if kind is not None:
+            rows.append(_quality_row((before, after), kind, scored))
     return ModelComparison(rows, before=type(before).__name__, after=type(after).__name__, repeats=repeats,
                       threads=torch.get_num_threads())
