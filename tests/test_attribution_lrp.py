@@ -537,3 +537,48 @@ def test_zbox_goes_on_the_layer_that_runs_first_whatever_the_order_of_definition
     with pytest.raises(HookscopeError, match="rule 'zbox' on layer 'fc'.*first layer \\('conv'\\)") as err:
         hookscope.attribute(net, x, method="lrp", composite={"fc": "zbox"}, target=1)
     assert "\n" not in str(err.value) and no_hooks(net)
+
+
+class _WritesAfterRelu(nn.Module):
+    """A ReLU's output doubled in place afterwards (PyTorch's own ReLU backward refuses this too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.a(x))
+        h.mul_(2)
+        return self.b(h)
+
+
+def test_guided_backprop_refuses_a_relu_output_written_in_place_later():
+    net, x = _WritesAfterRelu(), torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError):  # the model's own backward
+        torch.autograd.grad(net(x.requires_grad_())[:, 0].sum(), x)
+    with pytest.raises(hookscope.HookscopeError, match="wrote into a ReLU's output after the ReLU") as e:
+        hookscope.attribute(net, x.detach(), method="guided_backprop", target=0)
+    assert "\n" not in str(e.value) and no_hooks(net)
+    # DeconvNet reads no mask: b^T e_0 doubled, relu'd, then a^T
+    res = hookscope.attribute(net, x.detach(), method="deconvnet", target=0)
+    by_hand = (2 * net.b.weight[0]).clamp(min=0) @ net.a.weight
+    assert torch.allclose(res.maps, by_hand.expand(2, 4), atol=1e-6)
+
+
+def test_an_in_place_relu_on_a_relus_output_changes_nothing_under_any_rule():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor, again: bool = True) -> torch.Tensor:
+            h = F.relu(self.a(x))
+            return self.b(torch.relu_(h) if again else h)
+
+    net, x = Twice(), torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    for method in ("guided_backprop", "deconvnet", "lrp"):
+        twice = hookscope.attribute(net, x, method=method, target=1)
+        once = hookscope.attribute(net, x, method=method, target=1, kwargs={"again": False})
+        assert torch.equal(twice.maps, once.maps), method

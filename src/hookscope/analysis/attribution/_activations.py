@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ...errors import HookscopeError
 from ...selection import unwrap
 from .._targets import pinned, scores_of
 from ._engine import Job, Pass, probe
@@ -29,6 +30,7 @@ __all__ = ["ACTIVATIONS", "RELUS", "RuleMode", "rule_pass", "stabilize"]
 Tensor = torch.Tensor
 
 RELUS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_})
+_RELUS_IN_PLACE = frozenset({F.relu_, torch.relu_, Tensor.relu_})
 _OTHERS = {  # elementwise activations besides ReLU: each passes relevance on unchanged under LRP
     F.gelu, F.silu, F.mish, F.softplus, F.leaky_relu, F.leaky_relu_, F.elu, F.elu_, F.selu, F.celu, F.relu6,
     F.hardtanh, F.hardtanh_, F.hardswish, F.hardsigmoid, F.logsigmoid, F.tanh, F.sigmoid, F.prelu, F.rrelu,
@@ -58,15 +60,28 @@ class _Swapped(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward, masked: bool) -> Tensor:
         out = run(x)
-        ctx.back, ctx.off = back, (out <= 0) if masked else None  # where the ReLU passes nothing back
+        ctx.back, ctx.masked = back, masked
         if out is x:
             ctx.mark_dirty(x)
+        if masked:  # ReLU's own way: its output, read in the backward pass (no mask made here)
+            ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        g = ctx.back(grad)  # a new tensor where masked (guided backprop's relu(grad))
-        return (g if ctx.off is None else g.masked_fill_(ctx.off, 0)), None, None, None  # no float copy of the mask
+        if not ctx.masked:
+            return ctx.back(grad), None, None, None
+        try:
+            (out,) = ctx.saved_tensors
+        except RuntimeError:  # the version check of saved tensors, as for ReLU's own backward
+            raise HookscopeError("an in-place operation wrote into a ReLU's output after the ReLU, so its mask is "
+                                 "lost (PyTorch's own ReLU backward refuses this too); make that operation out of "
+                                 "place") from None
+        return ctx.back(torch.ops.aten.threshold_backward(grad, out, 0)), None, None, None
+
+
+class _SwappedRelu(_Swapped):
+    """:class:`_Swapped` for a ReLU: its output is >= 0, so a ReLU on it changes nothing."""
 
 
 class _NormSum(torch.autograd.Function):
@@ -116,14 +131,26 @@ class RuleMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func in self.caught and args and _grad(args[0]):
+            if func in RELUS and _in_place(func, args, kwargs) and _relu_made(args[0]):
+                return args[0]  # an in-place ReLU on a ReLU's output: the same values, the same rule
             rest = args[1:]
-            back: Backward = (lambda g: g) if self.rule == "lrp" else (lambda g: g.clamp(min=0))
-            return _Swapped.apply(args[0], lambda t: func(t, *rest, **kwargs), back, self.rule == "guided")
+            back: Backward = (lambda g: g) if self.rule == "lrp" else (
+                (lambda g: g.clamp_(min=0)) if self.rule == "guided" else (lambda g: g.clamp(min=0)))
+            kind = _SwappedRelu if func in RELUS else _Swapped
+            return kind.apply(args[0], lambda t: func(t, *rest, **kwargs), back, self.rule == "guided")
         if (self.rule == "lrp" and func in _ADDS and len(args) == 2 and not kwargs
                 and _computed(args[0]) and _computed(args[1])):
             a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
             return _NormSum.apply(a, b, func in (Tensor.__iadd__, Tensor.add_), self.epsilon)
         return func(*args, **kwargs)
+
+
+def _in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return func in _RELUS_IN_PLACE or (func is F.relu and bool(kwargs.get("inplace", args[1] if len(args) > 1 else False)))
+
+
+def _relu_made(t: Tensor) -> bool:
+    return type(t.grad_fn).__name__ == "_SwappedReluBackward"
 
 
 def _grad(t: Any) -> bool:
