@@ -176,8 +176,8 @@ def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int
         job.target = target
         return Pass()
     # the methods of copies differentiate only the copies: their first pass keeps no graph unless it is
-    # measured for memory=
-    keep = key not in SETTINGS or memory is not None
+    # measured for memory= or is integrated gradients' last point (the inputs themselves)
+    keep = key not in SETTINGS or memory is not None or (key == "integrated_gradients" and job.layer is None)
     with contextlib.nullcontext() if keep else torch.no_grad():
         first = probe(job, None if job.layer is None else leaf, count=memory is not None)
     job.target = pinned(target, first.output, job.batch)

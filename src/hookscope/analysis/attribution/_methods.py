@@ -69,8 +69,11 @@ def input_x_gradient(job: Job, p: Pass, s: Settings) -> Made:
 
 
 def integrated_gradients(job: Job, p: Pass, s: Settings) -> Made:
-    B, steps = job.batch, len(s.alphas)
-    dev = job.x.device
+    B, dev = job.batch, job.x.device
+    # the first pass's own gradient is the path's last point where that point is the inputs (alpha 1: the
+    # trapezoid and right rules at the inputs), so the path runs one step fewer
+    last = job.layer is None and s.alphas[-1] == 1.0 and p.scores is not None and p.scores.requires_grad
+    steps = len(s.alphas) - int(last)
     rows = torch.arange(B, device=dev).repeat(steps)  # step by step, each step a copy of the batch
     step = torch.arange(B * steps, device=dev) // B
     # f(baseline) comes from the path's own first step where that step is the baseline (alpha 0: the
@@ -89,6 +92,8 @@ def integrated_gradients(job: Job, p: Pass, s: Settings) -> Made:
     build = scaled if job.layer is None else (lambda lo, hi: job.x[rows[lo:hi]])
     stand = None if job.layer is None else (lambda lo, hi: _fixed(scaled(lo, hi)))
     total = torch.zeros_like(_wide(start))
+    if last:
+        total += _wide(_first(job, p)) * s.weights[-1]
     forwards = 1 if at_zero else 2
     for lo, hi, scores, g in gradients(job, rows, build, stand):
         w = weight[step[lo:hi]].to(total.dtype).view(-1, *[1] * (g.dim() - 1))
