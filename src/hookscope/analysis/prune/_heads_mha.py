@@ -45,13 +45,14 @@ class HeadPrunedMultiheadAttention(nn.MultiheadAttention):
                 is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention over the kept heads; arguments and outputs as ``nn.MultiheadAttention.forward``."""
         batched = query.dim() == 3
-        heads, weights = attend(self, query, key, value, key_padding_mask, attn_mask, is_causal)
+        heads, weights = attend(self, query, key, value, key_padding_mask, attn_mask, is_causal,
+                                need_weights=need_weights)
         out = F.linear(heads, self.out_proj.weight, self.out_proj.bias)
         if not batched:
             out = out.squeeze(1)
         elif self.batch_first:
             out = out.transpose(0, 1)
-        if not need_weights:
+        if weights is None:
             return out, None
         w = weights.mean(1) if average_attn_weights else weights
         return out, (w if batched else w.squeeze(0))
@@ -80,9 +81,10 @@ def _masks(m: nn.MultiheadAttention, attn_mask: torch.Tensor | None, key_padding
 
 def attend(m: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            key_padding_mask: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-           is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+           is_causal: bool = False, need_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The heads' outputs side by side before ``out_proj`` (sequence first: ``L x N x heads * head_dim``)
-    and the attention weights (``N x heads x L x S``) of any ``nn.MultiheadAttention``.
+    and the attention weights (``N x heads x L x S``; ``None`` with ``need_weights=False``, where the fused
+    ``scaled_dot_product_attention`` kernel runs instead) of any ``nn.MultiheadAttention``.
 
     Example:
         >>> mha = nn.MultiheadAttention(8, 2, batch_first=True); x = torch.randn(3, 5, 8)
@@ -113,6 +115,9 @@ def attend(m: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor, val
         pad = F.pad(pad, (0, 1)) if pad is not None else None
     if pad is not None:
         mask = pad[:, None, None] if mask is None else mask + pad[:, None, None]
+    if not need_weights:  # the fused kernel: the same scale (1 / sqrt(d)) and additive mask, no weights made
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=m.dropout if m.training else 0.0)
+        return out.permute(2, 0, 1, 3).reshape(tgt, n, h * d), None
     scores = (q * math.sqrt(1.0 / d)) @ k.transpose(-2, -1)
     weights = torch.softmax(scores + mask if mask is not None else scores, dim=-1)
     weights = F.dropout(weights, m.dropout, training=m.training)

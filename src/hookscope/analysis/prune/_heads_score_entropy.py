@@ -146,7 +146,9 @@ def _mha(acc: _Entropy) -> Callable[[nn.Module, Any, Any, Any], None]:
     def hook(module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         assert isinstance(module, nn.MultiheadAttention)
         bound = inspect.signature(nn.MultiheadAttention.forward).bind(module, *args, **kwargs).arguments
-        acc.add_probabilities(attend(module, **{k: v for k, v in bound.items() if k in _MHA_ARGS})[1])
+        _, probabilities = attend(module, **{k: v for k, v in bound.items() if k in _MHA_ARGS})
+        assert probabilities is not None  # asked for: need_weights=True
+        acc.add_probabilities(probabilities)
     return hook
 
 
