@@ -16,16 +16,13 @@ import torch
 from torch import nn
 
 from ..._tree import first_tensor
-from ...core.inputs import private
-from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import named_modules
-from .._targets import call_model
 from ._heads_layouts import HeadLayout
 from ._heads_mha import attend
 from ._heads_score_entropy import entropy_scores
 from ._heads_score_taylor import taylor_scores
-from ._importance_run import Batch, Loss, batches_of, split_batch
+from ._importance_run import Batch, Loss, batches_of, plain_passes, split_batch
 
 __all__ = ["head_scores"]
 
@@ -91,10 +88,7 @@ def _calibrate(model: nn.Module, lays: list[HeadLayout], batches: Iterable[tuple
                 handles.append(mods[lay.module].register_forward_hook(_mha(sums[lay.module]), with_kwargs=True))
             else:  # own hook: per-head norms of the output projection's input, reduced on the device
                 handles.append(mods[lay.out].register_forward_pre_hook(_pre(sums[lay.module])))
-        with restored(model, train=False, buffers=True), torch.no_grad():
-            for batch in batches:
-                args, kw = private(batch, torch.device(device) if device is not None else None)
-                call_model(model, args, kw)
+        plain_passes(model, batches, device)
     finally:
         for h in handles:
             h.remove()

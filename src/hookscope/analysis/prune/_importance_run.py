@@ -35,7 +35,8 @@ from .._targets import call_model, logits_of
 from ._importance_kinds import Kind, accumulator_dtype, channels_first
 from ._importance_sites import Site, output_dim
 
-__all__ = ["Accumulator", "SiteCalls", "Batch", "Loss", "split_batch", "batches_of", "calibrate", "batch_to", "loss_of"]
+__all__ = ["Accumulator", "SiteCalls", "Batch", "Loss", "split_batch", "batches_of", "calibrate", "batch_to", "loss_of",
+           "plain_passes"]
 
 Loss = Callable[[Any, Any], torch.Tensor]
 _LOCK = threading.Lock()
@@ -353,3 +354,19 @@ def calibrate(model: nn.Module, inner: nn.Module, data: Any, sites: list[Site], 
             batches, samples = batches + 1, samples + batch.size
         collector.start()  # records the last forward's calls
     return collector.accs, batches, samples
+
+
+def plain_passes(model: nn.Module, batches: Iterable[Any], device: torch.device | str | None) -> None:
+    """Run ``model`` on each ``(args, kwargs)`` batch (a private copy, on ``device``) in eval mode without
+    gradients, its flags and buffers put back after: the passes that hooks placed by the caller read.
+
+    Example:
+        >>> net = nn.Sequential(nn.BatchNorm1d(2)).train()
+        >>> plain_passes(net, [((torch.ones(3, 2),), {})], None)
+        >>> net.training, int(net[0].num_batches_tracked)
+        (True, 0)
+    """
+    with restored(model, train=False, buffers=True), torch.no_grad():
+        for batch in batches:
+            args, kw = private(batch, torch.device(device) if device is not None else None)
+            call_model(model, args, kw)

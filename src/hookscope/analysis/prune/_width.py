@@ -18,15 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.inputs import private
 from ...core.result import Result
-from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
-from .._targets import call_model
 from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups
-from ._importance_run import batches_of, split_batch
+from ._importance_run import batches_of, plain_passes, split_batch
 from ._width_stream import WidthGroup, width_group
 
 __all__ = ["WIDTH_IMPORTANCE", "WidthPruning", "prune_width"]
@@ -143,10 +140,7 @@ def _measured(model: nn.Module, g: WidthGroup, batches: Iterable[tuple[tuple[Any
     try:
         for q in g.stream.norms:  # own hooks: the stream read where every norm reads it, reduced on the device
             handles.append(mods[q].register_forward_pre_hook(_pre(sums)))
-        with restored(model, train=False, buffers=True), torch.no_grad():
-            for batch in batches:
-                args, kw = private(batch, torch.device(device) if device is not None else None)
-                call_model(model, args, kw)
+        plain_passes(model, batches, device)
     finally:
         for h in handles:
             h.remove()
