@@ -14,7 +14,7 @@ import hookscope.zoo
 from hookscope.analysis.attribution import METHODS
 from hookscope.targets import Class
 
-from helpers import no_hooks
+from helpers import no_hooks, one_thread_only, rel
 
 captum_attr = pytest.importorskip("captum.attr")
 torchvision = pytest.importorskip("torchvision")
@@ -22,18 +22,7 @@ torchvision = pytest.importorskip("torchvision")
 TARGETS = [3, 7]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tensors this small go faster on one thread; on a busy machine, threads fighting cost 30x (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest difference relative to the reference's largest magnitude."""
-    return float((a - b).abs().max() / b.abs().max()) if b.numel() else 0.0
+one_thread = pytest.fixture(autouse=True, scope="module")(one_thread_only)
 
 
 @pytest.fixture(scope="module")

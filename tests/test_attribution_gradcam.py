@@ -14,22 +14,13 @@ from torch import nn
 import hookscope
 from hookscope.analysis.attribution._gradcam import grad_cam
 
-from helpers import no_hooks
+from helpers import no_hooks, one_thread_only, rel
 
 captum_attr = pytest.importorskip("captum.attr")
 torchvision = pytest.importorskip("torchvision")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().abs().max() / b.detach().abs().max())
+one_thread = pytest.fixture(autouse=True, scope="module")(one_thread_only)
 
 
 def captum_ggc(model: nn.Module, layer: nn.Module, x: torch.Tensor, target: list[int]) -> torch.Tensor:

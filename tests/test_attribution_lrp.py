@@ -16,7 +16,7 @@ import hookscope.zoo
 from hookscope import HookscopeError
 from hookscope.analysis.attribution import LRPRule
 
-from helpers import no_hooks
+from helpers import no_hooks, one_thread_only, rel
 
 zennit = pytest.importorskip("zennit")
 torchvision = pytest.importorskip("torchvision")
@@ -30,16 +30,7 @@ from zennit.torchvision import ResNetCanonizer  # noqa: E402
 TARGET = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
+one_thread = pytest.fixture(autouse=True, scope="module")(one_thread_only)
 
 
 def zennit_lrp(model: nn.Module, x: torch.Tensor, composite: object, target: int = TARGET) -> torch.Tensor:

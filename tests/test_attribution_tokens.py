@@ -16,7 +16,7 @@ from torch import nn
 import hookscope
 from hookscope.targets import Token
 
-from helpers import no_hooks
+from helpers import no_hooks, rel
 
 transformers = pytest.importorskip("transformers")
 captum_attr = pytest.importorskip("captum.attr")
@@ -32,9 +32,6 @@ def one_thread():
     yield
     torch.set_num_threads(n)
 
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max()) if b.numel() else 0.0
 
 
 def _rel_detached(a: torch.Tensor, b: torch.Tensor) -> float:
