@@ -350,7 +350,9 @@ def test_a_language_model_needs_a_target_function_and_says_so():
 
 
 # --- guided backpropagation: the ReLU rule put on operations, wherever the ReLU is ------------------
-def test_guided_backprop_equals_captum(resnet, images):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["one-pass-kernel", "torch-ops"])
+def test_guided_backprop_equals_captum(resnet, images, native, monkeypatch):
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", native)  # the CPU kernel and the torch fallback give the same maps
     ours = hookscope.attribute(resnet, images, method="guided_backprop", target=TARGETS)
     theirs = captum_attr.GuidedBackprop(resnet).attribute(images.clone(), target=TARGETS).detach()
     assert rel(ours.maps, theirs) <= 1e-5 and no_hooks(resnet)

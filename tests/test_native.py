@@ -207,3 +207,45 @@ def test_the_library_is_cached_privately_and_reused(tmp_path: Path) -> None:
     first = libs[0].stat().st_mtime_ns
     assert _fresh({"HOOKSCOPE_CACHE": str(cache)}, CHECK) == "True 4"
     assert libs[0].stat().st_mtime_ns == first  # loaded, not compiled again
+
+
+def _guided_reference(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.threshold_backward(grad, out, 0).clamp_(min=0)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 65536, 65537, 2_000_003])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_guided_relu_backward_is_relus_backward_and_a_clamp(n: int, dtype: torch.dtype) -> None:
+    assert KERNEL is not None
+    g = torch.randn(n, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    out = torch.randn(n, dtype=dtype, generator=torch.Generator().manual_seed(n + 1)).relu()
+    g[::5], out[::7], g[1::9] = float("nan"), float("nan"), -0.0  # NaN passes on as torch passes it on
+    got = KERNEL.guided(g, out)
+    assert got is not None and got.dtype == dtype
+    assert torch.equal(got.nan_to_num(7.0), _guided_reference(g, out).nan_to_num(7.0))
+
+
+def test_guided_does_not_depend_on_threads_and_keeps_channels_last() -> None:
+    assert KERNEL is not None
+    g = torch.randn(4, 32, 40, 40).to(memory_format=torch.channels_last)
+    out = torch.randn(4, 32, 40, 40).relu().to(memory_format=torch.channels_last)
+    before = torch.get_num_threads()
+    try:
+        answers = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            answers.append(KERNEL.guided(g, out))
+    finally:
+        torch.set_num_threads(before)
+    assert all(a is not None and torch.equal(a, _guided_reference(g, out)) for a in answers)
+    assert answers[0] is not None and answers[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_guided_refuses_what_it_cannot_read_in_step() -> None:
+    assert KERNEL is not None
+    a, b = torch.randn(6, 4), torch.randn(6, 4).relu()
+    assert KERNEL.guided(a.t(), b.t()) is None  # not dense in one layout
+    assert KERNEL.guided(a, b.t().contiguous().t()) is None  # two layouts
+    assert KERNEL.guided(a.half(), b.half()) is None and KERNEL.guided(a, b.double()) is None
+    assert KERNEL.guided(a[:, :2].contiguous(), b) is None  # two shapes
+    assert KERNEL.guided(a[::2], b[::2]) is None  # strided views

@@ -1,13 +1,15 @@
 """The optional C kernel behind the CPU statistics: one memory pass for sum, sum of squares, min,
-max and zeros, where torch needs four or five (``_native_stats.c``). Large tensors are shared with
-torch's own OpenMP worker threads (the C file says why not threads of its own).
+max and zeros, where torch needs four or five (``_native_stats.c``); and behind guided
+backpropagation's ReLU rule, one pass where torch needs two. Large tensors are shared with torch's
+own OpenMP worker threads (the C file says why not threads of its own).
 
 It is compiled once per machine with the system C compiler (``$CC``, else ``cc``, ``gcc`` or
 ``clang``; about 0.3 s) into a private cache folder (``$HOOKSCOPE_CACHE``, else
 ``$XDG_CACHE_HOME/hookscope`` or ``~/.cache/hookscope``), loaded with :mod:`ctypes`, and checked
 against known answers before it is used. Without a compiler, on Windows, when anything fails, or
 with ``HOOKSCOPE_NATIVE=0`` in the environment, :func:`stats_kernel` returns ``None`` and the
-statistics are taken with torch operations instead (same rows, about 2.5x the time).
+statistics are taken with torch operations instead (same rows, about 2.5x the time), and so is the
+guided rule (the same values).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class Kernel:
         self._centred.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double,
                                   ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         self._stats.restype = self._centred.restype = ctypes.c_int
+        self._guided = lib.hs_guided
+        self._guided.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int]
+        self._guided.restype = None
         self.parallel = _share_openmp(lib)
 
     def stats(self, v: torch.Tensor) -> tuple[float, float, float, float, int]:
@@ -88,11 +94,42 @@ class Kernel:
             raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
         return out[0], out[1]
 
+    def guided(self, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+        """Guided backpropagation through a ReLU in one memory pass: ``grad`` where the ReLU's output
+        ``out`` is positive and ``grad`` is not negative, else 0 (what
+        ``threshold_backward(grad, out, 0).clamp_(min=0)`` gives, in one pass where that takes two).
+        ``None`` unless both are CPU float32 or float64 tensors of one dtype, shape and dense layout.
+
+        Example:
+            >>> k = stats_kernel()
+            >>> k is None or k.guided(torch.tensor([1.0, 2.0, -3.0]), torch.tensor([0.0, 5.0, 1.0])).tolist()
+            [0.0, 2.0, 0.0]
+        """
+        if not _dense_pair(grad, out):
+            return None
+        res = torch.empty_like(out)
+        self._guided(grad.data_ptr(), out.data_ptr(), res.data_ptr(), out.element_size() == 8, out.numel(),
+                     self._threads(out.numel()))
+        return res
+
     def _threads(self, n: int) -> int:
         """torch's number of threads for more than one chunk (64 Ki elements) if the kernel shares
         torch's OpenMP workers; else 1. Two threads read what torch's two just wrote faster even at
         256 KB (resnet50 batch 8: 24-26 ms per forward instead of 28-29 with 1 Mi as the bound)."""
         return torch.get_num_threads() if self.parallel and n > 1 << 16 else 1
+
+
+def _dense_pair(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two CPU tensors the guided kernel can read element by element in step: one floating dtype it
+    knows, one shape, and one dense layout (contiguous, or channels-last, for both)."""
+    if a.device.type != "cpu" or b.device.type != "cpu" or a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype not in (torch.float32, torch.float64):
+        return False
+    if a.is_contiguous() and b.is_contiguous():
+        return True
+    return a.dim() == 4 and a.is_contiguous(memory_format=torch.channels_last) and b.is_contiguous(
+        memory_format=torch.channels_last)
 
 
 def _share_openmp(lib: ctypes.CDLL) -> bool:
@@ -166,6 +203,9 @@ def _answers_right(kernel: Kernel) -> bool:
         if kernel.stats(v) != (total, squares, -7.25, 4.0, 82) or kernel.centred(v, 1.0) != centred:
             return False
         if kernel.stats_relu(v) != ((total, squares, -7.25, 4.0, 82), relu):
+            return False
+        g = kernel.guided(v, v.roll(1))
+        if g is None or not torch.equal(g, torch.ops.aten.threshold_backward(v, v.roll(1), 0).clamp_(min=0)):
             return False
     return True
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..._native import stats_kernel
 from ...errors import HookscopeError
 from ...selection import unwrap
 from .._targets import pinned, scores_of
@@ -41,6 +42,7 @@ ACTIVATIONS = RELUS | frozenset(_OTHERS)
 _ADDS = frozenset({torch.add, Tensor.add, Tensor.add_, Tensor.__add__, Tensor.__radd__, Tensor.__iadd__})
 
 Backward = Callable[[Tensor], Tensor]
+MaskedBackward = Callable[[Tensor, Tensor], Tensor]
 
 
 def stabilize(z: Tensor, epsilon: float) -> Tensor:
@@ -53,23 +55,38 @@ def stabilize(z: Tensor, epsilon: float) -> Tensor:
     return torch.where(z >= 0, z + epsilon, z - epsilon)
 
 
+def guided_back(grad: Tensor, out: Tensor) -> Tensor:
+    """Guided backpropagation through a ReLU whose output was ``out``: ``grad`` where ``out > 0`` and
+    ``grad >= 0``, else 0. One memory pass with hookscope's CPU kernel where it is built, else
+    ReLU's own backward and a clamp (two passes; the same values).
+
+    Example:
+        >>> guided_back(torch.tensor([1.0, 2.0, -3.0]), torch.tensor([0.0, 5.0, 1.0]))
+        tensor([0., 2., 0.])
+    """
+    kernel = stats_kernel() if out.device.type == "cpu" else None
+    fused = kernel.guided(grad, out) if kernel is not None else None
+    return fused if fused is not None else torch.ops.aten.threshold_backward(grad, out, 0).clamp_(min=0)
+
+
 class _Swapped(torch.autograd.Function):
-    """``run(x)`` forward (in place when ``run`` writes into ``x``); backward ``back(grad)``, masked to
-    where the output is positive when ``masked``."""
+    """``run(x)`` forward (in place when ``run`` writes into ``x``); backward ``back(grad)``, or
+    ``masked(grad, out)`` with the output kept (as ReLU keeps it) when ``masked`` is given."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward, masked: bool) -> Tensor:
+    def forward(ctx: Any, x: Tensor, run: Callable[[Tensor], Tensor], back: Backward,
+                masked: MaskedBackward | None) -> Tensor:
         out = run(x)
         ctx.back, ctx.masked = back, masked
         if out is x:
             ctx.mark_dirty(x)
-        if masked:  # ReLU's own way: its output, read in the backward pass (no mask made here)
+        if masked is not None:  # ReLU's own way: its output, read in the backward pass (no mask made here)
             ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        if not ctx.masked:
+        if ctx.masked is None:
             return ctx.back(grad), None, None, None
         try:
             (out,) = ctx.saved_tensors
@@ -77,7 +94,7 @@ class _Swapped(torch.autograd.Function):
             raise HookscopeError("an in-place operation wrote into a ReLU's output after the ReLU, so its mask is "
                                  "lost (PyTorch's own ReLU backward refuses this too); make that operation out of "
                                  "place") from None
-        return ctx.back(torch.ops.aten.threshold_backward(grad, out, 0)), None, None, None
+        return ctx.masked(grad, out), None, None, None
 
 
 class _SwappedRelu(_Swapped):
@@ -134,10 +151,10 @@ class RuleMode(TorchFunctionMode):
             if func in RELUS and _in_place(func, args, kwargs) and _relu_made(args[0]):
                 return args[0]  # an in-place ReLU on a ReLU's output: the same values, the same rule
             rest = args[1:]
-            back: Backward = (lambda g: g) if self.rule == "lrp" else (
-                (lambda g: g.clamp_(min=0)) if self.rule == "guided" else (lambda g: g.clamp(min=0)))
+            back: Backward = (lambda g: g) if self.rule == "lrp" else (lambda g: g.clamp(min=0))
             kind = _SwappedRelu if func in RELUS else _Swapped
-            return kind.apply(args[0], lambda t: func(t, *rest, **kwargs), back, self.rule == "guided")
+            return kind.apply(args[0], lambda t: func(t, *rest, **kwargs), back,
+                              guided_back if self.rule == "guided" else None)
         if (self.rule == "lrp" and func in _ADDS and len(args) == 2 and not kwargs
                 and _computed(args[0]) and _computed(args[1])):
             a, b = (args[1], args[0]) if func is Tensor.__radd__ else args
