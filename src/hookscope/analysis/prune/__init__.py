@@ -8,7 +8,7 @@ Laid out by concern: ``_masks`` (the pre-hook mechanism), ``_methods`` (mask cri
 channel pruning on the graph), ``_heads*`` (attention heads as channel groups: layouts, groups, scores, pruning), ``_width*`` (the hidden
 width of RMSNorm transformers as one channel group), ``_compare``
 (before / after), ``_resize`` (a model fitted to a
-compacted state_dict). Must not import: any other analysis module, ``cli``, ``viz``.
+compacted state_dict), ``_pretrained`` (a compacted transformers folder loaded back). Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
 from ._channels import ChannelPruning, ChannelRow, prune_channels
@@ -17,6 +17,7 @@ from ._compare import CompareRow, ModelComparison, compare_models
 from ._heads import HeadPruning, HeadRow, prune_heads
 from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
 from ._importance import ChannelImportance, ImportanceRow, channel_importance
+from ._pretrained import load_pretrained
 from ._resize import fit_to, is_compacted, marked_compacted, shrinks
 from ._width import WidthPruning, WidthRow, prune_width
 from ._weights import Sparsity, PruneRow, prune, remove, sparsity
@@ -27,4 +28,5 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
            "mask_channels", "compact", "prune_heads", "HeadPruning", "HeadRow",
            "prune_width", "WidthPruning", "WidthRow",
            "channel_importance", "ChannelImportance", "ImportanceRow",
-           "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks"]
+           "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
+           "load_pretrained"]

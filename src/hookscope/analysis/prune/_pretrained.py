@@ -1,0 +1,112 @@
+"""Load a compacted transformers model back from the folder ``save_pretrained`` wrote, whatever its
+config can say: the architecture built from the config, fitted to the saved tensors' shapes
+(:func:`~._resize.fit_to`), then loaded. BERT and GPT-2 derive their head size from
+``hidden_size / num_attention_heads``, so their config cannot describe fewer heads or a narrower
+stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them.
+
+Must not import: any other analysis module, ``cli``, ``viz``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import HookscopeError
+from ._resize import fit_to
+
+__all__ = ["load_pretrained"]
+
+_EXTRA = 'pip install "hookscope[hf]"'
+
+
+def _libraries() -> tuple[Any, Any]:
+    try:
+        import safetensors.torch
+        import transformers
+    except ImportError:
+        raise HookscopeError(f"load_pretrained needs transformers and safetensors, from the hf extra: {_EXTRA}") from None
+    return transformers, safetensors.torch
+
+
+def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index names)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        shards = ["model.safetensors"]
+    else:
+        raise HookscopeError(f"{folder} holds no model.safetensors; save the model with "
+                             "save_pretrained(folder) (safetensors is its default format)")
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(safetensors_torch.load_file(str(folder / shard)))
+    return state
+
+
+def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
+    if cls is not None:
+        return cls
+    names = list(getattr(config, "architectures", None) or [])
+    found = getattr(transformers, names[0], None) if names else None
+    if found is None:
+        raise HookscopeError(f"the config names no transformers model class ({names or 'architectures is empty'}); "
+                             "pass the class: load_pretrained(folder, cls=transformers.BertModel)")
+    return found
+
+
+def _check_missing(model: nn.Module, missing: list[str], state: dict[str, torch.Tensor]) -> None:
+    """Keys the file lacks are allowed only where the model ties them to a tensor the file has
+    (``lm_head.weight`` to the token embedding): anything else would stay uninitialised."""
+    loaded = {t.data_ptr() for name, t in model.state_dict().items() if name in state}
+    own = model.state_dict()
+    untied = [k for k in missing if own[k].data_ptr() not in loaded]
+    if untied:
+        raise HookscopeError(f"the saved weights lack {', '.join(untied[:3])}{' ...' if len(untied) > 3 else ''}; "
+                             "the folder was not written by save_pretrained from this architecture")
+
+
+def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
+    """A transformers model compacted by :func:`hookscope.compact` and saved with
+    ``save_pretrained(folder)``, built from the folder's config, fitted to the saved shapes (every
+    layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode.
+    Works for every model (LLaMA and Qwen2 load with ``from_pretrained`` too); needed where the config
+    cannot say the compacted sizes (BERT, GPT-2: their head size is ``hidden_size / heads``).
+    Nothing is unpickled: the weights are read from safetensors.
+
+    Args:
+        folder: what ``save_pretrained`` wrote (``config.json`` and ``model.safetensors`` or shards).
+        cls: the transformers class to build; default: the config's ``architectures[0]``.
+
+    Example:
+        >>> import tempfile, transformers, hookscope
+        >>> cfg = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+        ...                               intermediate_size=8, max_position_embeddings=8)
+        >>> _ = torch.manual_seed(0); bert, ids = transformers.BertModel(cfg).eval(), torch.tensor([[1, 2, 3]])
+        >>> _ = hookscope.prune_heads(bert, ids, heads={"encoder.layer.0.attention.self": [0, 1]})
+        >>> small = hookscope.compact(bert, ids)
+        >>> folder = tempfile.mkdtemp(); small.save_pretrained(folder)
+        >>> back = load_pretrained(folder)
+        >>> back.encoder.layer[0].attention.self.num_attention_heads, torch.allclose(
+        ...     back(ids).last_hidden_state, small(ids).last_hidden_state, atol=1e-6)
+        (2, True)
+    """
+    transformers, safetensors_torch = _libraries()
+    where = Path(folder)
+    if not (where / "config.json").is_file():
+        raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
+    state = _weights(where, safetensors_torch)
+    config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+    model: nn.Module = _model_class(transformers, config, cls)(config)
+    fit_to(model, state)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise HookscopeError(f"the saved weights hold {', '.join(unexpected[:3])}, which "
+                             f"{type(model).__name__} has not; pass the class that saved them with cls=")
+    _check_missing(model, list(missing), state)
+    return model.eval()

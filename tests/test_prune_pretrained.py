@@ -1,0 +1,106 @@
+"""A compacted transformers model loaded back from its save_pretrained folder (load_pretrained): BERT and
+GPT-2, whose config cannot say fewer heads, with per-layer head counts and narrower MLPs; tied weights
+still tied; and every folder it must refuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookscope
+from hookscope.analysis.prune import load_pretrained
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
+    cfg = transformers.GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=16, n_inner=24)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).eval(), torch.randint(0, 50, (2, 7))
+
+
+def _bert() -> tuple[torch.nn.Module, torch.Tensor]:
+    cfg = transformers.BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=24, max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(cfg).eval(), torch.randint(0, 40, (2, 7))
+
+
+def _compacted(model: torch.nn.Module, ids: torch.Tensor, heads: dict[str, list[int]]) -> torch.nn.Module:
+    hookscope.prune_heads(model, ids, heads=heads)
+    hookscope.prune_channels(model, ids, amount=0.25, layers="*.c_fc" if "GPT2" in type(model).__name__
+                             else "*.intermediate.dense", kwargs={"use_cache": False} if "GPT2" in type(model).__name__
+                             else None)
+    return hookscope.compact(model, ids, kwargs={"use_cache": False} if "GPT2" in type(model).__name__ else None)
+
+
+def test_gpt2_with_a_different_head_count_per_layer_loads_back(tmp_path: Path) -> None:
+    model, ids = _gpt2()
+    small = _compacted(model, ids, {"transformer.h.0.attn": [0, 1, 2], "transformer.h.1.attn": [3]})
+    small.save_pretrained(tmp_path)
+    with pytest.raises(Exception):  # transformers itself cannot rebuild these shapes from the config
+        transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    back = load_pretrained(tmp_path)
+    assert type(back) is transformers.GPT2LMHeadModel and not back.training
+    assert [blk.attn.num_heads for blk in back.transformer.h] == [1, 3]
+    assert back.lm_head.weight is back.transformer.wte.weight  # still tied
+    want, got = small(ids, use_cache=False).logits, back(ids, use_cache=False).logits
+    assert torch.equal(want, got)
+
+
+def test_bert_classifier_loads_back_with_the_class_given(tmp_path: Path) -> None:
+    model, ids = _bert()
+    small = _compacted(model, ids, {"bert.encoder.layer.0.attention.self": [1], "bert.encoder.layer.1.attention.self": [0, 2]})
+    small.save_pretrained(tmp_path)
+    back = load_pretrained(tmp_path, cls=transformers.BertForSequenceClassification)
+    heads = [layer.attention.self.num_attention_heads for layer in back.bert.encoder.layer]
+    assert heads == [3, 2] and back.bert.encoder.layer[0].intermediate.dense.out_features < 24
+    assert torch.equal(small(ids).logits, back(ids).logits)
+
+
+def test_a_llama_loads_both_ways(tmp_path: Path) -> None:
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model, ids = transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 40, (1, 6))
+    hookscope.prune_heads(model, ids, amount=0.5, kwargs={"use_cache": False})
+    small = hookscope.compact(model, ids, kwargs={"use_cache": False})
+    small.save_pretrained(tmp_path)
+    ours, theirs = load_pretrained(tmp_path), transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(ours(ids).logits, theirs(ids).logits)
+
+
+def test_folders_it_cannot_read_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(hookscope.HookscopeError, match="no config.json"):
+        load_pretrained(tmp_path)
+    model, _ = _bert()
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle is never read
+    with pytest.raises(hookscope.HookscopeError, match="no model.safetensors.*save_pretrained"):
+        load_pretrained(tmp_path)
+
+
+def test_a_class_that_did_not_save_the_weights_is_refused(tmp_path: Path) -> None:
+    model, _ = _bert()
+    model.save_pretrained(tmp_path)
+    with pytest.raises(hookscope.HookscopeError, match=r"hold bert\.embeddings.* which BertModel has not; pass the class"):
+        load_pretrained(tmp_path, cls=transformers.BertModel)
+    cfg = transformers.BertConfig.from_pretrained(tmp_path)
+    cfg.architectures = None
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(hookscope.HookscopeError, match="names no transformers model class.*cls="):
+        load_pretrained(tmp_path)
+
+
+def test_weights_the_file_lacks_are_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    model, _ = _bert()
+    model.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["classifier.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(hookscope.HookscopeError, match="lack classifier.weight"):
+        load_pretrained(tmp_path)
