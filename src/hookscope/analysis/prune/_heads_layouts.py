@@ -21,13 +21,16 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "fix_layout", "heads_of", "config_heads", "refit_heads"]
+from ...core.ops import OpSite, split_op
+
+__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "fix_layout", "heads_of", "config_heads", "refit_heads"]
 
 
 @dataclass(frozen=True)
 class Part:
     """One tensor holding a slice per head: head ``h``'s entries along ``dim`` are
-    ``offset + h * head_dim ... offset + (h + 1) * head_dim - 1``. ``per`` is ``"q"`` (one slice per
+    ``offset + h * w ... offset + (h + 1) * w - 1``, ``w`` being ``width`` or, when 0, the layout's
+    ``head_dim`` (a per-head table or scale holds one entry per head: ``width=1``). ``per`` is ``"q"`` (one slice per
     query head) or ``"kv"`` (per key/value head); ``role`` is ``producer`` (query / key / value rows and
     biases) or ``follower`` (the output projection's columns: masked with the head, so that a masked
     head adds nothing even where its key/value head stays).
@@ -43,6 +46,16 @@ class Part:
     offset: int
     per: str
     role: str
+    width: int = 0
+
+    def size(self, head_dim: int) -> int:
+        """Entries per head along ``dim``.
+
+        Example:
+            >>> Part("attn", "table", 1, 0, "kv", "follower", width=1).size(32)
+            1
+        """
+        return self.width or head_dim
 
 
 @dataclass(frozen=True)
@@ -172,9 +185,59 @@ def _timm(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     return HeadLayout(q, "timm", h, h, d, tuple(parts), _name(q, "proj"))
 
 
-READERS: dict[str, Reader] = {"mha": _mha, "bert": _bert, "gpt2": _gpt2, "llama": _llama, "timm": _timm}
+_SWIN_SOURCE = "torchvision.models.swin_transformer"
+_SWIN_OWN = "hookscope.analysis.prune._heads_swin"
+
+
+def _swin_base(m: nn.Module) -> type | None:
+    """torchvision's window attention class ``m`` is (or was, before its heads were removed)."""
+    for cls in type(m).__mro__:
+        if cls.__module__ == _SWIN_SOURCE and cls.__name__.startswith("ShiftedWindowAttention"):
+            return cls
+    return None
+
+
+def _swin(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
+    base, qkv = _swin_base(m), getattr(m, "qkv", None)
+    if base is None or not isinstance(qkv, nn.Linear) or not isinstance(getattr(m, "proj", None), nn.Linear):
+        return None
+    mro = type(m).__mro__
+    if any("forward" in vars(c) and c.__module__ != _SWIN_OWN for c in mro[:mro.index(base)]):
+        return f"'{q}' is a {base.__name__} with a forward of its own: its heads are not followed"
+    h = int(getattr(m, "num_heads"))
+    a = int(qkv.weight.shape[0]) // 3
+    parts = _qkv(q, ("qkv",) * 3, m, (0, a, 2 * a), ("kv",) * 3)
+    parts.append(Part(_name(q, "proj"), "weight", 1, 0, "kv", "follower"))
+    mlp = getattr(m, "cpb_mlp", None)
+    if isinstance(mlp, nn.Sequential) and isinstance(mlp[-1], nn.Linear):  # V2: a per-head scale and bias MLP
+        last = _name(q, f"cpb_mlp.{len(mlp) - 1}")
+        parts.append(Part(q, "logit_scale", 0, 0, "kv", "follower", width=1))
+        parts += [Part(last, n, 0, 0, "kv", "follower", width=1) for n in ("weight", "bias")
+                  if getattr(mlp[-1], n) is not None]
+    else:  # one column of the relative position bias table per head
+        parts.append(Part(q, "relative_position_bias_table", 1, 0, "kv", "follower", width=1))
+    # torchvision calls the output projection as F.linear (its second linear): read there
+    return HeadLayout(q, "swin", h, h, a // h, tuple(parts), f"{q}::linear.1")
+
+
+READERS: dict[str, Reader] = {"mha": _mha, "bert": _bert, "gpt2": _gpt2, "llama": _llama, "swin": _swin,
+                              "timm": _timm}
 """One reader per kind of attention module: ``(qualname, module, modules by name) -> HeadLayout``, a
 reason (the module looks like attention but its heads cannot be followed) or ``None`` (not this kind)."""
+
+
+def out_site(lay: HeadLayout, mods: Mapping[str, nn.Module]) -> nn.Module:
+    """Where the heads' outputs, side by side, are the first input: the module ``lay.out`` or, for a
+    layout whose output projection is a call of its layer's own forward (``layer::linear.1``), that call.
+
+    Example:
+        >>> lay = HeadLayout("a", "swin", 2, 2, 4, (), "a::linear.1")
+        >>> type(out_site(lay, {"a": nn.Identity()})).__name__
+        'OpSite'
+    """
+    assert lay.out is not None
+    at = split_op(lay.out)
+    return OpSite(mods[at[0]], at[0], at[1]) if at is not None else mods[lay.out]
 
 
 def read_layout(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
@@ -234,8 +297,16 @@ def _fix_timm(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
         setattr(m, "attn_dim", len(kept) * lay.head_dim)
 
 
+def _fix_swin(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
+    from ._heads_swin import pruned_class  # torchvision's forward reads the head size from the input width
+
+    m.__class__ = pruned_class(m)
+    setattr(m, "num_heads", len(kept))
+
+
 FIXERS: dict[str, Callable[[nn.Module, HeadLayout, Sequence[int]], None]] = {
-    "mha": _fix_mha, "bert": _fix_bert, "gpt2": _fix_gpt2, "llama": _fix_llama, "timm": _fix_timm}
+    "mha": _fix_mha, "bert": _fix_bert, "gpt2": _fix_gpt2, "llama": _fix_llama, "swin": _fix_swin,
+    "timm": _fix_timm}
 
 
 def fix_layout(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
