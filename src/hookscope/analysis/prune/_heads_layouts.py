@@ -23,7 +23,7 @@ from torch import nn
 
 from ...core.ops import OpSite, split_op
 
-__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "fix_layout", "heads_of", "config_heads", "refit_heads"]
+__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "holds_head_tables", "fix_layout", "heads_of", "config_heads", "refit_heads"]
 
 
 @dataclass(frozen=True)
@@ -345,6 +345,9 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
         fused = m.in_proj_weight is not None
         h = _rows(m.in_proj_weight if fused else m.q_proj_weight) // (3 if fused else 1) // m.head_dim
         return "mha", h, h, m.head_dim
+    swin = _swin_counts(m)
+    if swin is not None:
+        return swin
     kids = dict(m.named_children())
     d = getattr(m, "attention_head_size", getattr(m, "head_dim", None))
     if not isinstance(d, int) or d < 1:
@@ -364,6 +367,29 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
     return None
 
 
+def _swin_counts(m: nn.Module) -> tuple[str, int, int, int] | None:
+    """A torchvision window attention's heads: the bias table's columns (V2: the bias MLP's outputs)."""
+    qkv, mlp = getattr(m, "qkv", None), getattr(m, "cpb_mlp", None)
+    if _swin_base(m) is None or not isinstance(qkv, nn.Linear):
+        return None
+    if isinstance(mlp, nn.Sequential):
+        h = _rows(getattr(mlp[-1], "weight", None))
+    else:
+        h = _rows(getattr(m, "relative_position_bias_table", None), 1)
+    return ("swin", h, h, _rows(qkv.weight) // 3 // h) if h else None
+
+
+def holds_head_tables(m: nn.Module) -> bool:
+    """Whether ``m`` is an attention layer whose own tensors are per-head tables that
+    :func:`refit_heads` fits with its heads (torchvision's Swin window attention).
+
+    Example:
+        >>> holds_head_tables(nn.MultiheadAttention(8, 2))
+        False
+    """
+    return _swin_counts(m) is not None
+
+
 def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     """Set the head counts of attention module ``m`` from the shapes its tensors have now (after
     :func:`~._resize.fit_to` gave them a compacted file's shapes). Returns its layout as it was built,
@@ -381,7 +407,8 @@ def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     kind, h, kv, d = found
     if h < 1:
         return None
-    before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads"}
+    before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads",
+              "swin": "num_heads"}
     was = int(getattr(m, before[kind], h)) if kind in before else h
     lay = HeadLayout("", kind, was, kv if kind == "llama" else was, d, (), None)
     if kind == "llama":
