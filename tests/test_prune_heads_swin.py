@@ -1,7 +1,7 @@
-"""Attention heads of torchvision's window attention (Swin, Swin V2): masked heads removed by ``compact``
-with their query / key / value rows, output columns and per-head tables (V1: a column of the relative
-position bias table; V2: a ``logit_scale`` entry and an output row of the continuous position bias
-MLP), the compacted model's outputs equal to the masked model's in float64 (shifted, padded windows
+"""Attention heads of torchvision's window attention (Swin, Swin V2) and of MaxViT's attention: masked
+heads removed by ``compact`` with their query / key / value rows, output columns and per-head tables
+(Swin and MaxViT: a column of the relative position bias table; Swin V2: a ``logit_scale`` entry and
+an output row of the continuous position bias MLP), the compacted model's outputs equal to the masked model's in float64 (shifted, padded windows
 too), the importance kinds measured where the layer computes them, and refusals that leave the model
 as it was."""
 
@@ -232,3 +232,59 @@ def test_a_window_attention_with_its_own_forward_is_named_and_left_alone() -> No
     with pytest.raises(hookscope.HookscopeError, match="no attention layer of Sequential"):
         prune_heads(net, x, amount=0.5)
     assert hook_count(net) == 0 and type(net[0]) is Mine
+
+
+# --- MaxViT -------------------------------------------------------------------------------------------
+def _maxvit(seed: int = 0) -> nn.Module:
+    """One MaxViT block: a window attention and a grid attention, 4 heads of 4 channels each."""
+    mv = pytest.importorskip("torchvision.models.maxvit")
+    torch.manual_seed(seed)
+    m = mv.MaxVit(input_size=(16, 16), stem_channels=8, partition_size=2, block_channels=[16], block_layers=[1],
+                  head_dim=4, stochastic_depth_prob=0.0, num_classes=5)
+    for p in m.parameters():
+        nn.init.normal_(p, std=0.3)
+    return m.double().eval()
+
+
+def _maxvit_attentions(m: nn.Module) -> dict[str, nn.Module]:
+    return {n: a for n, a in m.named_modules() if type(a).__name__.endswith("RelativePositionalMultiHeadAttention")}
+
+
+@pytest.mark.parametrize("importance", ["entropy"])  # "output" and "taylor" read merge's input, as timm's
+def test_maxvit_heads_removed_give_the_masked_outputs_and_fit_to_rebuilds_them(importance: str) -> None:
+    net = _maxvit()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full = net(x)
+    before = _params(net)
+    res = prune_heads(net, x, amount=0.5, importance=importance)
+    assert [(r.kind, r.heads, r.kept) for r in res.rows] == [("maxvit", 4, 2)] * 2
+    with torch.no_grad():
+        masked = net(x)
+    small = compact(net, x)
+    assert _rel(full, masked) > 1e-3 and _rel(masked, small(x)) <= TOL
+    assert before - _params(small) == 2 * 2 * (3 * 4 * 16 + 3 * 4 + 4 * 16 + 9)  # q/k/v rows, biases, merge, table
+    assert [(type(a).__name__, a.n_heads, a.to_qkv.out_features, a.merge.in_features,
+             a.relative_position_bias_table.shape[1]) for a in _maxvit_attentions(small).values()] == \
+        [("HeadPrunedRelativePositionalMultiHeadAttention", 2, 24, 8, 2)] * 2
+    fresh = _maxvit(seed=1)
+    fit_to(fresh, small.state_dict())
+    fresh.load_state_dict(small.state_dict())
+    assert [a.n_heads for a in _maxvit_attentions(fresh).values()] == [2, 2] and _rel(masked, fresh(x)) <= TOL
+    assert _only_masks(net) and hook_count(small) == 0
+
+
+def test_maxvit_taylor_and_entropy_scores_read_its_heads() -> None:
+    net = _maxvit()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    first = list(_maxvit_attentions(net))[0]
+    with torch.no_grad():  # head 2 of the first attention: no values (no Taylor importance), uniform attention
+        a = _maxvit_attentions(net)[first]
+        for rows in (slice(8, 12), slice(32 + 8, 32 + 12)):
+            a.to_qkv.weight[rows] = 0
+            a.to_qkv.bias[rows] = 0
+        a.relative_position_bias_table[:, 2] = 0
+    tay = prune_heads(copy.deepcopy(net), x, amount=0.25, importance="taylor", loss=_square)
+    assert tay.rows[0].scores[2] == 0 and min(tay.rows[0].scores[:2] + tay.rows[0].scores[3:]) > 0
+    ent = prune_heads(net, x, amount=0.25, importance="entropy")
+    assert ent.rows[0].scores[2] == pytest.approx(math.log(4)) and ent.rows[0].removed == (2,)  # 2x2 partitions

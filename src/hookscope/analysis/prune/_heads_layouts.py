@@ -7,9 +7,11 @@ Kinds: ``nn.MultiheadAttention`` (fused ``in_proj_weight`` or separate projectio
 BERT-style self-attention (``query`` / ``key`` / ``value``, the sibling ``output.dense``: BERT, RoBERTa
 ...), GPT-2 (fused ``c_attn`` ``Conv1D`` split in three, ``c_proj``), LLaMA-style
 (``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``, grouped-query attention: LLaMA, Qwen2, Mistral,
-Hugging Face's ViT ...)
-and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any other analysis module,
-``cli``, ``viz``.
+Hugging Face's ViT ...), torchvision's Swin window attention (fused ``qkv``, ``proj``, one column of
+the relative position bias table per head; V2: one ``logit_scale`` entry and one output of the
+position bias MLP per head), torchvision's MaxViT attention (fused ``to_qkv``, ``merge``, a bias
+table column per head) and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any
+other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
@@ -220,8 +222,34 @@ def _swin(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     return HeadLayout(q, "swin", h, h, a // h, tuple(parts), f"{q}::linear.1")
 
 
+_MAXVIT_SOURCE = "torchvision.models.maxvit"
+_MAXVIT_OWN = "hookscope.analysis.prune._heads_maxvit"
+
+
+def _maxvit_base(m: nn.Module) -> type | None:
+    """torchvision's MaxViT attention class ``m`` is (or was, before its heads were removed)."""
+    for cls in type(m).__mro__:
+        if cls.__module__ == _MAXVIT_SOURCE and cls.__name__ == "RelativePositionalMultiHeadAttention":
+            return cls
+    return None
+
+
+def _maxvit(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
+    base, qkv = _maxvit_base(m), getattr(m, "to_qkv", None)
+    if base is None or not isinstance(qkv, nn.Linear) or not isinstance(getattr(m, "merge", None), nn.Linear):
+        return None
+    mro = type(m).__mro__
+    if any("forward" in vars(c) and c.__module__ != _MAXVIT_OWN for c in mro[:mro.index(base)]):
+        return f"'{q}' is a {base.__name__} with a forward of its own: its heads are not followed"
+    h, d = int(getattr(m, "n_heads")), int(getattr(m, "head_dim"))
+    parts = _qkv(q, ("to_qkv",) * 3, m, (0, h * d, 2 * h * d), ("kv",) * 3)  # chunked in three
+    parts.append(Part(_name(q, "merge"), "weight", 1, 0, "kv", "follower"))
+    parts.append(Part(q, "relative_position_bias_table", 1, 0, "kv", "follower", width=1))
+    return HeadLayout(q, "maxvit", h, h, d, tuple(parts), _name(q, "merge"))
+
+
 READERS: dict[str, Reader] = {"mha": _mha, "bert": _bert, "gpt2": _gpt2, "llama": _llama, "swin": _swin,
-                              "timm": _timm}
+                              "maxvit": _maxvit, "timm": _timm}
 """One reader per kind of attention module: ``(qualname, module, modules by name) -> HeadLayout``, a
 reason (the module looks like attention but its heads cannot be followed) or ``None`` (not this kind)."""
 
@@ -304,9 +332,16 @@ def _fix_swin(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
     setattr(m, "num_heads", len(kept))
 
 
+def _fix_maxvit(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
+    from ._heads_maxvit import HeadPrunedRelativePositionalMultiHeadAttention  # reshapes to the input width
+
+    m.__class__ = HeadPrunedRelativePositionalMultiHeadAttention
+    setattr(m, "n_heads", len(kept))
+
+
 FIXERS: dict[str, Callable[[nn.Module, HeadLayout, Sequence[int]], None]] = {
     "mha": _fix_mha, "bert": _fix_bert, "gpt2": _fix_gpt2, "llama": _fix_llama, "swin": _fix_swin,
-    "timm": _fix_timm}
+    "maxvit": _fix_maxvit, "timm": _fix_timm}
 
 
 def fix_layout(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
@@ -345,9 +380,9 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
         fused = m.in_proj_weight is not None
         h = _rows(m.in_proj_weight if fused else m.q_proj_weight) // (3 if fused else 1) // m.head_dim
         return "mha", h, h, m.head_dim
-    swin = _swin_counts(m)
-    if swin is not None:
-        return swin
+    tables = _table_counts(m)
+    if tables is not None:
+        return tables
     kids = dict(m.named_children())
     d = getattr(m, "attention_head_size", getattr(m, "head_dim", None))
     if not isinstance(d, int) or d < 1:
@@ -367,16 +402,18 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
     return None
 
 
-def _swin_counts(m: nn.Module) -> tuple[str, int, int, int] | None:
-    """A torchvision window attention's heads: the bias table's columns (V2: the bias MLP's outputs)."""
-    qkv, mlp = getattr(m, "qkv", None), getattr(m, "cpb_mlp", None)
-    if _swin_base(m) is None or not isinstance(qkv, nn.Linear):
+def _table_counts(m: nn.Module) -> tuple[str, int, int, int] | None:
+    """The heads of a torchvision attention holding per-head tables: the bias table's columns (Swin V2:
+    the bias MLP's outputs)."""
+    kind = "swin" if _swin_base(m) is not None else "maxvit" if _maxvit_base(m) is not None else None
+    qkv, mlp = getattr(m, "qkv" if kind == "swin" else "to_qkv", None), getattr(m, "cpb_mlp", None)
+    if kind is None or not isinstance(qkv, nn.Linear):
         return None
     if isinstance(mlp, nn.Sequential):
         h = _rows(getattr(mlp[-1], "weight", None))
     else:
         h = _rows(getattr(m, "relative_position_bias_table", None), 1)
-    return ("swin", h, h, _rows(qkv.weight) // 3 // h) if h else None
+    return (kind, h, h, _rows(qkv.weight) // 3 // h) if h else None
 
 
 def holds_head_tables(m: nn.Module) -> bool:
@@ -387,7 +424,7 @@ def holds_head_tables(m: nn.Module) -> bool:
         >>> holds_head_tables(nn.MultiheadAttention(8, 2))
         False
     """
-    return _swin_counts(m) is not None
+    return _table_counts(m) is not None
 
 
 def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
@@ -408,7 +445,7 @@ def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     if h < 1:
         return None
     before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads",
-              "swin": "num_heads"}
+              "swin": "num_heads", "maxvit": "n_heads"}
     was = int(getattr(m, before[kind], h)) if kind in before else h
     lay = HeadLayout("", kind, was, kv if kind == "llama" else was, d, (), None)
     if kind == "llama":
