@@ -130,8 +130,8 @@ def _chosen(model: nn.Module, selectors: Sequence[Selector] | None) -> list[Head
         found = [lay for lay in layouts(model, strict=True) if lay.module in wanted]
     if not found:
         raise HookscopeError(f"no attention layer of {type(model).__name__}{' among layers=' if selectors else ''} "
-                             "has heads hookscope can follow (nn.MultiheadAttention, BERT-, GPT-2-, LLaMA-style "
-                             "and timm attention); pass another model or layers=")
+                             "has heads hookscope can follow (nn.MultiheadAttention, BERT-, GPT-2-, LLaMA-style, "
+                             "torchvision Swin and MaxViT, and timm attention); pass another model or layers=")
     return found
 
 
@@ -199,8 +199,10 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
     the output projection's columns that read it.
 
     Layers followed: ``nn.MultiheadAttention`` (torchvision's ViT), BERT-style self-attention,
-    GPT-2, LLaMA-style attention with grouped-query attention (Qwen2, Mistral ...) and timm's
-    ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live heads,
+    GPT-2, LLaMA-style attention with grouped-query attention (Qwen2, Mistral ...), torchvision's
+    Swin and Swin V2 window attention and MaxViT attention (a head's column of the relative position
+    bias table goes with it; Swin V2: its ``logit_scale`` and its output of the position bias MLP)
+    and timm's ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live heads,
     the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
     attention output before the output projection, measured on ``data`` (or on ``inputs`` when no
     data is given); ``"l2"`` the norm of the head's weights; ``"taylor"`` the first-order Taylor
