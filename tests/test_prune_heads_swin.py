@@ -1,9 +1,9 @@
 """Attention heads of torchvision's window attention (Swin, Swin V2) and of MaxViT's attention: masked
 heads removed by ``compact`` with their query / key / value rows, output columns and per-head tables
 (Swin and MaxViT: a column of the relative position bias table; Swin V2: a ``logit_scale`` entry and
-an output row of the continuous position bias MLP), the compacted model's outputs equal to the masked model's in float64 (shifted, padded windows
-too), the importance kinds measured where the layer computes them, and refusals that leave the model
-as it was."""
+an output row of the continuous position bias MLP), the compacted model's outputs equal to the masked
+model's in float64 (shifted, padded windows too), the importance kinds measured where the layer
+computes them, and refusals that leave the model as it was."""
 
 from __future__ import annotations
 
@@ -217,7 +217,8 @@ def test_a_request_that_leaves_a_layer_no_head_is_refused_untouched() -> None:
     with pytest.raises(hookscope.HookscopeError, match="'features.1.0.attn' would keep no attention head") as e:
         prune_heads(net, x, heads={"features.1.0.attn": [0, 1, 2, 3]})
     assert "\n" not in str(e.value) and hook_count(net) == 0
-    assert list(net.state_dict()) == list(before) and all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    after = net.state_dict()
+    assert list(after) == list(before) and all(torch.equal(before[k], v) for k, v in after.items())
 
 
 def test_a_window_attention_with_its_own_forward_is_named_and_left_alone() -> None:

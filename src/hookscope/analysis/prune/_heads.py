@@ -202,8 +202,8 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
     GPT-2, LLaMA-style attention with grouped-query attention (Qwen2, Mistral ...), torchvision's
     Swin and Swin V2 window attention and MaxViT attention (a head's column of the relative position
     bias table goes with it; Swin V2: its ``logit_scale`` and its output of the position bias MLP)
-    and timm's ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live heads,
-    the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
+    and timm's ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live
+    heads, the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
     attention output before the output projection, measured on ``data`` (or on ``inputs`` when no
     data is given); ``"l2"`` the norm of the head's weights; ``"taylor"`` the first-order Taylor
     importance of Michel et al. (2019), per sample ``|sum over positions and head channels of

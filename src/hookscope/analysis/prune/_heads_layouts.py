@@ -25,7 +25,8 @@ from torch import nn
 
 from ...core.ops import OpSite, split_op
 
-__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "holds_head_tables", "fix_layout", "heads_of", "config_heads", "refit_heads"]
+__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "holds_head_tables", "fix_layout", "heads_of",
+           "config_heads", "refit_heads"]
 
 
 @dataclass(frozen=True)

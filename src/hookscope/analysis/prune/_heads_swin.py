@@ -71,7 +71,8 @@ def _attend(m: ShiftedWindowAttention, x: torch.Tensor, bias: torch.Tensor,
     return attn + bias, v
 
 
-def window_attention(m: ShiftedWindowAttention, x: torch.Tensor, logit_scale: torch.Tensor | None = None) -> torch.Tensor:
+def window_attention(m: ShiftedWindowAttention, x: torch.Tensor,
+                     logit_scale: torch.Tensor | None = None) -> torch.Tensor:
     """torchvision's ``shifted_window_attention`` of layer ``m`` on ``x`` (``B x H x W x C``), the head
     size read from ``m.qkv``.
 
