@@ -83,10 +83,10 @@ class HeadPruning(Result):
 
     def table(self) -> str:
         """One line per attention layer, then the totals."""
-        lines = [f"{'layer':<36}  {'kind':<5}  {'heads':>5}  {'kv':>3}  {'kept':>4}  removed"]
+        lines = [f"{'layer':<36}  {'kind':<6}  {'heads':>5}  {'kv':>3}  {'kept':>4}  removed"]
         for r in self.rows:
             name = r.layer if len(r.layer) <= 36 else r.layer[:33] + "..."
-            lines.append(f"{name:<36}  {r.kind:<5}  {r.heads:>5}  {r.kv_heads:>3}  {r.kept:>4}  "
+            lines.append(f"{name:<36}  {r.kind:<6}  {r.heads:>5}  {r.kv_heads:>3}  {r.kept:>4}  "
                          f"{', '.join(map(str, r.removed)) or '-'}")
         how = f"amount {self.amount:g} per layer" if self.amount is not None else "as named"
         lines.append(f"{self.removed} of {self.heads} attention heads masked now in {len(self.rows)} layers "
