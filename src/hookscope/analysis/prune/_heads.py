@@ -83,10 +83,10 @@ class HeadPruning(Result):
 
     def table(self) -> str:
         """One line per attention layer, then the totals."""
-        lines = [f"{'layer':<36}  {'kind':<5}  {'heads':>5}  {'kv':>3}  {'kept':>4}  removed"]
+        lines = [f"{'layer':<36}  {'kind':<6}  {'heads':>5}  {'kv':>3}  {'kept':>4}  removed"]
         for r in self.rows:
             name = r.layer if len(r.layer) <= 36 else r.layer[:33] + "..."
-            lines.append(f"{name:<36}  {r.kind:<5}  {r.heads:>5}  {r.kv_heads:>3}  {r.kept:>4}  "
+            lines.append(f"{name:<36}  {r.kind:<6}  {r.heads:>5}  {r.kv_heads:>3}  {r.kept:>4}  "
                          f"{', '.join(map(str, r.removed)) or '-'}")
         how = f"amount {self.amount:g} per layer" if self.amount is not None else "as named"
         lines.append(f"{self.removed} of {self.heads} attention heads masked now in {len(self.rows)} layers "
@@ -130,8 +130,8 @@ def _chosen(model: nn.Module, selectors: Sequence[Selector] | None) -> list[Head
         found = [lay for lay in layouts(model, strict=True) if lay.module in wanted]
     if not found:
         raise HookscopeError(f"no attention layer of {type(model).__name__}{' among layers=' if selectors else ''} "
-                             "has heads hookscope can follow (nn.MultiheadAttention, BERT-, GPT-2-, LLaMA-style "
-                             "and timm attention); pass another model or layers=")
+                             "has heads hookscope can follow (nn.MultiheadAttention, BERT-, GPT-2-, LLaMA-style, "
+                             "torchvision Swin and MaxViT, and timm attention); pass another model or layers=")
     return found
 
 
@@ -199,9 +199,11 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
     the output projection's columns that read it.
 
     Layers followed: ``nn.MultiheadAttention`` (torchvision's ViT), BERT-style self-attention,
-    GPT-2, LLaMA-style attention with grouped-query attention (Qwen2, Mistral ...) and timm's
-    ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live heads,
-    the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
+    GPT-2, LLaMA-style attention with grouped-query attention (Qwen2, Mistral ...), torchvision's
+    Swin and Swin V2 window attention and MaxViT attention (a head's column of the relative position
+    bias table goes with it; Swin V2: its ``logit_scale`` and its output of the position bias MLP)
+    and timm's ``Attention``. With ``amount``, every layer loses ``floor(amount * heads)`` of its live
+    heads, the lowest-scoring: ``"output"`` (the default) is the mean L2 norm of the head's slice of the
     attention output before the output projection, measured on ``data`` (or on ``inputs`` when no
     data is given); ``"l2"`` the norm of the head's weights; ``"taylor"`` the first-order Taylor
     importance of Michel et al. (2019), per sample ``|sum over positions and head channels of

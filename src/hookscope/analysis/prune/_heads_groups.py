@@ -66,7 +66,7 @@ def layouts(model: nn.Module, *, strict: bool = False) -> list[HeadLayout]:
 
 
 def _member(lay: HeadLayout, part: Any, chans: Sequence[Sequence[int]]) -> GroupMember:
-    d = lay.head_dim
+    d = part.size(lay.head_dim)
     pos = tuple(tuple(p for h in hs for p in range(part.offset + h * d, part.offset + (h + 1) * d)) for hs in chans)
     return GroupMember(part.module, part.name, part.dim, part.role, pos)
 

@@ -7,9 +7,11 @@ Kinds: ``nn.MultiheadAttention`` (fused ``in_proj_weight`` or separate projectio
 BERT-style self-attention (``query`` / ``key`` / ``value``, the sibling ``output.dense``: BERT, RoBERTa
 ...), GPT-2 (fused ``c_attn`` ``Conv1D`` split in three, ``c_proj``), LLaMA-style
 (``q_proj`` / ``k_proj`` / ``v_proj`` / ``o_proj``, grouped-query attention: LLaMA, Qwen2, Mistral,
-Hugging Face's ViT ...)
-and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any other analysis module,
-``cli``, ``viz``.
+Hugging Face's ViT ...), torchvision's Swin window attention (fused ``qkv``, ``proj``, one column of
+the relative position bias table per head; V2: one ``logit_scale`` entry and one output of the
+position bias MLP per head), torchvision's MaxViT attention (fused ``to_qkv``, ``merge``, a bias
+table column per head) and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any
+other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "fix_layout", "heads_of", "config_heads", "refit_heads"]
+from ...core.ops import OpSite, split_op
+
+__all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "holds_head_tables", "fix_layout", "heads_of",
+           "config_heads", "refit_heads"]
 
 
 @dataclass(frozen=True)
 class Part:
     """One tensor holding a slice per head: head ``h``'s entries along ``dim`` are
-    ``offset + h * head_dim ... offset + (h + 1) * head_dim - 1``. ``per`` is ``"q"`` (one slice per
+    ``offset + h * w ... offset + (h + 1) * w - 1``, ``w`` being ``width`` or, when 0, the layout's
+    ``head_dim`` (a per-head table or scale holds one entry per head: ``width=1``). ``per`` is ``"q"`` (one slice per
     query head) or ``"kv"`` (per key/value head); ``role`` is ``producer`` (query / key / value rows and
     biases) or ``follower`` (the output projection's columns: masked with the head, so that a masked
     head adds nothing even where its key/value head stays).
@@ -43,6 +49,16 @@ class Part:
     offset: int
     per: str
     role: str
+    width: int = 0
+
+    def size(self, head_dim: int) -> int:
+        """Entries per head along ``dim``.
+
+        Example:
+            >>> Part("attn", "table", 1, 0, "kv", "follower", width=1).size(32)
+            1
+        """
+        return self.width or head_dim
 
 
 @dataclass(frozen=True)
@@ -172,9 +188,85 @@ def _timm(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
     return HeadLayout(q, "timm", h, h, d, tuple(parts), _name(q, "proj"))
 
 
-READERS: dict[str, Reader] = {"mha": _mha, "bert": _bert, "gpt2": _gpt2, "llama": _llama, "timm": _timm}
+_SWIN_SOURCE = "torchvision.models.swin_transformer"
+_SWIN_OWN = "hookscope.analysis.prune._heads_swin"
+
+
+def _swin_base(m: nn.Module) -> type | None:
+    """torchvision's window attention class ``m`` is (or was, before its heads were removed)."""
+    for cls in type(m).__mro__:
+        if cls.__module__ == _SWIN_SOURCE and cls.__name__.startswith("ShiftedWindowAttention"):
+            return cls
+    return None
+
+
+def _swin(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
+    base, qkv = _swin_base(m), getattr(m, "qkv", None)
+    if base is None or not isinstance(qkv, nn.Linear) or not isinstance(getattr(m, "proj", None), nn.Linear):
+        return None
+    mro = type(m).__mro__
+    if any("forward" in vars(c) and c.__module__ != _SWIN_OWN for c in mro[:mro.index(base)]):
+        return f"'{q}' is a {base.__name__} with a forward of its own: its heads are not followed"
+    h = int(getattr(m, "num_heads"))
+    a = int(qkv.weight.shape[0]) // 3
+    parts = _qkv(q, ("qkv",) * 3, m, (0, a, 2 * a), ("kv",) * 3)
+    parts.append(Part(_name(q, "proj"), "weight", 1, 0, "kv", "follower"))
+    mlp = getattr(m, "cpb_mlp", None)
+    if isinstance(mlp, nn.Sequential) and isinstance(mlp[-1], nn.Linear):  # V2: a per-head scale and bias MLP
+        last = _name(q, f"cpb_mlp.{len(mlp) - 1}")
+        parts.append(Part(q, "logit_scale", 0, 0, "kv", "follower", width=1))
+        parts += [Part(last, n, 0, 0, "kv", "follower", width=1) for n in ("weight", "bias")
+                  if getattr(mlp[-1], n) is not None]
+    else:  # one column of the relative position bias table per head
+        parts.append(Part(q, "relative_position_bias_table", 1, 0, "kv", "follower", width=1))
+    # torchvision calls the output projection as F.linear (its second linear): read there
+    return HeadLayout(q, "swin", h, h, a // h, tuple(parts), f"{q}::linear.1")
+
+
+_MAXVIT_SOURCE = "torchvision.models.maxvit"
+_MAXVIT_OWN = "hookscope.analysis.prune._heads_maxvit"
+
+
+def _maxvit_base(m: nn.Module) -> type | None:
+    """torchvision's MaxViT attention class ``m`` is (or was, before its heads were removed)."""
+    for cls in type(m).__mro__:
+        if cls.__module__ == _MAXVIT_SOURCE and cls.__name__ == "RelativePositionalMultiHeadAttention":
+            return cls
+    return None
+
+
+def _maxvit(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
+    base, qkv = _maxvit_base(m), getattr(m, "to_qkv", None)
+    if base is None or not isinstance(qkv, nn.Linear) or not isinstance(getattr(m, "merge", None), nn.Linear):
+        return None
+    mro = type(m).__mro__
+    if any("forward" in vars(c) and c.__module__ != _MAXVIT_OWN for c in mro[:mro.index(base)]):
+        return f"'{q}' is a {base.__name__} with a forward of its own: its heads are not followed"
+    h, d = int(getattr(m, "n_heads")), int(getattr(m, "head_dim"))
+    parts = _qkv(q, ("to_qkv",) * 3, m, (0, h * d, 2 * h * d), ("kv",) * 3)  # chunked in three
+    parts.append(Part(_name(q, "merge"), "weight", 1, 0, "kv", "follower"))
+    parts.append(Part(q, "relative_position_bias_table", 1, 0, "kv", "follower", width=1))
+    return HeadLayout(q, "maxvit", h, h, d, tuple(parts), _name(q, "merge"))
+
+
+READERS: dict[str, Reader] = {"mha": _mha, "bert": _bert, "gpt2": _gpt2, "llama": _llama, "swin": _swin,
+                              "maxvit": _maxvit, "timm": _timm}
 """One reader per kind of attention module: ``(qualname, module, modules by name) -> HeadLayout``, a
 reason (the module looks like attention but its heads cannot be followed) or ``None`` (not this kind)."""
+
+
+def out_site(lay: HeadLayout, mods: Mapping[str, nn.Module]) -> nn.Module:
+    """Where the heads' outputs, side by side, are the first input: the module ``lay.out`` or, for a
+    layout whose output projection is a call of its layer's own forward (``layer::linear.1``), that call.
+
+    Example:
+        >>> lay = HeadLayout("a", "swin", 2, 2, 4, (), "a::linear.1")
+        >>> type(out_site(lay, {"a": nn.Identity()})).__name__
+        'OpSite'
+    """
+    assert lay.out is not None
+    at = split_op(lay.out)
+    return OpSite(mods[at[0]], at[0], at[1]) if at is not None else mods[lay.out]
 
 
 def read_layout(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | str | None:
@@ -234,8 +326,23 @@ def _fix_timm(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
         setattr(m, "attn_dim", len(kept) * lay.head_dim)
 
 
+def _fix_swin(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
+    from ._heads_swin import pruned_class  # torchvision's forward reads the head size from the input width
+
+    m.__class__ = pruned_class(m)
+    setattr(m, "num_heads", len(kept))
+
+
+def _fix_maxvit(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
+    from ._heads_maxvit import HeadPrunedRelativePositionalMultiHeadAttention  # reshapes to the input width
+
+    m.__class__ = HeadPrunedRelativePositionalMultiHeadAttention
+    setattr(m, "n_heads", len(kept))
+
+
 FIXERS: dict[str, Callable[[nn.Module, HeadLayout, Sequence[int]], None]] = {
-    "mha": _fix_mha, "bert": _fix_bert, "gpt2": _fix_gpt2, "llama": _fix_llama, "timm": _fix_timm}
+    "mha": _fix_mha, "bert": _fix_bert, "gpt2": _fix_gpt2, "llama": _fix_llama, "swin": _fix_swin,
+    "maxvit": _fix_maxvit, "timm": _fix_timm}
 
 
 def fix_layout(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
@@ -274,6 +381,9 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
         fused = m.in_proj_weight is not None
         h = _rows(m.in_proj_weight if fused else m.q_proj_weight) // (3 if fused else 1) // m.head_dim
         return "mha", h, h, m.head_dim
+    tables = _table_counts(m)
+    if tables is not None:
+        return tables
     kids = dict(m.named_children())
     d = getattr(m, "attention_head_size", getattr(m, "head_dim", None))
     if not isinstance(d, int) or d < 1:
@@ -293,6 +403,31 @@ def _counts(m: nn.Module) -> tuple[str, int, int, int] | None:
     return None
 
 
+def _table_counts(m: nn.Module) -> tuple[str, int, int, int] | None:
+    """The heads of a torchvision attention holding per-head tables: the bias table's columns (Swin V2:
+    the bias MLP's outputs)."""
+    kind = "swin" if _swin_base(m) is not None else "maxvit" if _maxvit_base(m) is not None else None
+    qkv, mlp = getattr(m, "qkv" if kind == "swin" else "to_qkv", None), getattr(m, "cpb_mlp", None)
+    if kind is None or not isinstance(qkv, nn.Linear):
+        return None
+    if isinstance(mlp, nn.Sequential):
+        h = _rows(getattr(mlp[-1], "weight", None))
+    else:
+        h = _rows(getattr(m, "relative_position_bias_table", None), 1)
+    return (kind, h, h, _rows(qkv.weight) // 3 // h) if h else None
+
+
+def holds_head_tables(m: nn.Module) -> bool:
+    """Whether ``m`` is an attention layer whose own tensors are per-head tables that
+    :func:`refit_heads` fits with its heads (torchvision's Swin window attention).
+
+    Example:
+        >>> holds_head_tables(nn.MultiheadAttention(8, 2))
+        False
+    """
+    return _table_counts(m) is not None
+
+
 def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     """Set the head counts of attention module ``m`` from the shapes its tensors have now (after
     :func:`~._resize.fit_to` gave them a compacted file's shapes). Returns its layout as it was built,
@@ -310,7 +445,8 @@ def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     kind, h, kv, d = found
     if h < 1:
         return None
-    before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads"}
+    before = {"mha": "num_heads", "bert": "num_attention_heads", "gpt2": "num_heads", "timm": "num_heads",
+              "swin": "num_heads", "maxvit": "n_heads"}
     was = int(getattr(m, before[kind], h)) if kind in before else h
     lay = HeadLayout("", kind, was, kv if kind == "llama" else was, d, (), None)
     if kind == "llama":

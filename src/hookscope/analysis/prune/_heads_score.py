@@ -18,7 +18,7 @@ from torch import nn
 from ..._tree import first_tensor
 from ...errors import HookscopeError
 from ...selection import named_modules
-from ._heads_layouts import HeadLayout
+from ._heads_layouts import HeadLayout, out_site
 from ._heads_mha import attend
 from ._heads_score_entropy import entropy_scores
 from ._heads_score_taylor import taylor_scores
@@ -72,8 +72,8 @@ def _weights(model: nn.Module, lay: HeadLayout) -> torch.Tensor:
         t = getattr(mods[part.module], part.name).detach().double().cpu().movedim(part.dim, 0)
         for h in range(lay.heads):
             c = h if part.per == "q" else h // lay.group
-            start = part.offset + c * lay.head_dim
-            total[h] += t[start:start + lay.head_dim].pow(2).sum()
+            w = part.size(lay.head_dim)
+            total[h] += t[part.offset + c * w:part.offset + (c + 1) * w].pow(2).sum()
     return total.sqrt()
 
 
@@ -87,7 +87,7 @@ def _calibrate(model: nn.Module, lays: list[HeadLayout], batches: Iterable[tuple
             if lay.out is None:  # own hook: the MHA's inputs, to recompute its heads (out_proj is never called)
                 handles.append(mods[lay.module].register_forward_hook(_mha(sums[lay.module]), with_kwargs=True))
             else:  # own hook: per-head norms of the output projection's input, reduced on the device
-                handles.append(mods[lay.out].register_forward_pre_hook(_pre(sums[lay.module])))
+                handles.append(out_site(lay, mods).register_forward_pre_hook(_pre(sums[lay.module])))
         plain_passes(model, batches, device)
     finally:
         for h in handles:

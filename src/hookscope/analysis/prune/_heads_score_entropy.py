@@ -122,6 +122,8 @@ class _Entropy:
         self.rows = rows if self.rows.numel() == 0 else self.rows + rows
 
     def add_probabilities(self, p: torch.Tensor) -> None:
+        if p.dim() > 4 and p.size(-3) == self.lay.heads:  # partitions before the heads (MaxViT): more rows
+            p = p.flatten(0, p.dim() - 4)
         self.check(tuple(p.shape))
         self.add(row_entropy(p.float() if p.dtype in (torch.float16, torch.bfloat16) else p))
 

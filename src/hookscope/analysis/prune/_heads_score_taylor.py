@@ -23,7 +23,7 @@ from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import named_modules
 from .._targets import call_model
-from ._heads_layouts import HeadLayout
+from ._heads_layouts import HeadLayout, out_site
 from ._heads_mha import attend
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import Batch, Loss, batch_to, loss_of
@@ -142,7 +142,7 @@ def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Ba
             if lay.out is None:  # own hook: the MHA's output rebuilt from its heads, to read their gradient
                 group.add(mods[lay.module].register_forward_hook(_mha(heads[lay.module]), with_kwargs=True))
             else:  # own hook: keeps the output projection's input of this batch for the backward
-                group.add(mods[lay.out].register_forward_pre_hook(_pre(heads[lay.module])))
+                group.add(out_site(lay, mods).register_forward_pre_hook(_pre(heads[lay.module])))
         for index, batch in enumerate(batches):
             batch = batch_to(batch, where)
             try:

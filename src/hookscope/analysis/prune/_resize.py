@@ -20,7 +20,7 @@ from torch import nn
 from ...core.text import shape_text
 from ...errors import HookscopeError
 from ._heads_groups import write_configs
-from ._heads_layouts import refit_heads
+from ._heads_layouts import holds_head_tables, refit_heads
 from ._width_stream import is_rms_norm, refit_width
 
 __all__ = ["RESIZABLE", "fit_to", "fix_sizes", "is_compacted", "marked_compacted", "shrinks"]
@@ -92,7 +92,8 @@ def _why_not(q: str, m: nn.Module, key: str, old: torch.Tensor, new: torch.Tenso
     what = f"{key} (file {shape_text(b)}, model {shape_text(a)})"
     if len(a) != len(b) or any(y > x for x, y in zip(a, b)):
         return f"{what} is not a smaller copy of the model's tensor; only shrunk dims are fitted"
-    if not isinstance(m, RESIZABLE) and type(m).__name__ != "Conv1D" and not is_rms_norm(m):  # GPT-2's Conv1D
+    if not isinstance(m, RESIZABLE) and type(m).__name__ != "Conv1D" and not is_rms_norm(m) \
+            and not holds_head_tables(m):  # GPT-2's Conv1D; Swin's per-head tables, refitted with the heads
         return (f"{what}: {q or 'the model'} is a {type(m).__name__}, whose sizes hookscope cannot fix (it fits "
                 "Conv, Linear, BatchNorm, LayerNorm and Embedding layers)")
     if isinstance(m, nn.Embedding) and b[0] != a[0]:
