@@ -238,3 +238,38 @@ def test_not_finite_scores_are_refused_before_any_head_is_masked() -> None:
     with pytest.raises(HookscopeError, match="scores of the MLP units of 'linear2' are not finite"):
         prune_heads(net, torch.randn(1, 3, 8, dtype=torch.float64), amount=0.5, importance="l2", mlp=0.5)
     assert hook_count(net) == 0
+
+
+# --- the command line ---------------------------------------------------------------------------------------
+def test_cli_heads_and_mlp_compact_json(tmp_path, capsys) -> None:
+    import json
+
+    from hookscope.cli import main
+
+    tr = pytest.importorskip("transformers")
+    tr.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=8, intermediate_size=64,
+                  max_position_embeddings=64, num_labels=2).save_pretrained(tmp_path / "bert-tiny")
+    code = main(["prune", "hf:BertForSequenceClassification", "--config", str(tmp_path / "bert-tiny"), "--heads", "0.5",
+                 "--mlp", "0.25", "--compact", "--repeats", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["mode"] == "heads"
+    mlp = doc["pruned"]["mlp"]
+    assert mlp["amount"] == 0.25 and [r["kept"] for r in mlp["rows"]] == [48, 48] and mlp["removed"] == 32
+    params = next(r for r in doc["comparison"]["rows"] if r["name"] == "parameters")
+    # each layer: 4 heads of 4 (q, k, v rows and biases, output columns) and 16 units (rows, biases, columns)
+    assert params["before"] - params["after"] == 2 * (3 * 16 * 32 + 3 * 16 + 16 * 32) + 2 * (16 * 32 + 16 + 16 * 32)
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--mlp", "0.5"], r"--mlp 0\.5 scores the MLP hidden units in the pass that scores the heads; add --heads"),
+    (["--channels", "--amount", "0.5", "--mlp", "0.5"], "add --heads FRACTION"),
+    (["--heads", "0.5", "--mlp", "1"], r"--mlp 1 is not a share of MLP hidden units in \[0, 1\)"),
+])
+def test_cli_mlp_bad_options_exit_non_zero_in_one_line(argv: list[str], match: str, capsys) -> None:
+    import re
+
+    from hookscope.cli import main
+
+    code = main(["prune", "demo", *argv, "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert code != 0 and re.search(match, err) and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -94,6 +94,10 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                    help="remove this share, in [0, 1), of every attention layer's heads (nn.MultiheadAttention, "
                         "BERT, GPT-2, LLaMA-style with grouped-query attention, timm), those of the lowest output "
                         "norm on the example input; alone or with --channels --amount")
+    p.add_argument("--mlp", metavar="FRACTION", type=float, default=None,
+                   help="with --heads: also remove this share, in [0, 1), of the hidden units of every MLP beside "
+                        "the attention layers, those of the lowest mean |activation| on the example input, scored in "
+                        "the same pass as the heads")
     p.add_argument("--width", metavar="FRACTION", type=float, default=None,
                    help="remove this share, in [0, 1), of the hidden width (the residual stream) of an RMSNorm "
                         "transformer (LLaMA, Qwen2, Mistral), the channels of the lowest mean |value| on the example "
@@ -143,6 +147,15 @@ def _check_heads(args: argparse.Namespace) -> None:
                              f"add --channels or drop {flag}")
 
 
+def _check_mlp(args: argparse.Namespace) -> None:
+    if args.heads is None:
+        raise HookscopeError(f"--mlp {args.mlp:g} scores the MLP hidden units in the pass that scores the heads; add "
+                             "--heads FRACTION (--heads 0 keeps every head), or prune MLPs with --channels --amount")
+    if not 0.0 <= args.mlp < 1.0:  # NaN fails too
+        raise HookscopeError(f"--mlp {args.mlp:g} is not a share of MLP hidden units in [0, 1); give e.g. --mlp 0.25 "
+                             "(every MLP keeps a unit)")
+
+
 def _check_width(args: argparse.Namespace) -> None:
     if not 0.0 <= args.width < 1.0:  # NaN fails too
         raise HookscopeError(f"--width {args.width:g} is not a share of the hidden width in [0, 1); give e.g. "
@@ -159,6 +172,8 @@ def _check_width(args: argparse.Namespace) -> None:
 def _check_amount(args: argparse.Namespace) -> None:
     if args.width is not None:
         _check_width(args)
+    if args.mlp is not None:
+        _check_mlp(args)
     if args.heads is not None:
         _check_heads(args)
     if not args.channels and (args.heads is not None or args.width is not None):
@@ -402,9 +417,9 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
     if args.heads is not None:
         try:
             results.append(prune_heads(model, given.x, amount=args.heads, kwargs=given.kwargs,
-                                       layers=None if args.channels else args.layers))
+                                       layers=None if args.channels else args.layers, mlp=args.mlp))
         except HookscopeError as e:
-            raise HookscopeError(str(e).replace("amount=", "--heads ")) from e
+            raise HookscopeError(str(e).replace("amount=", "--heads ").replace("mlp=:", "--mlp:")) from e
     if args.width is not None:
         try:
             results.append(prune_width(model, given.x, amount=args.width, kwargs=given.kwargs))
