@@ -60,7 +60,8 @@ class HeadRow:
 
 class HeadPruning(Result):
     """What :func:`prune_heads` masked: one row per attention layer, the head groups and the choice
-    (``drop``: group index -> channels, as :func:`mask_channels` takes it).
+    (``drop``: group index -> channels, as :func:`mask_channels` takes it); with ``mlp=``, one
+    :class:`MlpRow` per MLP in ``mlp_rows``, their groups (``mlp_groups``) and choice (``mlp_drop``).
 
     Example:
         >>> net = nn.TransformerEncoderLayer(8, 4, dim_feedforward=16, batch_first=True)
