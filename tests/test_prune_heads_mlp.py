@@ -130,7 +130,7 @@ def _hf(kind: str) -> nn.Module:
 @pytest.mark.parametrize("kind, downs, units", [
     ("llama", "model.layers.{}.mlp.down_proj", 48), ("gpt2", "transformer.h.{}.mlp.c_proj", 24),
     ("bert", "bert.encoder.layer.{}.output.dense", 24)])
-@pytest.mark.parametrize("importance", ["output", "taylor"])
+@pytest.mark.parametrize("importance", ["output", "taylor", "l2"])
 def test_hugging_face_mlps_compact_to_the_masked_model(kind: str, downs: str, units: int, importance: str) -> None:
     net = _hf(kind)
     x = torch.randint(0, 50, (2, 7))
@@ -229,6 +229,27 @@ def test_without_an_example_input_or_an_mlp_beside_the_attention_mlp_is_refused_
     with pytest.raises(HookscopeError, match=r"mlp=: no MLP of Bare beside the attention layers chosen"):
         prune_heads(model, torch.randn(1, 3, 8), amount=0.5, mlp=0.5)
     assert hook_count(model) == 0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_failing_calibration_pass_leaves_no_hook_and_the_model_as_it_was() -> None:
+    net = _layer()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(HookscopeError, match="taylor needs a loss"):
+        prune_heads(net, torch.randn(2, 3, 8, dtype=torch.float64), amount=0.5, importance="taylor", mlp=0.5)
+    assert hook_count(net) == 0 and all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_qwen2_mlp_is_found_and_compacts() -> None:
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(11)
+    net = tr.Qwen2ForCausalLM(tr.Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, use_cache=False)).double().eval()
+    x = torch.randint(0, 50, (2, 6))
+    res = prune_heads(net, x, amount=0.5, mlp=0.5)
+    assert [(r.layer, r.kept) for r in res.mlp_rows] == [("model.layers.0.mlp.down_proj", 20)]
+    small = compact(net, x)
+    assert rel(net(x).logits, small(x).logits) <= TOL and small.model.layers[0].mlp.gate_proj.out_features == 20
 
 
 def test_not_finite_scores_are_refused_before_any_head_is_masked() -> None:
