@@ -7,8 +7,9 @@ The model: LLaMA-style (transformers' LlamaForCausalLM), 4 layers, width 128, 8 
 4 key/value heads, MLP width 384. Trained with AdamW on freshly generated text; the trained weights
 are cached (``$HOOKSCOPE_BENCH_CACHE`` or ``~/.cache/hookscope-bench``) and retrained when absent.
 
-Then, for 25% and 50%: ``prune_heads`` (importance "output", measured on training text) and
-``prune_channels`` on the MLP hidden units (L2), ``compact``, and ``RECOVER_STEPS`` steps of the same
+Then, for 25% and 50%: ``prune_heads(..., mlp=share)``, the heads and the MLP hidden units scored in
+one pass over training text (importance "output": the heads' output norms, the units' mean
+|activation|), ``compact``, and ``RECOVER_STEPS`` steps of the same
 training loop on the compacted model. Perplexity on the same held-out text for every row
 (``compare_models(..., data=held_out)``: exp of the mean next-token NLL), parameters, and CPU time per
 token (one batch of 8 x 64 tokens, median of interleaved runs, one thread).
@@ -113,8 +114,7 @@ def trained(probs: torch.Tensor, retrain: bool) -> torch.nn.Module:
 def pruned(model: torch.nn.Module, share: float, calib: list[torch.Tensor]) -> torch.nn.Module:
     masked = copy.deepcopy(model)
     probe = calib[0]
-    hookscope.prune_heads(masked, probe, amount=share, data=calib)
-    hookscope.prune_channels(masked, probe, amount=share, layers="*.mlp.*")
+    hookscope.prune_heads(masked, probe, amount=share, data=calib, mlp=share)
     return hookscope.compact(masked, probe)
 
 

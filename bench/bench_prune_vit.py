@@ -1,10 +1,10 @@
 """torchvision vit_b_16 with half its attention heads and half its MLP hidden units removed:
-hookscope (prune_heads + prune_channels + compact) side by side with Torch-Pruning on the same model and ratios.
+hookscope (prune_heads with mlp= + compact) side by side with Torch-Pruning on the same model and ratios.
 
-Both tools start from the same random weights (weights=None). hookscope: ``prune_heads(amount=0.5)``
-(importance "l2": the heads' weight norms, as Torch-Pruning's magnitude importance) and
-``prune_channels(amount=0.5)`` (the MLP hidden units: the residual stream is refused, LayerNorm reads
-it whole), then ``compact``. Torch-Pruning 1.6.1 (``pip install torch-pruning==1.6.1``, a bench-only
+Both tools start from the same random weights (weights=None). hookscope: one call,
+``prune_heads(amount=0.5, mlp=0.5, importance="l2")`` (the heads' weight norms, as Torch-Pruning's
+magnitude importance, and every MLP's hidden units by the norm of their weight rows and columns; the
+residual stream is left, LayerNorm reads it whole), then ``compact``. Torch-Pruning 1.6.1 (``pip install torch-pruning==1.6.1``, a bench-only
 peer): ``MetaPruner`` with ``MagnitudeImportance(p=2)``, the MLP's first Linear of every block at 0.5
 (``pruning_ratio_dict``; everything else at 0), ``num_heads`` of every ``nn.MultiheadAttention``,
 ``prune_num_heads=True``, ``prune_head_dims=False``, ``head_pruning_ratio=0.5``, the classifier ignored,
@@ -47,8 +47,7 @@ def build(tiny: bool) -> nn.Module:
 
 def with_hookscope(model: nn.Module, probe: torch.Tensor) -> nn.Module:
     masked = copy.deepcopy(model)
-    hookscope.prune_heads(masked, probe, amount=SHARE, importance="l2")
-    hookscope.prune_channels(masked, probe, amount=SHARE)
+    hookscope.prune_heads(masked, probe, amount=SHARE, importance="l2", mlp=SHARE)
     return hookscope.compact(masked, probe)
 
 

@@ -33,6 +33,7 @@ from .analysis.prune import (
     ChannelImportance,
     HeadPruning,
     HeadRow,
+    MlpRow,
     Sparsity,
     channel_groups,
     channel_importance,
@@ -94,7 +95,7 @@ __all__ = [
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
-    "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow",
+    "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",
     "prune_width", "WidthPruning", "WidthRow", "compact", "compare_models", "ModelComparison",
     # extract at scale
     "extract", "open_store", "Store", "LayerArray",

@@ -20,6 +20,7 @@ from ._common import add_examples, model_from
 from ._images import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images
 from ._inputs import ModelInput, model_input
 from ._load import add_model_arguments, class_names
+from ._prune_shares import check_heads, check_mlp, check_width
 
 METHODS = ("l1_unstructured", "random_unstructured", "ln_structured", "random_structured")
 IMPORTANCE = ("l2", "l1", "activation", "apoz", "taylor")
@@ -94,6 +95,10 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                    help="remove this share, in [0, 1), of every attention layer's heads (nn.MultiheadAttention, "
                         "BERT, GPT-2, LLaMA-style with grouped-query attention, timm), those of the lowest output "
                         "norm on the example input; alone or with --channels --amount")
+    p.add_argument("--mlp", metavar="FRACTION", type=float, default=None,
+                   help="with --heads: also remove this share, in [0, 1), of the hidden units of every MLP beside "
+                        "the attention layers, those of the lowest mean |activation| on the example input, scored in "
+                        "the same pass as the heads")
     p.add_argument("--width", metavar="FRACTION", type=float, default=None,
                    help="remove this share, in [0, 1), of the hidden width (the residual stream) of an RMSNorm "
                         "transformer (LLaMA, Qwen2, Mistral), the channels of the lowest mean |value| on the example "
@@ -130,37 +135,13 @@ def _pick(value: str, known: tuple[str, ...], option: str) -> str:
     return value
 
 
-def _check_heads(args: argparse.Namespace) -> None:
-    if not 0.0 <= args.heads < 1.0:  # NaN fails too
-        raise HookscopeError(f"--heads {args.heads:g} is not a share of heads in [0, 1); give e.g. --heads 0.5 "
-                             "(every layer keeps a head)")
-    if not args.channels and (args.amount is not None or args.count is not None):
-        raise HookscopeError("--heads alone removes attention heads only; add --channels to prune channels by "
-                             "--amount too, or drop --amount / --count")
-    if not args.channels and (args.importance is not None or args.data is not None):
-        flag = "--importance" if args.importance is not None else "--data"
-        raise HookscopeError(f"{flag} ranks channels; --heads ranks heads by their output norm on the example input; "
-                             f"add --channels or drop {flag}")
-
-
-def _check_width(args: argparse.Namespace) -> None:
-    if not 0.0 <= args.width < 1.0:  # NaN fails too
-        raise HookscopeError(f"--width {args.width:g} is not a share of the hidden width in [0, 1); give e.g. "
-                             "--width 0.25")
-    if not args.channels and (args.amount is not None or args.count is not None):
-        raise HookscopeError("--width alone removes hidden channels only; add --channels to prune channels by "
-                             "--amount too, or drop --amount / --count")
-    if not args.channels and (args.importance is not None or args.data is not None):
-        flag = "--importance" if args.importance is not None else "--data"
-        raise HookscopeError(f"{flag} ranks channels; --width ranks hidden channels by their mean |value| on the "
-                             f"example input; add --channels or drop {flag}")
-
-
 def _check_amount(args: argparse.Namespace) -> None:
     if args.width is not None:
-        _check_width(args)
+        check_width(args)
+    if args.mlp is not None:
+        check_mlp(args)
     if args.heads is not None:
-        _check_heads(args)
+        check_heads(args)
     if not args.channels and (args.heads is not None or args.width is not None):
         return
     if (args.amount is None) == (args.count is None):
@@ -402,9 +383,9 @@ def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInpu
     if args.heads is not None:
         try:
             results.append(prune_heads(model, given.x, amount=args.heads, kwargs=given.kwargs,
-                                       layers=None if args.channels else args.layers))
+                                       layers=None if args.channels else args.layers, mlp=args.mlp))
         except HookscopeError as e:
-            raise HookscopeError(str(e).replace("amount=", "--heads ")) from e
+            raise HookscopeError(str(e).replace("amount=", "--heads ").replace("mlp=:", "--mlp:")) from e
     if args.width is not None:
         try:
             results.append(prune_width(model, given.x, amount=args.width, kwargs=given.kwargs))

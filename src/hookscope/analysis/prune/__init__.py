@@ -15,6 +15,7 @@ from ._channels import ChannelPruning, ChannelRow, prune_channels
 from ._compact import compact, mask_channels
 from ._compare import CompareRow, ModelComparison, compare_models
 from ._heads import HeadPruning, HeadRow, prune_heads
+from ._heads_mlp import MlpRow
 from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
 from ._importance import ChannelImportance, ImportanceRow, channel_importance
 from ._pretrained import load_pretrained
@@ -25,7 +26,7 @@ from ._weights import Sparsity, PruneRow, prune, remove, sparsity
 __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
            "prune_channels", "ChannelPruning", "ChannelRow",
            "channel_groups", "ChannelGroups", "Group", "GroupMember", "Site", "BlockedGroup",
-           "mask_channels", "compact", "prune_heads", "HeadPruning", "HeadRow",
+           "mask_channels", "compact", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",
            "prune_width", "WidthPruning", "WidthRow",
            "channel_importance", "ChannelImportance", "ImportanceRow",
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",

@@ -8,6 +8,7 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups, Group
 from ._heads_groups import HeadGroup, check_heads, head_groups_of, layouts
 from ._heads_layouts import HeadLayout
+from ._heads_mlp import MlpRow, MlpScores, check_mlp, mlp_units
 from ._heads_score import head_scores
 from ._importance_run import Loss
 
@@ -58,7 +60,8 @@ class HeadRow:
 
 class HeadPruning(Result):
     """What :func:`prune_heads` masked: one row per attention layer, the head groups and the choice
-    (``drop``: group index -> channels, as :func:`mask_channels` takes it).
+    (``drop``: group index -> channels, as :func:`mask_channels` takes it); with ``mlp=``, one
+    :class:`MlpRow` per MLP in ``mlp_rows``, their groups (``mlp_groups``) and choice (``mlp_drop``).
 
     Example:
         >>> net = nn.TransformerEncoderLayer(8, 4, dim_feedforward=16, batch_first=True)
@@ -68,8 +71,11 @@ class HeadPruning(Result):
     """
 
     def __init__(self, importance: str, amount: float | None, rows: list[HeadRow], groups: ChannelGroups,
-                 drop: dict[int, list[int]]) -> None:
+                 drop: dict[int, list[int]], *, mlp: float | None = None, mlp_rows: list[MlpRow] | None = None,
+                 mlp_groups: ChannelGroups | None = None, mlp_drop: dict[int, list[int]] | None = None) -> None:
         self.importance, self.amount, self.rows, self.groups, self.drop = importance, amount, rows, groups, drop
+        self.mlp, self.mlp_rows, self.mlp_groups = mlp, list(mlp_rows or []), mlp_groups
+        self.mlp_drop = dict(mlp_drop or {})
 
     @property
     def heads(self) -> int:
@@ -81,6 +87,16 @@ class HeadPruning(Result):
         """Query heads masked now."""
         return sum(len(r.removed) for r in self.rows)
 
+    @property
+    def mlp_units(self) -> int:
+        """MLP hidden units of the MLPs considered (with ``mlp=``)."""
+        return sum(r.units for r in self.mlp_rows)
+
+    @property
+    def mlp_removed(self) -> int:
+        """MLP hidden units masked now."""
+        return sum(len(r.removed) for r in self.mlp_rows)
+
     def table(self) -> str:
         """One line per attention layer, then the totals."""
         lines = [f"{'layer':<36}  {'kind':<6}  {'heads':>5}  {'kv':>3}  {'kept':>4}  removed"]
@@ -91,6 +107,13 @@ class HeadPruning(Result):
         how = f"amount {self.amount:g} per layer" if self.amount is not None else "as named"
         lines.append(f"{self.removed} of {self.heads} attention heads masked now in {len(self.rows)} layers "
                      f"by {self.importance} importance, {how}; compact(model, *inputs) removes them")
+        if self.mlp_rows:
+            lines.append(f"{'mlp':<36}  {'units':>5}  {'kept':>5}")
+            lines += [f"{r.layer if len(r.layer) <= 36 else r.layer[:33] + '...':<36}  {r.units:>5}  {r.kept:>5}"
+                      for r in self.mlp_rows]
+            kind = "output" if self.importance == "entropy" else self.importance
+            lines.append(f"{self.mlp_removed} of {self.mlp_units} MLP hidden units masked now in {len(self.mlp_rows)} "
+                         f"MLPs by {kind} importance, mlp {self.mlp:g} per MLP, in the same calibration pass")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,7 +122,12 @@ class HeadPruning(Result):
                 "rows": [{"layer": r.layer, "kind": r.kind, "heads": r.heads, "kv_heads": r.kv_heads,
                           "removed": list(r.removed), "already": list(r.already), "kept": r.kept,
                           "scores": list(r.scores)} for r in self.rows],
-                "drop": {str(k): v for k, v in self.drop.items()}}
+                "drop": {str(k): v for k, v in self.drop.items()},
+                "mlp": None if self.mlp is None else {
+                    "amount": self.mlp, "units": self.mlp_units, "removed": self.mlp_removed,
+                    "rows": [{"layer": r.layer, "units": r.units, "removed": list(r.removed), "already": list(r.already),
+                              "kept": r.kept, "scores": list(r.scores)} for r in self.mlp_rows],
+                    "drop": {str(k): v for k, v in self.mlp_drop.items()}}}
 
 
 def _check(amount: object, heads: object, importance: object, loss: object = None) -> float | None:
@@ -194,7 +222,7 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
                 heads: Mapping[str, Sequence[int]] | None = None, importance: str = "output", data: Any = None,
                 layers: Selector | list[Selector] | None = None, kwargs: Mapping[str, Any] | None = None,
                 device: torch.device | str | None = None, max_batches: int | None = None,
-                loss: Loss | None = None) -> HeadPruning:
+                loss: Loss | None = None, mlp: float | None = None) -> HeadPruning:
     """Mask whole attention heads, ready for :func:`compact`: a head's query, key and value rows and
     the output projection's columns that read it.
 
@@ -227,9 +255,18 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         kwargs: keyword inputs of the model for ``inputs``.
         device: where calibration batches go. max_batches: stop calibrating after this many.
         loss: for ``"taylor"``: ``(output, batch) -> loss`` (a scalar, or per-sample losses, summed).
+        mlp: also mask this share, in [0, 1), of the hidden units of every MLP beside the attention
+            layers (the input of LLaMA's ``down_proj``, GPT-2's ``mlp.c_proj``, BERT's ``output.dense``,
+            timm's ``mlp.fc2``, torchvision's ``mlp[3]``, ``linear2``), scored in the same calibration
+            pass as the heads: ``"output"`` the mean ``|a|`` over samples and positions, ``"l2"`` the
+            norm of the unit's weight rows and columns, ``"taylor"`` per sample ``|sum over positions
+            of a * dL/da|`` averaged over samples (Molchanov et al. 2019); an MLP has no attention, so
+            with ``"entropy"`` its units are ranked by ``"output"``. The MLPs are found on the channel
+            graph traced on ``inputs`` (the example input is needed); every MLP keeps one unit.
 
     Returns:
-        A :class:`HeadPruning`; ``compact(model, *inputs)`` then makes the model smaller.
+        A :class:`HeadPruning` (with ``mlp=``, its ``mlp_rows``); ``compact(model, *inputs)`` then makes
+        the model smaller.
 
     Example:
         >>> torch.manual_seed(0); net = nn.TransformerEncoderLayer(8, 4, 16, batch_first=True).eval()
@@ -240,7 +277,7 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         >>> small = compact(net, x); small.self_attn.num_heads, small.self_attn.in_proj_weight.shape
         (2, torch.Size([12, 8]))
     """
-    share = _check(amount, heads, importance, loss)
+    share, mlp_share = _check(amount, heads, importance, loss), check_mlp(mlp)
     inner, _ = unwrap(model)
     sel = None if layers is None else layers if isinstance(layers, list) else [layers]
     lays = _chosen(inner, sel)
@@ -252,7 +289,11 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         groups += per_layer[lay.module]
     gs = ChannelGroups(groups, [])
     dead = _dead(lays, gs, dropped_channels(inner, gs))
-    scores = head_scores(inner, lays, importance, inputs, dict(kwargs or {}), data, device, max_batches, loss)
+    mlps = None if mlp_share is None else MlpScores(inner, *mlp_units(inner, layouts(inner), lays, inputs, dict(
+        kwargs or {})), importance, mlp_share)
+    with mlps.measuring() if mlps is not None else contextlib.nullcontext():  # the heads' passes score the MLPs too
+        scores = head_scores(inner, lays, importance, inputs, dict(kwargs or {}), data, device, max_batches, loss,
+                             mlps.also if mlps is not None else ())
     order = {q: -s if importance == "entropy" else s for q, s in scores.items()}  # low = masked first
     drop: dict[int, list[int]] = {}
     for lay in lays:
@@ -266,8 +307,11 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
             chosen = sorted(h for c in picks for h in range(c * g, (c + 1) * g))
         drop.update(_as_drop(lay, per_layer[lay.module], sorted(set(chosen) | dead[lay.module])))
     check_heads(gs, drop)
+    mlp_drop = mlps.choose() if mlps is not None else {}
     mask_channels(inner, gs, drop)
-    return HeadPruning(importance, share, _rows(lays, scores, dead, drop, gs), gs, drop)
+    mlp_rows = mlps.mask(mlp_drop) if mlps is not None else []
+    return HeadPruning(importance, share, _rows(lays, scores, dead, drop, gs), gs, drop, mlp=mlp_share,
+                       mlp_rows=mlp_rows, mlp_groups=mlps.groups if mlps is not None else None, mlp_drop=mlp_drop)
 
 
 def _dead(lays: list[HeadLayout], gs: ChannelGroups, zero: Mapping[int, Sequence[int]]) -> dict[str, set[int]]:

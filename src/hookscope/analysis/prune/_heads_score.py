@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from ...selection import named_modules
 from ._heads_layouts import HeadLayout, out_site
 from ._heads_mha import attend
 from ._heads_score_entropy import entropy_scores
-from ._heads_score_taylor import taylor_scores
+from ._heads_score_taylor import Kept, taylor_scores
 from ._importance_run import Batch, Loss, batches_of, plain_passes, split_batch
 
 __all__ = ["head_scores"]
@@ -106,10 +106,11 @@ def _example(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> Batch:
 
 def head_scores(model: nn.Module, lays: list[HeadLayout], importance: str, inputs: tuple[Any, ...],
                 kwargs: dict[str, Any], data: Any, device: torch.device | str | None,
-                max_batches: int | None, loss: Loss | None = None) -> dict[str, torch.Tensor]:
+                max_batches: int | None, loss: Loss | None = None, also: Sequence[Kept] = ()) -> dict[str, torch.Tensor]:
     """Every layer's per-head scores (float64, on the CPU): ``"l2"`` from the weights; ``"output"``,
     ``"taylor"`` (with ``loss``) and ``"entropy"`` measured on ``data`` or, without data, on ``inputs``
-    (with ``kwargs``).
+    (with ``kwargs``). Hooks the caller placed read the same passes; for ``"taylor"``, ``also`` gets the
+    gradients of what it kept in the same backward.
 
     Example:
         >>> from hookscope.analysis.prune._heads_groups import layouts
@@ -128,7 +129,7 @@ def head_scores(model: nn.Module, lays: list[HeadLayout], importance: str, input
     else:
         batches = itertools.islice((split_batch(b, i) for i, b in enumerate(batches_of(data))), max_batches)
     if importance == "taylor":
-        return taylor_scores(model, lays, batches, loss, device)
+        return taylor_scores(model, lays, batches, loss, device, also)
     if importance == "entropy":
         return entropy_scores(model, lays, batches, device)
     return _calibrate(model, lays, ((b.args, b.kwargs) for b in batches), device)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +28,18 @@ from ._heads_mha import attend
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import Batch, Loss, batch_to, loss_of
 
-__all__ = ["taylor_scores"]
+__all__ = ["Kept", "taylor_scores"]
 
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "attn_mask", "is_causal")
+
+
+class Kept(Protocol):
+    """What else a Taylor pass takes the gradient of: the tensors this batch kept (with their batch
+    dim) and where each tensor's gradient goes (``add(tensor, gradient or None, batch dim)``)."""
+
+    calls: list[tuple[torch.Tensor, int]]
+
+    def add(self, z: torch.Tensor, g: torch.Tensor | None, batch_dim: int) -> None: ...
 
 
 class _Heads:
@@ -122,8 +131,9 @@ def _batch_loss(out: Any, batch: Batch, index: int, loss: Loss | None) -> torch.
 
 
 def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Batch], loss: Loss | None,
-                  device: torch.device | str | None) -> dict[str, torch.Tensor]:
-    """Every layer's per-head Taylor scores (float64, on the CPU), one streaming pass over ``batches``.
+                  device: torch.device | str | None, also: Sequence[Kept] = ()) -> dict[str, torch.Tensor]:
+    """Every layer's per-head Taylor scores (float64, on the CPU), one streaming pass over ``batches``;
+    the tensors ``also`` keeps during a forward get their gradients in the same backward.
 
     Example:
         >>> from hookscope.analysis.prune._heads_groups import layouts
@@ -147,7 +157,8 @@ def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Ba
             batch = batch_to(batch, where)
             try:
                 value = _batch_loss(call_model(model, batch.args, batch.kwargs), batch, index, loss)
-                kept = [(h, z, d) for h in heads.values() for z, d in h.calls]
+                kept: list[tuple[Kept, torch.Tensor, int]] = [
+                    (h, z, d) for h in [*heads.values(), *also] for z, d in h.calls]
                 if not kept:
                     continue
                 if not value.requires_grad:
@@ -157,6 +168,6 @@ def taylor_scores(model: nn.Module, lays: list[HeadLayout], batches: Iterable[Ba
                 for (h, z, d), g in zip(kept, grads):
                     h.add(z, g, d)
             finally:
-                for h in heads.values():
+                for h in [*heads.values(), *also]:
                     h.calls = []
     return {q: h.scores() for q, h in heads.items()}
