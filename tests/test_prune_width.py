@@ -1,8 +1,9 @@
 """The hidden width (residual stream) as one channel group: masked stream channels removed by
-``compact`` from every embedding, RMSNorm and projection of LLaMA and Qwen2, the compacted model's
-outputs equal to the masked model's (float64, norms computed in float64), the norms rescaled as
-derived by hand, configs that ``from_pretrained`` loads, and models whose width cannot be followed
-refused before anything changes."""
+``compact`` from every embedding, norm and projection of LLaMA, Qwen2, GPT-2, BERT and ViT, the
+compacted model's outputs equal to the masked model's (float64, norms computed in float64), the
+RMSNorms rescaled and the LayerNorms normalising over the kept channels as derived by hand, configs
+that ``from_pretrained`` loads or a state_dict that ``fit_to`` loads, and models whose width cannot
+be followed refused before anything changes."""
 
 from __future__ import annotations
 
@@ -236,13 +237,14 @@ def test_no_hook_left_but_the_masks_and_results_speak_the_protocol() -> None:
     assert hookscope.prune_width is prune_width
 
 
-def _gpt2() -> nn.Module:
-    return tr.GPT2LMHeadModel(tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+def _bert_mlm() -> nn.Module:
+    return tr.BertForMaskedLM(tr.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                            num_attention_heads=2, intermediate_size=24)).eval()
 
 
-def _bert() -> nn.Module:
-    return tr.BertModel(tr.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                      intermediate_size=24)).eval()
+def _gpt2_double() -> nn.Module:
+    return tr.GPT2DoubleHeadsModel(tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1,
+                                                 n_head=2)).eval()
 
 
 class _Odd(nn.Module):
@@ -258,8 +260,8 @@ class _Odd(nn.Module):
         return self.lm(ids, use_cache=use_cache).logits  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("build,culprit", [(_gpt2, "'transformer.h.0.ln_1' is a LayerNorm"),
-                                           (_bert, "'embeddings.LayerNorm' is a LayerNorm"),
+@pytest.mark.parametrize("build,culprit", [(_gpt2_double, "'multiple_choice_head.summary' (Linear)"),
+                                           (_bert_mlm, "'cls.predictions.transform.dense' (Linear)"),
                                            (_Odd, "'lm.model.layers.1.adapter' (Linear)"),
                                            (lambda: nn.Sequential(nn.Linear(4, 4)), "Sequential has no config")])
 def test_a_width_hookscope_cannot_follow_is_refused_naming_it(build: Any, culprit: str) -> None:

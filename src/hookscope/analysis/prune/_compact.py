@@ -21,7 +21,8 @@ from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, p
 from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
-from ._width_stream import fix_width, with_width
+from ._width_norm import hold_norm, is_layer_norm
+from ._width_stream import WidthGroup, fix_width, with_width
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
 
@@ -40,7 +41,8 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
 def mask_channels(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> None:
     """Zero channels group-wise by masks (forward pre-hooks): the producers' weight rows and bias and
     every follower (BatchNorm weight and bias, depthwise rows, layer scales). Consumers need no mask:
-    they read zeros. ``drop`` maps a group index to channel indices of that group.
+    they read zeros. ``drop`` maps a group index to channel indices of that group. The LayerNorms of
+    a masked hidden width then normalise over its kept channels (what the compacted ones compute).
 
     Example:
         >>> net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
@@ -73,6 +75,15 @@ def mask_channels(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Se
             mask = torch.ones(t.shape, dtype=t.dtype, device=t.device)
             mask.index_fill_(m.dim, torch.tensor(pos, dtype=torch.long, device=t.device), 0)
             apply_mask(module, m.name, mask)
+        _hold_norms(by_index[gi], mods)
+
+
+def _hold_norms(g: Group, mods: dict[str, nn.Module]) -> None:
+    """The LayerNorms of a masked hidden width normalise over its kept channels (``_width_norm``)."""
+    if isinstance(g, WidthGroup) and g.stream is not None:
+        for q in g.stream.norms:
+            if q in mods and is_layer_norm(mods[q]):
+                hold_norm(mods[q])
 
 
 def dropped_channels(model: nn.Module, groups: ChannelGroups) -> dict[int, list[int]]:
