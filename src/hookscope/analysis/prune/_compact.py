@@ -157,6 +157,7 @@ def _slice(model: nn.Module, plan: Plan) -> None:
                 owners.setdefault(id(t), []).append((m, n))
     depthwise = {q for q, m in mods.items() if isinstance(m, nn.modules.conv._ConvNd)
                  and m.groups > 1 and m.groups == m.in_channels == m.out_channels}
+    touched: set[int] = set()
     for (q, name, dim), drop in plan.items():
         t = _tensor(mods[q], name)
         if t is None or not drop:
@@ -171,9 +172,11 @@ def _slice(model: nn.Module, plan: Plan) -> None:
                 m._parameters[n] = new
             else:
                 m._buffers[n] = new
+            touched.add(id(m))
         owners[id(new)] = places
-    for q in {k[0] for k in plan}:
-        fix_sizes(mods[q], depthwise=q in depthwise)
+    for q, m in mods.items():  # also a layer sharing a sliced tensor (a tied LM head): its sizes follow
+        if id(m) in touched:
+            fix_sizes(m, depthwise=q in depthwise)
 
 
 def _unseen(groups: ChannelGroups, why: str) -> HookscopeError:
