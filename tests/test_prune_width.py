@@ -491,3 +491,25 @@ def test_cli_width_compacts_a_gpt2(tmp_path: Any, capsys: Any) -> None:
     import json
     doc = json.loads(capsys.readouterr().out)
     assert doc["mode"] == "width" and doc["pruned"]["kept"] == 24
+
+
+@pytest.mark.parametrize("kind", ["bert", "vit", "gpt2"])
+def test_a_bare_encoder_outputs_the_kept_stream_channels(kind: str) -> None:
+    torch.manual_seed(0)
+    model = {"bert": lambda: tr.BertModel(tr.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                        num_attention_heads=4, intermediate_size=40)),
+             "vit": lambda: tr.ViTModel(tr.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                     intermediate_size=40, image_size=16, patch_size=4)),
+             "gpt2": lambda: tr.GPT2Model(tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=2,
+                                                        n_head=4))}[kind]().double().eval()
+    x = _ln_input(kind)
+    drop = [1, 2, 30]
+    prune_width(model, x, channels=drop)
+    small = compact(model, x)
+    keep = [c for c in range(32) if c not in drop]
+    with torch.no_grad():
+        want, got = model(x), small(x)
+    assert got.last_hidden_state.shape[-1] == 29 and want.last_hidden_state[..., drop].abs().max() == 0
+    assert _rel(want.last_hidden_state[..., keep], got.last_hidden_state) < TOL
+    if kind != "gpt2":  # the pooler keeps its width
+        assert _rel(want.pooler_output, got.pooler_output) < TOL and got.pooler_output.shape[-1] == 32
