@@ -485,12 +485,18 @@ def test_l2_importance_of_a_layer_norm_stream_counts_norm_biases_and_tokens() ->
 
 def test_cli_width_compacts_a_gpt2(tmp_path: Any, capsys: Any) -> None:
     from hookscope.cli import main
+    from hookscope.loading.model import load_model
     tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
+    out = tmp_path / "small.pt"
     assert main(["prune", "hf:causal-lm", "--config", str(tmp_path), "--width", "0.25", "--compact", "--repeats",
-                 "1", "--json"]) == 0
+                 "1", "--json", "--out", str(out)]) == 0
     import json
     doc = json.loads(capsys.readouterr().out)
     assert doc["mode"] == "width" and doc["pruned"]["kept"] == 24
+    with pytest.warns(UserWarning, match="is a compacted"):  # the --weights path: fit_to, and a note saying so
+        back = load_model("hf:causal-lm", config=str(tmp_path), weights=str(out))
+    assert back.transformer.wte.weight.shape == (50, 24) and back.transformer.h[0].attn.c_attn.nf == 96
+    assert back(torch.randint(0, 50, (1, 5))).logits.shape == (1, 5, 50)
 
 
 @pytest.mark.parametrize("kind", ["bert", "vit", "gpt2"])
@@ -513,3 +519,18 @@ def test_a_bare_encoder_outputs_the_kept_stream_channels(kind: str) -> None:
     assert _rel(want.last_hidden_state[..., keep], got.last_hidden_state) < TOL
     if kind != "gpt2":  # the pooler keeps its width
         assert _rel(want.pooler_output, got.pooler_output) < TOL and got.pooler_output.shape[-1] == 32
+
+
+def test_masks_made_permanent_keep_the_kept_channel_norms_and_float32_compacts() -> None:
+    from hookscope.analysis.prune import remove
+    model, ids = _ln_model("gpt2"), _ids()
+    prune_width(model, ids, amount=0.25)
+    want = _ln_out(model, ids)
+    remove(model)  # the dropped channels now are zero weights and biases, no masks
+    assert not any(n.endswith("_orig") for n, _ in model.named_parameters())
+    assert _rel(want, _ln_out(model, ids)) < 1e-12
+    small = compact(model, ids)
+    assert _rel(want, _ln_out(small, ids)) < TOL and small.transformer.ln_f.weight.shape == (24,)
+    single, ids = _ln_model("bert-cls").float(), _ids()
+    prune_width(single, ids, amount=0.5)
+    assert _rel(_ln_out(single, ids), _ln_out(compact(single, ids), ids)) < 1e-5

@@ -7,7 +7,7 @@ weight and bias zero on the dropped ones). A plain ``LayerNorm(k)`` with ``weigh
 ``bias[keep]`` and the same ``eps`` then computes exactly that, which is what ``compact`` builds.
 
 The kept channels are read from the norm's weight mask when it runs (the model's mask state, saved
-in its ``state_dict``), by a forward hook of a module-level class (the masked model pickles and
+in its ``state_dict``; once masks are made permanent, from its zero weight and bias), by a forward hook of a module-level class (the masked model pickles and
 deep-copies). Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
@@ -37,7 +37,8 @@ def is_layer_norm(m: nn.Module) -> bool:
 class KeptNormHook:
     """The forward hook of a LayerNorm on a masked stream: its output recomputed with the mean and
     variance over the channels its weight mask keeps (no host synchronisation: the mask weighs the
-    sums). Without a weight mask it leaves the output as it is.
+    sums; half precision computed in float32, as ``F.layer_norm`` does). With the masks made
+    permanent, the kept channels are those whose weight or bias is not zero.
 
     Example:
         >>> from hookscope.analysis.prune._masks import apply_mask
@@ -51,17 +52,22 @@ class KeptNormHook:
     __slots__ = ()
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        mask = mask_of(module, "weight")
-        if mask is None or not args or not isinstance(args[0], torch.Tensor):
+        if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
             return None
+        weight, bias = getattr(module, "weight"), getattr(module, "bias")
+        mask = mask_of(module, "weight")
+        # masks made permanent (remove()): the dropped channels are those whose weight and bias are zero
+        kept = mask.ne(0) if mask is not None else weight.ne(0) | bias.ne(0)
         x = args[0]
-        keep = mask.to(dtype=x.dtype, device=x.device)
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # as F.layer_norm does
+        keep = kept.to(dtype=work, device=x.device)
+        xw = x.to(work)
         k = keep.sum()
-        mean = (x * keep).sum(-1, keepdim=True) / k
-        centred = (x - mean) * keep
+        mean = (xw * keep).sum(-1, keepdim=True) / k
+        centred = (xw - mean) * keep
         var = centred.pow(2).sum(-1, keepdim=True) / k
         eps = float(getattr(module, "eps", 1e-5))
-        return centred * torch.rsqrt(var + eps) * getattr(module, "weight") + getattr(module, "bias")
+        return (centred * torch.rsqrt(var + eps) * weight.to(work) + bias.to(work)).to(output.dtype)
 
     def __repr__(self) -> str:
         return "KeptNormHook()"
