@@ -79,13 +79,15 @@ def _width_of(model: nn.Module) -> int | None:
     width = getattr(cfg, "hidden_size", None)
     get = getattr(model, "get_input_embeddings", None)
     emb = get() if callable(get) else None
-    if isinstance(emb, nn.Embedding) and isinstance(width, int) and emb.embedding_dim != width:
+    if isinstance(emb, nn.Embedding) and isinstance(width, int) and emb.embedding_dim != width \
+            and not any(_norm_of(m, width) for _, m in named_modules(model)):
         return emb.embedding_dim  # compacted earlier, its config kept for the original architecture
     return width if isinstance(width, int) and not isinstance(width, bool) else None
 
 
-def _is_rms(m: nn.Module, width: int) -> bool:
-    return is_rms_norm(m) and tuple(getattr(m, "weight").shape) == (width,)
+def _norm_of(m: nn.Module, width: int) -> bool:
+    """Whether ``m`` is a norm (RMSNorm or LayerNorm) over ``width`` channels."""
+    return (is_rms_norm(m) or is_layer_norm(m)) and tuple(getattr(m, "weight").shape) == (width,)
 
 
 def _named(q: str, names: tuple[str, ...]) -> bool:
@@ -119,7 +121,7 @@ def _role(q: str, m: nn.Module, width: int, pooled: bool) -> str | None:
     sizes = _sizes(m)
     if isinstance(m, nn.Embedding) and m.embedding_dim == width:
         return "embedding"
-    if _is_rms(m, width) or (is_layer_norm(m) and tuple(getattr(m, "weight").shape) == (width,)):
+    if _norm_of(m, width):
         return "norm"
     if sizes is not None and _named(q, WRITERS) and sizes[1] == width:
         return "writer"
