@@ -439,6 +439,12 @@ def test_vit_save_pretrained_and_from_pretrained_round_trip(tmp_path: Any) -> No
     back = tr.ViTForImageClassification.from_pretrained(tmp_path, dtype=torch.float64).eval()
     assert back.vit.layers[0].attention.q_proj.weight.shape == (32, 24)
     assert _rel(_ln_out(model, x), _ln_out(back, x)) < TOL
+    from hookscope.analysis.prune import fit_to, marked_compacted
+    fresh = _ln_model("vit")  # fit_to also shrinks the class token and position embeddings, and writes the config
+    fit_to(fresh, marked_compacted(small.state_dict()))
+    fresh.load_state_dict(small.state_dict())
+    assert fresh.config.hidden_size == 24 and fresh.config.head_dim == 8
+    assert _rel(_ln_out(small, x), _ln_out(fresh, x)) < TOL
 
 
 def test_a_compacted_gpt2_can_lose_more_width() -> None:
