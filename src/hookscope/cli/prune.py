@@ -100,9 +100,9 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                         "the attention layers, those of the lowest mean |activation| on the example input, scored in "
                         "the same pass as the heads")
     p.add_argument("--width", metavar="FRACTION", type=float, default=None,
-                   help="remove this share, in [0, 1), of the hidden width (the residual stream) of an RMSNorm "
-                        "transformer (LLaMA, Qwen2, Mistral), the channels of the lowest mean |value| on the example "
-                        "input; alone or with --heads / --channels")
+                   help="remove this share, in [0, 1), of the hidden width (the residual stream) of a transformer "
+                        "(LLaMA, Qwen2, Mistral, GPT-2, BERT, ViT), the channels of the lowest mean |value| on the "
+                        "example input; alone or with --heads / --channels")
     p.add_argument("--compact", action="store_true",
                    help="with --channels, --heads or --width: build the smaller model (channels or heads removed, outputs "
                         "checked equal to "

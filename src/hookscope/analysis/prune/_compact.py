@@ -21,7 +21,8 @@ from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, p
 from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
-from ._width_stream import fix_width, with_width
+from ._width_norm import hold_norm, is_layer_norm
+from ._width_stream import WidthGroup, fix_width, with_width
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]
 
@@ -40,7 +41,8 @@ def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
 def mask_channels(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> None:
     """Zero channels group-wise by masks (forward pre-hooks): the producers' weight rows and bias and
     every follower (BatchNorm weight and bias, depthwise rows, layer scales). Consumers need no mask:
-    they read zeros. ``drop`` maps a group index to channel indices of that group.
+    they read zeros. ``drop`` maps a group index to channel indices of that group. The LayerNorms of
+    a masked hidden width then normalise over its kept channels (what the compacted ones compute).
 
     Example:
         >>> net = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 2, 1))
@@ -73,6 +75,15 @@ def mask_channels(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Se
             mask = torch.ones(t.shape, dtype=t.dtype, device=t.device)
             mask.index_fill_(m.dim, torch.tensor(pos, dtype=torch.long, device=t.device), 0)
             apply_mask(module, m.name, mask)
+        _hold_norms(by_index[gi], mods)
+
+
+def _hold_norms(g: Group, mods: dict[str, nn.Module]) -> None:
+    """The LayerNorms of a masked hidden width normalise over its kept channels (``_width_norm``)."""
+    if isinstance(g, WidthGroup) and g.stream is not None:
+        for q in g.stream.norms:
+            if q in mods and is_layer_norm(mods[q]):
+                hold_norm(mods[q])
 
 
 def dropped_channels(model: nn.Module, groups: ChannelGroups) -> dict[int, list[int]]:
@@ -146,6 +157,7 @@ def _slice(model: nn.Module, plan: Plan) -> None:
                 owners.setdefault(id(t), []).append((m, n))
     depthwise = {q for q, m in mods.items() if isinstance(m, nn.modules.conv._ConvNd)
                  and m.groups > 1 and m.groups == m.in_channels == m.out_channels}
+    touched: set[int] = set()
     for (q, name, dim), drop in plan.items():
         t = _tensor(mods[q], name)
         if t is None or not drop:
@@ -160,9 +172,11 @@ def _slice(model: nn.Module, plan: Plan) -> None:
                 m._parameters[n] = new
             else:
                 m._buffers[n] = new
+            touched.add(id(m))
         owners[id(new)] = places
-    for q in {k[0] for k in plan}:
-        fix_sizes(mods[q], depthwise=q in depthwise)
+    for q, m in mods.items():  # also a layer sharing a sliced tensor (a tied LM head): its sizes follow
+        if id(m) in touched:
+            fix_sizes(m, depthwise=q in depthwise)
 
 
 def _unseen(groups: ChannelGroups, why: str) -> HookscopeError:

@@ -1,12 +1,14 @@
 """The check that makes compaction safe: run the masked model and the compacted copy on the example
 input and compare; when they differ, name the first module whose (kept) output differs, or the module
-that raised. Every temporary hook is removed and every training flag restored, also on error.
+that raised. Every temporary hook is removed and every training flag restored, also on error. A
+model whose output is its hidden width (a bare encoder) is compared on the kept stream channels.
 
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from ...core.inputs import private
 from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import ChannelGroups, traced_mode
+from ._width_stream import WidthGroup
 
 __all__ = ["verify", "output_gap"]
 
@@ -29,9 +32,13 @@ def _run(model: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], wide: bo
         return model(*args, **kwargs)
 
 
-def output_gap(ref: Any, got: Any, atol: float) -> tuple[float, str]:
+Narrow = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def output_gap(ref: Any, got: Any, atol: float, narrow: Narrow | None = None) -> tuple[float, str]:
     """Largest absolute difference between two nested outputs, and what is wrong ('' when within
-    ``atol`` times the scale of the reference, at least 1).
+    ``atol`` times the scale of the reference, at least 1). ``narrow(ref_tensor, got_tensor)`` may
+    first take removed channels out of a reference tensor whose shape differs.
 
     Example:
         >>> output_gap((torch.ones(2),), (torch.ones(2) + 1e-7,), 1e-5)[1]
@@ -42,6 +49,8 @@ def output_gap(ref: Any, got: Any, atol: float) -> tuple[float, str]:
         return float("inf"), f"{len(b)} output tensors instead of {len(a)}"
     worst = 0.0
     for i, (x, y) in enumerate(zip(a, b)):
+        if narrow is not None and x.shape != y.shape:
+            x = narrow(x, y)
         if x.shape != y.shape:
             return float("inf"), f"output {i} has shape {tuple(y.shape)} instead of {tuple(x.shape)}"
         if not x.is_floating_point():
@@ -119,6 +128,24 @@ def _first_difference(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...]
     return "no single module output differs"
 
 
+def _stream_narrow(groups: ChannelGroups, drop: dict[int, list[int]]) -> Narrow | None:
+    """For a model whose output is its hidden width (a bare encoder): the masked output with the
+    removed stream channels taken out, when they are zero in it (the compacted output lacks them)."""
+    cut = [(g.size, sorted(drop[g.index])) for g in groups.groups if isinstance(g, WidthGroup) and drop.get(g.index)]
+    if not cut:
+        return None
+    size, gone = cut[0]
+    keep = [c for c in range(size) if c not in set(gone)]
+
+    def narrow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[:-1] != y.shape[:-1] or (x.shape[-1], y.shape[-1]) != (size, len(keep)):
+            return x
+        if bool(x[..., gone].ne(0).any()):
+            return x
+        return x[..., keep]
+    return narrow
+
+
 def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], atol: float,
            groups: ChannelGroups, drop: dict[int, list[int]], *, wide: bool = False) -> None:
     """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input (in eval mode;
@@ -140,7 +167,7 @@ def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[
         raise HookscopeError(f"compaction refused: the compacted model fails{mode} ({where}: {type(exc).__name__}: "
                              f"{msg[:200]}); your model is unchanged, and the groups of channel_groups() "
                              "show what was followed") from None
-    gap, problem = output_gap(ref, got, atol)
+    gap, problem = output_gap(ref, got, atol, _stream_narrow(groups, drop))
     if problem:
         where = _first_difference(inner, work, inputs, kw, atol, groups, drop, wide)
         raise HookscopeError(f"compaction refused: the compacted model's {problem}{mode}, {where}; your model is "

@@ -21,7 +21,8 @@ from ...core.text import shape_text
 from ...errors import HookscopeError
 from ._heads_groups import write_configs
 from ._heads_layouts import holds_head_tables, refit_heads
-from ._width_stream import is_rms_norm, refit_width
+from ._width_norm import is_layer_norm
+from ._width_stream import TOKENS, is_rms_norm, refit_width
 
 __all__ = ["RESIZABLE", "fit_to", "fix_sizes", "is_compacted", "marked_compacted", "shrinks"]
 
@@ -92,7 +93,8 @@ def _why_not(q: str, m: nn.Module, key: str, old: torch.Tensor, new: torch.Tenso
     what = f"{key} (file {shape_text(b)}, model {shape_text(a)})"
     if len(a) != len(b) or any(y > x for x, y in zip(a, b)):
         return f"{what} is not a smaller copy of the model's tensor; only shrunk dims are fitted"
-    if not isinstance(m, RESIZABLE) and type(m).__name__ != "Conv1D" and not is_rms_norm(m) \
+    tokens = key.rsplit(".", 1)[-1] in TOKENS  # ViT's class token and position embeddings: no size attribute
+    if not isinstance(m, RESIZABLE) and type(m).__name__ != "Conv1D" and not is_rms_norm(m) and not tokens \
             and not holds_head_tables(m):  # GPT-2's Conv1D; Swin's per-head tables, refitted with the heads
         return (f"{what}: {q or 'the model'} is a {type(m).__name__}, whose sizes hookscope cannot fix (it fits "
                 "Conv, Linear, BatchNorm, LayerNorm and Embedding layers)")
@@ -225,7 +227,7 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
     """
     plan = _plan(model, state_dict)
     norms = [(m, int(getattr(m, "weight").shape[0]), shapes["weight"][0]) for _, m, shapes in plan.values()
-             if is_rms_norm(m) and "weight" in shapes]
+             if (is_rms_norm(m) or is_layer_norm(m)) and "weight" in shapes]
     replaced: dict[int, torch.Tensor] = {}
     for _, m, shapes in plan.values():
         for local, shape in shapes.items():
@@ -243,6 +245,6 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
     for _, m, _ in plan.values():
         fix_sizes(m)
     _refit_attention(model, {id(m) for _, m, _ in plan.values()})
-    refit_width(model, norms)  # RMSNorms of a narrower hidden width: their eps and the config
+    refit_width(model, norms)  # norms of a narrower hidden width: an RMSNorm's eps, the config
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return [q for q, m, _ in sorted(plan.values(), key=lambda item: order.get(id(item[1]), 0))]

@@ -1,4 +1,4 @@
-"""Hidden-width pruning: score every channel of the residual stream of an RMSNorm transformer (the
+"""Hidden-width pruning: score every channel of the residual stream of a transformer (the
 mean absolute value the stream carries into its norms, measured on data, or the norm of its
 weights), mask the lowest or the channels you name, ready for :func:`~._compact.compact`, which
 removes them from every embedding, norm and projection and writes the config.
@@ -175,17 +175,25 @@ def _named(g: WidthGroup, channels: Sequence[int]) -> list[int]:
 def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, channels: Sequence[int] | None = None,
                 importance: str = "output", data: Any = None, kwargs: dict[str, Any] | None = None,
                 device: torch.device | str | None = None, max_batches: int | None = None) -> WidthPruning:
-    """Mask channels of the hidden width (the residual stream) of an RMSNorm transformer, ready for
-    :func:`compact`: their embedding columns, norm weights and the rows of the projections that
-    write the stream (attention output, MLP down). Projections reading the stream read zeros.
+    """Mask channels of the hidden width (the residual stream) of a transformer, ready for
+    :func:`compact`: their embedding columns, norm weights (and biases) and the rows of the
+    projections that write the stream (attention output, MLP down). Projections reading the stream
+    read zeros.
 
     Followed: Hugging Face models with ``config.hidden_size`` whose stream is made of embeddings,
-    RMSNorms and the Linear layers ``o_proj``/``down_proj`` (writers) and ``q_proj``, ``k_proj``,
-    ``v_proj``, ``gate_proj``, ``up_proj``, ``lm_head``, ``score``, ``classifier`` (readers):
-    LLaMA, Qwen2, Mistral. Anything else holding a tensor of the hidden width is refused, naming it
-    (a LayerNorm, as in GPT-2 and BERT: its mean over the full width has no exact smaller form).
-    The masked model's norms still divide by the full width; :func:`compact` gives a plain model of
-    the smaller width computing exactly that (``rms_norm_eps`` and the norm weights rescaled).
+    norms and the projections of the LLaMA layout (``o_proj``/``down_proj`` write, ``q_proj``,
+    ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` read: LLaMA, Qwen2, Mistral), GPT-2's
+    (``wte``, ``wpe``, Conv1D ``c_attn``, ``c_fc`` read, ``c_proj`` writes), BERT's
+    (``query``/``key``/``value``, ``intermediate.dense`` and ``pooler.dense`` read, ``output.dense``
+    writes) and ViT's (the patch projection, class token and position embeddings write, ``fc1`` reads,
+    ``fc2`` writes), with the head ``lm_head``, ``score`` or ``classifier``. Anything else holding a
+    tensor of the hidden width is refused, naming it.
+    An RMSNorm of the masked model still divides by the full width; :func:`compact` gives a plain
+    model of the smaller width computing exactly that (``rms_norm_eps`` and the norm weights
+    rescaled). A LayerNorm's mean over the full width has no smaller form, so each LayerNorm of a
+    masked stream normalises over the kept channels only (mean and variance over them, same
+    ``eps``): masking changes what the norms see, which is the pruning (check its cost with
+    ``compare_models``), and the compacted ``LayerNorm(k)`` computes exactly that.
     With ``amount``, ``floor(amount * width)`` live channels go, the lowest-scoring: ``"output"``
     (the default) is the mean absolute value of the stream where it enters every norm, measured on
     ``data`` (or on ``inputs``); ``"l2"`` the norm of each channel's weights in every member.

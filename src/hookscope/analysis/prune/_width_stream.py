@@ -1,20 +1,23 @@
-"""The hidden width (the residual stream) of an RMSNorm transformer as one channel group: every
-embedding column, RMSNorm weight and projection that writes the stream (attention output, MLP
-down) is a producer or follower, every projection that reads it (query / key / value, MLP gate and
-up, the LM head or classifier) a consumer. After slicing, :func:`fix_width` rescales the norms so
-that the smaller model computes exactly what the masked one did, and writes the config.
+"""The hidden width (the residual stream) of a transformer as one channel group: every embedding
+column (and ViT's class token and position embeddings), norm weight and bias and projection that
+writes the stream (attention output, MLP down, ViT's patch projection) is a producer or follower,
+every projection that reads it (query / key / value, MLP gate and up, pooler, the LM head or
+classifier) a consumer. After slicing, :func:`fix_width` makes the norms plain norms of the smaller
+width computing exactly what the masked ones did, and writes the config.
 
-A masked stream channel is zero everywhere, and an RMSNorm over the full width ``D`` still divides
-by ``D``: ``w * x / sqrt(sum_kept x^2 / D + eps)``. With ``k`` channels kept this equals a plain
-RMSNorm of ``k`` channels with ``eps' = eps * D / k`` and weight ``w * sqrt(D / k)``, so the
+RMSNorm: a masked stream channel is zero everywhere, and an RMSNorm over the full width ``D`` still
+divides by ``D``: ``w * x / sqrt(sum_kept x^2 / D + eps)``. With ``k`` channels kept this equals a
+plain RMSNorm of ``k`` channels with ``eps' = eps * D / k`` and weight ``w * sqrt(D / k)``, so the
 compacted model is a plain model of the same class that ``from_pretrained`` loads (``hidden_size
-= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out). A LayerNorm's mean over the full width
-has no such form, so models with one are refused. Must not import: any other analysis module,
-``cli``, ``viz``.
+= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out). LayerNorm: its mean over the full width
+has no such form, so a masked LayerNorm stream normalises over its kept channels (see
+``_width_norm``) and the compacted ``LayerNorm(k)`` keeps ``eps``, weight and bias. Must not
+import: any other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,18 +29,24 @@ from torch import nn
 from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import ChannelGroups, Group, GroupMember
+from ._width_norm import is_layer_norm, release_norm
 
-__all__ = ["READERS", "WRITERS", "Stream", "WidthGroup", "read_stream", "with_width", "fix_width", "is_rms_norm",
-           "refit_width"]
+__all__ = ["READERS", "WRITERS", "TOKENS", "Stream", "WidthGroup", "read_stream", "with_width", "fix_width",
+           "is_rms_norm", "refit_width"]
 
-READERS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head", "score", "classifier")
-WRITERS = ("o_proj", "down_proj")
+READERS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head", "score", "classifier", "c_attn", "c_fc",
+           "query", "key", "value", "intermediate.dense", "pooler.dense", "fc1")
+WRITERS = ("o_proj", "down_proj", "attn.c_proj", "mlp.c_proj", "output.dense", "fc2", "patch_embeddings.projection")
+TOKENS = ("cls_token", "position_embeddings", "mask_token", "distillation_token")
+"""Readers and writers by the tail of their qualified name; tokens: parameters of the stream's width
+(last dim) that an embedding module holds itself (ViT's class token and position embeddings)."""
 
 
 @dataclass(frozen=True)
 class Stream:
     """Where the hidden width lives: its size, the embeddings (producers, columns), the norms
-    (followers), the writers (producers, rows and bias) and the readers (consumers, columns).
+    (followers), the writers (producers, rows and bias), the readers (consumers, columns) and the
+    modules holding token parameters of the width (producers, last dim).
 
     Example:
         >>> Stream(8, ("embed",), ("norm",), ("o",), ("q",)).width
@@ -49,6 +58,7 @@ class Stream:
     norms: tuple[str, ...]
     writers: tuple[str, ...]
     readers: tuple[str, ...]
+    tokens: tuple[str, ...] = ()
 
 
 @dataclass
@@ -67,35 +77,79 @@ class WidthGroup(Group):
 def _width_of(model: nn.Module) -> int | None:
     cfg = getattr(model, "config", None)
     width = getattr(cfg, "hidden_size", None)
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if isinstance(emb, nn.Embedding) and isinstance(width, int) and emb.embedding_dim != width \
+            and not any(_norm_of(m, width) for _, m in named_modules(model)):
+        return emb.embedding_dim  # compacted earlier, its config kept for the original architecture
     return width if isinstance(width, int) and not isinstance(width, bool) else None
 
 
-def _is_rms(m: nn.Module, width: int) -> bool:
-    return is_rms_norm(m) and tuple(getattr(m, "weight").shape) == (width,)
+def _norm_of(m: nn.Module, width: int) -> bool:
+    """Whether ``m`` is a norm (RMSNorm or LayerNorm) over ``width`` channels."""
+    return (is_rms_norm(m) or is_layer_norm(m)) and tuple(getattr(m, "weight").shape) == (width,)
 
 
-def _role(q: str, m: nn.Module, width: int) -> str | None:
-    leaf = q.rsplit(".", 1)[-1]
+def _named(q: str, names: tuple[str, ...]) -> bool:
+    return any(q == n or q.endswith("." + n) for n in names)
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    return type(m).__name__ == "Conv1D" and isinstance(m._parameters.get("weight"), torch.Tensor)
+
+
+def _sizes(m: nn.Module) -> tuple[int, int] | None:
+    """(in, out) of a Linear, transformers' Conv1D (weight ``(in, out)``) or a Conv2d; else None."""
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    if _is_conv1d(m):
+        w = m._parameters["weight"]
+        assert w is not None
+        return int(w.shape[0]), int(w.shape[1])
+    if isinstance(m, nn.Conv2d) and m.groups == 1:
+        return m.in_channels, m.out_channels
+    return None
+
+
+def _tokens(m: nn.Module, width: int) -> bool:
+    own = {n: p for n, p in m._parameters.items() if p is not None}
+    return any(n in TOKENS for n in own) and all(n in TOKENS and p.shape[-1] == width
+                                                  for n, p in own.items() if width in p.shape)
+
+
+def _role(q: str, m: nn.Module, width: int, pooled: bool) -> str | None:
+    sizes = _sizes(m)
     if isinstance(m, nn.Embedding) and m.embedding_dim == width:
         return "embedding"
-    if _is_rms(m, width):
+    if _norm_of(m, width):
         return "norm"
-    if isinstance(m, nn.Linear) and leaf in WRITERS and m.out_features == width:
+    if sizes is not None and _named(q, WRITERS) and sizes[1] == width:
         return "writer"
-    if isinstance(m, nn.Linear) and leaf in READERS and m.in_features == width:
+    if pooled and _named(q, ("classifier",)):
+        return "outside"  # reads the pooler's output, which keeps its width
+    if sizes is not None and _named(q, READERS) and not isinstance(m, nn.Conv2d) and sizes[0] == width:
         return "reader"
+    if _tokens(m, width):
+        return "tokens"
     return None
 
 
 def _refusal(q: str, m: nn.Module, width: int) -> str:
     kind = type(m).__name__
-    if isinstance(m, nn.LayerNorm) or "LayerNorm" in kind:
-        return (f"'{q}' is a {kind} over the hidden width {width}: its mean over all channels has no exact form "
-                "with fewer channels, so the hidden width cannot be pruned; hookscope prunes it in RMSNorm "
-                "models (LLaMA, Qwen2, Mistral ...)")
     return (f"'{q}' ({kind}) reads or writes the hidden width {width} in a way hookscope cannot follow, so the "
-            "hidden width cannot be pruned; it follows embeddings, RMSNorms and the Linear layers "
-            f"{', '.join(WRITERS + READERS)}")
+            "hidden width cannot be pruned; it follows embeddings, RMSNorms, LayerNorms and the projections of "
+            "the LLaMA, GPT-2, BERT and ViT layouts (remove or replace that layer)")
+
+
+def _attention_refusal(model: nn.Module) -> str | None:
+    for q, m in named_modules(model):
+        kids = dict(m.named_children())
+        if not any(k in kids for k in ("q_proj", "query", "c_attn")):
+            continue
+        if not any(isinstance(getattr(m, a, None), int) for a in ("head_dim", "attention_head_size")):
+            return (f"'{q}' has no head_dim of its own (its head size comes from the hidden width), so the "
+                    "hidden width cannot be pruned with its heads kept")
+    return None
 
 
 def read_stream(model: nn.Module) -> Stream | str:
@@ -109,23 +163,42 @@ def read_stream(model: nn.Module) -> Stream | str:
     width = _width_of(model)
     if width is None:
         return (f"{type(model).__name__} has no config.hidden_size, so its hidden width is not known; hookscope "
-                "prunes the hidden width of Hugging Face RMSNorm models (LLaMA, Qwen2, Mistral ...)")
-    found: dict[str, list[str]] = {"embedding": [], "norm": [], "writer": [], "reader": []}
+                "prunes the hidden width of Hugging Face transformers (LLaMA, Qwen2, Mistral, GPT-2, BERT, ViT ...)")
+    pooled = any(_named(q, ("pooler.dense",)) for q, _ in named_modules(model))
+    found: dict[str, list[str]] = {"embedding": [], "norm": [], "writer": [], "reader": [], "tokens": [],
+                                   "outside": []}
     for q, m in named_modules(model):
-        role = _role(q, m, width)
+        role = _role(q, m, width, pooled)
         if role is not None:
             found[role].append(q)
         elif any(width in p.shape for p in m.parameters(recurse=False)):
             return _refusal(q, m, width)
-    for q, m in named_modules(model):
-        if "q_proj" in dict(m.named_children()) and not isinstance(getattr(m, "head_dim", None), int):
-            return (f"'{q}' has no head_dim of its own (its head size comes from the hidden width), so the "
-                    "hidden width cannot be pruned with its heads kept")
-    if not found["embedding"] or not found["norm"] or not found["writer"]:
-        return (f"{type(model).__name__} has no embedding, RMSNorm or stream-writing projection "
-                f"({', '.join(WRITERS)}) of width {width}; hookscope prunes the hidden width of RMSNorm models "
-                "(LLaMA, Qwen2, Mistral ...)")
-    return Stream(width, *(tuple(found[k]) for k in ("embedding", "norm", "writer", "reader")))
+    mods = dict(named_modules(model))
+    kinds = {is_layer_norm(mods[q]) for q in found["norm"]}
+    if len(kinds) > 1:
+        return (f"{type(model).__name__} mixes RMSNorms and LayerNorms over its hidden width, so the hidden width "
+                "cannot be pruned")
+    why = _attention_refusal(model)
+    if why is not None:
+        return why
+    if not (found["embedding"] or found["tokens"]) or not found["norm"] or not found["writer"]:
+        return (f"{type(model).__name__} has no embedding, norm or stream-writing projection "
+                f"({', '.join(WRITERS)}) of width {width}, so its hidden width cannot be followed")
+    return Stream(width, *(tuple(found[k]) for k in ("embedding", "norm", "writer", "reader", "tokens")))
+
+
+def _parts(model: nn.Module, s: Stream) -> list[tuple[str, str, int, str]]:
+    """(module, tensor, dim of the width, role) of every member, in the order they are grouped."""
+    mods = dict(named_modules(model))
+    parts = [(q, "weight", 1, "producer") for q in s.embeddings]
+    for q in s.tokens:
+        parts += [(q, n, p.dim() - 1, "producer") for n, p in mods[q]._parameters.items()
+                  if n in TOKENS and p is not None and p.shape[-1] == s.width]
+    parts += [(q, n, 0, "follower") for q in s.norms for n in ("weight", "bias")]
+    for q in s.writers:
+        parts += [(q, "weight", 1 if _is_conv1d(mods[q]) else 0, "producer"), (q, "bias", 0, "producer")]
+    parts += [(q, "weight", 0 if _is_conv1d(mods[q]) else 1, "consumer") for q in s.readers]
+    return parts
 
 
 def _members(model: nn.Module, s: Stream) -> list[GroupMember]:
@@ -133,10 +206,7 @@ def _members(model: nn.Module, s: Stream) -> list[GroupMember]:
     each = tuple((c,) for c in range(s.width))
     out: list[GroupMember] = []
     seen: set[int] = set()
-    parts = ([(q, "weight", 1, "producer") for q in s.embeddings] + [(q, "weight", 0, "follower") for q in s.norms]
-             + [(q, n, 0, "producer") for q in s.writers for n in ("weight", "bias")]
-             + [(q, "weight", 1, "consumer") for q in s.readers])
-    for q, name, dim, role in parts:
+    for q, name, dim, role in _parts(model, s):
         t = mods[q]._parameters.get(name)
         if t is None:
             t = getattr(mods[q], name, None)
@@ -208,9 +278,13 @@ def _rescale(m: nn.Module, ratio: float, k: int) -> None:
         setattr(m, "normalized_shape", (k,))
 
 
+def _head_dims(model: nn.Module) -> set[int]:
+    return {int(getattr(m, "head_dim")) for _, m in named_modules(model)
+            if isinstance(getattr(m, "head_dim", None), int)}
+
+
 def _write_configs(model: nn.Module, width: int, k: int) -> None:
-    mods = dict(named_modules(model))
-    head_dims = {m.head_dim for m in mods.values() if isinstance(getattr(m, "head_dim", None), int)}
+    head_dims = _head_dims(model)
     for cfg in _configs(model):
         if getattr(cfg, "hidden_size", None) != width:
             continue
@@ -221,10 +295,43 @@ def _write_configs(model: nn.Module, width: int, k: int) -> None:
             cfg.rms_norm_eps = cfg.rms_norm_eps * width / k
 
 
+def _rebuilds(model: nn.Module, cfg: Any) -> bool:
+    """Whether the model's class built from ``cfg`` (on the meta device) has the model's tensor shapes."""
+    try:
+        with torch.device("meta"):
+            twin = type(model)(cfg)
+    except Exception:  # a class that is not built from its config alone: nothing is written
+        return False
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return shapes == {k: tuple(v.shape) for k, v in twin.state_dict().items()}
+
+
+def _write_layer_norm_configs(model: nn.Module, width: int, k: int) -> None:
+    """The model's config says ``hidden_size = k`` (and ``head_dim``) only when the model's class built
+    from it is this model (ViT: its attention reads ``config.head_dim``); GPT-2 and BERT derive their
+    head size from ``hidden_size``, so their config keeps describing the original architecture, which
+    ``fit_to`` and the compacted ``state_dict`` turn into this model."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "hidden_size", None) != width:
+        return
+    head_dims = _head_dims(model)
+    twin = copy.deepcopy(cfg)
+    if len(head_dims) == 1 and getattr(twin, "head_dim", None) is None:
+        twin.head_dim = next(iter(head_dims))
+    twin.hidden_size = k
+    if _rebuilds(model, twin):
+        if getattr(twin, "head_dim", None) is not None:
+            cfg.head_dim = twin.head_dim
+        cfg.hidden_size = k
+
+
 def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> list[str]:
     """After slicing ``k`` of ``D`` stream channels: every RMSNorm gets ``eps * D / k`` and its weight
     times ``sqrt(D / k)`` (the masked model's statistics, exactly), and every Hugging Face config
-    ``hidden_size = k``, ``rms_norm_eps`` likewise and ``head_dim`` written out. Returns the norms.
+    ``hidden_size = k``, ``rms_norm_eps`` likewise and ``head_dim`` written out. A LayerNorm stream's
+    norms (which already normalised over the kept channels) become plain LayerNorms of ``k``
+    channels, and its config is written only where the model's class rebuilds this model from it.
+    Returns the norms.
 
     Example:
         >>> fix_width(nn.Linear(2, 2), ChannelGroups([], []), {})
@@ -235,6 +342,11 @@ def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
         if not isinstance(g, WidthGroup) or g.stream is None or not drop.get(g.index):
             continue
         s, k = g.stream, g.size - len(drop[g.index])
+        if any(is_layer_norm(mods[q]) for q in s.norms):
+            for q in s.norms:
+                release_norm(mods[q])
+            _write_layer_norm_configs(model, s.width, k)
+            return list(s.norms)
         for q in s.norms:
             m = mods[q]
             _rescale(m, s.width / k, k)
@@ -248,15 +360,19 @@ def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
 
 
 def refit_width(model: nn.Module, norms: Sequence[tuple[nn.Module, int, int]]) -> None:
-    """After :func:`~._resize.fit_to` shrank RMSNorms from ``D`` to ``k`` channels (a compacted
-    model's file, whose weights already hold the ``sqrt(D / k)``): their ``eps`` times ``D / k`` and
-    the configs of that width written as :func:`fix_width` does.
+    """After :func:`~._resize.fit_to` shrank the norms of the hidden width from ``D`` to ``k`` channels
+    (a compacted model's file, whose RMSNorm weights already hold the ``sqrt(D / k)``): an RMSNorm's
+    ``eps`` times ``D / k`` and the configs of that width written as :func:`fix_width` does (a
+    LayerNorm needs nothing more than its new shape).
 
     Example:
         >>> n = nn.RMSNorm(2, eps=1e-6); refit_width(n, [(n, 4, 2)]); n.eps
         2e-06
     """
     for m, width, k in norms:
-        _rescale(m, width / k, k)
-    for width, k in {(w, k) for _, w, k in norms}:
+        if not is_layer_norm(m):
+            _rescale(m, width / k, k)
+    for width, k in {(w, k) for m, w, k in norms if not is_layer_norm(m)}:
         _write_configs(model, width, k)
+    for width, k in {(w, k) for m, w, k in norms if is_layer_norm(m)}:
+        _write_layer_norm_configs(model, width, k)
