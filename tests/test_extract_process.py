@@ -55,12 +55,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory, forks: Forks) -> dict[st
     return _files(out)
 
 
-def _kill_after(forks: Forks, out: Path, seconds: float, *flags: str) -> None:
-    """Start a slow run, SIGKILL it ``seconds`` after its manifest appears (or when it ends)."""
+def _kill_after(forks: Forks, out: Path, seconds: float, *flags: str, first_shard: bool = False) -> None:
+    """Start a slow run, SIGKILL it ``seconds`` after its manifest appears (``first_shard``: after its
+    first shard is under its final name, however busy the machine) or when it ends."""
     pid = forks.start([JOB, str(out), "--delay", "0.02", *flags])
     try:
         deadline = time.monotonic() + 120
         while not (out / "manifest.json").exists() and forks.poll(pid) is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        while first_shard and not list((out / "shards").glob("0*.safetensors")) and forks.poll(pid) is None \
+                and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(seconds)
         if forks.poll(pid) is None:
@@ -202,7 +206,7 @@ def test_a_damaged_shard_is_refused_when_read_and_written_again_on_resume(tmp_pa
 def test_killed_then_a_kept_shard_damaged_resumes_identically(tmp_path: Path, forks: Forks,
                                                               reference: dict[str, bytes]) -> None:
     out = tmp_path / "store"
-    _kill_after(forks, out, 0.45)
+    _kill_after(forks, out, 0.0, first_shard=True)
     kept = sorted((out / "shards").glob("0*.safetensors"))
     assert kept and json.loads((out / "manifest.json").read_text())["complete"] is False
     _flip(kept[0], back=100)

