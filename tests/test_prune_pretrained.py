@@ -104,3 +104,13 @@ def test_weights_the_file_lacks_are_refused(tmp_path: Path) -> None:
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(hookscope.HookscopeError, match="lack classifier.weight"):
         load_pretrained(tmp_path)
+
+
+def test_a_width_pruned_gpt2_loads_back_tied(tmp_path: Path) -> None:
+    model, ids = _gpt2()
+    hookscope.prune_width(model, ids, amount=0.25, kwargs={"use_cache": False})
+    small = hookscope.compact(model, ids, kwargs={"use_cache": False})
+    small.save_pretrained(tmp_path)
+    back = load_pretrained(tmp_path)
+    assert back.transformer.wte.weight.shape == (50, 24) and back.lm_head.weight is back.transformer.wte.weight
+    assert torch.equal(back(ids, use_cache=False).logits, small(ids, use_cache=False).logits)
