@@ -37,9 +37,6 @@ from hookscope.zoo import DEMO_CLASSES, TinyResNet, demo_model
 DEMO_TITLE = "hookscope demo: DemoNet on generated shapes"
 
 
-pytestmark = pytest.mark.xdist_group("report")  # one worker builds the shared reports once, not each worker
-
-
 def _small() -> nn.Module:
     """A model whose report is quick to build: for the tests of the folder, not of the sections."""
     torch.manual_seed(0)
