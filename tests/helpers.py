@@ -179,3 +179,22 @@ def one_thread_only() -> Any:
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest difference relative to the reference's largest magnitude (0 for empty tensors)."""
     return float((a - b).detach().abs().max() / b.detach().abs().max()) if b.numel() else 0.0
+
+
+def rel_first(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest difference relative to the FIRST tensor's largest magnitude (the pruning tests' habit)."""
+    return float(((a - b).abs().max() / a.abs().max()).detach())
+
+
+def param_count(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def only_masks(m: nn.Module) -> bool:
+    """No hook left but the masks' pre-hooks (one per masked tensor)."""
+    pre = [h for mod in m.modules() for h in mod._forward_pre_hooks.values()]
+    return hook_count(m) == len(pre) and all(type(h).__name__ == "MaskHook" for h in pre)
+
+
+def state_copy(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}

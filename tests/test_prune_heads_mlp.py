@@ -18,13 +18,9 @@ from hookscope.core import hook_count
 from hookscope.errors import HookscopeError
 
 from helpers import rel
+from helpers import only_masks as _only_masks
 
 TOL = 1e-8  # relative, float64
-
-
-def _only_masks(m: nn.Module) -> bool:
-    pre = [h for mod in m.modules() for h in mod._forward_pre_hooks.values()]
-    return hook_count(m) == len(pre) and all(type(h).__name__ == "MaskHook" for h in pre)
 
 
 def _layer(seed: int = 0) -> nn.Module:

@@ -17,28 +17,12 @@ from torch import nn
 import hookscope
 from hookscope.analysis.prune import compact, fit_to, prune_heads
 from hookscope.core import hook_count
+from helpers import only_masks as _only_masks, param_count as _params, rel_first as _rel, state_copy as _state
 
 sw = pytest.importorskip("torchvision.models.swin_transformer")
 
 TOL = 1e-8  # relative, float64
 KINDS = ("output", "l2", "taylor", "entropy")
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(((a - b).abs().max() / a.abs().max()).detach())
-
-
-def _params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
-
-
-def _only_masks(m: nn.Module) -> bool:
-    pre = [h for mod in m.modules() for h in mod._forward_pre_hooks.values()]
-    return hook_count(m) == len(pre) and all(type(h).__name__ == "MaskHook" for h in pre)
-
-
-def _state(m: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
 def _square(out: torch.Tensor, batch: object) -> torch.Tensor:

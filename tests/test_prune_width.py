@@ -18,23 +18,12 @@ from torch import nn
 import hookscope
 from hookscope.analysis.prune import compact, prune_heads, prune_width
 from hookscope.core import hook_count
+from helpers import param_count as _params, rel_first as _rel, state_copy as _state
 
 tr = pytest.importorskip("transformers")
 
 TOL = 1e-8  # relative, float64
 KW = {"use_cache": False}
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(((a - b).abs().max() / a.abs().max()).detach())
-
-
-def _params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
-
-
-def _state(m: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 
 def _rms64(self: Any, x: torch.Tensor) -> torch.Tensor:

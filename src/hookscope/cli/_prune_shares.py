@@ -10,6 +10,17 @@ from ..errors import HookscopeError
 __all__ = ["check_heads", "check_mlp", "check_width"]
 
 
+def _alone(args: argparse.Namespace, flag: str, what: str, ranks: str) -> None:
+    """``flag`` alone prunes ``what`` only: --amount / --count / --importance / --data need --channels."""
+    if not args.channels and (args.amount is not None or args.count is not None):
+        raise HookscopeError(f"{flag} alone removes {what} only; add --channels to prune channels by "
+                             "--amount too, or drop --amount / --count")
+    if not args.channels and (args.importance is not None or args.data is not None):
+        other = "--importance" if args.importance is not None else "--data"
+        raise HookscopeError(f"{other} ranks channels; {flag} ranks {ranks} on the example input; "
+                             f"add --channels or drop {other}")
+
+
 def check_heads(args: argparse.Namespace) -> None:
     """--heads: a share in [0, 1), alone or with --channels (which --amount, --importance, --data need).
 
@@ -20,13 +31,7 @@ def check_heads(args: argparse.Namespace) -> None:
     if not 0.0 <= args.heads < 1.0:  # NaN fails too
         raise HookscopeError(f"--heads {args.heads:g} is not a share of heads in [0, 1); give e.g. --heads 0.5 "
                              "(every layer keeps a head)")
-    if not args.channels and (args.amount is not None or args.count is not None):
-        raise HookscopeError("--heads alone removes attention heads only; add --channels to prune channels by "
-                             "--amount too, or drop --amount / --count")
-    if not args.channels and (args.importance is not None or args.data is not None):
-        flag = "--importance" if args.importance is not None else "--data"
-        raise HookscopeError(f"{flag} ranks channels; --heads ranks heads by their output norm on the example input; "
-                             f"add --channels or drop {flag}")
+    _alone(args, "--heads", "attention heads", "heads by their output norm")
 
 
 def check_mlp(args: argparse.Namespace) -> None:
@@ -55,10 +60,4 @@ def check_width(args: argparse.Namespace) -> None:
     if not 0.0 <= args.width < 1.0:  # NaN fails too
         raise HookscopeError(f"--width {args.width:g} is not a share of the hidden width in [0, 1); give e.g. "
                              "--width 0.25")
-    if not args.channels and (args.amount is not None or args.count is not None):
-        raise HookscopeError("--width alone removes hidden channels only; add --channels to prune channels by "
-                             "--amount too, or drop --amount / --count")
-    if not args.channels and (args.importance is not None or args.data is not None):
-        flag = "--importance" if args.importance is not None else "--data"
-        raise HookscopeError(f"{flag} ranks channels; --width ranks hidden channels by their mean |value| on the "
-                             f"example input; add --channels or drop {flag}")
+    _alone(args, "--width", "hidden channels", "hidden channels by their mean |value|")
