@@ -7,7 +7,6 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
-import difflib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from ...selection import Selector, layers, named_modules, unwrap
 from ._compact import dropped_channels, mask_channels
 from ._graph import Group, ChannelGroups, Site, channel_groups
 from ._importance import ChannelImportance, channel_importance
+from ._importance_run import check_kind, check_share
 
 __all__ = ["ChannelRow", "ChannelPruning", "prune_channels", "IMPORTANCE"]
 
@@ -111,20 +111,15 @@ class ChannelPruning(Result):
 
 
 def _check(amount: object, importance: object, scope: object, data: object) -> float:
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < 1:
-        raise HookscopeError(f"amount={amount!r} is not a fraction of channels in [0, 1); pass e.g. amount=0.5 "
-                             "(every group keeps at least one channel)")
-    if importance not in IMPORTANCE:
-        near = difflib.get_close_matches(str(importance), IMPORTANCE, n=1)
-        hint = f"Did you mean {near[0]!r}? " if near else ""
-        raise HookscopeError(f"importance={importance!r} is not known. {hint}Pass one of {', '.join(IMPORTANCE)}")
+    share = check_share(amount, "amount", "channels", "amount=0.5 (every group keeps at least one channel)")
+    check_kind(importance, IMPORTANCE)
     if scope not in ("group", "global"):
         raise HookscopeError(f"scope={scope!r} is not known; pass 'group' (the same share of every group) "
                              "or 'global' (ranked across groups)")
     if importance not in _MAGNITUDE and data is None:
         raise HookscopeError(f"importance={importance!r} is measured on data; pass data= (calibration batches) "
                              "or use importance='l2'")
-    return float(amount)
+    return share
 
 
 def _chosen(groups: ChannelGroups, model: nn.Module, selectors: Sequence[Selector] | None) -> list[Group]:

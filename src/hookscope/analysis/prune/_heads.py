@@ -27,7 +27,7 @@ from ._heads_groups import HeadGroup, check_heads, head_groups_of, layouts
 from ._heads_layouts import HeadLayout
 from ._heads_mlp import MlpRow, MlpScores, check_mlp, mlp_units
 from ._heads_score import head_scores
-from ._importance_run import Loss
+from ._importance_run import Loss, check_kind, check_share
 
 __all__ = ["HEAD_IMPORTANCE", "HeadRow", "HeadPruning", "prune_heads"]
 
@@ -138,16 +138,9 @@ def _check(amount: object, heads: object, importance: object, loss: object = Non
     if (amount is None) == (heads is None):
         raise HookscopeError("pass either amount= (a share of every layer's heads) or heads= ({layer: [head "
                              "indices]}), not both or neither")
-    if importance not in HEAD_IMPORTANCE:
-        near = difflib.get_close_matches(str(importance), HEAD_IMPORTANCE, n=1)
-        hint = f"Did you mean {near[0]!r}? " if near else ""
-        raise HookscopeError(f"importance={importance!r} is not known. {hint}Pass one of {', '.join(HEAD_IMPORTANCE)}")
-    if amount is None:
-        return None
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < 1:
-        raise HookscopeError(f"amount={amount!r} is not a fraction of heads in [0, 1); pass e.g. amount=0.5 "
-                             "(every layer keeps at least one head)")
-    return float(amount)
+    check_kind(importance, HEAD_IMPORTANCE)
+    return None if amount is None else check_share(amount, "amount", "heads",
+                                                   "amount=0.5 (every layer keeps at least one head)")
 
 
 def _chosen(model: nn.Module, selectors: Sequence[Selector] | None) -> list[HeadLayout]:

@@ -28,6 +28,7 @@ from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups, Group, GroupMember, channel_groups
 from ._heads_layouts import HeadLayout
 from ._importance_kinds import accumulator_dtype
+from ._importance_run import check_share
 
 __all__ = ["MlpRow", "MlpUnits", "check_mlp", "mlp_units", "MlpScores", "mlp_rows"]
 
@@ -81,12 +82,8 @@ def check_mlp(mlp: object) -> float | None:
         >>> check_mlp(0.25), check_mlp(None)
         (0.25, None)
     """
-    if mlp is None:
-        return None
-    if isinstance(mlp, bool) or not isinstance(mlp, (int, float)) or not 0 <= mlp < 1:
-        raise HookscopeError(f"mlp={mlp!r} is not a fraction of MLP hidden units in [0, 1); pass e.g. mlp=0.25 "
-                             "(every MLP keeps at least one unit)")
-    return float(mlp)
+    return None if mlp is None else check_share(mlp, "mlp", "MLP hidden units",
+                                                "mlp=0.25 (every MLP keeps at least one unit)")
 
 
 def _inside(name: str, prefix: str) -> bool:

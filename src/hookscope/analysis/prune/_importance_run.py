@@ -12,6 +12,7 @@ returned, drives the backward through them only, so the parameters' ``.grad`` st
 from __future__ import annotations
 
 import contextlib
+import difflib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,7 +37,7 @@ from ._importance_kinds import Kind, accumulator_dtype, channels_first
 from ._importance_sites import Site, output_dim
 
 __all__ = ["Accumulator", "SiteCalls", "Batch", "Loss", "split_batch", "batches_of", "calibrate", "batch_to", "loss_of",
-           "plain_passes"]
+           "plain_passes", "check_kind", "check_share"]
 
 Loss = Callable[[Any, Any], torch.Tensor]
 _LOCK = threading.Lock()
@@ -370,3 +371,33 @@ def plain_passes(model: nn.Module, batches: Iterable[Any], device: torch.device 
         for batch in batches:
             args, kw = private(batch, torch.device(device) if device is not None else None)
             call_model(model, args, kw)
+
+
+def check_kind(importance: object, known: tuple[str, ...]) -> None:
+    """Refuse an importance kind not in ``known``, with the nearest one as a hint.
+
+    Example:
+        >>> check_kind("l2", ("output", "l2"))
+        >>> check_kind("outptu", ("output", "l2"))
+        Traceback (most recent call last):
+        hookscope.errors.HookscopeError: importance='outptu' is not known. Did you mean 'output'? Pass one of output, l2
+    """
+    if importance not in known:
+        near = difflib.get_close_matches(str(importance), known, n=1)
+        hint = f"Did you mean {near[0]!r}? " if near else ""
+        raise HookscopeError(f"importance={importance!r} is not known. {hint}Pass one of {', '.join(known)}")
+
+
+def check_share(value: object, name: str, what: str, example: str) -> float:
+    """``value`` as a float in [0, 1), else one line: ``name=value is not a fraction of what ...``.
+
+    Example:
+        >>> check_share(0.5, "amount", "heads", "amount=0.5")
+        0.5
+        >>> check_share(True, "amount", "heads", "amount=0.5")
+        Traceback (most recent call last):
+        hookscope.errors.HookscopeError: amount=True is not a fraction of heads in [0, 1); pass e.g. amount=0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise HookscopeError(f"{name}={value!r} is not a fraction of {what} in [0, 1); pass e.g. {example}")
+    return float(value)

@@ -8,7 +8,6 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +22,7 @@ from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups
-from ._importance_run import batches_of, plain_passes, split_batch
+from ._importance_run import batches_of, check_kind, check_share, plain_passes, split_batch
 from ._width_stream import WidthGroup, width_group
 
 __all__ = ["WIDTH_IMPORTANCE", "WidthPruning", "prune_width"]
@@ -99,16 +98,8 @@ def _check(amount: object, channels: object, importance: object) -> float | None
     if (amount is None) == (channels is None):
         raise HookscopeError("pass either amount= (a share of the hidden width) or channels= (indices of hidden "
                              "channels), not both or neither")
-    if importance not in WIDTH_IMPORTANCE:
-        near = difflib.get_close_matches(str(importance), WIDTH_IMPORTANCE, n=1)
-        hint = f"Did you mean {near[0]!r}? " if near else ""
-        raise HookscopeError(f"importance={importance!r} is not known. {hint}Pass one of {', '.join(WIDTH_IMPORTANCE)}")
-    if amount is None:
-        return None
-    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < 1:
-        raise HookscopeError(f"amount={amount!r} is not a fraction of the hidden width in [0, 1); pass e.g. "
-                             "amount=0.25")
-    return float(amount)
+    check_kind(importance, WIDTH_IMPORTANCE)
+    return None if amount is None else check_share(amount, "amount", "the hidden width", "amount=0.25")
 
 
 def _l2(model: nn.Module, g: WidthGroup) -> torch.Tensor:
