@@ -6,6 +6,7 @@ drift of the machine nor the cache one method leaves favours another); each figu
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -40,6 +41,21 @@ def timings(runs: dict[str, Callable[[], Any]], rounds: int, *, warmup: int = 1)
             runs[k]()
             times[k].append(time.perf_counter() - t0)
     return times
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval that holds the true median with probability at least ``level``:
+    the k-th smallest and k-th largest values, k the largest rank for which the binomial(n, 1/2)
+    tails outside it weigh at most ``1 - level``. ``(min, max)`` when too few values for the level."""
+    v, n = sorted(values), len(values)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        tail += 2 * math.comb(n, k) / 2**n  # P(fewer than k + 1 below the median) on both sides
+        if tail > 1 - level:
+            break
+        k += 1
+    k = max(k, 1)
+    return v[k - 1], v[n - k]
 
 
 def cpu_model() -> str:

@@ -20,7 +20,8 @@ for every image (fixed, so that no method runs an extra pass to find the predict
    keeps from above.
 
 Timing: the methods run interleaved, round after round (the order alternates), median per method; each
-ratio is the median over rounds of the method's time over the reference's time in the same round.
+ratio is the median over rounds of the method's time over the reference's time in the same round (part 1 also
+prints the distribution-free 95% interval of that median, from the order statistics of the per-round ratios).
 
 ``--lrp``: LRP with the ``epsilon_plus_flat`` composite, ``hookscope.attribute(model, x, method="lrp",
 composite="epsilon_plus_flat")`` against zennit's ``EpsilonPlusFlat`` with the ResNet canonizer: timed
@@ -45,7 +46,7 @@ import torchvision
 from torch import nn
 
 import hookscope
-from _rounds import cpu_model, ratios, timings  # bench/_rounds.py: this folder is on sys.path when run as a script
+from _rounds import cpu_model, median_interval, ratios, timings  # bench/_rounds.py: this folder is on sys.path when run as a script
 
 TARGET = 3
 
@@ -80,11 +81,15 @@ def gradients(size: int, batch: int, rounds: int) -> None:
         "saliency": lambda: hookscope.attribute(model, x, method="saliency", target=TARGET),
         "guided_backprop": lambda: hookscope.attribute(model, x, method="guided_backprop", target=TARGET),
     }
-    times, rel = ratios(runs, rounds, base="forward + backward (floor)")
+    base = "forward + backward (floor)"
+    times = timings(runs, rounds)
     print(f"\n### Saliency and guided backpropagation, resnet50, batch {batch}, {size} x {size} ({rounds} rounds)\n")
-    print("| run | median seconds | x floor (median of per-round ratios) |\n|---|---|---|")
+    print("| run | median seconds | x floor (median of per-round ratios) | 95% interval of that median |")
+    print("|---|---|---|---|")
     for k in runs:
-        print(f"| {k} | {times[k]:.3f} | {rel[k]:.3f}x |")
+        per_round = [t / b for t, b in zip(times[k], times[base])]
+        lo, hi = median_interval(per_round)
+        print(f"| {k} | {statistics.median(times[k]):.3f} | {statistics.median(per_round):.3f}x | {lo:.3f}x to {hi:.3f}x |")
 
 
 def against_captum(size: int, rows: int, steps: int, rounds: int) -> None:
@@ -182,11 +187,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="integrated gradients' points and SmoothGrad's copies")
     ap.add_argument("--rows", type=int, default=25, help="rows per forward pass for the copies (default 25)")
     ap.add_argument("--lrp", action="store_true", help="only LRP against zennit")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--only", choices=["gradients", "captum", "memory"], default=None, help="run one part only")
     ap.add_argument("--peak-child", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     size = a.size or (112 if a.quick else 224)
     rounds = a.rounds or (3 if a.quick else 7)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     if a.peak_child is not None:
         return _peak_child(size, a.steps, a.peak_child or None)
     print(f"# {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
