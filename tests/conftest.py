@@ -13,6 +13,10 @@ from forked import Forks
 
 from helpers import ConvReLU, FakeModelOutput, Net, Pair, Structured, no_hooks  # noqa: F401 - old imports
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # several test processes share the cores: each gets its share of threads
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, _cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

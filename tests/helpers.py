@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -174,6 +176,19 @@ def one_thread_only() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for the block, then restored: for the float32 sums whose
+    rounding (and so a measured tolerance) depends on how many threads split them, whatever share of
+    the cores this test process has."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -35,6 +35,8 @@ import hookscope.analysis._reduce as _reduce
 import hookscope.analysis._rows  # noqa: F401
 from hookscope.analysis._reduce import STATS, Scratch, tensor_stats
 
+from helpers import torch_threads
+
 watch_module = sys.modules[hookscope.watch.__module__]  # hookscope.analysis.watch, the module
 
 aten = torch.ops.aten
@@ -422,8 +424,9 @@ has_compiler = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 
 
 @pytest.fixture(params=["native", "fallback"])
-def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The C kernel (when a C compiler is there to build it) or the torch-ops fallback."""
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The C kernel (when a C compiler is there to build it) or the torch-ops fallback, on 2 threads: the
+    fallback sums squares with float32 BLAS, whose rounding (within ``_check_values``' 1e-5) is that of 2."""
     if request.param == "native":
         if not has_compiler and not os.environ.get("CI"):
             pytest.skip("no C compiler: the native kernel cannot be built here (CI installs one: .ci/run)")
@@ -434,7 +437,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         monkeypatch.setenv("HOOKSCOPE_NATIVE", "0")
         from hookscope import _native
         assert _native.stats_kernel() is None
-    return str(request.param)
+    with torch_threads(2):
+        yield str(request.param)
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ from hookscope._native import stats_kernel
 from hookscope.analysis._recorder import select
 from hookscope.analysis.trace import StatRow
 
+from helpers import torch_threads
 from _stats_reference import (  # type: ignore[import-not-found]
     RefRow,
     ReferenceTrace,
@@ -204,7 +205,8 @@ def test_densenet_block(engine: str, keep: str) -> None:
     torch.manual_seed(0)
     block = _DenseBlock(num_layers=6, num_input_features=64, bn_size=4, growth_rate=32, drop_rate=0.0).eval()
     x = torch.randn(1, 64, 56, 56)
-    rows = compare(block, lambda: block(x), keep)
+    with torch_threads(2):  # the reference's float32 sdot over 600k elements: its rounding is that of 2 threads
+        rows = compare(block, lambda: block(x), keep)
     if keep == "io":
         assert any(r.path == "input[0][5]" for r in rows)
 
