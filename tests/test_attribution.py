@@ -413,3 +413,70 @@ def test_guided_backprop_through_wrappers_runs_the_model_inside(wrap):
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
     want = hookscope.attribute(net, x, method="guided_backprop", target=1).maps
     assert torch.equal(hookscope.attribute(wrap(net), x, method="guided_backprop", target=1).maps, want)
+
+
+# --- what the rules and settings cannot do, refused in one line ------------------------------------------
+class _ClampAsRelu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=0)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU6(), nn.LeakyReLU(0.1), nn.Hardtanh(0.0, 1.0), nn.GELU(), _ClampAsRelu()],
+                         ids=["relu6", "leaky_relu", "hardtanh", "gelu", "clamp"])
+@pytest.mark.parametrize("method", ["guided_backprop", "deconvnet"])
+def test_a_model_with_no_relu_is_refused_by_the_relu_rules_instead_of_giving_the_plain_gradient(act, method):
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 5), act, nn.Linear(5, 3)).eval(), torch.randn(3, 4)
+    with pytest.raises(hookscope.HookscopeError, match="no ReLU ran") as e:
+        hookscope.attribute(net, x, method=method, target=0)
+    assert "\n" not in str(e.value) and no_hooks(net)
+    assert not torch.overrides._get_current_function_mode_stack()
+    # with one ReLU the others pass the ordinary gradient: the rule is on the ReLU alone (by hand)
+    a, b, c = net[0], net[2], nn.Linear(3, 2)
+    mixed = nn.Sequential(a, nn.ReLU(), b, act, c).eval()
+    h = a(x)
+    z = b(h.relu())
+    g = torch.autograd.grad(c(act(z))[:, 0].sum(), z)[0]  # through `act` as autograd takes it
+    g = (g @ b.weight).clamp(min=0) * ((h > 0) if method == "guided_backprop" else 1)
+    res = hookscope.attribute(mixed, x, method=method, target=0)
+    assert torch.allclose(res.maps, (g @ a.weight).detach(), atol=1e-6)
+
+
+def test_an_in_place_write_autograd_cannot_undo_is_one_line_naming_the_fix():
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.sigmoid(self.a(x))
+            h += 1  # sigmoid's backward reads its output
+            return self.b(h)
+
+    net, x = Writes().eval(), torch.randn(2, 4)
+    for method in ("saliency", "integrated_gradients", "smoothgrad"):
+        with pytest.raises(hookscope.HookscopeError, match="out of place") as e:
+            hookscope.attribute(net, x, method=method, target=0, steps=3, samples=2)
+        assert "\n" not in str(e.value) and "Sigmoid" in str(e.value) and no_hooks(net)
+
+
+@pytest.mark.parametrize("method", ["saliency", "input_x_gradient", "smoothgrad", "guided_backprop", "lrp"])
+def test_a_baseline_for_a_method_that_has_none_is_refused(method):
+    with pytest.raises(hookscope.HookscopeError, match="baseline= is a setting of method='integrated_gradients'"):
+        hookscope.attribute(_smooth(), torch.randn(2, 6), method=method, baseline=torch.ones(2, 6))
+
+
+@pytest.mark.parametrize("baseline", [float("nan"), float("inf"), torch.full((6,), float("nan"))],
+                         ids=["nan", "inf", "nan_tensor"])
+def test_a_baseline_that_is_not_finite_is_refused(baseline):
+    with pytest.raises(hookscope.HookscopeError, match="not finite"):
+        hookscope.attribute(_smooth(), torch.randn(2, 6), method="integrated_gradients", baseline=baseline)
+
+
+def test_parameters_made_under_inference_mode_are_refused_naming_the_fix():
+    with torch.inference_mode():
+        net = _smooth()
+    for method in ("saliency", "guided_backprop", "lrp"):
+        with pytest.raises(hookscope.HookscopeError, match="'0.weight'.*inference_mode") as e:
+            hookscope.attribute(net, torch.randn(2, 6), method=method)
+        assert "\n" not in str(e.value) and no_hooks(net)

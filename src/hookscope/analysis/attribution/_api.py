@@ -144,6 +144,7 @@ def attribute(
         True
     """
     key = _check_method(method, layers)
+    _check_model(model, key, baseline)
     composite = _check_lrp(model, key, composite, canonize, bounds)
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
@@ -195,6 +196,17 @@ def _check_method(method: str, layers: Any) -> str:
         raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
                              f"{', '.join(LAYER_METHODS)}")
     return key
+
+
+def _check_model(model: nn.Module, key: str, baseline: Any) -> None:
+    """Refuse a baseline no method reads and parameters autograd cannot differentiate through."""
+    if baseline is not None and key != "integrated_gradients":
+        raise HookscopeError(f"baseline= is a setting of method='integrated_gradients', not of method={key!r}; "
+                             "drop it or pass method='integrated_gradients'")
+    made = next((n for n, p in unwrap(model)[0].named_parameters() if p.is_inference()), None)
+    if made is not None:
+        raise HookscopeError(f"parameter {made!r} was made under torch.inference_mode(), so autograd cannot "
+                             "differentiate through it; build or load the model outside inference_mode")
 
 
 def _check_lrp(model: nn.Module, key: str, composite: Any, canonize: Any, bounds: Any) -> Any:
@@ -256,17 +268,21 @@ def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, 
 def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
     """The baseline as a tensor of the inputs' shape, dtype and device."""
     if baseline is None or isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
-        return torch.full_like(x, 0 if baseline is None else baseline)
-    if not isinstance(baseline, torch.Tensor):
+        b = torch.full_like(x, 0 if baseline is None else baseline)
+    elif isinstance(baseline, torch.Tensor):
+        b = baseline.detach().to(device=x.device, dtype=x.dtype)
+        b = b.unsqueeze(0) if tuple(b.shape) == tuple(x.shape[1:]) else b
+        if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
+            raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
+                                 f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
+                                 f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
+        b = b.expand_as(x).clone()
+    else:
         raise HookscopeError(f"baseline= is a {type(baseline).__name__}; pass None (zeros), a number or a tensor")
-    b = baseline.detach().to(device=x.device, dtype=x.dtype)
-    if tuple(b.shape) == tuple(x.shape[1:]):
-        b = b.unsqueeze(0)
-    if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
-        raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
-                             f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
-                             f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
-    return b.expand_as(x).clone()
+    if b.is_floating_point() and not bool(b.isfinite().all()):
+        raise HookscopeError("the baseline is not finite (nan or inf), so every map would be nan; pass finite "
+                             "values, e.g. baseline=0.0")
+    return b
 
 
 def _chunk(saved: int, x: torch.Tensor, batch_size: int, memory: int | None) -> int:

@@ -8,6 +8,7 @@ gradient is taken at, or the scaled outputs of integrated gradients) and keeps i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -141,6 +142,8 @@ def grad(job: Job, scores: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
     try:
         (g,) = torch.autograd.grad(scores.sum(), at)
     except RuntimeError as e:
+        if "modified by an inplace operation" in str(e):
+            raise _written(str(e)) from None
         if "not have been used in the graph" not in str(e) and "does not require grad" not in str(e):
             raise
         where = "the inputs" if job.layer is None else f"layer {job.layer[0]!r}'s output"
@@ -148,3 +151,11 @@ def grad(job: Job, scores: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
                              "zero; pick a target the model computes from them"
                              + ("" if job.layer is None else " or a layer on the path to it")) from None
     return g
+
+
+def _written(message: str) -> HookscopeError:
+    """One line for autograd's refusal of a tensor its backward reads that the forward wrote into later."""
+    found = re.search(r"which is output \d+ of (\w+)", message)
+    what = f"{found.group(1).removesuffix('Backward0')}'s output" if found else "a tensor its backward pass reads"
+    return HookscopeError(f"the model's forward pass writes in place into {what} after computing it, so autograd "
+                          "cannot take the gradient; make that operation out of place (h = h + 1, not h += 1)")
