@@ -4,6 +4,7 @@ completeness, the model left as it was, wrappers, dtypes and one-line refusals."
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -277,6 +278,8 @@ BAD = [
     ({"target": 1000}, "out of range"),
     ({"method": "integrated_gradients", "baseline": torch.zeros(2, 3, 8, 8)}, "baseline of shape"),
     ({"method": "integrated_gradients", "memory": 10}, "memory=10"),
+    ({"method": "saliency", "memory": 10**9}, "memory= cuts"),  # one pass of the inputs: nothing to cut
+    ({"method": "lrp", "memory": 10**9}, "memory= cuts"),
     ({"method": "smoothgrad", "layers": "layer1"}, "noise"),
     ({"method": "integrated_gradient"}, "Did you mean"),
     ({"method": "integrated_gradients", "rule": "simpson"}, "rule="),
@@ -480,3 +483,50 @@ def test_parameters_made_under_inference_mode_are_refused_naming_the_fix():
         with pytest.raises(hookscope.HookscopeError, match="'0.weight'.*inference_mode") as e:
             hookscope.attribute(net, torch.randn(2, 6), method=method)
         assert "\n" not in str(e.value) and no_hooks(net)
+
+
+# --- threads: one model, two calls at once ----------------------------------------------------------------
+class _Gate(nn.Module):
+    """Holds the ``at``-th forward pass of the thread ``holder`` until ``go`` is set (``reached``: it is held)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holder: threading.Thread | None = None
+        self.at = 1
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread() is self.holder and self.at > 1:
+            self.at -= 1
+        elif threading.current_thread() is self.holder:
+            self.holder = None
+            self.reached.set()
+            assert self.go.wait(10)
+        return x
+
+
+HELD = [({"method": "lrp"}, 1), ({"method": "input_x_gradient", "layers": "2"}, 1),
+        ({"method": "guided_gradcam"}, 2)]  # its second pass finds the last convolution by hooks
+
+
+@pytest.mark.parametrize("held, at", HELD, ids=["lrp", "at_a_layer", "guided_gradcam"])
+def test_a_call_held_in_another_thread_changes_neither_this_calls_maps_nor_its_own(held, at):
+    torch.manual_seed(0)
+    gate = _Gate()
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), gate,
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    asked = [{"method": "saliency"}, {"method": "lrp"}, {"method": "input_x_gradient", "layers": "2"}]
+    alone = [hookscope.attribute(net, x, target=1, **a).maps for a in asked + [held]]
+    got: list[torch.Tensor] = []
+    other = threading.Thread(target=lambda: got.append(hookscope.attribute(net, x, target=1, **held).maps))
+    gate.holder, gate.at = other, at
+    other.start()
+    try:
+        assert gate.reached.wait(10)  # the other call is inside its forward pass, its hooks on the model
+        for a, want in zip(asked, alone):
+            assert torch.equal(hookscope.attribute(net, x, target=1, **a).maps, want), a
+    finally:
+        gate.go.set()
+        other.join(10)
+    assert len(got) == 1 and torch.equal(got[0], alone[-1]) and no_hooks(net)

@@ -19,7 +19,8 @@ from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
-from ._engine import Job, Pass, leaf, probe
+from ...core.hooks import ThreadScope
+from ._engine import Job, Pass, leaf, opened, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
 from ._lrp import lrp_settings
@@ -89,6 +90,7 @@ def attribute(
     The model is left as it was: no hook, every train/eval flag, buffer and random generator put
     back, ``requires_grad`` and ``.grad`` of every parameter untouched (the gradient is taken with
     ``torch.autograd.grad`` at the inputs or the layer only). Your tensors are never written to.
+    Calls from several threads, on one model too, do not see each other's hooks or rules.
 
     Args:
         model: any ``nn.Module`` (DataParallel and ``torch.compile`` seen through).
@@ -106,7 +108,8 @@ def attribute(
         seed: seeds the noise (the caller's random stream is not used).
         batch_size: rows per forward pass for the scaled or noisy copies.
         memory: a budget in bytes for one forward pass of copies: the rows per pass are cut to fit,
-            reckoned from the bytes autograd keeps for one row of the inputs.
+            reckoned from the bytes autograd keeps for one row of the inputs (the methods that run
+            copies only).
         layers: one layer (a name, or any selector that picks one) to attribute its output instead
             of the inputs, e.g. a token embedding.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
@@ -144,7 +147,8 @@ def attribute(
         True
     """
     key = _check_method(method, layers)
-    _check_model(model, key, baseline)
+    _check_unused(key, baseline, memory)
+    _check_params(model)
     composite = _check_lrp(model, key, composite, canonize, bounds)
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
@@ -154,11 +158,12 @@ def attribute(
     _check_numbers(batch_size, memory, samples, noise)
     _check_independent(model, inputs, batch_size, key)
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
-    with kept, torch.inference_mode(False), torch.enable_grad():
+    scope = ThreadScope()
+    with kept, torch.inference_mode(False), torch.enable_grad(), opened(scope):
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
         settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
                             bounds)
-        job = Job(model, x, kw, layer)
+        job = Job(model, x, kw, layer, scope=scope)
         first = _first_pass(job, key, target, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
         assert first.scores is not None
@@ -198,11 +203,18 @@ def _check_method(method: str, layers: Any) -> str:
     return key
 
 
-def _check_model(model: nn.Module, key: str, baseline: Any) -> None:
-    """Refuse a baseline no method reads and parameters autograd cannot differentiate through."""
+def _check_unused(key: str, baseline: Any, memory: Any) -> None:
+    """Refuse a baseline, or a budget for copies, that the method would not read."""
     if baseline is not None and key != "integrated_gradients":
         raise HookscopeError(f"baseline= is a setting of method='integrated_gradients', not of method={key!r}; "
                              "drop it or pass method='integrated_gradients'")
+    if memory is not None and key not in SETTINGS:
+        raise HookscopeError(f"memory= cuts the passes of the copies of {', '.join(SETTINGS)}; method={key!r} runs "
+                             "the inputs as they are, so drop it (or cut the batch)")
+
+
+def _check_params(model: nn.Module) -> None:
+    """Refuse parameters autograd cannot differentiate through."""
     made = next((n for n, p in unwrap(model)[0].named_parameters() if p.is_inference()), None)
     if made is not None:
         raise HookscopeError(f"parameter {made!r} was made under torch.inference_mode(), so autograd cannot "

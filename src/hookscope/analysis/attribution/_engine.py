@@ -19,11 +19,11 @@ from torch import nn
 
 from ..._tree import first_tensor, tree_map
 from ...core.compiled import HookRefresh, eager, is_compiled
-from ...core.hooks import HookGroup
+from ...core.hooks import HookGroup, ThreadScope
 from ...errors import HookscopeError
 from .._targets import call_model, rows_of, scores_of
 
-__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "probe", "run"]
+__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "opened", "probe", "run"]
 
 Make = Callable[[torch.Tensor], torch.Tensor]  # the layer's output -> what stands in for it
 
@@ -38,6 +38,9 @@ class Job:
     layer: tuple[str, nn.Module] | None
     target: Any = None  # pinned on the inputs by the first pass
     chunk: int = 64  # rows per forward pass
+    # the threads whose forward passes this call's hooks act on: its own (and those it starts), not
+    # another thread's call on the same model
+    scope: ThreadScope = field(default_factory=ThreadScope)
 
     @property
     def batch(self) -> int:
@@ -55,9 +58,19 @@ class Pass:
     leaf: torch.Tensor | None = None  # the inputs the gradient is taken at (float inputs only)
 
 
-def _stand_in(kept: list[torch.Tensor], make: Make) -> Any:
+@contextmanager
+def opened(scope: ThreadScope) -> Iterator[None]:
+    """``scope`` open for the block: the calling thread's forward passes are this call's."""
+    scope.open()
+    try:
+        yield
+    finally:
+        scope.close()
+
+
+def _stand_in(kept: list[torch.Tensor], make: Make, scope: ThreadScope) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
-        t = first_tensor(output)
+        t = first_tensor(output) if scope.sees() else None
         if t is None:
             return None
         a = make(t)
@@ -78,7 +91,7 @@ def _hooked(job: Job, kept: list[torch.Tensor], make: Make | None) -> Iterator[N
     wrap: Callable[[Any], Any] = eager if is_compiled(job.model) else (lambda f: f)
     try:
         # own hook: replaces the layer's output with a stand-in to differentiate at (capture detaches)
-        group.add(job.layer[1].register_forward_hook(wrap(_stand_in(kept, make))))
+        group.add(job.layer[1].register_forward_hook(wrap(_stand_in(kept, make, job.scope))))
         refresh.open()
         yield
     finally:
