@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...core.hooks import HookGroup, ThreadScope
+from ...core.text import shape_text
 from ...errors import HookscopeError
 from ...selection import unwrap
 from ._activations import RuleMode, rule_pass
@@ -204,8 +205,23 @@ def _bounded(chosen: Chosen, x: Tensor, bounds: Any) -> Chosen:
     for name, (m, rule) in chosen.items():
         if rule.name == "zbox":
             low, high = (lo if rule.low is None else rule.low), (hi if rule.high is None else rule.high)
+            for bound in (low, high):
+                _check_bound(bound, x)
             out[name] = (m, dataclasses.replace(rule, low=low, high=high))
     return out
+
+
+def _check_bound(bound: Any, x: Tensor) -> None:
+    """A zbox bound: a number, or a tensor that broadcasts to the inputs."""
+    shape = tuple(bound.shape) if isinstance(bound, Tensor) else ()
+    try:
+        fits = torch.broadcast_shapes(shape, x.shape) == x.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise HookscopeError(f"bounds of shape {shape_text(shape)} do not broadcast to the inputs' "
+                             f"{shape_text(tuple(x.shape))}; pass numbers, or tensors of one sample's shape or "
+                             "one value per channel, e.g. shape (3, 1, 1)")
 
 
 def _check_zbox(chosen: Chosen, first: str | None) -> None:
