@@ -530,3 +530,60 @@ def test_a_call_held_in_another_thread_changes_neither_this_calls_maps_nor_its_o
         gate.go.set()
         other.join(10)
     assert len(got) == 1 and torch.equal(got[0], alone[-1]) and no_hooks(net)
+
+
+# --- empty tensors ---------------------------------------------------------------------------------------
+def test_guided_backprop_through_a_relu_of_no_elements_gives_no_elements():
+    from hookscope.analysis.attribution._activations import guided_back  # the native kernel divided by zero here
+
+    for shape in [(0, 4), (2, 0, 3)]:
+        assert guided_back(torch.ones(shape), torch.ones(shape)).shape == shape
+
+    class Empty(nn.Module):  # a ReLU on an empty slice, as a detector's head with no box would run it
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.a(x))
+            return self.b(h) + torch.relu(h[:, :0]).sum(1, keepdim=True)
+
+    net, x = Empty().eval(), torch.randn(2, 4)
+    with torch.no_grad():
+        h = net.a(x)
+    want = (net.b.weight[1].detach().clamp(min=0) * (h > 0)) @ net.a.weight.detach()
+    assert torch.allclose(hookscope.attribute(net, x, method="guided_backprop", target=1).maps, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_an_empty_batch_is_refused_in_one_line(method):
+    net = _tiny()
+    with pytest.raises(hookscope.HookscopeError, match="no sample") as e:
+        hookscope.attribute(net, torch.rand(0, 3, 16, 16), method=method)
+    assert "\n" not in str(e.value) and no_hooks(net)
+
+
+class _Counts(nn.Module):
+    """A forward that writes into a buffer of its own in every mode (a call counter, a running maximum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 3)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("peak", torch.zeros(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        self.calls += 1
+        torch.maximum(self.peak, h.detach().amax(0), out=self.peak)
+        return self.b(torch.relu(h))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "guided_gradcam"])  # that one needs a convolution
+def test_buffers_a_forward_writes_in_any_mode_are_put_back(train, method):
+    net = _Counts().train(train)
+    net.peak.fill_(-1.0)
+    hookscope.attribute(net, torch.randn(3, 4), method=method, steps=3, samples=2, target=1)
+    assert float(net.calls) == 0.0 and torch.equal(net.peak, torch.full((5,), -1.0)) and net.training == train

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...core.inputs import model_kwargs, private
-from ...core.state import kept_rng, restored
+from ...core.state import restored
 from ...core.text import shape_text
 from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
@@ -157,7 +157,7 @@ def attribute(
     rule = rule_name(rule) if key == "integrated_gradients" else rule
     _check_numbers(batch_size, memory, samples, noise)
     _check_independent(model, inputs, batch_size, key)
-    kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
+    kept = restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
     scope = ThreadScope()
     with kept, torch.inference_mode(False), torch.enable_grad(), opened(scope):
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
@@ -242,6 +242,8 @@ def _check_inputs(inputs: Any, layers: Any) -> None:
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1:
         got = shape_text(tuple(inputs.shape)) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
+    if inputs.shape[0] == 0:
+        raise HookscopeError(f"inputs ({shape_text(tuple(inputs.shape))}) hold no sample; pass a batch of at least one")
     if not inputs.is_floating_point() and layers is None:
         raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
                              "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
