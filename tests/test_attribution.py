@@ -587,3 +587,16 @@ def test_buffers_a_forward_writes_in_any_mode_are_put_back(train, method):
     net.peak.fill_(-1.0)
     hookscope.attribute(net, torch.randn(3, 4), method=method, steps=3, samples=2, target=1)
     assert float(net.calls) == 0.0 and torch.equal(net.peak, torch.full((5,), -1.0)) and net.training == train
+
+
+@pytest.mark.parametrize("baseline", [0.5, 2.7, torch.tensor([1.5, 2.0, 3.0])], ids=["half", "number", "tensor"])
+def test_a_fractional_baseline_for_token_ids_is_refused_not_rounded(baseline):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2)).eval()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(hookscope.HookscopeError, match="not token ids") as e:
+        hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=baseline, target=0)
+    assert "\n" not in str(e.value) and no_hooks(net)
+    whole = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2.0, target=0, steps=4)
+    by_id = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2, target=0, steps=4)
+    assert torch.equal(whole.maps, by_id.maps)  # a whole number is an id

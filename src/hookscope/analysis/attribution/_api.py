@@ -281,6 +281,10 @@ def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, 
 
 def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
     """The baseline as a tensor of the inputs' shape, dtype and device."""
+    if not x.is_floating_point() and _fractional(baseline):  # the cast to ids would round it silently
+        shown = f"{baseline!r}" if not isinstance(baseline, torch.Tensor) else "(a tensor with fractions)"
+        raise HookscopeError(f"baseline={shown} holds values that are not token ids: inputs of dtype {x.dtype} "
+                             "start the path at whole ids; pass an int, e.g. the pad token's id")
     if baseline is None or isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
         b = torch.full_like(x, 0 if baseline is None else baseline)
     elif isinstance(baseline, torch.Tensor):
@@ -297,6 +301,12 @@ def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.T
         raise HookscopeError("the baseline is not finite (nan or inf), so every map would be nan; pass finite "
                              "values, e.g. baseline=0.0")
     return b
+
+
+def _fractional(baseline: Any) -> bool:
+    if isinstance(baseline, torch.Tensor):
+        return baseline.is_floating_point() and not bool((baseline == baseline.round()).all())
+    return isinstance(baseline, float) and not baseline.is_integer()
 
 
 def _chunk(saved: int, x: torch.Tensor, batch_size: int, memory: int | None) -> int:
