@@ -170,5 +170,6 @@ def _written(message: str) -> HookscopeError:
     """One line for autograd's refusal of a tensor its backward reads that the forward wrote into later."""
     found = re.search(r"which is output \d+ of (\w+)", message)
     what = f"{found.group(1).removesuffix('Backward0')}'s output" if found else "a tensor its backward pass reads"
-    return HookscopeError(f"the model's forward pass writes in place into {what} after computing it, so autograd "
-                          "cannot take the gradient; make that operation out of place (h = h + 1, not h += 1)")
+    return HookscopeError(f"the model's forward pass (or target=) writes in place into {what} after computing it, "
+                          "so autograd cannot take the gradient; make that operation out of place (h = h + 1, not "
+                          "h += 1)")
