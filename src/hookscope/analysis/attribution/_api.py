@@ -12,6 +12,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ...core.hooks import ThreadScope
 from ...core.inputs import model_kwargs, private
 from ...core.state import restored
 from ...core.text import shape_text
@@ -19,7 +20,6 @@ from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
-from ...core.hooks import ThreadScope
 from ._engine import Job, Pass, leaf, opened, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
