@@ -4,6 +4,7 @@ completeness, the model left as it was, wrappers, dtypes and one-line refusals."
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -277,6 +278,8 @@ BAD = [
     ({"target": 1000}, "out of range"),
     ({"method": "integrated_gradients", "baseline": torch.zeros(2, 3, 8, 8)}, "baseline of shape"),
     ({"method": "integrated_gradients", "memory": 10}, "memory=10"),
+    ({"method": "saliency", "memory": 10**9}, "memory= cuts"),  # one pass of the inputs: nothing to cut
+    ({"method": "lrp", "memory": 10**9}, "memory= cuts"),
     ({"method": "smoothgrad", "layers": "layer1"}, "noise"),
     ({"method": "integrated_gradient"}, "Did you mean"),
     ({"method": "integrated_gradients", "rule": "simpson"}, "rule="),
@@ -413,3 +416,187 @@ def test_guided_backprop_through_wrappers_runs_the_model_inside(wrap):
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
     want = hookscope.attribute(net, x, method="guided_backprop", target=1).maps
     assert torch.equal(hookscope.attribute(wrap(net), x, method="guided_backprop", target=1).maps, want)
+
+
+# --- what the rules and settings cannot do, refused in one line ------------------------------------------
+class _ClampAsRelu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=0)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU6(), nn.LeakyReLU(0.1), nn.Hardtanh(0.0, 1.0), nn.GELU(), _ClampAsRelu()],
+                         ids=["relu6", "leaky_relu", "hardtanh", "gelu", "clamp"])
+@pytest.mark.parametrize("method", ["guided_backprop", "deconvnet"])
+def test_a_model_with_no_relu_is_refused_by_the_relu_rules_instead_of_giving_the_plain_gradient(act, method):
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 5), act, nn.Linear(5, 3)).eval(), torch.randn(3, 4)
+    with pytest.raises(hookscope.HookscopeError, match="no ReLU ran") as e:
+        hookscope.attribute(net, x, method=method, target=0)
+    assert "\n" not in str(e.value) and no_hooks(net)
+    assert not torch.overrides._get_current_function_mode_stack()
+    # with one ReLU the others pass the ordinary gradient: the rule is on the ReLU alone (by hand)
+    a, b, c = net[0], net[2], nn.Linear(3, 2)
+    mixed = nn.Sequential(a, nn.ReLU(), b, act, c).eval()
+    h = a(x)
+    z = b(h.relu())
+    g = torch.autograd.grad(c(act(z))[:, 0].sum(), z)[0]  # through `act` as autograd takes it
+    g = (g @ b.weight).clamp(min=0) * ((h > 0) if method == "guided_backprop" else 1)
+    res = hookscope.attribute(mixed, x, method=method, target=0)
+    assert torch.allclose(res.maps, (g @ a.weight).detach(), atol=1e-6)
+
+
+def test_an_in_place_write_autograd_cannot_undo_is_one_line_naming_the_fix():
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.sigmoid(self.a(x))
+            h += 1  # sigmoid's backward reads its output
+            return self.b(h)
+
+    net, x = Writes().eval(), torch.randn(2, 4)
+    for method in ("saliency", "integrated_gradients", "smoothgrad"):
+        with pytest.raises(hookscope.HookscopeError, match="out of place") as e:
+            hookscope.attribute(net, x, method=method, target=0, steps=3, samples=2)
+        assert "\n" not in str(e.value) and "Sigmoid" in str(e.value) and no_hooks(net)
+
+
+@pytest.mark.parametrize("method", ["saliency", "input_x_gradient", "smoothgrad", "guided_backprop", "lrp"])
+def test_a_baseline_for_a_method_that_has_none_is_refused(method):
+    with pytest.raises(hookscope.HookscopeError, match="baseline= is a setting of method='integrated_gradients'"):
+        hookscope.attribute(_smooth(), torch.randn(2, 6), method=method, baseline=torch.ones(2, 6))
+
+
+@pytest.mark.parametrize("baseline", [float("nan"), float("inf"), torch.full((6,), float("nan"))],
+                         ids=["nan", "inf", "nan_tensor"])
+def test_a_baseline_that_is_not_finite_is_refused(baseline):
+    with pytest.raises(hookscope.HookscopeError, match="not finite"):
+        hookscope.attribute(_smooth(), torch.randn(2, 6), method="integrated_gradients", baseline=baseline)
+
+
+def test_parameters_made_under_inference_mode_are_refused_naming_the_fix():
+    with torch.inference_mode():
+        net = _smooth()
+    for method in ("saliency", "guided_backprop", "lrp"):
+        with pytest.raises(hookscope.HookscopeError, match="'0.weight'.*inference_mode") as e:
+            hookscope.attribute(net, torch.randn(2, 6), method=method)
+        assert "\n" not in str(e.value) and no_hooks(net)
+
+
+# --- threads: one model, two calls at once ----------------------------------------------------------------
+class _Gate(nn.Module):
+    """Holds the ``at``-th forward pass of the thread ``holder`` until ``go`` is set (``reached``: it is held)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holder: threading.Thread | None = None
+        self.at = 1
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread() is self.holder and self.at > 1:
+            self.at -= 1
+        elif threading.current_thread() is self.holder:
+            self.holder = None
+            self.reached.set()
+            assert self.go.wait(10)
+        return x
+
+
+HELD = [({"method": "lrp"}, 1), ({"method": "input_x_gradient", "layers": "2"}, 1),
+        ({"method": "guided_gradcam"}, 2)]  # its second pass finds the last convolution by hooks
+
+
+@pytest.mark.parametrize("held, at", HELD, ids=["lrp", "at_a_layer", "guided_gradcam"])
+def test_a_call_held_in_another_thread_changes_neither_this_calls_maps_nor_its_own(held, at):
+    torch.manual_seed(0)
+    gate = _Gate()
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), gate,
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    asked = [{"method": "saliency"}, {"method": "lrp"}, {"method": "input_x_gradient", "layers": "2"}]
+    alone = [hookscope.attribute(net, x, target=1, **a).maps for a in asked + [held]]
+    got: list[torch.Tensor] = []
+    other = threading.Thread(target=lambda: got.append(hookscope.attribute(net, x, target=1, **held).maps))
+    gate.holder, gate.at = other, at
+    other.start()
+    try:
+        assert gate.reached.wait(10)  # the other call is inside its forward pass, its hooks on the model
+        for a, want in zip(asked, alone):
+            assert torch.equal(hookscope.attribute(net, x, target=1, **a).maps, want), a
+    finally:
+        gate.go.set()
+        other.join(10)
+    assert len(got) == 1 and torch.equal(got[0], alone[-1]) and no_hooks(net)
+
+
+# --- empty tensors ---------------------------------------------------------------------------------------
+def test_guided_backprop_through_a_relu_of_no_elements_gives_no_elements():
+    from hookscope.analysis.attribution._activations import guided_back  # the native kernel divided by zero here
+
+    for shape in [(0, 4), (2, 0, 3)]:
+        assert guided_back(torch.ones(shape), torch.ones(shape)).shape == shape
+
+    class Empty(nn.Module):  # a ReLU on an empty slice, as a detector's head with no box would run it
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.a(x))
+            return self.b(h) + torch.relu(h[:, :0]).sum(1, keepdim=True)
+
+    net, x = Empty().eval(), torch.randn(2, 4)
+    with torch.no_grad():
+        h = net.a(x)
+    want = (net.b.weight[1].detach().clamp(min=0) * (h > 0)) @ net.a.weight.detach()
+    assert torch.allclose(hookscope.attribute(net, x, method="guided_backprop", target=1).maps, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_an_empty_batch_is_refused_in_one_line(method):
+    net = _tiny()
+    with pytest.raises(hookscope.HookscopeError, match="no sample") as e:
+        hookscope.attribute(net, torch.rand(0, 3, 16, 16), method=method)
+    assert "\n" not in str(e.value) and no_hooks(net)
+
+
+class _Counts(nn.Module):
+    """A forward that writes into a buffer of its own in every mode (a call counter, a running maximum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 5), nn.Linear(5, 3)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("peak", torch.zeros(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        self.calls += 1
+        torch.maximum(self.peak, h.detach().amax(0), out=self.peak)
+        return self.b(torch.relu(h))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("method", [m for m in METHODS if m != "guided_gradcam"])  # that one needs a convolution
+def test_buffers_a_forward_writes_in_any_mode_are_put_back(train, method):
+    net = _Counts().train(train)
+    net.peak.fill_(-1.0)
+    hookscope.attribute(net, torch.randn(3, 4), method=method, steps=3, samples=2, target=1)
+    assert float(net.calls) == 0.0 and torch.equal(net.peak, torch.full((5,), -1.0)) and net.training == train
+
+
+@pytest.mark.parametrize("baseline", [0.5, 2.7, torch.tensor([1.5, 2.0, 3.0])], ids=["half", "number", "tensor"])
+def test_a_fractional_baseline_for_token_ids_is_refused_not_rounded(baseline):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 2)).eval()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(hookscope.HookscopeError, match="not token ids") as e:
+        hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=baseline, target=0)
+    assert "\n" not in str(e.value) and no_hooks(net)
+    whole = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2.0, target=0, steps=4)
+    by_id = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2, target=0, steps=4)
+    assert torch.equal(whole.maps, by_id.maps)  # a whole number is an id

@@ -140,7 +140,7 @@ def test_a_model_with_no_convolution_is_refused():
 
 
 def test_a_depthwise_last_convolution_asks_for_its_block():
-    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8)),
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU()),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2)).eval()
     with pytest.raises(hookscope.HookscopeError, match="'1.0' is depthwise.*pass layers=") as e:
         hookscope.attribute(net, torch.rand(1, 3, 6, 6), method="guided_gradcam")

@@ -399,6 +399,11 @@ BAD = [
     ({"method": "saliency", "composite": "epsilon_plus"}, "composite= is a setting of method='lrp', not of method='saliency'"),
     ({"method": "deconvnet", "canonize": False}, "canonize= is a setting of method='lrp'"),
     ({"method": "lrp", "bounds": 1.0}, "bounds=1.0 must be a pair (low, high)"),
+    ({"method": "lrp", "composite": {"fc": "epsilon:nan"}}, "rule 'epsilon:nan' has a number that is not finite"),
+    ({"method": "lrp", "composite": {"conv": "gamma:inf"}}, "rule 'gamma:inf' has a number that is not finite"),
+    ({"method": "lrp", "composite": {"conv": "zbox"}, "bounds": (torch.zeros(5), 1.0)},
+     "bounds of shape 5 do not broadcast to the inputs' 1x3x6x6"),
+    ({"method": "lrp", "composite": {"conv": "zbox:-1:1", "fc": "epsilon:1e-6"}, "target": 0}, None),  # as documented
 ]
 
 
@@ -573,3 +578,17 @@ def test_an_in_place_relu_on_a_relus_output_changes_nothing_under_any_rule():
         twice = hookscope.attribute(net, x, method=method, target=1)
         once = hookscope.attribute(net, x, method=method, target=1, kwargs={"again": False})
         assert torch.equal(twice.maps, once.maps), method
+
+
+@pytest.mark.parametrize("spec, rule", [("zbox:-1:1", LRPRule("zbox", low=-1.0, high=1.0)),
+                                        ("epsilon:1e-6", LRPRule("epsilon", epsilon=1e-6)),
+                                        ("Alpha-Beta:2:1", LRPRule("alpha_beta", alpha=2.0, beta=1.0)),
+                                        ("gamma:.5", LRPRule("gamma", gamma=0.5))])
+def test_a_rule_string_reads_negative_numbers_and_exponents(spec, rule):
+    from hookscope.analysis.attribution._lrp_rules import parse_rule  # its '-' was read as the name's '_'
+
+    assert parse_rule(spec) == rule
+    net, x = _WithNorm(), torch.rand(2, 3, 6, 6)
+    layer = "conv" if rule.name == "zbox" else "fc"
+    by_string = hookscope.attribute(net, x, method="lrp", composite={layer: spec}, target=1)
+    assert torch.equal(by_string.maps, hookscope.attribute(net, x, method="lrp", composite={layer: rule}, target=1).maps)

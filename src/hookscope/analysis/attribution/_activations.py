@@ -64,7 +64,7 @@ def guided_back(grad: Tensor, out: Tensor) -> Tensor:
         >>> guided_back(torch.tensor([1.0, 2.0, -3.0]), torch.tensor([0.0, 5.0, 1.0]))
         tensor([0., 2., 0.])
     """
-    kernel = stats_kernel() if out.device.type == "cpu" else None
+    kernel = stats_kernel() if out.device.type == "cpu" and out.numel() else None  # the kernel takes >= 1 element
     fused = kernel.guided(grad, out) if kernel is not None else None
     return fused if fused is not None else torch.ops.aten.threshold_backward(grad, out, 0).clamp_(min=0)
 
@@ -143,6 +143,7 @@ class RuleMode(TorchFunctionMode):
         super().__init__()
         self.rule, self.epsilon = rule, epsilon
         self.caught = ACTIVATIONS if rule == "lrp" else RELUS
+        self.relus = 0  # the ReLU calls the rule reached
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -151,6 +152,7 @@ class RuleMode(TorchFunctionMode):
             if func in RELUS and _in_place(func, args, kwargs) and _relu_made(args[0]):
                 return args[0]  # an in-place ReLU on a ReLU's output: the same values, the same rule
             rest = args[1:]
+            self.relus += func in RELUS
             back: Backward = (lambda g: g) if self.rule == "lrp" else (lambda g: g.clamp(min=0))
             kind = _SwappedRelu if func in RELUS else _Swapped
             return kind.apply(args[0], lambda t: func(t, *rest, **kwargs), back,
@@ -182,6 +184,11 @@ def rule_pass(job: Job, mode: RuleMode, p: Pass) -> tuple[Tensor, Tensor]:
     with mode:
         again = probe(eager, None, count=False)
     assert again.leaf is not None
+    if mode.rule != "lrp" and not mode.relus:
+        method = "guided_backprop" if mode.rule == "guided" else mode.rule
+        raise HookscopeError(f"no ReLU ran on the way from the inputs to the output, so method={method!r} would be the "
+                             "plain gradient (ReLU6, LeakyReLU, Hardtanh, GELU and clamp are not ReLUs to its rule); "
+                             "use method='gradient', or a model with nn.ReLU / F.relu")
     job.target = pinned(job.target, again.output, job.batch)
     p.output = again.output
     p.scores = scores_of(job.target, again.output, torch.arange(job.batch, device=job.x.device))

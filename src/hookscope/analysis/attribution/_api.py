@@ -12,14 +12,15 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ...core.hooks import ThreadScope
 from ...core.inputs import model_kwargs, private
-from ...core.state import kept_rng, restored
+from ...core.state import restored
 from ...core.text import shape_text
 from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
-from ._engine import Job, Pass, leaf, probe
+from ._engine import Job, Pass, leaf, opened, probe
 from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
 from ._lrp import lrp_settings
@@ -89,6 +90,7 @@ def attribute(
     The model is left as it was: no hook, every train/eval flag, buffer and random generator put
     back, ``requires_grad`` and ``.grad`` of every parameter untouched (the gradient is taken with
     ``torch.autograd.grad`` at the inputs or the layer only). Your tensors are never written to.
+    Calls from several threads, on one model too, do not see each other's hooks or rules.
 
     Args:
         model: any ``nn.Module`` (DataParallel and ``torch.compile`` seen through).
@@ -106,7 +108,8 @@ def attribute(
         seed: seeds the noise (the caller's random stream is not used).
         batch_size: rows per forward pass for the scaled or noisy copies.
         memory: a budget in bytes for one forward pass of copies: the rows per pass are cut to fit,
-            reckoned from the bytes autograd keeps for one row of the inputs.
+            reckoned from the bytes autograd keeps for one row of the inputs (the methods that run
+            copies only).
         layers: one layer (a name, or any selector that picks one) to attribute its output instead
             of the inputs, e.g. a token embedding.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
@@ -144,6 +147,8 @@ def attribute(
         True
     """
     key = _check_method(method, layers)
+    _check_unused(key, baseline, memory)
+    _check_params(model)
     composite = _check_lrp(model, key, composite, canonize, bounds)
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
@@ -152,12 +157,13 @@ def attribute(
     rule = rule_name(rule) if key == "integrated_gradients" else rule
     _check_numbers(batch_size, memory, samples, noise)
     _check_independent(model, inputs, batch_size, key)
-    kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
-    with kept, torch.inference_mode(False), torch.enable_grad():
+    kept = restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
+    scope = ThreadScope()
+    with kept, torch.inference_mode(False), torch.enable_grad(), opened(scope):
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
         settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
                             bounds)
-        job = Job(model, x, kw, layer)
+        job = Job(model, x, kw, layer, scope=scope)
         first = _first_pass(job, key, target, batch_size, memory)
         maps, delta, forwards = TABLE[key](job, first, settings)
         assert first.scores is not None
@@ -197,6 +203,24 @@ def _check_method(method: str, layers: Any) -> str:
     return key
 
 
+def _check_unused(key: str, baseline: Any, memory: Any) -> None:
+    """Refuse a baseline, or a budget for copies, that the method would not read."""
+    if baseline is not None and key != "integrated_gradients":
+        raise HookscopeError(f"baseline= is a setting of method='integrated_gradients', not of method={key!r}; "
+                             "drop it or pass method='integrated_gradients'")
+    if memory is not None and key not in SETTINGS:
+        raise HookscopeError(f"memory= cuts the passes of the copies of {', '.join(SETTINGS)}; method={key!r} runs "
+                             "the inputs as they are, so drop it (or cut the batch)")
+
+
+def _check_params(model: nn.Module) -> None:
+    """Refuse parameters autograd cannot differentiate through."""
+    made = next((n for n, p in unwrap(model)[0].named_parameters() if p.is_inference()), None)
+    if made is not None:
+        raise HookscopeError(f"parameter {made!r} was made under torch.inference_mode(), so autograd cannot "
+                             "differentiate through it; build or load the model outside inference_mode")
+
+
 def _check_lrp(model: nn.Module, key: str, composite: Any, canonize: Any, bounds: Any) -> Any:
     """The composite LRP runs with (checked on the model before any pass); ``None`` for other methods."""
     if key != "lrp":
@@ -218,6 +242,8 @@ def _check_inputs(inputs: Any, layers: Any) -> None:
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1:
         got = shape_text(tuple(inputs.shape)) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
+    if inputs.shape[0] == 0:
+        raise HookscopeError(f"inputs ({shape_text(tuple(inputs.shape))}) hold no sample; pass a batch of at least one")
     if not inputs.is_floating_point() and layers is None:
         raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
                              "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
@@ -255,18 +281,32 @@ def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, 
 
 def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
     """The baseline as a tensor of the inputs' shape, dtype and device."""
+    if not x.is_floating_point() and _fractional(baseline):  # the cast to ids would round it silently
+        shown = f"{baseline!r}" if not isinstance(baseline, torch.Tensor) else "(a tensor with fractions)"
+        raise HookscopeError(f"baseline={shown} holds values that are not token ids: inputs of dtype {x.dtype} "
+                             "start the path at whole ids; pass an int, e.g. the pad token's id")
     if baseline is None or isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
-        return torch.full_like(x, 0 if baseline is None else baseline)
-    if not isinstance(baseline, torch.Tensor):
+        b = torch.full_like(x, 0 if baseline is None else baseline)
+    elif isinstance(baseline, torch.Tensor):
+        b = baseline.detach().to(device=x.device, dtype=x.dtype)
+        b = b.unsqueeze(0) if tuple(b.shape) == tuple(x.shape[1:]) else b
+        if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
+            raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
+                                 f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
+                                 f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
+        b = b.expand_as(x).clone()
+    else:
         raise HookscopeError(f"baseline= is a {type(baseline).__name__}; pass None (zeros), a number or a tensor")
-    b = baseline.detach().to(device=x.device, dtype=x.dtype)
-    if tuple(b.shape) == tuple(x.shape[1:]):
-        b = b.unsqueeze(0)
-    if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
-        raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
-                             f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
-                             f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
-    return b.expand_as(x).clone()
+    if b.is_floating_point() and not bool(b.isfinite().all()):
+        raise HookscopeError("the baseline is not finite (nan or inf), so every map would be nan; pass finite "
+                             "values, e.g. baseline=0.0")
+    return b
+
+
+def _fractional(baseline: Any) -> bool:
+    if isinstance(baseline, torch.Tensor):
+        return baseline.is_floating_point() and not bool((baseline == baseline.round()).all())
+    return isinstance(baseline, float) and not baseline.is_integer()
 
 
 def _chunk(saved: int, x: torch.Tensor, batch_size: int, memory: int | None) -> int:

@@ -8,6 +8,7 @@ gradient is taken at, or the scaled outputs of integrated gradients) and keeps i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -18,11 +19,11 @@ from torch import nn
 
 from ..._tree import first_tensor, tree_map
 from ...core.compiled import HookRefresh, eager, is_compiled
-from ...core.hooks import HookGroup
+from ...core.hooks import HookGroup, ThreadScope
 from ...errors import HookscopeError
 from .._targets import call_model, rows_of, scores_of
 
-__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "probe", "run"]
+__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "opened", "probe", "run"]
 
 Make = Callable[[torch.Tensor], torch.Tensor]  # the layer's output -> what stands in for it
 
@@ -37,6 +38,9 @@ class Job:
     layer: tuple[str, nn.Module] | None
     target: Any = None  # pinned on the inputs by the first pass
     chunk: int = 64  # rows per forward pass
+    # the threads whose forward passes this call's hooks act on: its own (and those it starts), not
+    # another thread's call on the same model
+    scope: ThreadScope = field(default_factory=ThreadScope)
 
     @property
     def batch(self) -> int:
@@ -54,9 +58,19 @@ class Pass:
     leaf: torch.Tensor | None = None  # the inputs the gradient is taken at (float inputs only)
 
 
-def _stand_in(kept: list[torch.Tensor], make: Make) -> Any:
+@contextmanager
+def opened(scope: ThreadScope) -> Iterator[None]:
+    """``scope`` open for the block: the calling thread's forward passes are this call's."""
+    scope.open()
+    try:
+        yield
+    finally:
+        scope.close()
+
+
+def _stand_in(kept: list[torch.Tensor], make: Make, scope: ThreadScope) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
-        t = first_tensor(output)
+        t = first_tensor(output) if scope.sees() else None
         if t is None:
             return None
         a = make(t)
@@ -77,7 +91,7 @@ def _hooked(job: Job, kept: list[torch.Tensor], make: Make | None) -> Iterator[N
     wrap: Callable[[Any], Any] = eager if is_compiled(job.model) else (lambda f: f)
     try:
         # own hook: replaces the layer's output with a stand-in to differentiate at (capture detaches)
-        group.add(job.layer[1].register_forward_hook(wrap(_stand_in(kept, make))))
+        group.add(job.layer[1].register_forward_hook(wrap(_stand_in(kept, make, job.scope))))
         refresh.open()
         yield
     finally:
@@ -141,6 +155,8 @@ def grad(job: Job, scores: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
     try:
         (g,) = torch.autograd.grad(scores.sum(), at)
     except RuntimeError as e:
+        if "modified by an inplace operation" in str(e):
+            raise _written(str(e)) from None
         if "not have been used in the graph" not in str(e) and "does not require grad" not in str(e):
             raise
         where = "the inputs" if job.layer is None else f"layer {job.layer[0]!r}'s output"
@@ -148,3 +164,12 @@ def grad(job: Job, scores: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
                              "zero; pick a target the model computes from them"
                              + ("" if job.layer is None else " or a layer on the path to it")) from None
     return g
+
+
+def _written(message: str) -> HookscopeError:
+    """One line for autograd's refusal of a tensor its backward reads that the forward wrote into later."""
+    found = re.search(r"which is output \d+ of (\w+)", message)
+    what = f"{found.group(1).removesuffix('Backward0')}'s output" if found else "a tensor its backward pass reads"
+    return HookscopeError(f"the model's forward pass (or target=) writes in place into {what} after computing it, "
+                          "so autograd cannot take the gradient; make that operation out of place (h = h + 1, not "
+                          "h += 1)")

@@ -13,10 +13,13 @@ that convolution is depthwise (ConvNeXt), cam explains the block holding it, whi
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...core.compiled import eager, is_compiled
 from ...core.hooks import HookGroup
 from ...core.text import shape_text
 from ...errors import HookscopeError
@@ -83,12 +86,20 @@ def _last_conv(job: Job) -> tuple[str, nn.Module]:
     """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output, found in a forward pass without gradients."""
     inner = unwrap(job.model)[0]
     ran: list[tuple[str, nn.Module, tuple[int, ...]]] = []
-    group = HookGroup()
+    group, sees = HookGroup(), job.scope.sees
+
+    def noted(n: str, mod: nn.Module, out: Any) -> None:
+        if sees():  # not another thread's call on the same model
+            ran.append((n, mod, tuple(out.shape)))
+
+    if is_compiled(job.model):  # the thread check is Python state Dynamo cannot trace
+        noted = eager(noted)
+
     try:
         for n, m in named_modules(inner):
             if isinstance(m, nn.Conv2d):
                 # own hook: only the output's shape is read, in the order the convolutions run (capture keeps tensors)
-                group.add(m.register_forward_hook(lambda mod, a, out, n=n: ran.append((n, mod, tuple(out.shape)))))
+                group.add(m.register_forward_hook(lambda mod, a, out, n=n: noted(n, mod, out)))
         with torch.no_grad():
             run(dataclasses.replace(job, layer=None), job.x, torch.arange(job.batch, device=job.x.device), None)
     finally:

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...core.hooks import HookGroup
+from ...core.hooks import HookGroup, ThreadScope
+from ...core.text import shape_text
 from ...errors import HookscopeError
 from ...selection import unwrap
 from ._activations import RuleMode, rule_pass
@@ -152,13 +153,15 @@ def _back(name: str, m: nn.Module, rule: LRPRule, seen: _Seen) -> Back:
     return back
 
 
-def _ruled_hook(name: str, m: nn.Module, rule: LRPRule | None, seen: _Seen, norm: bool) -> Any:
+def _ruled_hook(name: str, m: nn.Module, rule: LRPRule | None, seen: _Seen, norm: bool, scope: ThreadScope) -> Any:
     """The forward hook of a layer: its output handed on with the rule as its backward (the values the
     model computed, unchanged), and what the pass shows noted in ``seen`` (``norm``: a batch norm to merge
-    into the layer feeding it, if one does)."""
+    into the layer feeding it, if one does); the calls of threads outside ``scope`` left alone."""
     back = _back(name, m, rule, seen) if rule is not None else None
 
     def hook(module: nn.Module, args: Any, out: Any) -> Any:
+        if not scope.sees():
+            return None
         x = args[0] if args else None
         if norm:
             seen.norm_ran(name, x)
@@ -180,7 +183,7 @@ def _ruled_hook(name: str, m: nn.Module, rule: LRPRule | None, seen: _Seen, norm
 
 
 @contextmanager
-def _rules_on(model: nn.Module, chosen: Chosen, seen: _Seen, norms: set[str]) -> Iterator[None]:
+def _rules_on(model: nn.Module, chosen: Chosen, seen: _Seen, norms: set[str], scope: ThreadScope) -> Iterator[None]:
     """Every layer with a rule hooked, every Linear and Conv layer and the batch norms ``norms`` watched."""
     group = HookGroup()
     try:
@@ -188,7 +191,7 @@ def _rules_on(model: nn.Module, chosen: Chosen, seen: _Seen, norms: set[str]) ->
             if name in chosen or isinstance(m, LINEARS):
                 rule = chosen[name][1] if name in chosen else None
                 # own hook: the output handed on through a function whose backward is the rule (batch norms merged)
-                group.add(m.register_forward_hook(_ruled_hook(name, m, rule, seen, name in norms)))
+                group.add(m.register_forward_hook(_ruled_hook(name, m, rule, seen, name in norms, scope)))
         yield
     finally:
         group.remove()
@@ -202,8 +205,23 @@ def _bounded(chosen: Chosen, x: Tensor, bounds: Any) -> Chosen:
     for name, (m, rule) in chosen.items():
         if rule.name == "zbox":
             low, high = (lo if rule.low is None else rule.low), (hi if rule.high is None else rule.high)
+            for bound in (low, high):
+                _check_bound(bound, x)
             out[name] = (m, dataclasses.replace(rule, low=low, high=high))
     return out
+
+
+def _check_bound(bound: Any, x: Tensor) -> None:
+    """A zbox bound: a number, or a tensor that broadcasts to the inputs."""
+    shape = tuple(bound.shape) if isinstance(bound, Tensor) else ()
+    try:
+        fits = torch.broadcast_shapes(shape, x.shape) == x.shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise HookscopeError(f"bounds of shape {shape_text(shape)} do not broadcast to the inputs' "
+                             f"{shape_text(tuple(x.shape))}; pass numbers, or tensors of one sample's shape or "
+                             "one value per channel, e.g. shape (3, 1, 1)")
 
 
 def _check_zbox(chosen: Chosen, first: str | None) -> None:
@@ -222,7 +240,7 @@ def lrp(job: Job, p: Pass, s: Any) -> tuple[Tensor, None, int]:
     free = {n: m for n, m in model.named_modules() if isinstance(m, BATCH_NORMS) and n not in chosen}
     chosen.update({n: (m, LRPRule("pass")) for n, m in free.items()})  # as zennit: relevance passes on
     seen = _Seen()  # batch norms without a rule of their own may be merged into the layer feeding them
-    with _rules_on(model, chosen, seen, {n for n, m in free.items() if s.canonize and _mergeable(m)}):
+    with _rules_on(model, chosen, seen, {n for n, m in free.items() if s.canonize and _mergeable(m)}, job.scope):
         scores, leaf = rule_pass(job, RuleMode("lrp"), p)
     _check_zbox(chosen, seen.first)
     seen.merge(dict(model.named_modules()), chosen)

@@ -9,6 +9,7 @@ one from ``"gamma"``, ``"gamma:0.5"``, ``"alpha_beta:2:1"`` or ``"zbox:-1:1"``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -75,7 +76,8 @@ def parse_rule(spec: str | LRPRule) -> LRPRule:
         return spec
     if not isinstance(spec, str):
         raise HookscopeError(f"an LRP rule is a name such as 'gamma:0.25' or an LRPRule, not a {type(spec).__name__}")
-    name, *numbers = spec.strip().lower().replace("-", "_").split(":")
+    name, *numbers = spec.strip().lower().split(":")
+    name = name.replace("-", "_")  # the name's only: a number's '-' is its sign
     names = _ARGS.get(name, ())
     if len(numbers) > len(names):
         raise HookscopeError(f"rule {spec!r} has {len(numbers)} numbers; '{name}' takes "
@@ -84,6 +86,8 @@ def parse_rule(spec: str | LRPRule) -> LRPRule:
         values = {k: float(v) for k, v in zip(names, numbers)}
     except ValueError:
         raise HookscopeError(f"rule {spec!r} has a part that is not a number; write e.g. {_example(name)!r}") from None
+    if not all(math.isfinite(v) for v in values.values()):
+        raise HookscopeError(f"rule {spec!r} has a number that is not finite; write e.g. {_example(name)!r}")
     return LRPRule(name, **values)
 
 

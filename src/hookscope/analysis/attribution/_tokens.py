@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -212,7 +212,7 @@ def _embedding(model: nn.Module) -> nn.Module:
 
 def _running(model: nn.Module) -> AbstractContextManager[Any]:
     """Eval mode inside, every flag and buffer put back after (dropout would make the rows random)."""
-    return restored(model, train=False) if any(m.training for m in model.modules()) else nullcontext()
+    return restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
 
 
 def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, torch.Tensor]:
