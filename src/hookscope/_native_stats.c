@@ -311,6 +311,7 @@ static void guided_work(void *arg) {
 /* One contiguous slice per thread (whole cache lines): a streaming pass gains nothing from smaller
  * chunks, and each thread then reads and writes one run of pages. */
 void hs_guided(const void *grad, const void *out, void *res, int wide, int64_t n, int threads) {
+    if (n <= 0) return;  /* nothing to write (and no chunk to divide by) */
     int parallel = threads > 1 && n > CHUNK && gomp_parallel != NULL;
     int64_t chunk = parallel ? ((n + threads - 1) / threads + 15) / 16 * 16 : n;
     guided_t job = {grad, out, res, wide, n, chunk, (n + chunk - 1) / chunk, 0};
