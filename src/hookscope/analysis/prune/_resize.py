@@ -21,6 +21,7 @@ from ...core.text import shape_text
 from ...errors import HookscopeError
 from ._heads_groups import write_configs
 from ._heads_layouts import holds_head_tables, refit_heads
+from ._mlp_config import write_mlp_configs
 from ._width_norm import is_layer_norm
 from ._width_stream import TOKENS, is_rms_norm, refit_width
 
@@ -246,5 +247,6 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
         fix_sizes(m)
     _refit_attention(model, {id(m) for _, m, _ in plan.values()})
     refit_width(model, norms)  # norms of a narrower hidden width: an RMSNorm's eps, the config
+    write_mlp_configs(model)
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return [q for q, m, _ in sorted(plan.values(), key=lambda item: order.get(id(item[1]), 0))]
