@@ -114,3 +114,19 @@ def test_a_width_pruned_gpt2_loads_back_tied(tmp_path: Path) -> None:
     back = load_pretrained(tmp_path)
     assert back.transformer.wte.weight.shape == (50, 24) and back.lm_head.weight is back.transformer.wte.weight
     assert torch.equal(back(ids, use_cache=False).logits, small(ids, use_cache=False).logits)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"architectures": ["logging"]}, r"names logging, which is not a transformers model class; pass the class.*cls="),
+    ({"num_attention_heads": 3}, r"cannot build BertForSequenceClassification from .*config\.json \(ValueError: "
+                                 r"The hidden size \(32\) is not a multiple")])
+def test_a_config_that_builds_no_model_is_refused_in_one_line(edit: dict, match: str, tmp_path: Path) -> None:
+    import json
+
+    model, _ = _bert()
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        load_pretrained(tmp_path)
+    assert "\n" not in str(err.value)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...core.text import first_line
 from ...errors import HookscopeError
 from ._resize import fit_to
 
@@ -57,7 +58,21 @@ def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     if found is None:
         raise HookscopeError(f"the config names no transformers model class ({names or 'architectures is empty'}); "
                              "pass the class: load_pretrained(folder, cls=transformers.BertModel)")
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise HookscopeError(f"the config's architectures names {names[0]}, which is not a transformers model class; "
+                             "pass the class: load_pretrained(folder, cls=transformers.BertModel)")
     return found
+
+
+def _build(cls: Any, config: Any, where: Path) -> nn.Module:
+    """The architecture built from the config, or a one-line refusal (a config edited by hand)."""
+    try:
+        model: nn.Module = cls(config)
+    except Exception as e:  # the model's own constructor checks the config (heads dividing the width ...)
+        raise HookscopeError(f"cannot build {getattr(cls, '__name__', cls)} from {where / 'config.json'} "
+                             f"({type(e).__name__}: {first_line(e, 160)}); pass the folder save_pretrained "
+                             "wrote, its config as written") from None
+    return model
 
 
 def _check_missing(model: nn.Module, missing: list[str], state: dict[str, torch.Tensor]) -> None:
@@ -102,7 +117,7 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
         raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
     state = _weights(where, safetensors_torch)
     config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
-    model: nn.Module = _model_class(transformers, config, cls)(config)
+    model = _build(_model_class(transformers, config, cls), config, where)
     fit_to(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
