@@ -338,6 +338,19 @@ def test_compacted_llama_generates_the_masked_models_tokens() -> None:
                        small.generate(ids, max_new_tokens=4, do_sample=False))
 
 
+def test_a_returned_key_value_cache_is_refused_naming_use_cache() -> None:
+    model = _hf("llama").double().eval()
+    model.config.use_cache = True
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(6))
+    prune_heads(model, ids, amount=0.5)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"past_key_values.*kwargs=\{'use_cache': False\}") as err:
+        compact(model, ids)
+    assert "\n" not in str(err.value) and "report this model" not in str(err.value)
+    assert _state(model).keys() == before.keys() and all(torch.equal(_state(model)[k], v) for k, v in before.items())
+    assert _only_masks(model)
+
+
 def test_an_unmasked_model_compacts_with_its_attention_as_it_was() -> None:
     net = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
     small = compact(net, torch.randn(1, 3, 8))
