@@ -130,3 +130,20 @@ def test_a_config_that_builds_no_model_is_refused_in_one_line(edit: dict, match:
     with pytest.raises(hookscope.HookscopeError, match=match) as err:
         load_pretrained(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_a_vit_saved_under_its_checkpoint_names_loads_back_both_ways(tmp_path: Path) -> None:
+    # transformers saves ViT under the names of its checkpoints (attention.attention.query ...) and renames
+    # them to its modules' names (attention.q_proj ...) when loading; load_pretrained renames them alike
+    cfg = transformers.ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=32, num_labels=3)
+    torch.manual_seed(0)
+    model, x = transformers.ViTForImageClassification(cfg).eval(), torch.randn(2, 3, 16, 16)
+    model.save_pretrained(tmp_path / "full")
+    assert torch.equal(load_pretrained(tmp_path / "full")(x).logits, model(x).logits)
+    hookscope.prune_heads(model, x, amount=0.5, mlp=0.5)
+    small = hookscope.compact(model, x)
+    small.save_pretrained(tmp_path / "small")
+    ours, theirs = load_pretrained(tmp_path / "small"), type(model).from_pretrained(tmp_path / "small").eval()
+    assert ours.config.intermediate_size == theirs.config.intermediate_size == 16
+    assert torch.equal(ours(x).logits, small(x).logits) and torch.equal(theirs(x).logits, small(x).logits)

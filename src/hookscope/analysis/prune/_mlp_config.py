@@ -16,11 +16,11 @@ __all__ = ["write_mlp_configs"]
 
 def _hidden_units(q: str, m: nn.Module) -> int | None:
     """The hidden units of the MLP that ``m`` opens or closes: LLaMA-style ``mlp.down_proj`` (its
-    inputs), BERT- and ViT-style ``intermediate.dense`` (its outputs), GPT-2's ``mlp.c_fc`` (a
+    inputs), BERT-style ``intermediate.dense`` and ViT's or CLIP's ``mlp.fc1`` (their outputs), GPT-2's ``mlp.c_fc`` (a
     ``Conv1D``, weight ``in x out``)."""
     if q.endswith("mlp.down_proj") and isinstance(m, nn.Linear):
         return m.in_features
-    if q.endswith("intermediate.dense") and isinstance(m, nn.Linear):
+    if q.endswith(("intermediate.dense", "mlp.fc1")) and isinstance(m, nn.Linear):
         return m.out_features
     weight = getattr(m, "weight", None)
     if q.endswith("mlp.c_fc") and type(m).__name__ == "Conv1D" and weight is not None and weight.dim() == 2:

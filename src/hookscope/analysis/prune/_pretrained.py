@@ -86,6 +86,26 @@ def _check_missing(model: nn.Module, missing: list[str], state: dict[str, torch.
                              "the folder was not written by save_pretrained from this architecture")
 
 
+def _own_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The file's tensors under the model's own names. transformers 5 saves some models (ViT ...)
+    under their checkpoints' names and renames them when loading; the same renaming is read off the
+    names ``save_pretrained`` writes for this model's own tensors (distinct markers, matched back by
+    identity), so tensors merged or split on saving keep their names and are refused below."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4 saves under the modules' names
+        return state
+    markers = {k: torch.empty(0) for k in model.state_dict()}
+    pretrained: Any = model  # a transformers PreTrainedModel, built from the config
+    try:
+        saved = revert_weight_conversion(pretrained, dict(markers))
+    except Exception:  # a conversion that needs real tensors: the names stay as saved
+        return state
+    back = {id(t): k for k, t in markers.items()}
+    names = {file_key: back[id(t)] for file_key, t in saved.items() if id(t) in back}
+    return {names.get(k, k): t for k, t in state.items()}
+
+
 def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     """A transformers model compacted by :func:`hookscope.compact` and saved with
     ``save_pretrained(folder)``, built from the folder's config, fitted to the saved shapes (every
@@ -118,6 +138,7 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     state = _weights(where, safetensors_torch)
     config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
     model = _build(_model_class(transformers, config, cls), config, where)
+    state = _own_names(model, state)
     fit_to(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
