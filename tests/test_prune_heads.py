@@ -351,6 +351,19 @@ def test_a_returned_key_value_cache_is_refused_naming_use_cache() -> None:
     assert _only_masks(model)
 
 
+def test_a_half_precision_mismatch_is_refused_naming_the_dtype_and_atol() -> None:
+    model = _hf("llama").to(torch.bfloat16).eval()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    hookscope.prune_width(model, ids, amount=0.25)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"computes in bfloat16.*float32 copy.*atol=") as err:
+        compact(model, ids, atol=1e-9)  # a narrower sum rounds differently in bfloat16
+    assert "\n" not in str(err.value) and "report this model" not in str(err.value)
+    assert all(torch.equal(_state(model)[k], v) for k, v in before.items())
+    small = compact(model.float(), ids)  # the slicing is exact: compacted in float32, cast back alike
+    assert small.to(torch.bfloat16).model.embed_tokens.weight.dtype == torch.bfloat16
+
+
 def test_an_unmasked_model_compacts_with_its_attention_as_it_was() -> None:
     net = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
     small = compact(net, torch.randn(1, 3, 8))
