@@ -315,6 +315,32 @@ def test_unequal_heads_per_layer_and_fit_to_rebuilds_them_from_the_shapes(kind: 
     assert _rel(model(ids).logits, fresh(ids).logits) <= TOL
 
 
+@pytest.mark.parametrize("kind, cut, match", [
+    ("gpt2", {"transformer.h.1.attn.c_attn.weight": (1, 30), "transformer.h.1.attn.c_attn.bias": (0, 30)},
+     r"transformer\.h\.1\.attn .*30 query, key and value channels are not 3 x whole heads of 4"),
+    ("bert", {"bert.encoder.layer.0.attention.self.query.weight": (0, 6),
+              "bert.encoder.layer.0.attention.self.query.bias": (0, 6)},
+     r"layer\.0\.attention\.self .*6 query channels are not whole heads of 4"),
+    ("llama", {"model.layers.1.self_attn.k_proj.weight": (0, 6)}, r"layers\.1\.self_attn .*6 key channels are not"),
+    ("llama", {"model.layers.1.self_attn.q_proj.weight": (0, 12), "model.layers.1.self_attn.o_proj.weight": (1, 12)},
+     r"layers\.1\.self_attn .*3 query heads do not share its 2 key/value heads equally")])
+def test_fit_to_refuses_shapes_that_are_no_whole_heads_model_untouched(kind: str, cut: dict, match: str) -> None:
+    from hookscope.analysis.prune import fit_to
+
+    model = _hf(kind).eval()
+    state = dict(model.state_dict())
+    for key, (dim, n) in cut.items():
+        state[key] = state[key].narrow(dim, 0, n).clone()
+    fresh = type(model)(copy.deepcopy(model.config)).eval()
+    before = _state(fresh)
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        fit_to(fresh, state)
+    assert "\n" not in str(err.value)
+    after = _state(fresh)
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    assert fresh.config.to_dict() == model.config.to_dict()
+
+
 def test_layers_limits_the_pruning_and_whole_kv_groups_can_be_named() -> None:
     model = _hf("llama").double().eval()
     ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(5))
