@@ -20,7 +20,8 @@ from torch import nn
 from ...core.text import shape_text
 from ...errors import HookscopeError
 from ._heads_groups import write_configs
-from ._heads_layouts import head_misfit, holds_head_tables, refit_heads
+from ._heads_fit import head_misfit
+from ._heads_layouts import holds_head_tables, refit_heads
 from ._mlp_config import write_mlp_configs
 from ._width_norm import is_layer_norm
 from ._width_stream import TOKENS, is_rms_norm, refit_width
