@@ -147,3 +147,33 @@ def test_a_vit_saved_under_its_checkpoint_names_loads_back_both_ways(tmp_path: P
     ours, theirs = load_pretrained(tmp_path / "small"), type(model).from_pretrained(tmp_path / "small").eval()
     assert ours.config.intermediate_size == theirs.config.intermediate_size == 16
     assert torch.equal(ours(x).logits, small(x).logits) and torch.equal(theirs(x).logits, small(x).logits)
+
+
+def _missing_shard(folder: Path) -> None:
+    (folder / "model-00001-of-00003.safetensors").unlink()
+
+
+def _truncated_shard(folder: Path) -> None:
+    shard = folder / "model-00001-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+
+
+def _index(folder: Path, text: str) -> None:
+    (folder / "model.safetensors.index.json").write_text(text)
+
+
+@pytest.mark.parametrize("spoil, match", [
+    (_missing_shard, r"model-00001-of-00003\.safetensors, which .*index\.json names, is missing"),
+    (_truncated_shard, r"cannot read model-00001-of-00003\.safetensors \(SafetensorError"),
+    (lambda f: _index(f, "{}"), r"model\.safetensors\.index\.json is not a weight_map"),
+    (lambda f: _index(f, '{"weight_map": {"pooler.dense.weight": "../x.safetensors"}}'),
+     r"names \.\./x\.safetensors, outside the folder"),
+    (lambda f: (f / "config.json").write_text("{not json"), r"cannot read .*config\.json \(OSError")])
+def test_a_spoiled_sharded_folder_is_refused_in_one_line(spoil, match: str, tmp_path: Path) -> None:
+    model, _ = _bert()
+    model.save_pretrained(tmp_path, max_shard_size="30KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) == 3
+    spoil(tmp_path)
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        load_pretrained(tmp_path)
+    assert "\n" not in str(err.value)

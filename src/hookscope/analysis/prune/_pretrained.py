@@ -34,19 +34,39 @@ def _libraries() -> tuple[Any, Any]:
     return transformers, safetensors.torch
 
 
-def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index names)."""
+def _shards(folder: Path) -> list[str]:
+    """The safetensors files of the folder: ``model.safetensors``, or the shards its index names (each
+    a file inside the folder)."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
+    if not index.is_file():
+        if (folder / "model.safetensors").is_file():
+            return ["model.safetensors"]
         raise HookscopeError(f"{folder} holds no model.safetensors; save the model with "
                              "save_pretrained(folder) (safetensors is its default format)")
-    state: dict[str, torch.Tensor] = {}
+    try:
+        shards = sorted({str(name) for name in json.loads(index.read_text())["weight_map"].values()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise HookscopeError(f"{index} is not a weight_map of tensor names to shard files; save the model "
+                             "again with save_pretrained(folder)") from None
     for shard in shards:
-        state.update(safetensors_torch.load_file(str(folder / shard)))
+        if Path(shard).name != shard:
+            raise HookscopeError(f"{index.name} names {shard}, outside the folder; shards are files of the "
+                                 "folder save_pretrained wrote")
+        if not (folder / shard).is_file():
+            raise HookscopeError(f"{shard}, which {index.name} names, is missing from {folder}; copy the "
+                                 "whole folder save_pretrained wrote")
+    return shards
+
+
+def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index names)."""
+    state: dict[str, torch.Tensor] = {}
+    for shard in _shards(folder):
+        try:
+            state.update(safetensors_torch.load_file(str(folder / shard)))
+        except Exception as e:  # a truncated or foreign file
+            raise HookscopeError(f"cannot read {shard} ({type(e).__name__}: {first_line(e, 120)}); save the "
+                                 "model again with save_pretrained(folder)") from None
     return state
 
 
@@ -136,7 +156,11 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     if not (where / "config.json").is_file():
         raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
     state = _weights(where, safetensors_torch)
-    config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+    except Exception as e:  # not JSON, or no model_type transformers knows
+        raise HookscopeError(f"cannot read {where / 'config.json'} ({type(e).__name__}: {first_line(e, 160)}); "
+                             "pass the folder save_pretrained(folder) wrote") from None
     model = _build(_model_class(transformers, config, cls), config, where)
     state = _own_names(model, state)
     fit_to(model, state)
