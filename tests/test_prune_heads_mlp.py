@@ -304,3 +304,12 @@ def test_the_config_says_the_kept_mlp_width_so_from_pretrained_loads_it(kind: st
     small.save_pretrained(tmp_path)
     back = type(small).from_pretrained(tmp_path).double().eval()
     assert rel(small(x).logits, back(x).logits) <= TOL
+
+
+def test_mlps_left_with_different_widths_leave_the_config_with_a_warning() -> None:
+    net = _hf("llama")
+    x = torch.randint(0, 50, (2, 7))
+    prune_heads(net, x, amount=0.0, mlp=0.25, layers="model.layers.0.*")
+    with pytest.warns(UserWarning, match=r"config keeps intermediate_size=48: its MLPs now keep \[36, 48\] hidden units"):
+        small = compact(net, x)
+    assert small.config.intermediate_size == 48 and small.model.layers[0].mlp.down_proj.in_features == 36

@@ -7,6 +7,7 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
@@ -39,7 +40,7 @@ def _field(cfg: Any) -> tuple[str, int | None] | None:
 def write_mlp_configs(model: nn.Module) -> list[str]:
     """Write the MLP width into every Hugging Face config of ``model`` whose MLPs all keep the same
     number of hidden units, different from what the config says (MLPs left with different widths leave
-    it as it was: a config holds one width). Each MLP module's own ``intermediate_size`` follows.
+    it as it was, with a warning: a config holds one width). Each MLP module's own ``intermediate_size`` follows.
     Returns the fields written.
 
     Example:
@@ -57,6 +58,10 @@ def write_mlp_configs(model: nn.Module) -> list[str]:
         units = {q: n for q, m in model.named_modules() if (not prefix or q.startswith(prefix + "."))
                  and (n := _hidden_units(q, m)) is not None}
         widths = set(units.values())
+        if field is not None and len(widths) > 1:
+            warnings.warn(f"the model's config keeps {field[0]}={field[1]}: its MLPs now keep {sorted(widths)} hidden "
+                          "units, and a config holds one width (load the saved folder with load_pretrained)",
+                          stacklevel=3)
         if field is None or len(widths) != 1 or field[1] in widths:
             continue
         width = widths.pop()
