@@ -43,7 +43,8 @@ def head_misfit(m: nn.Module, shape: Shape) -> str | None:
     kids = dict(m.named_children())
     d = m.head_dim if isinstance(m, nn.MultiheadAttention) else \
         getattr(m, "attention_head_size", getattr(m, "head_dim", None))
-    if not isinstance(d, int) or d < 1 or holds_head_tables(m) or "q_attn" in kids:  # GPT-2 cross-attention: not followed
+    # per-head tables (Swin, MaxViT) are refitted with their heads; GPT-2's cross-attention is not followed
+    if not isinstance(d, int) or d < 1 or holds_head_tables(m) or "q_attn" in kids:
         return None
     fused = {"in_proj_weight": (m, 0), "c_attn": (kids.get("c_attn"), 1), "qkv": (kids.get("qkv"), 0)}
     which = "in_proj_weight" if isinstance(m, nn.MultiheadAttention) else \
