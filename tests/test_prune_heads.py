@@ -315,6 +315,32 @@ def test_unequal_heads_per_layer_and_fit_to_rebuilds_them_from_the_shapes(kind: 
     assert _rel(model(ids).logits, fresh(ids).logits) <= TOL
 
 
+@pytest.mark.parametrize("kind, cut, match", [
+    ("gpt2", {"transformer.h.1.attn.c_attn.weight": (1, 30), "transformer.h.1.attn.c_attn.bias": (0, 30)},
+     r"transformer\.h\.1\.attn .*30 query, key and value channels are not 3 x whole heads of 4"),
+    ("bert", {"bert.encoder.layer.0.attention.self.query.weight": (0, 6),
+              "bert.encoder.layer.0.attention.self.query.bias": (0, 6)},
+     r"layer\.0\.attention\.self .*6 query channels are not whole heads of 4"),
+    ("llama", {"model.layers.1.self_attn.k_proj.weight": (0, 6)}, r"layers\.1\.self_attn .*6 key channels are not"),
+    ("llama", {"model.layers.1.self_attn.q_proj.weight": (0, 12), "model.layers.1.self_attn.o_proj.weight": (1, 12)},
+     r"layers\.1\.self_attn .*3 query heads do not share its 2 key/value heads equally")])
+def test_fit_to_refuses_shapes_that_are_no_whole_heads_model_untouched(kind: str, cut: dict, match: str) -> None:
+    from hookscope.analysis.prune import fit_to
+
+    model = _hf(kind).eval()
+    state = dict(model.state_dict())
+    for key, (dim, n) in cut.items():
+        state[key] = state[key].narrow(dim, 0, n).clone()
+    fresh = type(model)(copy.deepcopy(model.config)).eval()
+    before = _state(fresh)
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        fit_to(fresh, state)
+    assert "\n" not in str(err.value)
+    after = _state(fresh)
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    assert fresh.config.to_dict() == model.config.to_dict()
+
+
 def test_layers_limits_the_pruning_and_whole_kv_groups_can_be_named() -> None:
     model = _hf("llama").double().eval()
     ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(5))
@@ -336,6 +362,32 @@ def test_compacted_llama_generates_the_masked_models_tokens() -> None:
     small = compact(model, ids, kwargs={"use_cache": False})  # a returned cache holds the old key/value heads
     assert torch.equal(model.generate(ids, max_new_tokens=4, do_sample=False),
                        small.generate(ids, max_new_tokens=4, do_sample=False))
+
+
+def test_a_returned_key_value_cache_is_refused_naming_use_cache() -> None:
+    model = _hf("llama").double().eval()
+    model.config.use_cache = True
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(6))
+    prune_heads(model, ids, amount=0.5)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"past_key_values.*kwargs=\{'use_cache': False\}") as err:
+        compact(model, ids)
+    assert "\n" not in str(err.value) and "report this model" not in str(err.value)
+    assert _state(model).keys() == before.keys() and all(torch.equal(_state(model)[k], v) for k, v in before.items())
+    assert _only_masks(model)
+
+
+def test_a_half_precision_mismatch_is_refused_naming_the_dtype_and_atol() -> None:
+    model = _hf("llama").to(torch.bfloat16).eval()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    hookscope.prune_width(model, ids, amount=0.25)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"computes in bfloat16.*float32 copy.*atol=") as err:
+        compact(model, ids, atol=1e-9)  # a narrower sum rounds differently in bfloat16
+    assert "\n" not in str(err.value) and "report this model" not in str(err.value)
+    assert all(torch.equal(_state(model)[k], v) for k, v in before.items())
+    small = compact(model.float(), ids)  # the slicing is exact: compacted in float32, cast back alike
+    assert small.to(torch.bfloat16).model.embed_tokens.weight.dtype == torch.bfloat16
 
 
 def test_an_unmasked_model_compacts_with_its_attention_as_it_was() -> None:

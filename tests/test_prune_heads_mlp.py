@@ -290,3 +290,26 @@ def test_cli_mlp_bad_options_exit_non_zero_in_one_line(argv: list[str], match: s
     code = main(["prune", "demo", *argv, "--repeats", "1"])
     err = capsys.readouterr().err
     assert code != 0 and re.search(match, err) and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind, field", [("llama", "intermediate_size"), ("gpt2", "n_inner"),
+                                         ("bert", "intermediate_size")])
+def test_the_config_says_the_kept_mlp_width_so_from_pretrained_loads_it(kind: str, field: str, tmp_path) -> None:
+    net = _hf(kind)
+    x = torch.randint(0, 50, (2, 7))
+    prune_heads(net, x, amount=0.0, mlp=0.25)
+    small = compact(net, x)
+    assert getattr(small.config, field) == (36 if kind == "llama" else 18)
+    assert getattr(net.config, field) == (48 if kind == "llama" else 24)  # the masked model's config as it was
+    small.save_pretrained(tmp_path)
+    back = type(small).from_pretrained(tmp_path).double().eval()
+    assert rel(small(x).logits, back(x).logits) <= TOL
+
+
+def test_mlps_left_with_different_widths_leave_the_config_with_a_warning() -> None:
+    net = _hf("llama")
+    x = torch.randint(0, 50, (2, 7))
+    prune_heads(net, x, amount=0.0, mlp=0.25, layers="model.layers.0.*")
+    with pytest.warns(UserWarning, match=r"config keeps intermediate_size=48: its MLPs now keep \[36, 48\] hidden units"):
+        small = compact(net, x)
+    assert small.config.intermediate_size == 48 and small.model.layers[0].mlp.down_proj.in_features == 36

@@ -114,3 +114,66 @@ def test_a_width_pruned_gpt2_loads_back_tied(tmp_path: Path) -> None:
     back = load_pretrained(tmp_path)
     assert back.transformer.wte.weight.shape == (50, 24) and back.lm_head.weight is back.transformer.wte.weight
     assert torch.equal(back(ids, use_cache=False).logits, small(ids, use_cache=False).logits)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"architectures": ["logging"]}, r"names logging, which is not a transformers model class; pass the class.*cls="),
+    ({"num_attention_heads": 3}, r"cannot build BertForSequenceClassification from .*config\.json \(ValueError: "
+                                 r"The hidden size \(32\) is not a multiple")])
+def test_a_config_that_builds_no_model_is_refused_in_one_line(edit: dict, match: str, tmp_path: Path) -> None:
+    import json
+
+    model, _ = _bert()
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        load_pretrained(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_vit_saved_under_its_checkpoint_names_loads_back_both_ways(tmp_path: Path) -> None:
+    # transformers saves ViT under the names of its checkpoints (attention.attention.query ...) and renames
+    # them to its modules' names (attention.q_proj ...) when loading; load_pretrained renames them alike
+    cfg = transformers.ViTConfig(image_size=16, patch_size=8, hidden_size=16, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=32, num_labels=3)
+    torch.manual_seed(0)
+    model, x = transformers.ViTForImageClassification(cfg).eval(), torch.randn(2, 3, 16, 16)
+    model.save_pretrained(tmp_path / "full")
+    assert torch.equal(load_pretrained(tmp_path / "full")(x).logits, model(x).logits)
+    hookscope.prune_heads(model, x, amount=0.5, mlp=0.5)
+    small = hookscope.compact(model, x)
+    small.save_pretrained(tmp_path / "small")
+    ours, theirs = load_pretrained(tmp_path / "small"), type(model).from_pretrained(tmp_path / "small").eval()
+    assert ours.config.intermediate_size == theirs.config.intermediate_size == 16
+    assert torch.equal(ours(x).logits, small(x).logits) and torch.equal(theirs(x).logits, small(x).logits)
+
+
+def _missing_shard(folder: Path) -> None:
+    (folder / "model-00001-of-00003.safetensors").unlink()
+
+
+def _truncated_shard(folder: Path) -> None:
+    shard = folder / "model-00001-of-00003.safetensors"
+    shard.write_bytes(shard.read_bytes()[:100])
+
+
+def _index(folder: Path, text: str) -> None:
+    (folder / "model.safetensors.index.json").write_text(text)
+
+
+@pytest.mark.parametrize("spoil, match", [
+    (_missing_shard, r"model-00001-of-00003\.safetensors, which .*index\.json names, is missing"),
+    (_truncated_shard, r"cannot read model-00001-of-00003\.safetensors \(SafetensorError"),
+    (lambda f: _index(f, "{}"), r"model\.safetensors\.index\.json is not a weight_map"),
+    (lambda f: _index(f, '{"weight_map": {"pooler.dense.weight": "../x.safetensors"}}'),
+     r"names \.\./x\.safetensors, outside the folder"),
+    (lambda f: (f / "config.json").write_text("{not json"), r"cannot read .*config\.json \(OSError")])
+def test_a_spoiled_sharded_folder_is_refused_in_one_line(spoil, match: str, tmp_path: Path) -> None:
+    model, _ = _bert()
+    model.save_pretrained(tmp_path, max_shard_size="30KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) == 3
+    spoil(tmp_path)
+    with pytest.raises(hookscope.HookscopeError, match=match) as err:
+        load_pretrained(tmp_path)
+    assert "\n" not in str(err.value)

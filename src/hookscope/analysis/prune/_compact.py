@@ -21,6 +21,7 @@ from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, p
 from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
+from ._mlp_config import write_mlp_configs
 from ._width_norm import hold_norm, is_layer_norm
 from ._width_stream import WidthGroup, fix_width, with_width
 
@@ -209,6 +210,7 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     _slice(wide, _plan(groups, drop))
     fix_heads(wide, groups, drop)
     fix_width(wide, groups, drop)
+    write_mlp_configs(wide)
     try:
         verify(inner, wide, inputs, kw, atol, groups, drop)
         verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
@@ -265,6 +267,7 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     _slice(work, _plan(groups, drop))
     fix_heads(work, groups, drop)
     fix_width(work, groups, drop)
+    write_mlp_configs(work)
     verify(inner, work, inputs, kw, atol, groups, drop)
     return _flags_of(inner, work)
 

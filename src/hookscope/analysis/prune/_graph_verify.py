@@ -8,7 +8,7 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -146,6 +146,24 @@ def _stream_narrow(groups: ChannelGroups, drop: dict[int, list[int]]) -> Narrow 
     return narrow
 
 
+def _returns_cache(out: Any) -> bool:
+    """Whether a Hugging Face output holds a key/value cache (``use_cache=True``)."""
+    return isinstance(out, Mapping) and out.get("past_key_values") is not None
+
+
+def _why(ref: Any, problem: str) -> str:
+    """The likely cause of a compacted model that differs, and its fix."""
+    if _returns_cache(ref):
+        return ("it returns a key/value cache (past_key_values), which holds the masked model's key/value heads: "
+                "compact with kwargs={'use_cache': False}")
+    low = [t.dtype for t in tensors(ref) if t.dtype in (torch.float16, torch.bfloat16)]
+    if low and "differs by" in problem:
+        return (f"the model computes in {str(low[0]).removeprefix('torch.')}, whose rounding changes when fewer "
+                "channels are summed: compact a float32 copy (the slicing is exact; cast the result back) or pass "
+                "a larger atol=")
+    return "a dependency the tracer could not see: report this model"
+
+
 def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[str, Any], atol: float,
            groups: ChannelGroups, drop: dict[int, list[int]], *, wide: bool = False) -> None:
     """Refuse (one line) unless ``work`` gives ``inner``'s outputs on the example input (in eval mode;
@@ -170,5 +188,6 @@ def verify(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw: dict[
     gap, problem = output_gap(ref, got, atol, _stream_narrow(groups, drop))
     if problem:
         where = _first_difference(inner, work, inputs, kw, atol, groups, drop, wide)
+        why = _why(ref, problem)
         raise HookscopeError(f"compaction refused: the compacted model's {problem}{mode}, {where}; your model is "
-                             "unchanged (a dependency the tracer could not see: report this model)")
+                             f"unchanged ({why})")

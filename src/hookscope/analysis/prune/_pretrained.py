@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...core.text import first_line
 from ...errors import HookscopeError
 from ._resize import fit_to
 
@@ -33,19 +34,39 @@ def _libraries() -> tuple[Any, Any]:
     return transformers, safetensors.torch
 
 
-def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index names)."""
+def _shards(folder: Path) -> list[str]:
+    """The safetensors files of the folder: ``model.safetensors``, or the shards its index names (each
+    a file inside the folder)."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
+    if not index.is_file():
+        if (folder / "model.safetensors").is_file():
+            return ["model.safetensors"]
         raise HookscopeError(f"{folder} holds no model.safetensors; save the model with "
                              "save_pretrained(folder) (safetensors is its default format)")
-    state: dict[str, torch.Tensor] = {}
+    try:
+        shards = sorted({str(name) for name in json.loads(index.read_text())["weight_map"].values()})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise HookscopeError(f"{index} is not a weight_map of tensor names to shard files; save the model "
+                             "again with save_pretrained(folder)") from None
     for shard in shards:
-        state.update(safetensors_torch.load_file(str(folder / shard)))
+        if Path(shard).name != shard:
+            raise HookscopeError(f"{index.name} names {shard}, outside the folder; shards are files of the "
+                                 "folder save_pretrained wrote")
+        if not (folder / shard).is_file():
+            raise HookscopeError(f"{shard}, which {index.name} names, is missing from {folder}; copy the "
+                                 "whole folder save_pretrained wrote")
+    return shards
+
+
+def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's ``model.safetensors`` (or of the shards its index names)."""
+    state: dict[str, torch.Tensor] = {}
+    for shard in _shards(folder):
+        try:
+            state.update(safetensors_torch.load_file(str(folder / shard)))
+        except Exception as e:  # a truncated or foreign file
+            raise HookscopeError(f"cannot read {shard} ({type(e).__name__}: {first_line(e, 120)}); save the "
+                                 "model again with save_pretrained(folder)") from None
     return state
 
 
@@ -57,7 +78,21 @@ def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     if found is None:
         raise HookscopeError(f"the config names no transformers model class ({names or 'architectures is empty'}); "
                              "pass the class: load_pretrained(folder, cls=transformers.BertModel)")
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        raise HookscopeError(f"the config's architectures names {names[0]}, which is not a transformers model class; "
+                             "pass the class: load_pretrained(folder, cls=transformers.BertModel)")
     return found
+
+
+def _build(cls: Any, config: Any, where: Path) -> nn.Module:
+    """The architecture built from the config, or a one-line refusal (a config edited by hand)."""
+    try:
+        model: nn.Module = cls(config)
+    except Exception as e:  # the model's own constructor checks the config (heads dividing the width ...)
+        raise HookscopeError(f"cannot build {getattr(cls, '__name__', cls)} from {where / 'config.json'} "
+                             f"({type(e).__name__}: {first_line(e, 160)}); pass the folder save_pretrained "
+                             "wrote, its config as written") from None
+    return model
 
 
 def _check_missing(model: nn.Module, missing: list[str], state: dict[str, torch.Tensor]) -> None:
@@ -69,6 +104,26 @@ def _check_missing(model: nn.Module, missing: list[str], state: dict[str, torch.
     if untied:
         raise HookscopeError(f"the saved weights lack {', '.join(untied[:3])}{' ...' if len(untied) > 3 else ''}; "
                              "the folder was not written by save_pretrained from this architecture")
+
+
+def _own_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The file's tensors under the model's own names. transformers 5 saves some models (ViT ...)
+    under their checkpoints' names and renames them when loading; the same renaming is read off the
+    names ``save_pretrained`` writes for this model's own tensors (distinct markers, matched back by
+    identity), so tensors merged or split on saving keep their names and are refused below."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4 saves under the modules' names
+        return state
+    markers = {k: torch.empty(0) for k in model.state_dict()}
+    pretrained: Any = model  # a transformers PreTrainedModel, built from the config
+    try:
+        saved = revert_weight_conversion(pretrained, dict(markers))
+    except Exception:  # a conversion that needs real tensors: the names stay as saved
+        return state
+    back = {id(t): k for k, t in markers.items()}
+    names = {file_key: back[id(t)] for file_key, t in saved.items() if id(t) in back}
+    return {names.get(k, k): t for k, t in state.items()}
 
 
 def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
@@ -101,8 +156,13 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     if not (where / "config.json").is_file():
         raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
     state = _weights(where, safetensors_torch)
-    config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
-    model: nn.Module = _model_class(transformers, config, cls)(config)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+    except Exception as e:  # not JSON, or no model_type transformers knows
+        raise HookscopeError(f"cannot read {where / 'config.json'} ({type(e).__name__}: {first_line(e, 160)}); "
+                             "pass the folder save_pretrained(folder) wrote") from None
+    model = _build(_model_class(transformers, config, cls), config, where)
+    state = _own_names(model, state)
     fit_to(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:

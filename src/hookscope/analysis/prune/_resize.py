@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -20,7 +20,9 @@ from torch import nn
 from ...core.text import shape_text
 from ...errors import HookscopeError
 from ._heads_groups import write_configs
+from ._heads_fit import head_misfit
 from ._heads_layouts import holds_head_tables, refit_heads
+from ._mlp_config import write_mlp_configs
 from ._width_norm import is_layer_norm
 from ._width_stream import TOKENS, is_rms_norm, refit_width
 
@@ -173,12 +175,34 @@ def _plan(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[int, tupl
             raise HookscopeError(f"cannot fit the model to the file: {why}; load such a file into the model "
                                  "that wrote it")
         plan.setdefault(id(m), (q, m, {}))[2][local] = tuple(new.shape)
-    for q, m, shapes in plan.values():
-        why = _check_layer(m, shapes)
+    checks = [(q, m, _check_layer(m, shapes)) for q, m, shapes in plan.values()]
+    for q, m, why in checks + [(q, m, head_misfit(m, _planned(plan))) for q, m in _attention(model, plan)]:
         if why is not None:
             raise HookscopeError(f"cannot fit {q} ({type(m).__name__}) to the file: {why}; the file is not a "
                                  "compacted copy of this model")
     return plan
+
+
+Plan = dict[int, tuple[str, nn.Module, dict[str, tuple[int, ...]]]]
+
+
+def _attention(model: nn.Module, plan: Plan) -> list[tuple[str, nn.Module]]:
+    """The modules the plan changes a child of, or an ``nn.MultiheadAttention`` it changes (attention
+    layers among them, whose heads must stay whole)."""
+    return [(q, m) for q, m in model.named_modules() if any(id(c) in plan for c in m.children())
+            or (id(m) in plan and isinstance(m, nn.MultiheadAttention))]
+
+
+def _planned(plan: Plan) -> Callable[[nn.Module | None, str], tuple[int, ...] | None]:
+    """The shape a module's tensor will have once fitted (its own shape where the plan leaves it)."""
+    def shape(m: nn.Module | None, name: str) -> tuple[int, ...] | None:
+        if m is None:
+            return None
+        if id(m) in plan and name in plan[id(m)][2]:
+            return plan[id(m)][2][name]
+        t = getattr(m, name, None)
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+    return shape
 
 
 def _swap(store: dict[str, Any], old: torch.Tensor, new: torch.Tensor) -> None:
@@ -246,5 +270,6 @@ def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str
         fix_sizes(m)
     _refit_attention(model, {id(m) for _, m, _ in plan.values()})
     refit_width(model, norms)  # norms of a narrower hidden width: an RMSNorm's eps, the config
+    write_mlp_configs(model)
     order = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
     return [q for q, m, _ in sorted(plan.values(), key=lambda item: order.get(id(item[1]), 0))]
