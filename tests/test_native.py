@@ -249,3 +249,11 @@ def test_guided_refuses_what_it_cannot_read_in_step() -> None:
     assert KERNEL.guided(a.half(), b.half()) is None and KERNEL.guided(a, b.double()) is None
     assert KERNEL.guided(a[:, :2].contiguous(), b) is None  # two shapes
     assert KERNEL.guided(a[::2], b[::2]) is None  # strided views
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_guided_on_no_elements_is_an_empty_answer(dtype: torch.dtype) -> None:
+    assert KERNEL is not None
+    for shape in ((0,), (0, 3, 8, 8), (2, 0)):
+        got = KERNEL.guided(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
+        assert got is not None and got.shape == shape and got.dtype == dtype
