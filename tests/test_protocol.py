@@ -9,9 +9,16 @@ type and every public callable, so a new one cannot arrive without its row.
 
 from __future__ import annotations
 
+import base64
 import copy
+import dataclasses
+import html
 import inspect
+import io
 import json
+import math
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +28,7 @@ from torch import nn
 
 import hookscope
 from hookscope import metrics
-from hookscope.core.result import jsonable
+from hookscope.core.result import HTML_ROWS, jsonable
 from hookscope.zoo import TinyResNet
 
 from helpers import no_hooks
@@ -362,3 +369,116 @@ def test_result_classes_are_named_for_what_they_hold() -> None:
         cls = PUBLIC[name]
         extra = {m for m in ("to_text", "to_dicts", "report", "row", "all_rows") if hasattr(cls, m)}
         assert not extra, f"{name} has a second dialect beside table()/to_dict()/to_json(): {extra}"
+
+
+# --- at home in notebooks and data tools: an HTML table (and picture), a DataFrame, from the rows -----------
+def _expected_records(r: object) -> list[dict[str, Any]]:
+    """What a result's rows hold, read here without the protocol's own conversion."""
+    if hasattr(r, "rows"):
+        return [dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row) for row in r.rows]
+    if isinstance(r, hookscope.AttentionPatterns):
+        return [{"name": n, "shape": tuple(p.shape), "dtype": str(p.dtype).removeprefix("torch.")} for n, p in r.items()]
+    assert isinstance(r, hookscope.Attributions)
+    return [{"sample": i, "target": None if r.target is None else int(r.target[i]), "score": float(r.scores[i]),
+             "sum": float(r.maps[i].sum()), "delta": None if r.delta is None else float(r.delta[i])}
+            for i in range(r.maps.shape[0])]
+
+
+def _same(a: Any, b: Any) -> bool:
+    missing_a, missing_b = (v is None or (isinstance(v, float) and math.isnan(v)) for v in (a, b))
+    if missing_a or missing_b:
+        return missing_a and missing_b  # pandas writes a gap in a column of numbers as NaN
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("case", RESULT_CASES)
+def test_every_result_becomes_a_dataframe_of_its_rows(results, case):
+    r = results[case]
+    expected = _expected_records(r)
+    df = r.to_pandas()
+    assert list(df.columns) == list(dict.fromkeys(k for row in expected for k in row)), case
+    assert len(df) == len(expected) > 0
+    for got, want in zip(df.to_dict("records"), expected):
+        bad = {k: (got[k], v) for k, v in want.items() if not _same(got[k], v)}
+        assert not bad, (case, bad)
+
+
+def test_to_pandas_without_pandas_names_the_extra(results, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # what an absent package looks like
+    with pytest.raises(hookscope.HookscopeError) as e:
+        results["Trace"].to_pandas()
+    assert "pip install 'hookscope[pandas]'" in str(e.value) and "\n" not in str(e.value)
+
+
+def _body_rows(page: str) -> list[list[str]]:
+    body = page[page.index("<tbody>"):page.index("</tbody>")]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)]
+
+
+@pytest.mark.parametrize("case", RESULT_CASES)
+def test_every_result_shows_its_rows_as_an_html_table(results, case):
+    r = results[case]
+    expected = _expected_records(r)
+    page = r._repr_html_()
+    n = len(expected)
+    assert f"{type(r).__name__}: {n} row{'s' if n != 1 else ''}" in page
+    shown = _body_rows(page)
+    assert len(shown) == min(n, HTML_ROWS + 1)
+    head = re.findall(r"<th(?: [^>]*)?>(.*?)</th>", page)
+    assert head == [html.escape(c) for c in dict.fromkeys(k for row in expected for k in row)]
+    picked = expected if n <= HTML_ROWS else expected[:HTML_ROWS // 2] + expected[-(HTML_ROWS // 2):]
+    kept = [row for row in shown if row[0] != "..."]
+    for cells, want in zip(kept, picked):
+        for column, value in want.items():
+            if isinstance(value, str):
+                assert cells[head.index(column)] == html.escape(value[:117] + "..." if len(value) > 120 else value)
+            elif isinstance(value, int) and not isinstance(value, bool):
+                assert cells[head.index(column)] == str(value)
+
+
+def test_html_cells_are_escaped_and_long_tables_cut_in_the_middle():
+    net = nn.ModuleDict({"<b>&x": nn.ReLU()})
+    with hookscope.trace(net, keep="output") as t:
+        for _ in range(HTML_ROWS + 10):
+            net["<b>&x"](torch.ones(2))
+    page = t._repr_html_()
+    assert "<b>&x" not in page and "<td style=\"text-align:left\">&lt;b&gt;&amp;x</td>" in page
+    n, half = HTML_ROWS + 10, HTML_ROWS // 2
+    assert f"Trace: {n} rows, the first {half} and the last {half} shown" in page
+    shown = _body_rows(page)
+    assert shown[half] == ["..."] * len(shown[0])
+    assert [int(cells[2]) for cells in shown if cells[0] != "..."] == [*range(half), *range(n - half, n)]
+    assert no_hooks(net)
+
+
+def _picture(page: str) -> bytes | None:
+    found = re.search(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    return base64.b64decode(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions"])
+def test_results_with_a_picture_show_it_under_the_table(results, case):
+    page = results[case]._repr_html_()
+    png = _picture(page)
+    assert png is not None and png.startswith(b"\x89PNG\r\n\x1a\n"), case
+    assert page.index("</table>") < page.index("<img")
+
+
+def test_the_picture_of_cam_maps_is_its_maps(results):
+    from PIL import Image
+    res = results["CamMaps"]
+    image = Image.open(io.BytesIO(_picture(res._repr_html_())))
+    res2 = dataclasses.replace(res, maps=res.maps[:1], targets=res.targets[:1], scores=res.scores[:1])
+    one = Image.open(io.BytesIO(_picture(res2._repr_html_())))
+    assert one.width * one.height < image.width * image.height  # a panel per map of the batch
+
+
+@pytest.mark.parametrize("case", ["CamMaps", "Trace", "Summary"])
+def test_without_matplotlib_the_table_still_shows(results, case, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    page = results[case]._repr_html_()
+    assert "<img" not in page and "<table" in page and len(_body_rows(page)) == min(len(results[case].rows), HTML_ROWS + 1)

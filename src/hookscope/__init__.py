@@ -10,6 +10,7 @@ Example:
 """
 
 from . import metrics, targets
+from . import viz  # noqa: F401 - its pictures show under results in notebooks (matplotlib stays optional)
 from .analysis.attribution import Attributions, LRPRule, attribute
 from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities

@@ -5,14 +5,17 @@ Nothing here imports from hookscope; every ``table()`` of every result is laid o
 
 from __future__ import annotations
 
+import html
 import math
-from collections.abc import Container, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Container, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["table", "shape_text", "dtype_text", "num", "first_line"]
+__all__ = ["table", "html_table", "cell_text", "shape_text", "dtype_text", "num", "first_line"]
+
+CELL_CHARS = 120  # a cell of a notebook table past this many characters keeps its head and "..."
 
 
 def table(
@@ -108,3 +111,54 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
         return line
     head = line[:limit]
     return (head.rsplit(" ", 1)[0] if " " in head else head).rstrip(" ,;:.") + "..."
+
+
+def cell_text(v: Any) -> str:
+    """A value as one cell of a notebook table: numbers to 4 significant digits (NaN as ``"nan"``),
+    ``None`` as nothing, a tensor of more than 8 values as its shape and dtype, anything longer than
+    :data:`CELL_CHARS` cut with "...".
+
+    Example:
+        >>> import torch
+        >>> [cell_text(v) for v in (3.14159, float("nan"), None, (2, 3), torch.zeros(2, 5), "a<b")]
+        ['3.142', 'nan', '', '(2, 3)', 'tensor 2x5 float32', 'a<b']
+    """
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    if hasattr(v, "dtype") and hasattr(v, "shape") and getattr(v, "numel", lambda: 0)() > 8:
+        return f"tensor {shape_text(tuple(v.shape))} {dtype_text(v.dtype)}"
+    if hasattr(v, "tolist") and hasattr(v, "dtype"):
+        v = v.tolist()
+    text = str(v) if not isinstance(v, Mapping) else str(dict(v))
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 3] + "..."
+
+
+def html_table(head: Sequence[str], body: Sequence[Sequence[str]], *, caption: str = "",
+               left: Container[int] = ()) -> str:
+    """An HTML ``<table>`` of text cells, every cell and the caption escaped; ``left`` as for :func:`table`.
+
+    Example:
+        >>> print(html_table(["name", "n"], [["<a>", "1"]], caption="1 row", left={0}))
+        <table class="hookscope">
+        <caption>1 row</caption>
+        <thead><tr><th style="text-align:left">name</th><th style="text-align:right">n</th></tr></thead>
+        <tbody>
+        <tr><td style="text-align:left">&lt;a&gt;</td><td style="text-align:right">1</td></tr>
+        </tbody>
+        </table>
+    """
+    def align(i: int) -> str:
+        return ' style="text-align:left"' if i in left else ' style="text-align:right"'
+
+    def cells(tag: str, row: Sequence[str]) -> str:
+        return "".join(f"<{tag}{align(i)}>{html.escape(c)}</{tag}>" for i, c in enumerate(row))
+
+    lines = ['<table class="hookscope">']
+    if caption:
+        lines.append(f"<caption>{html.escape(caption)}</caption>")
+    lines += [f"<thead><tr>{cells('th', head)}</tr></thead>", "<tbody>"]
+    lines += [f"<tr>{cells('td', row)}</tr>" for row in body]
+    lines += ["</tbody>", "</table>"]
+    return "\n".join(lines)

@@ -72,6 +72,15 @@ class Attributions(Result):
         cols = ["sample", "target", "score", "sum"] + ([] if self.delta is None else ["delta"])
         return "\n".join([head, *table(cols, body)])
 
+    def _result_records(self) -> list[dict[str, Any]]:
+        """One row per sample, as :meth:`table` shows it (``to_pandas()`` and a notebook's table)."""
+        b = self.maps.shape[0]
+        targets = self.target.tolist() if self.target is not None else [None] * b
+        deltas = self.delta.tolist() if self.delta is not None else [None] * b
+        sums, scores = self.maps.flatten(1).sum(1).tolist(), self.scores.float().tolist()
+        return [{"sample": i, "target": targets[i], "score": scores[i], "sum": sums[i], "delta": deltas[i]}
+                for i in range(b)]
+
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain Python data, the tensors kept as tensors.
 

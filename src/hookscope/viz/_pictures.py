@@ -1,0 +1,66 @@
+"""The pictures a notebook shows under a result's table, registered with the result protocol.
+
+The protocol (``core.result``) sits below this layer and cannot import it; importing ``hookscope.viz``
+(``import hookscope`` does) tells it, through :func:`~hookscope.core.result.register_picture`, which
+figure each kind of result has. matplotlib stays optional: without it a result shows its table only.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import TYPE_CHECKING, Any
+
+from ..analysis.attribution import Attributions, TokenAttributions
+from ..analysis.cam import CamMaps
+from ..analysis.diff import Diff
+from ..analysis.gradflow import GradientFlow
+from ..analysis.trace import Trace
+from ..core.result import register_picture
+from .attribution import plot_image_attribution, plot_token_attribution
+from .plots import plot_diff, plot_gradient_flow, plot_trace
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["MAX_MAPS", "png"]
+
+MAX_MAPS = 8
+"""A notebook draws the maps of at most this many images of a batch."""
+
+
+def png(fig: Figure) -> bytes:
+    """A figure as PNG bytes, at the figure's own resolution.
+
+    Example:
+        >>> from hookscope.viz.plots import plot_diff
+        >>> import torch, hookscope
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> png(plot_diff(hookscope.diff(net, net, torch.ones(1, 2))))[:4]
+        b'\\x89PNG'
+    """
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=fig.dpi)
+    return out.getvalue()
+
+
+def _maps(result: Any) -> bytes | None:
+    maps = result.maps[:MAX_MAPS]
+    if maps.ndim not in (3, 4) or maps.shape[-1] < 2 or maps.shape[-2] < 2:  # not pictures: the table says it
+        return None
+    return png(plot_image_attribution(maps, method=result.method))
+
+
+def _trace(t: Trace) -> bytes | None:
+    return png(plot_trace(t)) if any(r.which == "output" for r in t.rows) else None
+
+
+def _rows(draw: Any) -> Any:
+    return lambda result: png(draw(result)) if result.rows else None
+
+
+register_picture(CamMaps, _maps)
+register_picture(Attributions, _maps)
+register_picture(Trace, _trace)
+register_picture(GradientFlow, _rows(plot_gradient_flow))
+register_picture(Diff, _rows(plot_diff))
+register_picture(TokenAttributions, lambda result: png(plot_token_attribution(result)) if result.rows else None)
