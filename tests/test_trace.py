@@ -852,3 +852,114 @@ def test_in_place_operations_traced_with_gradients_change_nothing_the_model_comp
     same_stats(outputs["::mul"], (y + 1) * 3)      # before mul_ rewrote it
     same_stats(outputs["::mul.1"], (y + 1) * 6)
     assert "::setitem" in t and "forward" not in vars(net) and no_hooks(net)
+
+
+# --- in a loop: rows streamed (on_row=) and a bounded trace (last=) -------------------------------------
+def _step_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+
+
+def _steps(net, n, g=None):
+    g = g if g is not None else torch.Generator().manual_seed(3)
+    for _ in range(n):
+        net(torch.randn(2, 3, generator=g)).sum().backward()
+
+
+def _held(t) -> int:
+    """Rows and events a trace holds now, read from its repr (reading rows would gather them)."""
+    return int(repr(t).split(", ")[1].split()[0])
+
+
+def test_a_bounded_trace_keeps_the_last_rows_and_streams_every_row_an_unbounded_trace_keeps():
+    from hookscope.analysis.trace import GATHER_EVERY
+    net = _step_net()
+    with trace(net, keep="all", param_grads=True) as full:
+        _steps(net, 40)
+    streamed, held = [], []
+    net.zero_grad(set_to_none=True)  # the same gradients accumulate as in the first run
+    g = torch.Generator().manual_seed(3)
+    with trace(net, keep="all", param_grads=True, on_row=streamed.append, last=5) as t:
+        for _ in range(40):
+            _steps(net, 1, g)
+            held.append(_held(t))
+    assert len(full.rows) == 40 * 15 and streamed == full.rows  # every row, in order, numbered alike
+    assert t.rows == full.rows[-5:] and len(t) == 5 and [r.index for r in t.rows] == list(range(595, 600))
+    assert max(held) <= 5 + 15 < GATHER_EVERY  # the last rows and at most one step's events
+    assert no_hooks(net)
+
+
+def test_memory_stays_bounded_over_many_passes_with_last_zero_and_on_row():
+    net = _step_net()
+    seen = [0]
+    held = []
+
+    def count(row):
+        seen[0] += 1
+
+    with torch.no_grad(), trace(net, on_row=count, last=0) as t:
+        for i in range(3000):
+            net(torch.ones(1, 3))
+            if i % 100 == 0:
+                held.append(_held(t))
+    assert seen[0] == 3000 * 6 and t.rows == [] and max(held) <= 6
+    assert no_hooks(net)
+
+
+def test_rows_reach_on_row_by_the_next_pass_and_all_of_them_by_the_end_of_the_block():
+    net = _step_net()
+    got = []
+    with torch.no_grad(), trace(net, keep="output", on_row=got.append) as t:
+        net(torch.ones(1, 3))
+        assert got == []  # gathered when the next pass starts: one host synchronisation per pass
+        net(torch.ones(1, 3))
+        assert [r.module for r in got] == ["0", "1", "2"]
+        net(torch.ones(1, 3))
+    assert [r.index for r in got] == list(range(9)) and got == t.rows  # last=None keeps every row too
+    assert no_hooks(net)
+
+
+def test_on_row_may_read_the_trace_and_clear_hands_over_what_it_forgets():
+    net = _step_net()
+    sizes, got = [], []
+
+    def look(row):
+        got.append(row)
+        sizes.append(len(t.rows))
+
+    with torch.no_grad(), trace(net, keep="output", on_row=look, last=2) as t:
+        net(torch.ones(1, 3))
+        t.clear()
+        net(torch.ones(1, 3))
+    assert [r.index for r in got] == [0, 1, 2, 0, 1, 2] and sizes == [1, 2, 2, 1, 2, 2]
+    assert no_hooks(net)
+
+
+@pytest.mark.parametrize("kw, said", [
+    (dict(last=-1), "last=-1 must be a whole number of rows, 0 or more"),
+    (dict(last=True), "last=True must be a whole number of rows, 0 or more"),
+    (dict(last=2.5), "last=2.5 must be a whole number of rows, 0 or more"),
+    (dict(on_row="print"), "on_row='print' must be a function taking each row"),
+])
+def test_bad_streaming_arguments_are_refused_in_one_line(kw, said):
+    net = _step_net()
+    with pytest.raises(HookscopeError) as e:
+        trace(net, **kw)
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert no_hooks(net)
+
+
+def test_watch_stays_bounded_over_many_passes():
+    from hookscope.analysis.watch import RESOLVE_EVERY
+    net = _step_net()
+    held = []
+    with watch(net, last=2) as w:
+        for i in range(1500):
+            _steps(net, 1)
+            if i % 50 == 0:
+                held.append((len(w._pending), len(w._recent), len(w._contexts)))
+    assert w.finite and w.checked == 1500 * 12
+    assert max(p for p, _, _ in held) < RESOLVE_EVERY and max(r for _, r, _ in held) <= 3
+    assert max(c for _, _, c in held) < RESOLVE_EVERY
+    assert len(w.rows) <= 3 * 6
+    assert no_hooks(net)

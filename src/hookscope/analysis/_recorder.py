@@ -289,6 +289,10 @@ class Recorder:
     ``on_context`` is then told, for each call with an input event, where its inputs were made
     (:data:`Context`).
 
+    ``on_pass``, when given, is called as each forward pass of the ``root`` model begins (not a
+    call nested in another), before anything of that pass is recorded: a streaming trace gathers
+    the previous pass's events there.
+
     A selected operation (an :class:`~hookscope.core.ops.OpSite`, ``"norm::div"``) is hooked like
     a module; a site of several operations (a glob) files each call under the operation that runs
     (``"norm::div"`` for ``"norm::*"``), numbered per operation. The sites of one module are made
@@ -303,8 +307,10 @@ class Recorder:
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  sink: Callable[[Pending], None], root: nn.Module | None = None,
                  params: Sequence[tuple[str, str, nn.Parameter]] = (), received: bool = False,
-                 on_context: Callable[[str, int, str, Context], None] | None = None) -> None:
+                 on_context: Callable[[str, int, str, Context], None] | None = None,
+                 on_pass: Callable[[], None] | None = None) -> None:
         self.selected, self.keep, self.sink = selected, keep, sink
+        self.on_pass = on_pass
         self.received = received and "output" in keep  # the outputs' statistics say what was checked
         self.on_context = on_context
         # read in every hook: plain attributes, not set lookups
@@ -439,6 +445,8 @@ class Recorder:
                 return
             if self._root_open.top() is None:
                 self.last_done = None  # a new forward pass: what ran in the one before is not "before"
+                if self.on_pass is not None and self.enabled:
+                    self.on_pass()
             found = _input_paths(args, kwargs) if self.received else []
             refs = [(weakref.ref(t), _version(t)) for _, t in found]
             call = next(self._root_calls)
@@ -642,9 +650,10 @@ class RecorderSession:
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  sink: Callable[[Pending], None], root: nn.Module | None,
                  params: Sequence[tuple[str, str, nn.Parameter]], model: nn.Module | None,
-                 received: bool = False, on_context: Callable[[str, int, str, Context], None] | None = None) -> None:
+                 received: bool = False, on_context: Callable[[str, int, str, Context], None] | None = None,
+                 on_pass: Callable[[], None] | None = None) -> None:
         self._rec = Recorder(selected, keep=keep, sink=sink, root=root, params=params, received=received,
-                             on_context=on_context)
+                             on_context=on_context, on_pass=on_pass)
         self._refresh = refresh_for(model, root, selected)
         self._used = False
 

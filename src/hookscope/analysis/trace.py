@@ -11,7 +11,8 @@ import dataclasses
 import io
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from typing import Any
 
 import torch  # noqa: F401 - the examples use it
@@ -19,12 +20,17 @@ from torch import nn
 
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
+from ..errors import HookscopeError
 from ..selection import Selector, unwrap
 from ..capture import parse_keep
 from ._recorder import RecorderSession, param_targets, select
 from ._rows import ByModule, Pending, StatRow, gather, render
 
-__all__ = ["StatRow", "Trace", "trace"]
+__all__ = ["GATHER_EVERY", "StatRow", "Trace", "trace"]
+
+GATHER_EVERY = 4096
+"""A streaming trace (``on_row=`` or ``last=``) gathers its events into rows as each forward pass
+of the model begins, and also whenever this many are waiting (one host synchronisation each)."""
 
 
 class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
@@ -32,7 +38,8 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
 
     After (or during) the block: ``rows``, ``t["layer1"]`` (the rows of one module, or of one
     operation: ``t["layer1::add"]``; ``in`` agrees),
-    ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()`` and ``to_csv()``.
+    ``table()`` (also ``str(t)``), ``to_dict()``, ``to_json()``, ``to_csv()`` and ``to_pandas()``;
+    in a notebook, the rows as a table and :func:`~hookscope.viz.plot_trace`'s picture.
 
     Example:
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
@@ -50,15 +57,49 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = (),
-                 model: nn.Module | None = None) -> None:
+                 model: nn.Module | None = None, on_row: Callable[[StatRow], object] | None = None,
+                 last: int | None = None) -> None:
         self._pending: list[Pending] = []
-        self._rows: list[StatRow] = []
-        self._lock = threading.Lock()
-        super().__init__(selected, keep=keep, sink=self._pending.append, root=root, params=params, model=model)
+        self._rows: MutableSequence[StatRow] = [] if last is None else deque(maxlen=last)
+        self._made = 0  # rows made since the start (or the last clear()): the next row's index
+        self._on_row = on_row
+        self._lock = threading.RLock()  # on_row may read the trace
+        streaming = on_row is not None or last is not None
+        super().__init__(selected, keep=keep, sink=self._take if streaming else self._pending.append, root=root,
+                         params=params, model=model, on_pass=self._gather if streaming else None)
+
+    def _take(self, event: Pending) -> None:
+        with self._lock:
+            self._pending.append(event)
+            if len(self._pending) >= GATHER_EVERY:
+                self._gather()
+
+    def _gather(self) -> None:
+        """Turn the waiting events into rows: kept (the last ``last`` of them) and handed to ``on_row``."""
+        with self._lock:
+            if not self._pending:
+                return
+            pending, self._pending[:] = list(self._pending), []
+            rows = gather(pending, start=self._made)
+            self._made += len(rows)
+            if self._on_row is None:
+                self._rows.extend(rows)
+                return
+            for row in rows:  # kept first: on_row reading the trace finds its row there
+                self._rows.append(row)
+                self._on_row(row)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            if self._on_row is not None:
+                self._gather()  # on_row has every row by the end of the block, the failing pass's too
 
     @property
     def rows(self) -> list[StatRow]:
-        """Every row so far, in execution order (gathers what the hooks kept, one copy per device).
+        """Every row so far, in execution order (gathers what the hooks kept, one copy per device);
+        with ``last=N``, the last ``N`` of them.
 
         Example:
             >>> net = nn.Sequential(nn.ReLU())
@@ -68,13 +109,12 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             [('input', -1.0, 2.0), ('output', 0.0, 2.0)]
         """
         with self._lock:
-            if self._pending:
-                pending, self._pending[:] = list(self._pending), []
-                self._rows.extend(gather(pending, start=len(self._rows)))
+            self._gather()
             return list(self._rows)
 
     def clear(self) -> None:
-        """Forget every row (to reuse one trace over many steps without growing).
+        """Forget every row (to reuse one trace over many steps without growing); the next row is
+        numbered 0. With ``on_row``, the rows not yet handed to it are handed over first.
 
         Example:
             >>> net = nn.Sequential(nn.ReLU())
@@ -86,8 +126,11 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             2
         """
         with self._lock:
+            if self._on_row is not None:
+                self._gather()
             self._pending.clear()
             self._rows.clear()
+            self._made = 0
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -167,7 +210,8 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
 
 
 def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io",
-          param_grads: bool = False) -> Trace:
+          param_grads: bool = False, on_row: Callable[[StatRow], object] | None = None,
+          last: int | None = None) -> Trace:
     """Statistics of what every selected module receives and produces, forward and backward.
 
     For each call, in execution order, one :class:`StatRow` per tensor (nested outputs included):
@@ -192,6 +236,16 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
             trainable parameter of the selected modules and their submodules (of the whole model
             without selectors): ``which="grad_param"``, ``module`` the module that owns it,
             ``path`` its name. A sparse gradient is summarised by its stored values.
+        on_row: a function handed each row, in order, once it is made: as the model's next forward
+            pass begins (the rows of the pass before, and of its backward pass), when ``rows`` is
+            read, when :data:`GATHER_EVERY` events are waiting, and by the end of the block; an
+            exception it raises comes out where that happened (the model's call, or the block).
+            The rows are kept as well, unless ``last`` says otherwise.
+        last: keep only the last ``last`` rows (``0``: none, for ``on_row`` alone); ``None``
+            (default) keeps every row. Either of ``on_row`` and ``last`` makes the trace stream: it
+            gathers at each forward pass instead of once, so that a trace around a loop of many
+            steps holds at most ``last`` rows and one pass's events. Rows keep their number
+            (``index``) from the start of the block.
 
     Raises:
         ForwardError: a forward pass in the block raised an exception inside a selected module,
@@ -211,9 +265,19 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         ...     _ = net(torch.ones(1, 2))
         >>> [r.module for r in t.rows]
         ['0::linear', '0']
+        >>> means = []
+        >>> with hookscope.trace(net, "1", keep="output", on_row=lambda r: means.append(r.mean), last=2) as t:
+        ...     for step in range(100):  # holds two rows, however many steps
+        ...         _ = net(torch.full((1, 2), float(step)))
+        >>> len(means), [r.index for r in t.rows]
+        (100, [98, 99])
     """
+    if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 0):
+        raise HookscopeError(f"last={last!r} must be a whole number of rows, 0 or more (None keeps every row)")
+    if on_row is not None and not callable(on_row):
+        raise HookscopeError(f"on_row={on_row!r} must be a function taking each row (a StatRow), or None")
     fields = parse_keep(keep)
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
-    return Trace(selected, keep=fields, root=inner, params=params, model=model)
+    return Trace(selected, keep=fields, root=inner, params=params, model=model, on_row=on_row, last=last)
