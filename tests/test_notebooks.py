@@ -1,0 +1,46 @@
+"""The notebooks under docs/notebooks run as written, offline, and show their results as HTML."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")  # the dev extra: nbformat, nbclient and ipykernel
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "docs" / "notebooks"
+
+
+def _run(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return nb
+
+
+def _html(cell: nbformat.NotebookNode) -> str:
+    return "".join(o["data"].get("text/html", "") for o in cell.get("outputs", []) if "data" in o)
+
+
+def test_the_notebooks_hold_no_outputs():
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        assert not [c for c in nb.cells if c.cell_type == "code" and (c.outputs or c.execution_count)], path.name
+
+
+def test_the_in_place_trap_notebook_shows_a_summary_a_trace_and_cam_maps(tmp_path, monkeypatch):
+    nb = _run("in-place-trap.ipynb", tmp_path, monkeypatch)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    printed = "".join(o.get("text", "") for o in code[0].outputs)
+    assert re.search(r"a plain hook's smallest value: 0\.0\n", printed)
+    assert re.search(r"hookscope's smallest value: +-\d", printed)
+    summary, trace, cams = (_html(c) for c in code[1:4])
+    assert re.search(r"<caption>Summary: \d+ rows</caption>", summary) and ">layer1.0<" in summary
+    assert re.search(r"<caption>Trace: \d+ rows", trace) and ">fc<" in trace and "data:image/png;base64," in trace
+    assert "<caption>CamMaps: 2 rows</caption>" in cams and cams.count("data:image/png;base64,") == 1
+    assert "<table" in _html(code[4]) and ">zero_frac<" in _html(code[4])  # pandas' own table
