@@ -963,3 +963,30 @@ def test_watch_stays_bounded_over_many_passes():
     assert max(c for _, _, c in held) < RESOLVE_EVERY
     assert len(w.rows) <= 3 * 6
     assert no_hooks(net)
+
+
+def test_an_exception_in_on_row_comes_out_of_the_model_call_and_the_rows_stay_whole():
+    net = _step_net()
+    got = []
+
+    def full(row):
+        got.append(row.index)
+        if row.index == 1:
+            raise ValueError("the sink is full")
+
+    with torch.no_grad(), trace(net, keep="output", on_row=full) as t:
+        net(torch.ones(1, 3))
+        with pytest.raises(ValueError, match="the sink is full"):
+            net(torch.ones(1, 3))  # the first pass's rows are handed over as this one begins
+    assert got == [0, 1] and [r.index for r in t.rows] == [0, 1, 2]
+    assert no_hooks(net)
+
+
+def test_an_empty_trace_has_the_columns_of_its_rows():
+    net = _step_net()
+    with trace(net, last=3) as t:
+        pass
+    df = t.to_pandas()
+    assert len(df) == 0 and list(df.columns)[:3] == ["index", "module", "call"] and "zero_frac" in df.columns
+    page = t._repr_html_()
+    assert "<caption>Trace: 0 rows</caption>" in page and ">zero_frac</th>" in page and "<img" not in page

@@ -54,6 +54,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
     """
 
     _kind = "trace"
+    _result_fields = tuple(f.name for f in dataclasses.fields(StatRow))
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = (),
@@ -85,9 +86,13 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             if self._on_row is None:
                 self._rows.extend(rows)
                 return
-            for row in rows:  # kept first: on_row reading the trace finds its row there
+            for i, row in enumerate(rows):  # kept first: on_row reading the trace finds its row there
                 self._rows.append(row)
-                self._on_row(row)
+                try:
+                    self._on_row(row)
+                except BaseException:
+                    self._rows.extend(rows[i + 1:])  # the rows stay whole: only on_row missed the rest
+                    raise
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:

@@ -111,6 +111,7 @@ class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran,
     """
 
     _kind = "watch"
+    _result_fields = tuple(f.name for f in dataclasses.fields(StatRow))
 
     def __init__(self, selected: list[tuple[str, nn.Module]], *, raise_on_nonfinite: bool, last: int,
                  keep: frozenset[str], root: nn.Module | None = None,

@@ -172,6 +172,9 @@ class Result:
         """:meth:`to_dict` as JSON text (NaN and infinities written as strings)."""
         return json.dumps(jsonable(self.to_dict()), indent=indent, allow_nan=False)
 
+    # the columns of a result with no rows yet (a trace before its first pass): its rows' fields
+    _result_fields: tuple[str, ...] = ()
+
     def __str__(self) -> str:
         return self.table()
 
@@ -208,7 +211,7 @@ class Result:
             raise HookscopeError("to_pandas() needs pandas, from the pandas extra: "
                                  "pip install 'hookscope[pandas]'") from None
         records = self._result_records()
-        return pandas.DataFrame.from_records(records, columns=_columns(records))
+        return pandas.DataFrame.from_records(records, columns=_columns(records) or list(self._result_fields))
 
     def _repr_html_(self) -> str:
         """What a notebook shows: the rows as an HTML table (at most :data:`HTML_ROWS`), then the
@@ -224,7 +227,7 @@ class Result:
             half = HTML_ROWS // 2
             shown = [*records[:half], None, *records[-half:]]
             caption += f", the first {half} and the last {half} shown"
-        columns = _columns(records)
+        columns = _columns(records) or list(self._result_fields)
         body = [["..."] * len(columns) if r is None else [cell_text(r.get(c)) for c in columns] for r in shown]
         text_columns = {i for i, c in enumerate(columns) if any(isinstance(r.get(c), str) for r in records)}
         parts = [html_table(columns, body, caption=caption, left=text_columns)]
