@@ -460,7 +460,8 @@ def _picture(page: str) -> bytes | None:
     return base64.b64decode(found.group(1)) if found else None
 
 
-@pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions"])
+@pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions", "TokenAttributions",
+                                  "FeatureMaps", "ReferenceComparison"])
 def test_results_with_a_picture_show_it_under_the_table(results, case):
     page = results[case]._repr_html_()
     png = _picture(page)
@@ -482,3 +483,8 @@ def test_without_matplotlib_the_table_still_shows(results, case, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     page = results[case]._repr_html_()
     assert "<img" not in page and "<table" in page and len(_body_rows(page)) == min(len(results[case].rows), HTML_ROWS + 1)
+
+
+def test_a_result_without_a_picture_shows_its_table_alone(results):
+    page = results["Summary"]._repr_html_()
+    assert "<img" not in page and page.count("<table") == 1

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.attribution import Attributions, TokenAttributions
 from ..analysis.cam import CamMaps
 from ..analysis.diff import Diff
+from ..analysis.features import FeatureMaps, ReferenceComparison
 from ..analysis.gradflow import GradientFlow
 from ..analysis.trace import Trace
 from ..core.result import register_picture
 from .attribution import plot_image_attribution, plot_token_attribution
+from .features import plot_feature_maps, plot_reference_comparison
 from .plots import plot_diff, plot_gradient_flow, plot_trace
 
 if TYPE_CHECKING:
@@ -63,4 +65,6 @@ register_picture(Attributions, _maps)
 register_picture(Trace, _trace)
 register_picture(GradientFlow, _rows(plot_gradient_flow))
 register_picture(Diff, _rows(plot_diff))
+register_picture(FeatureMaps, _rows(plot_feature_maps))
+register_picture(ReferenceComparison, _rows(plot_reference_comparison))
 register_picture(TokenAttributions, lambda result: png(plot_token_attribution(result)) if result.rows else None)
