@@ -85,6 +85,31 @@ def is_weights_file(text: str) -> bool:
     return os.path.lexists(text) or any(s in text for s in seps) or text.lower().endswith(_WEIGHT_SUFFIXES)
 
 
+KNOWN_FORMATS = "files torch.save wrote (a zip, or the older pickle format) and safetensors files"
+
+
+def file_format(path: str) -> str | None:
+    """What a file's first bytes say it is: ``"zip"`` (torch.save), ``"pickle"`` (torch.save's older
+    format, or any pickle), ``"safetensors"``, or None for none of them (text, another format).
+
+    Example:
+        >>> file_format(__file__) is None
+        True
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:  # a pickle protocol 2 and later
+        return "pickle"
+    if len(head) > 9 and head[8:10] in (b'{"', b"{ ") and 2 <= int.from_bytes(head[:8], "little") <= 100_000_000:
+        return "safetensors"
+    return None
+
+
 def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, foreign: _Refusal,
                   retry_foreign: bool, failed: _Refusal) -> Any:
     """``torch.load(weights_only=True)``, and the full unpickler only when the caller vouched (``trust``);
@@ -92,6 +117,8 @@ def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, fore
     (corrupt, text: it fails in many ways) refused unless ``retry_foreign``, the full unpickler ``failed``."""
     if os.path.getsize(path) == 0:
         raise LoadError(f"cannot load {label}: the file is empty")
+    if file_format(path) not in ("zip", "pickle") and not retry_foreign:
+        raise foreign(path, ValueError("not a file torch.save wrote"))
     try:
         return read_torch_file(path, weights_only=True)
     except OSError as e:
@@ -171,7 +198,12 @@ def _pickled_weights(path: str, e: Exception) -> LoadError:
 
 
 def _not_weights(path: str, e: Exception) -> LoadError:
-    why = "it holds text" if is_text(path) else f"{type(e).__name__}: {first_line(e)}"
+    if file_format(path) is None:
+        why = "it holds text" if is_text(path) else "its first bytes are none of theirs"
+        return LoadError(f"{terms().option('weights')} {path} is not a weights file of a known format ({why}); "
+                         f"hookscope reads {KNOWN_FORMATS}: give a file torch.save(model.state_dict(), path) "
+                         "or safetensors wrote")
+    why = f"{type(e).__name__}: {first_line(e)}"
     return LoadError(f"{terms().option('weights')} {path} is not a weights file torch can read ({why}); give a file "
                      "torch.save(model.state_dict(), path) or safetensors wrote")
 
@@ -209,7 +241,7 @@ def read_weights_file(path: str, *, trust_pickle: bool) -> Any:
     if not os.path.isfile(path):
         hint = "" if is_weights_file(path) else " (weight names such as DEFAULT are for torchvision:NAME models)"
         raise LoadError(f"no such weights file: {path}{hint}")
-    if os.path.getsize(path) > 0 and path.lower().endswith(".safetensors"):
+    if os.path.getsize(path) > 0 and (path.lower().endswith(".safetensors") or file_format(path) == "safetensors"):
         return _safetensors(path)
     return _load_checked(path, f"{flag} {path}", trust=trust_pickle, pickled=_pickled_weights, foreign=_not_weights,
                          retry_foreign=False, failed=_failed_weights)
