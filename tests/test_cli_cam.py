@@ -212,7 +212,7 @@ def test_cam_on_the_demo_model_without_an_image_uses_a_generated_shape(tmp_path,
     res = cam(demo_model(), data.images)
     k, drawn = int(res.targets[0]), data.classes[int(data.labels[0])]
     assert lines[1] == "layer chosen automatically: layer3.3 (the last Conv2d with a spatial output)"
-    assert lines[2] == (f"image 0 (generated {drawn}): class {k} ({DEMO_CLASSES[k]}), score "
+    assert lines[2] == (f"image 0 (generated {drawn}): class {k} ({DEMO_CLASSES[k]}), logit "
                         f"{float(res.scores[0]):.4f} -> {out}")
     mine = save_overlay(data.images[0], res.maps[0], tmp_path / "mine.png")
     assert np.array_equal(read_png(out), read_png(mine))

@@ -278,8 +278,8 @@ def test_class_names_from_a_file_are_shown_next_to_each_prediction(tmp_path, cap
     out, _ = stderr_lines(capsys)
     lines = out.splitlines()
     assert lines[1] == "layer chosen automatically: layer2.0.conv2 (the last Conv2d with a spatial output)"
-    assert lines[2].startswith("image 0: class 3 (thing3), score ") and lines[2].endswith(f"-> {tmp_path}/o_0.png")
-    assert lines[3].startswith("image 1: class 3 (thing3), score ")
+    assert lines[2].startswith("image 0: class 3 (thing3), logit ") and lines[2].endswith(f"-> {tmp_path}/o_0.png")
+    assert lines[3].startswith("image 1: class 3 (thing3), logit ")
 
 
 def test_the_demo_model_names_its_classes(capsys):
@@ -497,7 +497,7 @@ def test_several_methods_save_an_overlay_each_and_a_side_by_side_plot(tmp_path, 
     assert no_hooks(model)
     for i in range(2):
         k = int(results[0].targets[i])
-        assert lines[1 + i].startswith(f"image {i} (s{i}.png): class {k} ({DEMO_CLASSES[k]}), score ")
+        assert lines[1 + i].startswith(f"image {i} (s{i}.png): class {k} ({DEMO_CLASSES[k]}), logit ")
         assert lines[1 + i].endswith(f"-> {tmp_path}/o_{i}_gradcam.png, {tmp_path}/o_{i}_layercam.png, "
                                      f"{tmp_path}/p_{i}.png")
         for r in results:

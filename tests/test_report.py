@@ -99,7 +99,8 @@ def test_the_report_holds_its_page_pictures_and_numbers(demo_report: Path) -> No
     assert sorted(set(pictures)) == sorted(f"img/{p.name}" for p in (demo_report / "img").iterdir())
     doc = _doc(demo_report)
     assert doc["hookscope_report"] == 1 and doc["input_shape"] == [2, 3, 64, 64]
-    assert doc["origin"] == {"random_weights": False, "generated_inputs": False}
+    assert doc["origin"] == {"random_weights": False, "weights": "the demo model's bundled weights",
+                             "generated_inputs": False}
     assert set(doc["sections"]) == {"predictions", "summary", "structure", "features", "cam", "attribution", "trace",
                                     "nonfinite", "gradflow"}
     cams = doc["sections"]["cam"]["methods"]
@@ -170,7 +171,8 @@ def test_random_weights_and_a_generated_input_are_said_at_the_top(tiny_run: dict
     heads = re.findall(r'<div class="banner" role="note"><strong>([^<]+)</strong>', html)
     assert heads == ["Random weights:", "Generated input:"]
     assert html.index('class="banner"') < html.index("<h1>")
-    assert _doc(tiny_run["out"])["origin"] == {"random_weights": True, "generated_inputs": True}
+    assert _doc(tiny_run["out"])["origin"] == {"random_weights": True, "weights": "random (seed 0)",
+                                               "generated_inputs": True}
     err = tiny_run["err"].strip().splitlines()  # and on stderr, once each
     assert sum("tiny has random weights" in line for line in err) == 1
     assert sum("the input is generated" in line for line in err) == 1 and not any("\r" in line for line in err)
