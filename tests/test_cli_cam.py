@@ -318,10 +318,13 @@ def test_a_text_file_as_weights_says_so(tmp_path, capsys):
     path = tmp_path / "w.pt"
     path.write_text("hello\n")
     assert main(["cam", "tiny", "--weights", str(path), "--json"]) == 2
-    assert one_error(capsys) == (f"--weights {path} is not a weights file torch can read (it holds text); give a "
-                                 "file torch.save(model.state_dict(), path) or safetensors wrote")
+    assert one_error(capsys) == (f"--weights {path} is not a weights file of a known format (it holds text); "
+                                 "hookscope reads files torch.save wrote (a zip, or the older pickle format) and "
+                                 "safetensors files: give a file torch.save(model.state_dict(), path) or "
+                                 "safetensors wrote")
     assert main(["layers", str(path)]) == 2
-    assert one_error(capsys, "layers").startswith(f"cannot load {path} with torch.load (it holds text); MODEL.pt ")
+    assert one_error(capsys, "layers").startswith(f"{path} is not a model file of a known format (it holds text); "
+                                                  "MODEL.pt ")
 
 
 def test_a_cached_torchvision_file_that_does_not_fit_names_the_keys(hub, capsys):

@@ -96,12 +96,11 @@ def test_a_file_with_a_syntax_error_is_one_line_with_its_place(tmp_path):
 def test_corrupt_and_state_dict_files_say_what_a_model_file_must_be(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
-    with pytest.raises(HookscopeError, match=r"bad.pt is not plain weights that torch.load\(weights_only=True\) "
-                                             r"can read \(Unsupported operand \d+\): it is corrupt, or a "
-                                             r"pickled model; .* only with --trust-pickle") as err:
+    with pytest.raises(HookscopeError, match=r"bad.pt is not a model file of a known format \(it holds text\); "
+                                             r"MODEL.pt must be a whole model saved with torch.save\(model\)") as err:
         load_model(str(bad))
-    assert "\n" not in str(err.value)
-    with pytest.raises(HookscopeError, match=r"cannot load .*bad.pt with torch.load \(.*\); MODEL.pt must be "
+    assert "\n" not in str(err.value) and "corrupt" not in str(err.value)
+    with pytest.raises(HookscopeError, match=r"bad.pt .*; MODEL.pt must be "
                                              r"a whole model saved with torch.save\(model\)") as err:
         load_model(str(bad), trust_pickle=True)
     assert "\n" not in str(err.value)

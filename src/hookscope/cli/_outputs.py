@@ -118,8 +118,7 @@ def check_not_inputs(args: argparse.Namespace, *, folder_out: bool = False) -> N
                                      "overwritten")
         where = None if folder_out and name == "out" else _folder_input(out, inputs)
         if where is not None:
-            raise HookscopeError(f"--{name} {out} is {where}; write it outside that folder, an input is never "
-                                 "overwritten")
+            raise HookscopeError(f"--{name} {out} is {where}; write it outside that folder")
 
 
 def _subject(option: str, path: Path) -> str:
@@ -157,7 +156,7 @@ def _check_one(option: str, path: Path, inputs: dict[tuple[int, int], str], fold
         raise HookscopeError(f"{what} is {read}; give another path, an input is never overwritten")
     where = _folder_input(str(path), others)
     if where is not None:
-        raise HookscopeError(f"{what} is {where}; write it outside that folder, an input is never overwritten")
+        raise HookscopeError(f"{what} is {where}; write it outside that folder")
     folder = _in_folder(Path(os.path.realpath(path)), folders)
     if folder is not None:
         raise HookscopeError(f"{what} is in the --image folder {folder}, whose images are all read (the next run "

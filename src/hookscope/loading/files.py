@@ -153,10 +153,14 @@ def _pickled_model(path: str, e: Exception) -> LoadError:
 
 
 def _unreadable_model(path: str, e: BaseException) -> LoadError:
-    why = "it holds text" if is_text(path) else f"{type(e).__name__}: {first_line(e)}"
     t = terms()
+    if file_format(path) is None:
+        why = "it holds text" if is_text(path) else "its first bytes are not those of a file torch.save wrote"
+        said = f"{path} is not a model file of a known format ({why})"
+    else:
+        said = f"cannot load {path} with torch.load ({type(e).__name__}: {first_line(e)})"
     return LoadError(
-        f"cannot load {path} with torch.load ({why}); {'MODEL.pt' if t.cli else 'a model file'} must be "
+        f"{said}; {'MODEL.pt' if t.cli else 'a model file'} must be "
         f"a whole model saved with torch.save(model) (loaded with {t.trust}), with its class importable "
         "here, or weights that a file.py:ATTR factory loads"
     )
