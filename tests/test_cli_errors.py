@@ -42,7 +42,7 @@ def files(tmp_path):
     (["summary", "{d}/models.py:NeedsArg", "--input", "1x5"], "needs arguments (hidden)"),
     (["trace", "{d}/broken.py:build", "--input", "1x5"], "broken.py, line 1: SyntaxError"),
     (["summary", "{d}/corrupt.pt", "--input", "1x5"], "is not a model file of a known format"),
-    (["summary", "{d}/corrupt.pt", "--input", "1x5", "--trust-pickle"], "cannot load"),
+    (["summary", "{d}/corrupt.pt", "--input", "1x5", "--trust-pickle"], "is not a model file of a known format"),
     (["watch", "{d}/weights.pt", "--input", "1x5"], "it looks like a state_dict"),
     (["demo", "--batch", "0"], "--batch 0 must be at least 1"),
     (["watch", "tiny", "--last", "-1"], "last=-1 must be a whole number of module calls"),
