@@ -260,6 +260,8 @@ def test_load_model_records_where_the_weights_came_from(tmp_path: Path):
     given = load_model("tiny", weights=tmp_path / "w.pt")
     assert not weights_origin(given).random and str(tmp_path / "w.pt") in weights_origin(given).source
     assert weights_origin(nn.Linear(2, 2)) is None  # not built by load_model: nothing is claimed
+    tiny.load_state_dict(TinyResNet(seed=3).state_dict())  # other weights since: nothing is claimed
+    assert weights_origin(tiny) is None
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, n_positions=16)
     config.save_pretrained(tmp_path / "cfg")

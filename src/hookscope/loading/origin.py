@@ -3,8 +3,9 @@ weights file, torchvision's named weights, an ``hf:`` folder's weights, the demo
 caller's code. Recorded once, when the model is built, and read by everything that tells the caller
 about the model (the command line's warnings, a report's banner and ``report.json``).
 
-Kept beside the model, not on it: the caller's module gets no new attribute. Must not import: anything
-of hookscope but ``errors``.
+Kept beside the model, not on it: the caller's module gets no new attribute. A weight changed since
+(``load_state_dict``, a training step: torch counts each tensor's in-place writes) makes the record
+stale, and then nothing is claimed. Must not import: anything of hookscope but ``errors``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ class WeightsOrigin:
     source: str
 
 
-_origins: weakref.WeakKeyDictionary[nn.Module, WeightsOrigin] = weakref.WeakKeyDictionary()
+_Stamp = tuple[tuple[int, int], ...]  # (id, in-place write count) of each parameter and buffer
+_origins: weakref.WeakKeyDictionary[nn.Module, tuple[WeightsOrigin, _Stamp]] = weakref.WeakKeyDictionary()
+
+
+def _stamp(model: nn.Module) -> _Stamp:
+    return tuple((id(t), int(t._version)) for t in (*model.parameters(), *model.buffers()))
 
 
 def record_origin(model: nn.Module, origin: WeightsOrigin) -> None:
@@ -46,12 +52,13 @@ def record_origin(model: nn.Module, origin: WeightsOrigin) -> None:
         >>> weights_origin(m).source
         'the weights file w.pt'
     """
-    _origins[model] = origin
+    _origins[model] = (origin, _stamp(model))
 
 
 def weights_origin(model: nn.Module) -> WeightsOrigin | None:
     """Where :func:`~hookscope.load_model` (or :func:`~hookscope.load_weights`) got ``model``'s
-    weights from; None for a model neither of them made or filled, of which nothing is known.
+    weights from; None for a model neither of them made or filled, or whose weights changed since
+    (``load_state_dict``, training), of which nothing is known.
 
     Example:
         >>> import hookscope
@@ -61,6 +68,9 @@ def weights_origin(model: nn.Module) -> WeightsOrigin | None:
         True
     """
     try:
-        return _origins.get(model)
+        held = _origins.get(model)
     except TypeError:  # a module that cannot be weakly referenced or hashed: nothing was recorded
         return None
+    if held is None or held[1] != _stamp(model):
+        return None
+    return held[0]
