@@ -246,9 +246,9 @@ def _native(owner: Any, attr: str) -> Any:
     if owner is torch.Tensor:
         return torch._C.TensorBase.__dict__.get(attr)
     homes = {torch: (torch._C._VariableFunctions,), F: (torch._C._nn, torch._C._VariableFunctions),
-             torch.linalg: (torch._C._linalg,)}.get(owner, ())
+             torch.linalg: (getattr(torch._C, "_linalg", None),)}.get(owner, ())
     names = (f"linalg_{attr}",) if owner is torch.linalg else (attr,)
-    return next((f for h in homes for n in names if (f := getattr(h, n, None)) is not None), None)
+    return next((f for h in homes if h is not None for n in names if (f := getattr(h, n, None)) is not None), None)
 
 
 def is_torchs(func: Any) -> bool:
@@ -261,7 +261,7 @@ def is_torchs(func: Any) -> bool:
     """
     code = getattr(func, "__code__", None)
     if code is not None:
-        return os.path.abspath(code.co_filename).startswith(_TORCH_DIR)
+        return bool(os.path.abspath(code.co_filename).startswith(_TORCH_DIR))
     return type(func).__module__ in ("builtins", "torch", "torch._C") or type(func).__name__ in (
         "method_descriptor", "wrapper_descriptor", "builtin_function_or_method", "getset_descriptor")
 
