@@ -296,3 +296,22 @@ def test_a_folder_with_its_own_code_is_refused_and_its_code_never_runs(tmp_path:
         said = one_line(err)
         assert "auto_map" in said and "code" in said
     assert not (folder / "ran").exists()
+
+
+def test_every_transformers_loading_call_keeps_remote_code_off():
+    import ast
+
+    import hookscope.cli._tokenizer
+    import hookscope.loading
+
+    files = [*Path(hookscope.loading.__file__).parent.glob("*.py"), Path(hookscope.cli._tokenizer.__file__)]
+    calls = []
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "from_pretrained", "from_config"):
+                given = {k.arg: k.value for k in node.keywords}
+                off = isinstance(given.get("trust_remote_code"), ast.Constant) and \
+                    given["trust_remote_code"].value is False
+                calls.append((file.name, node.lineno, off))
+    assert calls and all(off for _, _, off in calls), calls
