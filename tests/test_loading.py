@@ -315,3 +315,16 @@ def test_every_transformers_loading_call_keeps_remote_code_off():
                     given["trust_remote_code"].value is False
                 calls.append((file.name, node.lineno, off))
     assert calls and all(off for _, _, off in calls), calls
+
+
+def test_a_safetensors_file_as_the_model_says_to_pass_it_as_weights(tmp_path: Path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    safetensors.save_file(TinyResNet().state_dict(), str(tmp_path / "model.safetensors"))
+    with pytest.raises(LoadError) as err:
+        load_model(str(tmp_path / "model.safetensors"))
+    said = one_line(err)
+    assert "is a safetensors file" in said and f"weights={tmp_path / 'model.safetensors'}" in said
+    safetensors.save_file(TinyResNet(seed=1).state_dict(), str(tmp_path / "w.bin"))  # found by its content
+    model = load_model("tiny", weights=tmp_path / "w.bin")
+    expected = TinyResNet(seed=1).state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())

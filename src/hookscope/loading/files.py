@@ -154,6 +154,9 @@ def _pickled_model(path: str, e: Exception) -> LoadError:
 
 def _unreadable_model(path: str, e: BaseException) -> LoadError:
     t = terms()
+    if file_format(path) == "safetensors":
+        return LoadError(f"{path} is a safetensors file: weights without the model's code; pass the architecture "
+                         f"as {t.model} and this file as {t.given('weights', path)}")
     if file_format(path) is None:
         why = "it holds text" if is_text(path) else "its first bytes are not those of a file torch.save wrote"
         said = f"{path} is not a model file of a known format ({why})"
