@@ -117,6 +117,11 @@ def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, fore
     (corrupt, text: it fails in many ways) refused unless ``retry_foreign``, the full unpickler ``failed``."""
     if os.path.getsize(path) == 0:
         raise LoadError(f"cannot load {label}: the file is empty")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise LoadError(f"cannot read {label}: {e.strerror or e}") from e
     if file_format(path) not in ("zip", "pickle") and not retry_foreign:
         raise foreign(path, ValueError("not a file torch.save wrote"))
     try:
