@@ -209,3 +209,13 @@ def TinyState() -> dict[str, torch.Tensor]:
     from hookscope.zoo import TinyResNet
 
     return TinyResNet().state_dict()
+
+
+def test_no_python_file_beside_a_models_code_is_written(tmp_path, capsys):
+    (tmp_path / "helpers.py").write_text("WIDTH = 4\n")
+    (tmp_path / "net.py").write_text(NET.replace("import torch, pathlib", "import torch, pathlib\nimport helpers"))
+    before = snapshot(tmp_path)
+    said = refused(capsys, ["trace", f"{tmp_path}/net.py:Net", "--input", "1x3x8x8", "--out", str(tmp_path / "helpers.py")])
+    assert said.startswith(f"--out {tmp_path / 'helpers.py'} is in the folder of MODEL's Python file")
+    assert snapshot(tmp_path) == before and not (tmp_path / "ran").exists()
+    check_not_inputs(argparse.Namespace(model=f"{tmp_path}/net.py:Net", out=str(tmp_path / "trace.txt")))

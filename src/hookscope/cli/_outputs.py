@@ -5,7 +5,8 @@ says. An input is every existing path the command reads, whatever the option or 
 by: ``MODEL`` (``model.pt``, the file of ``file.py:ATTR``), ``B`` of ``diff``, ``--against`` of
 ``report``, ``--weights``, ``--config``, ``--data``, ``--image``, ``--classes``; and the files of an
 input folder that a run reads: every file of a ``--config`` folder (config, weights, tokenizer: a file
-written there would be read as one of them), the images of an ``--image`` or ``--data`` folder.
+written there would be read as one of them), the images of an ``--image`` or ``--data`` folder, the
+Python files beside the ``file.py`` of ``file.py:ATTR`` (which its code may import).
 """
 
 from __future__ import annotations
@@ -80,9 +81,19 @@ def _read_from(option: str, folder: Path, out: str) -> bool:
     return option == "--data" and image and top in real.parents
 
 
+def _beside_code(option: str, path: Path, out: str) -> bool:
+    """Whether ``out`` is a Python file in the folder (or a package below it) of a spec's ``file.py``, which
+    that code may import."""
+    if option not in ("MODEL", "B") or path.suffix != ".py" or not out.endswith(".py"):
+        return False
+    return Path(os.path.realpath(path)).parent in Path(os.path.realpath(out)).parents
+
+
 def _folder_input(out: str, inputs: Sequence[tuple[str, Path]]) -> str | None:
     """How an error names the input folder ``out`` would be read from, or None."""
     for option, path in inputs:
+        if _beside_code(option, path, out):
+            return f"in the folder of {option}'s Python file {path}, whose code may import it"
         if _read_from(option, path, out):
             whose = ("whose files the model is read from (a file written there would be read as one of them)"
                      if option == "--config" else "whose images are all read (the next run would read it back "
