@@ -119,7 +119,8 @@ def _check_tied(model: nn.Module, state: Mapping[str, torch.Tensor], path: str) 
     for group in names.values():
         held = [n for n in group if n in state]
         first = held[0] if held else None
-        other = next((n for n in held[1:] if not _same(state[n], state[first])), None) if first else None
+        other = next((n for n in held[1:] if state[n].shape == state[first].shape  # else: a shape mismatch
+                      and not _same(state[n], state[first])), None) if first else None
         if first is not None and other is not None:
             raise LoadError(f"{terms().option('weights')} {path} holds different tensors for {first} and {other}, "
                             f"which are one tensor in the model (tied weights): loading would drop one of them; "
