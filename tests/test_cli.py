@@ -109,3 +109,26 @@ def test_layers_and_layer_are_one_option_on_every_command(capsys, tmp_path):
             main([command, "--help"])
         text = capsys.readouterr().out
         assert "--layers" in text and "--layer" in text.replace("--layers", ""), command
+
+
+def test_a_pattern_after_the_options_is_the_pattern(capsys):
+    assert main(["layers", "tiny", "layer1.*"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["layers", "--no-run", "tiny", "--input", "1x3x32x32", "layer1.*"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1.0" in out and "layer2" not in out
+    assert main(["layers", "tiny", "--input", "1x3x32x32", "layer1.*"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["layers", "--ops", "tiny", "--input", "1x3x32x32", "layer1.0"]) == 0
+    out = capsys.readouterr().out
+    assert "layer1.0::" in out and "layer2" not in out
+
+
+@pytest.mark.parametrize("typed, meant", [("cma", "cam"), ("trcae", "trace"), ("reprot", "report"),
+                                          ("sumary", "summary")])
+def test_a_command_with_letters_swapped_or_missing_gets_the_closest_one(capsys, typed, meant):
+    with pytest.raises(SystemExit) as exit:
+        main([typed, "tiny"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"Did you mean {meant!r}?" in err[0], err

@@ -212,7 +212,7 @@ def test_cam_on_the_demo_model_without_an_image_uses_a_generated_shape(tmp_path,
     res = cam(demo_model(), data.images)
     k, drawn = int(res.targets[0]), data.classes[int(data.labels[0])]
     assert lines[1] == "layer chosen automatically: layer3.3 (the last Conv2d with a spatial output)"
-    assert lines[2] == (f"image 0 (generated {drawn}): class {k} ({DEMO_CLASSES[k]}), score "
+    assert lines[2] == (f"image 0 (generated {drawn}): class {k} ({DEMO_CLASSES[k]}), logit "
                         f"{float(res.scores[0]):.4f} -> {out}")
     mine = save_overlay(data.images[0], res.maps[0], tmp_path / "mine.png")
     assert np.array_equal(read_png(out), read_png(mine))
@@ -318,10 +318,13 @@ def test_a_text_file_as_weights_says_so(tmp_path, capsys):
     path = tmp_path / "w.pt"
     path.write_text("hello\n")
     assert main(["cam", "tiny", "--weights", str(path), "--json"]) == 2
-    assert one_error(capsys) == (f"--weights {path} is not a weights file torch can read (it holds text); give a "
-                                 "file torch.save(model.state_dict(), path) or safetensors wrote")
+    assert one_error(capsys) == (f"--weights {path} is not a weights file of a known format (it holds text); "
+                                 "hookscope reads files torch.save wrote (a zip, or the older pickle format) and "
+                                 "safetensors files: give a file torch.save(model.state_dict(), path) or "
+                                 "safetensors wrote")
     assert main(["layers", str(path)]) == 2
-    assert one_error(capsys, "layers").startswith(f"cannot load {path} with torch.load (it holds text); MODEL.pt ")
+    assert one_error(capsys, "layers").startswith(f"{path} is not a model file of a known format (it holds text); "
+                                                  "MODEL.pt ")
 
 
 def test_a_cached_torchvision_file_that_does_not_fit_names_the_keys(hub, capsys):

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -96,12 +98,11 @@ def test_a_file_with_a_syntax_error_is_one_line_with_its_place(tmp_path):
 def test_corrupt_and_state_dict_files_say_what_a_model_file_must_be(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
-    with pytest.raises(HookscopeError, match=r"bad.pt is not plain weights that torch.load\(weights_only=True\) "
-                                             r"can read \(Unsupported operand \d+\): it is corrupt, or a "
-                                             r"pickled model; .* only with --trust-pickle") as err:
+    with pytest.raises(HookscopeError, match=r"bad.pt is not a model file of a known format \(it holds text\); "
+                                             r"MODEL.pt must be a whole model saved with torch.save\(model\)") as err:
         load_model(str(bad))
-    assert "\n" not in str(err.value)
-    with pytest.raises(HookscopeError, match=r"cannot load .*bad.pt with torch.load \(.*\); MODEL.pt must be "
+    assert "\n" not in str(err.value) and "it is corrupt" not in str(err.value)
+    with pytest.raises(HookscopeError, match=r"bad.pt .*; MODEL.pt must be "
                                              r"a whole model saved with torch.save\(model\)") as err:
         load_model(str(bad), trust_pickle=True)
     assert "\n" not in str(err.value)
@@ -131,3 +132,27 @@ def test_a_whole_pickled_model_with_weights_gets_those_weights(tmp_path):
     torch.save(other.state_dict(), tmp_path / "w.pt")
     model = load_model(str(saved), trust_pickle=True, weights=str(tmp_path / "w.pt"))
     assert torch.equal(model[0].weight, other[0].weight)
+
+
+def test_a_config_folder_with_its_own_code_is_refused_without_a_prompt_and_runs_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "configuration_evil.py").write_text("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n")
+    (folder / "config.json").write_text('{"model_type": "hookscope-evil", "auto_map": {"AutoConfig": '
+                                        '"configuration_evil.EvilConfig"}}')
+    (folder / "tokenizer_config.json").write_text('{"auto_map": {"AutoTokenizer": ["tokenization_evil.T", null]}}')
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for argv in (["summary", "hf:causal-lm", "--config", str(folder)],
+                 ["trace", "hf:causal-lm", "--config", str(folder / "config.json")]):
+        done = subprocess.run([sys.executable, "-m", "hookscope", *argv], input="y\ny\ny\n", capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(err) == 1, done.stderr
+        assert "auto_map" in err[0] and "never runs a model folder's code" in err[0]
+        assert done.stdout == ""  # no question asked
+    assert not (folder / "ran").exists()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -152,3 +152,70 @@ def test_a_folder_out_that_is_an_input_folder_is_refused(tmp_path):
         check_not_inputs(argparse.Namespace(image=[str(tmp_path)], out=str(tmp_path / "." )), folder_out=True)
     # a file --out inside an input folder is a new file, not an input: allowed
     check_not_inputs(argparse.Namespace(image=[str(tmp_path)], out=str(tmp_path / "new.pt")))
+
+
+# --- the files of an input folder ------------------------------------------------------------------------
+@pytest.fixture
+def hf_folder(tmp_path: Path) -> Path:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, n_positions=16)
+    folder = tmp_path / "gpt"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text('{"version": "1.0"}')
+    return folder
+
+
+def test_no_file_of_a_config_folder_is_ever_written(hf_folder: Path, capsys):
+    before = snapshot(hf_folder)
+    folder = str(hf_folder)
+    for argv in (["attribute", "hf:causal-lm", "--config", folder, "--input-ids", "1 2 3",
+                  "--plot", f"{folder}/tokenizer.json"],
+                 ["prune", "hf:causal-lm", "--config", folder, "--amount", "0.3", "--out", f"{folder}/config.json",
+                  "--overwrite"],
+                 ["prune", "hf:causal-lm", "--config", folder, "--amount", "0.3", "--out",
+                  f"{folder}/model.safetensors", "--overwrite"],
+                 ["prune", "hf:causal-lm", "--config", folder, "--amount", "0.3", "--out",
+                  f"{folder}/pytorch_model.bin"],  # not there yet, but the next run would read it
+                 ["trace", "hf:causal-lm", "--config", folder, "--out", f"{folder}/../gpt/trace.txt"]):
+        said = refused(capsys, argv)
+        assert f"is in the --config folder {folder}, whose files the model is read from" in said, said
+    assert snapshot(hf_folder) == before
+
+
+def test_an_image_written_into_an_image_or_data_folder_is_refused(tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    png(images / "a.png")
+    before = snapshot(tmp_path)
+    said = refused(capsys, ["attribute", "demo", "--image", str(images), "--plot", str(images / "new.png")])
+    assert "is in the --image folder" in said
+    check_not_inputs(argparse.Namespace(data=[str(tmp_path)], out=str(tmp_path / "new.pt")))  # not an image
+    with pytest.raises(HookscopeError, match="is in the --data folder"):
+        check_not_inputs(argparse.Namespace(data=[str(tmp_path)], plot=str(images / "p.png")))
+    assert snapshot(tmp_path) == before
+
+
+def test_the_report_against_file_is_an_input(tmp_path, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    torch.save(TinyState(), out / "other.pt")
+    said = refused(capsys, ["report", "tiny", "--against", str(out / "other.pt"), "--out", str(out), "--overwrite"])
+    assert said.startswith(f"--out {out} holds {out / 'other.pt'}, the --against file;")
+    assert (out / "other.pt").exists()
+
+
+def TinyState() -> dict[str, torch.Tensor]:
+    from hookscope.zoo import TinyResNet
+
+    return TinyResNet().state_dict()
+
+
+def test_no_python_file_beside_a_models_code_is_written(tmp_path, capsys):
+    (tmp_path / "helpers.py").write_text("WIDTH = 4\n")
+    (tmp_path / "net.py").write_text(NET.replace("import torch, pathlib", "import torch, pathlib\nimport helpers"))
+    before = snapshot(tmp_path)
+    said = refused(capsys, ["trace", f"{tmp_path}/net.py:Net", "--input", "1x3x8x8", "--out", str(tmp_path / "helpers.py")])
+    assert said.startswith(f"--out {tmp_path / 'helpers.py'} is in the folder of MODEL's Python file")
+    assert snapshot(tmp_path) == before and not (tmp_path / "ran").exists()
+    check_not_inputs(argparse.Namespace(model=f"{tmp_path}/net.py:Net", out=str(tmp_path / "trace.txt")))

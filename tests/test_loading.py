@@ -186,3 +186,145 @@ def test_class_names_from_a_file_the_demo_model_and_torchvision_weights(tmp_path
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(LoadError, match=f"^classes {tmp_path}/empty.txt holds no class names"):
         class_names("tiny", classes=tmp_path / "empty.txt")
+
+
+# --- tied weights, a file that is not weights, where the weights came from, no repository code --------
+class Tied(nn.Module):
+    """An embedding and an output layer that are one tensor, as a language model ties them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(6, 4)
+        self.lm_head = nn.Linear(4, 6, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.wte(ids))
+
+
+def test_a_file_with_different_tensors_for_tied_weights_is_refused_naming_both(tmp_path: Path):
+    state = {k: v.clone() for k, v in Tied().state_dict().items()}
+    state["lm_head.weight"] = torch.randn(6, 4)
+    torch.save(state, tmp_path / "untied.pt")
+    model = Tied()
+    before = model.wte.weight.detach().clone()
+    with pytest.raises(LoadError) as err:
+        load_weights(model, tmp_path / "untied.pt")
+    said = one_line(err)
+    assert "lm_head.weight" in said and "wte.weight" in said and "tied" in said
+    assert torch.equal(model.wte.weight, before) and model.lm_head.weight is model.wte.weight
+
+
+def test_a_file_with_equal_tensors_for_tied_weights_loads(tmp_path: Path):
+    saved = Tied()
+    torch.save(saved.state_dict(), tmp_path / "tied.pt")  # both names, one tensor
+    state = {k: v.clone() for k, v in saved.state_dict().items()}  # both names, equal copies
+    torch.save(state, tmp_path / "copies.pt")
+    for name in ("tied.pt", "copies.pt"):
+        model = load_weights(Tied(), tmp_path / name)
+        assert torch.equal(model.wte.weight, saved.wte.weight) and model.lm_head.weight is model.wte.weight
+
+
+def test_a_gpt2_file_with_an_untied_head_is_refused(tmp_path: Path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, n_positions=16)
+    state = {k: v.clone() for k, v in transformers.GPT2LMHeadModel(config).state_dict().items()}
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"])
+    torch.save(state, tmp_path / "w.pt")
+    config.save_pretrained(tmp_path / "cfg")
+    with pytest.raises(LoadError) as err:
+        load_model("hf:causal-lm", config=tmp_path / "cfg", weights=tmp_path / "w.pt")
+    said = one_line(err)
+    assert "lm_head.weight" in said and "transformer.wte.weight" in said
+
+
+def test_a_text_file_as_weights_is_said_to_be_no_weights_format(tmp_path: Path):
+    (tmp_path / "notes.pt").write_text("these are my notes, not weights\n")
+    (tmp_path / "junk.pt").write_bytes(bytes(range(1, 200)))
+    for name in ("notes.pt", "junk.pt"):
+        with pytest.raises(LoadError) as err:
+            load_weights(nn.Linear(2, 2), tmp_path / name)
+        said = one_line(err)
+        assert not isinstance(err.value, UntrustedPickleError), said
+        assert "trust_pickle" not in said and "corrupt" not in said and "pickled" not in said
+        assert "not a weights file of a known format" in said and "safetensors" in said
+
+
+def test_load_model_records_where_the_weights_came_from(tmp_path: Path):
+    from hookscope.loading import weights_origin
+
+    tiny = load_model("tiny")
+    assert weights_origin(tiny).random and "random" in weights_origin(tiny).source
+    assert not weights_origin(load_model("demo")).random
+    torch.save(TinyResNet().state_dict(), tmp_path / "w.pt")
+    given = load_model("tiny", weights=tmp_path / "w.pt")
+    assert not weights_origin(given).random and str(tmp_path / "w.pt") in weights_origin(given).source
+    assert weights_origin(nn.Linear(2, 2)) is None  # not built by load_model: nothing is claimed
+    tiny.load_state_dict(TinyResNet(seed=3).state_dict())  # other weights since: nothing is claimed
+    assert weights_origin(tiny) is None
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=40, n_positions=16)
+    config.save_pretrained(tmp_path / "cfg")
+    assert weights_origin(load_model("hf:causal-lm", config=tmp_path / "cfg")).random
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "trained")
+    assert not weights_origin(load_model("hf:causal-lm", config=tmp_path / "trained")).random
+
+
+REMOTE = ("import pathlib\n"
+          "pathlib.Path(__file__).with_name('ran').touch()\n"
+          "from transformers import PretrainedConfig\n"
+          "class EvilConfig(PretrainedConfig):\n"
+          "    model_type = 'hookscope-evil'\n")
+
+
+def remote_code_folder(root: Path) -> Path:
+    folder = root / "evil"
+    folder.mkdir()
+    (folder / "configuration_evil.py").write_text(REMOTE)
+    (folder / "config.json").write_text(
+        '{"model_type": "hookscope-evil", "auto_map": {"AutoConfig": "configuration_evil.EvilConfig", '
+        '"AutoModelForCausalLM": "configuration_evil.EvilModel"}}')
+    return folder
+
+
+def test_a_folder_with_its_own_code_is_refused_and_its_code_never_runs(tmp_path: Path):
+    pytest.importorskip("transformers")
+    folder = remote_code_folder(tmp_path)
+    for config in (folder, folder / "config.json"):
+        with pytest.raises(LoadError) as err:
+            load_model("hf:causal-lm", config=config)
+        said = one_line(err)
+        assert "auto_map" in said and "code" in said
+    assert not (folder / "ran").exists()
+
+
+def test_every_transformers_loading_call_keeps_remote_code_off():
+    import ast
+
+    import hookscope.cli._tokenizer
+    import hookscope.loading
+
+    files = [*Path(hookscope.loading.__file__).parent.glob("*.py"), Path(hookscope.cli._tokenizer.__file__)]
+    calls = []
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                    "from_pretrained", "from_config"):
+                given = {k.arg: k.value for k in node.keywords}
+                off = isinstance(given.get("trust_remote_code"), ast.Constant) and \
+                    given["trust_remote_code"].value is False
+                calls.append((file.name, node.lineno, off))
+    assert calls and all(off for _, _, off in calls), calls
+
+
+def test_a_safetensors_file_as_the_model_says_to_pass_it_as_weights(tmp_path: Path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    safetensors.save_file(TinyResNet().state_dict(), str(tmp_path / "model.safetensors"))
+    with pytest.raises(LoadError) as err:
+        load_model(str(tmp_path / "model.safetensors"))
+    said = one_line(err)
+    assert "is a safetensors file" in said and f"weights={tmp_path / 'model.safetensors'}" in said
+    safetensors.save_file(TinyResNet(seed=1).state_dict(), str(tmp_path / "w.bin"))  # found by its content
+    model = load_model("tiny", weights=tmp_path / "w.bin")
+    expected = TinyResNet(seed=1).state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())

@@ -249,3 +249,60 @@ def test_attention_products_belong_to_the_attention_module(name):
         row = s[prefix][0]
         children = sum(s[c][0].macs for c in row.children if s[c][0].called)
         assert row.macs - children == LM_ATTENTION // 2
+
+
+# --- torch functions another library replaced (torchlens wraps them until its unwrap_torch()) -------------
+class MatmulNet(nn.Module):
+    """``x @ w`` and ``torch.matmul(x, w)``: 2 x 5 outputs, 4 products each, twice: 80 multiply-adds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.w) + torch.matmul(x, self.w)
+
+
+WRAP = """
+import torch
+real_matmul, real_dunder = torch.matmul, torch.Tensor.__matmul__
+def matmul(*args, **kwargs):
+    return real_matmul(*args, **kwargs)
+def dunder(self, other):
+    return real_dunder(self, other)
+torch.matmul, torch.Tensor.__matmul__ = matmul, dunder
+"""
+
+
+def _wrapped_say(s) -> None:
+    assert s.totals.macs == 80
+    assert s.totals.macs_partial  # the count cannot vouch for functions that are not torch's
+    text = str(s)
+    assert "torch.matmul" in text and "Tensor.__matmul__" in text and "another library" in text
+
+
+def test_torch_functions_replaced_after_import_are_counted_and_said(monkeypatch):
+    namespace: dict = {}
+    exec(compile(WRAP.replace("torch.matmul, torch.Tensor.__matmul__ = matmul, dunder", ""), "wrapper.py", "exec"),
+         namespace)
+    monkeypatch.setattr(torch, "matmul", namespace["matmul"])
+    monkeypatch.setattr(torch.Tensor, "__matmul__", namespace["dunder"])
+    s = hookscope.summary(MatmulNet(), torch.ones(2, 4))
+    _wrapped_say(s)
+
+
+def test_torch_functions_replaced_before_hookscope_is_imported_are_counted_and_said(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(WRAP + "import hookscope, sys\nsys.path.insert(0, sys.argv[1])\nfrom test_macs import MatmulNet, "
+                      "_wrapped_say\n_wrapped_say(hookscope.summary(MatmulNet(), torch.ones(2, 4)))\nprint('ok')\n")
+    done = subprocess.run([sys.executable, str(script), str(__import__("pathlib").Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_torch_own_functions_are_not_said_to_be_replaced():
+    s = hookscope.summary(MatmulNet(), torch.ones(2, 4))
+    assert s.totals.macs == 80 and not s.totals.macs_partial and "another library" not in str(s)

@@ -142,7 +142,7 @@ def test_cli_prints_predicted_class_score_and_layer_and_saves_the_input_under_th
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "TinyResNet, input 1x3x32x32, method gradcam, layer layer2.0.conv2"
     assert printed[1] == "layer chosen automatically: layer2.0.conv2 (the last Conv2d with a spatial output)"
-    assert printed[2] == f"image 0: class {k}, score {logits[0, k].item():.4f} -> {out}"
+    assert printed[2] == f"image 0: class {k}, logit {logits[0, k].item():.4f} -> {out}"
     picture = (x[0] - x.min()) / (x.max() - x.min())  # alpha 0: the input itself, min-max scaled
     expected = (picture * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     assert np.array_equal(read_png(out), expected)

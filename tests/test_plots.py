@@ -371,7 +371,7 @@ def test_cams_are_the_input_then_one_titled_overlay_per_method(cams):
     assert np.allclose(fig.axes[0].images[0].get_array(), x[1].permute(1, 2, 0).numpy())
     for ax, r in zip(fig.axes[1:], results):
         target, score = int(r.targets[1]), float(r.scores[1])
-        assert ax.get_title().splitlines() == [r.method, f"class {target} (shape{target})", f"score {score:.4g}"]
+        assert ax.get_title().splitlines() == [r.method, f"class {target} (shape{target})", f"logit {score:.4g}"]
         expected = overlay(x[1], r.maps[1], alpha=0.4).clamp(0, 1).permute(1, 2, 0).numpy()
         assert np.allclose(ax.images[0].get_array(), expected, atol=1e-6)
     assert fig._suptitle.get_text() == "layer: layer2"

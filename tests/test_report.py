@@ -9,6 +9,7 @@ weights (random weights, generated input: both banners, and the comparison secti
 from __future__ import annotations
 
 import contextlib
+import html
 import io
 import json
 import os
@@ -98,7 +99,8 @@ def test_the_report_holds_its_page_pictures_and_numbers(demo_report: Path) -> No
     assert sorted(set(pictures)) == sorted(f"img/{p.name}" for p in (demo_report / "img").iterdir())
     doc = _doc(demo_report)
     assert doc["hookscope_report"] == 1 and doc["input_shape"] == [2, 3, 64, 64]
-    assert doc["origin"] == {"random_weights": False, "generated_inputs": False}
+    assert doc["origin"] == {"random_weights": False, "weights": "the demo model's bundled weights",
+                             "generated_inputs": False}
     assert set(doc["sections"]) == {"predictions", "summary", "structure", "features", "cam", "attribution", "trace",
                                     "nonfinite", "gradflow"}
     cams = doc["sections"]["cam"]["methods"]
@@ -169,7 +171,8 @@ def test_random_weights_and_a_generated_input_are_said_at_the_top(tiny_run: dict
     heads = re.findall(r'<div class="banner" role="note"><strong>([^<]+)</strong>', html)
     assert heads == ["Random weights:", "Generated input:"]
     assert html.index('class="banner"') < html.index("<h1>")
-    assert _doc(tiny_run["out"])["origin"] == {"random_weights": True, "generated_inputs": True}
+    assert _doc(tiny_run["out"])["origin"] == {"random_weights": True, "weights": "random (seed 0)",
+                                               "generated_inputs": True}
     err = tiny_run["err"].strip().splitlines()  # and on stderr, once each
     assert sum("tiny has random weights" in line for line in err) == 1
     assert sum("the input is generated" in line for line in err) == 1 and not any("\r" in line for line in err)
@@ -533,3 +536,79 @@ def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["layers", "tiny", "nosuch", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and err.strip().splitlines()[-1].startswith("hookscope layers: error:")
+
+
+# --- what the report is about: the caller's inputs, where the weights came from ------------------------
+class Scaling(nn.Module):
+    """Writes into its input (``x.mul_``), as a careless model may: every pass after the first would see
+    another input if the report fed it the same tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.25)
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_every_pass_sees_the_callers_inputs_and_leaves_them_as_they_were(tmp_path: Path) -> None:
+    model = Scaling().eval()
+    x = torch.rand(2, 3, 8, 8)
+    given = x.clone()
+    path = build_report(model, x, tmp_path / "r", methods=[], attributions=[], progress=False)
+    assert torch.equal(x, given)  # the caller's tensor, untouched
+    doc = json.loads((path / "report.json").read_text())
+    with torch.no_grad():
+        expected = model(given.clone()).softmax(-1).max(-1)
+    assert [r["class"] for r in doc["sections"]["predictions"]] == expected.indices.tolist()
+    assert [r["prob"] for r in doc["sections"]["predictions"]] == pytest.approx(expected.values.tolist())
+    first = doc["sections"]["trace"]["rows"][0]  # the conv's output, traced on the given inputs
+    with torch.no_grad():
+        conv = model.conv(given * 0.25)
+    assert first["std"] == pytest.approx(float(conv.float().std(unbiased=False)), rel=1e-5)
+    assert no_hooks(model)
+
+
+def test_an_hf_model_built_from_a_config_has_the_random_weights_banner(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(image_size=16, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=16, num_labels=3)
+    config.save_pretrained(tmp_path / "vit")
+    code, _, err = _quiet_main(["report", "hf:image-classification", "--config", str(tmp_path / "vit"),
+                                "--input", "1x3x16x16", "--methods", "none", "--out", str(tmp_path / "r")])
+    assert code == 0, err
+    doc = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert doc["origin"]["random_weights"] is True
+    assert "random" in doc["origin"]["weights"]
+    assert "Random weights:" in (tmp_path / "r" / "index.html").read_text()
+
+
+def test_build_report_reads_where_load_model_got_the_weights(tmp_path: Path) -> None:
+    from hookscope import load_model
+
+    path = build_report(load_model("tiny"), torch.rand(1, 3, 32, 32), tmp_path / "r", methods=[],
+                        attributions=[], progress=False)
+    doc = json.loads((path / "report.json").read_text())
+    assert doc["origin"]["random_weights"] is True and doc["origin"]["weights"] == "random (seed 0)"
+    assert "Random weights:" in (path / "index.html").read_text()
+    path = build_report(_small(), torch.rand(1, 3, 8, 8), tmp_path / "s", methods=[], attributions=[],
+                        progress=False)
+    doc = json.loads((path / "report.json").read_text())
+    assert doc["origin"]["random_weights"] is False and doc["origin"]["weights"] is None
+
+
+def test_the_cam_scores_are_said_to_be_logits(tmp_path: Path) -> None:
+    path = build_report(_small(), torch.rand(1, 3, 8, 8), tmp_path / "r", methods=["gradcam"], attributions=[],
+                        progress=False)
+    page = (path / "index.html").read_text()
+    assert "the target class's logit" in html.unescape(page)
+    from hookscope import cam
+    from hookscope.viz.plots import plot_cams
+
+    model, x = _small(), torch.rand(1, 3, 8, 8)
+    fig = plot_cams(x[0], [cam(model, x, method="gradcam")])
+    title = fig.axes[1].get_title()
+    assert "logit " in title and "score" not in title

@@ -18,6 +18,7 @@ __all__ = [
     "NonFiniteError",
     "LoadError",
     "UntrustedPickleError",
+    "ExtractOverflowError",
     "closest",
 ]
 
@@ -59,6 +60,11 @@ class LoadError(HookscopeError):
 class UntrustedPickleError(LoadError):
     """A file holds pickled objects, which are unpickled (running whatever code they name) only when
     the caller vouches for the file: ``trust_pickle=True``, or ``--trust-pickle`` on the command line."""
+
+
+class ExtractOverflowError(HookscopeError):
+    """A layer's values lie beyond the range of the dtype an extract stores them in (they would become
+    inf): the store is not resumable with that dtype; the message names the layer and a wider dtype."""
 
 
 class StopForward(BaseException):

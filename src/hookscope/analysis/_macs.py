@@ -13,7 +13,9 @@ is counted. Nothing here registers a hook or knows about summaries.
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from .._tree import first_tensor
 from ..core.compiled import eager
 
-__all__ = ["own_macs", "has_rule", "ProductCounter"]
+__all__ = ["own_macs", "has_rule", "is_torchs", "ProductCounter"]
 
 # The module types own_macs has a rule for: the functions they call inside are theirs, not counted again.
 _RULED: tuple[type[nn.Module], ...] = (
@@ -194,48 +196,107 @@ def _einsum(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | No
     return int(out.numel()) * math.prod(contracted) if contracted else 0
 
 
-def _functions() -> dict[Any, tuple[str, _Counter | None]]:
-    """Torch functions (and Tensor methods) that multiply matrices: name and counter (None: not counted)."""
-    T = torch.Tensor
-    counted: list[tuple[str, _Counter, tuple[Any, ...]]] = [
-        ("matmul", _product(0, "input"), (torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)),
-        ("matmul", _rmatmul, (T.__rmatmul__,)),
-        ("mm", _product(0, "input"), (torch.mm, T.mm)),
-        ("bmm", _product(0, "input"), (torch.bmm, T.bmm)),
-        ("mv", _product(0, "input"), (torch.mv, T.mv)),
-        ("addmm", _product(1, "mat1"), (torch.addmm, T.addmm, T.addmm_)),
-        ("baddbmm", _product(1, "batch1"), (torch.baddbmm, T.baddbmm, T.baddbmm_)),
-        ("addmv", _product(1, "mat"), (torch.addmv, T.addmv, T.addmv_)),
-        ("addbmm", _addbmm, (torch.addbmm, T.addbmm, T.addbmm_)),
-        ("dot", _dot, (torch.dot, T.dot, torch.vdot, T.vdot)),
-        ("inner", _product(0, "input"), (torch.inner, T.inner)),
-        ("linear", _product(1, "weight"), (F.linear,)),
-        ("bilinear", _bilinear, (F.bilinear,)),
-        ("conv", _conv, (F.conv1d, F.conv2d, F.conv3d)),
-        ("conv_transpose", _conv_transpose, (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)),
-        ("scaled_dot_product_attention", _sdpa, (F.scaled_dot_product_attention,)),
-        ("einsum", _einsum, (torch.einsum,)),
+_Ref = tuple[Any, str]  # (owner, attribute): where a torch function is found, such as (torch, "matmul")
+
+
+def _entries() -> list[tuple[str, _Counter | None, tuple[_Ref, ...]]]:
+    """Torch functions (and Tensor methods) that multiply matrices, by where they are found: name, counter
+    (None: seen, not counted) and places."""
+    T, L = torch.Tensor, torch.linalg
+    counted: list[tuple[str, _Counter | None, tuple[_Ref, ...]]] = [
+        ("matmul", _product(0, "input"), ((torch, "matmul"), (T, "matmul"), (T, "__matmul__"), (L, "matmul"))),
+        ("matmul", _rmatmul, ((T, "__rmatmul__"),)),
+        ("mm", _product(0, "input"), ((torch, "mm"), (T, "mm"))),
+        ("bmm", _product(0, "input"), ((torch, "bmm"), (T, "bmm"))),
+        ("mv", _product(0, "input"), ((torch, "mv"), (T, "mv"))),
+        ("addmm", _product(1, "mat1"), ((torch, "addmm"), (T, "addmm"), (T, "addmm_"))),
+        ("baddbmm", _product(1, "batch1"), ((torch, "baddbmm"), (T, "baddbmm"), (T, "baddbmm_"))),
+        ("addmv", _product(1, "mat"), ((torch, "addmv"), (T, "addmv"), (T, "addmv_"))),
+        ("addbmm", _addbmm, ((torch, "addbmm"), (T, "addbmm"), (T, "addbmm_"))),
+        ("dot", _dot, ((torch, "dot"), (T, "dot"), (torch, "vdot"), (T, "vdot"))),
+        ("inner", _product(0, "input"), ((torch, "inner"), (T, "inner"))),
+        ("linear", _product(1, "weight"), ((F, "linear"),)),
+        ("bilinear", _bilinear, ((F, "bilinear"),)),
+        ("conv", _conv, ((F, "conv1d"), (F, "conv2d"), (F, "conv3d"))),
+        ("conv_transpose", _conv_transpose, ((F, "conv_transpose1d"), (F, "conv_transpose2d"),
+                                             (F, "conv_transpose3d"))),
+        ("scaled_dot_product_attention", _sdpa, ((F, "scaled_dot_product_attention"),)),
+        ("einsum", _einsum, ((torch, "einsum"),)),
     ]
     # Products whose cost depends on more than the shapes at hand, or fused layers without a module
     # rule around them: seen, so that the summary can say its count is a lower bound.
     uncounted = {
-        "tensordot": (torch.tensordot,),
-        "chain_matmul": (torch.chain_matmul, torch.linalg.multi_dot),
-        "multi_head_attention_forward": (F.multi_head_attention_forward, torch._native_multi_head_attention),
-        "transformer_encoder_layer": (torch._transformer_encoder_layer_fwd,),
-        "recurrent": (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu, torch.lstm_cell,
-                      torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell),
-        "convolution": (torch.convolution, torch.conv_tbc),
+        "tensordot": ((torch, "tensordot"),),
+        "chain_matmul": ((torch, "chain_matmul"), (L, "multi_dot")),
+        "multi_head_attention_forward": ((F, "multi_head_attention_forward"), (torch, "_native_multi_head_attention")),
+        "transformer_encoder_layer": ((torch, "_transformer_encoder_layer_fwd"),),
+        "recurrent": tuple((torch, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell",
+                                                "rnn_tanh_cell", "rnn_relu_cell")),
+        "convolution": ((torch, "convolution"), (torch, "conv_tbc")),
     }
+    return counted + [(name, None, refs) for name, refs in uncounted.items()]
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_ORIGINALS: dict[tuple[int, str], Any] = {}  # what each place held when hookscope was imported
+
+
+def _native(owner: Any, attr: str) -> Any:
+    """The function torch's C extension holds for a place, whatever the place holds now (None if none)."""
+    if owner is torch.Tensor:
+        return torch._C.TensorBase.__dict__.get(attr)
+    homes = {torch: (torch._C._VariableFunctions,), F: (torch._C._nn, torch._C._VariableFunctions),
+             torch.linalg: (getattr(torch._C, "_linalg", None),)}.get(owner, ())
+    names = (f"linalg_{attr}",) if owner is torch.linalg else (attr,)
+    return next((f for h in homes if h is not None for n in names if (f := getattr(h, n, None)) is not None), None)
+
+
+def is_torchs(func: Any) -> bool:
+    """Whether ``func`` is torch's own: built in, or Python code of the torch package (not another
+    library's wrapper put in its place).
+
+    Example:
+        >>> is_torchs(torch.matmul), is_torchs(lambda *a: torch.matmul(*a))
+        (True, False)
+    """
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        return bool(os.path.abspath(code.co_filename).startswith(_TORCH_DIR))
+    return type(func).__module__ in ("builtins", "torch", "torch._C") or type(func).__name__ in (
+        "method_descriptor", "wrapper_descriptor", "builtin_function_or_method", "getset_descriptor")
+
+
+def _place(owner: Any, attr: str) -> str:
+    prefix = {torch: "torch", torch.Tensor: "Tensor", F: "F", torch.linalg: "torch.linalg"}.get(owner, "?")
+    return f"{prefix}.{attr}"
+
+
+def _functions() -> tuple[dict[Any, tuple[str, _Counter | None]], tuple[str, ...]]:
+    """The functions to recognise now, and the places that hold a function that is not torch's.
+
+    Each place gives what it holds now, what a ``functools.wraps`` wrapper there wraps, what it held at
+    import and torch's own C function for it: whichever of them a pass calls is recognised, also when
+    another library replaced the function before or after hookscope was imported.
+    """
     table: dict[Any, tuple[str, _Counter | None]] = {}
-    for name, count, funcs in counted:
-        table.update({f: (name, count) for f in funcs})
-    for name, funcs in uncounted.items():
-        table.update({f: (name, None) for f in funcs})
-    return table
+    replaced: list[str] = []
+    for name, count, refs in _entries():
+        for owner, attr in refs:
+            now = getattr(owner, attr, None)
+            if now is None:
+                continue
+            found = [now, inspect.unwrap(now), _ORIGINALS.setdefault((id(owner), attr), now), _native(owner, attr)]
+            if not is_torchs(now):
+                replaced.append(_place(owner, attr))
+            for f in found:
+                try:
+                    table[f] = (name, count)
+                except TypeError:  # an unhashable callable put there: what it calls is recognised
+                    pass
+    return table, tuple(replaced)
 
 
-_FUNCTIONS = _functions()
+_functions()  # what each place held at import
 
 
 class ProductCounter(TorchFunctionMode):
@@ -244,7 +305,9 @@ class ProductCounter(TorchFunctionMode):
     ``macs`` is ``None`` for a product it cannot count (``einsum`` of three operands,
     ``tensordot``, a fused attention or recurrent kernel called outside its module). Only the
     outermost function is seen: the functions it calls run with the mode off, so ``F.linear`` inside
-    ``F.multi_head_attention_forward`` is not reported again.
+    ``F.multi_head_attention_forward`` is not reported again. ``replaced`` names the places (``torch.matmul``,
+    ``Tensor.__matmul__``) that hold another library's function rather than torch's (torchlens wraps them
+    until its ``unwrap_torch()``): what they call is still recognised, but a count cannot vouch for them.
 
     Example:
         >>> seen = []
@@ -257,13 +320,14 @@ class ProductCounter(TorchFunctionMode):
     def __init__(self, report: Callable[[str, int | None], None]) -> None:
         super().__init__()
         self._report = eager(report)  # under torch.compile: called at run time, never traced
+        self._functions, self.replaced = _functions()  # another library may have replaced some since import
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         try:
-            known = _FUNCTIONS.get(func)
+            known = self._functions.get(func)
         except TypeError:  # an unhashable callable: not one of ours
             known = None
         if known is not None:

@@ -34,17 +34,42 @@ def _commands() -> dict[str, ModuleType]:
     return found
 
 
+def _closest_command(word: str) -> str | None:
+    """The command ``word`` was most likely meant to be: the same letters in another order (``cma``), else
+    the closest spelling."""
+    same = [c for c in COMMAND_NAMES if sorted(c) == sorted(word)]
+    near = same or difflib.get_close_matches(word, COMMAND_NAMES, n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: the mistake and where to read more, no usage block.
+    """argparse with one-line errors: the mistake and where to read more, no usage block; a command's
+    positionals may come before, between or after its options (``layers --ops MODEL --input S PATTERN``).
 
     Subcommand parsers are of the same class (``add_subparsers`` takes the parent's type).
     """
 
+    _intermixing = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        # argparse fills every positional from the first run of them, so one after an option would be
+        # "unrecognized"; intermixed parsing reads the options first, then the positionals. The top parser
+        # (its COMMAND takes the rest) parses as argparse does.
+        if self._intermixing or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                    for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
     def error(self, message: str) -> NoReturn:
         bad = re.match(r"argument COMMAND: invalid choice: '([^']*)'", message)
         if bad:  # argparse lists every command; name the one meant (Python < 3.14 does not)
-            near = difflib.get_close_matches(bad.group(1), COMMAND_NAMES, n=1, cutoff=0.7)
-            hint = f" Did you mean {near[0]!r}?" if near else f" Commands: {', '.join(COMMAND_NAMES)}."
+            near = _closest_command(bad.group(1))
+            hint = f" Did you mean {near!r}?" if near else f" Commands: {', '.join(COMMAND_NAMES)}."
             message = f"unknown command {bad.group(1)!r}.{hint}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

@@ -1,9 +1,12 @@
 """The files a command writes: never one of its inputs, never one another, never a surprise.
 
-Checked before the model runs, so a refusal costs nothing and nothing is lost. An input is every
-existing path the command reads, whatever the option or spec syntax names it by: ``MODEL`` (``model.pt``,
-the file of ``file.py:ATTR``), ``B`` of ``diff``, ``--weights``, ``--config``, ``--data``, ``--image``,
-``--classes``.
+Checked before the model runs, so a refusal costs nothing and nothing is lost, whatever ``--overwrite``
+says. An input is every existing path the command reads, whatever the option or spec syntax names it
+by: ``MODEL`` (``model.pt``, the file of ``file.py:ATTR``), ``B`` of ``diff``, ``--against`` of
+``report``, ``--weights``, ``--config``, ``--data``, ``--image``, ``--classes``; and the files of an
+input folder that a run reads: every file of a ``--config`` folder (config, weights, tokenizer: a file
+written there would be read as one of them), the images of an ``--image`` or ``--data`` folder, the
+Python files beside the ``file.py`` of ``file.py:ATTR`` (which its code may import).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from ._images import IMAGE_SUFFIXES, image_files
 
 __all__ = ["check_outputs", "input_paths", "check_not_inputs"]
 
-_INPUTS = ("model", "model_b", "weights", "config", "data", "image", "classes")  # options that name what is read
+_INPUTS = ("model", "model_b", "against", "weights", "config", "data", "image", "classes")  # what names what is read
 _OUTPUTS = ("out", "plot")
 
 
@@ -46,7 +49,7 @@ def input_paths(args: argparse.Namespace) -> list[tuple[str, Path]]:
         value = getattr(args, name, None)
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, str) and v:
-                option = "MODEL" if name == "model" else "B" if name == "model_b" else f"--{name}"
+                option = {"model": "MODEL", "model_b": "B"}.get(name, f"--{name}")
                 found += [(option, Path(s)) for s in _spellings(v) if os.path.exists(s)]
     return found
 
@@ -61,6 +64,42 @@ def _what(option: str) -> str:
 def _inside(path: Path, folder: Path) -> bool:
     real, top = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
     return real == top or top in real.parents
+
+
+def _read_from(option: str, folder: Path, out: str) -> bool:
+    """Whether ``out`` is a file a run reads from the input folder ``folder`` (named by ``option``): any file
+    of a ``--config`` folder, an image of an ``--image`` folder (its own files) or a ``--data`` folder (all
+    below it)."""
+    if not folder.is_dir():
+        return False
+    real, top = Path(os.path.realpath(out)), Path(os.path.realpath(folder))
+    if option == "--config":
+        return top in real.parents
+    image = real.name.lower().endswith(IMAGE_SUFFIXES) and not real.name.startswith(".")
+    if option == "--image":
+        return image and real.parent == top
+    return option == "--data" and image and top in real.parents
+
+
+def _beside_code(option: str, path: Path, out: str) -> bool:
+    """Whether ``out`` is a Python file in the folder (or a package below it) of a spec's ``file.py``, which
+    that code may import."""
+    if option not in ("MODEL", "B") or path.suffix != ".py" or not out.endswith(".py"):
+        return False
+    return Path(os.path.realpath(path)).parent in Path(os.path.realpath(out)).parents
+
+
+def _folder_input(out: str, inputs: Sequence[tuple[str, Path]]) -> str | None:
+    """How an error names the input folder ``out`` would be read from, or None."""
+    for option, path in inputs:
+        if _beside_code(option, path, out):
+            return f"in the folder of {option}'s Python file {path}, whose code may import it"
+        if _read_from(option, path, out):
+            whose = ("whose files the model is read from (a file written there would be read as one of them)"
+                     if option == "--config" else "whose images are all read (the next run would read it back "
+                     "as an input)")
+            return f"in the {option} folder {path}, {whose}"
+    return None
 
 
 def check_not_inputs(args: argparse.Namespace, *, folder_out: bool = False) -> None:
@@ -88,6 +127,9 @@ def check_not_inputs(args: argparse.Namespace, *, folder_out: bool = False) -> N
             if _identity(out) is not None and _identity(out) == _identity(str(path)):
                 raise HookscopeError(f"--{name} {out} is {_what(option)}; give another path, an input is never "
                                      "overwritten")
+        where = None if folder_out and name == "out" else _folder_input(out, inputs)
+        if where is not None:
+            raise HookscopeError(f"--{name} {out} is {where}; write it outside that folder")
 
 
 def _subject(option: str, path: Path) -> str:
@@ -111,7 +153,8 @@ def _in_folder(path: Path, folders: list[Path]) -> Path | None:
     return next((f for f in folders if path.parent == f), None)
 
 
-def _check_one(option: str, path: Path, inputs: dict[tuple[int, int], str], folders: list[Path]) -> None:
+def _check_one(option: str, path: Path, inputs: dict[tuple[int, int], str], folders: list[Path],
+               others: Sequence[tuple[str, Path]]) -> None:
     what = _subject(option, path)
     if path.suffix.lower() != ".png":
         raise HookscopeError(f"{what} is not a .png file name; the pictures are PNGs: give a name ending in .png")
@@ -122,6 +165,9 @@ def _check_one(option: str, path: Path, inputs: dict[tuple[int, int], str], fold
     read = inputs.get(_identity(str(path)) or (-1, -1))
     if read is not None:
         raise HookscopeError(f"{what} is {read}; give another path, an input is never overwritten")
+    where = _folder_input(str(path), others)
+    if where is not None:
+        raise HookscopeError(f"{what} is {where}; write it outside that folder")
     folder = _in_folder(Path(os.path.realpath(path)), folders)
     if folder is not None:
         raise HookscopeError(f"{what} is in the --image folder {folder}, whose images are all read (the next run "
@@ -156,7 +202,7 @@ def check_outputs(written: Sequence[tuple[str, Path]], images: Sequence[str] | N
         if real in seen:
             raise HookscopeError(f"{seen[real]} and {option} both write {path}; give them different names")
         seen[real] = option
-        _check_one(option, path, inputs, folders)
+        _check_one(option, path, inputs, folders, others)
     there = [(option, path) for option, path in written if path.exists()]
     if there and not overwrite:
         option, path = there[0]

@@ -9,6 +9,7 @@ from typing import Any
 from ..core.text import first_line
 from ..errors import HookscopeError
 from ..loading.extras import import_failed, import_transformers, quiet_transformers
+from ..loading.hf import check_no_remote_code
 
 __all__ = ["hf_tokenizer", "tokenizer_files"]
 
@@ -32,6 +33,7 @@ def hf_tokenizer(path: str | None) -> Any:
     if not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         raise HookscopeError(f"--text needs a tokenizer but --config {path} holds none (no tokenizer.json or "
                              f"tokenizer_config.json); {fix}")
+    check_no_remote_code(path)
     transformers = import_transformers()
     try:
         with quiet_transformers(transformers):

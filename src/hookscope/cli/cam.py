@@ -61,7 +61,7 @@ def add_parser(sub: Any) -> None:
             "Runs MODEL on images (--image: files or folders) or a seeded random input (--input; MODEL demo "
             "without either: one generated shape), computes "
             "a class activation map for the predicted class (or --target) with each --method, prints the "
-            "class (and its name), its score and the layer used, and saves the maps blended over the input "
+            "class (and its name), its logit and the layer used, and saves the maps blended over the input "
             "(--out), the methods side by side (--plot), or prints JSON (--json).", 79),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -91,7 +91,7 @@ def add_parser(sub: Any) -> None:
                         "several methods NAME_METHOD.png; an existing file is refused unless --overwrite, an "
                         "input image always")
     p.add_argument("--plot", metavar="PNG", default=None,
-                   help="save the input and every method's map side by side, titled with class and score "
+                   help="save the input and every method's map side by side, titled with class and logit "
                         "(a batch: NAME_0.png ...)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files --out and --plot name if they exist (checked before the model runs)")
@@ -209,7 +209,7 @@ def _label(k: int | None, score: float | None, names: list[str] | None) -> str:
     if k is None or score is None:
         return "no class scores"
     name = f" ({names[k]})" if names is not None and 0 <= k < len(names) else ""
-    return f"class {k}{name}, score {score:.4f}"
+    return f"class {k}{name}, logit {score:.4f}"
 
 
 def _row_facts(results: list[CamMaps]) -> tuple[list[int | None], list[float | None]]:

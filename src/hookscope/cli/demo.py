@@ -17,6 +17,7 @@ from ..core.text import shape_text, table
 from ..errors import HookscopeError
 from ..records import Recording
 from ..synthetic import ShapeSet, shapes
+from ..loading.origin import WeightsOrigin, record_origin
 from ..zoo import DEMO_CLASSES, demo_model
 from ._load import seed_arg
 
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_report:  # a folder that cannot be written fails now, not after the model ran
         _check_out(Path(args.out))
     model = demo_model()
+    record_origin(model, WeightsOrigin(False, "the demo model's bundled weights"))  # what the report says
     data = shapes(args.batch, seed=args.seed)
     rec, logits = _record(model, args, data.images)
     found: dict[str, Any] = {"predictions": _predictions(logits, data),
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         # the trained model on the kind of images it was trained on: real weights and inputs, no banner
         path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
                             class_names=DEMO_CLASSES, baselines=data.backgrounds, title=_TITLE,
-                            overwrite=True, random_weights=False, generated_inputs=False)
+                            overwrite=True, generated_inputs=False)
         found["report"] = str((path / "index.html").resolve())
     if args.json:
         print(json.dumps(found, indent=1))

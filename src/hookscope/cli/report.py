@@ -15,7 +15,6 @@ from ._images import add_image_arguments, load_images
 from ._inputs import model_input
 from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_class_names, class_names, load_model,
                     warn)
-from ..loading.spec import TIMM_PREFIX
 
 _MOST = 512  # generated images at once: every layer's output and gradient of each is kept for a while
 EXAMPLE = """Examples:
@@ -107,16 +106,10 @@ def _names(args: argparse.Namespace, model: torch.nn.Module, x: torch.Tensor) ->
     names = class_names(args)
     if names is not None:
         with torch.no_grad():
-            out = model(x[:1])
+            out = model(x[:1].clone())  # a model that writes into its input changes only this copy
         if isinstance(out, torch.Tensor) and out.dim() == 2:
             check_class_names(names, out.shape[-1], args)
     return names
-
-
-def _random_weights(args: argparse.Namespace) -> bool:
-    """MODELs built without --weights that have random weights (what load_model warns of): tiny, torchvision
-    and timm; the demo model is trained; other MODELs bring their own weights."""
-    return args.weights is None and (args.model == "tiny" or args.model.startswith(("torchvision:", TIMM_PREFIX)))
 
 
 def _generated(args: argparse.Namespace) -> bool:
@@ -160,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=_names(args, model, x),
                         baselines=baselines, layers=args.layers, methods=methods,
                         title=f"hookscope report: {args.model}", overwrite=args.overwrite,
-                        overwrite_flag="--overwrite", random_weights=_random_weights(args),
+                        overwrite_flag="--overwrite",
                         generated_inputs=_generated(args), against=against[0] if against else None,
                         against_name=against[1] if against else None)
     path = path.resolve()

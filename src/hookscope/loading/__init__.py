@@ -13,7 +13,7 @@ Security: a spec naming Python code imports and runs it; every file is read with
 One job a module: ``spec`` (what a spec names), ``usercode`` (running the caller's code), ``files``
 (reading files without unpickling), ``weights`` (fitting a state_dict), ``vision``, ``hf`` /
 ``hf_weights``, ``timm_models`` (the libraries' builders), ``extras`` (their imports), ``classes``
-(class names), ``preprocessing`` (what a model's files say about its input), ``voice`` (the words of
+(class names), ``origin`` (where a model's weights came from: :func:`weights_origin`), ``preprocessing`` (what a model's files say about its input), ``voice`` (the words of
 the messages: Python's or the command line's), ``model`` (``load_model`` itself).
 Must not import: ``cli``, ``viz``, ``report``, any analysis but ``analysis.prune`` (resizing a model
 to a compacted weights file).
@@ -27,8 +27,9 @@ Example:
 
 from .classes import class_names, read_class_names
 from .model import check_seed, load_model
+from .origin import WeightsOrigin, weights_origin
 from .spec import Spec, parse_spec, usual_shape
 from .weights import load_weights
 
-__all__ = ["Spec", "check_seed", "class_names", "load_model", "load_weights", "parse_spec", "read_class_names",
-           "usual_shape"]
+__all__ = ["Spec", "WeightsOrigin", "check_seed", "class_names", "load_model", "load_weights", "parse_spec",
+           "read_class_names", "usual_shape", "weights_origin"]

@@ -85,6 +85,31 @@ def is_weights_file(text: str) -> bool:
     return os.path.lexists(text) or any(s in text for s in seps) or text.lower().endswith(_WEIGHT_SUFFIXES)
 
 
+KNOWN_FORMATS = "files torch.save wrote (a zip, or the older pickle format) and safetensors files"
+
+
+def file_format(path: str) -> str | None:
+    """What a file's first bytes say it is: ``"zip"`` (torch.save), ``"pickle"`` (torch.save's older
+    format, or any pickle), ``"safetensors"``, or None for none of them (text, another format).
+
+    Example:
+        >>> file_format(__file__) is None
+        True
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "zip"
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:  # a pickle protocol 2 and later
+        return "pickle"
+    if len(head) > 9 and head[8:10] in (b'{"', b"{ ") and 2 <= int.from_bytes(head[:8], "little") <= 100_000_000:
+        return "safetensors"
+    return None
+
+
 def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, foreign: _Refusal,
                   retry_foreign: bool, failed: _Refusal) -> Any:
     """``torch.load(weights_only=True)``, and the full unpickler only when the caller vouched (``trust``);
@@ -92,6 +117,13 @@ def _load_checked(path: str, label: str, *, trust: bool, pickled: _Refusal, fore
     (corrupt, text: it fails in many ways) refused unless ``retry_foreign``, the full unpickler ``failed``."""
     if os.path.getsize(path) == 0:
         raise LoadError(f"cannot load {label}: the file is empty")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise LoadError(f"cannot read {label}: {e.strerror or e}") from e
+    if file_format(path) not in ("zip", "pickle") and not retry_foreign:
+        raise foreign(path, ValueError("not a file torch.save wrote"))
     try:
         return read_torch_file(path, weights_only=True)
     except OSError as e:
@@ -126,10 +158,17 @@ def _pickled_model(path: str, e: Exception) -> LoadError:
 
 
 def _unreadable_model(path: str, e: BaseException) -> LoadError:
-    why = "it holds text" if is_text(path) else f"{type(e).__name__}: {first_line(e)}"
     t = terms()
+    if file_format(path) == "safetensors":
+        return LoadError(f"{path} is a safetensors file: weights without the model's code; pass the architecture "
+                         f"as {t.model} and this file as {t.given('weights', path)}")
+    if file_format(path) is None:
+        why = "it holds text" if is_text(path) else "its first bytes are not those of a file torch.save wrote"
+        said = f"{path} is not a model file of a known format ({why})"
+    else:
+        said = f"cannot load {path} with torch.load ({type(e).__name__}: {first_line(e)})"
     return LoadError(
-        f"cannot load {path} with torch.load ({why}); {'MODEL.pt' if t.cli else 'a model file'} must be "
+        f"{said}; {'MODEL.pt' if t.cli else 'a model file'} must be "
         f"a whole model saved with torch.save(model) (loaded with {t.trust}), with its class importable "
         "here, or weights that a file.py:ATTR factory loads"
     )
@@ -171,7 +210,12 @@ def _pickled_weights(path: str, e: Exception) -> LoadError:
 
 
 def _not_weights(path: str, e: Exception) -> LoadError:
-    why = "it holds text" if is_text(path) else f"{type(e).__name__}: {first_line(e)}"
+    if file_format(path) is None:
+        why = "it holds text" if is_text(path) else "its first bytes are none of theirs"
+        return LoadError(f"{terms().option('weights')} {path} is not a weights file of a known format ({why}); "
+                         f"hookscope reads {KNOWN_FORMATS}: give a file torch.save(model.state_dict(), path) "
+                         "or safetensors wrote")
+    why = f"{type(e).__name__}: {first_line(e)}"
     return LoadError(f"{terms().option('weights')} {path} is not a weights file torch can read ({why}); give a file "
                      "torch.save(model.state_dict(), path) or safetensors wrote")
 
@@ -209,7 +253,7 @@ def read_weights_file(path: str, *, trust_pickle: bool) -> Any:
     if not os.path.isfile(path):
         hint = "" if is_weights_file(path) else " (weight names such as DEFAULT are for torchvision:NAME models)"
         raise LoadError(f"no such weights file: {path}{hint}")
-    if os.path.getsize(path) > 0 and path.lower().endswith(".safetensors"):
+    if os.path.getsize(path) > 0 and (path.lower().endswith(".safetensors") or file_format(path) == "safetensors"):
         return _safetensors(path)
     return _load_checked(path, f"{flag} {path}", trust=trust_pickle, pickled=_pickled_weights, foreign=_not_weights,
                          retry_foreign=False, failed=_failed_weights)

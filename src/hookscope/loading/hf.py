@@ -25,7 +25,7 @@ from .hf_weights import loading_notes
 from .spec import HF_PREFIX
 from .voice import terms
 
-__all__ = ["HF_TASKS", "HfModel", "hf_class", "hf_config", "hf_model", "is_hf_model"]
+__all__ = ["HF_TASKS", "HfModel", "check_no_remote_code", "hf_class", "hf_config", "hf_model", "is_hf_model"]
 
 # task aliases -> the transformers Auto class that builds a model with that head
 HF_TASKS = {
@@ -71,6 +71,40 @@ def hf_class(name: str) -> Any:
     return found
 
 
+# The files of a folder whose "auto_map" names Python code in the folder (a class transformers would import)
+_CODE_MAPS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
+              "feature_extractor_config.json")
+
+
+def _auto_map(file: str) -> Any:
+    """The ``auto_map`` a JSON file of a model folder holds, or None (no such file, not JSON, no such key)."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data.get("auto_map") if isinstance(data, dict) else None
+
+
+def check_no_remote_code(path: str) -> None:
+    """Refuse, in one line, a config file or folder whose JSON files name Python code of their own
+    (``auto_map``): hookscope never runs a model folder's code, whatever transformers would do with it.
+
+    Example:
+        >>> check_no_remote_code("/no/such/folder")  # nothing there names code
+    """
+    files = [os.path.join(path, f) for f in _CODE_MAPS] if os.path.isdir(path) else [path]
+    for file in files:
+        found = _auto_map(file)
+        if found:
+            names = ", ".join(sorted({str(v).split(".", 1)[0] for v in (found.values() if isinstance(found, dict)
+                                                                         else [found]) if isinstance(v, str)}))
+            raise LoadError(f"{file} has an \"auto_map\" naming the folder's own Python code "
+                            f"({names or 'its modules'}), and hookscope never runs a model folder's code; "
+                            "give a folder of a model class transformers has, such as save_pretrained writes for "
+                            "GPT2LMHeadModel")
+
+
 def _json_config(transformers: Any, path: str) -> Any:
     """A config from a JSON file, which must name its ``model_type`` as ``save_pretrained`` writes it."""
     how = "give the config.json that save_pretrained wrote, or the folder holding it"
@@ -83,6 +117,7 @@ def _json_config(transformers: Any, path: str) -> Any:
         raise LoadError(f"cannot read {where} as JSON ({why}); {how}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise LoadError(f"{where} is not a transformers config (no \"model_type\" key); {how}")
+    check_no_remote_code(path)
     try:
         with quiet_transformers(transformers):
             return transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
@@ -116,6 +151,7 @@ def hf_config(path: str | None) -> Any:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise LoadError(f"{t.option('config')} {path} holds no config.json; give a folder that "
                         "model.save_pretrained() wrote, or a config JSON file")
+    check_no_remote_code(path)
     return _json_config(transformers, os.path.join(path, "config.json"))
 
 

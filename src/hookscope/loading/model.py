@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import LoadError, did_you_mean
 from .files import read_model_file
 from .hf import hf_model
+from .origin import WeightsOrigin, record_origin
 from .spec import DEMO_SPEC, HF_PREFIX, TIMM_PREFIX, TINY_SPEC, TORCHVISION_PREFIX, Spec, parse_spec
 from .timm_models import timm_model
 from .usercode import import_module, run_file, run_user_code
@@ -153,6 +154,19 @@ def _architecture(spec: Spec, seed: int, trust: bool, *, trained: bool, named: A
     return _from_path(spec.text, trust)
 
 
+def _origin(spec: Spec, seed: int, named: Any) -> WeightsOrigin:
+    """Where the weights of a model built without a weights file come from."""
+    if named is not None:
+        return WeightsOrigin(False, f"torchvision's weights {named}")
+    if spec.kind in ("tiny", "torchvision", "timm"):
+        return WeightsOrigin(True, f"random (seed {seed})")
+    if spec.kind == "demo":
+        return WeightsOrigin(False, "the demo model's bundled weights")
+    if spec.kind == "path":
+        return WeightsOrigin(False, f"the model file {spec.text}")
+    return WeightsOrigin(False, f"the code of {spec.text}")
+
+
 def load_model(spec: str | os.PathLike[str], *, weights: str | os.PathLike[str] | None = None,
                config: str | os.PathLike[str] | None = None, trust_pickle: bool = False, seed: int = 0) -> nn.Module:
     """Build or read the model ``spec`` names, with ``weights`` if given, in eval mode.
@@ -201,16 +215,21 @@ def load_model(spec: str | os.PathLike[str], *, weights: str | os.PathLike[str] 
         raise LoadError(f"{t.option('config')} is for hf:CLASS_OR_TASK models, not {spec}; drop it, or write "
                         f"{t.model} as hf:CLASS_OR_TASK (hf:causal-lm, hf:GPT2LMHeadModel...)")
     named = torchvision_weights(spec, weights) if weights is not None else None
-    random = weights is None and (spec == TINY_SPEC or spec.startswith((TORCHVISION_PREFIX, TIMM_PREFIX)))
     if spec.startswith(HF_PREFIX):
         built = hf_model(spec, config, trust_pickle=trust_pickle)
-        model, random = built.model, weights is None and not built.trained
+        model = built.model
+        origin = WeightsOrigin(not built.trained, f"the weights in {terms().option('config')} {config}"
+                               if built.trained else f"random (seed {seed})")
         for note in built.notes if weights is None else ():
             tell("warning", note)
     else:
-        model = _architecture(parse_spec(spec), seed, trust_pickle, trained=weights is None, named=named)
+        parsed = parse_spec(spec)
+        model = _architecture(parsed, seed, trust_pickle, trained=weights is None, named=named)
+        origin = _origin(parsed, seed, named)
     if weights is not None and named is None:
-        load_weights(model, weights, trust_pickle=trust_pickle, spec=spec)
-    elif random:
-        tell("random", spec)
+        load_weights(model, weights, trust_pickle=trust_pickle, spec=spec)  # records where they came from
+    else:
+        record_origin(model, origin)
+        if origin.random:
+            tell("random", spec)
     return model.eval()

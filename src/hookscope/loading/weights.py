@@ -3,7 +3,7 @@ strictly, with what does not fit named in one line; the file of a compacted mode
 model's layers to it.
 
 Must not import: anything of hookscope but ``errors``, ``core.text``, ``analysis.prune`` (resizing,
-imported when a file needs it) and ``loading``'s ``voice`` and ``files``.
+imported when a file needs it) and ``loading``'s ``voice``, ``files`` and ``origin``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch import nn
 from ..core.text import first_line, shape_text
 from ..errors import HookscopeError, LoadError
 from .files import read_weights_file
+from .origin import WeightsOrigin, record_origin
 from .voice import tell, terms
 
 __all__ = ["load_weights", "mismatches", "state_dict_of", "unwrapped"]
@@ -100,6 +101,33 @@ def _with_tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
     return filled
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values (NaN where the other has NaN), whatever their dtypes."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype != b.dtype:
+        b = b.to(a.dtype)
+    return bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() or a.is_complex() else a == b).all())
+
+
+def _check_tied(model: nn.Module, state: Mapping[str, torch.Tensor], path: str) -> None:
+    """Refuse a file holding different tensors under two names of one tied tensor of ``model``: loading
+    would keep one of them and silently drop the other."""
+    names: dict[int, list[str]] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(t), []).append(name)
+    for group in names.values():
+        held = [n for n in group if n in state]
+        first = held[0] if held else None
+        other = next((n for n in held[1:] if state[n].shape == state[first].shape  # else: a shape mismatch
+                      and not _same(state[n], state[first])), None) if first else None
+        if first is not None and other is not None:
+            raise LoadError(f"{terms().option('weights')} {path} holds different tensors for {first} and {other}, "
+                            f"which are one tensor in the model (tied weights): loading would drop one of them; "
+                            "give weights saved from a model with them tied, or build the model with them untied "
+                            "(transformers: tie_word_embeddings=False in its config)")
+
+
 def _fit_compacted(model: nn.Module, expected: Mapping[str, Any], state: Mapping[str, torch.Tensor], path: str,
                    what: str, held: Any) -> bool:
     """A compacted model's file (``hookscope prune --compact --out`` marks it) with the model's keys, whose
@@ -160,7 +188,9 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str], *, trust_pickle
     path = os.fspath(path)
     expected = model.state_dict()
     held = read_weights_file(path, trust_pickle=trust_pickle)
-    state = _with_tied(model, unwrapped(state_dict_of(held, path), expected))
+    state = unwrapped(state_dict_of(held, path), expected)
+    _check_tied(model, state, path)
+    state = _with_tied(model, state)
     what = f"{spec} ({type(model).__name__})" if spec else type(model).__name__
     problems = mismatches(expected, state)
     flag = terms().option("weights")
@@ -171,4 +201,5 @@ def load_weights(model: nn.Module, path: str | os.PathLike[str], *, trust_pickle
         model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, ValueError) as e:
         raise LoadError(f"cannot load {flag} {path} into {what}: {first_line(e)}") from e
+    record_origin(model, WeightsOrigin(False, f"the weights file {path}"))
     return model

@@ -36,8 +36,8 @@ _SAID = {"deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC", "poin
 def _faithfulness(s: Subject, r: Attributions) -> dict[str, float]:
     """Deletion and insertion AUC (means over the images) and, with masks, the pointing-game hit rate."""
     given = s.baselines is not None
-    cut = deletion(s.model, s.x, r.maps, target=r.target, steps=_STEPS, baseline=s.baselines if given else "zeros")
-    grow = insertion(s.model, s.x, r.maps, target=r.target, steps=_STEPS, baseline=s.baselines if given else "blur")
+    cut = deletion(s.model, s.inputs(), r.maps, target=r.target, steps=_STEPS, baseline=s.baselines if given else "zeros")
+    grow = insertion(s.model, s.inputs(), r.maps, target=r.target, steps=_STEPS, baseline=s.baselines if given else "blur")
     scores = {"deletion_auc": float(cut.auc.mean()), "insertion_auc": float(grow.auc.mean())}
     if s.masks is not None:
         scores["pointing_game"] = float(pointing_game(r.maps, s.masks).float().mean())
@@ -107,7 +107,7 @@ def _run(s: Subject, methods: Sequence[str]) -> tuple[list[Attributions], dict[s
     for m in methods:
         s.progress.start(f"attribution {m}")
         try:
-            results.append(attribute(s.model, s.x, method=m, **_SETTINGS.get(m, {})))
+            results.append(attribute(s.model, s.inputs(), method=m, **_SETTINGS.get(m, {})))
         except HookscopeError as e:
             skipped[m] = first_line(e)
     return results, skipped

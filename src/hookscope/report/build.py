@@ -18,6 +18,7 @@ from ..core.result import jsonable
 from ..core.state import restored
 from ..core.text import shape_text
 from ..errors import HookscopeError
+from ..loading import weights_origin
 from ..selection import layers as select
 from .attribution import DEFAULT_ATTRIBUTIONS, attribution_section
 from .cams import DEFAULT_METHODS, cam_section
@@ -91,12 +92,12 @@ def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], 
     return found + debug_sections(s)
 
 
-def _write(s: Subject, title: str, subtitle: str, sections: list[Section]) -> None:
+def _write(s: Subject, title: str, subtitle: str, sections: list[Section], source: str | None) -> None:
     s.progress.start("writing the folder")
     (s.folder / "index.html").write_text(page(title, subtitle, sections, banners=s.banners()), encoding="utf-8")
     doc = {"hookscope_report": FORMAT, "title": title, "about": subtitle, "hookscope": _version(),
            "torch": torch.__version__, "input_shape": list(s.x.shape),
-           "origin": {"random_weights": s.random_weights, "generated_inputs": s.generated_inputs},
+           "origin": {"random_weights": s.random_weights, "weights": source, "generated_inputs": s.generated_inputs},
            "sections": {sec.key: sec.data for sec in sections}}
     (s.folder / MARKER).write_text(json.dumps(jsonable(doc), indent=1) + "\n", encoding="utf-8")
 
@@ -117,7 +118,7 @@ def build_report(
     note: str = "",
     overwrite: bool = False,
     overwrite_flag: str = "overwrite=True",
-    random_weights: bool = False,
+    random_weights: bool | None = None,
     generated_inputs: bool = False,
     against: nn.Module | None = None,
     against_name: str | None = None,
@@ -148,7 +149,9 @@ def build_report(
         baselines: what deletion / insertion put in place of removed pixels (inputs without their
             objects, where known); default zeros for deletion and a blur for insertion.
         random_weights: the model's weights are random (not trained): the page opens with a banner
-            saying its maps and scores show the methods, not findings.
+            saying its maps and scores show the methods, not findings. ``None``: what
+            :func:`~hookscope.load_model` recorded of the model (:func:`~hookscope.loading.weights_origin`),
+            else False. ``report.json`` says where the weights came from as ``origin.weights``.
         generated_inputs: the inputs are generated, not real images: the page says so at the top.
         against: another model (same layer names, such as the same architecture with other weights)
             to compare with layer by layer on ``inputs`` (:func:`hookscope.diff`).
@@ -171,16 +174,21 @@ def build_report(
     _check_choices(model, layers, methods, attributions)
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
+    origin = weights_origin(model)
+    if random_weights is None:
+        random_weights = origin is not None and origin.random
+    source = origin.source if origin is not None else None
+    x = inputs.detach().clone()  # the report's own copy: the caller's tensor is never handed to the model
     bar = Progress(4, enabled=progress)
     pair = (against, against_name or type(against).__name__) if against is not None else None
     other = restored(against) if against is not None and against is not model else contextlib.nullcontext()
     try:
         with staged_folder(out, overwrite=overwrite, flag=overwrite_flag) as folder:
-            s = Subject(model, inputs, folder, pictures, masks, class_names, baselines, random_weights,
+            s = Subject(model, x, folder, pictures, masks, class_names, baselines, random_weights,
                         generated_inputs, bar)
             with restored(model), kept_grads(model), other:
                 sections = _sections(s, layers, methods, attributions, pair)
-            _write(s, title, subtitle, sections)
+            _write(s, title, subtitle, sections, source)
     except BaseException:
         bar.close(done=False)  # ends the bar's line, so that the error is said on a line of its own
         raise

@@ -24,8 +24,8 @@ _SAID = {"deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC", "poin
 def _faithfulness(s: Subject, r: CamMaps) -> dict[str, Any]:
     """Deletion and insertion AUC (means over the images) and, with masks, the pointing-game hit rate."""
     target, given = r.targets, s.baselines is not None
-    cut = deletion(s.model, s.x, r.maps, target=target, steps=_STEPS, baseline=s.baselines if given else "zeros")
-    grow = insertion(s.model, s.x, r.maps, target=target, steps=_STEPS, baseline=s.baselines if given else "blur")
+    cut = deletion(s.model, s.inputs(), r.maps, target=target, steps=_STEPS, baseline=s.baselines if given else "zeros")
+    grow = insertion(s.model, s.inputs(), r.maps, target=target, steps=_STEPS, baseline=s.baselines if given else "blur")
     scores: dict[str, Any] = {"deletion_auc": float(cut.auc.mean()), "insertion_auc": float(grow.auc.mean())}
     if s.masks is not None:
         scores["pointing_game"] = float(pointing_game(r.maps, s.masks).float().mean())
@@ -55,17 +55,20 @@ def cam_section(s: Subject, methods: Sequence[str] = DEFAULT_METHODS) -> Section
     results = []
     for m in methods:
         s.progress.start(f"CAM {m}")
-        results.append(cam(s.model, s.x, method=m))
+        results.append(cam(s.model, s.inputs(), method=m))
     sec = Section("cam", "Class activation maps", data={"layers": results[0].layers, "methods": {}})
     removed = "the given baselines" if s.baselines is not None else "zeros (deletion) and a blur (insertion)"
-    sec.paragraphs.append(f"Layer {', '.join(results[0].layers)}; target: the predicted class. Deletion AUC "
+    sec.paragraphs.append(f"Layer {', '.join(results[0].layers)}; target: the predicted class. Each picture states "
+                          "the target class's logit (the model's output for it, before softmax; the predictions "
+                          "above give its probability). Deletion AUC "
                           f"(lower is better) and insertion AUC (higher is better) replace pixels with {removed}; "
                           "pointing game: the map's peak on the object (higher is better). Scores are means over "
                           f"all {s.x.shape[0]} images.")
     for r in results:
         s.progress.start(f"deletion and insertion curves of {r.method}")
         scores = _faithfulness(s, r)
-        sec.data["methods"][r.method] = {**scores, "targets": r.targets, "scores": r.scores}
+        sec.data["methods"][r.method] = {**scores, "targets": r.targets, "scores": r.scores,
+                                        "scores_are": "the target class's logit"}
         sec.facts.append((r.method, ", ".join(f"{_SAID[k]} {v:.3f}" for k, v in scores.items())))
     s.progress.start("CAM pictures")
     sec.blocks.append(_views(s, results, methods))

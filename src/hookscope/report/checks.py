@@ -21,7 +21,7 @@ _SHOWN = 8  # images listed one by one; more are summed up
 def predictions(s: Subject) -> Section:
     """The model's prediction for each input: class (with its name) and probability."""
     with torch.no_grad():
-        out = s.model(s.x)
+        out = s.model(s.inputs())
     if not isinstance(out, torch.Tensor):  # a transformers ModelOutput, or a dict holding "logits"
         out = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
     logits = out if isinstance(out, torch.Tensor) else None
@@ -52,7 +52,7 @@ def _checked(s: Subject) -> tuple[Trace, Watch]:
     t = trace(s.model, keep=("output", "grads"), param_grads=True)
     w = watch(s.model)
     with t, w:
-        loss_of(s.model(s.x)).backward()
+        loss_of(s.model(s.inputs())).backward()
     return t, w
 
 

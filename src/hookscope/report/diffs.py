@@ -63,7 +63,7 @@ def diff_section(s: Subject, against: nn.Module, name: str) -> Section:
     """``hookscope.diff`` of the report's model (A) against ``against`` (B) on the report's inputs."""
     from ..viz.plots import plot_diff, save_figure
 
-    result = diff(s.model, against, s.x)
+    result = diff(s.model, against, s.inputs())
     labels = _labels(result)
     sec = Section("diff", f"Against {name}", data=result.to_dict(), warning=None)
     sec.paragraphs.append(f"A is this report's model, B is {name}; both ran on the same inputs, and every module "

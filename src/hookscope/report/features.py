@@ -145,7 +145,7 @@ def feature_section(s: Subject, layers: Sequence[str] | None) -> Section:
     views, choices = [], []
     for index, name in enumerate(chosen):
         s.progress.start(f"feature maps of {name}")
-        fm = feature_maps(s.model, s.x[:n], layers=name)
+        fm = feature_maps(s.model, s.inputs(n), layers=name)
         top = fm.top(min(_TOP, fm.maps.shape[1]))
         vrange = _range(fm.maps[:, top])
         views += [_view(s, fm, top, index, i, pictures[i], vrange) for i in range(n)]

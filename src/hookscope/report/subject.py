@@ -33,7 +33,8 @@ class Subject:
     the ground-truth object masks where they exist (the pointing game needs them); ``baselines`` what
     deletion and insertion put in place of removed pixels (default: zeros and a blur).
     ``random_weights`` and ``generated_inputs`` say where the model and inputs came from: the page
-    opens with a banner for each that is true. ``progress`` counts the report's steps.
+    opens with a banner for each that is true. ``progress`` counts the report's steps. ``x`` is the
+    report's own copy of the inputs, never given to the model: each pass gets :meth:`inputs`.
 
     Example:
         >>> s = Subject(nn.Linear(2, 2), torch.zeros(1, 2), Path("."), random_weights=True)
@@ -53,6 +54,11 @@ class Subject:
     progress: Progress = field(default_factory=lambda: Progress(0, enabled=False))
     _summary: Summary | None = field(default=None, init=False, repr=False)
 
+    def inputs(self, n: int | None = None) -> torch.Tensor:
+        """A fresh copy of the inputs (the first ``n``) for one pass: a model that writes into its input
+        changes only that copy, so that every pass sees the caller's values."""
+        return (self.x if n is None else self.x[:n]).clone()
+
     def image(self, name: str) -> Path:
         """The path of a picture called ``name`` in the report's ``img`` folder."""
         (self.folder / "img").mkdir(exist_ok=True)
@@ -70,7 +76,7 @@ class Subject:
     def summary(self) -> Summary:
         """``hookscope.summary`` of the model on the inputs, run once and kept (several sections read it)."""
         if self._summary is None:
-            self._summary = summary(self.model, self.x)
+            self._summary = summary(self.model, self.inputs())
         return self._summary
 
     def banners(self) -> list[tuple[str, str]]:

@@ -178,7 +178,8 @@ def _mark(axes: Sequence[Axes], x: float, label: str, text: str) -> None:
 
 # --- CAM methods side by side ---------------------------------------------------------------------------
 def _cam_title(result: CamMaps, index: int, class_names: Sequence[str] | None) -> str:
-    """The method, the class explained (with its name) and its score."""
+    """The method, the class explained (with its name) and its score: the class's logit (the model's output
+    for it, before any softmax), or what a target function returned."""
     target = None if result.targets is None else int(result.targets[index])
     if target is None:
         said = "no class"
@@ -189,7 +190,8 @@ def _cam_title(result: CamMaps, index: int, class_names: Sequence[str] | None) -
                              f"{target}; pass one name per output of the model")
     else:
         said = f"class {target} ({class_names[target]})"
-    score = "" if result.scores is None else f"\nscore {float(result.scores[index]):.4g}"
+    what = "score" if target is None else "logit"
+    score = "" if result.scores is None else f"\n{what} {float(result.scores[index]):.4g}"
     return f"{result.method}\n{said}{score}"
 
 
@@ -205,7 +207,7 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamMaps], *, index: int =
     Every result is one method (or layer) run on the same input; panel ``i + 1`` shows
     ``results[i].maps[index]`` through :func:`hookscope.viz.overlay` (jet colormap, weight
     ``alpha``), titled with the method, the class it explains (and its name from ``class_names``)
-    and that class's score.
+    and that class's logit (the model's output for it, before softmax; ``score`` for a target function).
 
     Args:
         picture: the input image, 3 x H x W in [0, 1] (undo any normalisation first).

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...core.state import restored
-from ...errors import HookscopeError
+from ...errors import ExtractOverflowError, HookscopeError
 from ...selection import Selector
 from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, count_complete,
                       locked, open_store, shard_numbers, storable, weights_hash, write_json)
@@ -35,7 +35,7 @@ from ._hash import model_digest
 from ._plan import Plan, array_specs, plan, range_limits, samples_per_shard, stored_dtype
 from ._reduce import Reduction
 from ._source import Batch
-from ._taps import Overflow, Taps
+from ._taps import Taps
 from ._write import Progress, probe_batch, write_indexed, write_stream
 
 __all__ = ["extract"]
@@ -254,7 +254,7 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
         try:
             rows = _work(p, r, taps, per_shard, done, stream, progress)
         except HookscopeError as e:
-            error, resumable = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"), not isinstance(e, Overflow)
+            error, resumable = (f"{e}" if r.world == 1 else f"rank {r.rank}: {e}"), not isinstance(e, ExtractOverflowError)
         except Exception as e:  # another rank must not wait forever for this one's outcome
             if r.world == 1:
                 raise

@@ -14,15 +14,11 @@ from ..._tree import tensors
 from ...core.failure import forward_error, received
 from ...core.hooks import HookGroup
 from ...core.text import dtype_text, first_line, shape_text
-from ...errors import HookscopeError, StopForward
+from ...errors import ExtractOverflowError, HookscopeError, StopForward
 from ._reduce import Reducer
 from ._source import model_call
 
-__all__ = ["Overflow", "Segment", "Taps"]
-
-
-class Overflow(HookscopeError):
-    """A layer's values lie beyond the range of the dtype they are stored in (they would become inf)."""
+__all__ = ["Segment", "Taps"]
 
 
 @dataclass(frozen=True)
@@ -163,7 +159,7 @@ class Taps:
         self._peaks = {}
 
     def check_range(self) -> None:
-        """Raise :class:`Overflow` naming the first layer whose values reached its limit (one host sync)."""
+        """Raise :class:`~hookscope.errors.ExtractOverflowError` naming the first layer whose values reached its limit (one host sync)."""
         names = [n for n in self._peaks if n in self.limits]
         if not names:
             return
@@ -171,7 +167,7 @@ class Taps:
         for name, peak in zip(names, peaks):
             limit, kept = self.limits[name]
             if peak >= limit:
-                raise Overflow(f"{name!r} gives values up to {peak:.6g}, beyond {dtype_text(kept)}'s range (largest "
+                raise ExtractOverflowError(f"{name!r} gives values up to {peak:.6g}, beyond {dtype_text(kept)}'s range (largest "
                                f"finite {torch.finfo(kept).max:.6g}), so they would be stored as inf; store them "
                                f"as {_wider(kept)}")
 

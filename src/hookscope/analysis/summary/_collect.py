@@ -170,7 +170,8 @@ def collect(model: nn.Module, selected: Named, args: tuple[Any, ...], kwargs: di
         try:
             tracer.register(selected, group)
             refresh.open()
-            with torch.no_grad(), ProductCounter(tracer.product):
+            counter = ProductCounter(tracer.product)
+            with torch.no_grad(), counter:
                 model(*args, **kwargs)
         except HookscopeError:
             raise
@@ -180,4 +181,15 @@ def collect(model: nn.Module, selected: Named, args: tuple[Any, ...], kwargs: di
             group.remove()
             refresh.close()
             tracer.running.clear()  # open calls hold their inputs
+    _say_replaced(tracer.calls, counter.replaced)
     return tracer.calls
+
+
+def _say_replaced(calls: list[Call], replaced: tuple[str, ...]) -> None:
+    """Torch functions another library replaced: their products may escape the count (a wrapper that calls
+    torch's function with the mode off), so the outermost call's count is said to be a lower bound."""
+    if not replaced or not calls:
+        return
+    shown = ", ".join(replaced[:3]) + (f" and {len(replaced) - 3} more" if len(replaced) > 3 else "")
+    calls[0].uncounted[f"{shown} (replaced by another library, their products may be missed: undo that for a full count)"] = None
+    calls[0].partial = True
