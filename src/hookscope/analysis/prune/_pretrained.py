@@ -70,6 +70,19 @@ def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+def _no_own_code(folder: Path) -> None:
+    """Refuse a config that names code of its own (``auto_map``): transformers would ask on the terminal
+    whether to import the folder's ``.py`` files, and hookscope never runs a model folder's code."""
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # transformers' own reading names what is wrong with it
+    if isinstance(data, dict) and data.get("auto_map"):
+        raise HookscopeError(f"{folder / 'config.json'} names code of its own (auto_map: "
+                             f"{', '.join(sorted(map(str, data['auto_map'])))[:120]}), and hookscope never runs a "
+                             "model folder's code; load folders of transformers' own classes")
+
+
 def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     if cls is not None:
         return cls
@@ -132,7 +145,8 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode.
     Works for every model (LLaMA and Qwen2 load with ``from_pretrained`` too); needed where the config
     cannot say the compacted sizes (BERT, GPT-2: their head size is ``hidden_size / heads``).
-    Nothing is unpickled: the weights are read from safetensors.
+    Nothing is unpickled: the weights are read from safetensors, and a folder whose config names code
+    of its own (``auto_map``) is refused, its code never imported.
 
     Args:
         folder: what ``save_pretrained`` wrote (``config.json`` and ``model.safetensors`` or shards).
@@ -155,9 +169,10 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     where = Path(folder)
     if not (where / "config.json").is_file():
         raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
+    _no_own_code(where)
     state = _weights(where, safetensors_torch)
     try:
-        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # not JSON, or no model_type transformers knows
         raise HookscopeError(f"cannot read {where / 'config.json'} ({type(e).__name__}: {first_line(e, 160)}); "
                              "pass the folder save_pretrained(folder) wrote") from None
