@@ -231,3 +231,19 @@ def test_no_transformers_loading_call_in_the_pruning_code_can_run_a_folders_code
             if "trust_remote_code=False" not in text[found.start():end]:
                 unsafe.append(f"{path.relative_to(src)}:{text.count(chr(10), 0, found.start()) + 1}")
     assert unsafe == []
+
+
+def test_a_bfloat16_folder_loads_in_bfloat16_as_from_pretrained_builds_it(tmp_path: Path) -> None:
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model, ids = transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 40, (1, 6))
+    hookscope.prune_heads(model, ids, amount=0.5, kwargs={"use_cache": False})
+    small = hookscope.compact(model, ids, kwargs={"use_cache": False}).to(torch.bfloat16)
+    small.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    assert ours.model.rotary_emb.inv_freq.dtype == theirs.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(ours(ids).logits, theirs(ids).logits)
+    assert torch.get_default_dtype() == torch.float32

@@ -171,3 +171,20 @@ def test_a_gemma_width_follows_its_one_plus_weight_norms_and_its_scaled_embeddin
     assert torch.allclose(1 + norm.weight, (1 + was.weight[keep]) * (32 / 24) ** 0.5, atol=1e-6)
     assert (small.lm_head.weight is emb.weight) == tie
     assert (_logits(small, ids, KW) - _logits(model, ids, KW)).abs().max() < 1e-5
+
+
+def test_a_class_built_from_more_than_its_config_is_compacted_without_a_folder_check() -> None:
+    class Extra(tr.LlamaForCausalLM):
+        def __init__(self, config: Any, extra: int) -> None:
+            super().__init__(config)
+
+    torch.manual_seed(0)
+    model = Extra(tr.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2), 1).eval()
+    ids = torch.randint(1, 40, (2, 6))
+    hookscope.prune_heads(model, ids, amount=0.5, kwargs=KW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small = hookscope.compact(model, ids, kwargs=KW)
+    assert (small.config.num_attention_heads, small.model.layers[0].self_attn.q_proj.out_features) == (2, 16)
+    assert (_logits(small, ids, KW) - _logits(model, ids, KW)).abs().max() < 1e-5

@@ -531,3 +531,26 @@ def test_masks_made_permanent_keep_the_kept_channel_norms_and_float32_compacts()
     single, ids = _ln_model("bert-cls").float(), _ids()
     prune_width(single, ids, amount=0.5)
     assert _rel(_ln_out(single, ids), _ln_out(compact(single, ids), ids)) < 1e-5
+
+
+class _ScaledRMSNorm(nn.Module):
+    """Named like an RMSNorm, computing something else: 2 * w * x / rms(x) + 0.1."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(n, dtype=torch.float64)), 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) + 0.1
+
+
+def test_a_norm_computing_neither_form_is_refused_before_anything_is_masked() -> None:
+    model, ids = _hf("llama"), _ids()
+    model.model.norm = _ScaledRMSNorm(32)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"'model.norm' \(_ScaledRMSNorm\) computes neither "
+                                                       r"weight \* x / rms\(x\) nor \(1 \+ weight\)"):
+        prune_width(model, ids, amount=0.25, kwargs=KW)
+    after = _state(model)
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert hook_count(model) == 0

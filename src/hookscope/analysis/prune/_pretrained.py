@@ -9,7 +9,9 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +99,32 @@ def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     return found
 
 
-def _build(cls: Any, config: Any, where: Path) -> nn.Module:
-    """The architecture built from the config, or a one-line refusal (a config edited by hand)."""
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """Parameters created in ``dtype`` (as ``from_pretrained`` builds a model in the saved dtype: the
+    buffers a model computes in float32 itself, rotary frequencies, stay so)."""
+    if dtype is None:
+        yield
+        return
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
     try:
-        model: nn.Module = cls(config)
+        yield
+    finally:
+        torch.set_default_dtype(was)
+
+
+def _saved_dtype(state: dict[str, torch.Tensor]) -> torch.dtype | None:
+    kinds = {t.dtype for t in state.values() if t.is_floating_point()}
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _build(cls: Any, config: Any, where: Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """The architecture built from the config (its parameters in ``dtype``), or a one-line refusal (a
+    config edited by hand)."""
+    try:
+        with _default_dtype(dtype):
+            model: nn.Module = cls(config)
     except Exception as e:  # the model's own constructor checks the config (heads dividing the width ...)
         raise HookscopeError(f"cannot build {getattr(cls, '__name__', cls)} from {where / 'config.json'} "
                              f"({type(e).__name__}: {first_line(e, 160)}); pass the folder save_pretrained "
@@ -142,7 +166,8 @@ def _own_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
 def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     """A transformers model compacted by :func:`hookscope.compact` and saved with
     ``save_pretrained(folder)``, built from the folder's config, fitted to the saved shapes (every
-    layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode.
+    layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode,
+    its parameters in the dtype the file holds them in (as ``from_pretrained`` builds them).
     Works for every model (LLaMA and Qwen2 load with ``from_pretrained`` too); needed where the config
     cannot say the compacted sizes (BERT, GPT-2: their head size is ``hidden_size / heads``).
     Nothing is unpickled: the weights are read from safetensors, and a folder whose config names code
@@ -176,7 +201,7 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     except Exception as e:  # not JSON, or no model_type transformers knows
         raise HookscopeError(f"cannot read {where / 'config.json'} ({type(e).__name__}: {first_line(e, 160)}); "
                              "pass the folder save_pretrained(folder) wrote") from None
-    model = _build(_model_class(transformers, config, cls), config, where)
+    model = _build(_model_class(transformers, config, cls), config, where, _saved_dtype(state))
     state = _own_names(model, state)
     fit_to(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -141,6 +141,16 @@ def reload_gap(work: nn.Module, cfg: Any, inputs: tuple[Any, ...], kw: dict[str,
     return f"its {problem}" if problem else None
 
 
+def _built_from(model: nn.Module, cfg: Any) -> bool:
+    """Whether ``model``'s class is built from ``cfg`` alone (on the meta device: nothing allocated)."""
+    try:
+        with torch.device("meta"):
+            type(model)(copy.deepcopy(cfg))
+    except Exception:  # a constructor that wants more than the config
+        return False
+    return True
+
+
 def _restore(cfg: Any, original: Any) -> None:
     """Put ``original``'s fields back into ``cfg`` (the object every module of the model holds)."""
     fields = vars(cfg)
@@ -159,8 +169,8 @@ def settle_config(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw
         False
     """
     cfg, original = getattr(work, "config", None), getattr(inner, "config", None)
-    if not _is_pretrained(work) or original is None:
-        return False
+    if not _is_pretrained(work) or original is None or not _built_from(inner, original):
+        return False  # a class that is not built from its config alone: no folder to check
     own = reload_gap(work, copy.deepcopy(cfg), inputs, kw, fit=False)
     if own is None:
         return False

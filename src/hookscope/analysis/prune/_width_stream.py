@@ -9,7 +9,9 @@ RMSNorm: a masked stream channel is zero everywhere, and an RMSNorm over the ful
 divides by ``D``: ``w * x / sqrt(sum_kept x^2 / D + eps)``. With ``k`` channels kept this equals a
 plain RMSNorm of ``k`` channels with ``eps' = eps * D / k`` and weight ``w * sqrt(D / k)``, so the
 compacted model is a plain model of the same class that ``from_pretrained`` loads (``hidden_size
-= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out). LayerNorm: its mean over the full width
+= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out; ``compact`` checks that the config says it).
+Gemma's ``(1 + w)`` norms scale ``1 + w`` alike, and its ``sqrt(hidden_size)`` embedding scale
+becomes ``sqrt(k)`` with the embedding's weights times ``sqrt(D / k)``. LayerNorm: its mean over the full width
 has no such form, so a masked LayerNorm stream normalises over its kept channels (see
 ``_width_norm``) and the compacted ``LayerNorm(k)`` keeps ``eps``, weight and bias. Must not
 import: any other analysis module, ``cli``, ``viz``.
@@ -362,7 +364,8 @@ def _write_layer_norm_configs(model: nn.Module, width: int, k: int) -> None:
 
 def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> list[str]:
     """After slicing ``k`` of ``D`` stream channels: every RMSNorm gets ``eps * D / k`` and its weight
-    times ``sqrt(D / k)`` (the masked model's statistics, exactly), and every Hugging Face config
+    times ``sqrt(D / k)`` (Gemma's: ``1 + w``; the masked model's statistics, exactly), an embedding
+    scaled by ``sqrt(D)`` the scale ``sqrt(k)``, and every Hugging Face config
     ``hidden_size = k``, ``rms_norm_eps`` likewise and ``head_dim`` written out. A LayerNorm stream's
     norms (which already normalised over the kept channels) become plain LayerNorms of ``k``
     channels, and its config is written only where the model's class rebuilds this model from it.
