@@ -123,6 +123,8 @@ def _role(q: str, m: nn.Module, width: int, pooled: bool) -> str | None:
     sizes = _sizes(m)
     if isinstance(m, nn.Embedding) and m.embedding_dim == width:
         return "embedding"
+    if _named(q, ("q_norm", "k_norm")) and _norm_of(m, width):
+        return "outside"  # normalises the query or key heads (OLMo 2: all of them), which keep their width
     if _norm_of(m, width):
         return "norm"
     if sizes is not None and _named(q, WRITERS) and sizes[1] == width:
