@@ -7,18 +7,17 @@ fits it to the saved shapes. :func:`settle_config` checks the first on a twin bu
 config; where that twin is not the compacted model (shapes, a size a module derives itself, an epsilon
 two kinds of norm read from one field, a buffer computed from the config), the config is put back as
 the original model's, and the second way is checked on a twin fitted to the compacted tensors; where
-neither gives the compacted model back, compaction is refused. The twins take the compacted model's
-own tensors (no copy) and run once on the example input.
+neither gives the compacted model back, compaction is refused. The twins are built on the meta device
+(nothing allocated or initialised), take the compacted model's own tensors and run once on the
+example input.
 
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,22 +47,6 @@ def _is_pretrained(model: nn.Module) -> bool:
         and getattr(model, "config", None) is not None
 
 
-@contextlib.contextmanager
-def _no_init() -> Iterator[None]:
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # older transformers: the twin is initialised, then its tensors replaced
-        yield
-        return
-    with no_init_weights():
-        yield
-
-
-def _device(model: nn.Module) -> torch.device:
-    t = next(iter(model.parameters()), None)
-    return t.device if t is not None else torch.device("cpu")
-
-
 def _scalars(m: nn.Module) -> dict[str, int | float]:
     return {k: v for k, v in vars(m).items() if type(v) in (int, float) and not k.startswith("_")}
 
@@ -85,10 +68,11 @@ def _module_gap(work: nn.Module, twin: nn.Module) -> str | None:
             tb = t._buffers.get(k)
             if b is None or tb is None or k not in m._non_persistent_buffers_set:
                 continue
-            # a buffer rounded by the user's casts (half, then float) is the model's own: only a value
-            # computed from another size (a scale of the width, rotary frequencies) is another model
-            if tb.shape != b.shape or not torch.allclose(tb.to(device=b.device, dtype=torch.float64), b.double(),
-                                                         rtol=1e-2, atol=1e-6):
+            # built on the meta device, a buffer has its shape only (the sizes and scales it is computed
+            # from are compared above); a buffer rounded by the user's casts (half, then float) is the
+            # model's own, while one computed from another size is another model
+            if tb.shape != b.shape or (not tb.is_meta and not torch.allclose(
+                    tb.to(device=b.device, dtype=torch.float64), b.double(), rtol=1e-2, atol=1e-6)):
                 return f"{where}.{k} (computed from the config) differs"
             t._buffers[k] = b  # then the pass below compares what the saved tensors compute
     return None
@@ -99,7 +83,7 @@ def _twin(work: nn.Module, cfg: Any, fit: bool) -> nn.Module | str:
     tensors, or why it cannot be."""
     state = work.state_dict()
     try:
-        with _no_init(), torch.device(_device(work)):
+        with torch.device("meta"):  # nothing allocated or initialised: the tensors are work's
             twin: nn.Module = type(work)(cfg)
         if fit:
             fit_to(twin, state)
@@ -137,6 +121,9 @@ def reload_gap(work: nn.Module, cfg: Any, inputs: tuple[Any, ...], kw: dict[str,
     why = _module_gap(work, twin)
     if why is not None:
         return why
+    left = [k for k, t in (*twin.named_parameters(), *twin.named_buffers()) if t.is_meta]
+    if left:
+        return f"{left[0]} is not among the compacted model's tensors"
     gap, problem = output_gap(_run(work, inputs, kw), _run(twin, inputs, kw), _EXACT)
     return f"its {problem}" if problem else None
 

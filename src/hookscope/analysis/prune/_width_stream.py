@@ -296,8 +296,10 @@ def _embed_scales(embeddings: Sequence[nn.Module], width: int, k: int,
     tied = False
     for m in embeddings:
         scale, weight = m._buffers.get("embed_scale"), getattr(m, "weight", None)
-        if not isinstance(scale, torch.Tensor) or scale.dim() or not isinstance(weight, torch.Tensor) \
-                or not math.isclose(float(scale), math.sqrt(width), rel_tol=1e-3):
+        if not isinstance(scale, torch.Tensor) or scale.dim() or not isinstance(weight, torch.Tensor):
+            continue
+        value = getattr(m, "scalar_embed_scale", None) if scale.is_meta else float(scale)  # meta: a twin's
+        if not isinstance(value, float) or not math.isclose(value, math.sqrt(width), rel_tol=1e-3):
             continue  # no scale, or one that does not come from the width
         with torch.no_grad():
             if heads is not None:
