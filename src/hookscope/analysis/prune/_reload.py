@@ -168,7 +168,7 @@ def settle_config(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw
         raise HookscopeError(f"compaction refused: the compacted {name} could not be loaded back from the folder "
                              f"save_pretrained writes: its config cannot say the new sizes ({own}), and the "
                              f"original architecture fitted to them differs ({fitted}); your model is unchanged "
-                             "(prune fewer kinds of channels, or use the compacted model in memory only)")
+                             "(prune its heads or its hidden width alone, or other amounts)")
     warnings.warn(f"the compacted {name}'s config cannot say its new sizes ({own}), so it keeps the original "
                   "model's: from_pretrained refuses the folder save_pretrained writes, and "
                   "hookscope.analysis.prune.load_pretrained(folder) loads it", stacklevel=3)
