@@ -2,7 +2,8 @@
 config can say: the architecture built from the config, fitted to the saved tensors' shapes
 (:func:`~._resize.fit_to`), then loaded. BERT and GPT-2 derive their head size from
 ``hidden_size / num_attention_heads``, so their config cannot describe fewer heads or a narrower
-stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them.
+stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them, as it loads every
+model whose compacted config ``compact`` left as the original's (it warns when it does).
 
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
