@@ -195,3 +195,22 @@ def test_a_class_built_from_more_than_its_config_is_compacted_without_a_folder_c
         small = hookscope.compact(model, ids, kwargs=KW)
     assert (small.config.num_attention_heads, small.model.layers[0].self_attn.q_proj.out_features) == (2, 16)
     assert (_logits(small, ids, KW) - _logits(model, ids, KW)).abs().max() < 1e-5
+
+
+def test_a_model_neither_way_gives_back_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hookscope.analysis.prune import _reload
+
+    def no_fit(model: nn.Module, state: Any) -> None:
+        raise hookscope.HookscopeError("cannot fit it")
+
+    monkeypatch.setattr(_reload, "fit_to", no_fit)  # as if the original architecture could not take the shapes
+    torch.manual_seed(0)
+    model = _causal("StableLm")().eval()
+    ids = torch.randint(1, 40, (2, 6))
+    hookscope.prune_heads(model, ids, amount=0.5, kwargs=KW)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(hookscope.HookscopeError, match=r"compaction refused: the compacted StableLmForCausalLM could "
+                                                       r"not be loaded back .*\(HookscopeError: cannot fit it\)") as err:
+        hookscope.compact(model, ids, kwargs=KW)
+    assert "\n" not in str(err.value) and model.config.num_attention_heads == 4
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
