@@ -238,7 +238,9 @@ def test_grouped_query_attention_keeps_equal_groups(kind: str, amount: float, he
     attn = small.model.layers[0].self_attn
     assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.num_key_value_groups) == (4 * heads, 4 * kv,
                                                                                                  heads // kv)
-    assert (small.config.num_attention_heads, small.config.num_key_value_heads, small.config.head_dim) == (heads, kv, 4)
+    # transformers refuses a LLaMA config whose 32 channels are no multiple of the heads: 6 leave it as built
+    said = (8, 2, 4) if kind == "llama" and 32 % heads else (heads, kv, 4)
+    assert (small.config.num_attention_heads, small.config.num_key_value_heads, small.config.head_dim) == said
     assert _rel(model(ids).logits, small(ids).logits) <= TOL
     kept = [h for h in range(8) if h not in res.rows[0].removed]
     assert len({sum(1 for h in kept if h // 4 == j) for j in {h // 4 for h in kept}}) == 1  # equal groups

@@ -177,3 +177,73 @@ def test_a_spoiled_sharded_folder_is_refused_in_one_line(spoil, match: str, tmp_
     with pytest.raises(hookscope.HookscopeError, match=match) as err:
         load_pretrained(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def _remote_code_folder(folder: Path) -> Path:
+    """A folder whose config asks transformers to import the folder's own code, which writes a marker."""
+    import json
+
+    from safetensors.torch import save_file
+
+    marker = folder / "marker.txt"
+    (folder / "evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "architectures": ["EvilModel"],
+                                                    "auto_map": {"AutoConfig": "evil.EvilConfig"}}))
+    save_file({"w": torch.zeros(1)}, str(folder / "model.safetensors"))
+    return marker
+
+
+def test_a_folder_asking_to_run_its_own_code_is_refused_without_a_prompt(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    marker = _remote_code_folder(tmp_path)
+    code = ("import sys, hookscope\nfrom hookscope.analysis.prune import load_pretrained\n"
+            "try:\n    load_pretrained(sys.argv[1])\nexcept hookscope.HookscopeError as e:\n    print('REFUSED', e)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], input="y\ny\n", capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert not marker.exists()  # the folder's code never ran, though "y" waited on stdin
+    assert run.stdout.startswith("REFUSED") and "auto_map" in run.stdout and "trust" not in run.stderr.lower()
+    assert "[y/N]" not in run.stdout + run.stderr
+
+
+def test_no_transformers_loading_call_in_the_pruning_code_can_run_a_folders_code() -> None:
+    import re
+
+    src = Path(hookscope.__file__).parent
+    calls = re.compile(r"\b(from_pretrained|from_config|Auto[A-Z]\w*|pipeline)\b\s*(\.\s*\w+\s*)?\(")
+    unsafe = []
+    for path in sorted(src.rglob("*.py")):
+        text = path.read_text()
+        for found in calls.finditer(text):
+            line_start = text.rfind("\n", 0, found.start()) + 1
+            line = text[line_start:text.find("\n", found.end())]
+            if line.lstrip().startswith((">>>", "...", "#")) or '"' in line[:found.start() - line_start]:
+                continue
+            depth, end = 0, found.end() - 1
+            while end < len(text):  # the call's own parentheses
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+                end += 1
+            if "trust_remote_code=False" not in text[found.start():end]:
+                unsafe.append(f"{path.relative_to(src)}:{text.count(chr(10), 0, found.start()) + 1}")
+    assert unsafe == []
+
+
+def test_a_bfloat16_folder_loads_in_bfloat16_as_from_pretrained_builds_it(tmp_path: Path) -> None:
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=24, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model, ids = transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 40, (1, 6))
+    hookscope.prune_heads(model, ids, amount=0.5, kwargs={"use_cache": False})
+    small = hookscope.compact(model, ids, kwargs={"use_cache": False}).to(torch.bfloat16)
+    small.save_pretrained(tmp_path)
+    ours = load_pretrained(tmp_path)
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    assert ours.model.rotary_emb.inv_freq.dtype == theirs.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(ours(ids).logits, theirs(ids).logits)
+    assert torch.get_default_dtype() == torch.float32

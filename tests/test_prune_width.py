@@ -90,9 +90,10 @@ def test_a_classifier_loses_its_score_columns_and_a_compacted_model_can_lose_mor
     with torch.no_grad():
         assert _rel(model(ids, use_cache=False).logits, small(ids, use_cache=False).logits) < TOL
     prune_width(small, ids, channels=[0, 23], kwargs=KW)  # the compacted model's own width: 24
-    smaller = compact(small, ids, kwargs=KW)
-    assert smaller.config.hidden_size == 22
-    assert smaller.config.rms_norm_eps == pytest.approx(1e-3 * 32 / 22, rel=1e-12)
+    with pytest.warns(UserWarning, match=r"cannot say its new sizes \(The hidden size \(22\) is not a multiple"):
+        smaller = compact(small, ids, kwargs=KW)
+    assert smaller.config.hidden_size == 24  # as the model compacted first says it
+    assert smaller.model.norm.variance_epsilon == pytest.approx(1e-3 * 32 / 22, rel=1e-12)
     with torch.no_grad():
         assert _rel(small(ids, use_cache=False).logits, smaller(ids, use_cache=False).logits) < TOL
 
@@ -114,7 +115,8 @@ def test_norms_are_rescaled_as_derived(exact: None) -> None:
             assert torch.allclose(p, before[n][keep] * math.sqrt(32 / 27), rtol=1e-12, atol=0)
     norm = small.model.norm
     assert norm.variance_epsilon == pytest.approx(1e-3 * 32 / 27, rel=1e-12)
-    assert small.config.rms_norm_eps == pytest.approx(1e-3 * 32 / 27, rel=1e-12)
+    # 27 channels are no multiple of the 4 heads, which transformers refuses: the config stays as built
+    assert (small.config.rms_norm_eps, small.config.hidden_size) == (1e-3, 32)
     x = torch.randn(3, 32, dtype=torch.float64)
     x[:, drop] = 0  # a masked stream: the full-width norm by hand against the compacted norm
     want = before["model.norm.weight"] * x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / 32 + 1e-3)
@@ -529,3 +531,26 @@ def test_masks_made_permanent_keep_the_kept_channel_norms_and_float32_compacts()
     single, ids = _ln_model("bert-cls").float(), _ids()
     prune_width(single, ids, amount=0.5)
     assert _rel(_ln_out(single, ids), _ln_out(compact(single, ids), ids)) < 1e-5
+
+
+class _ScaledRMSNorm(nn.Module):
+    """Named like an RMSNorm, computing something else: 2 * w * x / rms(x) + 0.1."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(n, dtype=torch.float64)), 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) + 0.1
+
+
+def test_a_norm_computing_neither_form_is_refused_before_anything_is_masked() -> None:
+    model, ids = _hf("llama"), _ids()
+    model.model.norm = _ScaledRMSNorm(32)
+    before = _state(model)
+    with pytest.raises(hookscope.HookscopeError, match=r"'model.norm' \(_ScaledRMSNorm\) computes neither "
+                                                       r"weight \* x / rms\(x\) nor \(1 \+ weight\)"):
+        prune_width(model, ids, amount=0.25, kwargs=KW)
+    after = _state(model)
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert hook_count(model) == 0

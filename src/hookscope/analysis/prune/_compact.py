@@ -22,6 +22,7 @@ from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
 from ._mlp_config import write_mlp_configs
+from ._reload import settle_config
 from ._width_norm import hold_norm, is_layer_norm
 from ._width_stream import WidthGroup, fix_width, with_width
 
@@ -212,8 +213,11 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     fix_width(wide, groups, drop)
     write_mlp_configs(wide)
     try:
-        verify(inner, wide, inputs, kw, atol, groups, drop)
-        verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
+        for _ in range(2):  # again with the original config, where the compacted one cannot say the sizes
+            verify(inner, wide, inputs, kw, atol, groups, drop)
+            verify(inner, wide, inputs, kw, atol, groups, drop, wide=True)
+            if not (drop and settle_config(inner, wide, inputs, kw)):
+                break
     except HookscopeError as e:
         refused = first_line(e, 160).removeprefix("compaction refused: ")
         return None, f"following them through its training-mode branches was refused ({refused})"
@@ -269,6 +273,8 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
     fix_width(work, groups, drop)
     write_mlp_configs(work)
     verify(inner, work, inputs, kw, atol, groups, drop)
+    if drop and settle_config(inner, work, inputs, kw):
+        verify(inner, work, inputs, kw, atol, groups, drop)  # the original config: the model reads it too
     return _flags_of(inner, work)
 
 

@@ -150,6 +150,8 @@ def _chosen(model: nn.Module, selectors: Sequence[Selector] | None) -> list[Head
         wanted = {name for name, _ in select(model, *selectors)}
         found = [lay for lay in layouts(model, strict=True) if lay.module in wanted]
     if not found:
+        if not selectors:
+            layouts(model, strict=True)  # an attention layer whose heads cannot be followed says why
         raise HookscopeError(f"no attention layer of {type(model).__name__}{' among layers=' if selectors else ''} "
                              "has heads hookscope can follow (nn.MultiheadAttention, BERT-, GPT-2-, LLaMA-style, "
                              "torchvision Swin and MaxViT, and timm attention); pass another model or layers=")

@@ -164,6 +164,9 @@ def _llama(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | 
     h, kv = qp.out_features // d, kp.out_features // d
     if h % kv or getattr(m, "num_key_value_groups", h // kv) != h // kv:
         return f"'{q}' has {h} query heads and {kv} key/value heads that do not form equal groups"
+    together = [n for n in ("q_norm", "k_norm") if getattr(getattr(m, n, None), "weight", torch.empty(0)).numel() > d]
+    if together:  # OLMo 2: one RMSNorm over all the heads' queries, so removing one changes the others
+        return f"'{q}' normalises all its heads together ({together[0]}): they cannot be removed one by one"
     parts = _qkv(q, names[:3], m, (0, 0, 0), ("q", "kv", "kv"))
     parts.append(Part(_name(q, "o_proj"), "weight", 1, 0, "q", "follower"))
     return HeadLayout(q, "llama", h, kv, d, tuple(parts), _name(q, "o_proj"))

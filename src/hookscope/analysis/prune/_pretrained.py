@@ -2,14 +2,17 @@
 config can say: the architecture built from the config, fitted to the saved tensors' shapes
 (:func:`~._resize.fit_to`), then loaded. BERT and GPT-2 derive their head size from
 ``hidden_size / num_attention_heads``, so their config cannot describe fewer heads or a narrower
-stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them.
+stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them, as it loads every
+model whose compacted config ``compact`` left as the original's (it warns when it does).
 
 Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,19 @@ def _weights(folder: Path, safetensors_torch: Any) -> dict[str, torch.Tensor]:
     return state
 
 
+def _no_own_code(folder: Path) -> None:
+    """Refuse a config that names code of its own (``auto_map``): transformers would ask on the terminal
+    whether to import the folder's ``.py`` files, and hookscope never runs a model folder's code."""
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # transformers' own reading names what is wrong with it
+    if isinstance(data, dict) and data.get("auto_map"):
+        raise HookscopeError(f"{folder / 'config.json'} names code of its own (auto_map: "
+                             f"{', '.join(sorted(map(str, data['auto_map'])))[:120]}), and hookscope never runs a "
+                             "model folder's code; load folders of transformers' own classes")
+
+
 def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     if cls is not None:
         return cls
@@ -84,10 +100,32 @@ def _model_class(transformers: Any, config: Any, cls: Any) -> Any:
     return found
 
 
-def _build(cls: Any, config: Any, where: Path) -> nn.Module:
-    """The architecture built from the config, or a one-line refusal (a config edited by hand)."""
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """Parameters created in ``dtype`` (as ``from_pretrained`` builds a model in the saved dtype: the
+    buffers a model computes in float32 itself, rotary frequencies, stay so)."""
+    if dtype is None:
+        yield
+        return
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
     try:
-        model: nn.Module = cls(config)
+        yield
+    finally:
+        torch.set_default_dtype(was)
+
+
+def _saved_dtype(state: dict[str, torch.Tensor]) -> torch.dtype | None:
+    kinds = {t.dtype for t in state.values() if t.is_floating_point()}
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _build(cls: Any, config: Any, where: Path, dtype: torch.dtype | None = None) -> nn.Module:
+    """The architecture built from the config (its parameters in ``dtype``), or a one-line refusal (a
+    config edited by hand)."""
+    try:
+        with _default_dtype(dtype):
+            model: nn.Module = cls(config)
     except Exception as e:  # the model's own constructor checks the config (heads dividing the width ...)
         raise HookscopeError(f"cannot build {getattr(cls, '__name__', cls)} from {where / 'config.json'} "
                              f"({type(e).__name__}: {first_line(e, 160)}); pass the folder save_pretrained "
@@ -129,10 +167,12 @@ def _own_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
 def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     """A transformers model compacted by :func:`hookscope.compact` and saved with
     ``save_pretrained(folder)``, built from the folder's config, fitted to the saved shapes (every
-    layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode.
+    layer's size, each attention layer's head counts, any count per layer) and loaded, in eval mode,
+    its parameters in the dtype the file holds them in (as ``from_pretrained`` builds them).
     Works for every model (LLaMA and Qwen2 load with ``from_pretrained`` too); needed where the config
     cannot say the compacted sizes (BERT, GPT-2: their head size is ``hidden_size / heads``).
-    Nothing is unpickled: the weights are read from safetensors.
+    Nothing is unpickled: the weights are read from safetensors, and a folder whose config names code
+    of its own (``auto_map``) is refused, its code never imported.
 
     Args:
         folder: what ``save_pretrained`` wrote (``config.json`` and ``model.safetensors`` or shards).
@@ -155,13 +195,14 @@ def load_pretrained(folder: str | Path, cls: Any = None) -> nn.Module:
     where = Path(folder)
     if not (where / "config.json").is_file():
         raise HookscopeError(f"{where} holds no config.json; pass the folder save_pretrained(folder) wrote")
+    _no_own_code(where)
     state = _weights(where, safetensors_torch)
     try:
-        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # not JSON, or no model_type transformers knows
         raise HookscopeError(f"cannot read {where / 'config.json'} ({type(e).__name__}: {first_line(e, 160)}); "
                              "pass the folder save_pretrained(folder) wrote") from None
-    model = _build(_model_class(transformers, config, cls), config, where)
+    model = _build(_model_class(transformers, config, cls), config, where, _saved_dtype(state))
     state = _own_names(model, state)
     fit_to(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)

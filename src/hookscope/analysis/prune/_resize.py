@@ -157,6 +157,8 @@ def fix_sizes(m: nn.Module, *, depthwise: bool | None = None) -> None:
         cw = m._parameters.get("weight")
         if cw is not None:
             setattr(m, "nf", cw.shape[1])
+            if hasattr(m, "nx"):
+                setattr(m, "nx", cw.shape[0])
 
 
 def _plan(model: nn.Module, state: Mapping[str, torch.Tensor]) -> dict[int, tuple[str, nn.Module, dict[str, tuple[int, ...]]]]:

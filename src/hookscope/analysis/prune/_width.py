@@ -173,7 +173,8 @@ def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, cha
 
     Followed: Hugging Face models with ``config.hidden_size`` whose stream is made of embeddings,
     norms and the projections of the LLaMA layout (``o_proj``/``down_proj`` write, ``q_proj``,
-    ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` read: LLaMA, Qwen2, Mistral), GPT-2's
+    ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj`` read: LLaMA, Qwen2, Mistral; Gemma's ``(1 + w)``
+    norms and scaled embedding too), GPT-2's
     (``wte``, ``wpe``, Conv1D ``c_attn``, ``c_fc`` read, ``c_proj`` writes), BERT's
     (``query``/``key``/``value``, ``intermediate.dense`` and ``pooler.dense`` read, ``output.dense``
     writes) and ViT's (the patch projection, class token and position embeddings write, ``fc1`` reads,

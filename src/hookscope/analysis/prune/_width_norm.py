@@ -20,7 +20,7 @@ from torch import nn
 
 from ._masks import mask_of
 
-__all__ = ["KeptNormHook", "hold_norm", "release_norm", "holds_norm", "is_layer_norm"]
+__all__ = ["KeptNormHook", "hold_norm", "release_norm", "holds_norm", "is_layer_norm", "rms_offset"]
 
 
 def is_layer_norm(m: nn.Module) -> bool:
@@ -32,6 +32,35 @@ def is_layer_norm(m: nn.Module) -> bool:
     """
     return isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1 \
         and isinstance(getattr(m, "weight", None), torch.Tensor) and isinstance(getattr(m, "bias", None), torch.Tensor)
+
+
+def rms_offset(m: nn.Module) -> float | None:
+    """What an RMSNorm adds to its weight before scaling: ``0.0`` for ``weight * x / rms(x)`` (LLaMA),
+    ``1.0`` for ``(1 + weight) * x / rms(x)`` (Gemma), ``None`` for anything else. Read off one call on a
+    fixed vector (the module's own arithmetic, whatever its class says).
+
+    Example:
+        >>> rms_offset(nn.RMSNorm(4, eps=1e-6))
+        0.0
+    """
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or w.device.type == "meta":
+        return None
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    if eps is None:  # torch's RMSNorm without eps uses its input's machine epsilon
+        eps = torch.finfo(w.dtype).eps
+    x = torch.linspace(-1.5, 2.0, w.shape[0], dtype=torch.float64, device=w.device).unsqueeze(0)
+    with torch.no_grad():
+        y = m(x.to(w.dtype))
+        if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+            return None
+        base = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(eps))
+        weight = getattr(m, "weight").detach().double()  # masked: as the call read it
+        tol = 1e-2 if w.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        for offset in (0.0, 1.0):
+            if torch.allclose(y.double(), base * (weight + offset), rtol=tol, atol=tol):
+                return offset
+    return None
 
 
 class KeptNormHook:

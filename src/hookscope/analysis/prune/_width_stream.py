@@ -9,7 +9,9 @@ RMSNorm: a masked stream channel is zero everywhere, and an RMSNorm over the ful
 divides by ``D``: ``w * x / sqrt(sum_kept x^2 / D + eps)``. With ``k`` channels kept this equals a
 plain RMSNorm of ``k`` channels with ``eps' = eps * D / k`` and weight ``w * sqrt(D / k)``, so the
 compacted model is a plain model of the same class that ``from_pretrained`` loads (``hidden_size
-= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out). LayerNorm: its mean over the full width
+= k``, ``rms_norm_eps = eps'``, ``head_dim`` written out; ``compact`` checks that the config says it).
+Gemma's ``(1 + w)`` norms scale ``1 + w`` alike, and its ``sqrt(hidden_size)`` embedding scale
+becomes ``sqrt(k)`` with the embedding's weights times ``sqrt(D / k)``. LayerNorm: its mean over the full width
 has no such form, so a masked LayerNorm stream normalises over its kept channels (see
 ``_width_norm``) and the compacted ``LayerNorm(k)`` keeps ``eps``, weight and bias. Must not
 import: any other analysis module, ``cli``, ``viz``.
@@ -29,7 +31,7 @@ from torch import nn
 from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import ChannelGroups, Group, GroupMember
-from ._width_norm import is_layer_norm, release_norm
+from ._width_norm import is_layer_norm, release_norm, rms_offset
 
 __all__ = ["READERS", "WRITERS", "TOKENS", "Stream", "WidthGroup", "read_stream", "with_width", "fix_width",
            "is_rms_norm", "refit_width"]
@@ -121,6 +123,8 @@ def _role(q: str, m: nn.Module, width: int, pooled: bool) -> str | None:
     sizes = _sizes(m)
     if isinstance(m, nn.Embedding) and m.embedding_dim == width:
         return "embedding"
+    if _named(q, ("q_norm", "k_norm")) and _norm_of(m, width):
+        return "outside"  # normalises the query or key heads (OLMo 2: all of them), which keep their width
     if _norm_of(m, width):
         return "norm"
     if sizes is not None and _named(q, WRITERS) and sizes[1] == width:
@@ -178,6 +182,10 @@ def read_stream(model: nn.Module) -> Stream | str:
     if len(kinds) > 1:
         return (f"{type(model).__name__} mixes RMSNorms and LayerNorms over its hidden width, so the hidden width "
                 "cannot be pruned")
+    odd = [q for q in found["norm"] if not is_layer_norm(mods[q]) and rms_offset(mods[q]) is None]
+    if odd:
+        return (f"'{odd[0]}' ({type(mods[odd[0]]).__name__}) computes neither weight * x / rms(x) nor "
+                "(1 + weight) * x / rms(x), so the hidden width cannot be pruned exactly through it")
     why = _attention_refusal(model)
     if why is not None:
         return why
@@ -268,14 +276,47 @@ def is_rms_norm(m: nn.Module) -> bool:
         and (hasattr(m, "variance_epsilon") or hasattr(m, "eps"))
 
 
-def _rescale(m: nn.Module, ratio: float, k: int) -> None:
+def _rescale(m: nn.Module, width: int, k: int) -> None:
     attr = "variance_epsilon" if hasattr(m, "variance_epsilon") else "eps"
     eps = getattr(m, attr)
     if eps is None:  # torch's RMSNorm without eps uses its input's machine epsilon
         eps = torch.finfo(getattr(m, "weight").dtype).eps
-    setattr(m, attr, eps * ratio)
+    setattr(m, attr, eps * width / k)  # rounded as the config's rms_norm_eps is
     if hasattr(m, "normalized_shape"):
         setattr(m, "normalized_shape", (k,))
+
+
+def _embed_scales(embeddings: Sequence[nn.Module], width: int, k: int,
+                  heads: Sequence[nn.Module] | None = None) -> bool:
+    """Gemma multiplies its token embedding by ``sqrt(hidden_size)``, a buffer built from the config: set
+    it to ``sqrt(k)`` as a model built from the compacted config has it, and (``heads`` given: after
+    slicing; ``None``: a file's weights, already scaled) multiply the embedding's weight by the old
+    scale over the new, so that every token's embedding is what it was. Returns whether such a weight is
+    also an LM head's (whose logits then grew by that factor)."""
+    tied = False
+    for m in embeddings:
+        scale, weight = m._buffers.get("embed_scale"), getattr(m, "weight", None)
+        if not isinstance(scale, torch.Tensor) or scale.dim() or not isinstance(weight, torch.Tensor):
+            continue
+        value = getattr(m, "scalar_embed_scale", None) if scale.is_meta else float(scale)  # meta: a twin's
+        if not isinstance(value, float) or not math.isclose(value, math.sqrt(width), rel_tol=1e-3):
+            continue  # no scale, or one that does not come from the width
+        with torch.no_grad():
+            if heads is not None:
+                weight.mul_(math.sqrt(width) / math.sqrt(k))
+                tied |= any(getattr(h, "weight", None) is weight for h in heads)
+            scale.fill_(k ** 0.5)
+        if hasattr(m, "scalar_embed_scale"):
+            setattr(m, "scalar_embed_scale", k ** 0.5)
+    return tied
+
+
+def _module_widths(model: nn.Module, width: int, k: int) -> None:
+    """The ``hidden_size`` the model's layers keep for themselves (a LLaMA decoder layer's, an MLP's):
+    the new width, as a model built from the compacted config holds it."""
+    for _, m in named_modules(model):
+        if type(vars(m).get("hidden_size")) is int and vars(m)["hidden_size"] == width:
+            setattr(m, "hidden_size", k)
 
 
 def _head_dims(model: nn.Module) -> set[int]:
@@ -327,7 +368,8 @@ def _write_layer_norm_configs(model: nn.Module, width: int, k: int) -> None:
 
 def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> list[str]:
     """After slicing ``k`` of ``D`` stream channels: every RMSNorm gets ``eps * D / k`` and its weight
-    times ``sqrt(D / k)`` (the masked model's statistics, exactly), and every Hugging Face config
+    times ``sqrt(D / k)`` (Gemma's: ``1 + w``; the masked model's statistics, exactly), an embedding
+    scaled by ``sqrt(D)`` the scale ``sqrt(k)``, and every Hugging Face config
     ``hidden_size = k``, ``rms_norm_eps`` likewise and ``head_dim`` written out. A LayerNorm stream's
     norms (which already normalised over the kept channels) become plain LayerNorms of ``k``
     channels, and its config is written only where the model's class rebuilds this model from it.
@@ -345,15 +387,21 @@ def fix_width(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
         if any(is_layer_norm(mods[q]) for q in s.norms):
             for q in s.norms:
                 release_norm(mods[q])
+            _module_widths(model, s.width, k)
             _write_layer_norm_configs(model, s.width, k)
             return list(s.norms)
+        tied = _embed_scales([mods[q] for q in s.embeddings], s.width, k, heads=[mods[q] for q in s.readers])
         for q in s.norms:
             m = mods[q]
-            _rescale(m, s.width / k, k)
+            offset = rms_offset(m) or 0.0
+            _rescale(m, s.width, k)
             weight = m.weight
             assert isinstance(weight, torch.Tensor)
+            # the final norm feeding an LM head tied to a rescaled embedding: the two factors cancel
+            factor = 1.0 if tied and q == s.norms[-1] else math.sqrt(s.width / k)
             with torch.no_grad():
-                weight.mul_(math.sqrt(s.width / k))
+                weight.add_(offset).mul_(factor).sub_(offset)  # Gemma's (1 + w) scales as LLaMA's w
+        _module_widths(model, s.width, k)
         _write_configs(model, s.width, k)
         return list(s.norms)
     return []
@@ -371,8 +419,12 @@ def refit_width(model: nn.Module, norms: Sequence[tuple[nn.Module, int, int]]) -
     """
     for m, width, k in norms:
         if not is_layer_norm(m):
-            _rescale(m, width / k, k)
+            _rescale(m, width, k)
     for width, k in {(w, k) for m, w, k in norms if not is_layer_norm(m)}:
+        _embed_scales([m for _, m in named_modules(model) if isinstance(m, nn.Embedding) and m.embedding_dim == k],
+                      width, k)
+        _module_widths(model, width, k)
         _write_configs(model, width, k)
     for width, k in {(w, k) for m, w, k in norms if is_layer_norm(m)}:
+        _module_widths(model, width, k)
         _write_layer_norm_configs(model, width, k)
