@@ -111,9 +111,12 @@ def test_hooks_own_operations_are_not_the_modules() -> None:
 
 def test_a_misspelt_operation_gets_the_closest_names() -> None:
     net = Block()
-    with hookscope.capture(net, "::ad") as rec:
+    with pytest.raises(SelectionError, match=r"'::ad' matched no operation.* Did you mean '::add'"):
+        with hookscope.capture(net, "::ad"):
+            net(torch.randn(2, 4))
+    with hookscope.capture(net, "::add") as rec:
         net(torch.randn(2, 4))
-    with pytest.raises(RecordError, match=r"'::ad' was selected but never ran\. Did you mean '::add'"):
+    with pytest.raises(RecordError, match=r"'::ad' was not selected in this capture\. Did you mean '::add'"):
         rec["::ad"]
     with pytest.raises(SelectionError, match="matches no module"):
         hookscope.capture(net, "fcc::linear")
@@ -312,3 +315,104 @@ def test_the_wrapped_forward_keeps_its_signature_and_script_modules_are_refused(
     scripted = nn.Sequential(torch.jit.script(nn.Linear(2, 2)))
     with pytest.raises(SelectionError, match="TorchScript module"):
         hookscope.capture(scripted, "0::linear")
+
+
+class _Child(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 10
+
+
+class _CallsChildForward(nn.Module):
+    """Calls its child's ``forward`` directly (no module call in between)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = _Child()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c.forward(x) + 1
+
+
+def test_a_child_forward_called_directly_owns_its_operations() -> None:
+    net = _CallsChildForward()
+    x = torch.tensor([2.0])
+    listed = hookscope.operations(net, x)
+    assert [r.name for r in listed.rows] == ["c::add", "::add"]
+    with hookscope.capture(net, "::add") as rec:
+        net(x)
+    assert torch.equal(rec["::add"].output, torch.tensor([13.0]))  # the root's own +, not the child's
+    with hookscope.capture(net, "c::add") as rec:
+        net(x)
+    assert torch.equal(rec["c::add"].output, torch.tensor([12.0]))
+    with hookscope.capture(net, "::add", "c::add") as rec:
+        net(x)
+    assert torch.equal(rec["::add"].output, torch.tensor([13.0]))
+    assert torch.equal(rec["c::add"].output, torch.tensor([12.0]))
+    with hookscope.edit(net, "::add", output=lambda t: t * 0):
+        assert torch.equal(net(x), torch.tensor([0.0]))
+    assert hookscope.core.hook_count(net) == 0 and "forward" not in vars(net.c)
+
+
+def test_grad_mode_switches_are_no_operations() -> None:
+    class NoGrad(nn.Module):
+        @torch.no_grad()
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert not torch.is_grad_enabled()
+            with torch.enable_grad(), torch.autocast("cpu", enabled=False):
+                y = x * 2
+            torch.set_grad_enabled(False)
+            return y + 1
+
+    net = NoGrad()
+    listed = hookscope.operations(net, torch.ones(2))
+    assert [r.name for r in listed.rows] == ["::mul", "::add"]
+    with hookscope.capture(net, "::*") as rec:
+        net(torch.ones(2))
+    assert list(rec) == ["::mul", "::add"]
+    assert torch.equal(rec["::add"].output, torch.full((2,), 3.0))
+    assert hookscope.core.hook_count(net) == 0
+
+
+def test_missing_fields_of_a_record_are_attribute_errors() -> None:
+    net = nn.Sequential(nn.Linear(2, 2))
+    with hookscope.capture(net, "0") as rec:
+        net(torch.ones(1, 2))
+    call = rec["0"].calls[0]
+    assert not hasattr(call, "input") and not hasattr(rec["0"], "input")
+    assert not hasattr(call, "grad_output") and not hasattr(rec["0"], "grad_input")
+    assert hasattr(call, "output") and getattr(call, "kwargs", "absent") == "absent"
+    with pytest.raises(RecordError, match="capture with keep=\\('input'"):
+        call.input
+    with hookscope.capture(net, "0") as twice:
+        net(torch.ones(1, 2))
+        net(torch.ones(1, 2))
+    assert not hasattr(twice["0"], "output")  # ambiguous: two calls
+    with pytest.raises(RecordError, match="called 2 times"):
+        twice["0"].output
+
+
+def test_an_operation_that_never_runs_is_an_error_at_the_end_of_the_block() -> None:
+    net = Block()
+    x = torch.randn(2, 4)
+    with pytest.raises(SelectionError, match=r"'::gleu' matched no operation .*Did you mean '::relu'"):
+        with hookscope.edit(net, "::gleu", output=lambda t: t * 0):
+            net(x)
+    with pytest.raises(SelectionError, match=r"'::ad' matched no operation .*Did you mean '::add'"):
+        with hookscope.capture(net, "::ad"):
+            net(x)
+    with pytest.raises(SelectionError, match=r"'\*::lineer' matched no operation .*Did you mean 'fc::linear'"):
+        with hookscope.capture(net, "*::lineer"):
+            net(x)
+    # a glob over modules: enough that one of them ran it
+    with hookscope.capture(net, "*::linear") as rec:
+        net(x)
+    assert list(rec) == ["fc::linear"]
+    # nothing ran in the block: nothing to check, as for modules
+    with hookscope.edit(net, "::gleu", output=lambda t: t):
+        pass
+    # an error raised in the block is not hidden by this one
+    with pytest.raises(ValueError, match="mine"):
+        with hookscope.capture(net, "::ad"):
+            net(x)
+            raise ValueError("mine")
+    assert hookscope.core.hook_count(net) == 0 and "forward" not in vars(net)

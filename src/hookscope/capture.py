@@ -19,8 +19,8 @@ from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .core.ops import SEP, OpSite, call_name, covered, seen_ops
-from .errors import HookscopeError, StopForward, did_you_mean
+from .core.ops import SEP, OpSite, call_name, counts, covered, missed, seen_ops
+from .errors import HookscopeError, SelectionError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
 
@@ -119,6 +119,8 @@ class Capture(Recording):
         self._remaining: set[str] = set()
         self._scope = ThreadScope()
         self._orphans = Orphans()  # grad_output hooks on view outputs, orphaned by an in-place op
+        self._sites = [s for _, s in selected if isinstance(s, OpSite)]
+        self._since: dict[int, tuple[int, int]] = {}
         self.stopped = False
 
     # lifecycle ------------------------------------------------------------------------------
@@ -144,6 +146,7 @@ class Capture(Recording):
         except BaseException:
             self._close()
             raise
+        self._since = counts(self._sites)
         self._remaining = set(self.selected)
         return self
 
@@ -159,6 +162,9 @@ class Capture(Recording):
         if isinstance(exc, StopForward) and exc.owner is self:
             self.stopped = True
             return True
+        unmatched = missed(self._sites, self._since) if exc is None else None
+        if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
+            raise SelectionError(unmatched)
         return False
 
     def _close(self) -> None:

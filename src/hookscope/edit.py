@@ -12,7 +12,8 @@ from torch import nn
 from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .errors import HookscopeError
+from .core.ops import OpSite, counts, missed
+from .errors import HookscopeError, SelectionError
 from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
@@ -79,6 +80,8 @@ class Edit:
         self._scope = ThreadScope()
         self._orphans = Orphans()  # gradient hooks on views, which a later in-place op orphans
         self._lost: list[str] = []
+        self._sites = [s for _, s in selected if isinstance(s, OpSite)]
+        self._since: dict[int, tuple[int, int]] = {}
         self.counts = {n: 0 for n, _ in selected}
 
     def __enter__(self) -> Edit:
@@ -98,11 +101,15 @@ class Edit:
         except BaseException:
             self.remove()
             raise
+        self._since = counts(self._sites)
         self._targets = None
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.remove()
+        unmatched = missed(self._sites, self._since) if exc_type is None else None
+        if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
+            raise SelectionError(unmatched)
         if self._lost and exc_type is None:
             what, name = self._lost[0].split(" ", 1)
             raise HookscopeError(
