@@ -120,15 +120,30 @@ def in_place(func: Any) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
-def written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> torch.Tensor | None:
-    """The tensor an operation wrote its result into (``self`` of ``add_``, ``+=`` and ``x[i] = v``,
-    the ``out=`` argument), which the model reads on whether or not it uses the returned value;
-    ``None`` for an operation that makes a new tensor."""
+# In-place by name, but what they change is not the values (autograd, storage, shape)
+_NOT_WRITES = frozenset({"detach_", "set_", "resize_", "resize_as_", "share_memory_", "requires_grad_",
+                         "retain_grad", "pin_memory", "record_stream", "rename_", "refine_names", "as_strided_",
+                         "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_"})
+
+
+def written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | int, torch.Tensor] | None:
+    """Where an operation writes its result, and the tensor there: ``(0, self)`` for ``add_``, ``+=``
+    and ``x[i] = v``, ``("out", t)`` for an ``out=`` argument. The model reads that tensor on
+    whether or not it uses the returned value. ``None`` for an operation that makes a new tensor.
+
+    Example:
+        >>> x = torch.zeros(2)
+        >>> written(torch.Tensor.add_, (x, 1), {})[0], written(torch.add, (x, 1), {"out": x})[0]
+        (0, 'out')
+        >>> written(torch.add, (x, 1), {}) is None
+        True
+    """
     target = kwargs.get("out")
     if isinstance(target, torch.Tensor):
-        return target
-    if in_place(func) and args and isinstance(args[0], torch.Tensor):
-        return args[0]
+        return "out", target
+    if (in_place(func) and getattr(func, "__name__", "") not in _NOT_WRITES and args
+            and isinstance(args[0], torch.Tensor)):
+        return 0, args[0]
     return None
 
 
