@@ -660,3 +660,24 @@ def test_an_out_argument_is_recorded_as_the_tensor_the_model_reads_on() -> None:
     with torch.no_grad(), hookscope.edit(net, "::mul", output=lambda t: t * 0):
         assert torch.equal(net(torch.ones(2)), torch.ones(2))
     assert hookscope.core.hook_count(net) == 0
+
+
+def test_names_resolved_from_a_glob_and_handed_on_one_by_one_raise_nothing() -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = Block(), Block()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    net = Two()
+    names = [n for n, _ in hookscope.layers(net, "*::linear")]
+    assert names == ["::linear", "a::linear", "a.fc::linear", "b::linear", "b.fc::linear"]
+    with hookscope.capture(net, *names) as rec:
+        net(torch.randn(2, 4))
+    assert list(rec) == ["a.fc::linear", "b.fc::linear"]
+    with hookscope.edit(net, *names, output=lambda t: t * 0) as e:
+        net(torch.randn(2, 4))
+    assert e.counts["a.fc::linear"] == 1 and e.counts["::linear"] == 0
+    assert hookscope.core.hook_count(net) == 0

@@ -512,8 +512,8 @@ class Capture(Recording):
         if aliases and "grad_output" in self.keep:  # the model's own tensors, for a module that writes into its input
             for t, own in zip(tensors(args), tensors(given or args)):
                 if id(t) in aliases:
-                    a = aliases[id(t)]
-                    originals[id(a)] = (own, a._version)
+                    made = aliases[id(t)]
+                    originals[id(made)] = (own, made._version)
             with self._lock:
                 self._handed[id(call)] = originals
         every = list(tensors(args))
@@ -540,9 +540,9 @@ class Capture(Recording):
         its base, and either way the gradient passes the base's node of the write (CopySlices), whose
         incoming gradient is the base's; the view's part of it is this output's gradient."""
         base = view._base
-        node = base.grad_fn if base is not None else None
-        if node is None:
+        if base is None or base.grad_fn is None:
             return
+        node = base.grad_fn
         size, stride = view.size(), view.stride()
         offset = view.storage_offset() - base.storage_offset()
         layout = (base.size(), base.stride())

@@ -367,9 +367,12 @@ def _other_module(f: Any) -> bool:
     code = f.f_code
     if not (code.co_argcount and code.co_varnames[0] == "self"):
         return False
-    owner = f.f_locals.get("self")
     frames = _state.frames
-    return isinstance(owner, nn.Module) and not (frames and owner is frames[-1].owner.module)
+    mine = frames[-1].owner.module if frames else None
+    if mine is not None and getattr(type(mine).forward, "__code__", None) is code:
+        return False  # the owner's own forward, the frame every one of its operations passes: no locals read
+    owner = f.f_locals.get("self")
+    return isinstance(owner, nn.Module) and owner is not mine
 
 
 _NAMES: dict[Any, str] = {}  # function -> op_name(function)
@@ -490,17 +493,23 @@ def missed(sites: list[OpSite], since: dict[int, tuple[int, int]] | None = None)
         >>> handle = site.register_forward_hook(lambda m, a, out: None)
         >>> _ = block(torch.zeros(1))
         >>> handle.remove()
-        >>> missed([site])
-        "selector '0::rleu' matched no operation in the forward pass. Did you mean '0::relu'? ..."
+        >>> missed([site]).split(" List")[0]
+        "selector '0::rleu' matched no operation in the forward pass. Did you mean '0::relu'?"
     """
     start = since or {}
     by_selector: dict[str, list[OpSite]] = {}
     for site in sites:
         by_selector.setdefault(site.selector, []).append(site)
+
+    def fired(group: list[OpSite]) -> int:
+        return sum(s.__dict__["fired"] - start.get(id(s), (0, 0))[0] for s in group)
+
     for selector, group in by_selector.items():
-        fired = sum(s.__dict__["fired"] - start.get(id(s), (0, 0))[0] for s in group)
         ran = sum(s.__dict__["runs"] - start.get(id(s), (0, 0))[1] for s in group)
-        if fired or not ran:
+        # names resolved from one glob and handed on one by one ('h.0::sdpa', 'h.1::sdpa'...) come
+        # back as selectors of their own: enough that the operation ran in one of their modules
+        same = [s for s in sites if s.pattern in {g.pattern for g in group}]
+        if fired(group) or not ran or fired(same):
             continue
         names = list(dict.fromkeys(f"{s.owner_name}{SEP}{label}" for s in group for label in seen_ops(s)))
         near = nearest(selector, names)
@@ -518,7 +527,7 @@ def nearest(selector: str, names: list[str]) -> list[str]:
     modules (``*::lineer``) by the operation's part alone.
 
     Example:
-        >>> nearest("*::ad", ["fc::linear", "layer1::add", "layer2::add"])
+        >>> sorted(nearest("*::ad", ["fc::linear", "layer1::add", "layer2::add"]))
         ['layer1::add', 'layer2::add']
     """
     near = closest(selector, names)
