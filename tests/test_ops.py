@@ -681,3 +681,54 @@ def test_names_resolved_from_a_glob_and_handed_on_one_by_one_raise_nothing() -> 
         net(torch.randn(2, 4))
     assert e.counts["a.fc::linear"] == 1 and e.counts["::linear"] == 0
     assert hookscope.core.hook_count(net) == 0
+
+
+class _Writer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h.mul_(2)
+        h += x
+        h[0] = h[0] * 3
+        h.clamp_(max=1.5)
+        return (h * h).sum(-1)
+
+
+def test_an_identity_edit_of_every_operation_changes_no_value_and_no_gradient() -> None:
+    torch.manual_seed(0)
+    net = _Writer()
+    x = torch.randn(4, 3, requires_grad=True)
+    want = net(x)
+    want_grad, = torch.autograd.grad(want.sum(), x)
+    with hookscope.edit(net, "::*", output=lambda t: t) as e:
+        got = net(x)
+        got_grad, = torch.autograd.grad(got.sum(), x)
+    assert torch.equal(got, want) and torch.allclose(got_grad, want_grad)
+    assert e.counts["::*"] >= 6
+    assert hookscope.core.hook_count(net) == 0
+
+
+def test_threads_edit_in_place_operations_of_their_own_calls() -> None:
+    torch.manual_seed(0)
+    net = _Writer()
+    x = torch.randn(4, 3)
+    results: dict[int, torch.Tensor] = {}
+
+    def work(i: int) -> None:
+        with torch.no_grad(), hookscope.edit(net, "::mul", output=lambda t: t * 0 + i):
+            results[i] = net(x)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, out in results.items():
+        h = torch.full((4, 3), float(i)) + x
+        h[0] = h[0] * 3
+        assert torch.allclose(out, (h.clamp(max=1.5) ** 2).sum(-1)), i
+    assert torch.equal(net(x), _Writer.forward(net, x))
+    assert hookscope.core.hook_count(net) == 0
