@@ -639,7 +639,9 @@ def capture(
             propagates. Nested selected modules reach ``fn`` as they return (inner ones first).
 
     Returns:
-        A context manager; inside and after the block it maps names to :class:`LayerRecord`.
+        A context manager; inside and after the block it maps names to :class:`LayerRecord`. An
+        operation selector that matched no operation in a pass its module ran raises
+        :class:`~hookscope.SelectionError` when the block ends, naming the closest operations that ran.
 
     Example:
         >>> import torch, hookscope

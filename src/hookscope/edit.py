@@ -325,6 +325,13 @@ def edit(
     Hooks run in the order contexts were entered: a capture entered after an edit sees the edited
     values, one entered before sees the originals.
 
+    An operation that writes into a tensor (``scores.masked_fill_(mask, v)``, ``h += x``,
+    ``x[i] = v``, ``out=``) is usually a statement whose returned value nobody reads: it runs on a
+    private copy, the changes apply to what it wrote there, and the result is copied into the tensor
+    it writes, which the model reads on (gradients flow through the change). An operation selector
+    that matched no operation in a pass its module ran raises :class:`~hookscope.SelectionError`
+    when the block ends, naming the closest operations that ran.
+
     Example:
         >>> import torch, hookscope
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
