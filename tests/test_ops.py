@@ -732,3 +732,31 @@ def test_threads_edit_in_place_operations_of_their_own_calls() -> None:
         assert torch.allclose(out, (h.clamp(max=1.5) ** 2).sum(-1)), i
     assert torch.equal(net(x), _Writer.forward(net, x))
     assert hookscope.core.hook_count(net) == 0
+
+
+def test_functions_called_with_inplace_true_are_edited_where_they_write() -> None:
+    class Functional(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x * 1
+            g = x * 3
+            F.leaky_relu(g, 0.5, True)          # inplace given by position
+            F.relu(h, inplace=True)             # a statement: the result is h itself
+            return h * 2 + g
+
+    net = Functional()
+    x = torch.tensor([-1.0, 2.0], requires_grad=True)
+    listed = hookscope.operations(net, x)
+    assert [(r.name, r.in_place) for r in listed.rows] == [
+        ("::mul", False), ("::mul.1", False), ("::leaky_relu", True), ("::relu", True), ("::mul.2", False),
+        ("::add", False)]
+    with hookscope.edit(net, "::relu", output=lambda t: t - 3) as e:
+        out = net(x)
+        got, = torch.autograd.grad(out.sum(), x)
+    assert e.counts == {"::relu": 1}
+    assert torch.equal(out, torch.tensor([-7.5, 4.0]))  # 2 * (relu(x) - 3) + leaky_relu(3 x)
+    assert torch.equal(got, torch.tensor([1.5, 5.0]))
+    with hookscope.capture(net, "::relu", keep="grads") as rec:
+        net(x).sum().backward()
+    assert torch.equal(rec["::relu"].grad_output, torch.tensor([2.0, 2.0]))
+    assert torch.equal(rec["::relu"].grad_input, torch.tensor([0.0, 2.0]))
+    assert hookscope.core.hook_count(net) == 0

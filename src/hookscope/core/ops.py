@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import inspect
 import sys
 import threading
 from collections.abc import Callable
@@ -139,16 +140,41 @@ def written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[s
         >>> x = torch.zeros(2)
         >>> written(torch.Tensor.add_, (x, 1), {})[0], written(torch.add, (x, 1), {"out": x})[0]
         (0, 'out')
-        >>> written(torch.add, (x, 1), {}) is None
-        True
+        >>> written(torch.add, (x, 1), {}) is None, written(torch.nn.functional.relu, (x,), {"inplace": True})[0]
+        (True, 0)
     """
     target = kwargs.get("out")
     if isinstance(target, torch.Tensor):
         return "out", target
-    if (in_place(func) and getattr(func, "__name__", "") not in _NOT_WRITES and args
-            and isinstance(args[0], torch.Tensor)):
+    if not (args and isinstance(args[0], torch.Tensor)):
+        return None
+    if in_place(func) and getattr(func, "__name__", "") not in _NOT_WRITES:
+        return 0, args[0]
+    at = _inplace_flag(func)  # F.relu(x, inplace=True), F.dropout(x, p, training, True)
+    if at is not None and (kwargs.get("inplace") is True or (len(args) > at and args[at] is True)):
         return 0, args[0]
     return None
+
+
+_FLAGS: dict[Any, int | None] = {}  # function -> the position of its ``inplace`` parameter
+
+
+def _inplace_flag(func: Any) -> int | None:
+    """Where ``func`` takes ``inplace`` (``F.relu``: 1), worked out once per function; ``None`` if it takes none."""
+    try:
+        return _FLAGS[func]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return None
+    at = None
+    try:
+        names = list(inspect.signature(func).parameters)
+        at = names.index("inplace") if "inplace" in names else None
+    except (TypeError, ValueError):  # a builtin without a signature
+        pass
+    _FLAGS[func] = at
+    return at
 
 
 class OpSite(nn.Module):
