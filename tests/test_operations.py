@@ -70,3 +70,13 @@ def test_operations_on_the_command_line_of_trace_and_watch(capsys: pytest.Captur
     assert main(["watch", "tiny", "--layers", "*::*"]) == 0
     out = capsys.readouterr().out
     assert "all finite" in out and "never ran" not in out and "matching" not in out
+
+
+def test_layers_ops_with_an_operation_that_never_ran_is_one_line_with_the_closest(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layers", "--ops", "tiny", "*::ad"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'*::ad' matches no operation" in err and "Did you mean 'layer1.0::add'" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert main(["layers", "--ops", "tiny", "layer1.0::add.1"]) == 2
+    assert "Did you mean 'layer1.0::add'?" in capsys.readouterr().err

@@ -19,8 +19,8 @@ from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .core.ops import SEP, OpSite, call_name, covered, seen_ops
-from .errors import HookscopeError, StopForward, did_you_mean
+from .core.ops import SEP, OpSite, call_name, counts, covered, current_function, missed, seen_ops, written
+from .errors import HookscopeError, SelectionError, StopForward, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
 
@@ -119,6 +119,10 @@ class Capture(Recording):
         self._remaining: set[str] = set()
         self._scope = ThreadScope()
         self._orphans = Orphans()  # grad_output hooks on view outputs, orphaned by an in-place op
+        self._sites = [s for _, s in selected if isinstance(s, OpSite)]
+        self._written: dict[int, tuple[Any, Any, list[Slot | None]]] = {}  # id(call) -> (tensor, node before, grads)
+        self._handed: dict[int, dict[int, tuple[torch.Tensor, int]]] = {}  # id(call) -> input aliases' originals
+        self._since: dict[int, tuple[int, int]] = {}
         self.stopped = False
 
     # lifecycle ------------------------------------------------------------------------------
@@ -144,6 +148,7 @@ class Capture(Recording):
         except BaseException:
             self._close()
             raise
+        self._since = counts(self._sites)
         self._remaining = set(self.selected)
         return self
 
@@ -152,13 +157,16 @@ class Capture(Recording):
         if compiled:  # hooks run eagerly between graph pieces: dynamo cannot trace their state
             pre, post = eager(pre), eager(post)
         self._group.add(module.register_forward_pre_hook(pre, with_kwargs=with_kwargs))
-        self._group.add(module.register_forward_hook(post))
+        self._group.add(module.register_forward_hook(post, with_kwargs=isinstance(module, OpSite)))  # out=
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self._close()
         if isinstance(exc, StopForward) and exc.owner is self:
             self.stopped = True
             return True
+        unmatched = missed(self._sites, self._since) if exc is None else None
+        if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
+            raise SelectionError(unmatched)
         return False
 
     def _close(self) -> None:
@@ -171,6 +179,9 @@ class Capture(Recording):
         self._refresh.close()
         self._scope.close()
         self._release_all()
+        with self._lock:  # what calls that raised left pending: nothing of the model outlives the context
+            self._written.clear()
+            self._handed.clear()
         self._model = None  # nothing of the model outlives the context
         self._targets = None
 
@@ -365,15 +376,28 @@ class Capture(Recording):
             open_calls.push(call)
             if "output" in keep:
                 call.mark_running()
-            return self._record_inputs(call, args, kwargs or {}) if (want_in or grad_in) else None
+            if not (want_in or grad_in):
+                return None
+            into = written(current_function(), args, kwargs or {}) if isinstance(target, OpSite) else None
+            writes_first = into is not None and into[0] == 0
+            return self._record_inputs(call, args, kwargs or {}, held_by(module, args[:1]) if writes_first else None)
 
-        def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        def post(module: nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
+            output = rest[-1]  # (kwargs, output) for an operation, (output,) for a module
             if not self._ours(module, target):
                 return None
             call = open_calls.pop()
             if call is None:  # began before the capture opened
                 call = self._add(call_name(target, name))
-            new = self._record_output(call, output, held_by(module, args))
+            into = written(current_function(), args, rest[0]) if len(rest) == 2 else None
+            if into is not None:  # the model reads the written tensor on: record it, copied at once
+                value = output if output is not None else into[1]  # x[i] = v returns None
+                self._record_output(call, value, held_by(module, (*args, value)), wrote=True)
+                new = output
+            else:
+                new = self._record_output(call, output, held_by(module, args))
+            if grad_in and isinstance(target, OpSite):
+                self._watch_written(call, args)
             if self.on_call is not None:
                 self._hand(call)
             if self.stop:
@@ -384,19 +408,27 @@ class Capture(Recording):
 
         return (pre, True), post
 
-    def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _record_inputs(self, call: CallRecord, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       written: Callable[[], set[int]] | None = None) -> Any:
+        """``written``: the memory of the first input, when an operation writes into it (``add_``):
+        the operation must write into the model's tensor itself, never an alias of it, so the
+        value before the write is kept as a copy."""
         new_args, new_kwargs = args, kwargs
+        writes_first = written is not None
         if "input" in self.keep:
-            kept_args, new_args = self._keep_tree(args, call, "input")
+            kept_args, new_args = self._keep_tree(args, call, "input", written)
             kept_kwargs, new_kwargs = self._keep_tree(kwargs, call, "input")
             call.set_inputs(kept_args, kept_kwargs)
+            if writes_first and new_args is not args:
+                new_args = (args[0], *new_args[1:])
         if "grad_input" in self.keep:
-            new_args = self._watch_inputs(call, new_args)
+            new_args = self._watch_inputs(call, new_args, writes_first, args)
         if new_args is args and new_kwargs is kwargs:
             return None
         return new_args, new_kwargs
 
-    def _record_output(self, call: CallRecord, output: Any, held: Any = None) -> Any:
+    def _record_output(self, call: CallRecord, output: Any, held: Any = None, wrote: bool = False) -> Any:
+        """``wrote``: the output is a tensor an operation wrote into, which the model holds on to."""
         if "grad_input" in self.keep:
             call.check_inputs()
         new_output = output
@@ -410,7 +442,9 @@ class Capture(Recording):
                 kept, new_output = self._keep_tree(output, call, "output", held)
                 call.set_output(kept)
         if "grad_output" in self.keep:
-            self._watch_outputs(call, output)
+            with self._lock:
+                handed = self._handed.pop(id(call), {})
+            self._watch_outputs(call, output, handed, wrote)
         return new_output
 
     def _grad_setter(self, call: CallRecord, grads: list[Slot | None], i: int, where: Any, adopted: bool = False,
@@ -424,7 +458,8 @@ class Capture(Recording):
 
         return hook
 
-    def _watch_outputs(self, call: CallRecord, output: Any) -> None:
+    def _watch_outputs(self, call: CallRecord, output: Any, handed: dict[int, tuple[torch.Tensor, int]],
+                       wrote: bool = False) -> None:
         # Tensor hooks on the output itself, not register_full_backward_hook: the full backward hook
         # breaks when an in-place op follows the module (pytorch/pytorch#61519), and a hook on an
         # alias is orphaned by such an op; a hook on the original fires with the true grad_output.
@@ -439,6 +474,15 @@ class Capture(Recording):
         for i, t in enumerate(outs):
             if t.requires_grad:
                 t = origin(t)  # an alias this module was handed and returns: hooked where an in-place op keeps it
+                given = handed.get(id(t))
+                into = wrote
+                if given is not None and t._version != given[1]:
+                    # the module wrote into the input alias it was given (ReLU(inplace=True)) and returns it:
+                    # the model goes on with the tensor the alias was made of, where the write landed
+                    t, into = given[0], True
+                if into and t._is_view():
+                    self._watch_written_view(call, grads, i, where, t)
+                    continue
                 key = self._orphans.watch(t, lambda: call.lose_grad_output(ORPHANED))
                 # a view's gradient goes on to its base as a view of the same memory, which a leaf
                 # (a parameter the output is a view of) may adopt as .grad and accumulate into
@@ -446,24 +490,40 @@ class Capture(Recording):
                 self._watch_handle(call, t.register_hook(hook))
                 self._orphans.bind(key, hook)
 
-    def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _watch_inputs(self, call: CallRecord, args: tuple[Any, ...], writes_first: bool = False,
+                      given: tuple[Any, ...] = ()) -> tuple[Any, ...]:
         # A fresh alias per call, so its hook sees only the gradient that flows through this module
         # (the input itself may feed other modules too, e.g. a residual branch). Only tensors
         # reached through tuples: a list or dict the caller passed is handed on as it is.
+        # An operation writing into its first input (add_, +=) must write into the model's tensor
+        # itself, not an alias: its gradient is read off the operation's node (_watch_written).
         grad_on = torch.is_grad_enabled()
         aliases: dict[int, torch.Tensor] = {}
+        first = args[0] if writes_first else None
+        originals: dict[int, tuple[torch.Tensor, int]] = {}
 
         def alias(t: torch.Tensor) -> torch.Tensor:
-            if not (t.requires_grad and grad_on):
+            if not (t.requires_grad and grad_on) or t is first:
                 return t
             aliases[id(t)] = a = t.view_as(t)
             return a
 
         new_args: tuple[Any, ...] = map_exposed(alias, args)
+        if aliases and "grad_output" in self.keep:  # the model's own tensors, for a module that writes into its input
+            for t, own in zip(tensors(args), tensors(given or args)):
+                if id(t) in aliases:
+                    made = aliases[id(t)]
+                    originals[id(made)] = (own, made._version)
+            with self._lock:
+                self._handed[id(call)] = originals
         every = list(tensors(args))
         grads = call.expect_grad_input(tree_map(lambda t: HOLE, args), len(every))
         where = ("grad_input", call.name, call.index)
+        if first is not None and first.requires_grad and grad_on:
+            self._written[id(call)] = (first, first.grad_fn, grads)
         for i, t in enumerate(every):
+            if i == 0 and first is not None:
+                continue
             a = aliases.get(id(t))
             if a is not None:
                 # a leaf's .grad would adopt a view of this gradient and accumulate into it
@@ -472,6 +532,56 @@ class Capture(Recording):
             elif t.requires_grad and grad_on:
                 call.unwatchable_input()
         return new_args
+
+
+    def _watch_written_view(self, call: CallRecord, grads: list[Slot | None], i: int, where: Any,
+                            view: torch.Tensor) -> None:
+        """The gradient of a view just written in place: the model may go on with the view or with
+        its base, and either way the gradient passes the base's node of the write (CopySlices), whose
+        incoming gradient is the base's; the view's part of it is this output's gradient."""
+        base = view._base
+        if base is None or base.grad_fn is None:
+            return
+        node = base.grad_fn
+        size, stride = view.size(), view.stride()
+        offset = view.storage_offset() - base.storage_offset()
+        layout = (base.size(), base.stride())
+        setter = self._grad_setter(call, grads, i, where)
+
+        def prehook(grad_outputs: Any) -> None:
+            g = grad_outputs[0]
+            if g is not None:
+                full = torch.empty_strided(*layout, dtype=g.dtype, device=g.device)
+                setter(full.copy_(g).as_strided(size, stride, offset))
+
+        self._watch_handle(call, node.register_prehook(prehook))
+
+    def _watch_written(self, call: CallRecord, args: tuple[Any, ...]) -> None:
+        """The input gradient of an operation that wrote into its first input: what its backward
+        node sends to the value before the write (the model's tensor now holds the value after)."""
+        with self._lock:
+            pending = self._written.pop(id(call), None)
+        if pending is None:
+            return
+        first, before, grads = pending
+        if args[0] is not first:
+            call.note = ("an edit entered after this capture runs the operation on a copy of its input; enter the "
+                         "capture after the edit (it then sees the edited values), or capture the edit's layer alone")
+            return
+        node = args[0].grad_fn
+        nexts = [] if node is None else [n for n, _ in node.next_functions]
+        j = next((k for k, n in enumerate(nexts) if before is not None and n is before), None)
+        if node is None or j is None:  # a view written in place: autograd rebased it on its base
+            call.note = ("the operation writes into a view of another tensor, and PyTorch rebases the view's "
+                         "autograd history on its base; read grad_output of the operation that made the view")
+            return
+        setter = self._grad_setter(call, grads, 0, ("grad_input", call.name, call.index))
+
+        def node_hook(grad_inputs: Any, grad_outputs: Any) -> None:
+            if grad_inputs[j] is not None:
+                setter(grad_inputs[j])
+
+        self._watch_handle(call, node.register_hook(node_hook))
 
 
 def boundary_modules(model: nn.Module) -> list[nn.Module]:
@@ -529,7 +639,9 @@ def capture(
             propagates. Nested selected modules reach ``fn`` as they return (inner ones first).
 
     Returns:
-        A context manager; inside and after the block it maps names to :class:`LayerRecord`.
+        A context manager; inside and after the block it maps names to :class:`LayerRecord`. An
+        operation selector that matched no operation in a pass its module ran raises
+        :class:`~hookscope.SelectionError` when the block ends, naming the closest operations that ran.
 
     Example:
         >>> import torch, hookscope

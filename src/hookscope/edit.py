@@ -12,7 +12,9 @@ from torch import nn
 from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
-from .errors import HookscopeError
+from .core.calls import CallStack
+from .core.ops import OpSite, counts, current_function, missed, written
+from .errors import HookscopeError, SelectionError
 from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
@@ -79,6 +81,8 @@ class Edit:
         self._scope = ThreadScope()
         self._orphans = Orphans()  # gradient hooks on views, which a later in-place op orphans
         self._lost: list[str] = []
+        self._sites = [s for _, s in selected if isinstance(s, OpSite)]
+        self._since: dict[int, tuple[int, int]] = {}
         self.counts = {n: 0 for n, _ in selected}
 
     def __enter__(self) -> Edit:
@@ -89,20 +93,27 @@ class Edit:
         wrap: Callable[[Any], Any] = eager if is_compiled(self._model) else _as_is
         try:
             for name, module in self._targets:
-                if self._inputs or c["grad_input"]:
-                    pre = wrap(self._pre(name, module))
+                # an operation that writes into a tensor runs on a copy, then the edited value goes in
+                writes: CallStack[_Write | None] | None = CallStack() if isinstance(module, OpSite) else None
+                if self._inputs or c["grad_input"] or writes is not None:
+                    pre = wrap(self._pre(name, module, writes))
                     self._group.add(module.register_forward_pre_hook(pre, with_kwargs=True))
-                if c["output"] or c["grad_output"]:
-                    self._group.add(module.register_forward_hook(wrap(self._post(name, module))))
+                if c["output"] or c["grad_output"] or writes is not None:
+                    post = wrap(self._post(name, module, writes))
+                    self._group.add(module.register_forward_hook(post, with_kwargs=writes is not None))
             self._refresh.open()
         except BaseException:
             self.remove()
             raise
+        self._since = counts(self._sites)
         self._targets = None
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.remove()
+        unmatched = missed(self._sites, self._since) if exc_type is None else None
+        if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
+            raise SelectionError(unmatched)
         if self._lost and exc_type is None:
             what, name = self._lost[0].split(" ", 1)
             raise HookscopeError(
@@ -120,16 +131,21 @@ class Edit:
     def _ours(self, module: nn.Module, target: nn.Module) -> bool:
         return module is not target or self._scope.sees()
 
-    def _pre(self, name: str, target: nn.Module) -> Any:
+    def _pre(self, name: str, target: nn.Module, writes: CallStack[_Write | None] | None) -> Any:
         grad_change = self._changes["grad_input"]
-        counted_later = bool(self._changes["output"] or self._changes["grad_output"])
+        counted_later = bool(self._changes["output"] or self._changes["grad_output"]) or writes is not None
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             # kwargs may be missing: PyTorch calls a pre-hook removed mid-call without them
             if not self._ours(module, target):
                 return None
             kwargs = kwargs or {}
+            into = written(current_function(), args, kwargs) if writes is not None else None
             new_args, new_kwargs = _change_inputs(name, self._inputs, args, kwargs)
+            if writes is not None:
+                writes.push(None if into is None else _Write(into[1]))
+            if into is not None:
+                return self._on_copy(name, writes, into[0], new_args, new_kwargs)
             if grad_change is not None and new_args:
                 first = _hook_first_input(new_args[0], lambda t: self._hook_grad(t, grad_change, f"grad_input {name}"),
                                           name)
@@ -142,12 +158,33 @@ class Edit:
 
         return pre
 
-    def _post(self, name: str, target: nn.Module) -> Any:
+    def _on_copy(self, name: str, writes: Any, where: str | int, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The inputs of an operation that writes into a tensor, with a private copy in its place:
+        the operation's backward may keep what it wrote (``relu_`` keeps its result), which the
+        edited value must not overwrite. The copy is also the fresh per-call tensor whose gradient
+        is exactly what flows back through this operation."""
+        write: _Write = writes.top()
+        if where == "out":
+            write.copy = torch.empty_like(kwargs["out"])
+            return args, {**kwargs, "out": write.copy}
+        write.copy = args[0].clone()
+        grad_change = self._changes["grad_input"]
+        if grad_change is not None:
+            write.copy = self._hook_grad(write.copy, grad_change, f"grad_input {name}", fresh=False)
+        return (write.copy, *args[1:]), kwargs
+
+    def _post(self, name: str, target: nn.Module, writes: CallStack[_Write | None] | None) -> Any:
         change, grad_change = self._changes["output"], self._changes["grad_output"]
 
-        def post(module: nn.Module, args: Any, output: Any) -> Any:
+        def post(module: nn.Module, args: Any, *rest: Any) -> Any:
+            output = rest[-1]  # (kwargs, output) for an operation, (output,) for a module
             if not self._ours(module, target):
                 return None
+            write = writes.pop() if writes is not None else None
+            if write is not None:  # the operation wrote into a copy: edit that, then put it in the model's tensor
+                self._edit_value(name, write)
+                return None if output is None else write.into  # setitem returns None
             new = output
             if change is not None and self._at is not None:
                 new = self._at.put(output, change, name)
@@ -161,12 +198,34 @@ class Edit:
 
         return post
 
-    def _hook_grad(self, t: torch.Tensor, fn: Change, what: str) -> torch.Tensor:
-        """Hook ``fn`` on the gradient of ``t``; ``what`` is ``"grad_input NAME"`` or ``"grad_output NAME"``."""
+    def _edit_value(self, name: str, write: _Write) -> None:
+        """The output and grad_output changes of one call of an operation that wrote into a tensor,
+        applied to the private copy ``write`` holds; the result is copied into the model's tensor."""
+        copy: torch.Tensor = write.copy
+        change, grad_change = self._changes["output"], self._changes["grad_output"]
+        new: Any = copy
+        if change is not None and self._at is not None:
+            new = self._at.put(copy, change, name)
+        elif change is not None:
+            got = change(copy)
+            new = copy if got is None else got
+        if not isinstance(new, torch.Tensor) or new.shape != write.into.shape:
+            got_text = f"shape {tuple(new.shape)}" if isinstance(new, torch.Tensor) else type(new).__name__
+            raise HookscopeError(
+                f"the output edit of {name!r} gave {got_text}, but the operation writes into a tensor of shape "
+                f"{tuple(write.into.shape)}, which the model reads on; return a tensor of that shape")
+        if grad_change is not None:
+            new = self._hook_grad(new, grad_change, f"grad_output {name}")
+        write.into.copy_(new)
+        self.counts[name] += 1
+
+    def _hook_grad(self, t: torch.Tensor, fn: Change, what: str, fresh: bool = True) -> torch.Tensor:
+        """Hook ``fn`` on the gradient of ``t``; ``what`` is ``"grad_input NAME"`` or ``"grad_output NAME"``.
+        ``fresh=False``: ``t`` is already a tensor of this call alone."""
         if not (t.requires_grad and torch.is_grad_enabled()):
             return t
         # input gradients: a fresh alias per call, so only what flows through this module changes
-        target = t.view_as(t) if what.startswith("grad_input") else t
+        target = t.view_as(t) if fresh and what.startswith("grad_input") else t
         orphans, key = self._orphans, self._orphans.watch(target, lambda: self._lost.append(what))
 
         def hook(g: torch.Tensor) -> Any:
@@ -176,6 +235,16 @@ class Edit:
         self._group.add(target.register_hook(hook))
         orphans.bind(key, hook)
         return target
+
+
+class _Write:
+    """One call of an operation that writes into ``into``: the private copy it wrote instead."""
+
+    __slots__ = ("into", "copy")
+
+    def __init__(self, into: torch.Tensor) -> None:
+        self.into = into
+        self.copy: torch.Tensor = into
 
 
 def _hook_first_input(first: Any, hook: Callable[[torch.Tensor], torch.Tensor], name: str) -> Any:
@@ -255,6 +324,13 @@ def edit(
 
     Hooks run in the order contexts were entered: a capture entered after an edit sees the edited
     values, one entered before sees the originals.
+
+    An operation that writes into a tensor (``scores.masked_fill_(mask, v)``, ``h += x``,
+    ``x[i] = v``, ``out=``) is usually a statement whose returned value nobody reads: it runs on a
+    private copy, the changes apply to what it wrote there, and the result is copied into the tensor
+    it writes, which the model reads on (gradients flow through the change). An operation selector
+    that matched no operation in a pass its module ran raises :class:`~hookscope.SelectionError`
+    when the block ends, naming the closest operations that ran.
 
     Example:
         >>> import torch, hookscope

@@ -259,7 +259,9 @@ def _op_sites(model: nn.Module, sel: str) -> list[tuple[str, nn.Module]]:
                 f"{sel!r}: the operations of {name or 'the model'!r} run inside the torch.compile'd "
                 f"{inside or 'model'!r}, where they are fused into compiled code and cannot be hooked; "
                 "select them on the eager model, or select modules")
-        out.append((f"{name}{SEP}{op}", OpSite(module, name, op)))
+        site = OpSite(module, name, op)
+        site.selector = sel  # a misspelt operation is told per selector, over all the modules it names
+        out.append((f"{name}{SEP}{op}", site))
     return out
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from .._tree import tensors
 from ..core.inputs import model_kwargs, private
 from ..core.hooks import HookGroup
-from ..core.ops import SEP, call_name, current_function, in_place
+from ..core.ops import SEP, call_name, current_function, written
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import table
@@ -137,7 +137,8 @@ def operations(model: nn.Module, inputs: Any, *, layers: Selector | list[Selecto
         name = call_name(site, "")
         counts[name] = counts.get(name, -1) + 1
         func = current_function()
-        rows.append(OperationRow(name, counts[name], _function_text(func), in_place(func),
+        writes = written(func, op_args, op_kwargs) is not None
+        rows.append(OperationRow(name, counts[name], _function_text(func), writes,
                                  _shapes(op_args) + _shapes(op_kwargs), _shapes(out)))
 
     with HookGroup() as group, restored(model, train=False), torch.no_grad():

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..analysis.operations import Operations, operations
 from ..analysis.summary import summary
-from ..core.ops import SEP
+from ..core.ops import SEP, nearest
 from ..errors import HookscopeError
 from ..core.text import shape_text, table
 from ..selection import layers
@@ -71,6 +71,11 @@ def _run_ops(model: Any, args: argparse.Namespace) -> int:
     given = model_input(args, model)
     found = operations(model, given.x, layers=module_part, kwargs=given.kwargs)
     rows = [r for r in found.rows if not op_part or fnmatch.fnmatchcase(r.name.split(SEP, 1)[1], op_part)]
+    if op_part and not rows:
+        near = nearest(pattern, list(found))
+        hint = f" Did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+        raise HookscopeError(f"{pattern!r} matches no operation of one forward pass.{hint} Drop the part after "
+                             f"'::' to list every operation of {module_part or 'the model'!r}")
     if args.json:
         print(json.dumps([{"name": r.name, "call": r.call, "function": r.function, "in_place": r.in_place,
                            "inputs": r.inputs, "output": r.output} for r in rows], indent=2))

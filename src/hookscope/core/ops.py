@@ -10,8 +10,18 @@ hooks a module hooks an operation the same way. While a site holds a hook, its m
 hooks around each matching operation. Nothing is installed while no operation is hooked.
 
 Which module an operation belongs to: the innermost wrapped ``forward`` on the Python stack, unless
-a module call (``Module._call_impl``) sits between them: operations made by a child module, or by
-a hook, are not the parent's.
+a module call (``Module._call_impl``) or another module's ``forward`` sits between them: operations
+made by a child module (also one whose ``forward`` is called directly, ``self.child.forward(x)``), or
+by a hook, are not the parent's. Calls that neither take nor return a tensor (``torch.no_grad()``
+switching grad mode) are no operations.
+
+A selector that matches no operation in a pass its modules ran is a mistake (a misspelt name): the
+hooks are registered before the forward runs, so it can only be told after the pass, and
+:func:`missed` says so at the end of the ``capture`` / ``edit`` block.
+
+One file past 500 lines: the site, the ``forward`` wrapper, the function mode and the rule of
+which module an operation belongs to share one per-thread state and the counts :func:`missed`
+reads, and a fifth of the file is their documented examples.
 
 Example:
     >>> import torch
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import inspect
 import sys
 import threading
 from collections.abc import Callable
@@ -45,9 +56,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
 from .._tree import tensors
-from ..errors import HookscopeError
+from ..errors import HookscopeError, closest
 
-__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "covered", "current_function", "seen_ops", "split_op"]
+__all__ = ["SEP", "OpSite", "op_name", "in_place", "call_name", "covered", "current_function", "missed", "counts", "nearest",
+           "seen_ops", "split_op", "written"]
 
 SEP = "::"
 _GLOB = set("*?[")
@@ -113,6 +125,58 @@ def in_place(func: Any) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
+# In-place by name, but what they change is not the values (autograd, storage, shape)
+_NOT_WRITES = frozenset({"detach_", "set_", "resize_", "resize_as_", "share_memory_", "requires_grad_",
+                         "retain_grad", "pin_memory", "record_stream", "rename_", "refine_names", "as_strided_",
+                         "squeeze_", "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_"})
+
+
+def written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | int, torch.Tensor] | None:
+    """Where an operation writes its result, and the tensor there: ``(0, self)`` for ``add_``, ``+=``
+    and ``x[i] = v``, ``("out", t)`` for an ``out=`` argument. The model reads that tensor on
+    whether or not it uses the returned value. ``None`` for an operation that makes a new tensor.
+
+    Example:
+        >>> x = torch.zeros(2)
+        >>> written(torch.Tensor.add_, (x, 1), {})[0], written(torch.add, (x, 1), {"out": x})[0]
+        (0, 'out')
+        >>> written(torch.add, (x, 1), {}) is None, written(torch.nn.functional.relu, (x,), {"inplace": True})[0]
+        (True, 0)
+    """
+    target = kwargs.get("out")
+    if isinstance(target, torch.Tensor):
+        return "out", target
+    if not (args and isinstance(args[0], torch.Tensor)):
+        return None
+    if in_place(func) and getattr(func, "__name__", "") not in _NOT_WRITES:
+        return 0, args[0]
+    at = _inplace_flag(func)  # F.relu(x, inplace=True), F.dropout(x, p, training, True)
+    if at is not None and (kwargs.get("inplace") is True or (len(args) > at and args[at] is True)):
+        return 0, args[0]
+    return None
+
+
+_FLAGS: dict[Any, int | None] = {}  # function -> the position of its ``inplace`` parameter
+
+
+def _inplace_flag(func: Any) -> int | None:
+    """Where ``func`` takes ``inplace`` (``F.relu``: 1), worked out once per function; ``None`` if it takes none."""
+    try:
+        return _FLAGS[func]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return None
+    at = None
+    try:
+        names = list(inspect.signature(func).parameters)
+        at = names.index("inplace") if "inplace" in names else None
+    except (TypeError, ValueError):  # a builtin without a signature
+        pass
+    _FLAGS[func] = at
+    return at
+
+
 class OpSite(nn.Module):
     """The operations named ``pattern`` that ``owner``'s own ``forward`` runs, as a module to hook.
 
@@ -130,6 +194,9 @@ class OpSite(nn.Module):
         self.owner_name = owner_name
         self.pattern = pattern
         self.is_pattern = bool(_GLOB & set(pattern))
+        self.selector = f"{owner_name}{SEP}{pattern}"  # the selector it came from (``layer*::add``)
+        self.__dict__["fired"] = 0  # calls of matching operations while hooked
+        self.__dict__["runs"] = 0  # calls of the owner's forward while hooked
 
     @property
     def site_name(self) -> str:
@@ -278,6 +345,8 @@ def _wrap(owner: _Owner) -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:  # the signature and name of the forward it wraps (below)
         original = owner.saved if owner.saved is not None else type(module).forward.__get__(module)
         state = _state
+        for site in owner.sites:
+            site.__dict__["runs"] += 1
         state.frames.append(_Frame(owner))
         mode = _OpMode() if state.mode is None else None  # one mode per thread, entered by the outermost forward
         if mode is not None:
@@ -316,10 +385,24 @@ def _owner_frame() -> _Frame | None:
         if code is _WRAPPER:
             frames = _state.frames
             return frames[-1] if frames else None
-        if code in _CALLS:
+        if code in _CALLS or (code.co_name == "forward" and _other_module(f)):
             return None
         f = f.f_back
     return None
+
+
+def _other_module(f: Any) -> bool:
+    """Whether the ``forward`` frame ``f`` is another module's than the innermost wrapped one's
+    (``self.child.forward(x)``: the child's operations)."""
+    code = f.f_code
+    if not (code.co_argcount and code.co_varnames[0] == "self"):
+        return False
+    frames = _state.frames
+    mine = frames[-1].owner.module if frames else None
+    if mine is not None and getattr(type(mine).forward, "__code__", None) is code:
+        return False  # the owner's own forward, the frame every one of its operations passes: no locals read
+    owner = f.f_locals.get("self")
+    return isinstance(owner, nn.Module) and owner is not mine
 
 
 _NAMES: dict[Any, str] = {}  # function -> op_name(function)
@@ -347,6 +430,8 @@ class _OpMode(TorchFunctionMode):
         op = _name(func)
         if op in _NOT_OPS and (op not in _CONVERSIONS or getattr(func, "__name__", "").startswith("__")):
             return func(*args, **kwargs)
+        if getattr(func, "__module__", None) == "torch._C" and next(iter(tensors((args, kwargs))), None) is None:
+            return func(*args, **kwargs)  # grad mode and the like: state of torch, not an operation on tensors
         n = frame.counts.get(op, 0)
         label = op if n == 0 else f"{op}.{n}"
         frame.counts[op] = n + 1
@@ -375,6 +460,7 @@ def _run_hooked(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...
 
 def _run_sites(sites: list[OpSite], label: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     for site in sites:
+        site.__dict__["fired"] += 1
         _state.current.append(f"{site.owner_name}{SEP}{label}")
         try:
             args, kwargs = _pre(site, args, kwargs)
@@ -424,3 +510,63 @@ def _post(site: OpSite, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
             out = got
     return out
 
+
+
+def missed(sites: list[OpSite], since: dict[int, tuple[int, int]] | None = None) -> str | None:
+    """One line naming the first selector whose sites matched no operation although a module of
+    theirs ran (counted since ``since``, a :func:`counts` taken when the hooks went on), with the
+    closest operations that ran; ``None`` when every selector matched, or none of its modules ran.
+
+    Example:
+        >>> block = nn.Sequential(nn.ReLU())
+        >>> site = OpSite(block[0], "0", "rleu")
+        >>> handle = site.register_forward_hook(lambda m, a, out: None)
+        >>> _ = block(torch.zeros(1))
+        >>> handle.remove()
+        >>> missed([site]).split(" List")[0]
+        "selector '0::rleu' matched no operation in the forward pass. Did you mean '0::relu'?"
+    """
+    start = since or {}
+    by_selector: dict[str, list[OpSite]] = {}
+    for site in sites:
+        by_selector.setdefault(site.selector, []).append(site)
+
+    def fired(group: list[OpSite]) -> int:
+        return sum(s.__dict__["fired"] - start.get(id(s), (0, 0))[0] for s in group)
+
+    for selector, group in by_selector.items():
+        ran = sum(s.__dict__["runs"] - start.get(id(s), (0, 0))[1] for s in group)
+        # names resolved from one glob and handed on one by one ('h.0::sdpa', 'h.1::sdpa'...) come
+        # back as selectors of their own: enough that the operation ran in one of their modules
+        same = [s for s in sites if s.pattern in {g.pattern for g in group}]
+        if fired(group) or not ran or fired(same):
+            continue
+        names = list(dict.fromkeys(f"{s.owner_name}{SEP}{label}" for s in group for label in seen_ops(s)))
+        near = nearest(selector, names)
+        hint = f" Did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+        if not hint:
+            hint = (f" It ran: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}." if names else
+                    " Its module ran no operation of its own.")
+        return (f"selector {selector!r} matched no operation in the forward pass.{hint} List the operations of "
+                "one pass with hookscope.operations(model, inputs) or `hookscope layers --ops MODEL`")
+    return None
+
+
+def nearest(selector: str, names: list[str]) -> list[str]:
+    """The operation names (``module::op``) closest to ``selector``, best first; for a glob over
+    modules (``*::lineer``) by the operation's part alone.
+
+    Example:
+        >>> sorted(nearest("*::ad", ["fc::linear", "layer1::add", "layer2::add"]))
+        ['layer1::add', 'layer2::add']
+    """
+    near = closest(selector, names)
+    if not near and SEP in selector:
+        labels = closest(selector.split(SEP, 1)[1], [n.split(SEP, 1)[1] for n in names if SEP in n])
+        near = [n for n in names if SEP in n and n.split(SEP, 1)[1] in labels][:3]
+    return near
+
+
+def counts(sites: list[OpSite]) -> dict[int, tuple[int, int]]:
+    """Where the sites' counts of matching operations and of their module's calls stand now, for :func:`missed`."""
+    return {id(s): (s.__dict__["fired"], s.__dict__["runs"]) for s in sites}

@@ -15,10 +15,15 @@ from ..core.guard import Slot
 from ..core.text import dtype_text, shape_text
 from ..errors import MutationError, RecordError
 
-__all__ = ["HOLE", "CallRecord", "Hole", "tensors_of"]
+__all__ = ["HOLE", "CallRecord", "FieldError", "Hole", "tensors_of"]
 
 NOT_KEPT: Any = object()  # the capture was not asked to keep this field
 RAISED: Any = object()  # kept, but the call raised before it returned
+
+
+class FieldError(RecordError, AttributeError):
+    """A field a record does not hold: a :class:`~hookscope.RecordError` that is also an
+    ``AttributeError``, so ``hasattr(record, "input")`` and ``getattr(record, "input", None)`` answer."""
 
 
 class Hole:
@@ -140,14 +145,14 @@ class CallRecord:
             return
         failed = self._failed.get("*") or self._failed.get(field)
         if failed is not None:
-            raise (MutationError if failed[0] == "MutationError" else RecordError)(failed[1])
+            raise (MutationError if failed[0] == "MutationError" else FieldError)(failed[1])
 
     def _need(self, value: Any, keep: str) -> Any:
         self._check(keep)
         if value is NOT_KEPT:
-            raise RecordError(f"the {keep} of {self.name!r} was not recorded; capture with keep=({keep!r}, ...)")
+            raise FieldError(f"the {keep} of {self.name!r} was not recorded; capture with keep=({keep!r}, ...)")
         if value is RAISED:
-            raise RecordError(f"call {self.index} of {self.name!r} raised before returning, so it has no {keep}")
+            raise FieldError(f"call {self.index} of {self.name!r} raised before returning, so it has no {keep}")
         return value
 
     @property
@@ -165,7 +170,7 @@ class CallRecord:
         """The first positional input (``args[0]``)."""
         args = self.args
         if not args:
-            raise RecordError(f"{self.name!r} was called with keyword arguments only; read .kwargs")
+            raise FieldError(f"{self.name!r} was called with keyword arguments only; read .kwargs")
         return args[0]
 
     @property
@@ -181,7 +186,7 @@ class CallRecord:
     def _fill(self, grads: list[Slot | None] | None, skel: Any, keep: str) -> Any:
         self._check(keep)
         if grads is None:
-            raise RecordError(f"gradients of {self.name!r} were not recorded; capture with keep=({keep!r}, ...)")
+            raise FieldError(f"gradients of {self.name!r} were not recorded; capture with keep=({keep!r}, ...)")
         it = iter(grads)  # a module that returned None has the skeleton None, and grad_output None
 
         def take(_: Any) -> Any:
@@ -200,7 +205,7 @@ class CallRecord:
         """
         self._check("grad_output")
         if self._lost_out:
-            raise RecordError(f"no true grad_output for {self.name!r} (call {self.index}): {self._lost_out}")
+            raise FieldError(f"no true grad_output for {self.name!r} (call {self.index}): {self._lost_out}")
         return self._fill(self._grads_out, self._skel_out, "grad_output")
 
     @property
@@ -208,7 +213,7 @@ class CallRecord:
         """Gradient w.r.t. each positional input (``None`` where there is none)."""
         self._check("grad_input")
         if self.note:  # what arrived, if anything, is only part of the gradient
-            raise RecordError(f"no true input gradient for {self.name!r}: {self.note}")
+            raise FieldError(f"no true input gradient for {self.name!r}: {self.note}")
         return tuple(self._fill(self._grads_in, self._skel_in, "grad_input"))
 
     @property
@@ -216,7 +221,7 @@ class CallRecord:
         """Gradient w.r.t. the first positional input: what flowed back through this module."""
         grads = self.grad_args
         if not grads:
-            raise RecordError(f"{self.name!r} has no positional input; read .grad_args")
+            raise FieldError(f"{self.name!r} has no positional input; read .grad_args")
         return grads[0]
 
     def summary(self) -> tuple[str, str]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..errors import RecordError
-from .call import CallRecord
+from .call import CallRecord, FieldError
 
 __all__ = ["LayerRecord"]
 
@@ -17,8 +16,8 @@ def _only(name: str, calls: list[CallRecord], what: str) -> CallRecord:
     if len(calls) == 1:
         return calls[0]
     if not calls:
-        raise RecordError(f"{name!r} was selected but never called; check that the forward pass reaches it")
-    raise RecordError(
+        raise FieldError(f"{name!r} was selected but never called; check that the forward pass reaches it")
+    raise FieldError(
         f"{name!r} was called {len(calls)} times, so .{what} is ambiguous; "
         f"read rec[{name!r}].calls[i].{what} or rec[{name!r}].{what}s"
     )
