@@ -3,6 +3,7 @@ heads edited on the kernel's output."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -97,3 +98,76 @@ def test_a_module_selected_for_patterns_is_refused() -> None:
     sdpa, _ = _pair(config, cls)
     with pytest.raises(HookscopeError, match=r"'h.0.attn' is a module; attention patterns come from an operation"):
         hookscope.attention(sdpa, torch.randint(0, 50, (1, 4)), layers="h.0.attn")
+
+
+# --- queries that see no key -------------------------------------------------------------------------
+def _no_key_masks() -> dict[str, torch.Tensor]:
+    sees = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
+    return {"bool": sees, "float": torch.zeros(3, 3).masked_fill(~sees, float("-inf"))}
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_query_that_sees_no_key_weighs_nothing_as_the_kernel_does(kind: str) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4)
+    mask = _no_key_masks()[kind]
+    p = hookscope.attention_probabilities(q, k, v, attn_mask=mask)
+    for backend in (SDPBackend.MATH, None):
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert torch.allclose(p @ v, out, atol=1e-6)
+    assert not p.isnan().any() and (p[..., 0, :] == 0).all()  # the first query sees no key: zeros, as the kernel
+    assert torch.allclose(p[..., 1:, :].sum(-1), torch.ones(2, 2, 2))
+
+
+def test_a_nan_input_stays_nan_where_a_query_sees_a_key() -> None:
+    q, k = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    q[0, 0, 2, 0] = float("nan")
+    p = hookscope.attention_probabilities(q, k, attn_mask=_no_key_masks()["bool"])
+    assert (p[0, 0, 0] == 0).all() and p[0, 0, 2].isnan().all() and not p[0, 0, 1].isnan().any()
+
+
+def _padded(family: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor]:
+    if family == "mistral":  # a window of 2 and two pads on the right: the last query sees only pads
+        config = transformers.MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, intermediate_size=64, vocab_size=50,
+                                            max_position_embeddings=32, sliding_window=2)
+        sdpa, eager = _pair(config, transformers.MistralModel)
+        return sdpa, eager, torch.tensor([[1] * 5 + [0, 0], [1] * 7])
+    config, cls, _ = CASES[family](transformers)
+    sdpa, eager = _pair(config, cls)
+    return sdpa, eager, torch.tensor([[0, 0] + [1] * 5, [1] * 7])  # left padding: the pads see no key
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral"])
+def test_padded_batches_give_the_probabilities_the_kernel_weighs_values_with(family: str) -> None:
+    sdpa, eager, mask = _padded(family)
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+    got = hookscope.attention(sdpa, ids, kwargs={"attention_mask": mask})
+    with torch.no_grad(), hookscope.capture(sdpa, *got, keep="io") as rec:
+        sdpa(ids, attention_mask=mask)
+    for call in rec.calls:
+        p = got[call.name]
+        v = call.args[2]
+        v = v.repeat_interleave(p.shape[1] // v.shape[1], dim=1)
+        assert not p.isnan().any() and torch.allclose(p @ v, call.output, atol=1e-5)
+    blind = ~hookscope.attention_probabilities(*rec.calls[0].args, **rec.calls[0].kwargs).bool().any(-1)
+    assert blind.sum() > 0 and (got[rec.calls[0].name][blind] == 0).all()  # the rows the mask leaves no key
+    with torch.no_grad():  # eager attention adds the dtype's lowest number instead: a uniform row there
+        eager_p = eager(ids, attention_mask=mask, output_attentions=True).attentions[0]
+    assert torch.allclose(eager_p[blind], torch.full_like(eager_p[blind], 1 / 7), atol=1e-6)
+    assert hookscope.core.hook_count(sdpa) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_multiplied_in_float32_as_the_kernel_accumulates(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32) * 3 for _ in range(3))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    p = hookscope.attention_probabilities(q, k, is_causal=True)
+    wide = hookscope.attention_probabilities(q.float(), k.float(), is_causal=True)
+    assert p.dtype == dtype and torch.equal(p, wide.to(dtype))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).float()
+    assert ((p @ v).float() - out).abs().max() <= (0.07 if dtype == torch.bfloat16 else 0.01)

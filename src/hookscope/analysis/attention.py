@@ -4,7 +4,8 @@ Fused kernels (``scaled_dot_product_attention`` on flash, memory-efficient or CP
 materialise the probabilities, which is why ``output_attentions=True`` needs eager attention in
 transformers. :func:`attention` reads the inputs of each ``scaled_dot_product_attention`` call
 (query, key, mask, causal flag, scale, grouped-query heads) and computes what the math kernel
-would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``. A selected
+would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``, zeros for a query the
+mask leaves no key (where eager attention gives a uniform row). A selected
 ``softmax`` operation (eager attention written by hand) gives its output as it is.
 """
 
@@ -36,7 +37,10 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch
                             attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                             scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """The probabilities ``scaled_dot_product_attention`` weighs ``value`` with, for the same
-    arguments (dropout left out): ``... x heads x queries x keys``.
+    arguments (dropout left out): ``... x heads x queries x keys``. A query the mask leaves no key
+    (a left pad under a causal mask) gets a row of zeros, as the kernel gives it, so that
+    ``probabilities @ value`` is the kernel's output there too. Half-precision inputs are multiplied
+    in float32, as the kernels accumulate them; the probabilities come back in the query's dtype.
 
     Example:
         >>> q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
@@ -51,14 +55,17 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch
                                  "scaled_dot_product_attention would refuse these inputs too")
         key = key.repeat_interleave(q_heads // k_heads, dim=-3)
     factor = 1 / math.sqrt(query.size(-1)) if scale is None else scale
-    logits = (query @ key.transpose(-2, -1)) * factor
+    wide = torch.promote_types(query.dtype, torch.float32)  # the kernels accumulate half precision in float32
+    logits = (query.to(wide) @ key.to(wide).transpose(-2, -1)) * factor
     length, source = query.size(-2), key.size(-2)
     if is_causal:
         causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
         logits = logits.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
-    return torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    # softmax of a row of -inf is nan; the kernel's softmax gives that row zeros (a nan input stays nan)
+    return probs.masked_fill((logits == float("-inf")).all(dim=-1, keepdim=True), 0.0).to(query.dtype)
 
 
 class AttentionPatterns(Result, Mapping[str, torch.Tensor]):
