@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.attribution import METHODS, TOKEN_METHODS, attribute, attribute_tokens
+from ..analysis.attribution import INPUTS_ONLY, LAYER_METHODS, METHODS, TOKEN_METHODS, attribute, attribute_tokens
 from ..errors import HookscopeError, did_you_mean
 from ..loading.hf import is_hf_model
 from ..targets import Token
@@ -86,9 +86,10 @@ def _check(args: argparse.Namespace) -> None:
         if key not in METHODS:
             raise HookscopeError(f"--method {args.method!r} is not an attribution method.{did_you_mean(key, METHODS)}"
                                  f" Give one of {', '.join(METHODS)}")
-        if args.layers is not None and key not in TOKEN_METHODS:
-            raise HookscopeError(f"--method {key} adds noise to the inputs, not to a layer; with --layers give one "
-                                 f"of {', '.join(TOKEN_METHODS)}")
+        if args.layers is not None and key not in LAYER_METHODS:
+            raise HookscopeError(f"--method {key} {INPUTS_ONLY[key]}; drop --layers, or with --layers give one of "
+                                 f"{', '.join(LAYER_METHODS)} (guided_gradcam's layer is the one of its Grad-CAM; "
+                                 f"tokens take {', '.join(TOKEN_METHODS[:-1])} or {TOKEN_METHODS[-1]})")
     if args.image and (args.text is not None or args.input_ids is not None or args.input is not None):
         given = "--text" if args.text is not None else "--input-ids" if args.input_ids is not None else "--input"
         raise HookscopeError(f"give either --image PATH or {given}, not both")
@@ -178,8 +179,10 @@ def _images(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
 def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> int:
     method = (args.method or "integrated_gradients").lower().replace("-", "_")
     if method not in TOKEN_METHODS:
-        raise HookscopeError(f"--method {args.method!r} adds noise to the inputs, which token ids cannot take; for "
-                             f"tokens give one of {', '.join(TOKEN_METHODS)}")
+        why = "adds noise to the inputs, which token ids cannot take" if "noise" in INPUTS_ONLY.get(method, "") \
+            else "gives maps at float inputs, which token ids are not"
+        raise HookscopeError(f"--method {args.method!r} {why}; tokens are scored at their embedding: give one of "
+                             f"{', '.join(TOKEN_METHODS)}")
     if args.generate and args.target is not None:
         raise HookscopeError("--generate explains the tokens the model writes; give --target or --generate, not both")
     tokenizer = _tokenizer(args, model)

@@ -18,9 +18,10 @@ the next token and each token of a continuation) and ``_tokens_result`` (``Token
 from ._api import METHODS, attribute
 from ._composites import COMPOSITES
 from ._lrp_rules import LRPRule
+from ._methods import INPUTS_ONLY, LAYER_METHODS
 from ._result import Attributions
 from ._tokens import TOKEN_METHODS, attribute_tokens
 from ._tokens_result import TokenAttributions, TokenRow
 
-__all__ = ["COMPOSITES", "METHODS", "Attributions", "LRPRule", "attribute"]
+__all__ = ["COMPOSITES", "INPUTS_ONLY", "LAYER_METHODS", "METHODS", "Attributions", "LRPRule", "attribute"]
 __all__ += ["TOKEN_METHODS", "TokenAttributions", "TokenRow", "attribute_tokens"]

@@ -21,7 +21,7 @@ from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, Pass, leaf, opened, probe
-from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._methods import INPUTS_ONLY, LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
 from ._lrp import lrp_settings
 from ._lrp_rules import LRPRule
@@ -198,8 +198,8 @@ def _check_method(method: str, layers: Any) -> str:
         raise HookscopeError(f"method={method!r} is not an attribution method.{did_you_mean(str(method), TABLE)} "
                              f"Use one of {', '.join(TABLE)}")
     if layers is not None and key not in LAYER_METHODS:
-        raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
-                             f"{', '.join(LAYER_METHODS)}")
+        raise HookscopeError(f"method={key!r} {INPUTS_ONLY[key]}; drop layers=, or with layers= use one of "
+                             f"{', '.join(LAYER_METHODS)} (guided_gradcam's layer is the one of its Grad-CAM)")
     return key
 
 
@@ -244,6 +244,11 @@ def _check_inputs(inputs: Any, layers: Any) -> None:
         raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
     if inputs.shape[0] == 0:
         raise HookscopeError(f"inputs ({shape_text(tuple(inputs.shape))}) hold no sample; pass a batch of at least one")
+    if inputs.is_floating_point() and not bool(inputs.isfinite().all()):
+        where = tuple(int(i) for i in (~inputs.isfinite()).nonzero()[0])
+        raise HookscopeError(f"inputs hold {float(inputs[where])} at sample {where[0]} (index {where}), so the "
+                             "score is not a number and no attribution holds; replace it first, e.g. "
+                             "torch.nan_to_num(inputs, nan=0.0, posinf=0.0, neginf=0.0), or drop that sample")
     if not inputs.is_floating_point() and layers is None:
         raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
                              "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
