@@ -39,6 +39,7 @@ __all__ = ["TOKEN_METHODS", "attribute_tokens"]
 
 TOKEN_METHODS = ("integrated_gradients", "input_x_gradient", "saliency", "gradient")  # those with no noise
 _IDS = "hookscope token ids"  # the stand-in's keyword for the ids: no model takes a name with spaces
+_DECODER = "decoder_input_ids"  # an encoder-decoder model's keyword for the decoder's tokens
 
 Site = tuple[str, nn.Module]
 
@@ -81,9 +82,14 @@ def attribute_tokens(
 
     With ``generate=N`` the model first writes ``N`` tokens greedily (its own ``generate()`` where it
     has one, as transformers models do, else a greedy loop over the last position's logits; a
-    sequence stops after its end-of-sequence token), then each new token is explained over all the
-    tokens before it: row ``k`` equals ``attribute_tokens`` on the prompt and the first ``k`` new
-    tokens with ``target`` the ``k``-th.
+    sequence stops after its end-of-sequence token, any id the config or the generation config
+    names), then each new token is explained over all the tokens before it: row ``k`` equals
+    ``attribute_tokens`` on the prompt and the first ``k`` new tokens with ``target`` the ``k``-th.
+
+    An encoder-decoder model (T5, BART) takes ``inputs`` as the encoder's tokens and is attributed
+    at the encoder's embedding; the token explained is the decoder's next one after
+    ``decoder_input_ids`` in ``kwargs`` (its start token by default), and with ``generate`` row ``k``
+    scores the encoder's tokens for the ``k``-th token the decoder writes.
 
     The model is left as it was (no hook, flags, buffers, random state and ``.grad`` untouched).
 
@@ -129,6 +135,7 @@ def attribute_tokens(
     _check_tokenizer(tokenizer)
     plan = _Plan(model, _site(model, layers), key, steps, rule_name(rule) if key == "integrated_gradients" else rule,
                  _check_baseline(baseline), batch_size)
+    kw = _with_decoder(model, kw, ids)
     if n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
         tokens = ids.tolist()
@@ -195,6 +202,9 @@ def _site(model: nn.Module, layers: Selector | None) -> Site:
 def _embedding(model: nn.Module) -> nn.Module:
     """``get_input_embeddings()`` (transformers), else the model's one ``nn.Embedding``."""
     inner = unwrap(model)[0]
+    encoder = getattr(inner, "get_encoder", None)
+    if _seq2seq(model) and callable(encoder) and isinstance(encoder(), nn.Module):
+        inner = encoder()  # the tokens given are the encoder's; the decoder's embedding reads the tokens written
     get = getattr(inner, "get_input_embeddings", None)
     try:
         found = get() if callable(get) else None
@@ -222,14 +232,34 @@ def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, tor
         out = call_model(plan.model, (ids,), kw)
     calls = len(rec[name]) if name in rec else 0
     t = first_tensor(rec[name][0].output) if calls == 1 else None
+    if not calls:
+        raise HookscopeError(f"layer {name!r} did not run in the forward pass; " + _ran_instead(plan, ids, kw))
     if calls != 1:
-        raise HookscopeError(f"layer {name!r} {'did not run' if not calls else f'ran {calls} times'} in the forward "
-                             "pass; attribute at a layer that runs once, such as the token embedding")
+        raise HookscopeError(f"layer {name!r} ran {calls} times in the forward pass; attribute at a layer that runs "
+                             "once, such as the token embedding")
     if t is None or t.ndim < 2 or tuple(t.shape[:2]) != tuple(ids.shape) or not t.is_floating_point():
         got = shape_text(tuple(t.shape)) if t is not None else "no tensor"
         raise HookscopeError(f"layer {name!r} gives {got}, not one row per token ({shape_text(tuple(ids.shape))} x "
                              "...); attribute at the token embedding or a layer of B x T x hidden")
     return out, t.detach().clone()
+
+
+def _ran_instead(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> str:
+    """The remedy for a layer that never ran: the layers sharing its weights (a tied embedding) that run
+    once with one row per token, found by one more pass."""
+    name, module = plan.site
+    own = {id(p) for p in module.parameters()}
+    sharing = [(n, m) for n, m in plan.model.named_modules()
+               if m is not module and own & {id(p) for p in m.parameters(recurse=False)}]
+    if sharing:
+        with _running(plan.model), torch.no_grad(), capture(plan.model, *[m for _, m in sharing]) as rec:
+            call_model(plan.model, (ids,), kw)
+        fit = [n for n, _ in sharing if n in rec and len(rec[n]) == 1
+               and tuple(getattr(first_tensor(rec[n][0].output), "shape", ())[:2]) == tuple(ids.shape)]
+        if fit:
+            return (f"its weights are used by {', '.join(repr(n) for n, _ in sharing)}, and {fit[0]!r} runs once "
+                    f"with one row per token: pass layers={fit[0]!r}")
+    return "attribute at a layer that runs once with one row per token, named as hookscope.layers(model) lists it"
 
 
 def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor) -> tuple[torch.Tensor | None, int]:
@@ -272,7 +302,9 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
     res = attribute(_Through(plan.model, plan.site), at, method=plan.method, target=token, baseline=start,
                     steps=plan.steps, rule=plan.rule, batch_size=plan.batch_size, kwargs={**kw, _IDS: ids})
     scores = res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps
-    position = (token.position % ids.shape[1]) if isinstance(token, Token) else ids.shape[1] - 1
+    logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+    span = logits.shape[1] if logits is not None and logits.ndim == 3 else ids.shape[1]  # the decoder's, if any
+    position = (token.position % span) if isinstance(token, Token) else span - 1
     chosen = token.token_id.expand(ids.shape[0]).tolist() if isinstance(token, Token) else [None] * ids.shape[0]
     rows = [TokenRow(s, step, position, chosen[i], None, float(res.scores[i]),
                      None if res.delta is None else float(res.delta[i]), scores[i].detach().cpu())
@@ -283,19 +315,23 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
 def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
                           n: int) -> tuple[list[TokenRow], int, list[list[int]]]:
     """Write ``n`` tokens, then explain each over the tokens before it."""
-    full, counts = _continue(plan.model, ids, n, kw)
+    full, counts = _continue(plan.model, ids, n, kw)  # the sequences written on: the decoder's, if any
+    decoder = kw.get(_DECODER) if _seq2seq(plan.model) else None
     rows: list[TokenRow] = []
-    forwards, length = 0, ids.shape[1]
+    forwards, length = 0, ids.shape[1] if decoder is None else decoder.shape[1]
     for k in range(max(counts, default=0)):
         alive = [b for b in range(ids.shape[0]) if counts[b] > k]
         pick = torch.tensor(alive, device=ids.device)
-        prefix = full[pick, : length + k]
-        found, used = _explain(plan, prefix, _extended(kw, pick, ids.shape[0], k), Token(full[pick, length + k].cpu()),
-                               alive, k)
+        if decoder is None:
+            given, step_kw = full[pick, : length + k], _extended(kw, pick, ids.shape[0], k)
+        else:  # the encoder reads the prompt as it is; the decoder reads what it wrote so far
+            given, step_kw = ids[pick], {**_extended(kw, pick, ids.shape[0], 0), _DECODER: full[pick, : length + k]}
+        found, used = _explain(plan, given, step_kw, Token(full[pick, length + k].cpu()), alive, k)
         rows += found
         forwards += used
     rows.sort(key=lambda r: (r.sample, r.step))
-    return rows, forwards, [full[b, : length + counts[b]].tolist() for b in range(ids.shape[0])]
+    head = [full[b, :length].tolist() if decoder is None else ids[b].tolist() for b in range(ids.shape[0])]
+    return rows, forwards, [head[b] + full[b, length: length + counts[b]].tolist() for b in range(ids.shape[0])]
 
 
 def _extended(kw: dict[str, Any], pick: torch.Tensor, batch: int, k: int) -> dict[str, Any]:
@@ -311,24 +347,64 @@ def _extended(kw: dict[str, Any], pick: torch.Tensor, batch: int, k: int) -> dic
 
 def _continue(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
     """``B x (T + n)`` ids, the prompt and its greedy continuation, and how many tokens each sample wrote."""
-    _check_growable(kw, ids)
+    _check_growable(model, kw, ids)
     inner = unwrap(model)[0]
     can = getattr(inner, "can_generate", None)
     with _running(model), torch.no_grad():
         if callable(getattr(inner, "generate", None)) and callable(can) and can():
             full = _hf_generate(inner, ids, n, kw)
+        elif _seq2seq(model):
+            raise HookscopeError(f"generate= on the encoder-decoder {type(inner).__name__} needs its generate(), "
+                                 "which it lacks; pass generate=0 and decoder_input_ids in kwargs")
         else:
             full = _greedy(model, ids, n, kw)
-    eos = getattr(getattr(inner, "config", None), "eos_token_id", None)
-    ends = {eos} if isinstance(eos, int) else set(eos) if isinstance(eos, (list, tuple)) else set()
+    ends = _ends(inner)
     counts = []
-    for row in full[:, ids.shape[1]:].tolist():
+    written = full.shape[1] - n if _seq2seq(model) else ids.shape[1]  # where the tokens written begin
+    for row in full[:, written:].tolist():
         stop = next((i + 1 for i, t in enumerate(row) if t in ends), len(row))
         counts.append(stop)
     return full, counts
 
 
-def _check_growable(kw: dict[str, Any], ids: torch.Tensor) -> None:
+def _ids_of(value: Any) -> set[int]:
+    """An end-of-sequence setting as a set of ids: ``None``, an id or a list of them."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {value}
+    return {int(v) for v in value if isinstance(v, int)} if isinstance(value, (list, tuple, set)) else set()
+
+
+def _ends(inner: nn.Module) -> set[int]:
+    """Every end-of-sequence id: the config's and the generation config's (which may name more, as a list)."""
+    return set().union(*(_ids_of(getattr(getattr(inner, c, None), "eos_token_id", None))
+                         for c in ("config", "generation_config")))
+
+
+def _seq2seq(model: nn.Module) -> bool:
+    """An encoder-decoder model (T5, BART): its inputs are the encoder's, the decoder writes."""
+    return getattr(getattr(unwrap(model)[0], "config", None), "is_encoder_decoder", False) is True
+
+
+def _with_decoder(model: nn.Module, kw: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
+    """An encoder-decoder model's keyword inputs with the decoder's tokens: as given, else its start token."""
+    if not _seq2seq(model) or kw.get(_DECODER) is not None:
+        return kw
+    inner = unwrap(model)[0]
+    starts = [getattr(getattr(inner, c, None), "decoder_start_token_id", None) for c in ("generation_config", "config")]
+    start = next((s for s in starts if isinstance(s, int)), None)
+    if start is None:
+        raise HookscopeError(f"{type(inner).__name__} is an encoder-decoder model without a decoder_start_token_id; "
+                             f"pass the decoder's first tokens as kwargs={{'{_DECODER}': ids}}")
+    return {**kw, _DECODER: torch.full((ids.shape[0], 1), start, dtype=torch.long, device=ids.device)}
+
+
+def _check_growable(model: nn.Module, kw: dict[str, Any], ids: torch.Tensor) -> None:
+    if _seq2seq(model):  # the encoder's inputs stay as they are; only the decoder's grow
+        grown = next((n for n in kw if n.startswith("decoder_") and n != _DECODER), None)
+        if grown is not None:
+            raise HookscopeError(f"kwargs[{grown!r}] is the decoder's, which would have to grow with the tokens "
+                                 "generate= writes; leave it out or pass generate=0")
+        return
     for name, v in kw.items():
         if name != "attention_mask" and isinstance(v, torch.Tensor) and tuple(v.shape[:2]) == tuple(ids.shape):
             raise HookscopeError(f"kwargs[{name!r}] holds one value per token, which does not grow with the tokens "
@@ -337,10 +413,8 @@ def _check_growable(kw: dict[str, Any], ids: torch.Tensor) -> None:
 
 def _hf_generate(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
     """transformers' own greedy ``generate()``, its pad id set so that it says nothing."""
-    config = getattr(model, "config", None)
-    pad = getattr(config, "pad_token_id", None)
-    eos = getattr(config, "eos_token_id", None)
-    extra = {} if pad is not None else {"pad_token_id": eos if isinstance(eos, int) else 0}
+    pads = [getattr(getattr(model, c, None), "pad_token_id", None) for c in ("generation_config", "config")]
+    extra = {} if any(p is not None for p in pads) else {"pad_token_id": min(_ends(model), default=0)}
     with warnings.catch_warnings():  # transformers' notes on the generation settings given here
         warnings.simplefilter("ignore")
         gen = cast(Callable[..., torch.Tensor], getattr(model, "generate"))
