@@ -335,9 +335,9 @@ def test_an_end_token_the_generation_config_alone_names_ends_its_sequence(llama,
 # --- encoder-decoder models: the encoder's tokens scored for each token the decoder writes ---------------
 @pytest.fixture(scope="module")
 def t5() -> nn.Module:
-    torch.manual_seed(3)
+    torch.manual_seed(2)
     config = T.T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
-                        decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+                        decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, initializer_factor=5.0)
     return T.T5ForConditionalGeneration(config).eval()
 
 
@@ -354,6 +354,7 @@ def _t5_by_hand(t5: nn.Module, ids: torch.Tensor, decoder: torch.Tensor, target:
 
 def test_an_encoder_decoder_model_scores_the_encoder_tokens_of_each_token_written(t5):
     written = t5.generate(T5_IDS, max_new_tokens=3, do_sample=False)  # the decoder's start token, then 3
+    assert written.tolist() == [[0, 20, 4, 19], [0, 20, 4, 32]]
     res = hookscope.attribute_tokens(t5, T5_IDS, generate=3, method="input_x_gradient")
     assert res.layer == "encoder.embed_tokens" and res.prompt == 5
     assert res.tokens == [T5_IDS[b].tolist() + written[b, 1:].tolist() for b in range(2)]
@@ -377,7 +378,7 @@ def test_an_encoder_decoder_model_explains_its_first_token_and_integrated_gradie
     for b, r in enumerate(res.rows):
         change = float(logits[b, chosen[b]] - zero[b, chosen[b]])
         assert r.logit == pytest.approx(float(logits[b, chosen[b]]), abs=1e-5)
-        assert float(r.scores.sum()) + r.delta == pytest.approx(change, abs=1e-5)  # RMSNorm at zeros: delta is large
+        assert float(r.scores.sum()) + r.delta == pytest.approx(change, rel=1e-4)  # RMSNorm at zeros: delta is large
     given = hookscope.attribute_tokens(t5, T5_IDS[:1], target=7, method="input_x_gradient",
                                        kwargs={"decoder_input_ids": torch.tensor([[0, 5, 6]])})
     want = _t5_by_hand(t5, T5_IDS[:1], torch.tensor([[0, 5, 6]]), 7)
@@ -393,3 +394,15 @@ def test_a_layer_that_never_runs_names_the_layers_sharing_its_weights_that_do(t5
     assert "'encoder.embed_tokens'" in said  # which shares its weight, ran once, and gives one row per token
     res = hookscope.attribute_tokens(t5, T5_IDS, layers="encoder.embed_tokens", method="gradient")
     assert res.layer == "encoder.embed_tokens" and no_hooks(t5)
+
+
+def test_an_encoder_decoder_batch_that_ends_early_explains_every_token_written(t5):
+    lm = copy.deepcopy(t5)
+    lm.generation_config.eos_token_id = [1, 4]  # both sequences end at their second token
+    res = hookscope.attribute_tokens(lm, T5_IDS, generate=4, method="gradient")
+    assert res.tokens == [T5_IDS[b].tolist() + [20, 4] for b in range(2)]
+    assert [(r.sample, r.step, r.target) for r in res.rows] == [(0, 0, 20), (0, 1, 4), (1, 0, 20), (1, 1, 4)]
+    given = hookscope.attribute_tokens(lm, T5_IDS[:1], generate=2, method="gradient",  # the decoder's start given
+                                       kwargs={"decoder_input_ids": torch.tensor([[0, 20]])})
+    assert given.tokens == [T5_IDS[0].tolist() + [4]] and [r.position for r in given.rows] == [1]
+    assert no_hooks(lm)

@@ -83,7 +83,8 @@ def attribute_tokens(
     With ``generate=N`` the model first writes ``N`` tokens greedily (its own ``generate()`` where it
     has one, as transformers models do, else a greedy loop over the last position's logits; a
     sequence stops after its end-of-sequence token, any id the config or the generation config
-    names), then each new token is explained over all the tokens before it: row ``k`` equals
+    names; sampling off, the generation config's other settings such as a repetition penalty kept),
+    then each new token is explained over all the tokens before it: row ``k`` equals
     ``attribute_tokens`` on the prompt and the first ``k`` new tokens with ``target`` the ``k``-th.
 
     An encoder-decoder model (T5, BART) takes ``inputs`` as the encoder's tokens and is attributed
@@ -360,7 +361,7 @@ def _continue(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -
             full = _greedy(model, ids, n, kw)
     ends = _ends(inner)
     counts = []
-    written = full.shape[1] - n if _seq2seq(model) else ids.shape[1]  # where the tokens written begin
+    written = kw[_DECODER].shape[1] if _seq2seq(model) else ids.shape[1]  # where the tokens written begin
     for row in full[:, written:].tolist():
         stop = next((i + 1 for i, t in enumerate(row) if t in ends), len(row))
         counts.append(stop)
