@@ -642,3 +642,19 @@ def test_a_method_of_the_inputs_only_says_why_it_takes_no_layer(method):
         assert other in said
         assert hookscope.attribute(net, x, method=other, layers="0", steps=2).maps.shape[0] == 1
     assert hookscope.attribute(net, x, method=method, samples=2).maps.shape == x.shape  # without layers= it runs
+
+
+def test_a_tied_layer_that_never_runs_names_the_layers_using_its_weights():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)).eval()
+    ids, kw = torch.tensor([[3, 4, 5]]), {"decoder_input_ids": torch.tensor([[0]])}
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute(t5, ids, layers="shared", target=lambda out: out.logits[:, -1, 7], kwargs=kw)
+    said = str(e.value)
+    assert said.startswith("layer 'shared' did not run in the forward pass") and "\n" not in said
+    assert "(its weights are used by 'encoder.embed_tokens', 'decoder.embed_tokens'" in said
+    res = hookscope.attribute(t5, ids, layers="encoder.embed_tokens", target=lambda out: out.logits[:, -1, 7],
+                              kwargs=kw)  # one of them, which runs once
+    assert res.maps.shape == (1, 3, 16) and res.layer == "encoder.embed_tokens" and no_hooks(t5)

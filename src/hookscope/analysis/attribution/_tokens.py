@@ -32,6 +32,7 @@ from ...selection import layers as select
 from ...targets import Token
 from .._targets import call_model, is_function, logits_of
 from ._api import attribute
+from ._engine import sharing
 from ._rules import rule_name
 from ._tokens_result import TokenAttributions, TokenRow
 
@@ -248,17 +249,14 @@ def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, tor
 def _ran_instead(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> str:
     """The remedy for a layer that never ran: the layers sharing its weights (a tied embedding) that run
     once with one row per token, found by one more pass."""
-    name, module = plan.site
-    own = {id(p) for p in module.parameters()}
-    sharing = [(n, m) for n, m in plan.model.named_modules()
-               if m is not module and own & {id(p) for p in m.parameters(recurse=False)}]
-    if sharing:
-        with _running(plan.model), torch.no_grad(), capture(plan.model, *[m for _, m in sharing]) as rec:
+    others = sharing(plan.model, plan.site[1])
+    if others:
+        with _running(plan.model), torch.no_grad(), capture(plan.model, *others) as rec:
             call_model(plan.model, (ids,), kw)
-        fit = [n for n, _ in sharing if n in rec and len(rec[n]) == 1
+        fit = [n for n in others if n in rec and len(rec[n]) == 1
                and tuple(getattr(first_tensor(rec[n][0].output), "shape", ())[:2]) == tuple(ids.shape)]
         if fit:
-            return (f"its weights are used by {', '.join(repr(n) for n, _ in sharing)}, and {fit[0]!r} runs once "
+            return (f"its weights are used by {', '.join(map(repr, others))}, and {fit[0]!r} runs once "
                     f"with one row per token: pass layers={fit[0]!r}")
     return "attribute at a layer that runs once with one row per token, named as hookscope.layers(model) lists it"
 
