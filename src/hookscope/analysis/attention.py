@@ -5,8 +5,10 @@ materialise the probabilities, which is why ``output_attentions=True`` needs eag
 transformers. :func:`attention` reads the inputs of each ``scaled_dot_product_attention`` call
 (query, key, mask, causal flag, scale, grouped-query heads) and computes what the math kernel
 would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``, zeros for a query the
-mask leaves no key (where eager attention gives a uniform row). A selected
-``softmax`` operation (eager attention written by hand) gives its output as it is.
+mask leaves no key (where eager attention gives a uniform row). ``nn.MultiheadAttention``'s one
+operation, ``multi_head_attention_forward``, gives its weights per head, computed by the same function
+on the same inputs. A selected ``softmax`` operation (eager attention written by hand) gives its output
+as it is.
 """
 
 from __future__ import annotations

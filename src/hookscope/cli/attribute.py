@@ -46,7 +46,7 @@ def add_parser(sub: Any) -> None:
                         "tokenizer, its text (default: the predicted class, the most likely next token)")
     p.add_argument("--layers", "--layer", metavar="NAME", default=None,
                    help="attribute at this layer's output instead of the inputs (tokens: instead of the "
-                        "token embedding)")
+                        "token embedding; guided_gradcam: the layer of its Grad-CAM)")
     p.add_argument("--steps", type=int, default=50, help="integrated gradients' points on the path (default 50)")
     p.add_argument("--rule", choices=_RULES, default="riemann_trapezoid",
                    help="integrated gradients' integration rule (default riemann_trapezoid)")
