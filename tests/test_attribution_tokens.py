@@ -406,3 +406,30 @@ def test_an_encoder_decoder_batch_that_ends_early_explains_every_token_written(t
                                        kwargs={"decoder_input_ids": torch.tensor([[0, 20]])})
     assert given.tokens == [T5_IDS[0].tolist() + [4]] and [r.position for r in given.rows] == [1]
     assert no_hooks(lm)
+
+
+@pytest.mark.parametrize(("setting", "value"), [("num_return_sequences", 2), ("penalty_alpha", 0.6),
+                                                ("do_sample", True), ("num_beams", 3)])
+def test_a_generation_config_asking_for_more_than_greedy_writes_greedily_anyway(llama, setting, value):
+    lm = copy.deepcopy(llama)
+    setattr(lm.generation_config, setting, value)
+    if setting == "penalty_alpha":
+        lm.generation_config.top_k = 4  # with a penalty: contrastive search
+    res = hookscope.attribute_tokens(lm, LLAMA_IDS, generate=3, method="gradient")
+    assert res.tokens == llama.generate(LLAMA_IDS, max_new_tokens=3, do_sample=False).tolist()
+    assert len(res.rows) == 6 and no_hooks(lm)
+
+
+def test_a_generate_that_fails_says_so_in_one_line(llama, monkeypatch):
+    lm = copy.deepcopy(llama)
+
+    def refuse(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise ValueError("`max_new_tokens` must be greater than 0\n(more detail)")
+
+    monkeypatch.setattr(lm, "generate", refuse)
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(lm, LLAMA_IDS, generate=2, method="gradient")
+    said = str(e.value)
+    assert said.startswith("LlamaForCausalLM.generate() failed writing 2 tokens: `max_new_tokens` must be greater than "
+                           "0; fix its generation_config or pass generate=0") and "\n" not in said
+    assert no_hooks(lm)

@@ -12,7 +12,9 @@ with ``_activations``, ``_lrp_rules`` and ``_composites``), result (``_result``)
 :func:`attribute` itself.
 
 Language models: ``_tokens`` (:func:`attribute_tokens`: per-token scores at the token embedding, for
-the next token and each token of a continuation) and ``_tokens_result`` (``TokenAttributions``).
+the next token and each token of a continuation), ``_writing`` (the continuation: the model's greedy
+``generate()``, where each sequence ends, an encoder-decoder model's decoder) and ``_tokens_result``
+(``TokenAttributions``).
 """
 
 from ._api import METHODS, attribute

@@ -11,11 +11,9 @@ layer by default. The scores of a token are its attribution summed over the hidd
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +21,6 @@ from torch import nn
 from ..._tree import first_tensor, tree_map
 from ...capture import capture
 from ...core.inputs import model_kwargs
-from ...core.state import restored
 from ...core.text import shape_text
 from ...edit import edit
 from ...errors import HookscopeError, did_you_mean
@@ -35,12 +32,12 @@ from ._api import attribute
 from ._engine import sharing
 from ._rules import rule_name
 from ._tokens_result import TokenAttributions, TokenRow
+from ._writing import DECODER, extended, running, seq2seq, with_decoder, write
 
 __all__ = ["TOKEN_METHODS", "attribute_tokens"]
 
 TOKEN_METHODS = ("integrated_gradients", "input_x_gradient", "saliency", "gradient")  # those with no noise
 _IDS = "hookscope token ids"  # the stand-in's keyword for the ids: no model takes a name with spaces
-_DECODER = "decoder_input_ids"  # an encoder-decoder model's keyword for the decoder's tokens
 
 Site = tuple[str, nn.Module]
 
@@ -137,7 +134,7 @@ def attribute_tokens(
     _check_tokenizer(tokenizer)
     plan = _Plan(model, _site(model, layers), key, steps, rule_name(rule) if key == "integrated_gradients" else rule,
                  _check_baseline(baseline), batch_size)
-    kw = _with_decoder(model, kw, ids)
+    kw = with_decoder(model, kw, ids)
     if n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
         tokens = ids.tolist()
@@ -205,7 +202,7 @@ def _embedding(model: nn.Module) -> nn.Module:
     """``get_input_embeddings()`` (transformers), else the model's one ``nn.Embedding``."""
     inner = unwrap(model)[0]
     encoder = getattr(inner, "get_encoder", None)
-    if _seq2seq(model) and callable(encoder) and isinstance(encoder(), nn.Module):
+    if seq2seq(model) and callable(encoder) and isinstance(encoder(), nn.Module):
         inner = encoder()  # the tokens given are the encoder's; the decoder's embedding reads the tokens written
     get = getattr(inner, "get_input_embeddings", None)
     try:
@@ -222,15 +219,10 @@ def _embedding(model: nn.Module) -> nn.Module:
                          f"{names}); pass layers= its name")
 
 
-def _running(model: nn.Module) -> AbstractContextManager[Any]:
-    """Eval mode inside, every flag and buffer put back after (dropout would make the rows random)."""
-    return restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
-
-
 def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, torch.Tensor]:
     """The model's output on ``ids`` and the layer's output there (one pass, no gradient)."""
     name, module = plan.site
-    with _running(plan.model), torch.no_grad(), capture(plan.model, module) as rec:
+    with running(plan.model), torch.no_grad(), capture(plan.model, module) as rec:
         out = call_model(plan.model, (ids,), kw)
     calls = len(rec[name]) if name in rec else 0
     t = first_tensor(rec[name][0].output) if calls == 1 else None
@@ -251,7 +243,7 @@ def _ran_instead(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> str:
     once with one row per token, found by one more pass."""
     others = sharing(plan.model, plan.site[1])
     if others:
-        with _running(plan.model), torch.no_grad(), capture(plan.model, *others) as rec:
+        with running(plan.model), torch.no_grad(), capture(plan.model, *others) as rec:
             call_model(plan.model, (ids,), kw)
         fit = [n for n in others if n in rec and len(rec[n]) == 1
                and tuple(getattr(first_tensor(rec[n][0].output), "shape", ())[:2]) == tuple(ids.shape)]
@@ -314,125 +306,23 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
 def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
                           n: int) -> tuple[list[TokenRow], int, list[list[int]]]:
     """Write ``n`` tokens, then explain each over the tokens before it."""
-    full, counts = _continue(plan.model, ids, n, kw)  # the sequences written on: the decoder's, if any
-    decoder = kw.get(_DECODER) if _seq2seq(plan.model) else None
+    full, counts = write(plan.model, ids, n, kw)  # the sequences written on: the decoder's, if any
+    decoder = kw.get(DECODER) if seq2seq(plan.model) else None
     rows: list[TokenRow] = []
     forwards, length = 0, ids.shape[1] if decoder is None else decoder.shape[1]
     for k in range(max(counts, default=0)):
         alive = [b for b in range(ids.shape[0]) if counts[b] > k]
         pick = torch.tensor(alive, device=ids.device)
         if decoder is None:
-            given, step_kw = full[pick, : length + k], _extended(kw, pick, ids.shape[0], k)
+            given, step_kw = full[pick, : length + k], extended(kw, pick, ids.shape[0], k)
         else:  # the encoder reads the prompt as it is; the decoder reads what it wrote so far
-            given, step_kw = ids[pick], {**_extended(kw, pick, ids.shape[0], 0), _DECODER: full[pick, : length + k]}
+            given, step_kw = ids[pick], {**extended(kw, pick, ids.shape[0], 0), DECODER: full[pick, : length + k]}
         found, used = _explain(plan, given, step_kw, Token(full[pick, length + k].cpu()), alive, k)
         rows += found
         forwards += used
     rows.sort(key=lambda r: (r.sample, r.step))
     head = [full[b, :length].tolist() if decoder is None else ids[b].tolist() for b in range(ids.shape[0])]
     return rows, forwards, [head[b] + full[b, length: length + counts[b]].tolist() for b in range(ids.shape[0])]
-
-
-def _extended(kw: dict[str, Any], pick: torch.Tensor, batch: int, k: int) -> dict[str, Any]:
-    """The keyword inputs of the samples ``pick`` with ``k`` tokens written: the attention mask grown by ones."""
-    def grow(name: str, v: Any) -> Any:
-        if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != batch:
-            return v
-        v = v[pick.to(v.device)]
-        return torch.cat([v, v.new_ones(v.shape[0], k)], dim=1) if name == "attention_mask" and k else v
-
-    return {name: grow(name, v) for name, v in kw.items()}
-
-
-def _continue(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
-    """``B x (T + n)`` ids, the prompt and its greedy continuation, and how many tokens each sample wrote."""
-    _check_growable(model, kw, ids)
-    inner = unwrap(model)[0]
-    can = getattr(inner, "can_generate", None)
-    with _running(model), torch.no_grad():
-        if callable(getattr(inner, "generate", None)) and callable(can) and can():
-            full = _hf_generate(inner, ids, n, kw)
-        elif _seq2seq(model):
-            raise HookscopeError(f"generate= on the encoder-decoder {type(inner).__name__} needs its generate(), "
-                                 "which it lacks; pass generate=0 and decoder_input_ids in kwargs")
-        else:
-            full = _greedy(model, ids, n, kw)
-    ends = _ends(inner)
-    counts = []
-    written = kw[_DECODER].shape[1] if _seq2seq(model) else ids.shape[1]  # where the tokens written begin
-    for row in full[:, written:].tolist():
-        stop = next((i + 1 for i, t in enumerate(row) if t in ends), len(row))
-        counts.append(stop)
-    return full, counts
-
-
-def _ids_of(value: Any) -> set[int]:
-    """An end-of-sequence setting as a set of ids: ``None``, an id or a list of them."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return {value}
-    return {int(v) for v in value if isinstance(v, int)} if isinstance(value, (list, tuple, set)) else set()
-
-
-def _ends(inner: nn.Module) -> set[int]:
-    """Every end-of-sequence id: the config's and the generation config's (which may name more, as a list)."""
-    return set().union(*(_ids_of(getattr(getattr(inner, c, None), "eos_token_id", None))
-                         for c in ("config", "generation_config")))
-
-
-def _seq2seq(model: nn.Module) -> bool:
-    """An encoder-decoder model (T5, BART): its inputs are the encoder's, the decoder writes."""
-    return getattr(getattr(unwrap(model)[0], "config", None), "is_encoder_decoder", False) is True
-
-
-def _with_decoder(model: nn.Module, kw: dict[str, Any], ids: torch.Tensor) -> dict[str, Any]:
-    """An encoder-decoder model's keyword inputs with the decoder's tokens: as given, else its start token."""
-    if not _seq2seq(model) or kw.get(_DECODER) is not None:
-        return kw
-    inner = unwrap(model)[0]
-    starts = [getattr(getattr(inner, c, None), "decoder_start_token_id", None) for c in ("generation_config", "config")]
-    start = next((s for s in starts if isinstance(s, int)), None)
-    if start is None:
-        raise HookscopeError(f"{type(inner).__name__} is an encoder-decoder model without a decoder_start_token_id; "
-                             f"pass the decoder's first tokens as kwargs={{'{_DECODER}': ids}}")
-    return {**kw, _DECODER: torch.full((ids.shape[0], 1), start, dtype=torch.long, device=ids.device)}
-
-
-def _check_growable(model: nn.Module, kw: dict[str, Any], ids: torch.Tensor) -> None:
-    if _seq2seq(model):  # the encoder's inputs stay as they are; only the decoder's grow
-        grown = next((n for n in kw if n.startswith("decoder_") and n != _DECODER), None)
-        if grown is not None:
-            raise HookscopeError(f"kwargs[{grown!r}] is the decoder's, which would have to grow with the tokens "
-                                 "generate= writes; leave it out or pass generate=0")
-        return
-    for name, v in kw.items():
-        if name != "attention_mask" and isinstance(v, torch.Tensor) and tuple(v.shape[:2]) == tuple(ids.shape):
-            raise HookscopeError(f"kwargs[{name!r}] holds one value per token, which does not grow with the tokens "
-                                 "generate= writes; only attention_mask does: leave it out or pass generate=0")
-
-
-def _hf_generate(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
-    """transformers' own greedy ``generate()``, its pad id set so that it says nothing."""
-    pads = [getattr(getattr(model, c, None), "pad_token_id", None) for c in ("generation_config", "config")]
-    extra = {} if any(p is not None for p in pads) else {"pad_token_id": min(_ends(model), default=0)}
-    with warnings.catch_warnings():  # transformers' notes on the generation settings given here
-        warnings.simplefilter("ignore")
-        gen = cast(Callable[..., torch.Tensor], getattr(model, "generate"))
-        out = gen(ids, max_new_tokens=n, do_sample=False, num_beams=1, **extra, **kw)
-    return out if isinstance(out, torch.Tensor) else cast(torch.Tensor, getattr(out, "sequences"))
-
-
-def _greedy(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
-    """``n`` steps of: the model on all tokens so far, the most likely next token appended."""
-    full = ids
-    everyone = torch.arange(ids.shape[0], device=ids.device)
-    for k in range(n):
-        out = call_model(model, (full,), _extended(kw, everyone, ids.shape[0], k))
-        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
-        if logits is None or logits.ndim != 3:
-            raise HookscopeError(f"generate= needs B x T x vocab logits from the model, got {type(out).__name__}; "
-                                 "pass a language model")
-        full = torch.cat([full, logits[:, -1].argmax(-1, keepdim=True).to(full.device)], dim=1)
-    return full
 
 
 class _Through(nn.Module):
