@@ -281,6 +281,8 @@ BAD = [
     ({"method": "saliency", "memory": 10**9}, "memory= cuts"),  # one pass of the inputs: nothing to cut
     ({"method": "lrp", "memory": 10**9}, "memory= cuts"),
     ({"method": "smoothgrad", "layers": "layer1"}, "noise"),
+    ({"method": "smoothgrad", "noise": float("inf")}, "noise=inf must be a finite number >= 0"),
+    ({"method": "vargrad", "noise": float("nan")}, "noise=nan must be a finite number >= 0"),
     ({"method": "integrated_gradient"}, "Did you mean"),
     ({"method": "integrated_gradients", "rule": "simpson"}, "rule="),
     ({"layers": "layer9"}, "layer9"),

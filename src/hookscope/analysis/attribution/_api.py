@@ -270,8 +270,8 @@ def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: flo
     for name, v in (("batch_size", batch_size), ("samples", samples)) + ((("memory", memory),) if memory is not None else ()):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HookscopeError(f"{name}={v!r} must be a positive int")
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
-        raise HookscopeError(f"noise={noise!r} must be a number >= 0 (a fraction of each input's range)")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < float("inf"):
+        raise HookscopeError(f"noise={noise!r} must be a finite number >= 0 (a fraction of each input's range)")
 
 
 def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
