@@ -433,3 +433,22 @@ def test_a_generate_that_fails_says_so_in_one_line(llama, monkeypatch):
     assert said.startswith("LlamaForCausalLM.generate() failed writing 2 tokens: `max_new_tokens` must be greater than "
                            "0; fix its generation_config or pass generate=0") and "\n" not in said
     assert no_hooks(lm)
+
+
+def test_a_layer_that_never_runs_and_shares_nothing_is_told_where_names_are_listed():
+    class Spare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.spare, self.head = nn.Embedding(5, 4), nn.Embedding(5, 4), nn.Linear(4, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids))
+
+    lm = Spare()
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]), layers="spare", target=0)
+    assert str(e.value) == ("layer 'spare' did not run in the forward pass; attribute at a layer that runs once with "
+                            "one row per token, named as hookscope.names(model) lists it")
+    assert "embed" in hookscope.names(lm)
+    assert hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]), layers="embed", target=0).rows[0].scores.shape == (2,)
+    assert no_hooks(lm)

@@ -250,7 +250,7 @@ def _ran_instead(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> str:
         if fit:
             return (f"its weights are used by {', '.join(map(repr, others))}, and {fit[0]!r} runs once "
                     f"with one row per token: pass layers={fit[0]!r}")
-    return "attribute at a layer that runs once with one row per token, named as hookscope.layers(model) lists it"
+    return "attribute at a layer that runs once with one row per token, named as hookscope.names(model) lists it"
 
 
 def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor) -> tuple[torch.Tensor | None, int]:
