@@ -291,3 +291,13 @@ def test_unbatched_multihead_attention_gives_heads_x_queries_x_keys() -> None:
     with torch.no_grad():
         _, w = mha(x, x, x, attn_mask=torch.ones(3, 3, dtype=torch.bool).triu(1), average_attn_weights=False)
     assert p.shape == (2, 3, 3) and torch.allclose(p, w, atol=1e-6) and (p.triu(1) == 0).all()
+
+
+def test_a_module_without_attention_selected_is_told_none_runs_inside_it() -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    with pytest.raises(HookscopeError) as e:
+        hookscope.attention(net, torch.randn(1, 3, 8, 8), layers="0")
+    assert str(e.value) == ("'0' is a module; attention patterns come from an operation: no scaled_dot_product_attention, "
+                            "multi_head_attention_forward, softmax runs inside it; list the operations of one pass "
+                            "with hookscope.operations(model, inputs) and select the one giving its probabilities")
+    assert hookscope.core.hook_count(net) == 0
