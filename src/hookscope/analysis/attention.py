@@ -137,9 +137,9 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
     selectors = [f"*{SEP}{k}" for k in KERNELS] if layers is None else chosen
     sites = select(model, *selectors)
     args = (inputs if isinstance(inputs, tuple) else (inputs,), model_kwargs(kwargs))
-    module = next((n for n, site in sites if not isinstance(site, OpSite)), None)
+    module = next(((n, site) for n, site in sites if not isinstance(site, OpSite)), None)
     if module is not None:
-        raise HookscopeError(f"{module!r} is a module; attention patterns come from an operation: "
+        raise HookscopeError(f"{module[0]!r} is a module; attention patterns come from an operation: "
                              + _inside(model, module, args))
     patterns: dict[str, list[torch.Tensor]] = {}
     for call in _calls(model, [n for n, _ in sites], args):
@@ -162,10 +162,11 @@ def _calls(model: nn.Module, names: list[str], args: tuple[Any, ...]) -> list[An
     return list(rec.calls)
 
 
-def _inside(model: nn.Module, module: str, args: tuple[Any, ...]) -> str:
+def _inside(model: nn.Module, module: tuple[str, nn.Module], args: tuple[Any, ...]) -> str:
     """The remedy for a module selected: the attention operations that ran in it (one more pass)."""
     ops = [*KERNELS, "softmax"]
-    ran = [c.name for c in _calls(model, [f"{module}{s}{SEP}{op}" for op in ops for s in ("", ".*")], args)]
+    where = [module[0]] + ([f"{module[0]}.*"] if next(module[1].children(), None) is not None else [])
+    ran = [c.name for c in _calls(model, [f"{w}{SEP}{op}" for op in ops for w in where], args)]
     for op in ops:  # the kernels before a softmax
         found = next((n for n in ran if (split_op(n) or ("", ""))[1].split(".")[0] == op), None)
         if found is not None:
