@@ -199,3 +199,21 @@ def test_a_method_tokens_cannot_take_says_why_and_offers_what_runs(capsys, gpt2,
         code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", other,
                              "--steps", "2", "--json")
         assert code == 0 and json.loads(out)["method"] == other, err
+
+
+def test_an_encoder_decoder_model_from_the_command_line_equals_the_api(capsys, tmp_path):
+    torch.manual_seed(2)
+    config = T.T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0,
+                        eos_token_id=1, pad_token_id=0, initializer_factor=5.0)
+    T.T5ForConditionalGeneration(config).save_pretrained(str(tmp_path / "t5"))
+    code, out, err = run(capsys, "hf:seq2seq-lm", "--config", str(tmp_path / "t5"), "--input-ids", "3 4 5 6 7",
+                         "--generate", "2", "--method", "gradient", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    model = hookscope.load_model("hf:seq2seq-lm", config=str(tmp_path / "t5"))
+    want = hookscope.attribute_tokens(model, torch.tensor([[3, 4, 5, 6, 7]]), generate=2, method="gradient")
+    written = model.generate(torch.tensor([[3, 4, 5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    assert data["layer"] == "encoder.embed_tokens" and data["tokens"] == want.tokens
+    assert want.tokens == [[3, 4, 5, 6, 7, *written[0, 1:].tolist()]] and len(data["rows"]) == 2
+    for got, r in zip(data["rows"], want.rows):
+        assert got["scores"] == pytest.approx(r.scores.tolist(), abs=1e-6) and got["target"] == r.target

@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
         "each input value with --method, and prints one line per image (class, score, sum, delta), or for "
         "tokens one line per token explained with its strongest tokens. For a language model the token "
         "explained is the next one (--generate N: each of N tokens written greedily, over all tokens before "
-        "it), the scores taken at the token embedding (or --layers) and summed over its hidden dimension.",
+        "it), the scores taken at the token embedding (or --layers) and summed over its hidden dimension; for an "
+        "encoder-decoder model (T5) the decoder writes from its start token and the encoder's tokens are scored.",
     )
     add_model_arguments(p)
     add_image_arguments(p)
@@ -186,9 +187,12 @@ def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
     if args.generate and args.target is not None:
         raise HookscopeError("--generate explains the tokens the model writes; give --target or --generate, not both")
     tokenizer = _tokenizer(args, model)
+    # the inputs' own decoder ids (the ids shifted right) would explain a copy of the input; the decoder
+    # starts from its start token instead, as attribute_tokens does by default
+    kwargs = {k: v for k, v in given.kwargs.items() if k != "decoder_input_ids"}
     res = attribute_tokens(model, given.x, target=_token_target(args.target, tokenizer), generate=args.generate,
                            method=method, steps=args.steps, rule=args.rule, layers=args.layers, tokenizer=tokenizer,
-                           kwargs=given.kwargs)
+                           kwargs=kwargs)
     print(res.to_json(indent=2) if args.json else res.table(top=args.top))
     if args.plot is not None:
         from ..viz.attribution import plot_token_attribution
