@@ -281,6 +281,8 @@ BAD = [
     ({"method": "saliency", "memory": 10**9}, "memory= cuts"),  # one pass of the inputs: nothing to cut
     ({"method": "lrp", "memory": 10**9}, "memory= cuts"),
     ({"method": "smoothgrad", "layers": "layer1"}, "noise"),
+    ({"method": "smoothgrad", "noise": float("inf")}, "noise=inf must be a finite number >= 0"),
+    ({"method": "vargrad", "noise": float("nan")}, "noise=nan must be a finite number >= 0"),
     ({"method": "integrated_gradient"}, "Did you mean"),
     ({"method": "integrated_gradients", "rule": "simpson"}, "rule="),
     ({"layers": "layer9"}, "layer9"),
@@ -600,3 +602,61 @@ def test_a_fractional_baseline_for_token_ids_is_refused_not_rounded(baseline):
     whole = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2.0, target=0, steps=4)
     by_id = hookscope.attribute(net, ids, method="integrated_gradients", layers="0", baseline=2, target=0, steps=4)
     assert torch.equal(whole.maps, by_id.maps)  # a whole number is an id
+
+
+# --- inputs that are not numbers ----------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_non_finite_input_is_refused_in_one_line_by_every_method(method, bad):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    x = torch.randn(2, 3, 8, 8)
+    x[1, 2, 3, 4] = bad
+    kept = x.clone()
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute(net, x, method=method, samples=2, steps=2)
+    said = str(e.value)
+    assert f"inputs hold {bad}" in said and "sample 1" in said and "(1, 2, 3, 4)" in said and "nan_to_num" in said
+    assert "\n" not in said and no_hooks(net) and torch.equal(x.nan_to_num(), kept.nan_to_num())
+    x[1, 2, 3, 4] = 0.0  # the fix the message names: the same call then runs
+    assert hookscope.attribute(net, x, method=method, samples=2, steps=2).maps.isfinite().all()
+
+
+# --- methods that give maps at the inputs only say why ----------------------------------------------------
+WHY = {"smoothgrad": "adds noise to the inputs", "smoothgrad_sq": "adds noise to the inputs",
+       "vargrad": "adds noise to the inputs", "guided_backprop": "changes the backward pass of every ReLU",
+       "deconvnet": "changes the backward pass of every ReLU", "lrp": "hands relevance back layer by layer"}
+
+
+@pytest.mark.parametrize("method", sorted(WHY))
+def test_a_method_of_the_inputs_only_says_why_it_takes_no_layer(method):
+    from hookscope.analysis.attribution import LAYER_METHODS
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute(net, x, method=method, layers="0")
+    said = str(e.value)
+    assert WHY[method] in said and "\n" not in said and no_hooks(net)
+    assert ("noise" in said) == method.endswith(("grad", "grad_sq")) and "guided_gradcam" in said
+    for other in LAYER_METHODS:  # every method the message offers takes layers=
+        assert other in said
+        assert hookscope.attribute(net, x, method=other, layers="0", steps=2).maps.shape[0] == 1
+    assert hookscope.attribute(net, x, method=method, samples=2).maps.shape == x.shape  # without layers= it runs
+
+
+def test_a_tied_layer_that_never_runs_names_the_layers_using_its_weights():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0)).eval()
+    ids, kw = torch.tensor([[3, 4, 5]]), {"decoder_input_ids": torch.tensor([[0]])}
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute(t5, ids, layers="shared", target=lambda out: out.logits[:, -1, 7], kwargs=kw)
+    said = str(e.value)
+    assert said.startswith("layer 'shared' did not run in the forward pass") and "\n" not in said
+    assert "(its weights are used by 'encoder.embed_tokens', 'decoder.embed_tokens'" in said
+    res = hookscope.attribute(t5, ids, layers="encoder.embed_tokens", target=lambda out: out.logits[:, -1, 7],
+                              kwargs=kw)  # one of them, which runs once
+    assert res.maps.shape == (1, 3, 16) and res.layer == "encoder.embed_tokens" and no_hooks(t5)

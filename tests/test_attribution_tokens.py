@@ -304,3 +304,151 @@ def test_one_sequence_and_a_wrapped_model_give_the_same_rows(gpt2):
     wrapped = hookscope.attribute_tokens(nn.DataParallel(gpt2), IDS[:1], steps=8, generate=2)
     assert wrapped.layer == "transformer.wte" and torch.allclose(wrapped.rows[0].scores, res.rows[0].scores)
     assert wrapped.tokens == gpt2.generate(IDS[:1], max_new_tokens=2, do_sample=False, pad_token_id=0).tolist()
+
+
+# --- end tokens named by the generation config -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama() -> nn.Module:
+    torch.manual_seed(0)
+    config = T.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=64, vocab_size=50, max_position_embeddings=32, eos_token_id=0,
+                           bos_token_id=0, pad_token_id=49)
+    return T.LlamaForCausalLM(config).eval()
+
+
+LLAMA_IDS = torch.tensor([[5, 7, 9, 11], [3, 4, 2, 8]])
+
+
+@pytest.mark.parametrize("ends", [[0, 1], 1], ids=["list", "int"])
+def test_an_end_token_the_generation_config_alone_names_ends_its_sequence(llama, ends):
+    lm = copy.deepcopy(llama)
+    free = lm.generate(LLAMA_IDS, max_new_tokens=5, do_sample=False)
+    assert free[0, 4:].tolist() == [39, 1, 46, 12, 35] and 1 not in free[1, 4:].tolist()
+    lm.generation_config.eos_token_id = ends  # as Llama-3 and Qwen2.5-Instruct name theirs; config.eos_token_id is 0
+    res = hookscope.attribute_tokens(lm, LLAMA_IDS, generate=5, method="input_x_gradient")
+    assert res.tokens == [[5, 7, 9, 11, 39, 1], free[1].tolist()]  # sample 0 ends after 1, no pad explained
+    assert [(r.sample, r.step, r.target) for r in res.rows] == \
+        [(0, 0, 39), (0, 1, 1)] + [(1, k, int(free[1, 4 + k])) for k in range(5)]
+    assert no_hooks(lm)
+
+
+# --- encoder-decoder models: the encoder's tokens scored for each token the decoder writes ---------------
+@pytest.fixture(scope="module")
+def t5() -> nn.Module:
+    torch.manual_seed(2)
+    config = T.T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+                        decoder_start_token_id=0, eos_token_id=1, pad_token_id=0, initializer_factor=5.0)
+    return T.T5ForConditionalGeneration(config).eval()
+
+
+T5_IDS = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+
+
+def _t5_by_hand(t5: nn.Module, ids: torch.Tensor, decoder: torch.Tensor, target: int) -> torch.Tensor:
+    """input x gradient at the encoder's token embedding for ``target`` after the decoder's tokens ``decoder``."""
+    embedded = t5.encoder.embed_tokens(ids).detach().requires_grad_(True)
+    logit = t5(inputs_embeds=embedded, decoder_input_ids=decoder).logits[0, -1, target]
+    (grad,) = torch.autograd.grad(logit, embedded)
+    return (embedded * grad).sum(-1)[0].detach()
+
+
+def test_an_encoder_decoder_model_scores_the_encoder_tokens_of_each_token_written(t5):
+    written = t5.generate(T5_IDS, max_new_tokens=3, do_sample=False)  # the decoder's start token, then 3
+    assert written.tolist() == [[0, 20, 4, 19], [0, 20, 4, 32]]
+    res = hookscope.attribute_tokens(t5, T5_IDS, generate=3, method="input_x_gradient")
+    assert res.layer == "encoder.embed_tokens" and res.prompt == 5
+    assert res.tokens == [T5_IDS[b].tolist() + written[b, 1:].tolist() for b in range(2)]
+    assert [(r.sample, r.step) for r in res.rows] == [(b, k) for b in range(2) for k in range(3)]
+    for r in res.rows:
+        decoder = written[r.sample: r.sample + 1, : 1 + r.step]
+        assert r.target == int(written[r.sample, 1 + r.step]) and r.position == r.step  # read at the decoder's last
+        want = _t5_by_hand(t5, T5_IDS[r.sample: r.sample + 1], decoder, r.target)
+        assert r.scores.shape == (5,) and torch.allclose(r.scores, want, atol=1e-5)
+    assert no_hooks(t5)
+
+
+def test_an_encoder_decoder_model_explains_its_first_token_and_integrated_gradients_add_up(t5):
+    res = hookscope.attribute_tokens(t5, T5_IDS, steps=32, rule="gausslegendre")
+    start = torch.zeros(2, 1, dtype=torch.long)
+    with torch.no_grad():
+        logits = t5(input_ids=T5_IDS, decoder_input_ids=start).logits[:, -1]
+        zero = t5(inputs_embeds=torch.zeros(2, 5, 16), decoder_input_ids=start).logits[:, -1]
+    chosen = logits.argmax(-1)
+    assert [r.target for r in res.rows] == chosen.tolist() and res.tokens == T5_IDS.tolist()
+    for b, r in enumerate(res.rows):
+        change = float(logits[b, chosen[b]] - zero[b, chosen[b]])
+        assert r.logit == pytest.approx(float(logits[b, chosen[b]]), abs=1e-5)
+        assert float(r.scores.sum()) + r.delta == pytest.approx(change, rel=1e-4)  # RMSNorm at zeros: delta is large
+    given = hookscope.attribute_tokens(t5, T5_IDS[:1], target=7, method="input_x_gradient",
+                                       kwargs={"decoder_input_ids": torch.tensor([[0, 5, 6]])})
+    want = _t5_by_hand(t5, T5_IDS[:1], torch.tensor([[0, 5, 6]]), 7)
+    assert given.rows[0].position == 2 and torch.allclose(given.rows[0].scores, want, atol=1e-5)
+    assert no_hooks(t5)
+
+
+def test_a_layer_that_never_runs_names_the_layers_sharing_its_weights_that_do(t5):
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(t5, T5_IDS, layers="shared", method="gradient")
+    said = str(e.value)
+    assert said.startswith("layer 'shared' did not run in the forward pass") and "\n" not in said
+    assert "'encoder.embed_tokens'" in said  # which shares its weight, ran once, and gives one row per token
+    res = hookscope.attribute_tokens(t5, T5_IDS, layers="encoder.embed_tokens", method="gradient")
+    assert res.layer == "encoder.embed_tokens" and no_hooks(t5)
+
+
+def test_an_encoder_decoder_batch_that_ends_early_explains_every_token_written(t5):
+    lm = copy.deepcopy(t5)
+    lm.generation_config.eos_token_id = [1, 4]  # both sequences end at their second token
+    res = hookscope.attribute_tokens(lm, T5_IDS, generate=4, method="gradient")
+    assert res.tokens == [T5_IDS[b].tolist() + [20, 4] for b in range(2)]
+    assert [(r.sample, r.step, r.target) for r in res.rows] == [(0, 0, 20), (0, 1, 4), (1, 0, 20), (1, 1, 4)]
+    given = hookscope.attribute_tokens(lm, T5_IDS[:1], generate=2, method="gradient",  # the decoder's start given
+                                       kwargs={"decoder_input_ids": torch.tensor([[0, 20]])})
+    assert given.tokens == [T5_IDS[0].tolist() + [4]] and [r.position for r in given.rows] == [1]
+    assert no_hooks(lm)
+
+
+@pytest.mark.parametrize(("setting", "value"), [("num_return_sequences", 2), ("penalty_alpha", 0.6),
+                                                ("do_sample", True), ("num_beams", 3)])
+def test_a_generation_config_asking_for_more_than_greedy_writes_greedily_anyway(llama, setting, value):
+    lm = copy.deepcopy(llama)
+    setattr(lm.generation_config, setting, value)
+    if setting == "penalty_alpha":
+        lm.generation_config.top_k = 4  # with a penalty: contrastive search
+    res = hookscope.attribute_tokens(lm, LLAMA_IDS, generate=3, method="gradient")
+    assert res.tokens == llama.generate(LLAMA_IDS, max_new_tokens=3, do_sample=False).tolist()
+    assert len(res.rows) == 6 and no_hooks(lm)
+
+
+def test_a_generate_that_fails_says_so_in_one_line(llama, monkeypatch):
+    lm = copy.deepcopy(llama)
+
+    def refuse(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise ValueError("`max_new_tokens` must be greater than 0\n(more detail)")
+
+    monkeypatch.setattr(lm, "generate", refuse)
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(lm, LLAMA_IDS, generate=2, method="gradient")
+    said = str(e.value)
+    assert said.startswith("LlamaForCausalLM.generate() failed writing 2 tokens: `max_new_tokens` must be greater than "
+                           "0; fix its generation_config or pass generate=0") and "\n" not in said
+    assert no_hooks(lm)
+
+
+def test_a_layer_that_never_runs_and_shares_nothing_is_told_where_names_are_listed():
+    class Spare(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.spare, self.head = nn.Embedding(5, 4), nn.Embedding(5, 4), nn.Linear(4, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids))
+
+    lm = Spare()
+    with pytest.raises(hookscope.HookscopeError) as e:
+        hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]), layers="spare", target=0)
+    assert str(e.value) == ("layer 'spare' did not run in the forward pass; attribute at a layer that runs once with "
+                            "one row per token, named as hookscope.names(model) lists it")
+    assert "embed" in hookscope.names(lm)
+    assert hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]), layers="embed", target=0).rows[0].scores.shape == (2,)
+    assert no_hooks(lm)

@@ -133,8 +133,6 @@ def test_a_target_by_id_or_by_its_text_is_the_same(capsys, gpt2):
     (["tiny", "--target", "cat"], "--target 'cat' is not a class index"),
     (["tiny", "--generate", "2"], "--generate writes tokens, but TinyResNet takes images"),
     (["tiny", "--steps", "0"], "--steps 0 must be 1 or more"),
-    (["tiny", "--layers", "layer1", "--method", "vargrad"], "--method vargrad adds noise to the inputs, not to a "
-                                                            "layer; with --layers give one of"),
     (["tiny", "--image", "a.png", "--input", "1x3x8x8"], "give either --image PATH or --input, not both"),
 ])
 def test_mistakes_are_one_line_and_exit_2(hookscope_process: Session, tmp_path, argv, said):
@@ -163,3 +161,59 @@ def test_a_plot_over_an_input_image_is_refused_and_the_image_kept(capsys, tmp_pa
     before = picture.read_bytes()
     code, out, err = run(capsys, "demo", "--image", str(picture), "--plot", str(picture))
     assert code == 2 and out == "" and "is one of the --image files" in err and picture.read_bytes() == before
+
+
+# --- refusals of a method: what they say is true, what they offer runs -----------------------------------
+@pytest.mark.parametrize(("method", "said"), [
+    ("lrp", "--method lrp hands relevance back layer by layer down to the inputs"),
+    ("guided_backprop", "--method guided_backprop changes the backward pass of every ReLU"),
+    ("vargrad", "--method vargrad adds noise to the inputs, not to a layer's output"),
+])
+def test_a_method_of_the_inputs_only_with_layers_says_why_and_offers_what_runs(capsys, method, said):
+    code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", method)
+    assert code == 2 and out == "" and err.count("\n") == 1 and said in err, err
+    offered = err.split("give one of ")[1].split(" (")[0].strip().split(", ")
+    assert set(offered) == {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
+    for other in offered:  # each runs at that layer
+        code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", other, "--steps", "2", "--json")
+        assert code == 0, err
+        assert json.loads(out)["method"] == other
+
+
+@pytest.mark.parametrize(("method", "said"), [
+    ("smoothgrad", "--method 'smoothgrad' adds noise to the inputs, which token ids cannot take"),
+    ("lrp", "--method 'lrp' gives maps at float inputs, which token ids are not"),
+    ("guided_gradcam", "--method 'guided_gradcam' gives maps at float inputs, which token ids are not"),
+])
+def test_a_method_tokens_cannot_take_says_why_and_offers_what_runs(capsys, gpt2, method, said):
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", method,
+                         "--layers", "transformer.wte")  # said before the model is built, tokens' methods named
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert (said in err) if method == "guided_gradcam" else \
+        "tokens take integrated_gradients, input_x_gradient, saliency or gradient)" in err
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", method)
+    assert code == 2 and out == "" and err.count("\n") == 1 and said in err, err
+    offered = err.split("give one of ")[1].strip().split(", ")
+    assert offered == ["integrated_gradients", "input_x_gradient", "saliency", "gradient"]
+    for other in offered:
+        code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", other,
+                             "--steps", "2", "--json")
+        assert code == 0 and json.loads(out)["method"] == other, err
+
+
+def test_an_encoder_decoder_model_from_the_command_line_equals_the_api(capsys, tmp_path):
+    torch.manual_seed(2)
+    config = T.T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2, decoder_start_token_id=0,
+                        eos_token_id=1, pad_token_id=0, initializer_factor=5.0)
+    T.T5ForConditionalGeneration(config).save_pretrained(str(tmp_path / "t5"))
+    code, out, err = run(capsys, "hf:seq2seq-lm", "--config", str(tmp_path / "t5"), "--input-ids", "3 4 5 6 7",
+                         "--generate", "2", "--method", "gradient", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    model = hookscope.load_model("hf:seq2seq-lm", config=str(tmp_path / "t5"))
+    want = hookscope.attribute_tokens(model, torch.tensor([[3, 4, 5, 6, 7]]), generate=2, method="gradient")
+    written = model.generate(torch.tensor([[3, 4, 5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    assert data["layer"] == "encoder.embed_tokens" and data["tokens"] == want.tokens
+    assert want.tokens == [[3, 4, 5, 6, 7, *written[0, 1:].tolist()]] and len(data["rows"]) == 2
+    for got, r in zip(data["rows"], want.rows):
+        assert got["scores"] == pytest.approx(r.scores.tolist(), abs=1e-6) and got["target"] == r.target

@@ -4,17 +4,22 @@ Fused kernels (``scaled_dot_product_attention`` on flash, memory-efficient or CP
 materialise the probabilities, which is why ``output_attentions=True`` needs eager attention in
 transformers. :func:`attention` reads the inputs of each ``scaled_dot_product_attention`` call
 (query, key, mask, causal flag, scale, grouped-query heads) and computes what the math kernel
-would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``. A selected
-``softmax`` operation (eager attention written by hand) gives its output as it is.
+would: ``softmax(q k^T * scale + mask)``, ``batch x heads x queries x keys``, zeros for a query the
+mask leaves no key (where eager attention gives a uniform row). ``nn.MultiheadAttention``'s one
+operation, ``multi_head_attention_forward``, gives its weights per head, computed by the same function
+on the same inputs. A selected ``softmax`` operation (eager attention written by hand) gives its output
+as it is.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..capture import capture
@@ -30,13 +35,18 @@ from ._targets import call_model
 __all__ = ["attention", "attention_probabilities", "AttentionPatterns"]
 
 SDPA = "scaled_dot_product_attention"
+MHA = "multi_head_attention_forward"  # nn.MultiheadAttention's, which gives its weights when asked
+KERNELS = (SDPA, MHA)
 
 
 def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
                             attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                             scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
     """The probabilities ``scaled_dot_product_attention`` weighs ``value`` with, for the same
-    arguments (dropout left out): ``... x heads x queries x keys``.
+    arguments (dropout left out): ``... x heads x queries x keys``. A query the mask leaves no key
+    (a left pad under a causal mask) gets a row of zeros, as the kernel gives it, so that
+    ``probabilities @ value`` is the kernel's output there too. Half-precision inputs are multiplied
+    in float32, as the kernels accumulate them; the probabilities come back in the query's dtype.
 
     Example:
         >>> q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
@@ -51,14 +61,17 @@ def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch
                                  "scaled_dot_product_attention would refuse these inputs too")
         key = key.repeat_interleave(q_heads // k_heads, dim=-3)
     factor = 1 / math.sqrt(query.size(-1)) if scale is None else scale
-    logits = (query @ key.transpose(-2, -1)) * factor
+    wide = torch.promote_types(query.dtype, torch.float32)  # the kernels accumulate half precision in float32
+    logits = (query.to(wide) @ key.to(wide).transpose(-2, -1)) * factor
     length, source = query.size(-2), key.size(-2)
     if is_causal:
         causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
         logits = logits.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
-    return torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    # softmax of a row of -inf is nan; the kernel's softmax gives that row zeros (a nan input stays nan)
+    return probs.masked_fill((logits == float("-inf")).all(dim=-1, keepdim=True), 0.0).to(query.dtype)
 
 
 class AttentionPatterns(Result, Mapping[str, torch.Tensor]):
@@ -102,8 +115,10 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
         model: any model; it runs once, in eval mode, without gradients, and is left as it was.
         inputs: its positional input (a tensor, or a tuple of them).
         layers: the attention operations: ``"h.*::scaled_dot_product_attention"`` (computed from
-            the kernel's inputs), or a ``softmax`` operation of eager attention (its output). By
-            default every ``scaled_dot_product_attention`` call of the model.
+            the kernel's inputs), ``"*::multi_head_attention_forward"`` (``nn.MultiheadAttention``'s
+            weights per head, as ``need_weights=True, average_attn_weights=False`` gives them), or a
+            ``softmax`` operation of eager attention (its output). By default every call of the
+            first two.
         kwargs: keyword inputs of the model (``attention_mask=...``).
 
     Example:
@@ -119,22 +134,58 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
         (['::scaled_dot_product_attention'], (1, 2, 3, 3))
     """
     chosen = [layers] if layers is None or not isinstance(layers, list) else layers
-    selectors = [f"*{SEP}{SDPA}"] if layers is None else chosen
+    selectors = [f"*{SEP}{k}" for k in KERNELS] if layers is None else chosen
     sites = select(model, *selectors)
-    for name, site in sites:
-        if not isinstance(site, OpSite):
-            raise HookscopeError(f"{name!r} is a module; attention patterns come from an operation: select "
-                                 f"'{name}{SEP}{SDPA}' or '{name}{SEP}softmax'")
-    args = inputs if isinstance(inputs, tuple) else (inputs,)
-    with restored(model, train=False), torch.no_grad(), capture(model, *[n for n, _ in sites], keep="io") as rec:
-        call_model(model, *private((args, model_kwargs(kwargs))))
+    args = (inputs if isinstance(inputs, tuple) else (inputs,), model_kwargs(kwargs))
+    module = next(((n, site) for n, site in sites if not isinstance(site, OpSite)), None)
+    if module is not None:
+        raise HookscopeError(f"{module[0]!r} is a module; attention patterns come from an operation: "
+                             + _inside(model, module, args))
     patterns: dict[str, list[torch.Tensor]] = {}
-    for call in rec.calls:
-        op = (split_op(call.name) or ("", ""))[1]
-        got = attention_probabilities(*call.args, **call.kwargs) if op.split(".")[0] == SDPA else call.output
+    for call in _calls(model, [n for n, _ in sites], args):
+        op = (split_op(call.name) or ("", ""))[1].split(".")[0]
+        got = attention_probabilities(*call.args, **call.kwargs) if op == SDPA else \
+            _mha_weights(call.args, call.kwargs, call.output) if op == MHA else call.output
         patterns.setdefault(call.name, []).append(got)
     if not patterns:
-        raise HookscopeError(f"no attention operation ran in {type(model).__name__}; list the operations of one "
-                             "pass with hookscope.operations(model, inputs) and select the one that computes "
-                             f"attention (e.g. 'layer::softmax')")
+        raise HookscopeError(f"no {' or '.join(KERNELS)} ran in {type(model).__name__}"
+                             f"{'' if layers is None else f' at {layers!r}'}; for attention written by hand, find "
+                             "the softmax of its probabilities with hookscope.operations(model, inputs) and pass "
+                             "layers= its name ('<module>::softmax')")
     return AttentionPatterns(patterns)
+
+
+def _calls(model: nn.Module, names: list[str], args: tuple[Any, ...]) -> list[Any]:
+    """The calls of the operations ``names`` in one pass, inputs and outputs kept."""
+    with restored(model, train=False), torch.no_grad(), capture(model, *names, keep="io") as rec:
+        call_model(model, *private(args))
+    return list(rec.calls)
+
+
+def _inside(model: nn.Module, module: tuple[str, nn.Module], args: tuple[Any, ...]) -> str:
+    """The remedy for a module selected: the attention operations that ran in it (one more pass)."""
+    ops = [*KERNELS, "softmax"]
+    where = [module[0]] + ([f"{module[0]}.*"] if next(module[1].children(), None) is not None else [])
+    ran = [c.name for c in _calls(model, [f"{w}{SEP}{op}" for op in ops for w in where], args)]
+    for op in ops:  # the kernels before a softmax
+        found = next((n for n in ran if (split_op(n) or ("", ""))[1].split(".")[0] == op), None)
+        if found is not None:
+            return f"select {found!r}"
+    return (f"no {', '.join(ops)} runs inside it; list the operations of one pass with "
+            "hookscope.operations(model, inputs) and select the one giving its probabilities")
+
+
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+def _mha_weights(args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> torch.Tensor:
+    """``nn.MultiheadAttention``'s weights per head for the same call, ``batch x heads x queries x keys``;
+    zeros where the kernel that ran weighed a query that sees no key with zeros (its output finite)."""
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
+    bound.arguments.update(need_weights=True, average_attn_weights=False, training=False)  # dropout left out
+    weights = F.multi_head_attention_forward(*bound.args, **bound.kwargs)[1]
+    assert weights is not None
+    ran = output[0] if isinstance(output, tuple) else output  # queries x batch x features, or queries x features
+    seen = ran.isfinite().all(-1)  # queries x batch, or queries
+    seen = seen.transpose(0, 1)[:, None, :, None] if seen.dim() == 2 else seen[None, :, None]
+    return weights.masked_fill(seen & weights.isnan(), 0.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.attribution import METHODS, TOKEN_METHODS, attribute, attribute_tokens
+from ..analysis.attribution import INPUTS_ONLY, LAYER_METHODS, METHODS, TOKEN_METHODS, attribute, attribute_tokens
 from ..errors import HookscopeError, did_you_mean
 from ..loading.hf import is_hf_model
 from ..targets import Token
@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
         "each input value with --method, and prints one line per image (class, score, sum, delta), or for "
         "tokens one line per token explained with its strongest tokens. For a language model the token "
         "explained is the next one (--generate N: each of N tokens written greedily, over all tokens before "
-        "it), the scores taken at the token embedding (or --layers) and summed over its hidden dimension.",
+        "it), the scores taken at the token embedding (or --layers) and summed over its hidden dimension; for an "
+        "encoder-decoder model (T5) the decoder writes from its start token and the encoder's tokens are scored.",
     )
     add_model_arguments(p)
     add_image_arguments(p)
@@ -46,7 +47,7 @@ def add_parser(sub: Any) -> None:
                         "tokenizer, its text (default: the predicted class, the most likely next token)")
     p.add_argument("--layers", "--layer", metavar="NAME", default=None,
                    help="attribute at this layer's output instead of the inputs (tokens: instead of the "
-                        "token embedding)")
+                        "token embedding; guided_gradcam: the layer of its Grad-CAM)")
     p.add_argument("--steps", type=int, default=50, help="integrated gradients' points on the path (default 50)")
     p.add_argument("--rule", choices=_RULES, default="riemann_trapezoid",
                    help="integrated gradients' integration rule (default riemann_trapezoid)")
@@ -86,9 +87,10 @@ def _check(args: argparse.Namespace) -> None:
         if key not in METHODS:
             raise HookscopeError(f"--method {args.method!r} is not an attribution method.{did_you_mean(key, METHODS)}"
                                  f" Give one of {', '.join(METHODS)}")
-        if args.layers is not None and key not in TOKEN_METHODS:
-            raise HookscopeError(f"--method {key} adds noise to the inputs, not to a layer; with --layers give one "
-                                 f"of {', '.join(TOKEN_METHODS)}")
+        if args.layers is not None and key not in LAYER_METHODS:
+            raise HookscopeError(f"--method {key} {INPUTS_ONLY[key]}; drop --layers, or with --layers give one of "
+                                 f"{', '.join(LAYER_METHODS)} (guided_gradcam's layer is the one of its Grad-CAM; "
+                                 f"tokens take {', '.join(TOKEN_METHODS[:-1])} or {TOKEN_METHODS[-1]})")
     if args.image and (args.text is not None or args.input_ids is not None or args.input is not None):
         given = "--text" if args.text is not None else "--input-ids" if args.input_ids is not None else "--input"
         raise HookscopeError(f"give either --image PATH or {given}, not both")
@@ -178,14 +180,19 @@ def _images(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
 def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> int:
     method = (args.method or "integrated_gradients").lower().replace("-", "_")
     if method not in TOKEN_METHODS:
-        raise HookscopeError(f"--method {args.method!r} adds noise to the inputs, which token ids cannot take; for "
-                             f"tokens give one of {', '.join(TOKEN_METHODS)}")
+        why = "adds noise to the inputs, which token ids cannot take" if "noise" in INPUTS_ONLY.get(method, "") \
+            else "gives maps at float inputs, which token ids are not"
+        raise HookscopeError(f"--method {args.method!r} {why}; tokens are scored at their embedding: give one of "
+                             f"{', '.join(TOKEN_METHODS)}")
     if args.generate and args.target is not None:
         raise HookscopeError("--generate explains the tokens the model writes; give --target or --generate, not both")
     tokenizer = _tokenizer(args, model)
+    # the inputs' own decoder ids (the ids shifted right) would explain a copy of the input; the decoder
+    # starts from its start token instead, as attribute_tokens does by default
+    kwargs = {k: v for k, v in given.kwargs.items() if k != "decoder_input_ids"}
     res = attribute_tokens(model, given.x, target=_token_target(args.target, tokenizer), generate=args.generate,
                            method=method, steps=args.steps, rule=args.rule, layers=args.layers, tokenizer=tokenizer,
-                           kwargs=given.kwargs)
+                           kwargs=kwargs)
     print(res.to_json(indent=2) if args.json else res.table(top=args.top))
     if args.plot is not None:
         from ..viz.attribution import plot_token_attribution

@@ -12,15 +12,18 @@ with ``_activations``, ``_lrp_rules`` and ``_composites``), result (``_result``)
 :func:`attribute` itself.
 
 Language models: ``_tokens`` (:func:`attribute_tokens`: per-token scores at the token embedding, for
-the next token and each token of a continuation) and ``_tokens_result`` (``TokenAttributions``).
+the next token and each token of a continuation), ``_writing`` (the continuation: the model's greedy
+``generate()``, where each sequence ends, an encoder-decoder model's decoder) and ``_tokens_result``
+(``TokenAttributions``).
 """
 
 from ._api import METHODS, attribute
 from ._composites import COMPOSITES
 from ._lrp_rules import LRPRule
+from ._methods import INPUTS_ONLY, LAYER_METHODS
 from ._result import Attributions
 from ._tokens import TOKEN_METHODS, attribute_tokens
 from ._tokens_result import TokenAttributions, TokenRow
 
-__all__ = ["COMPOSITES", "METHODS", "Attributions", "LRPRule", "attribute"]
+__all__ = ["COMPOSITES", "INPUTS_ONLY", "LAYER_METHODS", "METHODS", "Attributions", "LRPRule", "attribute"]
 __all__ += ["TOKEN_METHODS", "TokenAttributions", "TokenRow", "attribute_tokens"]

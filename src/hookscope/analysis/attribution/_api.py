@@ -21,7 +21,7 @@ from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, Pass, leaf, opened, probe
-from ._methods import LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._methods import INPUTS_ONLY, LAYER_METHODS, SETTINGS, TABLE, Settings
 from ._composites import assign
 from ._lrp import lrp_settings
 from ._lrp_rules import LRPRule
@@ -198,8 +198,8 @@ def _check_method(method: str, layers: Any) -> str:
         raise HookscopeError(f"method={method!r} is not an attribution method.{did_you_mean(str(method), TABLE)} "
                              f"Use one of {', '.join(TABLE)}")
     if layers is not None and key not in LAYER_METHODS:
-        raise HookscopeError(f"method={key!r} adds noise to the inputs, not to a layer; with layers= use one of "
-                             f"{', '.join(LAYER_METHODS)}")
+        raise HookscopeError(f"method={key!r} {INPUTS_ONLY[key]}; drop layers=, or with layers= use one of "
+                             f"{', '.join(LAYER_METHODS)} (guided_gradcam's layer is the one of its Grad-CAM)")
     return key
 
 
@@ -244,6 +244,11 @@ def _check_inputs(inputs: Any, layers: Any) -> None:
         raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
     if inputs.shape[0] == 0:
         raise HookscopeError(f"inputs ({shape_text(tuple(inputs.shape))}) hold no sample; pass a batch of at least one")
+    if inputs.is_floating_point() and not bool(inputs.isfinite().all()):
+        where = tuple(int(i) for i in (~inputs.isfinite()).nonzero()[0])
+        raise HookscopeError(f"inputs hold {float(inputs[where])} at sample {where[0]} (index {where}), so the "
+                             "score is not a number and no attribution holds; replace it first, e.g. "
+                             "torch.nan_to_num(inputs, nan=0.0, posinf=0.0, neginf=0.0), or drop that sample")
     if not inputs.is_floating_point() and layers is None:
         raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
                              "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
@@ -265,8 +270,8 @@ def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: flo
     for name, v in (("batch_size", batch_size), ("samples", samples)) + ((("memory", memory),) if memory is not None else ()):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise HookscopeError(f"{name}={v!r} must be a positive int")
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
-        raise HookscopeError(f"noise={noise!r} must be a number >= 0 (a fraction of each input's range)")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < float("inf"):
+        raise HookscopeError(f"noise={noise!r} must be a finite number >= 0 (a fraction of each input's range)")
 
 
 def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:

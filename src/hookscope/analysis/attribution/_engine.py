@@ -23,7 +23,7 @@ from ...core.hooks import HookGroup, ThreadScope
 from ...errors import HookscopeError
 from .._targets import call_model, rows_of, scores_of
 
-__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "opened", "probe", "run"]
+__all__ = ["Job", "Make", "Pass", "grad", "gradients", "leaf", "opened", "probe", "run", "sharing"]
 
 Make = Callable[[torch.Tensor], torch.Tensor]  # the layer's output -> what stands in for it
 
@@ -115,11 +115,20 @@ def run(job: Job, x: torch.Tensor, rows: torch.Tensor, make: Make | None, count:
         # a copy: a model that writes into its input must not rewrite the leaf differentiated at
         p.output = call_model(job.model, (x.clone(),), rows_of(job.kw, rows, job.batch))
     if job.layer is not None and make is not None and len(p.kept) != 1:
+        others = sharing(job.model, job.layer[1]) if not p.kept else []
         what = "did not run" if not p.kept else f"ran {len(p.kept)} times"
         raise HookscopeError(f"layer {job.layer[0]!r} {what} in the forward pass; attribution at a layer needs "
-                             "one tensor output from one call, so pick a layer that runs once")
+                             "one tensor output from one call, so pick a layer that runs once"
+                             + (f" (its weights are used by {', '.join(map(repr, others))})" if others else ""))
     p.scores = None if job.target is None else scores_of(job.target, p.output, rows)
     return p
+
+
+def sharing(model: nn.Module, module: nn.Module) -> list[str]:
+    """The other modules holding one of ``module``'s parameters as their own: where a tied embedding
+    that never runs (T5's ``shared``) is used instead."""
+    own = {id(t) for t in module.parameters()}
+    return [n for n, m in model.named_modules() if m is not module and own & {id(t) for t in m.parameters(recurse=False)}]
 
 
 def leaf(t: torch.Tensor) -> torch.Tensor:

@@ -180,8 +180,14 @@ TABLE: dict[str, Method] = {
     "lrp": lrp,
     "guided_gradcam": guided_gradcam,
 }
-LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients",  # noise goes on the inputs
+LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients",  # those that take layers=
                  "guided_gradcam")
+INPUTS_ONLY = {  # why each other method gives maps at the inputs only
+    **dict.fromkeys(("smoothgrad", "smoothgrad_sq", "vargrad"), "adds noise to the inputs, not to a layer's output"),
+    **dict.fromkeys(("guided_backprop", "deconvnet"), "changes the backward pass of every ReLU between the inputs "
+                                                      "and the score, so it gives maps at the inputs only"),
+    "lrp": "hands relevance back layer by layer down to the inputs, so it gives maps at the inputs only",
+}
 SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
     "integrated_gradients": ("steps", "rule"),
     "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),

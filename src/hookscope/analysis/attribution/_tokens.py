@@ -11,11 +11,9 @@ layer by default. The scores of a token are its attribution summed over the hidd
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,7 +21,6 @@ from torch import nn
 from ..._tree import first_tensor, tree_map
 from ...capture import capture
 from ...core.inputs import model_kwargs
-from ...core.state import restored
 from ...core.text import shape_text
 from ...edit import edit
 from ...errors import HookscopeError, did_you_mean
@@ -32,8 +29,10 @@ from ...selection import layers as select
 from ...targets import Token
 from .._targets import call_model, is_function, logits_of
 from ._api import attribute
+from ._engine import sharing
 from ._rules import rule_name
 from ._tokens_result import TokenAttributions, TokenRow
+from ._writing import DECODER, extended, running, seq2seq, with_decoder, write
 
 __all__ = ["TOKEN_METHODS", "attribute_tokens"]
 
@@ -81,9 +80,15 @@ def attribute_tokens(
 
     With ``generate=N`` the model first writes ``N`` tokens greedily (its own ``generate()`` where it
     has one, as transformers models do, else a greedy loop over the last position's logits; a
-    sequence stops after its end-of-sequence token), then each new token is explained over all the
-    tokens before it: row ``k`` equals ``attribute_tokens`` on the prompt and the first ``k`` new
-    tokens with ``target`` the ``k``-th.
+    sequence stops after its end-of-sequence token, any id the config or the generation config
+    names; sampling off, the generation config's other settings such as a repetition penalty kept),
+    then each new token is explained over all the tokens before it: row ``k`` equals
+    ``attribute_tokens`` on the prompt and the first ``k`` new tokens with ``target`` the ``k``-th.
+
+    An encoder-decoder model (T5, BART) takes ``inputs`` as the encoder's tokens and is attributed
+    at the encoder's embedding; the token explained is the decoder's next one after
+    ``decoder_input_ids`` in ``kwargs`` (its start token by default), and with ``generate`` row ``k``
+    scores the encoder's tokens for the ``k``-th token the decoder writes.
 
     The model is left as it was (no hook, flags, buffers, random state and ``.grad`` untouched).
 
@@ -129,6 +134,7 @@ def attribute_tokens(
     _check_tokenizer(tokenizer)
     plan = _Plan(model, _site(model, layers), key, steps, rule_name(rule) if key == "integrated_gradients" else rule,
                  _check_baseline(baseline), batch_size)
+    kw = with_decoder(model, kw, ids)
     if n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
         tokens = ids.tolist()
@@ -195,6 +201,9 @@ def _site(model: nn.Module, layers: Selector | None) -> Site:
 def _embedding(model: nn.Module) -> nn.Module:
     """``get_input_embeddings()`` (transformers), else the model's one ``nn.Embedding``."""
     inner = unwrap(model)[0]
+    encoder = getattr(inner, "get_encoder", None)
+    if seq2seq(model) and callable(encoder) and isinstance(encoder(), nn.Module):
+        inner = encoder()  # the tokens given are the encoder's; the decoder's embedding reads the tokens written
     get = getattr(inner, "get_input_embeddings", None)
     try:
         found = get() if callable(get) else None
@@ -210,26 +219,38 @@ def _embedding(model: nn.Module) -> nn.Module:
                          f"{names}); pass layers= its name")
 
 
-def _running(model: nn.Module) -> AbstractContextManager[Any]:
-    """Eval mode inside, every flag and buffer put back after (dropout would make the rows random)."""
-    return restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
-
-
 def _probe(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> tuple[Any, torch.Tensor]:
     """The model's output on ``ids`` and the layer's output there (one pass, no gradient)."""
     name, module = plan.site
-    with _running(plan.model), torch.no_grad(), capture(plan.model, module) as rec:
+    with running(plan.model), torch.no_grad(), capture(plan.model, module) as rec:
         out = call_model(plan.model, (ids,), kw)
     calls = len(rec[name]) if name in rec else 0
     t = first_tensor(rec[name][0].output) if calls == 1 else None
+    if not calls:
+        raise HookscopeError(f"layer {name!r} did not run in the forward pass; " + _ran_instead(plan, ids, kw))
     if calls != 1:
-        raise HookscopeError(f"layer {name!r} {'did not run' if not calls else f'ran {calls} times'} in the forward "
-                             "pass; attribute at a layer that runs once, such as the token embedding")
+        raise HookscopeError(f"layer {name!r} ran {calls} times in the forward pass; attribute at a layer that runs "
+                             "once, such as the token embedding")
     if t is None or t.ndim < 2 or tuple(t.shape[:2]) != tuple(ids.shape) or not t.is_floating_point():
         got = shape_text(tuple(t.shape)) if t is not None else "no tensor"
         raise HookscopeError(f"layer {name!r} gives {got}, not one row per token ({shape_text(tuple(ids.shape))} x "
                              "...); attribute at the token embedding or a layer of B x T x hidden")
     return out, t.detach().clone()
+
+
+def _ran_instead(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any]) -> str:
+    """The remedy for a layer that never ran: the layers sharing its weights (a tied embedding) that run
+    once with one row per token, found by one more pass."""
+    others = sharing(plan.model, plan.site[1])
+    if others:
+        with running(plan.model), torch.no_grad(), capture(plan.model, *others) as rec:
+            call_model(plan.model, (ids,), kw)
+        fit = [n for n in others if n in rec and len(rec[n]) == 1
+               and tuple(getattr(first_tensor(rec[n][0].output), "shape", ())[:2]) == tuple(ids.shape)]
+        if fit:
+            return (f"its weights are used by {', '.join(map(repr, others))}, and {fit[0]!r} runs once "
+                    f"with one row per token: pass layers={fit[0]!r}")
+    return "attribute at a layer that runs once with one row per token, named as hookscope.names(model) lists it"
 
 
 def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor) -> tuple[torch.Tensor | None, int]:
@@ -272,7 +293,9 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
     res = attribute(_Through(plan.model, plan.site), at, method=plan.method, target=token, baseline=start,
                     steps=plan.steps, rule=plan.rule, batch_size=plan.batch_size, kwargs={**kw, _IDS: ids})
     scores = res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps
-    position = (token.position % ids.shape[1]) if isinstance(token, Token) else ids.shape[1] - 1
+    logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+    span = logits.shape[1] if logits is not None and logits.ndim == 3 else ids.shape[1]  # the decoder's, if any
+    position = (token.position % span) if isinstance(token, Token) else span - 1
     chosen = token.token_id.expand(ids.shape[0]).tolist() if isinstance(token, Token) else [None] * ids.shape[0]
     rows = [TokenRow(s, step, position, chosen[i], None, float(res.scores[i]),
                      None if res.delta is None else float(res.delta[i]), scores[i].detach().cpu())
@@ -283,83 +306,23 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
 def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
                           n: int) -> tuple[list[TokenRow], int, list[list[int]]]:
     """Write ``n`` tokens, then explain each over the tokens before it."""
-    full, counts = _continue(plan.model, ids, n, kw)
+    full, counts = write(plan.model, ids, n, kw)  # the sequences written on: the decoder's, if any
+    decoder = kw.get(DECODER) if seq2seq(plan.model) else None
     rows: list[TokenRow] = []
-    forwards, length = 0, ids.shape[1]
+    forwards, length = 0, ids.shape[1] if decoder is None else decoder.shape[1]
     for k in range(max(counts, default=0)):
         alive = [b for b in range(ids.shape[0]) if counts[b] > k]
         pick = torch.tensor(alive, device=ids.device)
-        prefix = full[pick, : length + k]
-        found, used = _explain(plan, prefix, _extended(kw, pick, ids.shape[0], k), Token(full[pick, length + k].cpu()),
-                               alive, k)
+        if decoder is None:
+            given, step_kw = full[pick, : length + k], extended(kw, pick, ids.shape[0], k)
+        else:  # the encoder reads the prompt as it is; the decoder reads what it wrote so far
+            given, step_kw = ids[pick], {**extended(kw, pick, ids.shape[0], 0), DECODER: full[pick, : length + k]}
+        found, used = _explain(plan, given, step_kw, Token(full[pick, length + k].cpu()), alive, k)
         rows += found
         forwards += used
     rows.sort(key=lambda r: (r.sample, r.step))
-    return rows, forwards, [full[b, : length + counts[b]].tolist() for b in range(ids.shape[0])]
-
-
-def _extended(kw: dict[str, Any], pick: torch.Tensor, batch: int, k: int) -> dict[str, Any]:
-    """The keyword inputs of the samples ``pick`` with ``k`` tokens written: the attention mask grown by ones."""
-    def grow(name: str, v: Any) -> Any:
-        if not isinstance(v, torch.Tensor) or v.ndim == 0 or v.shape[0] != batch:
-            return v
-        v = v[pick.to(v.device)]
-        return torch.cat([v, v.new_ones(v.shape[0], k)], dim=1) if name == "attention_mask" and k else v
-
-    return {name: grow(name, v) for name, v in kw.items()}
-
-
-def _continue(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> tuple[torch.Tensor, list[int]]:
-    """``B x (T + n)`` ids, the prompt and its greedy continuation, and how many tokens each sample wrote."""
-    _check_growable(kw, ids)
-    inner = unwrap(model)[0]
-    can = getattr(inner, "can_generate", None)
-    with _running(model), torch.no_grad():
-        if callable(getattr(inner, "generate", None)) and callable(can) and can():
-            full = _hf_generate(inner, ids, n, kw)
-        else:
-            full = _greedy(model, ids, n, kw)
-    eos = getattr(getattr(inner, "config", None), "eos_token_id", None)
-    ends = {eos} if isinstance(eos, int) else set(eos) if isinstance(eos, (list, tuple)) else set()
-    counts = []
-    for row in full[:, ids.shape[1]:].tolist():
-        stop = next((i + 1 for i, t in enumerate(row) if t in ends), len(row))
-        counts.append(stop)
-    return full, counts
-
-
-def _check_growable(kw: dict[str, Any], ids: torch.Tensor) -> None:
-    for name, v in kw.items():
-        if name != "attention_mask" and isinstance(v, torch.Tensor) and tuple(v.shape[:2]) == tuple(ids.shape):
-            raise HookscopeError(f"kwargs[{name!r}] holds one value per token, which does not grow with the tokens "
-                                 "generate= writes; only attention_mask does: leave it out or pass generate=0")
-
-
-def _hf_generate(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
-    """transformers' own greedy ``generate()``, its pad id set so that it says nothing."""
-    config = getattr(model, "config", None)
-    pad = getattr(config, "pad_token_id", None)
-    eos = getattr(config, "eos_token_id", None)
-    extra = {} if pad is not None else {"pad_token_id": eos if isinstance(eos, int) else 0}
-    with warnings.catch_warnings():  # transformers' notes on the generation settings given here
-        warnings.simplefilter("ignore")
-        gen = cast(Callable[..., torch.Tensor], getattr(model, "generate"))
-        out = gen(ids, max_new_tokens=n, do_sample=False, num_beams=1, **extra, **kw)
-    return out if isinstance(out, torch.Tensor) else cast(torch.Tensor, getattr(out, "sequences"))
-
-
-def _greedy(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> torch.Tensor:
-    """``n`` steps of: the model on all tokens so far, the most likely next token appended."""
-    full = ids
-    everyone = torch.arange(ids.shape[0], device=ids.device)
-    for k in range(n):
-        out = call_model(model, (full,), _extended(kw, everyone, ids.shape[0], k))
-        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
-        if logits is None or logits.ndim != 3:
-            raise HookscopeError(f"generate= needs B x T x vocab logits from the model, got {type(out).__name__}; "
-                                 "pass a language model")
-        full = torch.cat([full, logits[:, -1].argmax(-1, keepdim=True).to(full.device)], dim=1)
-    return full
+    head = [full[b, :length].tolist() if decoder is None else ids[b].tolist() for b in range(ids.shape[0])]
+    return rows, forwards, [head[b] + full[b, length: length + counts[b]].tolist() for b in range(ids.shape[0])]
 
 
 class _Through(nn.Module):
