@@ -13,6 +13,7 @@ __all__ = [
     "HookscopeError",
     "SelectionError",
     "RecordError",
+    "FieldError",
     "MutationError",
     "ForwardError",
     "NonFiniteError",
@@ -39,6 +40,11 @@ class RecordError(HookscopeError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class FieldError(RecordError, AttributeError):
+    """A field a record does not hold: a :class:`~hookscope.RecordError` that is also an
+    ``AttributeError``, so ``hasattr(record, "input")`` and ``getattr(record, "input", None)`` answer."""
 
 
 class MutationError(HookscopeError):

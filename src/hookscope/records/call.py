@@ -13,17 +13,12 @@ import torch
 from .._tree import tree_map
 from ..core.guard import Slot
 from ..core.text import dtype_text, shape_text
-from ..errors import MutationError, RecordError
+from ..errors import FieldError, MutationError, RecordError
 
 __all__ = ["HOLE", "CallRecord", "FieldError", "Hole", "tensors_of"]
 
 NOT_KEPT: Any = object()  # the capture was not asked to keep this field
 RAISED: Any = object()  # kept, but the call raised before it returned
-
-
-class FieldError(RecordError, AttributeError):
-    """A field a record does not hold: a :class:`~hookscope.RecordError` that is also an
-    ``AttributeError``, so ``hasattr(record, "input")`` and ``getattr(record, "input", None)`` answer."""
 
 
 class Hole:
