@@ -11,7 +11,7 @@ bundled demo model, hookscope.zoo's TinyResNet, torchvision's resnet18 with rand
 GPT-2 built from a config: nothing is downloaded. The results page's picture is a screenshot of a
 result's notebook HTML taken by headless Chromium; without Chromium that one is skipped.
 
-Writes docs/trap.png and docs/img/*.png (committed; each kept small).
+Writes docs/trap.png, docs/demo_features.png and docs/img/*.png (committed; each kept small).
 """
 
 from __future__ import annotations
@@ -55,15 +55,16 @@ def figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI)
 
 
-def save(fig: Figure | object, name: str) -> Path:
+def save(fig: Figure | object, name: str, folder: Path = IMG) -> Path:
     """Writes a figure as docs/img/NAME.png at the documentation's resolution."""
     from PIL import Image
 
-    path = IMG / f"{name}.png"
+    path = folder / f"{name}.png"
     fig.savefig(path, dpi=DPI)  # type: ignore[attr-defined]
-    with Image.open(path) as drawn:
-        small = drawn.convert("RGB").quantize(colors=256)  # a quarter of the bytes; heatmaps look the same
-    small.save(path, optimize=True)
+    if path.stat().st_size > 120_000:  # a palette: a third of the bytes, at the cost of smooth colour bars
+        with Image.open(path) as drawn:
+            small = drawn.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+        small.save(path, optimize=True)
     print(f"wrote {path.relative_to(DOCS.parent)} ({path.stat().st_size // 1024} KB)")
     return path
 
@@ -185,6 +186,9 @@ def features() -> None:
     from hookscope.viz.features import plot_feature_maps, plot_reference_comparison
 
     net = demo_model()
+    triangle = one_of_each_class()[0][2:3]
+    top = hookscope.feature_maps(net, triangle, layers="layer1")
+    save(plot_feature_maps(top, picture=triangle, top_k=16), "demo_features", DOCS)
     data = shapes(2, seed=123)
     trap = hookscope.compare_references(net, data.images, layers="layer2.1")
     save(plot_reference_comparison(trap, picture=data.images, channels=list(range(8))), "features_trap")

@@ -69,13 +69,13 @@ def test_the_pruning_notebook_shows_masks_sparsity_and_the_model_before_and_afte
     nb = _run("pruning-a-model.ipynb", tmp_path, monkeypatch)
     before, sparsity, removed, channels, after, comparison, trained = (c for c in nb.cells if c.cell_type == "code")
     cell = re.compile(r"<td[^>]*>([^<]*)</td>")
-    assert "<caption>Summary: 7 rows</caption>" in _html(before) and ">144342<" in _html(before)
+    assert "Params: 144,342 (144.34 K)" in before.outputs[0]["text"]
     assert "<caption>Sparsity: 23 rows</caption>" in _html(sparsity)
     assert cell.findall(_html(sparsity))[:6] == ["stem.0", "weight", "Conv2d", "432", "130", "True"]  # 30% masked
     assert "['stem.0.weight', 'layer1.0.weight', 'layer1.3.weight'] ..." in removed.outputs[0]["text"]
     assert "<caption>ChannelPruning: 7 rows</caption>" in _html(channels)
     assert cell.findall(_html(channels))[:6] == ["0", "stem.0", "16", "4", "weights of stem.0", "0"]
-    assert "<caption>Summary: 7 rows</caption>" in _html(after) and ">81474<" in _html(after)
+    assert "Params: 81,474 (81.47 K)" in after.outputs[0]["text"] and "stem (Sequential)         1x12x64x64" in after.outputs[0]["text"]
     table = _html(comparison)
     assert "<caption>ModelComparison: 8 rows</caption>" in table
     assert cell.findall(table)[:3] == ["parameters", "144342", "81474"] and ">accuracy<" in table
