@@ -130,3 +130,28 @@ def test_every_page_is_in_the_nav():
     listed = set(re.findall(r"[\w/.-]+\.md", str(config["nav"])))
     assert set(PAGES) - listed == set(), "pages no one can reach from the navigation"
     assert listed - set(PAGES) == {"reference/cli.md"}  # written at build time by docs/hooks/cli_reference.py
+
+
+def test_the_gallery_shows_every_cam_and_attribution_method():
+    from hookscope.analysis.attribution import METHODS as ATTRIBUTION_METHODS
+    from hookscope.analysis.cam import METHODS as CAM_METHODS
+
+    page = (DOCS / "guide" / "gallery.md").read_text()
+    for kind, methods in (("cam", CAM_METHODS), ("attribute", ATTRIBUTION_METHODS)):
+        for m in methods:
+            picture = f"../img/gallery_{kind}_{m.replace('+', 'p')}.png"
+            assert f"]({picture})" in page, f"the gallery has no picture of {kind} method {m!r}"
+            assert f'`method="{m}"`' in page.split(picture, 1)[1].split("###", 1)[0], f"no caption names {m!r}"
+
+
+def test_every_picture_of_the_docs_is_there_small_and_shown():
+    shown = set()
+    for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+\.png)\)", page.read_text()):
+            path = (page.parent / target).resolve()
+            assert path.is_file(), f"{page.name} shows {target}, which is not there"
+            assert path.stat().st_size < 200_000, f"{target} is over 200 KB"
+            shown.add(path)
+    drawn = {p.resolve() for p in (DOCS / "img").glob("*.png")}
+    assert drawn and not drawn - shown, f"pictures no page shows: {sorted(p.name for p in drawn - shown)}"
+    assert sum(p.stat().st_size for p in drawn) < 3_000_000
