@@ -28,7 +28,7 @@ from ..core.ops import SEP, OpSite, split_op
 from ..core.result import Result, missing
 from ..core.state import restored
 from ..core.text import table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, SelectionError
 from ..selection import Selector, layers as select
 from ._targets import call_model
 
@@ -142,7 +142,7 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
         raise HookscopeError(f"{module[0]!r} is a module; attention patterns come from an operation: "
                              + _inside(model, module, args))
     patterns: dict[str, list[torch.Tensor]] = {}
-    for call in _calls(model, [n for n, _ in sites], args):
+    for call in _calls(model, [n for n, _ in sites], args, any_of=layers is None):
         op = (split_op(call.name) or ("", ""))[1].split(".")[0]
         got = attention_probabilities(*call.args, **call.kwargs) if op == SDPA else \
             _mha_weights(call.args, call.kwargs, call.output) if op == MHA else call.output
@@ -155,10 +155,17 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
     return AttentionPatterns(patterns)
 
 
-def _calls(model: nn.Module, names: list[str], args: tuple[Any, ...]) -> list[Any]:
-    """The calls of the operations ``names`` in one pass, inputs and outputs kept."""
-    with restored(model, train=False), torch.no_grad(), capture(model, *names, keep="io") as rec:
-        call_model(model, *private(args))
+def _calls(model: nn.Module, names: list[str], args: tuple[Any, ...], *, any_of: bool = False) -> list[Any]:
+    """The calls of the operations ``names`` in one pass, inputs and outputs kept. With ``any_of``
+    the names are alternatives (the kernels one of which a model runs): those that never ran are no
+    misspelling, so the capture's end-of-block check is not passed on."""
+    rec = capture(model, *names, keep="io")
+    try:
+        with restored(model, train=False), torch.no_grad(), rec:
+            call_model(model, *private(args))
+    except SelectionError:  # raised only by the capture's exit, after the pass: its calls are whole
+        if not any_of:
+            raise
     return list(rec.calls)
 
 
@@ -166,7 +173,7 @@ def _inside(model: nn.Module, module: tuple[str, nn.Module], args: tuple[Any, ..
     """The remedy for a module selected: the attention operations that ran in it (one more pass)."""
     ops = [*KERNELS, "softmax"]
     where = [module[0]] + ([f"{module[0]}.*"] if next(module[1].children(), None) is not None else [])
-    ran = [c.name for c in _calls(model, [f"{w}{SEP}{op}" for op in ops for w in where], args)]
+    ran = [c.name for c in _calls(model, [f"{w}{SEP}{op}" for op in ops for w in where], args, any_of=True)]
     for op in ops:  # the kernels before a softmax
         found = next((n for n in ran if (split_op(n) or ("", ""))[1].split(".")[0] == op), None)
         if found is not None:
