@@ -347,6 +347,25 @@ def test_an_infinite_error_sits_on_the_top_edge_and_is_named():
     assert "first divergence: 1 (|a - b| = Inf)" in ax.get_title()
 
 
+def test_the_tolerance_drawn_is_the_one_each_row_was_judged_with():
+    # rows computed in bfloat16 are judged at bfloat16's eps, not at the float32 rtol of the whole diff
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    d = hookscope.diff(net, net, torch.randn(2, 4), b=hookscope.settings(autocast=torch.bfloat16))
+    assert {r.rtol for r in d.rows} == {torch.finfo(torch.bfloat16).eps} != {d.rtol}
+    assert d.first is None and all(r.max_rel <= r.rtol for r in d.rows)
+    drawn = lines(plot_diff(d).axes[0])
+    eps = torch.finfo(torch.bfloat16).eps
+    assert drawn[f"rtol {eps:g}"][1] == [eps, eps] and f"rtol {d.rtol:g}" not in drawn
+
+
+def test_a_tolerance_that_differs_between_rows_is_drawn_per_row():
+    from hookscope.viz.plots import _row_tolerance
+
+    rows = [type("R", (), {"rtol": v})() for v in (1e-6, 0.0078, math.nan)]
+    assert _row_tolerance(rows, "rtol", 1e-3) == [1e-6, 0.0078, 1e-3]
+
+
 def test_a_diff_that_compared_nothing_cannot_be_drawn():
     empty = Diff([], Unmatched((), ()), rtol=0.0, atol=0.0, run_a="A", run_b="B")
     with pytest.raises(HookscopeError, match="compared nothing"):

@@ -501,13 +501,13 @@ def plot_diff(d: Diff) -> Figure:
     abs_err, rel_err = [r.max_abs for r in rows], [r.max_rel for r in rows]
     fig = _figure(_width(len(rows)), 2.8)
     ax = fig.subplots()
-    lo, hi = _log_axis(ax, abs_err + rel_err + [d.atol, d.rtol], floor=1e-12)
+    tols = {"atol": _row_tolerance(rows, "atol", d.atol), "rtol": _row_tolerance(rows, "rtol", d.rtol)}
+    lo, hi = _log_axis(ax, abs_err + rel_err + tols["atol"] + tols["rtol"], floor=1e-12)
     bad = [i for i, r in enumerate(rows) if _non_finite_why(r)]
     _draw(ax, range(len(rows)), {"max |a - b|": abs_err, "max |a - b| / max |b|": rel_err}, lo, hi, bad=bad,
           marker="." if len(rows) <= 60 else None, linewidth=1.2)
-    for tol, name, style, line in ((d.atol, "atol", "--", ax.lines[0]), (d.rtol, "rtol", ":", ax.lines[1])):
-        if tol > 0:  # in the colour of the error it bounds
-            ax.axhline(tol, color=line.get_color(), linestyle=style, linewidth=1, label=f"{name} {tol:g}")
+    for (name, tol), style, line in zip(tols.items(), ("--", ":"), ax.lines[:2]):
+        _tolerance_line(ax, name, tol, color=line.get_color(), linestyle=style)  # in the colour of the error it bounds
     beyond = [i for i, r in enumerate(rows) if r.diverges]
     if beyond:
         ax.vlines(beyond, 0, 1, transform=ax.get_xaxis_transform(), colors=_RED, alpha=0.2, linewidth=2,
@@ -527,6 +527,24 @@ def plot_diff(d: Diff) -> Figure:
                  fontsize=9, pad=14 if first is not None else 6)
     _leave_room(fig, chars, title_lines=3)
     return fig
+
+
+def _row_tolerance(rows: list[Any], field: str, default: float) -> list[float]:
+    """The tolerance each row was judged with (rows computed in a low precision follow its own)."""
+    return [v if math.isfinite(v := float(getattr(r, field, math.nan))) else default for r in rows]
+
+
+def _tolerance_line(ax: Any, name: str, tol: list[float], **style: Any) -> None:
+    """One tolerance: a horizontal line where every row shares it, else a step per row, labelled
+    with the values it takes (a bfloat16 row is judged at bfloat16's, not at the float32 one)."""
+    if max(tol) <= 0:
+        return
+    values = sorted(set(tol))
+    label = f"{name} {values[0]:g}" if len(values) == 1 else f"{name} per output ({values[0]:g} to {values[-1]:g})"
+    if len(values) == 1:
+        ax.axhline(values[0], linewidth=1, label=label, **style)
+    else:
+        ax.step(range(len(tol)), tol, where="mid", linewidth=1, label=label, **style)
 
 
 # --- files ----------------------------------------------------------------------------------------------
