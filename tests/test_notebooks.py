@@ -78,5 +78,5 @@ def test_the_pruning_notebook_shows_masks_sparsity_and_the_model_before_and_afte
     assert "Params: 81,474 (81.47 K)" in after.outputs[0]["text"] and "stem (Sequential)         1x12x64x64" in after.outputs[0]["text"]
     table = _html(comparison)
     assert "<caption>ModelComparison: 8 rows</caption>" in table
-    assert cell.findall(table)[:3] == ["parameters", "144342", "81474"] and ">accuracy<" in table
+    assert cell.findall(table)[:3] == ["parameters", "144,342", "81,474"] and ">accuracy<" in table
     assert re.search(r"trained 40 steps: (9\d|100)% of the 64 new shapes right", trained.outputs[0]["text"])

@@ -174,6 +174,8 @@ class Result:
 
     # the columns of a result with no rows yet (a trace before its first pass): its rows' fields
     _result_fields: tuple[str, ...] = ()
+    # the columns a notebook shows, where a row holds more than a reader scans (None: every field)
+    _html_columns: tuple[str, ...] | None = None
 
     def __str__(self) -> str:
         return self.table()
@@ -228,6 +230,7 @@ class Result:
             shown = [*records[:half], None, *records[-half:]]
             caption += f", the first {half} and the last {half} shown"
         columns = _columns(records) or list(self._result_fields)
+        columns = [c for c in self._html_columns or () if c in columns] or columns
         body = [["..."] * len(columns) if r is None else [cell_text(r.get(c)) for c in columns] for r in shown]
         text_columns = {i for i, c in enumerate(columns) if any(isinstance(r.get(c), str) for r in records)}
         parts = [html_table(columns, body, caption=caption, left=text_columns)]

@@ -116,17 +116,26 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
 def cell_text(v: Any) -> str:
     """A value as one cell of a notebook table: numbers to 4 significant digits (NaN as ``"nan"``),
     ``None`` as nothing, a tensor of more than 8 values as its shape and dtype, anything longer than
-    :data:`CELL_CHARS` cut with "...".
+    :data:`CELL_CHARS` cut with "...". Integers get thousands separators, a sequence of names is
+    the names joined, a list of shapes the shapes as ``1x3x32x32``.
 
     Example:
         >>> import torch
         >>> [cell_text(v) for v in (3.14159, float("nan"), None, (2, 3), torch.zeros(2, 5), "a<b")]
         ['3.142', 'nan', '', '(2, 3)', 'tensor 2x5 float32', 'a<b']
+        >>> [cell_text(v) for v in (33338, ("layer3.3",), ["conv", "fc"], [(1, 3, 32, 32), (1, 10)], True)]
+        ['33,338', 'layer3.3', 'conv, fc', '1x3x32x32, 1x10', 'True']
     """
     if v is None:
         return ""
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, str) for x in v):
+        v = ", ".join(v)
+    elif isinstance(v, list) and v and all(isinstance(x, tuple) and all(type(n) is int for n in x) for x in v):
+        v = ", ".join(shape_text(x) for x in v)
     if hasattr(v, "dtype") and hasattr(v, "shape") and getattr(v, "numel", lambda: 0)() > 8:
         return f"tensor {shape_text(tuple(v.shape))} {dtype_text(v.dtype)}"
     if hasattr(v, "tolist") and hasattr(v, "dtype"):

@@ -39,6 +39,9 @@ class Summary(Result):
         (True, [[3, 8]])
     """
 
+    _html_columns = ("name", "type", "output_shapes", "output_dtypes", "params", "params_total", "macs", "zeros",
+                     "training", "calls")
+
     def __init__(self, model: str, inputs: list[tuple[Shape, str]], rows: list[Row], totals: Totals,
                  modules: dict[str, str], parameters: dict[str, Shape], buffers: dict[str, Shape],
                  depth: int | None) -> None:
