@@ -64,25 +64,26 @@ def test_each_floor_is_the_oldest_version_tested() -> None:
 def test_a_torch_below_the_floor_is_refused_at_import_in_one_line() -> None:
     (floor,) = _floors()["torch"]
     major, minor = (int(p) for p in floor.split(".")[:2])
-    below = f"{major}.{minor - 1}.9"
+    below = [f"{major}.{minor - 1}.9", f"{major}.9.1", "1.13.1+cu117"]  # 2.9 sorts after 2.13 as text
+    above = [f"{major}.{minor}.0", f"{major}.{minor}.0+cpu", f"{major}.{minor + 1}.0a0+git1234", f"{major + 1}.0.0"]
     # its own process: a second import of hookscope here would make new classes under the other tests
     script = textwrap.dedent(f"""
-        import torch
-        real = torch.__version__
-        torch.__version__ = {below!r}
-        try:
-            import hookscope
-        except ImportError as e:
-            print(e)
-        else:
-            print("imported")
-        torch.__version__ = {floor + ".0"!r}
-        import hookscope
-        print(hookscope.__version__)
+        import sys, torch
+        for version in {below + above!r}:
+            torch.__version__ = version
+            try:
+                import hookscope
+            except ImportError as e:
+                print(e)
+            else:
+                print("imported", hookscope.__version__)
+            for name in [n for n in sys.modules if n.split(".")[0] == "hookscope"]:
+                del sys.modules[name]
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])})
     assert out.returncode == 0, out.stderr
-    refused, version = out.stdout.splitlines()
-    assert refused == f"hookscope needs torch >= {floor}, found {below}: pip install -U 'torch>={floor}'"
-    assert version == __import__("hookscope").__version__
+    mine = __import__("hookscope").__version__
+    assert out.stdout.splitlines() == (
+        [f"hookscope needs torch >= {floor}, found {v}: pip install -U 'torch>={floor}'" for v in below]
+        + [f"imported {mine}"] * len(above))
