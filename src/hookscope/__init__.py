@@ -9,6 +9,12 @@ Example:
     torch.Size([2, 8])
 """
 
+import torch as _torch
+
+# the oldest torch tested (scripts/test-oldest): pip enforces it at install, not on a torch already on the path
+if tuple(int(p) for p in _torch.__version__.split(".")[:2]) < (2, 13):
+    raise ImportError(f"hookscope needs torch >= 2.13, found {_torch.__version__}: pip install -U 'torch>=2.13'")
+
 from . import metrics, targets
 from . import viz  # noqa: F401 - its pictures show under results in notebooks (matplotlib stays optional)
 from .analysis.attribution import Attributions, LRPRule, attribute
