@@ -18,8 +18,8 @@ from ._heads import HeadPruning, HeadRow, prune_heads
 from ._heads_mlp import MlpRow
 from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
 from ._importance import ChannelImportance, ImportanceRow, channel_importance
-from ._pretrained import load_pretrained
-from ._resize import fit_to, is_compacted, marked_compacted, shrinks
+from ...anatomy import fit_to, is_compacted, marked_compacted, shrinks
+from ...loading.pretrained import load_pretrained
 from ._width import WidthPruning, WidthRow, prune_width
 from ._weights import Sparsity, PruneRow, prune, remove, sparsity
 

@@ -14,16 +14,15 @@ import torch
 from torch import nn
 
 from ...core.text import first_line
+from ...anatomy import fix_sizes, is_layer_norm, write_mlp_configs
 from ...errors import HookscopeError
 from ...selection import named_modules, unwrap
 from ._graph_verify import verify
 from ._graph import Group, ChannelGroups, assemble, channel_groups, deep_copy, prepared, trace_channels
-from ._resize import fix_sizes
 from ._heads_groups import check_heads, fix_heads, with_heads
 from ._masks import apply_mask
-from ._mlp_config import write_mlp_configs
 from ._reload import settle_config
-from ._width_norm import hold_norm, is_layer_norm
+from ._width_norm import hold_norm
 from ._width_stream import WidthGroup, fix_width, with_width
 
 __all__ = ["mask_channels", "dropped_channels", "compact", "channel_groups"]

@@ -24,7 +24,7 @@ from ...selection import Selector, layers as select, unwrap
 from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups, Group
 from ._heads_groups import HeadGroup, check_heads, head_groups_of, layouts
-from ._heads_layouts import HeadLayout
+from ...anatomy import HeadLayout
 from ._heads_mlp import MlpRow, MlpScores, check_mlp, mlp_units
 from ._heads_score import head_scores
 from ._importance_run import Loss, check_kind, check_share

@@ -13,7 +13,6 @@ module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +22,9 @@ from torch import nn
 from ...errors import HookscopeError
 from ...selection import named_modules
 from ._graph import ChannelGroups, Group, GroupMember
-from ._heads_layouts import HeadLayout, config_heads, fix_layout, heads_of, read_layout
+from ...anatomy import HeadLayout, fix_layout, heads_of, read_layout, write_head_configs
 
-__all__ = ["HeadGroup", "layouts", "head_groups_of", "with_heads", "kept_heads", "check_heads", "fix_heads", "write_configs"]
+__all__ = ["HeadGroup", "layouts", "head_groups_of", "with_heads", "kept_heads", "check_heads", "fix_heads"]
 
 
 @dataclass
@@ -34,7 +33,7 @@ class HeadGroup(Group):
     whether a channel is a query head (``"q"``) or a key/value head with its query heads (``"kv"``).
 
     Example:
-        >>> from hookscope.analysis.prune._heads_layouts import read_layout
+        >>> from hookscope.anatomy import read_layout
         >>> g = head_groups_of(read_layout("a", nn.MultiheadAttention(8, 2), {}), 0)[0]
         >>> g.size, g.producers, g.members[0].positions[1]
         (2, ['a'], (4, 5, 6, 7))
@@ -76,7 +75,7 @@ def head_groups_of(lay: HeadLayout, first: int) -> list[HeadGroup]:
     grouped-query attention a group of key/value heads and a group of query heads.
 
     Example:
-        >>> from hookscope.analysis.prune._heads_layouts import HeadLayout, Part
+        >>> from hookscope.anatomy import HeadLayout, Part
         >>> lay = HeadLayout("a", "llama", 4, 2, 1, (Part("a.q", "weight", 0, 0, "q", "producer"),
         ...                  Part("a.k", "weight", 0, 0, "kv", "producer")), "a.o")
         >>> [(g.per, [m.positions for m in g.members]) for g in head_groups_of(lay, 0)]
@@ -128,7 +127,7 @@ def check_heads(groups: ChannelGroups, drop: Mapping[int, Sequence[int]]) -> Non
     layer left without heads, or key/value heads left with unequal numbers of query heads.
 
     Example:
-        >>> from hookscope.analysis.prune._heads_layouts import HeadLayout
+        >>> from hookscope.anatomy import HeadLayout
         >>> gs = ChannelGroups(head_groups_of(HeadLayout("attn", "llama", 4, 2, 1, (), None), 0), [])
         >>> check_heads(gs, {1: [0]})
         Traceback (most recent call last):
@@ -171,28 +170,5 @@ def fix_heads(model: nn.Module, groups: ChannelGroups, drop: Mapping[int, Sequen
             fix_layout(m, lay, heads)
         counts.append((m, lay, heads_of(lay, heads)))
     if kept:
-        write_configs(counts)
+        write_head_configs(counts)
     return list(kept)
-
-
-def write_configs(counts: Sequence[tuple[nn.Module, HeadLayout, tuple[int, int]]]) -> None:
-    """Write the head counts into the Hugging Face config the layers share, when every layer sharing it
-    keeps the same counts (a config holds one count for all layers) and the config can say them
-    (``config_heads``); layers left with different counts leave it as it was, with a warning.
-
-    Example:
-        >>> write_configs([])
-    """
-    configs: dict[int, tuple[Any, HeadLayout, set[tuple[int, int]]]] = {}
-    for m, lay, hk in counts:
-        cfg = getattr(m, "config", None)
-        if cfg is not None and lay.kind != "mha":
-            configs.setdefault(id(cfg), (cfg, lay, set()))[2].add(hk)
-    for cfg, lay, seen in configs.values():
-        if len(seen) == 1:
-            config_heads(lay, cfg, *next(iter(seen)))
-        elif lay.kind == "llama":
-            warnings.warn(f"the model's config keeps num_attention_heads={getattr(cfg, 'num_attention_heads', '?')}: "
-                          f"its layers now keep {sorted(h for h, _ in seen)} heads, and a config holds one count "
-                          "for all layers (save_pretrained / from_pretrained need the same count everywhere)",
-                          stacklevel=3)

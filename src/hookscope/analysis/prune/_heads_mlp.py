@@ -26,7 +26,7 @@ from ...errors import HookscopeError
 from ...selection import named_modules
 from ._compact import dropped_channels, mask_channels
 from ._graph import ChannelGroups, Group, GroupMember, channel_groups
-from ._heads_layouts import HeadLayout
+from ...anatomy import HeadLayout
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import check_share
 

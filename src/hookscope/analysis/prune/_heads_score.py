@@ -18,8 +18,7 @@ from torch import nn
 from ..._tree import first_tensor
 from ...errors import HookscopeError
 from ...selection import named_modules
-from ._heads_layouts import HeadLayout, out_site
-from ._heads_mha import attend
+from ...anatomy import HeadLayout, attend, out_site
 from ._heads_score_entropy import entropy_scores
 from ._heads_score_taylor import Kept, taylor_scores
 from ._importance_run import Batch, Loss, batches_of, plain_passes, split_batch

@@ -23,8 +23,7 @@ from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import named_modules
 from .._targets import call_model
-from ._heads_layouts import HeadLayout
-from ._heads_mha import attend
+from ...anatomy import HeadLayout, attend
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import Batch, batch_to
 

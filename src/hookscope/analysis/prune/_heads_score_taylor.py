@@ -23,8 +23,7 @@ from ...core.state import restored
 from ...errors import HookscopeError
 from ...selection import named_modules
 from .._targets import call_model
-from ._heads_layouts import HeadLayout, out_site
-from ._heads_mha import attend
+from ...anatomy import HeadLayout, attend, out_site
 from ._importance_kinds import accumulator_dtype
 from ._importance_run import Batch, Loss, batch_to, loss_of
 

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...anatomy import fit_to
 from ...core.inputs import private
 from ...core.text import first_line
 from ...errors import HookscopeError
 from ._graph import traced_mode
 from ._graph_verify import output_gap
-from ._resize import fit_to
 
 __all__ = ["settle_config", "reload_gap"]
 

@@ -20,18 +20,7 @@ from torch import nn
 
 from ._masks import mask_of
 
-__all__ = ["KeptNormHook", "hold_norm", "release_norm", "holds_norm", "is_layer_norm", "rms_offset"]
-
-
-def is_layer_norm(m: nn.Module) -> bool:
-    """Whether ``m`` is a LayerNorm over its last dim with a weight and a bias (torch's or a subclass).
-
-    Example:
-        >>> is_layer_norm(nn.LayerNorm(4)), is_layer_norm(nn.LayerNorm(4, elementwise_affine=False))
-        (True, False)
-    """
-    return isinstance(m, nn.LayerNorm) and len(m.normalized_shape) == 1 \
-        and isinstance(getattr(m, "weight", None), torch.Tensor) and isinstance(getattr(m, "bias", None), torch.Tensor)
+__all__ = ["KeptNormHook", "hold_norm", "release_norm", "holds_norm", "rms_offset"]
 
 
 def rms_offset(m: nn.Module) -> float | None:

@@ -1,11 +1,11 @@
 """Load a compacted transformers model back from the folder ``save_pretrained`` wrote, whatever its
 config can say: the architecture built from the config, fitted to the saved tensors' shapes
-(:func:`~._resize.fit_to`), then loaded. BERT and GPT-2 derive their head size from
+(:func:`hookscope.anatomy.fit_to`), then loaded. BERT and GPT-2 derive their head size from
 ``hidden_size / num_attention_heads``, so their config cannot describe fewer heads or a narrower
 stream, and ``from_pretrained`` refuses the saved weights' shapes; this loads them, as it loads every
 model whose compacted config ``compact`` left as the original's (it warns when it does).
 
-Must not import: any other analysis module, ``cli``, ``viz``.
+Must not import: analysis, ``cli``, ``viz``, ``report``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.text import first_line
-from ...errors import HookscopeError
-from ._resize import fit_to
+from ..core.text import first_line
+from ..anatomy import fit_to
+from ..errors import HookscopeError
 
 __all__ = ["load_pretrained"]
 

@@ -3,8 +3,8 @@ file are smaller the file's shapes and fix its size attributes, so that ``load_s
 loads the compacted weights into the original architecture without unpickling any code.
 
 Checked first, changed after: a refusal (a layer type whose sizes hookscope cannot fix, a dim that
-grew, another number of dims) leaves the model untouched. Must not import: any other analysis
-module, ``cli``, ``viz``.
+grew, another number of dims) leaves the model untouched. Must not import: analysis,
+``loading``, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.text import shape_text
-from ...errors import HookscopeError
-from ._heads_groups import write_configs
+from ..core.text import shape_text
+from ..errors import HookscopeError
+from ._heads import holds_head_tables, refit_heads, write_head_configs
 from ._heads_fit import head_misfit
-from ._heads_layouts import holds_head_tables, refit_heads
-from ._mlp_config import write_mlp_configs
-from ._width_norm import is_layer_norm
-from ._width_stream import TOKENS, is_rms_norm, refit_width
+from ._mlp import write_mlp_configs
+from ._width import TOKENS, is_layer_norm, is_rms_norm, refit_width
 
 __all__ = ["RESIZABLE", "fit_to", "fix_sizes", "is_compacted", "marked_compacted", "shrinks"]
 
@@ -221,7 +219,7 @@ def _refit_attention(model: nn.Module, resized: set[int]) -> None:
             found = refit_heads(m)
             if found is not None:
                 counts.append((m, found[0], (found[1], found[2])))
-    write_configs(counts)
+    write_head_configs(counts)
 
 
 def fit_to(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> list[str]:

@@ -5,7 +5,7 @@ which reads the head size from ``qkv`` (its rows are ``3 * num_heads * head_dim`
 torchvision's, operation for operation (window partition, cyclic shift and its mask, cosine attention
 with ``logit_scale`` and the continuous position bias of V2); parameters, buffers and ``state_dict``
 keys are those of the layer it was. Imported only when such a layer is compacted (torchvision is
-optional). Must not import: any other analysis module.
+optional). Must not import: analysis, ``loading``.
 """
 
 from __future__ import annotations

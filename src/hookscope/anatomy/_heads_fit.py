@@ -2,7 +2,7 @@
 ``fit_to`` asks before changing anything, so a file cut across a head is refused, not fitted to a
 head count the layer's forward then fails on.
 
-Must not import: any other analysis module, ``cli``, ``viz``.
+Must not import: analysis, ``loading``, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
-from ._heads_layouts import holds_head_tables
+from ._heads import holds_head_tables
 
 __all__ = ["Shape", "head_misfit"]
 

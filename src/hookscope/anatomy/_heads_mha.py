@@ -3,7 +3,7 @@ attention derives the head size as ``embed_dim // num_heads`` (and refuses anyth
 whose heads were removed runs this forward instead, which reads ``head_dim`` as it was. The
 parameters and their names are those of ``nn.MultiheadAttention`` (a ``state_dict`` loads as before);
 masks, padding masks, ``need_weights``, ``bias_k`` / ``bias_v``, ``add_zero_attn``, ``batch_first``
-and separate key / value sizes behave as in torch. Must not import: any other analysis module.
+and separate key / value sizes behave as in torch. Must not import: analysis, ``loading``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["HeadPrunedMultiheadAttention"]
+__all__ = ["HeadPrunedMultiheadAttention", "attend"]
 
 
 def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -29,7 +29,7 @@ class HeadPrunedMultiheadAttention(nn.MultiheadAttention):
     before) at the head size it had. A per-head 3-D ``attn_mask`` is given for every original head.
 
     Example:
-        >>> from hookscope.analysis.prune._heads_layouts import fix_layout, read_layout
+        >>> from hookscope.anatomy import fix_layout, read_layout
         >>> mha = nn.MultiheadAttention(8, 4, batch_first=True)
         >>> fix_layout(mha, read_layout("", mha, {}), [0, 1, 2, 3])
         >>> x = torch.randn(2, 5, 8); out, w = mha(x, x, x)

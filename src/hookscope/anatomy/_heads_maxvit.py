@@ -4,7 +4,7 @@ layer whose heads were removed runs this forward instead, which reshapes them to
 ``n_heads * head_dim``. The arithmetic is torchvision's, operation for operation (its
 ``scale_factor``, the input width to the power -1/2 applied to the keys, stays as it was);
 parameters, buffers and ``state_dict`` keys are those of the layer it was. Imported only when such a
-layer is compacted (torchvision is optional). Must not import: any other analysis module.
+layer is compacted (torchvision is optional). Must not import: analysis, ``loading``.
 """
 
 from __future__ import annotations

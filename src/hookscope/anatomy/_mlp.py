@@ -2,7 +2,7 @@
 the MLPs are narrower (after :func:`compact`, or after ``fit_to``) and every MLP under the config keeps
 the same number of hidden units, so that ``save_pretrained`` then ``from_pretrained`` rebuild them.
 
-Must not import: any other analysis module, ``cli``, ``viz``.
+Must not import: analysis, ``loading``, ``cli``, ``viz``.
 """
 
 from __future__ import annotations

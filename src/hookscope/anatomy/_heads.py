@@ -10,12 +10,13 @@ BERT-style self-attention (``query`` / ``key`` / ``value``, the sibling ``output
 Hugging Face's ViT ...), torchvision's Swin window attention (fused ``qkv``, ``proj``, one column of
 the relative position bias table per head; V2: one ``logit_scale`` entry and one output of the
 position bias MLP per head), torchvision's MaxViT attention (fused ``to_qkv``, ``merge``, a bias
-table column per head) and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import: any
-other analysis module, ``cli``, ``viz``.
+table column per head) and timm's ``Attention`` (fused ``qkv``, ``proj``). Must not import:
+analysis, ``loading``, ``cli``, ``viz``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...core.ops import OpSite, split_op
+from ..core.ops import OpSite, split_op
 
 __all__ = ["Part", "HeadLayout", "READERS", "read_layout", "out_site", "holds_head_tables", "fix_layout", "heads_of",
-           "config_heads", "refit_heads"]
+           "config_heads", "refit_heads", "write_head_configs"]
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _timm(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
 
 
 _SWIN_SOURCE = "torchvision.models.swin_transformer"
-_SWIN_OWN = "hookscope.analysis.prune._heads_swin"
+_SWIN_OWN = "hookscope.anatomy._heads_swin"
 
 
 def _swin_base(m: nn.Module) -> type | None:
@@ -227,7 +228,7 @@ def _swin(q: str, m: nn.Module, mods: Mapping[str, nn.Module]) -> HeadLayout | s
 
 
 _MAXVIT_SOURCE = "torchvision.models.maxvit"
-_MAXVIT_OWN = "hookscope.analysis.prune._heads_maxvit"
+_MAXVIT_OWN = "hookscope.anatomy._heads_maxvit"
 
 
 def _maxvit_base(m: nn.Module) -> type | None:
@@ -464,3 +465,26 @@ def _fix_llama_counts(m: nn.Module, h: int, kv: int) -> None:
     for name, value in (("num_heads", h), ("num_attention_heads", h), ("num_key_value_heads", kv)):
         if hasattr(m, name):
             setattr(m, name, value)
+
+
+def write_head_configs(counts: Sequence[tuple[nn.Module, HeadLayout, tuple[int, int]]]) -> None:
+    """Write the head counts into the Hugging Face config the layers share, when every layer sharing it
+    keeps the same counts (a config holds one count for all layers) and the config can say them
+    (``config_heads``); layers left with different counts leave it as it was, with a warning.
+
+    Example:
+        >>> write_head_configs([])
+    """
+    configs: dict[int, tuple[Any, HeadLayout, set[tuple[int, int]]]] = {}
+    for m, lay, hk in counts:
+        cfg = getattr(m, "config", None)
+        if cfg is not None and lay.kind != "mha":
+            configs.setdefault(id(cfg), (cfg, lay, set()))[2].add(hk)
+    for cfg, lay, seen in configs.values():
+        if len(seen) == 1:
+            config_heads(lay, cfg, *next(iter(seen)))
+        elif lay.kind == "llama":
+            warnings.warn(f"the model's config keeps num_attention_heads={getattr(cfg, 'num_attention_heads', '?')}: "
+                          f"its layers now keep {sorted(h for h, _ in seen)} heads, and a config holds one count "
+                          "for all layers (save_pretrained / from_pretrained need the same count everywhere)",
+                          stacklevel=3)
