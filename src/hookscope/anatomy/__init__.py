@@ -8,12 +8,12 @@ A floor below both ``analysis.prune`` (which removes heads, channels and width) 
 ``loading``, ``capture``, ``cli``, ``viz``, ``report``.
 """
 
-from ._heads import (HeadLayout, Part, READERS, config_heads, fix_layout, heads_of, holds_head_tables, out_site,
+from ._heads import (READERS, HeadLayout, Part, config_heads, fix_layout, heads_of, holds_head_tables, out_site,
                      read_layout, refit_heads, write_head_configs)
 from ._heads_fit import head_misfit
 from ._heads_mha import HeadPrunedMultiheadAttention, attend
 from ._mlp import write_mlp_configs
-from ._resize import RESIZABLE, fit_to, fix_sizes, is_compacted, marked_compacted, shrinks
+from ._resize import (RESIZABLE, fit_to, fix_sizes, is_compacted, marked_compacted, shrinks)
 from ._width import (TOKENS, embed_scales, is_layer_norm, is_rms_norm, module_widths, refit_width, rescale_norm,
                      write_layer_norm_configs, write_width_configs)
 

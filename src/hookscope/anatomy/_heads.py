@@ -299,7 +299,9 @@ def heads_of(lay: HeadLayout, kept: Sequence[int]) -> tuple[int, int]:
 
 
 def _fix_mha(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
-    from ._heads_mha import HeadPrunedMultiheadAttention  # the compacted layer's own forward
+    from ._heads_mha import (
+        HeadPrunedMultiheadAttention,  # the compacted layer's own forward
+    )
 
     before = getattr(m, "kept_heads", list(range(lay.heads)))
     m.__class__ = HeadPrunedMultiheadAttention
@@ -331,14 +333,18 @@ def _fix_timm(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
 
 
 def _fix_swin(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
-    from ._heads_swin import pruned_class  # torchvision's forward reads the head size from the input width
+    from ._heads_swin import (
+        pruned_class,  # torchvision's forward reads the head size from the input width
+    )
 
     m.__class__ = pruned_class(m)
     setattr(m, "num_heads", len(kept))
 
 
 def _fix_maxvit(m: nn.Module, lay: HeadLayout, kept: Sequence[int]) -> None:
-    from ._heads_maxvit import HeadPrunedRelativePositionalMultiHeadAttention  # reshapes to the input width
+    from ._heads_maxvit import (
+        HeadPrunedRelativePositionalMultiHeadAttention,  # reshapes to the input width
+    )
 
     m.__class__ = HeadPrunedRelativePositionalMultiHeadAttention
     setattr(m, "n_heads", len(kept))
@@ -434,7 +440,7 @@ def holds_head_tables(m: nn.Module) -> bool:
 
 def refit_heads(m: nn.Module) -> tuple[HeadLayout, int, int] | None:
     """Set the head counts of attention module ``m`` from the shapes its tensors have now (after
-    :func:`~._resize.fit_to` gave them a compacted file's shapes). Returns its layout as it was built,
+    :func:`~hookscope.anatomy.fit_to` gave them a compacted file's shapes). Returns its layout as it was built,
     with the counts it reads now, or ``None`` when it is no attention hookscope follows.
 
     Example:

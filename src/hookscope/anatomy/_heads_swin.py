@@ -15,7 +15,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.swin_transformer import ShiftedWindowAttention, ShiftedWindowAttentionV2
+from torchvision.models.swin_transformer import (
+    ShiftedWindowAttention,
+    ShiftedWindowAttentionV2,
+)
 
 __all__ = ["HeadPrunedShiftedWindowAttention", "HeadPrunedShiftedWindowAttentionV2", "pruned_class",
            "window_attention"]

@@ -146,7 +146,7 @@ def write_layer_norm_configs(model: nn.Module, width: int, k: int) -> None:
 
 
 def refit_width(model: nn.Module, norms: Sequence[tuple[nn.Module, int, int]]) -> None:
-    """After :func:`~._resize.fit_to` shrank the norms of the hidden width from ``D`` to ``k`` channels
+    """After :func:`~hookscope.anatomy.fit_to` shrank the norms of the hidden width from ``D`` to ``k`` channels
     (a compacted model's file, whose RMSNorm weights already hold the ``sqrt(D / k)``): an RMSNorm's
     ``eps`` times ``D / k`` and the configs of that width written as :func:`fix_width` does (a
     LayerNorm needs nothing more than its new shape).

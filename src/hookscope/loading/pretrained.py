@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.text import first_line
 from ..anatomy import fit_to
+from ..core.text import first_line
 from ..errors import HookscopeError
 
 __all__ = ["load_pretrained"]
