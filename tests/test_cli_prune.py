@@ -18,7 +18,7 @@ from torch.nn.utils import prune as torch_prune
 
 import hookscope
 from hookscope import HookscopeError
-from hookscope.analysis.prune._resize import fit_to, marked_compacted
+from hookscope.analysis.prune import fit_to, marked_compacted
 from hookscope.cli import main
 from hookscope.cli._images import load_images
 from hookscope.cli._load import load_model

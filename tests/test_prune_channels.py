@@ -277,7 +277,7 @@ def _cat_by_hand(net: Cat, batches: list[tuple[torch.Tensor, torch.Tensor]], kin
 
 @pytest.mark.parametrize("kind", ["activation", "apoz", "taylor"])
 def test_a_concatenated_group_scores_each_channel_at_the_sites_that_carry_it_by_hand(kind):
-    from hookscope.analysis.prune._channels import _measured
+    from hookscope.analysis.prune.channels._prune import _measured
 
     net = Cat().eval()
     g = torch.Generator().manual_seed(2)
@@ -304,7 +304,7 @@ def test_a_concatenated_group_scores_each_channel_at_the_sites_that_carry_it_by_
 
 def test_a_channel_without_an_activation_site_is_scored_at_its_leaf_modules():
     """Branch 2 has no activation module: its channels are scored at its conv's output, branch 1's at r1."""
-    from hookscope.analysis.prune._channels import _measured
+    from hookscope.analysis.prune.channels._prune import _measured
 
     class Mixed(Cat):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -344,7 +344,7 @@ def test_torchvision_models_with_concatenations_score_every_group(name, kind):
 def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
     import torchvision
 
-    from hookscope.analysis.prune._channels import _measured
+    from hookscope.analysis.prune.channels._prune import _measured
 
     torch.manual_seed(0)
     net = torchvision.models.squeezenet1_1(weights=None).eval()
@@ -368,7 +368,7 @@ def test_squeezenet_fire_channels_are_scored_at_their_own_expand_branch():
 
 # --- taylor on groups that pass no activation module, whose batch norm outputs are rewritten in place ------------
 def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
-    from hookscope.analysis.prune._channels import _measured
+    from hookscope.analysis.prune.channels._prune import _measured
 
     net, twin = AddBack().eval(), AddBack(inplace=False).eval()
     g = torch.Generator().manual_seed(6)
@@ -401,7 +401,7 @@ def test_taylor_scores_a_group_at_batch_norms_rewritten_in_place_as_by_hand():
                                   pytest.param("efficientnet_v2_s:short", marks=pytest.mark.slow),
                                   pytest.param("googlenet", marks=pytest.mark.slow)])
 def test_taylor_scores_every_group_of_models_rewriting_batch_norm_outputs_in_place(name):
-    from hookscope.analysis.prune._channels import _measured
+    from hookscope.analysis.prune.channels._prune import _measured
 
     net = _torchvision(name)
     g = torch.Generator().manual_seed(1)

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from helpers import no_hooks
 from torch import nn
 
-from hookscope.analysis.prune._compact import compact, dropped_channels, mask_channels
-from hookscope.analysis.prune._graph import Group, ChannelGroups, channel_groups
+from hookscope.analysis.prune.channels import dropped_channels, mask_channels
+from hookscope.analysis.prune.compact import compact
+from hookscope.analysis.prune.graph import Group, ChannelGroups, channel_groups
 from hookscope.core import hook_count
 from hookscope.errors import HookscopeError
 
@@ -257,7 +258,7 @@ class AuxHead(nn.Module):
 
 def _training_branches(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's output with its containers in training mode, leaves in eval mode, dropout off."""
-    from hookscope.analysis.prune._graph import traced_mode
+    from hookscope.analysis.prune.graph import traced_mode
 
     with traced_mode(model, wide=True), torch.no_grad():
         return model(x)

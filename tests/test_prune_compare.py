@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.utils import prune
 
 import hookscope
-from hookscope.analysis.prune._compare import compare_models
+from hookscope.analysis.prune.compare import compare_models
 from hookscope.core import hook_count
 from hookscope.errors import ForwardError, HookscopeError, RecordError
 
@@ -246,7 +246,7 @@ def test_inputs_in_lists_and_dicts_and_needing_a_gradient_are_copied_for_each_ru
 
 
 def test_the_copy_of_the_inputs_is_made_before_the_clock_starts(monkeypatch):
-    import hookscope.analysis.prune._compare as cmp
+    import hookscope.analysis.prune.compare._compare as cmp
 
     events: list[str] = []
     real_private, real_clock = cmp.private, cmp.time.perf_counter

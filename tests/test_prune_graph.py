@@ -8,7 +8,7 @@ import torch
 from helpers import no_hooks
 from torch import nn
 
-from hookscope.analysis.prune._graph import Group, ChannelGroups, channel_groups
+from hookscope.analysis.prune.graph import Group, ChannelGroups, channel_groups
 from hookscope.errors import HookscopeError
 
 X = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(0))
@@ -183,7 +183,7 @@ def test_a_model_that_fails_on_the_input_raises_one_line_and_leaves_no_hook() ->
 
 
 def test_masked_model_is_traced_on_a_copy_with_masks_permanent() -> None:
-    from hookscope.analysis.prune._masks import apply_mask
+    from hookscope.analysis.prune.masks import apply_mask
 
     net = Residual()
     apply_mask(net.stem, "weight", torch.ones(4, 3, 1, 1))

@@ -141,7 +141,7 @@ def _entropy(p: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])  # llama: 8 query heads on 2 key/value heads
 def test_entropy_equals_that_of_eager_output_attentions(kind: str, eager: bool | str, monkeypatch) -> None:
     if eager == "rows":
-        import hookscope.analysis.prune._heads_score_entropy as ent
+        import hookscope.analysis.prune.heads._score_entropy as ent
         monkeypatch.setattr(ent, "_ROWS_BUDGET", 1)
     model = _hf(kind, eager is True)
     ref = copy.deepcopy(model)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from helpers import AddBack, no_hooks
 from torch import nn
 
-from hookscope.analysis.prune._importance import ChannelImportance, channel_importance
+from hookscope.analysis.prune.importance import ChannelImportance, channel_importance
 from hookscope.errors import ForwardError, HookscopeError
 
 

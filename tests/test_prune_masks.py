@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.nn.utils import prune as tprune
 
-from hookscope.analysis.prune._masks import MaskHook, apply_mask, make_permanent, mask_of, masked
-from hookscope.analysis.prune._methods import Spec, new_mask
-from hookscope.analysis.prune._weights import prune, remove, sparsity
+from hookscope.analysis.prune.masks import MaskHook, apply_mask, make_permanent, mask_of, masked
+from hookscope.analysis.prune.masks._methods import Spec, new_mask
+from hookscope.analysis.prune.masks import prune, remove, sparsity
 from hookscope.errors import HookscopeError
 
 LAYERS = ["conv1", "conv2", "fc"]

@@ -198,7 +198,7 @@ def test_a_class_built_from_more_than_its_config_is_compacted_without_a_folder_c
 
 
 def test_a_model_neither_way_gives_back_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hookscope.analysis.prune import _reload
+    from hookscope.analysis.prune.compact import _reload
 
     def no_fit(model: nn.Module, state: Any) -> None:
         raise hookscope.HookscopeError("cannot fit it")

@@ -483,15 +483,16 @@ def test_l2_importance_of_a_layer_norm_stream_counts_norm_biases_and_tokens() ->
 def test_cli_width_compacts_a_gpt2(tmp_path: Any, capsys: Any) -> None:
     from hookscope.cli import main
     from hookscope.loading.model import load_model
-    tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
+    config = tmp_path / "config"  # --out is refused inside the folder the model is read from
+    tr.GPT2Config(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=4).save_pretrained(config)
     out = tmp_path / "small.pt"
-    assert main(["prune", "hf:causal-lm", "--config", str(tmp_path), "--width", "0.25", "--compact", "--repeats",
+    assert main(["prune", "hf:causal-lm", "--config", str(config), "--width", "0.25", "--compact", "--repeats",
                  "1", "--json", "--out", str(out)]) == 0
     import json
     doc = json.loads(capsys.readouterr().out)
     assert doc["mode"] == "width" and doc["pruned"]["kept"] == 24
     with pytest.warns(UserWarning, match="is a compacted"):  # the --weights path: fit_to, and a note saying so
-        back = load_model("hf:causal-lm", config=str(tmp_path), weights=str(out))
+        back = load_model("hf:causal-lm", config=str(config), weights=str(out))
     assert back.transformer.wte.weight.shape == (50, 24) and back.transformer.h[0].attn.c_attn.nf == 96
     assert back(torch.randint(0, 50, (1, 5))).logits.shape == (1, 5, 50)
 

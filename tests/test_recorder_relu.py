@@ -4,7 +4,7 @@ trace and watch do not read what a torch ``ReLU(inplace=True)`` wrote when its i
 the ReLU's own pre-hook (an input row, or watch's check of an input the parent's code made) by a
 pass that also sums the input's positive part: the rows must be, bit for bit, the rows of an engine
 that reads every output. Each case runs twice, the second time with the ReLU not recognised
-(``_inplace_relu`` patched to say no: every output read), and the rows, down to the sign of a zero,
+(``inplace_relu`` patched to say no: every output read), and the rows, down to the sign of a zero,
 must be equal. The cases try to make the told statistics wrong: writes between the two hooks (also
 through ``.data``, which no version counter sees, from a hook of the user's), a ReLU that is not
 torch's (subclass, instance forward, ``F.relu`` or ``torch.relu_`` replaced, function and dispatch
@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hookscope
 import hookscope.analysis._recorder as recorder
+import hookscope.analysis._relu_shortcut as shortcut
 from hookscope._native import stats_kernel
 
 # CI installs a C compiler (.ci/run); elsewhere, without one, every output is read (the rest of the
@@ -74,7 +75,7 @@ def _both(run: Run, make: Callable[[], tuple[nn.Module, torch.Tensor]], monkeypa
         model, x = make()
         with monkeypatch.context() as m:
             if not recognised:
-                m.setattr(recorder, "_inplace_relu", lambda module: False)
+                m.setattr(recorder, "inplace_relu", lambda module: False)
             seen = _counting(m)
             rows.append(_rows(run(model, x.clone())))
         reads.append(len(seen))
@@ -161,7 +162,7 @@ def test_fewer_tensors_are_read_on_resnet50(monkeypatch: pytest.MonkeyPatch) -> 
     for recognised in (True, False):
         with monkeypatch.context() as m:
             if not recognised:
-                m.setattr(recorder, "_inplace_relu", lambda module: False)
+                m.setattr(recorder, "inplace_relu", lambda module: False)
             seen = _counting(m)
             with torch.no_grad():
                 _trace("io")(model, x)
@@ -239,7 +240,7 @@ def _replaced(how: str) -> Callable[[], tuple[nn.Module, torch.Tensor]]:
 def test_a_relu_that_is_not_torchs_is_read(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     told, read = _both(RUNS["io"], _replaced(how), monkeypatch, spared=False)
     assert told == read
-    assert not recorder._inplace_relu(_replaced(how)()[0][0].relu)
+    assert not shortcut.inplace_relu(_replaced(how)()[0][0].relu)
 
 
 class Floor(TorchDispatchMode):

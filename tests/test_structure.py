@@ -287,3 +287,26 @@ def test_a_module_past_500_lines_says_why_it_is_one_file():
         if source.count("\n") > LONG and "past 500 lines" not in (ast.get_docstring(ast.parse(source)) or ""):
             long.append(f"{p.relative_to(SRC)} ({source.count(chr(10))} lines)")
     assert not long, "modules past 500 lines that do not say why they are one file: " + ", ".join(long)
+
+
+MAX_FILES = 20  # modules a folder: past this, it is split into sub-folders, each with its face
+# folders already past it, with the count they may not grow beyond (a split to come)
+CROWDED = {"cli": 23}
+
+
+def test_no_folder_holds_more_than_20_modules():
+    counts = {str(d.relative_to(SRC)): len(list(d.glob("*.py"))) for d in [SRC, *SRC.rglob("*")] if d.is_dir()}
+    bad = [f"{folder}/ holds {n} modules (at most {CROWDED.get(folder, MAX_FILES)}): give its families sub-folders"
+           for folder, n in sorted(counts.items()) if n > CROWDED.get(folder, MAX_FILES)]
+    assert not bad, "\n".join(bad)
+
+
+def test_loading_and_anatomy_import_no_analysis():
+    # loading stands below the analyses (a compacted model's file is fitted through anatomy), and
+    # anatomy, what prune and loading share, below both; a lazy import inside a function counts
+    rules = {"hookscope.loading": ("hookscope.analysis",),
+             "hookscope.anatomy": ("hookscope.analysis", "hookscope.loading")}
+    bad = [f"{p.relative_to(SRC)} imports {dep}"
+           for p in FILES for low, high in rules.items() if _module(p).startswith(low)
+           for dep in sorted(_depends_on(p)) if dep.startswith(high)]
+    assert not bad, "\n".join(bad)

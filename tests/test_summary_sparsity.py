@@ -126,7 +126,7 @@ def test_mask_changed_without_forward_is_read_not_the_stale_attribute():
 
 
 def test_hookscope_own_masks_are_read_alike():
-    apply_mask = pytest.importorskip("hookscope.analysis.prune._masks").apply_mask
+    apply_mask = pytest.importorskip("hookscope.analysis.prune.masks").apply_mask
     net = _net()
     mask = torch.ones(5, 64)
     mask[:, :7] = 0  # 35 zeros

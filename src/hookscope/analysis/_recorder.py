@@ -10,6 +10,9 @@ in-place trap of kept references does not apply to them.
 ``trace`` and ``watch`` are siblings on this floor: each is a :class:`RecorderSession` with its own
 ``sink`` for the events.
 
+The speed shortcut of ``ReLU(inplace=True)`` (its output's statistics told from the pass over its
+input) is ``_relu_shortcut``'s: the hooks ask it before and after such a call, and hand it the memo.
+
 One file past 500 lines: the hooks, their lifecycle and the naming of failures all read and write one
 session's state; split apart, each part would reach into the others' fields.
 """
@@ -26,7 +29,6 @@ from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _module_globals  # torch's global module hooks
 
 from .._memory import TensorMemo
 from .._tree import paths, tree_map
@@ -38,7 +40,8 @@ from ..core.hooks import HookGroup
 from ..core.ops import SEP, OpSite, call_name, seen_ops
 from ..errors import ForwardError, HookscopeError, did_you_mean
 from ..selection import Selector, check_hookable, layers, named_modules, unwrap
-from ._reduce import Scratch, on_host, relu_told, stats_and_relu, tensor_stats
+from ._reduce import Scratch, on_host, stats_and_relu, tensor_stats
+from ._relu_shortcut import Told, inplace_relu, settle_after, tell_before
 from ._rows import Pending
 
 __all__ = ["Context", "Recorder", "RecorderSession", "param_targets",
@@ -204,7 +207,7 @@ innermost watched module running (``""`` the model's own forward; ``None`` the c
 input), its direct child that finished last in that call (``None`` if none had yet), and which
 forward pass of the model it is (counted from 0; -1 outside any)."""
 _Box = list["str | None"]  # the last direct child of an open call that finished: set by the child
-_Relu = list[tuple[torch.Tensor, int, torch.Tensor]]  # an in-place ReLU's input, its version, the statistics after
+_Relu = list[Told]  # an in-place ReLU's input, its version, the statistics after
 _Call = tuple[int, list[tuple[str, torch.Tensor, int]], str, nn.Module, _Box, _Relu]  # call, aliases, name, module, box, relu
 _RootCall = tuple[int, _Box, list[tuple["weakref.ref[torch.Tensor]", int]]]  # call, box, the model's inputs
 
@@ -216,48 +219,6 @@ def _finite(t: torch.Tensor) -> bool:
     t = plain(t).detach()  # no autograd node, no guard of a kept alias
     wide = t if t.element_size() >= 4 else t.float()  # half precision overflows at 65504
     return math.isfinite(abs(wide.sum().item())) or bool(torch.isfinite(t).all())
-
-
-_RELU_FORWARD = nn.ReLU.forward
-_F_RELU, _RELU_ = torch.nn.functional.relu, torch.relu_  # what nn.ReLU(inplace=True) runs, as imported
-
-
-def _inplace_relu(module: nn.Module) -> bool:
-    """Whether ``module`` is torch's own ``ReLU(inplace=True)``, whose forward is one ``relu_`` on its
-    input, returned: a subclass, or a forward replaced on the instance, may do anything else.
-
-    Example:
-        >>> _inplace_relu(nn.ReLU(inplace=True)), _inplace_relu(nn.ReLU())
-        (True, False)
-    """
-    return (type(module) is nn.ReLU and module.inplace is True and "forward" not in vars(module)
-            and type(module).forward is _RELU_FORWARD)
-
-
-def _runs_torchs_relu(module: nn.Module) -> bool:
-    """Whether a call of ``module`` (see :func:`_inplace_relu`) starting now runs torch's ``relu_``
-    and nothing else that could write into its tensor: ``F.relu`` and ``torch.relu_`` not replaced
-    since hookscope was imported, no torch function or dispatch mode active, and no hook on it but
-    the recorder's own two, nor any global module hook (another hook could write through ``.data``,
-    which no version counter sees). Where torch cannot say, no.
-
-    Example:
-        >>> relu = nn.ReLU(inplace=True)
-        >>> _runs_torchs_relu(relu)
-        False
-        >>> h = [relu.register_forward_pre_hook(print), relu.register_forward_hook(print)]
-        >>> _runs_torchs_relu(relu)
-        True
-    """
-    stacks = (getattr(torch._C, "_len_torch_function_stack", None), getattr(torch._C, "_len_torch_dispatch_stack", None))
-    if any(depth is None or depth() for depth in stacks):
-        return False
-    if torch.nn.functional.relu is not _F_RELU or torch.relu_ is not _RELU_:
-        return False
-    if len(module._forward_pre_hooks) != 1 or len(module._forward_hooks) != 1:
-        return False
-    found = [getattr(_module_globals, n, None) for n in ("_global_forward_pre_hooks", "_global_forward_hooks")]
-    return all(isinstance(hooks, dict) and not hooks for hooks in found)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -484,7 +445,7 @@ class Recorder:
         counter = itertools.count()  # next() is atomic: DataParallel runs replicas in threads
         named = _call_namer(name, module)  # several operations: each call under its own name
         op = isinstance(module, OpSite)
-        relu = _inplace_relu(module) and self.outputs
+        relu = inplace_relu(module) and self.outputs
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
             if kwargs is None or self.group.closed:  # removed since this call began (see _root_hooks)
@@ -496,7 +457,9 @@ class Recorder:
             if not self._push(self._open, entry) or not self.enabled:
                 return None
             if relu and len(args) == 1 and not kwargs:
-                self._before_relu(module, args[0], entry[5])
+                told = tell_before(self._memo, module, args[0], inputs=self.inputs, received=self.received)
+                if told is not None:
+                    entry[5].append(told)
             if not (self.inputs or self.grad_inputs or self.received):
                 return None  # nothing of the inputs is wanted: not even walked
             found = _input_paths(args, kwargs)
@@ -530,7 +493,7 @@ class Recorder:
                 return
             self.last_done = here
             if top is not None and top[5]:
-                self._after_relu(output, top[5][0])
+                settle_after(self._memo, output, top[5][0])
             self._outputs(here, call, output)
             for path, a, version in aliases:
                 if a._version == version:  # an in-place write detaches the alias's gradient (#61519)
@@ -546,30 +509,6 @@ class Recorder:
         while top is not None and top[3] is not module and isinstance(top[3], OpSite):
             top = self._open.pop()
         return top
-
-    def _before_relu(self, module: nn.Module, t: Any, slot: _Relu) -> None:
-        """Before ``ReLU(inplace=True)`` runs on ``t``, not reduced at this version: when its row is
-        taken now anyway (an input row) or watch checks it (made by the parent's own code), the same
-        pass tells the statistics the ReLU's output will have (kept in ``slot`` for the post-hook).
-        Only for a call that runs torch's ``relu_`` alone (:func:`_runs_torchs_relu`)."""
-        if (type(t) is not torch.Tensor or not on_host(t) or t.is_inference() or self._memo.known(t)
-                or not _runs_torchs_relu(module)):
-            return
-        if self.inputs:
-            after = self._memo.stats_relu(t)
-        elif self.received and relu_told(t):
-            after = self._memo.check(t)  # what _check would sum to see it finite: one pass for both
-        else:
-            return
-        if after is not None:
-            slot.append((t, t._version, after))
-
-    def _after_relu(self, output: Any, before: tuple[torch.Tensor, int, torch.Tensor]) -> None:
-        """After ``ReLU(inplace=True)``: its output is its input rewritten by exactly one in-place op
-        (one new version, nothing else in between) when the statistics told before are its own."""
-        t, version, after = before
-        if output is t and t._version == version + 1:
-            self._memo.remember(t, after)
 
     def _context(self, module: nn.Module) -> Context:
         """Where the inputs of a call of ``module`` starting now were made (see :data:`Context`)."""

@@ -15,8 +15,8 @@ One job a module: ``spec`` (what a spec names), ``usercode`` (running the caller
 ``hf_weights``, ``timm_models`` (the libraries' builders), ``extras`` (their imports), ``classes``
 (class names), ``origin`` (where a model's weights came from: :func:`weights_origin`), ``preprocessing`` (what a model's files say about its input), ``voice`` (the words of
 the messages: Python's or the command line's), ``model`` (``load_model`` itself).
-Must not import: ``cli``, ``viz``, ``report``, any analysis but ``analysis.prune`` (resizing a model
-to a compacted weights file).
+Must not import: ``cli``, ``viz``, ``report``, any analysis (``weights`` and ``pretrained`` fit a
+model to a compacted weights file through ``anatomy``).
 
 Example:
     >>> import torch, hookscope

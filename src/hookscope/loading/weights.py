@@ -2,7 +2,7 @@
 strictly, with what does not fit named in one line; the file of a compacted model resizes the
 model's layers to it.
 
-Must not import: anything of hookscope but ``errors``, ``core.text``, ``analysis.prune`` (resizing,
+Must not import: anything of hookscope but ``errors``, ``core.text``, ``anatomy`` (resizing,
 imported when a file needs it) and ``loading``'s ``voice``, ``files`` and ``origin``.
 """
 
@@ -133,7 +133,7 @@ def _fit_compacted(model: nn.Module, expected: Mapping[str, Any], state: Mapping
     """A compacted model's file (``hookscope prune --compact --out`` marks it) with the model's keys, whose
     tensors only shrink: resize the model's layers to it (said once, as a note) and return True; False for
     any other misfit (a file of another model with fewer classes is not resized behind the caller's back)."""
-    from ..analysis.prune import fit_to, is_compacted, shrinks
+    from ..anatomy import fit_to, is_compacted, shrinks
 
     if not is_compacted(held) or set(expected) != set(state):
         return False

@@ -2,26 +2,27 @@
 channel importance measured on data, and physical removal of pruned channels along the dependency
 graph recorded in one forward pass.
 
-Laid out by concern: ``_masks`` (the pre-hook mechanism), ``_methods`` (mask criteria, one table),
-``_weights`` (the public masking functions), ``_importance`` (channel importance, one table),
-``_graph*`` (the dependency tracer), ``_compact`` (physical removal), ``_channels`` (structured
-channel pruning on the graph), ``_heads*`` (attention heads as channel groups: layouts, groups, scores, pruning), ``_width*`` (the hidden
-width of RMSNorm transformers as one channel group), ``_compare``
-(before / after), ``_resize`` (a model fitted to a
-compacted state_dict), ``_pretrained`` (a compacted transformers folder loaded back). Must not import: any other analysis module, ``cli``, ``viz``.
+One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria, ``prune`` /
+``remove`` / ``sparsity``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
+dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
+(attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
+as one group, ``prune_width``), ``compact`` (physical removal, on top of them all), ``compare``
+(before / after). What attention layouts, the hidden width and a compacted state_dict mean to a
+model is ``hookscope.anatomy``'s (``fit_to``, ``is_compacted``, ``marked_compacted``, ``shrinks`` are
+handed on from there); ``load_pretrained`` is ``hookscope.loading``'s, handed on here for the code
+that imports it from this path. Must not import: any other analysis module, ``cli``, ``viz``.
 """
 
-from ._channels import ChannelPruning, ChannelRow, prune_channels
-from ._compact import compact, mask_channels
-from ._compare import CompareRow, ModelComparison, compare_models
-from ._heads import HeadPruning, HeadRow, prune_heads
-from ._heads_mlp import MlpRow
-from ._graph import BlockedGroup, Group, GroupMember, ChannelGroups, Site, channel_groups
-from ._importance import ChannelImportance, ImportanceRow, channel_importance
-from ._pretrained import load_pretrained
-from ._resize import fit_to, is_compacted, marked_compacted, shrinks
-from ._width import WidthPruning, WidthRow, prune_width
-from ._weights import Sparsity, PruneRow, prune, remove, sparsity
+from ...anatomy import fit_to, is_compacted, marked_compacted, shrinks
+from ...loading.pretrained import load_pretrained
+from .channels import ChannelPruning, ChannelRow, mask_channels, prune_channels
+from .compact import compact
+from .compare import CompareRow, ModelComparison, compare_models
+from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channel_groups
+from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
+from .importance import ChannelImportance, ImportanceRow, channel_importance
+from .masks import PruneRow, Sparsity, prune, remove, sparsity
+from .width import WidthPruning, WidthRow, prune_width
 
 __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
            "prune_channels", "ChannelPruning", "ChannelRow",
