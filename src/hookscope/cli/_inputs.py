@@ -27,7 +27,7 @@ from ..loading.hf import is_hf_model
 from ..loading.preprocessing import timm_input_size
 from ..loading.spec import TIMM_PREFIX
 from ._shapes import check_fits, example_input, parse_shape, random_input
-from ._tokenizer import hf_tokenizer, tokenizer_files
+from ._tokenizer import text_tokens
 
 __all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]
 
@@ -159,21 +159,8 @@ def _position_offset(model: nn.Module) -> int:
 
 def _text_ids(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``--text`` through the tokenizer in the ``--config`` folder: (ids, its attention mask)."""
-    tokenizer = hf_tokenizer(getattr(args, "config", None))
-    folder = str(args.config)  # a folder: hf_tokenizer said so
-    try:
-        encoded = tokenizer(args.text, return_tensors="pt")
-    except Exception as e:  # a tokenizer read from broken files may fail only when used
-        raise HookscopeError(f"--text: the tokenizer in --config {folder} ({', '.join(tokenizer_files(folder))}) "
-                             f"fails on it ({type(e).__name__}: {first_line(e)}); write it again with "
-                             "tokenizer.save_pretrained(folder), or pass --input-ids") from None
-    ids = encoded["input_ids"]
-    if ids.numel() == 0:
-        fix = "give some text" if not args.text.strip() else "check that those files hold its vocabulary, or pass --input-ids"
-        raise HookscopeError(f"--text {args.text!r} gives no tokens with the tokenizer in --config {folder} "
-                             f"({', '.join(tokenizer_files(folder))}); {fix}")
-    mask = encoded.get("attention_mask")
-    return ids.long(), mask if isinstance(mask, torch.Tensor) else None
+    tokens = text_tokens(args.text, getattr(args, "config", None))
+    return tokens.ids, tokens.attention_mask
 
 
 def _token_ids(args: argparse.Namespace, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, str]:
