@@ -156,3 +156,11 @@ def test_images_of_a_data_loader_worker_pickle(tmp_path: Path) -> None:
     again = pickle.loads(pickle.dumps(t))
     picture = hookscope.loading.read_image(_files(tmp_path)[0])
     assert torch.equal(again(picture), t(picture))
+
+
+def test_the_size_is_the_processors_own_output(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    folder = _hf_folder(tmp_path, "vit")  # its config says 32 x 32
+    transformers.ViTImageProcessor(size={"height": 48, "width": 40}).save_pretrained(folder)
+    batch = hookscope.load_images("hf:image-classification", _files(tmp_path), config=folder)
+    assert batch.transform.size == (48, 40) and batch.x.shape == (2, 3, 48, 40)

@@ -257,6 +257,20 @@ def _pair(value: Any) -> tuple[int, int] | None:
     return None
 
 
+def _height_width(value: Any) -> tuple[int, int] | None:
+    """``{"height": H, "width": W}`` (a dict, or transformers' ``SizeDict``) as ``(H, W)``; None otherwise."""
+    get = value.get if isinstance(value, dict) else (lambda k: getattr(value, k, None))
+    h, w = get("height"), get("width")
+    return (h, w) if isinstance(h, int) and isinstance(w, int) else None
+
+
+def _processor_size(processor: Any) -> tuple[int, int] | None:
+    """The H x W the processor's output has: its crop, else its fixed resize; None when it follows the image."""
+    crop = _height_width(getattr(processor, "crop_size", None)) if getattr(processor, "do_center_crop", False) else None
+    fixed = _height_width(getattr(processor, "size", None)) if getattr(processor, "do_resize", True) else None
+    return crop or fixed
+
+
 def _image_processor(folder: str) -> Any:
     """transformers' ``AutoImageProcessor`` of ``folder``: local files, no repository's own code."""
     check_no_remote_code(folder)
@@ -285,8 +299,8 @@ def _hf(spec: str, config: str | None) -> ImageTransform | None:
                             f"{_words()['preset']} imagenet if the model was trained on ImageNet's mean and std")
         return ImageTransform("none", size) if size is not None else None
     processor = _image_processor(config)
-    crop = _pair(pre.get("crop_size")) if pre.get("do_center_crop") else None
-    size = size or crop or _pair(pre.get("size"))
+    crop = _height_width(getattr(processor, "crop_size", None)) if getattr(processor, "do_center_crop", False) else None
+    size = _processor_size(processor) or size
     shortest = pre.get("size", {}).get("shortest_edge") if isinstance(pre.get("size"), dict) else None
     norm = bool(getattr(processor, "do_normalize", True))
     mean = _floats(list(getattr(processor, "image_mean", None) or [])) if norm else None
