@@ -164,3 +164,13 @@ def test_the_size_is_the_processors_own_output(tmp_path: Path) -> None:
     transformers.ViTImageProcessor(size={"height": 48, "width": 40}).save_pretrained(folder)
     batch = hookscope.load_images("hf:image-classification", _files(tmp_path), config=folder)
     assert batch.transform.size == (48, 40) and batch.x.shape == (2, 3, 48, 40)
+
+
+def test_a_grey_picture_goes_through_the_library_as_rgb(tmp_path: Path) -> None:
+    pytest.importorskip("timm")
+    grey = tmp_path / "grey.png"
+    PIL.fromarray(np.random.default_rng(2).integers(0, 256, (50, 60), dtype=np.uint8), "L").save(grey)
+    t = hookscope.image_transform("timm:resnet10t")
+    from_file = hookscope.load_images("timm:resnet10t", str(grey)).x[0]
+    assert torch.equal(t(hookscope.loading.read_image(grey)[:1]), from_file)
+    assert torch.equal(from_file, t.runs.transform(_rgb(str(grey))))  # type: ignore[union-attr]

@@ -119,3 +119,25 @@ def test_a_plain_module_gets_its_example_input_from_the_cli_path() -> None:
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 2))
     args = argparse.Namespace(model="tiny", input="1x3x2x2", seed=0, input_ids=None, text=None)
     assert torch.equal(model_input(args, net).x, hookscope.example_input("tiny", (1, 3, 2, 2)))
+
+
+def test_a_shape_of_numpy_or_tensor_numbers_is_a_shape() -> None:
+    import numpy as np
+
+    assert hookscope.example_input("tiny", np.array([1, 3, 4, 4])).shape == (1, 3, 4, 4)
+    assert hookscope.example_input("tiny", torch.Size([2, 3, 4, 4])).shape == (2, 3, 4, 4)
+    for bad in ((1.5, 3), (True, 3), ()):
+        with pytest.raises(hookscope.LoadError, match="is not a shape; write it like"):
+            hookscope.example_input("tiny", bad)
+
+
+def test_texts_of_different_lengths_without_a_padding_token_are_one_line(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    own = transformers.AutoTokenizer.from_pretrained(_tokenizer(tmp_path / "tok"))
+    own.pad_token = None
+    assert hookscope.tokenize(["the cat", "cat sat"], own).ids.tolist() == [[2, 3], [3, 4]]  # one length: no padding
+    with pytest.raises(hookscope.LoadError) as e:
+        hookscope.tokenize(["the cat sat", "cat"], own)
+    assert str(e.value) == ("tokenize: the tokenizer has no padding token, so texts of different lengths cannot make "
+                            "one batch; set tokenizer.pad_token (such as tokenizer.eos_token), or give one text at a "
+                            "time")

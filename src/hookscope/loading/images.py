@@ -55,6 +55,7 @@ class _Library:
         self.transform, self.pil, self.key = transform, pil, key
 
     def __call__(self, picture: torch.Tensor) -> torch.Tensor:
+        picture = picture.expand(3, -1, -1) if picture.dim() == 3 and picture.shape[0] == 1 else picture
         given = _to_pil(picture) if self.pil else picture
         out = self.transform(given, return_tensors="pt")[self.key][0] if self.key else self.transform(given)
         return out.float() if isinstance(out, torch.Tensor) else torch.as_tensor(out, dtype=torch.float32)
@@ -259,8 +260,8 @@ def _pair(value: Any) -> tuple[int, int] | None:
 
 def _height_width(value: Any) -> tuple[int, int] | None:
     """``{"height": H, "width": W}`` (a dict, or transformers' ``SizeDict``) as ``(H, W)``; None otherwise."""
-    get = value.get if isinstance(value, dict) else (lambda k: getattr(value, k, None))
-    h, w = get("height"), get("width")
+    h, w = (value.get("height"), value.get("width")) if isinstance(value, dict) else \
+        (getattr(value, "height", None), getattr(value, "width", None))
     return (h, w) if isinstance(h, int) and isinstance(w, int) else None
 
 

@@ -9,6 +9,7 @@ any analysis.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 from collections.abc import Sequence
@@ -103,6 +104,17 @@ def random_input(dims: Sequence[int], what: str, generator: torch.Generator | No
                         f"created: {first_line(e) or type(e).__name__}; {fix}") from e
 
 
+def _dims(shape: Sequence[int]) -> tuple[int, ...]:
+    """A sequence of positive whole numbers (Python's, NumPy's, 0-d tensors) as a shape; one line otherwise."""
+    try:
+        dims = tuple(operator.index(d) for d in shape if not isinstance(d, bool))
+    except TypeError:
+        dims = ()
+    if not dims or len(dims) != len(shape) or not all(d > 0 for d in dims):
+        raise LoadError(f"{_flag()} {shape!r} is not a shape; write it like {_like()}")
+    return dims
+
+
 def model_shape(spec: str) -> tuple[int, ...] | None:
     """The shape of one input the model ``spec`` names is known by (batch of 1), or None: the bundled
     models' and torchvision's usual one, timm's ``pretrained_cfg`` ``input_size`` for ``timm:NAME``.
@@ -137,9 +149,7 @@ def example_input(spec: str, shape: str | Sequence[int] | None = None, *, seed: 
     if isinstance(shape, str):
         dims: tuple[int, ...] | None = parse_shape(shape)
     elif shape is not None:
-        dims = tuple(shape)
-        if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-            raise LoadError(f"{_flag()} {shape!r} is not a shape; write it like {_like()}")
+        dims = _dims(shape)
     else:
         dims = model_shape(spec)
     if dims is None:

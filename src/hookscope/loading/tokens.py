@@ -113,9 +113,14 @@ def tokenize(text: str | Sequence[str], tokenizer: Any) -> Tokens:
     where = "" if folder is None else f" in {'--config' if terms().cli else 'the folder'} {folder} " \
                                       f"({', '.join(tokenizer_files(folder))})"
     several = not isinstance(text, str)
+    pad = several and getattr(made, "pad_token", "") is not None  # padding asked of a tokenizer without a pad token fails
     try:
-        encoded = made(list(text) if several else text, return_tensors="pt", padding=several)
+        encoded = made(list(text) if several else text, return_tensors="pt", padding=pad)
     except Exception as e:  # a tokenizer read from broken files may fail only when used
+        if several and not pad:
+            raise LoadError(f"{_text()}: the tokenizer{where} has no padding token, so texts of different lengths "
+                            "cannot make one batch; set tokenizer.pad_token (such as tokenizer.eos_token), or give "
+                            "one text at a time") from None
         raise LoadError(f"{_text()}: the tokenizer{where} fails on it ({type(e).__name__}: {first_line(e)}); "
                         f"write it again with tokenizer.save_pretrained(folder)"
                         f"{', or pass --input-ids' if terms().cli else ''}") from None
