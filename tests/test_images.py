@@ -174,3 +174,14 @@ def test_a_grey_picture_goes_through_the_library_as_rgb(tmp_path: Path) -> None:
     from_file = hookscope.load_images("timm:resnet10t", str(grey)).x[0]
     assert torch.equal(t(hookscope.loading.read_image(grey)[:1]), from_file)
     assert torch.equal(from_file, t.runs.transform(_rgb(str(grey))))  # type: ignore[union-attr]
+
+
+def test_a_processor_naming_its_own_code_is_refused_and_paths_may_be_paths(tmp_path: Path) -> None:
+    folder = Path(_hf_folder(tmp_path, "vit"))
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    (folder / "preprocessor_config.json").write_text(json.dumps({**config, "auto_map": {"AutoImageProcessor": "evil.P"}}))
+    with pytest.raises(hookscope.LoadError) as e:
+        hookscope.load_images("hf:image-classification", _files(tmp_path), config=str(folder))
+    assert "naming the folder's own Python code (evil)" in str(e.value) and "\n" not in str(e.value)
+    files = [Path(f) for f in _files(tmp_path)]
+    assert hookscope.load_images("demo", files).paths == [str(f) for f in files]
