@@ -22,6 +22,7 @@ COMMANDS = {
     "diff": ["diff", "tiny", "--b-seed", "1", "--json"],
     "cam": ["cam", "tiny", "--json"],
     "features": ["features", "tiny", "--layers", "layer1", "--out", "maps.png", "--overwrite", "--json"],
+    "demo": ["demo", "--batch", "2", "--no-report", "--json"],
 }
 
 
@@ -107,3 +108,24 @@ def test_the_model_and_its_input_are_moved_to_the_device(monkeypatch: pytest.Mon
     assert main(["summary", "tiny", "--device", "cpu", "--json"]) == 0
     capsys.readouterr()
     assert torch.device("cpu") in seen
+
+
+def test_report_on_the_device_is_the_same_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["report", "demo", "--images", "1", "--methods", "gradcam", "--json"]
+    runs = [_run(capsys, [*argv, "--out", str(tmp_path / name), *extra]) for name, extra in
+            (("plain", []), ("cpu", ["--device", "cpu"]))]
+    assert [r[0] for r in runs] == [0, 0]
+    plain, on_cpu = (json.loads((tmp_path / n / "report.json").read_text()) for n in ("plain", "cpu"))
+    assert _numbers(plain) == _numbers(on_cpu)
+    code, _, err = _run(capsys, [*argv, "--out", str(tmp_path / "meta"), "--device", "meta"])
+    assert code == 2 and err[-1].endswith("--device meta holds no values, so nothing can be computed there; give "
+                                          "cpu or cuda") and not (tmp_path / "meta").exists()
+
+
+def _numbers(doc: object) -> object:
+    """The report's content without what differs from run to run (times, the folder's own paths)."""
+    if isinstance(doc, dict):
+        return {k: _numbers(v) for k, v in doc.items() if not any(w in k for w in ("time", "seconds", "path", "out"))}
+    if isinstance(doc, list):
+        return [_numbers(v) for v in doc]
+    return doc
