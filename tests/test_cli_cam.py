@@ -187,12 +187,12 @@ def test_a_huge_size_is_one_line_before_any_allocation(tmp_path, capsys):
 
 
 def test_a_failed_allocation_while_resizing_is_one_line(tmp_path, monkeypatch, capsys):
-    import hookscope.cli._images as images
+    from hookscope.loading import ImageTransform
 
-    def fail(picture, preset):  # type: ignore[no-untyped-def]
+    def fail(self, picture):  # type: ignore[no-untyped-def]
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
 
-    monkeypatch.setattr(images, "transform", fail)
+    monkeypatch.setattr(ImageTransform, "resized", fail)
     assert main(["cam", "demo", "--image", str(shape_png(tmp_path / "in.png")), "--json"]) == 2
     assert one_error(capsys) == ("1 image at 64x64 cannot be held in memory ([enforce fail at alloc_cpu.cpp:127] "
                                  "DefaultCPUAllocator: can't allocate memory); give a smaller --size")

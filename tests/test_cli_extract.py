@@ -20,7 +20,7 @@ import hookscope
 from hookscope.analysis.extract import reducer
 from hookscope.cli import main
 from hookscope.cli._data import ArrayFiles, ImageFiles, file_data
-from hookscope.cli._images import Preset, load_images
+from hookscope.cli._images import ImageTransform, load_images
 from hookscope.cli._load import load_model
 from hookscope.cli.extract import parse_spec
 from hookscope.errors import HookscopeError
@@ -307,7 +307,7 @@ def test_a_pt_dict_gives_keyword_inputs(tmp_path: Path, capsys: pytest.CaptureFi
 def test_images_of_their_own_size_must_agree(tmp_path: Path) -> None:
     small = _pictures(tmp_path / "a", 1, size=(8, 8))[0]
     big = _pictures(tmp_path / "b", 1, size=(9, 8))[0]
-    data = ImageFiles([str(small), str(big)], Preset("none"))
+    data = ImageFiles([str(small), str(big)], ImageTransform("none"))
     assert data[0].shape == (3, 8, 8)
     with pytest.raises(HookscopeError, match=r"is 9x8, the others 8x8, and the model's input size is unknown"):
         data[1]

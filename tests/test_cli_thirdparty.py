@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hookscope.cli import main
-from hookscope.cli._images import Preset, load_images, preset_for
+from hookscope.cli._images import load_images, preset_for
 from hookscope.cli._inputs import model_input
 from hookscope.cli._load import load_model
 from hookscope.cli._shapes import check_fits
@@ -293,8 +293,9 @@ def test_whisper_gets_decoder_ids_and_its_own_feature_shape(tmp_path: Any, capsy
 # --- 8. --image: the model's own size and mean/std ------------------------------------------------------
 def test_timm_images_get_the_models_pretrained_cfg() -> None:
     pytest.importorskip("timm")
-    assert preset_for("timm:resnet18") == Preset("timm:resnet18", (224, 224), 235, IMAGENET_MEAN, IMAGENET_STD,
-                                                 "bicubic")  # crop_pct 0.95: 224 / 0.95 -> 235
+    t = preset_for("timm:resnet18")  # crop_pct 0.95: 224 / 0.95 -> 235
+    assert (t.name, t.size, t.resize, t.mean, t.std, t.mode, t.library) == (
+        "timm:resnet18", (224, 224), 235, IMAGENET_MEAN, IMAGENET_STD, "bicubic", "timm")
     assert preset_for("timm:vit_tiny_patch16_224").mean == (0.5, 0.5, 0.5)
     assert preset_for("timm:resnet18", "none").mean is None
 
@@ -310,7 +311,7 @@ def test_hf_images_get_the_config_size_and_the_preprocessor_mean(tmp_path: Any, 
     args = argparse.Namespace(image=[str(tmp_path / "red.png")], size=None, preset="auto", model="hf:base",
                               weights=None, config=str(folder))
     batch = load_images(args)
-    assert tuple(batch.x.shape) == (1, 3, 32, 32) and batch.preset.mean is None
+    assert tuple(batch.x.shape) == (1, 3, 32, 32) and batch.transform.mean is None
     assert "holds no preprocessor_config.json, so images are resized to 32x32" in capsys.readouterr().err
     (folder / "preprocessor_config.json").write_text(json.dumps(
         {"do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.25, 0.5, 0.5], "do_resize": True,

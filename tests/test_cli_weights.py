@@ -407,7 +407,7 @@ def test_the_demo_preset_is_64x64_in_0_1_and_auto_picks_it_for_demo(tmp_path):
     image = save_png(tmp_path / "grey.png", np.full((100, 90, 3), 51))
     for preset in ("demo", "auto"):
         batch = load_images(ns(image, model="demo", preset=preset))
-        assert batch.x.shape == (1, 3, 64, 64) and batch.preset.name == "demo"
+        assert batch.x.shape == (1, 3, 64, 64) and batch.transform.name == "demo"
         assert batch.x.flatten().tolist() == pytest.approx([0.2] * 3 * 64 * 64, abs=1e-6)
     assert preset_for("torchvision:resnet18").name == "imagenet"
     assert preset_for("tiny").size == (32, 32) and preset_for("tiny").mean is None
@@ -426,7 +426,7 @@ def test_auto_uses_the_torchvision_weights_own_transforms(tmp_path, model, weigh
     batch = load_images(ns(image, model=f"torchvision:{model}", weights=weights))
     picture = torch.from_numpy(read_png(image)).permute(2, 0, 1).float() / 255
     expected = torchvision.models.get_weight(name).transforms()(picture)
-    assert batch.preset.name == name
+    assert batch.transform.name == name
     assert torch.allclose(batch.x[0], expected, atol=1e-6, rtol=0)
     assert 0 <= batch.pictures.min() and batch.pictures.max() <= 1  # bicubic's overshoot: not in the picture
 

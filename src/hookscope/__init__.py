@@ -71,6 +71,7 @@ from .errors import (
 from .grads import GradRecord, TensorGrads, grads
 from .errors import LoadError, UntrustedPickleError
 from .loading import class_names, load_model, load_weights
+from .loading import ImageTransform, Images, Tokens, example_input, image_transform, load_images, load_tokenizer, tokenize
 from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
 from .store import LayerArray, Store, open_store
@@ -108,6 +109,9 @@ __all__ = [
     "extract", "open_store", "Store", "LayerArray",
     # load models and weights as the command line does
     "load_model", "load_weights", "class_names",
+    # inputs for a model, made by its library's own transforms: images, an example input, tokens of a text
+    "load_images", "Images", "image_transform", "ImageTransform", "example_input",
+    "tokenize", "Tokens", "load_tokenizer",
     # errors
     "HookscopeError", "SelectionError", "RecordError", "MutationError", "ForwardError", "NonFiniteError",
     "LoadError", "UntrustedPickleError",

@@ -1,5 +1,5 @@
-"""What several commands share: help with examples, --plot, loading MODEL with its --weights, the
-backward pass the CLI differentiates, and which records a command keeps."""
+"""What several commands share: help with examples, --plot, --device, loading MODEL with its --weights
+(on the --device), the backward pass the CLI differentiates, and which records a command keeps."""
 
 from __future__ import annotations
 
@@ -107,16 +107,67 @@ def save_plot(path: str, figure: Any, *, quiet: bool) -> None:
     print(f"wrote plot to {saved}", file=sys.stderr if quiet else sys.stdout)
 
 
+DEVICE_HELP = ("where the model, its inputs and the analysis run: cpu, cuda, cuda:1, mps (default: cpu); "
+               "what is printed and drawn is the same")
+
+
+def add_device_argument(p: argparse.ArgumentParser, more: str = "") -> None:
+    """The ``--device DEVICE`` option of every command that runs a model.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> add_device_argument(p)
+        >>> p.parse_args(["--device", "cpu"]).device
+        'cpu'
+    """
+    p.add_argument("--device", metavar="DEVICE", default=None, help=DEVICE_HELP + more)
+
+
+def check_device(text: str | None) -> torch.device | None:
+    """``--device``'s device, or a one-line error naming the fix; None when it was not given.
+
+    Example:
+        >>> check_device("cpu"), check_device(None)
+        (device(type='cpu'), None)
+        >>> check_device("meta")
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.HookscopeError: --device meta holds no values, so nothing can be computed there; give cpu or cuda
+    """
+    if text is None:
+        return None
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise HookscopeError(f"--device {text!r} is not a device; give cpu, cuda or cuda:0") from None
+    if device.type == "meta":
+        raise HookscopeError(f"--device {text} holds no values, so nothing can be computed there; give cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise HookscopeError(f"--device {text}: CUDA is not available here; give --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise HookscopeError(f"--device {text}: this machine has {torch.cuda.device_count()} GPU(s); "
+                             "give cuda:0 or another index below that")
+    mps = getattr(torch.backends, "mps", None)
+    if device.type == "mps" and not (mps is not None and mps.is_available()):
+        raise HookscopeError(f"--device {text}: MPS (Apple's GPU) is not available here; give --device cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise HookscopeError(f"--device {text}: hookscope's commands run on cpu, cuda or mps; give one of them")
+    return device
+
+
 def model_from(args: argparse.Namespace) -> nn.Module:
-    """The model MODEL names, with the --weights the command was given (where it has the option).
+    """The model MODEL names, with the --weights the command was given (where it has the option), on
+    its --device (where it has that option).
 
     Example:
         >>> type(model_from(argparse.Namespace(model="tiny", seed=0))).__name__
         'TinyResNet'
     """
+    device = check_device(getattr(args, "device", None))  # a bad --device is said before the model loads
     weights = getattr(args, "weights", None)
     extra: dict[str, Any] = {} if weights is None else {"weights": weights}
-    return load_model(args.model, seed=args.seed, **extra)
+    model = load_model(args.model, seed=args.seed, **extra)
+    return model if device is None else model.to(device)
 
 
 def backward_loss(output: Any) -> torch.Tensor:

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 
 from ..core.text import first_line, shape_text
 from ..errors import HookscopeError
-from ._images import IMAGE_SUFFIXES, Preset, read_image, transform
+from ._images import IMAGE_SUFFIXES, ImageTransform, read_image
 
 __all__ = ["DATA_KINDS", "ArrayFiles", "FileData", "ImageFiles", "TensorFiles", "data_kind", "file_data", "kind_of",
            "image_paths"]
@@ -103,11 +103,11 @@ class ImageFiles(Dataset[torch.Tensor]):
         >>> from PIL import Image
         >>> path = os.path.join(tempfile.mkdtemp(), "red.png")
         >>> Image.new("RGB", (8, 6), (255, 0, 0)).save(path)
-        >>> ImageFiles([path], Preset("demo", (4, 4)))[0][:, 0, 0].tolist()
+        >>> ImageFiles([path], ImageTransform("demo", (4, 4)))[0][:, 0, 0].tolist()
         [1.0, 0.0, 0.0]
     """
 
-    def __init__(self, paths: Sequence[str], preset: Preset, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, paths: Sequence[str], preset: ImageTransform, dtype: torch.dtype | None = None) -> None:
         self.paths = list(paths)
         self.preset = preset
         self.dtype = dtype
@@ -125,12 +125,12 @@ class ImageFiles(Dataset[torch.Tensor]):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         path = self.paths[i]
-        picture = transform(read_image(path), self.preset)
-        if self.size is not None and tuple(picture.shape[-2:]) != self.size:
+        x = self.preset(read_image(path))
+        if self.size is not None and tuple(x.shape[-2:]) != self.size:
             h, w = self.size
-            raise HookscopeError(f"image {path} is {picture.shape[-2]}x{picture.shape[-1]}, the others {h}x{w}, and "
+            raise HookscopeError(f"image {path} is {x.shape[-2]}x{x.shape[-1]}, the others {h}x{w}, and "
                                  "the model's input size is unknown; give --size HxW")
-        return _cast(self.preset.normalise(picture[None])[0], self.dtype)
+        return _cast(x, self.dtype)
 
 
 def _npy(path: str) -> np.ndarray:
@@ -298,7 +298,7 @@ class FileData:
     ids: list[str]
     kind: str
     paths: list[str]
-    preset: Preset | None = None
+    preset: ImageTransform | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
@@ -306,7 +306,8 @@ class FileData:
         p = self.preset
         pre = None if p is None else {"preset": p.name, "size": None if p.size is None else list(p.size),
                                       "resize": p.resize, "mean": None if p.mean is None else list(p.mean),
-                                      "std": None if p.std is None else list(p.std), "mode": p.mode}
+                                      "std": None if p.std is None else list(p.std), "mode": p.mode,
+                                      "library": p.library}
         return {"data": {"paths": list(self.paths), "kind": self.kind, **self.extra}, "preprocessing": pre}
 
 
@@ -332,7 +333,7 @@ def kind_of(paths: Sequence[str]) -> str:
     return next(iter(kinds.values()))
 
 
-def file_data(paths: Sequence[str], *, preset: Preset | None = None, dtype: torch.dtype | None = None,
+def file_data(paths: Sequence[str], *, preset: ImageTransform | None = None, dtype: torch.dtype | None = None,
               limit: int | None = None) -> FileData:
     """The dataset ``--data paths`` names (images with ``preset``; floating-point samples in ``dtype``), the
     first ``limit`` samples only when given.
@@ -351,7 +352,7 @@ def file_data(paths: Sequence[str], *, preset: Preset | None = None, dtype: torc
     if kind == "images":
         files, ids = image_paths(paths)
         files, ids = files[:limit], ids[:limit]
-        preset = preset if preset is not None else Preset("none")
+        preset = preset if preset is not None else ImageTransform("none")
         return FileData(ImageFiles(files, preset, dtype), ids, kind, list(paths), preset)
     rows: _Rows = TensorFiles(paths, dtype, limit) if kind == "pt" else ArrayFiles(paths, dtype, limit)
     ids = [f"{path}[{i}]" for k, path in enumerate(paths) for i in range(rows.starts[k + 1] - rows.starts[k])]

@@ -20,14 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.text import first_line, shape_text
+from ..core.text import shape_text
 from ..errors import HookscopeError
 from ..loading import check_seed
 from ..loading.hf import is_hf_model
 from ..loading.preprocessing import timm_input_size
 from ..loading.spec import TIMM_PREFIX
+from ._common import check_device
 from ._shapes import check_fits, example_input, parse_shape, random_input
-from ._tokenizer import hf_tokenizer, tokenizer_files
+from ._tokenizer import text_tokens
 
 __all__ = ["ModelInput", "hf_logits", "model_input", "parse_ids"]
 
@@ -53,6 +54,18 @@ class ModelInput:
     x: torch.Tensor
     kwargs: dict[str, Any] = field(default_factory=dict)
     output: Callable[[Any], Any] | None = None
+
+    def to(self, device: torch.device | str | None) -> ModelInput:
+        """The same input with ``x`` and every tensor of ``kwargs`` on ``device`` (itself for None).
+
+        Example:
+            >>> ModelInput(torch.zeros(1), {"m": torch.ones(1), "n": 2}).to("cpu").kwargs["n"]
+            2
+        """
+        if device is None:
+            return self
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.kwargs.items()}
+        return ModelInput(self.x.to(device), moved, self.output)
 
     @property
     def is_image(self) -> bool:
@@ -159,21 +172,8 @@ def _position_offset(model: nn.Module) -> int:
 
 def _text_ids(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``--text`` through the tokenizer in the ``--config`` folder: (ids, its attention mask)."""
-    tokenizer = hf_tokenizer(getattr(args, "config", None))
-    folder = str(args.config)  # a folder: hf_tokenizer said so
-    try:
-        encoded = tokenizer(args.text, return_tensors="pt")
-    except Exception as e:  # a tokenizer read from broken files may fail only when used
-        raise HookscopeError(f"--text: the tokenizer in --config {folder} ({', '.join(tokenizer_files(folder))}) "
-                             f"fails on it ({type(e).__name__}: {first_line(e)}); write it again with "
-                             "tokenizer.save_pretrained(folder), or pass --input-ids") from None
-    ids = encoded["input_ids"]
-    if ids.numel() == 0:
-        fix = "give some text" if not args.text.strip() else "check that those files hold its vocabulary, or pass --input-ids"
-        raise HookscopeError(f"--text {args.text!r} gives no tokens with the tokenizer in --config {folder} "
-                             f"({', '.join(tokenizer_files(folder))}); {fix}")
-    mask = encoded.get("attention_mask")
-    return ids.long(), mask if isinstance(mask, torch.Tensor) else None
+    tokens = text_tokens(args.text, getattr(args, "config", None))
+    return tokens.ids, tokens.attention_mask
 
 
 def _token_ids(args: argparse.Namespace, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, str]:
@@ -287,7 +287,8 @@ def _check_options(args: argparse.Namespace, model: nn.Module) -> None:
 
 
 def model_input(args: argparse.Namespace, model: nn.Module) -> ModelInput:
-    """The input the command runs ``model`` (the one ``args.model`` names) on; see the module's text.
+    """The input the command runs ``model`` (the one ``args.model`` names) on, on its ``--device``; see the
+    module's text.
 
     Example:
         >>> args = argparse.Namespace(model="m.py:build", input=None, seed=0, input_ids="3 1 2", text=None)
@@ -299,6 +300,10 @@ def model_input(args: argparse.Namespace, model: nn.Module) -> ModelInput:
         hookscope.errors.HookscopeError: --input-ids: token id 3 is out of the vocabulary of Embedding (vocab size 3); give ids from 0 to 2
     """
     _check_options(args, model)
+    return _made(args, model).to(check_device(getattr(args, "device", None)))
+
+
+def _made(args: argparse.Namespace, model: nn.Module) -> ModelInput:
     if is_hf_model(model):
         return _hf_input(args, model)
     if getattr(args, "input_ids", None) is not None:

@@ -189,6 +189,18 @@ def _cli_words() -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if _session.get() is not None else speaking(Terms(cli=True), _say_now)
 
 
+def cli_words() -> contextlib.AbstractContextManager[None]:
+    """Inside, the library's loading messages speak the command line's options (``--size``, not ``size=``).
+
+    Example:
+        >>> from hookscope.loading.voice import terms
+        >>> with cli_words():
+        ...     terms().cli
+        True
+    """
+    return _cli_words()
+
+
 def warn(line: str) -> None:
     """Say ``line`` as a ``hookscope: warning:`` on stderr once the command succeeded (at once outside one)."""
     session = _session.get()

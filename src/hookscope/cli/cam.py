@@ -21,6 +21,7 @@ from ..errors import HookscopeError, did_you_mean
 from ..loading.hf import is_hf_model
 from ._images import add_image_arguments, load_images
 from ._inputs import hf_logits, model_input
+from ._common import add_device_argument, check_device
 from ._load import (
     DEMO_SPEC,
     add_class_arguments,
@@ -66,6 +67,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
+    add_device_argument(p)
     p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 79)
     add_class_arguments(p)
     add_image_arguments(p)
@@ -150,7 +152,7 @@ def _picture(x: torch.Tensor) -> torch.Tensor:
     """A random input shown as a picture: min-max scaled, grey when it has no 3 channels."""
     img = x if x.shape[0] == 3 else x.mean(dim=0, keepdim=True)
     lo, hi = img.min(), img.max()
-    return (img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)
+    return ((img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)).cpu()
 
 
 def _paths(out: str | None, n: int, tag: str = "") -> list[Path | None]:
@@ -192,6 +194,15 @@ def _inputs(args: argparse.Namespace, model: torch.nn.Module) -> _Inputs:
     if x.dim() != 4:
         raise HookscopeError(f"--input {args.input!r} is not B x C x H x W; write it like 1x3x224x224")
     return _Inputs(x, [_picture(x[i]) for i in range(x.shape[0])], None, kwargs=given.kwargs, output=given.output)
+
+
+def _on(inputs: _Inputs, device: torch.device | None) -> _Inputs:
+    """The model's inputs on ``device``; the pictures drawn stay on the CPU."""
+    if device is None:
+        return inputs
+    inputs.x = inputs.x.to(device)
+    inputs.kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.kwargs.items()}
+    return inputs
 
 
 def _check_names(model: torch.nn.Module, inputs: _Inputs, names: list[str] | None, args: argparse.Namespace) -> None:
@@ -321,8 +332,10 @@ def _run(args: argparse.Namespace) -> int:
     methods = _check(args)
     grid = _grid(args.grid)
     names = class_names(args)
+    device = check_device(args.device)
     model = load_model(args.model, seed=args.seed, weights=args.weights)  # a bad MODEL is said first
-    inputs = _inputs(args, model)
+    model = model if device is None else model.to(device)
+    inputs = _on(_inputs(args, model), device)
     _check_outputs(args, inputs, methods)  # the batch says which files are written; checked before any runs
     chosen = args.layers if args.layers is None or len(args.layers) > 1 else args.layers[0]
     shapers = {"auto": None, "first": channels_first, "last": channels_last}

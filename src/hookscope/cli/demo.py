@@ -19,6 +19,7 @@ from ..records import Recording
 from ..synthetic import ShapeSet, shapes
 from ..loading.origin import WeightsOrigin, record_origin
 from ..zoo import DEMO_CLASSES, demo_model
+from ._common import add_device_argument, check_device
 from ._load import seed_arg
 
 _MOST = 512  # images the demo draws at once: every conv and batch norm output and gradient is kept
@@ -50,6 +51,7 @@ def add_parser(sub: Any) -> None:
                    help="the report's folder (default ./hookscope-demo; an earlier report there is replaced)")
     p.add_argument("--no-report", action="store_true", help="print the tables only")
     p.add_argument("--json", action="store_true", help="print the findings as JSON instead of tables")
+    add_device_argument(p)
 
 
 def _naive(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -137,19 +139,24 @@ def run(args: argparse.Namespace) -> int:
                              f"--batch {args.batch} is more than the demo draws ({_MOST}); give a smaller --batch")
     if not args.no_report:  # a folder that cannot be written fails now, not after the model ran
         _check_out(Path(args.out))
+    device = check_device(args.device)
     model = demo_model()
     record_origin(model, WeightsOrigin(False, "the demo model's bundled weights"))  # what the report says
     data = shapes(args.batch, seed=args.seed)
-    rec, logits = _record(model, args, data.images)
+    x, masks, backgrounds = data.images, data.masks, data.backgrounds
+    if device is not None:  # the model and what it reads there; the pictures drawn stay on the CPU
+        model, x, masks = model.to(device), x.to(device), masks.to(device)
+        backgrounds = backgrounds if backgrounds is None else backgrounds.to(device)
+    rec, logits = _record(model, args, x)
     found: dict[str, Any] = {"predictions": _predictions(logits, data),
-                             "layers": _layers(model, rec, _naive(model, list(rec), data.images))}
+                             "layers": _layers(model, rec, _naive(model, list(rec), x))}
     found["hooks_left"] = hook_count(model)
     if not args.no_report:
         from ..report import build_report
 
         # the trained model on the kind of images it was trained on: real weights and inputs, no banner
-        path = build_report(model, data.images, args.out, pictures=data.images, masks=data.masks,
-                            class_names=DEMO_CLASSES, baselines=data.backgrounds, title=_TITLE,
+        path = build_report(model, x, args.out, pictures=data.images, masks=masks,
+                            class_names=DEMO_CLASSES, baselines=backgrounds, title=_TITLE,
                             overwrite=True, generated_inputs=False)
         found["report"] = str((path / "index.html").resolve())
     if args.json:

@@ -14,7 +14,7 @@ from ..errors import HookscopeError
 from ..viz.plots import plot_diff
 from ._inputs import model_input
 from ._load import add_model_arguments, load_model
-from ._common import add_examples, add_plot_argument, check_plot, save_plot
+from ._common import add_device_argument, add_examples, check_device, add_plot_argument, check_plot, save_plot
 
 _AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,6 +29,7 @@ def add_parser(sub: Any) -> None:
         "Exit status: 0 same, 1 different (or names in one model only), 2 error.",
     )
     add_model_arguments(p)
+    add_device_argument(p)
     p.add_argument("model_b", nargs="?", metavar="B", default=None,
                    help="second MODEL, same spellings as A (default: A itself)")
     p.add_argument("--b-seed", type=int, default=None,
@@ -67,12 +68,15 @@ def _models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
     when B is the same MODEL."""
     weights = getattr(args, "weights", None)
     extra: dict[str, Any] = {} if weights is None else {"weights": weights}
+    device = check_device(args.device)
     model_a = load_model(args.model, args.seed, **extra)
+    model_a = model_a if device is None else model_a.to(device)
     if args.model_b is None and args.b_seed is None:
         return model_a, model_a
     spec_b = args.model_b or args.model
     seed_b = args.seed if args.b_seed is None else args.b_seed
-    return model_a, load_model(spec_b, seed_b, **(extra if spec_b == args.model else {}))
+    model_b = load_model(spec_b, seed_b, **(extra if spec_b == args.model else {}))
+    return model_a, model_b if device is None else model_b.to(device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import HookscopeError
 from ..selection import At
-from ._common import add_examples, model_from
+from ._common import add_device_argument, add_examples, check_device, model_from
 from ._data import FileData, file_data, kind_of
 from ._images import PRESETS, preset_for
 from ._load import add_model_arguments
@@ -65,8 +65,7 @@ def add_parser(sub: Any) -> None:
                    help="skip image files that cannot be read (listed at the end and in the manifest) instead "
                         "of stopping at the first")
     p.add_argument("--limit", metavar="N", type=int, default=None, help="only the first N samples of --data")
-    p.add_argument("--device", metavar="DEVICE", default=None,
-                   help="cpu, cuda or cuda:0 (default: cpu; under torchrun with CUDA, each rank's GPU)")
+    add_device_argument(p, "; under torchrun with CUDA, each rank's GPU")
     p.add_argument("--size", metavar="HxW", default=None,
                    help="resize every image to exactly this size (default: the preset's size)")
     p.add_argument("--preset", choices=PRESETS, default="auto",
@@ -165,19 +164,11 @@ def _check(args: argparse.Namespace) -> tuple[dict[str, Any], torch.dtype | None
 
 def _device(args: argparse.Namespace) -> str | None:
     """--device (checked), or this rank's GPU under torchrun when CUDA is here."""
-    if args.device is None:
+    device = check_device(args.device)
+    if device is None:
         if torch.cuda.is_available() and "LOCAL_RANK" in os.environ:
             return f"cuda:{int(os.environ['LOCAL_RANK'])}"
         return None
-    try:
-        device = torch.device(args.device)
-    except (RuntimeError, ValueError):
-        raise HookscopeError(f"--device {args.device!r} is not a device; give cpu, cuda or cuda:0") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise HookscopeError(f"--device {args.device}: CUDA is not available here; give --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise HookscopeError(f"--device {args.device}: this machine has {torch.cuda.device_count()} GPU(s); "
-                             "give cuda:0 or another index below that")
     if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:  # torchrun: a GPU per rank
         return f"cuda:{int(os.environ['LOCAL_RANK'])}"
     return str(args.device)
@@ -238,9 +229,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         layers, dtype = _check(args)
         device = _device(args)
-        model = model_from(args)
-        if device is not None:
-            model = model.to(device)
+        model = model_from(argparse.Namespace(**{**vars(args), "device": device}))
         float_dtype = next((q.dtype for q in model.parameters() if q.is_floating_point()), None)
         found = _data(args, float_dtype)
         describe = {"model": {"spec": args.model, "weights": args.weights, "config": args.config}, **found.describe()}

@@ -17,6 +17,7 @@ from ..core.text import shape_text, table
 from ..errors import HookscopeError
 from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..viz.features import REDUCTIONS, SCALES
+from ._common import add_device_argument, check_device
 from ._images import add_image_arguments, load_images
 from ._inputs import ModelInput, model_input
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
@@ -61,6 +62,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
+    add_device_argument(p)
     p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 100)
     add_image_arguments(p)
     p.add_argument("--layers", "--layer", metavar="L", required=True,
@@ -133,7 +135,7 @@ def _picture(x: torch.Tensor) -> torch.Tensor:
     """A random input shown as a picture: min-max scaled, grey when it has no 3 channels."""
     img = x if x.shape[0] == 3 else x.mean(dim=0, keepdim=True)
     lo, hi = img.min(), img.max()
-    return ((img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)).expand(3, -1, -1)
+    return ((img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)).expand(3, -1, -1).cpu()
 
 
 def _inputs(args: argparse.Namespace, model: torch.nn.Module | None
@@ -279,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     channels = _check(args)
+    device = check_device(args.device)
     # the input comes before the model (the batch says which files --out makes), unless the model says it
     early = None
     if not args.image and (str(args.model).startswith((HF_PREFIX, TIMM_PREFIX)) or args.input_ids is not None
@@ -287,6 +290,9 @@ def _run(args: argparse.Namespace) -> int:
     x, pictures, names, kwargs = _inputs(args, early)
     _check_outputs(args, x.shape[0])
     model = early if early is not None else load_model(args.model, seed=args.seed, weights=args.weights)
+    if device is not None:  # the model, its inputs and the analysis there; the pictures drawn stay on the CPU
+        model, x = model.to(device), x.to(device)
+        kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     if args.compare_references:
         _comparison(model, x, pictures, names, channels, args, kwargs)
     else:

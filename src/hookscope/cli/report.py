@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import HookscopeError
+from ._common import add_device_argument, check_device
 from ._images import add_image_arguments, load_images
 from ._inputs import model_input
 from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_class_names, class_names, load_model,
@@ -44,6 +45,7 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
+    add_device_argument(p)
     add_image_arguments(p)
     add_class_arguments(p)
     p.epilog = EXAMPLE + "\n" + (p.epilog or "")
@@ -147,9 +149,15 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.images <= _MOST:
         raise HookscopeError(f"--images {args.images} must be from 1 to {_MOST}")
     check_target(Path(args.out).absolute(), overwrite=args.overwrite, flag="--overwrite")
+    device = check_device(args.device)
     model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
     against = _against(args)
     x, pictures, masks, baselines = _inputs(args, model)
+    if device is not None:  # the models and every tensor the analyses read there; the pictures drawn stay on the CPU
+        pictures = pictures if pictures is None else pictures.cpu()
+        model, x = model.to(device), x.to(device)
+        masks, baselines = (t if t is None else t.to(device) for t in (masks, baselines))
+        against = against if against is None else (against[0].to(device), against[1])
     path = build_report(model, x, args.out, pictures=pictures, masks=masks, class_names=_names(args, model, x),
                         baselines=baselines, layers=args.layers, methods=methods,
                         title=f"hookscope report: {args.model}", overwrite=args.overwrite,

@@ -9,7 +9,7 @@ from ..analysis.summary import summary
 from ..errors import HookscopeError
 from ._inputs import model_input
 from ._load import add_model_arguments
-from ._common import add_examples, model_from
+from ._common import add_device_argument, add_examples, model_from
 
 
 def add_parser(sub: Any) -> None:
@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> None:
         "once), buffers, multiply-adds and train/eval mode, then the totals.",
     )
     add_model_arguments(p)
+    add_device_argument(p)
     p.add_argument("--depth", type=int, default=None, metavar="N",
                    help="show modules down to this depth of the tree (0: the model only; default: all)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")

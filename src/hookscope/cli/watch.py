@@ -8,7 +8,7 @@ from typing import Any
 from ..analysis.watch import watch
 from ._inputs import model_input
 from ._load import add_model_arguments
-from ._common import LOSS_HELP, add_examples, keep_for, model_from, run_model
+from ._common import add_device_argument, LOSS_HELP, add_examples, keep_for, model_from, run_model
 
 
 def add_parser(sub: Any) -> None:
@@ -22,6 +22,7 @@ def add_parser(sub: Any) -> None:
         "found. " + LOSS_HELP + ".",
     )
     add_model_arguments(p)
+    add_device_argument(p)
     p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=[],
                    help="layer names, globs or re:REGEX (default: every module)")
     p.add_argument("--backward", action="store_true", help="also run a backward pass and check gradients")

@@ -13,7 +13,8 @@ Security: a spec naming Python code imports and runs it; every file is read with
 One job a module: ``spec`` (what a spec names), ``usercode`` (running the caller's code), ``files``
 (reading files without unpickling), ``weights`` (fitting a state_dict), ``vision``, ``hf`` /
 ``hf_weights``, ``timm_models`` (the libraries' builders), ``extras`` (their imports), ``classes``
-(class names), ``origin`` (where a model's weights came from: :func:`weights_origin`), ``preprocessing`` (what a model's files say about its input), ``voice`` (the words of
+(class names), ``images``, ``inputs`` and ``tokens`` (a model's inputs: :func:`load_images` by the model
+library's own transform, :func:`example_input`, :func:`tokenize`), ``origin`` (where a model's weights came from: :func:`weights_origin`), ``preprocessing`` (what a model's files say about its input), ``voice`` (the words of
 the messages: Python's or the command line's), ``model`` (``load_model`` itself).
 Must not import: ``cli``, ``viz``, ``report``, any analysis (``weights`` and ``pretrained`` fit a
 model to a compacted weights file through ``anatomy``).
@@ -26,10 +27,15 @@ Example:
 """
 
 from .classes import class_names, read_class_names
+from .images import ImageTransform, Images, image_files, image_transform, load_images, read_image
+from .inputs import example_input, model_shape
 from .model import check_seed, load_model
 from .origin import WeightsOrigin, weights_origin
 from .spec import Spec, parse_spec, usual_shape
+from .tokens import Tokens, load_tokenizer, tokenize
 from .weights import load_weights
 
-__all__ = ["Spec", "WeightsOrigin", "check_seed", "class_names", "load_model", "load_weights", "parse_spec",
-           "read_class_names", "usual_shape", "weights_origin"]
+__all__ = ["ImageTransform", "Images", "Spec", "Tokens", "WeightsOrigin", "check_seed", "class_names",
+           "example_input", "image_files", "image_transform", "load_images", "load_model", "load_tokenizer",
+           "load_weights", "model_shape", "parse_spec", "read_class_names", "read_image", "tokenize", "usual_shape",
+           "weights_origin"]

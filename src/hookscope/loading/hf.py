@@ -97,8 +97,10 @@ def check_no_remote_code(path: str) -> None:
     for file in files:
         found = _auto_map(file)
         if found:
-            names = ", ".join(sorted({str(v).split(".", 1)[0] for v in (found.values() if isinstance(found, dict)
-                                                                         else [found]) if isinstance(v, str)}))
+            values = list(found.values()) if isinstance(found, dict) else [found]
+            # a tokenizer's entry is a [slow, fast] pair of class paths
+            flat = [w for v in values for w in (v if isinstance(v, (list, tuple)) else [v])]
+            names = ", ".join(sorted({w.split(".", 1)[0] for w in flat if isinstance(w, str)}))
             raise LoadError(f"{file} has an \"auto_map\" naming the folder's own Python code "
                             f"({names or 'its modules'}), and hookscope never runs a model folder's code; "
                             "give a folder of a model class transformers has, such as save_pretrained writes for "
