@@ -1,7 +1,7 @@
 """The surfaces a change touched, before and after in one run: this tree against another source tree.
 
 Run:  git worktree add /tmp/before REV
-      .venv/bin/python bench/bench_surfaces.py --against /tmp/before            (about 5 minutes on 2 cores)
+      .venv/bin/python bench/bench_surfaces.py --against /tmp/before            (about 3 minutes on 2 cores)
       .venv/bin/python bench/bench_surfaces.py --against /tmp/before --quick    (fewer rounds)
 
 The other tree is imported as a second package, ``hookscope_before``, so both run in one process on
@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     libs = {"now": hookscope, "before": load_before(args.against)}
     print(f"{platform.node()} {cpu_model()}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    for make, rounds in ((_resnet50, 5), (_gpt2, 15), (_saliency, 15)):
+    for make, rounds in ((_resnet50, 9), (_gpt2, 21), (_saliency, 21)):
         rounds = max(3, rounds // 3) if args.quick else rounds
         title, runs = make(libs)
         with torch.no_grad() if make is not _saliency else torch.enable_grad():

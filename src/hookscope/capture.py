@@ -137,8 +137,9 @@ class Capture(Recording):
             copy = "always" if self.retention.copy == "auto" else self.retention.copy
             self.retention = dataclasses.replace(self.retention, copy=copy, guard=False)
         try:
+            globs = [(n, g) for n, g in self._targets if isinstance(g, OpSite) and g.is_pattern]  # checked once
             for name, module in self._targets:
-                if not covered(module, self._targets):  # a glob beside it records its calls, once
+                if not covered(module, globs):  # a glob beside it records its calls, once
                     self._register(name, module, compiled)
             if self.retention.guards_any():
                 for module in boundary_modules(self._model):

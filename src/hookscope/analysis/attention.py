@@ -142,7 +142,8 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
         raise HookscopeError(f"{module[0]!r} is a module; attention patterns come from an operation: "
                              + _inside(model, module, args))
     patterns: dict[str, list[torch.Tensor]] = {}
-    for call in _calls(model, [n for n, _ in sites], args, any_of=layers is None):
+    # the default kernels go as their globs: one resolution each, not one per module they name
+    for call in _calls(model, selectors if layers is None else [n for n, _ in sites], args, any_of=layers is None):
         op = (split_op(call.name) or ("", ""))[1].split(".")[0]
         got = attention_probabilities(*call.args, **call.kwargs) if op == SDPA else \
             _mha_weights(call.args, call.kwargs, call.output) if op == MHA else call.output

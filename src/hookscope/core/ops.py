@@ -538,7 +538,8 @@ def missed(sites: list[OpSite], since: dict[int, tuple[int, int]] | None = None)
         ran = sum(s.__dict__["runs"] - start.get(id(s), (0, 0))[1] for s in group)
         # names resolved from one glob and handed on one by one ('h.0::sdpa', 'h.1::sdpa'...) come
         # back as selectors of their own: enough that the operation ran in one of their modules
-        same = [s for s in sites if s.pattern in {g.pattern for g in group}]
+        patterns = {g.pattern for g in group}
+        same = [s for s in sites if s.pattern in patterns]
         if fired(group) or not ran or fired(same):
             continue
         names = list(dict.fromkeys(f"{s.owner_name}{SEP}{label}" for s in group for label in seen_ops(s)))
