@@ -18,7 +18,6 @@ Rows (ratio: the median over rounds of each row's time over the plain forward's 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import platform
 import sys
 from pathlib import Path
@@ -30,20 +29,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _rounds import cpu_model, ratios  # noqa: E402
+from bench_capture import load_before  # noqa: E402  (the other tree as the package hookscope_before)
 
 import hookscope  # noqa: E402
-
-
-def load_before(tree: str) -> ModuleType:
-    """hookscope from another source tree (``tree/src/hookscope``), imported as ``hookscope_before``."""
-    root = Path(tree) / "src" / "hookscope"
-    spec = importlib.util.spec_from_file_location("hookscope_before", root / "__init__.py",
-                                                  submodule_search_locations=[str(root)])
-    assert spec is not None and spec.loader is not None, f"no hookscope package in {root}"
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hookscope_before"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _capture(lib: ModuleType, model: nn.Module, x: torch.Tensor, *sel: Any, **kw: Any) -> Callable[[], Any]:
