@@ -137,7 +137,8 @@ class Capture(Recording):
             copy = "always" if self.retention.copy == "auto" else self.retention.copy
             self.retention = dataclasses.replace(self.retention, copy=copy, guard=False)
         try:
-            globs = [(n, g) for n, g in self._targets if isinstance(g, OpSite) and g.is_pattern]  # checked once
+            globs: list[tuple[str, nn.Module]] = [(n, g) for n, g in self._targets  # checked once per block
+                                                  if isinstance(g, OpSite) and g.is_pattern]
             for name, module in self._targets:
                 if not covered(module, globs):  # a glob beside it records its calls, once
                     self._register(name, module, compiled)

@@ -143,7 +143,8 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
                              + _inside(model, module, args))
     patterns: dict[str, list[torch.Tensor]] = {}
     # the default kernels go as their globs: one resolution each, not one per module they name
-    for call in _calls(model, selectors if layers is None else [n for n, _ in sites], args, any_of=layers is None):
+    names = [f"*{SEP}{k}" for k in KERNELS] if layers is None else [n for n, _ in sites]
+    for call in _calls(model, names, args, any_of=layers is None):
         op = (split_op(call.name) or ("", ""))[1].split(".")[0]
         got = attention_probabilities(*call.args, **call.kwargs) if op == SDPA else \
             _mha_weights(call.args, call.kwargs, call.output) if op == MHA else call.output
