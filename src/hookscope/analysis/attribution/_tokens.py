@@ -26,7 +26,7 @@ from ...edit import edit
 from ...errors import HookscopeError, did_you_mean
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
-from ...targets import Token
+from .._target_classes import Token
 from .._targets import call_model, is_function, logits_of
 from ._api import attribute
 from ._engine import sharing
