@@ -132,3 +132,59 @@ def test_a_command_with_letters_swapped_or_missing_gets_the_closest_one(capsys, 
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"Did you mean {meant!r}?" in err[0], err
+
+
+# --- --layers: one option, declared once for every command that chooses layers ----------------------
+def _layers_action(parser):
+    return next((a for a in parser._actions if "--layers" in a.option_strings), None)
+
+
+def test_every_command_that_chooses_layers_declares_one_layers_option():
+    from hookscope.cli import parsers
+    from hookscope.cli._common import LAYER_FORMS
+
+    found = {name: _layers_action(p) for name, p in parsers().items() if name}
+    for name, action in found.items():
+        if name in ("layers", "summary", "attribute"):  # layers: a PATTERN; summary: the whole tree
+            continue
+        assert action is not None, name
+        assert action.option_strings == ["--layers", "--layer"] and action.metavar == "LAYER", name
+        assert LAYER_FORMS in action.help, name
+        if name != "features":  # features draws one layer
+            assert action.nargs == "+" and type(action).__name__ == "_ExtendAction", name
+
+
+@pytest.mark.parametrize("command", ["trace", "watch", "diff", "prune", "report", "extract", "cam", "demo"])
+def test_layers_repeated_add_up_as_several_after_one(command):
+    from hookscope.cli import parsers
+
+    p = parsers()[command]
+    base = {"demo": [], "extract": ["tiny", "--data", "x.npy", "--out", "s"]}.get(command, ["tiny"])
+    if command == "report":
+        base = ["tiny", "--out", "r"]
+    one = p.parse_args([*base, "--layers", "layer1", "layer2.*"]).layers
+    repeated = p.parse_args([*base, "--layer", "layer1", "--layers", "layer2.*"]).layers
+    assert one == repeated == ["layer1", "layer2.*"]
+
+
+def test_trace_keeps_every_repeated_layer(capsys):
+    assert main(["trace", "tiny", "--layer", "stem.0", "--layer", "fc", "--json", "--no-inputs"]) == 0
+    names = {r["module"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert names == {"stem.0", "fc"}
+
+
+def test_a_second_layer_for_features_is_refused_not_taken_instead(capsys, tmp_path):
+    err = _refused(capsys, ["features", "tiny", "--layer", "layer1", "--layer", "layer2",
+                            "--out", str(tmp_path / "f.png")])
+    assert err.strip().splitlines()[-1].endswith(
+        "--layer layer2: this command takes one layer and 'layer1' is given already; give --layers once "
+        "(see hookscope features --help)")
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_demo_takes_its_layers_as_words_or_with_layers(capsys):
+    outs = []
+    for argv in (["layer1.[03]"], ["--layers", "layer1.[03]"]):
+        assert main(["demo", *argv, "--batch", "1", "--no-report", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and [r["layer"] for r in outs[0]["layers"]] == ["layer1.0", "layer1.3"]

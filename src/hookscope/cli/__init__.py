@@ -74,6 +74,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+DESCRIPTION = "See inside and steer any PyTorch model through hooks."
 MODELS_NOTE = (
     "MODEL: tiny | demo | torchvision:NAME | hf:CLASS_OR_TASK --config PATH (a transformers class such as "
     "GPT2LMHeadModel, or a task such as causal-lm, built from a folder save_pretrained wrote or a config JSON) | "
@@ -160,12 +161,12 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
         return 130
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hookscope`` console script; returns the exit code."""
+def _build() -> tuple[_Parser, Any, dict[str, ModuleType]]:
+    """The ``hookscope`` parser, its subparsers action and the command modules."""
     from .. import __version__
 
     parser = _Parser(
-        prog="hookscope", description="See inside and steer any PyTorch model through hooks.",
+        prog="hookscope", description=DESCRIPTION,
         epilog="\n\n".join(textwrap.fill(note, 79) for note in (MODELS_NOTE, SECURITY_NOTE)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -176,6 +177,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = _commands()
     for module in commands.values():
         module.add_parser(sub)
+    return parser, sub, commands
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """The ``hookscope`` parser (under ``""``) and each command's, by name: what every ``--help`` prints."""
+    parser, sub, _ = _build()
+    return {"": parser, **sub.choices}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hookscope`` console script; returns the exit code."""
+    parser, sub, commands = _build()
     given = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in given  # anywhere: `hookscope --debug trace ...` or `hookscope trace ... --debug`
     args, extra = parser.parse_known_args([a for a in given if a != "--debug"])

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..core.text import first_line
 from ..errors import HookscopeError, did_you_mean
-from ._common import add_device_argument, add_examples, check_device, model_from
+from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
 from ._images import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images
 from ._inputs import ModelInput, model_input
 from ._load import add_model_arguments, class_names
@@ -49,9 +49,8 @@ def add_parser(sub: Any) -> None:
     )
     add_model_arguments(p)
     add_image_arguments(p)
-    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=None,
-                   help="names, globs or types of the layers to prune (default: every Linear and Conv; with "
-                        "--channels every removable channel group)")
+    add_layers_argument(p, "the layers to prune, also by type such as Conv2d (default: every Linear and Conv; with "
+                           "--channels every removable channel group)")
     p.add_argument("--amount", metavar="FRACTION", type=float, default=None,
                    help="the share to prune: of each layer's weights (or channels), in [0, 1]; with "
                         "--channels in [0, 1), each group keeping a channel")
