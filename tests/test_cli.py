@@ -1,3 +1,4 @@
+import re
 import json
 from pathlib import Path
 
@@ -188,3 +189,64 @@ def test_demo_takes_its_layers_as_words_or_with_layers(capsys):
         assert main(["demo", *argv, "--batch", "1", "--no-report", "--json"]) == 0
         outs.append(json.loads(capsys.readouterr().out))
     assert outs[0] == outs[1] and [r["layer"] for r in outs[0]["layers"]] == ["layer1.0", "layer1.3"]
+
+
+# --- what the README, the home page and --help say the command line does ---------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _options(parser):
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+def test_the_readme_says_which_commands_take_json_weights_and_layers():
+    from hookscope.cli import COMMAND_NAMES, parsers
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    claims = re.findall(r"[Ee]very command(?: but ((?:`\w+`(?:,| and)? ?)+))? takes `(--[\w-]+)`", text)
+    assert {option for _, option in claims} == {"--json", "--weights", "--layers"}, claims
+    found = parsers()
+    for but, option in claims:
+        left_out = set(re.findall(r"`(\w+)`", but))
+        assert left_out <= set(COMMAND_NAMES)
+        taking = {name for name in COMMAND_NAMES if option in _options(found[name])}
+        assert taking == set(COMMAND_NAMES) - left_out, (option, sorted(taking ^ (set(COMMAND_NAMES) - left_out)))
+
+
+def test_every_command_is_in_the_help_and_on_the_command_line_page(capsys):
+    from hookscope.cli import COMMAND_NAMES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    page = (ROOT / "docs" / "guide" / "command-line.md").read_text()
+    for name in COMMAND_NAMES:
+        assert re.search(rf"^    {name}\b", shown, re.M), f"hookscope --help does not list {name}"
+        assert re.search(rf"^  {re.escape(name)}\b|[ ,]{re.escape(name)}[ ,]", shown.split("positional")[0], re.M), \
+            f"hookscope --help's description does not say what {name} does"
+        assert f"`hookscope {name}" in page, f"docs/guide/command-line.md does not show hookscope {name}"
+
+
+FEATURES = {  # a feature, and the words that name it (any one of them)
+    "capture": ("capture",), "edit": ("edit",), "grads": ("grads",), "operations": ("::",),
+    "attention": ("attention",), "gradient attribution": ("gradient methods", "integrated gradients"),
+    "LRP": ("LRP",), "token attribution": ("attribute_tokens", "tokens"), "CAM": ("CAM",),
+    "feature maps": ("feature",), "extract": ("extract",), "prune masks": ("mask",),
+    "channels": ("channels",), "heads": ("heads",), "widths": ("width",), "compaction": ("compact",),
+    "summary": ("summary",), "trace": ("trace",), "watch": ("watch",), "gradient flow": ("gradient flow", "gradflow"),
+    "diff": ("diff",), "report": ("report",), "load_images": ("load_images",),
+    "example_input": ("example_input",), "tokenize": ("tokenize",), "notebooks": ("notebook",),
+    "pandas": ("pandas",),
+}
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/index.md", "ARCHITECTURE.md", "hookscope --help"])
+def test_every_feature_is_listed(where, capsys):
+    if where == "hookscope --help":
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        text = capsys.readouterr().out
+    else:
+        text = (ROOT / where).read_text()
+    missing = [f for f, words in FEATURES.items() if not any(w.lower() in text.lower() for w in words)]
+    assert missing == [], f"{where} does not name {missing}"
