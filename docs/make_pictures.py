@@ -5,13 +5,15 @@ Run from the repository root:
     .venv/bin/python docs/make_pictures.py            # all of them
     .venv/bin/python docs/make_pictures.py gallery    # only some: gallery, trap, debugging, cam, features,
                                                       # lrp, transformers, extraction, results, capture,
-                                                      # operations, attribution, pruning, command-line
+                                                      # operations, attribution, pruning, command-line,
+                                                      # inputs
 
-Needs the viz extra (matplotlib) and, for the transformers and operations pictures, the hf extra. The
-models are the bundled demo model, hookscope.zoo's TinyResNet, torchvision's resnet18 with random
-weights and a tiny GPT-2 and Llama built from configs: nothing is downloaded. The results page's
-picture is a screenshot of a result's notebook HTML taken by headless Chromium; without Chromium that
-one is skipped.
+Needs the viz extra (matplotlib), for the transformers and operations pictures the hf extra, and for
+the inputs picture the timm extra. The models are the bundled demo model, hookscope.zoo's TinyResNet,
+torchvision's resnet18 with random weights and a tiny GPT-2 and Llama built from configs: nothing is
+downloaded (torchvision's and timm's transforms are code, not files). The results page's picture is
+a screenshot of a result's notebook HTML taken by headless Chromium; without Chromium that one is
+skipped.
 
 Writes docs/trap.png, docs/demo_features.png and docs/img/*.png (committed; each kept small).
 """
@@ -474,6 +476,35 @@ def pruning_pictures() -> None:
     save(fig, "pruning_before_after")
 
 
+# --- inputs: one image file, as three model libraries' transforms make it ----------------------------------
+def inputs_pictures() -> None:
+    from PIL import Image
+
+    triangle = one_of_each_class()[0][2]
+    made = [("demo", {}), ("torchvision:resnet18", {"weights": "DEFAULT"}), ("timm:resnet18", {})]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "wide.png"
+        Image.fromarray((image(triangle) * 255).round().astype("uint8")).resize((200, 120)).save(path)
+        with Image.open(path) as f:
+            original = f.convert("RGB")
+        batches = [hookscope.load_images(spec, str(path), **kw) for spec, kw in made]
+    fig = figure(1.75 * (len(made) + 1), 2.3)
+    axes = fig.subplots(1, len(made) + 1)
+    axes[0].imshow(original, interpolation="nearest")
+    axes[0].set_title(f"the file\n{original.width} x {original.height}", fontsize=8)
+    for ax, (spec, _), batch in zip(axes[1:], made, batches):
+        ax.imshow(image(batch.pictures[0]), interpolation="nearest")
+        x = batch.x[0]
+        ax.set_title(f'load_images("{spec}")\n{"x".join(map(str, x.shape))}, x in [{float(x.min()):.1f}, '
+                     f"{float(x.max()):.1f}]", fontsize=7)
+    for ax in axes:
+        ax.set_axis_off()
+    fig.suptitle("one picture file, as each model library's own transform makes it (batch.pictures; "
+                 "batch.x normalised)", fontsize=8)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.72, bottom=0.02, wspace=0.12)
+    save(fig, "inputs_transforms")
+
+
 # --- the command line: a picture hookscope cam --plot draws --------------------------------------------
 def command_line_pictures() -> None:
     from hookscope.cli import main
@@ -496,7 +527,7 @@ PICTURES: dict[str, Callable[[], None]] = {
     "gallery": gallery, "trap": trap, "debugging": debugging, "cam": cam, "features": features, "lrp": lrp,
     "transformers": transformers_pictures, "extraction": extraction, "results": results,
     "capture": capture_pictures, "operations": operations_pictures, "attribution": attribution_pictures,
-    "pruning": pruning_pictures, "command-line": command_line_pictures,
+    "pruning": pruning_pictures, "command-line": command_line_pictures, "inputs": inputs_pictures,
 }
 
 if __name__ == "__main__":
