@@ -4,12 +4,16 @@ Run from the repository root:
 
     .venv/bin/python docs/make_pictures.py            # all of them
     .venv/bin/python docs/make_pictures.py gallery    # only some: gallery, trap, debugging, cam, features,
-                                                      # lrp, transformers, extraction, results
+                                                      # lrp, transformers, extraction, results, capture,
+                                                      # operations, attribution, pruning, command-line,
+                                                      # inputs
 
-Needs the viz extra (matplotlib) and, for the transformers pictures, the hf extra. The models are the
-bundled demo model, hookscope.zoo's TinyResNet, torchvision's resnet18 with random weights and a tiny
-GPT-2 built from a config: nothing is downloaded. The results page's picture is a screenshot of a
-result's notebook HTML taken by headless Chromium; without Chromium that one is skipped.
+Needs the viz extra (matplotlib), for the transformers and operations pictures the hf extra, and for
+the inputs picture the timm extra. The models are the bundled demo model, hookscope.zoo's TinyResNet,
+torchvision's resnet18 with random weights and a tiny GPT-2 and Llama built from configs: nothing is
+downloaded (torchvision's and timm's transforms are code, not files). The results page's picture is
+a screenshot of a result's notebook HTML taken by headless Chromium; without Chromium that one is
+skipped.
 
 Writes docs/trap.png, docs/demo_features.png and docs/img/*.png (committed; each kept small).
 """
@@ -317,9 +321,213 @@ def results() -> None:
         print(f"wrote {path.relative_to(DOCS.parent)} ({path.stat().st_size // 1024} KB)")
 
 
+# --- capture: what each layer produced, and the gradient that reached it -------------------------------
+def capture_pictures() -> None:
+    net = demo_model()
+    triangle = one_of_each_class()[0][2:3]
+    layers = ["stem", "layer1", "layer2", "layer3"]
+    with hookscope.capture(net, *layers, keep="all") as rec:
+        logits = net(triangle)
+        logits[0, int(logits.argmax())].backward()
+    predicted = DEMO_CLASSES[int(logits.argmax())]
+    fig = figure(1.45 * (len(layers) + 1), 3.6)
+    axes = fig.subplots(2, len(layers) + 1, squeeze=False)
+    axes[0][0].imshow(image(triangle[0]), interpolation="nearest")
+    axes[0][0].set_title("input", fontsize=8)
+    for col, name in enumerate(layers, 1):
+        out, grad = rec[name].output[0], rec[name].grad_output[0]
+        axes[0][col].imshow(out.abs().mean(0).numpy(), cmap="viridis", vmin=0, interpolation="nearest")
+        axes[0][col].set_title(f"{name}.output\n{'x'.join(map(str, out.shape))}", fontsize=8)
+        g = grad.abs().mean(0).numpy()
+        axes[1][col].imshow(g, cmap="magma", vmin=0, interpolation="nearest")  # uniform after the pool: one colour
+        axes[1][col].set_title(f"{name}.grad_output\nmax {float(grad.abs().max()):.2g}", fontsize=8)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    fig.suptitle(f'capture(net, "stem", "layer1", "layer2", "layer3", keep="all"), then a backward pass:\n'
+                 f'the mean |channel| of each output (top), of the gradient of the "{predicted}" score (bottom)',
+                 fontsize=8)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.78, bottom=0.02, wspace=0.08, hspace=0.4)
+    save(fig, "capture_layers")
+
+
+# --- operations: one operation's record, and the attention of a fused kernel ----------------------------
+def operations_pictures() -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.resnet18(weights=None).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad(), hookscope.capture(net, "layer1.0::add", "layer1.0", keep="all") as rec:
+        net(x)
+    op = rec["layer1.0::add"]
+    shown = [(t, title) for t, title in zip(op.args, ("args[0]: out (bn2's output)", "args[1]: identity"))]
+    shown += [(op.output, "output: out + identity"), (rec["layer1.0"].output, "layer1.0's output (after relu_)")]
+    fig = figure(11.0, 2.8)
+    axes = fig.subplots(1, len(shown), sharey=True)
+    for ax, (t, title) in zip(axes, shown):
+        values = t.flatten().numpy()
+        ax.hist(values, bins=60, color="#c0392b" if "relu" in title else "#2471a3")
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_title(f"{title}\nmin {values.min():.2f}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle('capture(net, "layer1.0::add", keep="all"): the residual sum `out += identity` of resnet18\'s '
+                 "first block,\nits inputs and its output, read before the in-place ReLU that follows rewrote it",
+                 fontsize=9)
+    fig.subplots_adjust(left=0.05, right=0.99, top=0.72, bottom=0.1, wspace=0.12)
+    save(fig, "operations_add")
+
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, vocab_size=50,
+                                      initializer_range=0.5)  # larger random weights: patterns that differ
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    llama = transformers.LlamaModel(config).eval()
+    ids = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(0))
+    name = "layers.0.self_attn::scaled_dot_product_attention"
+    p = hookscope.attention(llama, ids)[name][0]
+    fig = figure(1.7 * p.shape[0], 2.5)
+    axes = fig.subplots(1, p.shape[0])
+    for head, ax in enumerate(axes):
+        ax.imshow(p[head].numpy(), cmap="Blues", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(f"head {head}", fontsize=8)
+        ax.set_xlabel("key token", fontsize=7)
+        ax.set_ylabel("query token" if head == 0 else "", fontsize=7)
+        ax.tick_params(labelsize=6)
+    fig.suptitle(f"hookscope.attention(llama, ids): the probabilities of the fused kernel\n{name} "
+                 "(causal; four query heads, two key heads)", fontsize=8)
+    fig.subplots_adjust(left=0.05, right=0.99, top=0.74, bottom=0.17, wspace=0.3)
+    save(fig, "operations_attention")
+
+
+# --- attribution: one picture, several methods ------------------------------------------------------------
+def attribution_pictures() -> None:
+    net = demo_model()
+    x, labels = one_of_each_class()
+    triangle = x[2:3]
+    methods = ("saliency", "integrated_gradients", "input_x_gradient", "guided_backprop", "lrp")
+    panels, titles = [image(triangle[0])], [f"input: a {DEMO_CLASSES[labels[2]]}"]
+    for method in methods:
+        res = hookscope.attribute(net, triangle, method=method)
+        maps = res.maps.detach().float()[0]
+        panels.append((maps.sum(0) if is_signed(method) else maps.abs().sum(0)).numpy())
+        titles.append(f"{ATTRIBUTION_NAMES[method]}\n{DEMO_CLASSES[int(res.target[0])]}")
+    fig = figure(1.35 * len(panels), 2.0)
+    axes = fig.subplots(1, len(panels))
+    for ax, panel, title, method in zip(axes, panels, titles, (None, *methods)):
+        if method is None:
+            ax.imshow(panel, interpolation="nearest")
+        else:
+            signed = is_signed(method)
+            top = float(abs(panel).max()) or 1.0
+            ax.imshow(panel, cmap="bwr" if signed else "inferno", vmin=-top if signed else 0.0, vmax=top,
+                      interpolation="nearest")
+        ax.set_title(title, fontsize=7)
+        ax.set_axis_off()
+    fig.suptitle("hookscope.attribute(net, x, method=...): which pixels the predicted class depends on "
+                 "(red positive, blue negative)", fontsize=8)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.72, bottom=0.02, wspace=0.06)
+    save(fig, "attribution_methods")
+
+
+# --- pruning: masks per layer; channels removed for real, before and after --------------------------------
+def pruning_pictures() -> None:
+    net = demo_model()
+    masked = copy.deepcopy(net)
+    hookscope.prune(masked, torch.nn.Conv2d, torch.nn.Linear, amount=0.5, scope="global")
+    rows = [r for r in hookscope.sparsity(masked).rows if r.masked]
+    probe = one_of_each_class()[0][:1]
+    smaller = copy.deepcopy(net)
+    hookscope.prune_channels(smaller, probe, amount=0.5)
+    slim = hookscope.compact(smaller, probe)
+    convs = [n for n, m in net.named_modules() if isinstance(m, torch.nn.Conv2d)]
+    before = [net.get_submodule(n).out_channels for n in convs]
+    after = [slim.get_submodule(n).out_channels for n in convs]
+    compared = hookscope.compare_models(net, slim, probe, repeats=5)
+    fig = figure(11.0, 3.1)
+    left, middle, right = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.2, 1.2, 1.0]})
+    left.bar(range(len(rows)), [100 * r.zeros / r.numel for r in rows], color="#2471a3")
+    left.set_xticks(range(len(rows)), [r.layer for r in rows], rotation=45, fontsize=7, ha="right")
+    left.set_ylabel("weights masked (%)", fontsize=8)
+    left.set_title('prune(net, Conv2d, Linear, amount=0.5, scope="global")\nsparsity(net): each layer\'s share',
+                   fontsize=8)
+    at = torch.arange(len(convs)).float()
+    middle.bar(at - 0.2, before, 0.4, label="before", color="#95a5a6")
+    middle.bar(at + 0.2, after, 0.4, label="after compact", color="#27ae60")
+    middle.set_xticks(range(len(convs)), convs, rotation=45, fontsize=7, ha="right")
+    middle.set_ylabel("output channels", fontsize=8)
+    middle.legend(fontsize=7)
+    middle.set_title("prune_channels(net, x, amount=0.5), then compact:\nchannels removed for real", fontsize=8)
+    shown = [r for r in compared.rows if r.ratio is not None and r.name in
+             ("parameters", "multiply-adds", "CPU latency", "file size")]
+    right.barh(range(len(shown)), [r.ratio for r in shown], color="#27ae60")
+    right.axvline(1.0, color="k", lw=0.6)
+    right.set_yticks(range(len(shown)), [r.name for r in shown], fontsize=7)
+    right.invert_yaxis()
+    for i, r in enumerate(shown):
+        right.text(r.ratio + 0.02, i, f"{r.ratio:.2f}x", va="center", fontsize=7)
+    right.set_xlim(0, 1.25)
+    right.set_xlabel("after / before", fontsize=8)
+    right.set_title("compare_models(net, slim, x)", fontsize=8)
+    for ax in (left, middle, right):
+        ax.tick_params(labelsize=7)
+    fig.subplots_adjust(left=0.05, right=0.99, top=0.83, bottom=0.27, wspace=0.35)
+    save(fig, "pruning_before_after")
+
+
+# --- inputs: one image file, as three model libraries' transforms make it ----------------------------------
+def inputs_pictures() -> None:
+    from PIL import Image
+
+    triangle = one_of_each_class()[0][2]
+    made = [("demo", {}), ("torchvision:resnet18", {"weights": "DEFAULT"}), ("timm:resnet18", {})]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "wide.png"
+        Image.fromarray((image(triangle) * 255).round().astype("uint8")).resize((200, 120)).save(path)
+        with Image.open(path) as f:
+            original = f.convert("RGB")
+        batches = [hookscope.load_images(spec, str(path), **kw) for spec, kw in made]
+    fig = figure(1.75 * (len(made) + 1), 2.3)
+    axes = fig.subplots(1, len(made) + 1)
+    axes[0].imshow(original, interpolation="nearest")
+    axes[0].set_title(f"the file\n{original.width} x {original.height}", fontsize=8)
+    for ax, (spec, _), batch in zip(axes[1:], made, batches):
+        ax.imshow(image(batch.pictures[0]), interpolation="nearest")
+        x = batch.x[0]
+        ax.set_title(f'load_images("{spec}")\n{"x".join(map(str, x.shape))}, x in [{float(x.min()):.1f}, '
+                     f"{float(x.max()):.1f}]", fontsize=7)
+    for ax in axes:
+        ax.set_axis_off()
+    fig.suptitle("one picture file, as each model library's own transform makes it (batch.pictures; "
+                 "batch.x normalised)", fontsize=8)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.72, bottom=0.02, wspace=0.12)
+    save(fig, "inputs_transforms")
+
+
+# --- the command line: a picture hookscope cam --plot draws --------------------------------------------
+def command_line_pictures() -> None:
+    from hookscope.cli import main
+
+    path = IMG / "command_line_cam.png"
+    code = main(["cam", "demo", "--method", "gradcam,gradcam++,layercam", "--plot", str(path)])
+    if code != 0:
+        raise SystemExit(f"hookscope cam exited with {code}")
+    from PIL import Image
+
+    with Image.open(path) as drawn:
+        small = drawn.convert("RGB")
+    if small.width > 760:
+        small = small.resize((760, round(small.height * 760 / small.width)), Image.Resampling.LANCZOS)
+    small.quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path, optimize=True)
+    print(f"wrote {path.relative_to(DOCS.parent)} ({path.stat().st_size // 1024} KB)")
+
+
 PICTURES: dict[str, Callable[[], None]] = {
     "gallery": gallery, "trap": trap, "debugging": debugging, "cam": cam, "features": features, "lrp": lrp,
     "transformers": transformers_pictures, "extraction": extraction, "results": results,
+    "capture": capture_pictures, "operations": operations_pictures, "attribution": attribution_pictures,
+    "pruning": pruning_pictures, "command-line": command_line_pictures, "inputs": inputs_pictures,
 }
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import re
 import json
 from pathlib import Path
 
@@ -132,3 +133,120 @@ def test_a_command_with_letters_swapped_or_missing_gets_the_closest_one(capsys, 
     assert exit.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"Did you mean {meant!r}?" in err[0], err
+
+
+# --- --layers: one option, declared once for every command that chooses layers ----------------------
+def _layers_action(parser):
+    return next((a for a in parser._actions if "--layers" in a.option_strings), None)
+
+
+def test_every_command_that_chooses_layers_declares_one_layers_option():
+    from hookscope.cli import parsers
+    from hookscope.cli._common import LAYER_FORMS
+
+    found = {name: _layers_action(p) for name, p in parsers().items() if name}
+    for name, action in found.items():
+        if name in ("layers", "summary", "attribute"):  # layers: a PATTERN; summary: the whole tree
+            continue
+        assert action is not None, name
+        assert action.option_strings == ["--layers", "--layer"] and action.metavar == "LAYER", name
+        assert LAYER_FORMS in action.help, name
+        if name != "features":  # features draws one layer
+            assert action.nargs == "+" and type(action).__name__ == "_ExtendAction", name
+
+
+@pytest.mark.parametrize("command", ["trace", "watch", "diff", "prune", "report", "extract", "cam", "demo"])
+def test_layers_repeated_add_up_as_several_after_one(command):
+    from hookscope.cli import parsers
+
+    p = parsers()[command]
+    base = {"demo": [], "extract": ["tiny", "--data", "x.npy", "--out", "s"]}.get(command, ["tiny"])
+    if command == "report":
+        base = ["tiny", "--out", "r"]
+    one = p.parse_args([*base, "--layers", "layer1", "layer2.*"]).layers
+    repeated = p.parse_args([*base, "--layer", "layer1", "--layers", "layer2.*"]).layers
+    assert one == repeated == ["layer1", "layer2.*"]
+
+
+def test_trace_keeps_every_repeated_layer(capsys):
+    assert main(["trace", "tiny", "--layer", "stem.0", "--layer", "fc", "--json", "--no-inputs"]) == 0
+    names = {r["module"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert names == {"stem.0", "fc"}
+
+
+def test_a_second_layer_for_features_is_refused_not_taken_instead(capsys, tmp_path):
+    err = _refused(capsys, ["features", "tiny", "--layer", "layer1", "--layer", "layer2",
+                            "--out", str(tmp_path / "f.png")])
+    assert err.strip().splitlines()[-1].endswith(
+        "--layer layer2: this command takes one layer and 'layer1' is given already; give --layers once "
+        "(see hookscope features --help)")
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_demo_takes_its_layers_as_words_or_with_layers(capsys):
+    outs = []
+    for argv in (["layer1.[03]"], ["--layers", "layer1.[03]"]):
+        assert main(["demo", *argv, "--batch", "1", "--no-report", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1] and [r["layer"] for r in outs[0]["layers"]] == ["layer1.0", "layer1.3"]
+
+
+# --- what the README, the home page and --help say the command line does ---------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _options(parser):
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+def test_the_readme_says_which_commands_take_json_weights_and_layers():
+    from hookscope.cli import COMMAND_NAMES, parsers
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    claims = re.findall(r"[Ee]very command(?: but ((?:`\w+`(?:,| and)? ?)+))? takes `(--[\w-]+)`", text)
+    assert {option for _, option in claims} == {"--json", "--weights", "--layers"}, claims
+    found = parsers()
+    for but, option in claims:
+        left_out = set(re.findall(r"`(\w+)`", but))
+        assert left_out <= set(COMMAND_NAMES)
+        taking = {name for name in COMMAND_NAMES if option in _options(found[name])}
+        assert taking == set(COMMAND_NAMES) - left_out, (option, sorted(taking ^ (set(COMMAND_NAMES) - left_out)))
+
+
+def test_every_command_is_in_the_help_and_on_the_command_line_page(capsys):
+    from hookscope.cli import COMMAND_NAMES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    page = (ROOT / "docs" / "guide" / "command-line.md").read_text()
+    for name in COMMAND_NAMES:
+        assert re.search(rf"^    {name}\b", shown, re.M), f"hookscope --help does not list {name}"
+        assert re.search(rf"^  {re.escape(name)}\b|[ ,]{re.escape(name)}[ ,]", shown.split("positional")[0], re.M), \
+            f"hookscope --help's description does not say what {name} does"
+        assert f"`hookscope {name}" in page, f"docs/guide/command-line.md does not show hookscope {name}"
+
+
+FEATURES = {  # a feature, and the words that name it (any one of them)
+    "capture": ("capture",), "edit": ("edit",), "grads": ("grads",), "operations": ("::",),
+    "attention": ("attention",), "gradient attribution": ("gradient methods", "integrated gradients"),
+    "LRP": ("LRP",), "token attribution": ("attribute_tokens", "tokens"), "CAM": ("CAM",),
+    "feature maps": ("feature",), "extract": ("extract",), "prune masks": ("mask",),
+    "channels": ("channels",), "heads": ("heads",), "widths": ("width",), "compaction": ("compact",),
+    "summary": ("summary",), "trace": ("trace",), "watch": ("watch",), "gradient flow": ("gradient flow", "gradflow"),
+    "diff": ("diff",), "report": ("report",), "load_images": ("load_images",),
+    "example_input": ("example_input",), "tokenize": ("tokenize",), "notebooks": ("notebook",),
+    "pandas": ("pandas",),
+}
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/index.md", "ARCHITECTURE.md", "hookscope --help"])
+def test_every_feature_is_listed(where, capsys):
+    if where == "hookscope --help":
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        text = capsys.readouterr().out
+    else:
+        text = (ROOT / where).read_text()
+    missing = [f for f, words in FEATURES.items() if not any(w.lower() in text.lower() for w in words)]
+    assert missing == [], f"{where} does not name {missing}"

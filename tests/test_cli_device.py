@@ -23,6 +23,9 @@ COMMANDS = {
     "cam": ["cam", "tiny", "--json"],
     "features": ["features", "tiny", "--layers", "layer1", "--out", "maps.png", "--overwrite", "--json"],
     "demo": ["demo", "--batch", "2", "--no-report", "--json"],
+    "layers": ["layers", "tiny", "--json"],
+    "prune": ["prune", "tiny", "--amount", "0.5", "--repeats", "1", "--json"],
+    "prune --channels": ["prune", "tiny", "--channels", "--amount", "0.25", "--repeats", "1", "--json"],
 }
 
 
@@ -33,7 +36,16 @@ def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str,
 
 
 def _same(command: str, a: str, b: str) -> None:
-    assert json.loads(a) == json.loads(b)
+    assert _untimed(json.loads(a)) == _untimed(json.loads(b))
+
+
+def _untimed(doc: object) -> object:
+    """A command's JSON without the latencies prune measures (they differ from run to run)."""
+    if isinstance(doc, dict):
+        return {k: _untimed(v) for k, v in doc.items() if doc.get("unit") != "ms"}
+    if isinstance(doc, list):
+        return [_untimed(v) for v in doc if not (isinstance(v, dict) and v.get("unit") == "ms")]
+    return doc
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -66,7 +78,7 @@ def test_a_device_that_cannot_run_is_one_line(command: str, device: str, said: s
     argv = COMMANDS.get(command) or ["extract", "tiny", "--data", str(_npy(tmp_path)), "--layers", "fc",
                                      "--out", str(tmp_path / "store")]
     code, out, err = _run(capsys, [*argv, "--device", device])
-    assert code == 2 and out == "" and err == [f"hookscope {command}: error: {said}"]
+    assert code == 2 and out == "" and err == [f"hookscope {argv[0]}: error: {said}"]
     assert not (tmp_path / "store").exists()
 
 
@@ -79,7 +91,7 @@ def test_cuda_without_cuda_names_the_fix(command: str, tmp_path: Path, capsys: p
     for device in ("cuda", "cuda:1"):
         code, out, err = _run(capsys, [*argv, "--device", device])
         assert code == 2 and out == ""
-        assert err == [f"hookscope {command}: error: --device {device}: CUDA is not available here; give --device cpu"]
+        assert err == [f"hookscope {argv[0]}: error: --device {device}: CUDA is not available here; give --device cpu"]
 
 
 def _npy(tmp_path: Path) -> Path:
@@ -130,3 +142,20 @@ def _numbers(doc: object) -> object:
     if isinstance(doc, list):
         return [_numbers(v) for v in doc]
     return doc
+
+
+@pytest.mark.parametrize("argv", [COMMANDS["layers"], ["layers", "--ops", "tiny", "layer1.0", "--json"],
+                                  COMMANDS["prune"], COMMANDS["prune --channels"]])
+def test_layers_and_prune_run_the_model_on_the_device(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    moved: list[object] = []
+    real = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: object, **kwargs: object) -> torch.nn.Module:
+        moved.append(args[0] if args else kwargs.get("device"))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    assert main([*argv, "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert torch.device("cpu") in moved

@@ -74,6 +74,30 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+DESCRIPTION = """See inside and steer any PyTorch model through hooks.
+
+What it does (a command below; capture, edit, grads, attention, inputs and
+results are the Python library's, `import hookscope`):
+  capture, edit, grads  any layer's inputs, outputs and gradients; patching and
+                        ablation; any tensor's gradient, read or rewritten
+  MODULE::OP            the operations between modules (layer1.0::add), selected
+                        like layers; `layers --ops` lists them
+  attention             the attention patterns of fused kernels
+  summary, trace, watch the module tree; per-layer statistics; the first NaN/Inf
+  gradient flow, diff   gradients layer by layer (trace --grad-flow); two runs
+                        compared layer by layer
+  cam                   the CAM family (Grad-CAM, Grad-CAM++, Score-CAM, ...)
+  attribute             input attribution: gradient methods, LRP, tokens
+  features              a layer's feature maps; the in-place trap made visible
+  prune                 masks; channels, attention heads and widths removed;
+                        the smaller model compacted; before and after
+  extract               a dataset's activations in shards on disk
+  report                an HTML report of it all
+  demo                  the trained demo model on new images; the in-place trap
+  layers                the names every --layers selects
+  inputs                images, example inputs and tokens as the model reads
+                        them (load_images, example_input, tokenize)
+  results               tables and JSON; in notebooks and pandas"""
 MODELS_NOTE = (
     "MODEL: tiny | demo | torchvision:NAME | hf:CLASS_OR_TASK --config PATH (a transformers class such as "
     "GPT2LMHeadModel, or a task such as causal-lm, built from a folder save_pretrained wrote or a config JSON) | "
@@ -160,12 +184,12 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
         return 130
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hookscope`` console script; returns the exit code."""
+def _build() -> tuple[_Parser, Any, dict[str, ModuleType]]:
+    """The ``hookscope`` parser, its subparsers action and the command modules."""
     from .. import __version__
 
     parser = _Parser(
-        prog="hookscope", description="See inside and steer any PyTorch model through hooks.",
+        prog="hookscope", description=DESCRIPTION,
         epilog="\n\n".join(textwrap.fill(note, 79) for note in (MODELS_NOTE, SECURITY_NOTE)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -176,6 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = _commands()
     for module in commands.values():
         module.add_parser(sub)
+    return parser, sub, commands
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """The ``hookscope`` parser (under ``""``) and each command's, by name: what every ``--help`` prints."""
+    parser, sub, _ = _build()
+    return {"": parser, **sub.choices}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hookscope`` console script; returns the exit code."""
+    parser, sub, commands = _build()
     given = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in given  # anywhere: `hookscope --debug trace ...` or `hookscope trace ... --debug`
     args, extra = parser.parse_known_args([a for a in given if a != "--debug"])

@@ -1,4 +1,4 @@
-"""What several commands share: help with examples, --plot, --device, loading MODEL with its --weights
+"""What several commands share: help with examples, --plot, --layers, --device, loading MODEL with its --weights
 (on the --device), the backward pass the CLI differentiates, and which records a command keeps."""
 
 from __future__ import annotations
@@ -105,6 +105,44 @@ def save_plot(path: str, figure: Any, *, quiet: bool) -> None:
     """
     saved = save_figure(figure, path)
     print(f"wrote plot to {saved}", file=sys.stderr if quiet else sys.stdout)
+
+
+LAYER_FORMS = "LAYER is a name as `hookscope layers MODEL` lists it, a glob such as 'layer*.conv1' or 're:REGEX'"
+
+
+class _OneLayer(argparse.Action):
+    """``--layers`` of a command that takes one layer: a second one is refused, not taken in place of the first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        held = getattr(namespace, self.dest, None)
+        if held is not None and held != values:
+            parser.error(f"{option_string} {values}: this command takes one layer and {held!r} is given already; "
+                         "give --layers once")
+        setattr(namespace, self.dest, values)
+
+
+def add_layers_argument(p: argparse.ArgumentParser, what: str, *, one: bool = False, required: bool = False,
+                        default: list[str] | None = None) -> None:
+    """The ``--layers LAYER`` option (``--layer`` is the same option) of every command that chooses layers.
+
+    Several layers come after one ``--layers`` or with ``--layers`` repeated, the two adding up; spaces
+    separate them, never commas, which belong to the layer (``re:`` patterns, extract's ``NAME:at[:, -1]``).
+    ``one=True``: a command that takes a single layer, where a second ``--layers`` is an error.
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> add_layers_argument(p, "the layers to trace", default=[])
+        >>> p.parse_args(["--layers", "a", "b", "--layer", "c"]).layers, p.parse_args([]).layers
+        (['a', 'b', 'c'], [])
+    """
+    if one:
+        p.add_argument("--layers", "--layer", metavar="LAYER", action=_OneLayer, required=required, default=default,
+                       help=f"{what}; {LAYER_FORMS}; one layer")
+        return
+    p.add_argument("--layers", "--layer", metavar="LAYER", nargs="+", action="extend", required=required,
+                   default=default, help=f"{what}; {LAYER_FORMS}; several go after one --layers or with "
+                   "--layers repeated (spaces separate them, not commas)")
 
 
 DEVICE_HELP = ("where the model, its inputs and the analysis run: cpu, cuda, cuda:1, mps (default: cpu); "

@@ -21,7 +21,7 @@ from ..errors import HookscopeError, did_you_mean
 from ..loading.hf import is_hf_model
 from ._images import add_image_arguments, load_images
 from ._inputs import hf_logits, model_input
-from ._common import add_device_argument, check_device
+from ._common import add_device_argument, add_layers_argument, check_device
 from ._load import (
     DEMO_SPEC,
     add_class_arguments,
@@ -73,8 +73,7 @@ def add_parser(sub: Any) -> None:
     add_image_arguments(p)
     p.add_argument("--normalize", dest="preset", choices=("auto", "imagenet", "none"), default=argparse.SUPPRESS,
                    help="the older name of --preset")
-    p.add_argument("--layers", "--layer", metavar="L", nargs="+", action="extend", default=None,
-                   help="layer names or globs; several are fused (default: the last Conv2d)")
+    add_layers_argument(p, "the layers whose maps are drawn, several fused (default: the last Conv2d)")
     p.add_argument("--fuse", choices=("mean", "max"), default="mean", help="how several layers are fused")
     p.add_argument("--method", metavar="M[,M...]", default="gradcam", help=_METHODS_HELP)
     p.add_argument("--target", metavar="K", type=int, default=None,

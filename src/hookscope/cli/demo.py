@@ -19,7 +19,7 @@ from ..records import Recording
 from ..synthetic import ShapeSet, shapes
 from ..loading.origin import WeightsOrigin, record_origin
 from ..zoo import DEMO_CLASSES, demo_model
-from ._common import add_device_argument, check_device
+from ._common import add_device_argument, add_layers_argument, check_device
 from ._load import seed_arg
 
 _MOST = 512  # images the demo draws at once: every conv and batch norm output and gradient is kept
@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
         "(feature maps, CAMs with faithfulness scores, trace, gradient flow) whose path it prints.",
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("layers", nargs="*", help="layer names or globs (default: every Conv2d and BatchNorm2d)")
+    p.add_argument("words", nargs="*", metavar="LAYER", help="the same as --layers LAYER ...")
+    add_layers_argument(p, "the modules recorded (default: every Conv2d and BatchNorm2d)")
     p.add_argument("--batch", type=int, default=4, help="how many generated images (default 4)")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the generated images (default 0)")
     p.add_argument("--out", metavar="DIR", default="hookscope-demo",
@@ -108,7 +109,7 @@ def _print(found: dict[str, Any], x: torch.Tensor, calls: int, hooks: int) -> No
 
 
 def _record(model: nn.Module, args: argparse.Namespace, x: torch.Tensor) -> tuple[Recording, torch.Tensor]:
-    selectors: list[Any] = list(args.layers) or [(nn.Conv2d, nn.BatchNorm2d)]
+    selectors: list[Any] = [*(args.layers or ()), *args.words] or [(nn.Conv2d, nn.BatchNorm2d)]
     with capture(model, *selectors, keep=("output", "grad_output")) as rec:
         logits = model(x)
         logits.logsumexp(dim=1).sum().backward()

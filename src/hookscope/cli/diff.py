@@ -14,7 +14,7 @@ from ..errors import HookscopeError
 from ..viz.plots import plot_diff
 from ._inputs import model_input
 from ._load import add_model_arguments, load_model
-from ._common import add_device_argument, add_examples, check_device, add_plot_argument, check_plot, save_plot
+from ._common import add_device_argument, add_examples, add_layers_argument, check_device, add_plot_argument, check_plot, save_plot
 
 _AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,8 +34,7 @@ def add_parser(sub: Any) -> None:
                    help="second MODEL, same spellings as A (default: A itself)")
     p.add_argument("--b-seed", type=int, default=None,
                    help="build B with this seed instead of --seed (e.g. two differently initialised models)")
-    p.add_argument("--layers", "--layer", nargs="+", metavar="LAYER", default=None,
-                   help="names or globs of the modules to compare (default: every module)")
+    add_layers_argument(p, "the modules to compare, or MODULE::OP operations (default: every module)")
     p.add_argument("--rtol", type=float, default=None,
                    help=f"relative tolerance (default: float32's {RTOL:g}, or the bfloat16 / float16 tolerance "
                         "for outputs a run computed in that dtype; giving --rtol or --atol sets both for every output)")

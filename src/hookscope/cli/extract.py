@@ -15,7 +15,7 @@ import torch
 
 from ..errors import HookscopeError
 from ..selection import At
-from ._common import add_device_argument, add_examples, check_device, model_from
+from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
 from ._data import FileData, file_data, kind_of
 from ._images import PRESETS, preset_for
 from ._load import add_model_arguments
@@ -44,8 +44,7 @@ def add_parser(sub: Any) -> None:
                         ".pt files (torch.load(weights_only=True): a tensor whose rows are samples, or a dict "
                         "of keyword tensors for hf models) or .npy files (np.load(allow_pickle=False), memory-"
                         "mapped); several paths of one kind are concatenated in order")
-    p.add_argument("--layers", "--layer", nargs="+", metavar="SPEC", required=True,
-                   help=f"what to store: {_FORMS}; NAME is a layer name or a glob, as `hookscope layers MODEL` lists")
+    add_layers_argument(p, f"what to store: {_FORMS.replace('NAME', 'LAYER')}", required=True)
     p.add_argument("--out", metavar="DIR", required=True,
                    help="the store's folder (new or empty; an existing store needs --resume or --overwrite)")
     p.add_argument("--keep", choices=("output", "input"), default="output",

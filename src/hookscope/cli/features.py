@@ -17,7 +17,7 @@ from ..core.text import shape_text, table
 from ..errors import HookscopeError
 from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..viz.features import REDUCTIONS, SCALES
-from ._common import add_device_argument, check_device
+from ._common import add_device_argument, add_layers_argument, check_device
 from ._images import add_image_arguments, load_images
 from ._inputs import ModelInput, model_input
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
@@ -65,8 +65,7 @@ def add_parser(sub: Any) -> None:
     add_device_argument(p)
     p.epilog = EXAMPLE + "\n\n" + textwrap.fill(p.epilog or "", 100)
     add_image_arguments(p)
-    p.add_argument("--layers", "--layer", metavar="L", required=True,
-                   help="the layer whose output is drawn: a name from `hookscope layers MODEL`")
+    add_layers_argument(p, "the layer whose output is drawn", one=True, required=True)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--top", metavar="K", type=int, default=None,
                        help="only the K channels with the largest --by over the images, largest first")

@@ -20,7 +20,7 @@ from ..core.text import shape_text, table
 from ..selection import layers
 from ._inputs import model_input
 from ._load import add_model_arguments
-from ._common import add_examples, model_from
+from ._common import add_device_argument, add_examples, model_from
 
 
 def add_parser(sub: Any) -> None:
@@ -40,6 +40,7 @@ def add_parser(sub: Any) -> None:
                    help="list the operations (torch functions, Tensor methods, operators) each module's own "
                    "forward runs in one pass, named MODULE::OP as --layers selects them, with their shapes")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the table")
+    add_device_argument(p)
     add_examples(p, ("hookscope layers torchvision:resnet18 'layer1.*'", "the names a glob selects, with shapes"),
                  ("hookscope layers --ops torchvision:resnet18 'layer1.0'",
                   "the operations of one block: layer1.0::add is its residual add"),

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..core.text import first_line
 from ..errors import HookscopeError, did_you_mean
-from ._common import add_examples, model_from
+from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
 from ._images import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images
 from ._inputs import ModelInput, model_input
 from ._load import add_model_arguments, class_names
@@ -49,9 +49,8 @@ def add_parser(sub: Any) -> None:
     )
     add_model_arguments(p)
     add_image_arguments(p)
-    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=None,
-                   help="names, globs or types of the layers to prune (default: every Linear and Conv; with "
-                        "--channels every removable channel group)")
+    add_layers_argument(p, "the layers to prune, also by type such as Conv2d (default: every Linear and Conv; with "
+                           "--channels every removable channel group)")
     p.add_argument("--amount", metavar="FRACTION", type=float, default=None,
                    help="the share to prune: of each layer's weights (or channels), in [0, 1]; with "
                         "--channels in [0, 1), each group keeping a channel")
@@ -115,6 +114,8 @@ def _add_channel_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the pruned weights (a state_dict, masks made permanent) here, atomically; an "
                         "existing file needs --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
+    add_device_argument(p, "; the model is pruned there (--data measured there too), and compared before and after "
+                           "(CPU latency included) on the CPU")
 
 
 # --- every option's mistake, before the model is built -------------------------------------------
@@ -307,6 +308,10 @@ def _data(args: argparse.Namespace, model: nn.Module) -> _Data | None:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if data.inputs.is_floating_point():
         data.inputs = data.inputs.to(dtype)
+    device = check_device(args.device)
+    if device is not None:  # where the model is: the calibration passes run there
+        data.inputs = data.inputs.to(device)
+        data.labels = None if data.labels is None else data.labels.to(device)
     if args.importance == "taylor" and data.labels is None:
         raise HookscopeError(f"--importance taylor needs labels and --data {args.data} has none; give a folder "
                              "with one subfolder per class, or a .pt file of {'inputs': ..., 'labels': ...}")
@@ -329,7 +334,7 @@ def _check_fits(model: nn.Module, sample: torch.Tensor, path: str) -> None:
 def _example(args: argparse.Namespace, model: nn.Module, data: _Data | None) -> ModelInput:
     """The input traced and timed: --image, else --input, else one calibration sample, else the usual one."""
     if args.image:
-        return ModelInput(load_images(args).x)
+        return ModelInput(load_images(args).x).to(check_device(args.device))
     if args.input is None and data is not None:
         return ModelInput(data.inputs[:1])
     return model_input(args, model)
@@ -457,6 +462,8 @@ def run(args: argparse.Namespace) -> int:
         result, after = _prune_channels(args, model, given, data)
     else:
         result, after = _prune_weights(args, model), model
+    # compare_models measures CPU latency: both models and the example compared on the CPU, wherever pruned
+    before, after, given = before.cpu(), after.cpu(), given.to("cpu")
     comparison = compare_models(before, after, given.x, kwargs=given.kwargs, repeats=args.repeats,
                                 warmup=min(2, args.repeats))
     if args.out is not None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import HookscopeError
-from ._common import add_device_argument, check_device
+from ._common import add_device_argument, add_layers_argument, check_device
 from ._images import add_image_arguments, load_images
 from ._inputs import model_input
 from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_class_names, class_names, load_model,
@@ -51,8 +51,7 @@ def add_parser(sub: Any) -> None:
     p.epilog = EXAMPLE + "\n" + (p.epilog or "")
     p.add_argument("--images", metavar="N", type=int, default=4,
                    help=f"for MODEL demo without --image: how many generated images (default 4, at most {_MOST})")
-    p.add_argument("--layers", "--layer", nargs="+", metavar="L", default=None,
-                   help="layers whose feature maps to draw (default: up to four top-level layers)")
+    add_layers_argument(p, "the layers whose feature maps are drawn (default: up to four top-level layers)")
     p.add_argument("--methods", metavar="M,M", default="gradcam,gradcam++,layercam",
                    help="CAM methods, comma-separated, or 'none' (default gradcam,gradcam++,layercam); each method "
                         "runs the model about 100 more times per image for its deletion and insertion curves, "

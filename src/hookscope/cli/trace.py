@@ -10,7 +10,7 @@ from ..analysis.gradflow import gradient_flow
 from ..analysis.trace import trace
 from ..errors import HookscopeError
 from ..viz.plots import plot_gradient_flow, plot_trace
-from ._common import (add_device_argument, LOSS_HELP, add_examples, add_plot_argument, check_plot, keep_for, model_from, run_model,
+from ._common import (add_device_argument, add_layers_argument, LOSS_HELP, add_examples, add_plot_argument, check_plot, keep_for, model_from, run_model,
                       save_plot)
 from ._inputs import model_input
 from ._load import add_model_arguments
@@ -26,8 +26,7 @@ def add_parser(sub: Any) -> None:
     )
     add_model_arguments(p)
     add_device_argument(p)
-    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=[],
-                   help="layer names, globs or re:REGEX (default: every module)")
+    add_layers_argument(p, "the modules to trace, or MODULE::OP operations (default: every module)", default=[])
     p.add_argument("--backward", action="store_true", help="also run a backward pass and trace gradients")
     p.add_argument("--no-inputs", action="store_true", help="leave out the inputs of each call")
     p.add_argument("--grad-flow", action="store_true",

@@ -8,7 +8,7 @@ from typing import Any
 from ..analysis.watch import watch
 from ._inputs import model_input
 from ._load import add_model_arguments
-from ._common import add_device_argument, LOSS_HELP, add_examples, keep_for, model_from, run_model
+from ._common import add_device_argument, add_layers_argument, LOSS_HELP, add_examples, keep_for, model_from, run_model
 
 
 def add_parser(sub: Any) -> None:
@@ -23,8 +23,7 @@ def add_parser(sub: Any) -> None:
     )
     add_model_arguments(p)
     add_device_argument(p)
-    p.add_argument("--layers", "--layer", nargs="+", metavar="SEL", default=[],
-                   help="layer names, globs or re:REGEX (default: every module)")
+    add_layers_argument(p, "the modules to watch, or MODULE::OP operations (default: every module)", default=[])
     p.add_argument("--backward", action="store_true", help="also run a backward pass and check gradients")
     p.add_argument("--last", type=int, default=5, metavar="N",
                    help="module calls shown before the culprit, with all their records (default 5)")

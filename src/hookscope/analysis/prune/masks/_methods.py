@@ -124,9 +124,10 @@ def _random_unstructured(t: torch.Tensor, default: torch.Tensor, spec: Spec) -> 
     mask = default.clone(memory_format=torch.contiguous_format)
     if k != 0:
         g = spec.generator
-        # drawn in logical order (rand_like would follow a channels_last layout: other draws per entry)
+        # drawn in logical order (rand_like would follow a channels_last layout: other draws per entry), on the
+        # generator's device: a CPU generator cannot draw on CUDA, and the seed gives the same mask on every device
         prob = torch.rand_like(t, memory_format=torch.contiguous_format) if g is None else \
-            torch.rand(t.shape, generator=g, dtype=t.dtype, device=t.device)
+            torch.rand(t.shape, generator=g, dtype=t.dtype, device=g.device).to(t.device)
         topk = torch.topk(prob.view(-1), k=k)
         mask.view(-1)[topk.indices] = 0
     return mask
