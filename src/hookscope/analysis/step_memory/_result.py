@@ -98,9 +98,9 @@ class StepMemory(Result):
             >>> print(step_memory(torch.nn.Linear(4, 2), torch.zeros(3, 4)).table())
             Linear: one training step on cpu, training mode, no optimizer
             Layer (type)  Calls  Saved  Saved (subtree)  Params  Grads  Optimizer  Total (subtree)
-            ----------------------------------------------------------------------------------------
+            --------------------------------------------------------------------------------------
             Linear            1   48 B             48 B    40 B   40 B        0 B            128 B
-            ----------------------------------------------------------------------------------------
+            --------------------------------------------------------------------------------------
             Saved for backward: 48 B (outside the model: 0 B; parameters and buffers saved, not counted again: 0 B)
             Parameters and buffers: 40 B; gradients: 40 B; optimizer state: 0 B
             Peak: 128 B (saved at most 48 B at once + parameters + gradients + optimizer state)

@@ -127,7 +127,7 @@ def default_loss(output: Any) -> torch.Tensor:
 
     Example:
         >>> x = torch.ones(2, 3, requires_grad=True)
-        >>> float(default_loss((x, x.sum()))), float(default_loss({"loss": x.sum() * 0}))
+        >>> default_loss((x, x.sum())).item(), default_loss({"loss": x.sum() * 0}).item()
         (12.0, 0.0)
     """
     if isinstance(output, torch.Tensor) and output.numel() == 1:
