@@ -377,3 +377,80 @@ def test_on_cuda_the_peak_is_measured_too():
     m = hookscope.step_memory(net, torch.randn(8, 3, 64, 64), optimizer=torch.optim.Adam(net.parameters()))
     assert m.device.startswith("cuda") and m.totals.measured_peak is not None
     assert m.totals.measured_peak >= m.totals.params + m.totals.saved_peak
+
+
+def test_under_no_grad_or_inference_mode_the_step_is_the_same():
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)), torch.randn(3, 4)
+    expected = hookscope.step_memory(net, x).totals
+    with torch.no_grad():
+        assert hookscope.step_memory(net, x).totals == expected
+    with torch.inference_mode():
+        made_here = torch.randn(3, 4)  # an inference tensor: the step runs on a normal copy
+        assert hookscope.step_memory(net, made_here).totals == expected
+    assert no_hooks(net)
+
+
+def test_sparse_gradients_count_their_values_and_indices():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2))
+    m = hookscope.step_memory(net, torch.tensor([[1, 2, 3]]), optimizer=torch.optim.SGD(net.parameters(), lr=0.1))
+    assert m["0"].grads == 3 * 4 * 4 + 3 * 8  # three rows of values, their int64 indices
+    assert all(p.grad is None for p in net.parameters())
+
+
+class _FailsBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError("no backward here")
+
+
+def test_a_failing_backward_is_one_line_and_the_gradients_come_back():
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return _FailsBackward.apply(self.fc(x))
+
+    net = M()
+    old = torch.ones(4, 4)
+    net.fc.weight.grad = old
+    with pytest.raises(hookscope.HookscopeError, match="the backward pass failed: ValueError: no backward here"):
+        hookscope.step_memory(net, torch.randn(2, 4))
+    assert net.fc.weight.grad is old and torch.equal(old, torch.ones(4, 4)) and net.fc.bias.grad is None
+    assert no_hooks(net)
+
+
+def test_steps_in_threads_each_count_their_own_model():
+    import threading
+
+    found: dict[int, int] = {}
+
+    def run(i: int) -> None:
+        torch.manual_seed(i)
+        found[i] = hookscope.step_memory(nn.Sequential(nn.Linear(4, 8 * (i + 1)), nn.Tanh()),
+                                         torch.randn(3, 4)).totals.saved
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found == {i: 3 * 4 * 4 + 3 * 8 * (i + 1) * 4 for i in range(4)}
+
+
+def test_an_optimizer_over_more_than_the_model_puts_every_parameter_back():
+    torch.manual_seed(0)
+    net, other = nn.Linear(4, 2), nn.Linear(3, 3)
+    other.weight.grad = torch.ones(3, 3)
+    opt = torch.optim.SGD([*net.parameters(), *other.parameters()], lr=0.5)
+    before = other.weight.detach().clone()
+    m = hookscope.step_memory(net, torch.randn(2, 4), optimizer=opt)
+    assert torch.equal(other.weight, before) and torch.equal(other.weight.grad, torch.ones(3, 3))
+    assert m.totals.grads == sum(p.nbytes for p in net.parameters())

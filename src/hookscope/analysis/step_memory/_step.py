@@ -95,8 +95,8 @@ class _Calls:
 def set_aside(params: list[nn.Parameter], optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
     """Inside: no parameter has a gradient, the optimizer has no state; after: both as before (the
     same objects), the optimizer's parameters holding their values again."""
-    grads = [(p, p.grad) for p in params]
     stepped = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
+    grads = [(p, p.grad) for p in {id(p): p for p in (*params, *stepped)}.values()]
     values = [(p, p.detach().to("cpu", copy=True)) for p in stepped]  # on the host: the device's peak is the step's
     state = optimizer.state if optimizer is not None else None
     groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups] \
@@ -168,8 +168,8 @@ def _backward(value: torch.Tensor) -> None:
         value.backward()
     except HookscopeError:
         raise
-    except RuntimeError as e:
-        raise HookscopeError(f"the backward pass failed: {first_line(e)}") from e
+    except Exception as e:
+        raise HookscopeError(f"the backward pass failed: {type(e).__name__}: {first_line(e)}") from e
 
 
 def _optimize(optimizer: torch.optim.Optimizer, step: Step) -> None:
@@ -210,8 +210,8 @@ def run_step(model: nn.Module, selected: Named, inputs: Any, saved: SavedTensors
     cuda = device is not None and device.type == "cuda"
     with restored(inner, rng=rng), set_aside(list(inner.parameters()), optimizer):
         before = _cuda_start(device) if cuda else 0
-        placed = _placed(inputs, device)
         with torch.inference_mode(False), torch.enable_grad():
+            placed = _placed(inputs, device)  # outside inference mode: copies autograd may save
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 output = _forward(model, selected, placed, saved, step)
                 value = _loss_value(loss, output)
