@@ -454,3 +454,17 @@ def test_an_optimizer_over_more_than_the_model_puts_every_parameter_back():
     m = hookscope.step_memory(net, torch.randn(2, 4), optimizer=opt)
     assert torch.equal(other.weight, before) and torch.equal(other.weight.grad, torch.ones(3, 3))
     assert m.totals.grads == sum(p.nbytes for p in net.parameters())
+
+
+def test_the_command_line_prints_the_step_after_the_summary(capsys):
+    from hookscope.cli import main
+
+    assert main(["summary", "tiny", "--step-memory", "--depth", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "TinyResNet: one training step on cpu, training mode, no optimizer" in text and "Peak:" in text
+    assert main(["summary", "tiny", "--step-memory", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    model = hookscope.load_model("tiny", seed=0).train()
+    expected = hookscope.step_memory(model, torch.randn(1, 3, 32, 32), loss=lambda out: out.logsumexp(-1).sum())
+    assert found["step_memory"]["totals"]["saved"] == expected.totals.saved
+    assert found["rows"] and found["step_memory"]["rows"][0]["name"] == ""
