@@ -330,6 +330,8 @@ def test_the_table_and_the_protocol():
     (lambda net: hookscope.step_memory(net, torch.randn(2, 4), depth=-1), "depth=-1 is not a depth"),
     (lambda net: hookscope.step_memory(net, torch.randn(2, 4), device="gpu9"), "is not a device PyTorch knows"),
     (lambda net: hookscope.step_memory(net, torch.randn(2, 5)), "the forward pass failed in '0' (Linear)"),
+    pytest.param(lambda net: hookscope.step_memory(net, torch.randn(2, 4), device="cuda:0"), "pass a device this machine has",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
     (lambda net: hookscope.step_memory(net, torch.randn(2, 4), optimizer=torch.optim.LBFGS(net.parameters())),
      "LBFGS.step() failed"),
     (lambda net: hookscope.step_memory(nn.Linear(4, 2).requires_grad_(False), torch.randn(2, 4)), "needs no gradient"),

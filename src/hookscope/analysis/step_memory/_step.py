@@ -207,9 +207,9 @@ def run_step(model: nn.Module, selected: Named, inputs: Any, saved: SavedTensors
     optimizer state, parameter values)."""
     inner = unwrap(model)[0]
     step = Step()
-    cuda = device is not None and device.type == "cuda"
+    cuda = device if device is not None and device.type == "cuda" else None
     with restored(inner, rng=rng), set_aside(list(inner.parameters()), optimizer):
-        before = _cuda_start(device) if cuda else 0
+        before = _cuda_start(cuda) if cuda is not None else 0
         with torch.inference_mode(False), torch.enable_grad():
             placed = _placed(inputs, device)  # outside inference mode: copies autograd may save
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
@@ -221,8 +221,8 @@ def run_step(model: nn.Module, selected: Named, inputs: Any, saved: SavedTensors
         step.grads = {id(p): p.grad for p in inner.parameters() if p.grad is not None}
         if optimizer is not None:
             _optimize(optimizer, step)
-        if cuda and device is not None:
-            step.measured = torch.cuda.max_memory_allocated(device) - before
+        if cuda is not None:
+            step.measured = torch.cuda.max_memory_allocated(cuda) - before
     return step
 
 
@@ -235,6 +235,11 @@ def _placed(inputs: Any, device: torch.device | None) -> Any:
 
 
 def _cuda_start(device: torch.device) -> int:
-    torch.cuda.synchronize(device)
+    """What the device holds before the step; its peak statistic reset to measure the step's."""
+    try:
+        torch.cuda.synchronize(device)
+    except (RuntimeError, AssertionError) as e:  # no CUDA in this build or on this machine
+        raise HookscopeError(f"device={str(device)!r} cannot run the step here ({first_line(e)}); "
+                             "pass a device this machine has, or None for the model's own") from None
     torch.cuda.reset_peak_memory_stats(device)
     return torch.cuda.memory_allocated(device)
