@@ -470,3 +470,14 @@ def test_the_command_line_prints_the_step_after_the_summary(capsys):
     expected = hookscope.step_memory(model, torch.randn(1, 3, 32, 32), loss=lambda out: out.logsumexp(-1).sum())
     assert found["step_memory"]["totals"]["saved"] == expected.totals.saved
     assert found["rows"] and found["step_memory"]["rows"][0]["name"] == ""
+
+
+def test_saved_tensor_hooks_of_the_callers_are_not_silently_replaced():
+    net = nn.Linear(4, 2)
+    with torch.autograd.graph.save_on_cpu():
+        with pytest.raises(hookscope.HookscopeError, match="'save_on_cpu.__init__.pack_to_cpu'.*outside that block"):
+            hookscope.step_memory(net, torch.randn(3, 4))
+    with torch.autograd.graph.disable_saved_tensors_hooks("no saved-tensor hooks in this block"):
+        with pytest.raises(hookscope.HookscopeError, match=r"disables \(no saved-tensor hooks in this block\)"):
+            hookscope.step_memory(net, torch.randn(3, 4))
+    assert no_hooks(net) and hookscope.step_memory(net, torch.randn(3, 4)).totals.saved == 48

@@ -20,6 +20,7 @@ from torch.nn.parameter import is_lazy
 from ..._tree import tensors
 from ...core.inputs import model_kwargs
 from ...core.state import rng_devices
+from ...core.text import first_line
 from ...errors import HookscopeError
 from ...selection import check_hookable, layers, unwrap
 from ._result import StepMemory
@@ -82,7 +83,8 @@ def step_memory(
     Raises:
         ForwardError: the forward pass failed, in one line naming the module.
         HookscopeError: a bad argument, a loss that is not one number, an output that needs no
-            gradient, a failing backward or optimizer step, in one line.
+            gradient, a failing backward or optimizer step, a call inside a block that sets
+            saved-tensor hooks of its own (``save_on_cpu``) or disables them, in one line.
 
     Example:
         >>> import torch
@@ -103,6 +105,7 @@ def step_memory(
                              "step_memory(model, torch.randn(8, 3, 224, 224))")
     kw = model_kwargs(kwargs)
     _check(model, loss, optimizer, depth)
+    _check_saved_hooks()
     inner, _ = unwrap(model)
     selected = layers(model, lambda name, module: True)  # every module once, the model itself too
     check_hookable(selected)
@@ -141,6 +144,22 @@ def _check(model: Any, loss: Any, optimizer: Any, depth: Any) -> None:
                                  "pass the optimizer built on model.parameters()")
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise HookscopeError(f"depth={depth!r} is not a depth; pass an int >= 0 (0: the model only) or None")
+
+
+def _check_saved_hooks() -> None:
+    """The step needs the saved-tensor hooks to itself: a block of the caller's would be replaced for it
+    (``save_on_cpu``: the numbers would not be that block's) or refuses them."""
+    autograd: Any = torch._C._autograd
+    if not autograd._saved_tensors_hooks_is_enabled():
+        why = first_line(RuntimeError(autograd._saved_tensors_hooks_get_disabled_error_message() or ""))
+        raise HookscopeError(f"step_memory() counts saved tensors through saved_tensors_hooks, which this block "
+                             f"disables ({why}); call it outside that block")
+    top = autograd._top_saved_tensors_default_hooks(False)
+    if top is not None and top[0] is not None:
+        name = getattr(top[0], "__qualname__", type(top[0]).__name__).replace(".<locals>", "")
+        raise HookscopeError(f"step_memory() counts saved tensors with saved_tensors_hooks of its own, and a block "
+                             f"of yours has set {name!r}, which it would replace for the step; call it "
+                             "outside that block (save_on_cpu, an offloading context...)")
 
 
 def _device(model: nn.Module, device: Any) -> torch.device | None:
