@@ -39,7 +39,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -48,7 +48,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning"]
+                "WidthPruning", "StepMemory"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -56,6 +56,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Trace", "fc", "fcc"),
     ("Watch", "fc", "fcc"),  # the last calls watched: fc runs last
     ("Summary", "fc", "fcc"),
+    ("StepMemory", "fc", "fcc"),
     ("GradientFlow", "fc", "fcc"),
     ("Diff", "fc", "fcc"),
     ("TensorGrads", "y", "z"),
@@ -116,7 +117,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     assert no_hooks(net)
     return {
         **_captures(net, x), "Trace": t, "Watch": w, "TensorGrads": g, "GradientFlow": flow,
-        "Summary": hookscope.summary(net, x), "Diff": hookscope.diff(net, net, x), "CamMaps": res, "Curve": curve,
+        "Summary": hookscope.summary(net, x), "StepMemory": hookscope.step_memory(net, x), "Diff": hookscope.diff(net, net, x), "CamMaps": res, "Curve": curve,
         "FeatureMaps": hookscope.feature_maps(net, x, layers="layer1"),
         "ReferenceComparison": hookscope.compare_references(net, x, layers="layer1.0.bn1"),
         **_pruning(net, x),
@@ -219,6 +220,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "trace": lambda **kw: hookscope.trace(net, **kw),
         "watch": lambda **kw: hookscope.watch(net, **kw),
         "summary": lambda **kw: hookscope.summary(net, x, **kw),
+        "step_memory": lambda **kw: hookscope.step_memory(net, x, **kw),
         "diff": lambda **kw: hookscope.diff(net, net, x, **kw),
         "settings": lambda **kw: hookscope.settings(**kw),
         "Settings": lambda **kw: hookscope.Settings(**kw),
@@ -366,7 +368,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -57,6 +57,7 @@ from .analysis.prune import (
 from .analysis.prune import remove as remove_masks
 from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
+from .analysis.step_memory import MemoryRow, MemoryTotals, StepMemory, step_memory
 from .analysis.watch import Watch, watch
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
@@ -90,6 +91,7 @@ __all__ = [
     "operations", "Operations", "OperationRow",
     # know and debug a model
     "summary", "Summary",
+    "step_memory", "StepMemory", "MemoryRow", "MemoryTotals",
     "trace", "Trace", "StatRow",
     "watch", "Watch",
     "gradient_flow", "GradientFlow",
