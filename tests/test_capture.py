@@ -135,7 +135,7 @@ def test_never_copy_under_inference_mode_still_detects_writes():
 def test_device_and_dtype_retention():
     m = ConvReLU()
     x = torch.randn(1, 3, 5, 5)
-    with hookscope.capture(m, "conv", device="cpu", dtype=torch.float16) as rec:
+    with hookscope.capture(m, "conv", to="cpu", dtype=torch.float16) as rec:
         m(x)
     out = rec["conv"].output
     assert out.dtype == torch.float16 and out.device.type == "cpu"
@@ -471,7 +471,7 @@ def test_guards_says_what_keep_hands_the_model(copy, device):
     from hookscope.records import Retention
     from hookscope.records.retention import COPY_BELOW
 
-    ret = Retention(copy=copy, device=device)
+    ret = Retention(copy=copy, to=device)
     with torch.inference_mode():
         inference = torch.randn(COPY_BELOW // 4 + 1)
     big = COPY_BELOW // 4 + 1

@@ -140,7 +140,7 @@ def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
             "ChannelGroups": hookscope.channel_groups(net, x[:1]),
             "ChannelImportance": hookscope.channel_importance(net, x, layers={"stem.2": 1}),
             "ModelComparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0),
-            "HeadPruning": hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5),
+            "HeadPruning": hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5),
             "WidthPruning": hookscope.prune_width(_width(), torch.tensor([[1, 2, 3]]), amount=0.25)}
 
 
@@ -265,7 +265,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
-        "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5, **kw),
+        "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5, **kw),
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),

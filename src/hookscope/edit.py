@@ -9,6 +9,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .errors import checked
 from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
@@ -294,6 +295,7 @@ def _change_inputs(
     return (tuple(new_args) if changed_args else args), (new_kwargs if changed_kwargs else kwargs)
 
 
+@checked
 def edit(
     model: nn.Module,
     *selectors: Selector,
@@ -388,6 +390,7 @@ def _input_changes(input: Any, inputs: Mapping[int | str, Any] | None) -> dict[i
     return out
 
 
+@checked
 def ablate(channels: int | Sequence[int], dim: int = 1, value: float = 0.0) -> Change:
     """A change that sets whole channels (indices along ``dim``) to ``value``, out of place.
 
@@ -439,6 +442,7 @@ def _channel_list(channels: Any) -> list[int]:
     return index
 
 
+@checked
 def scale(factor: float) -> Change:
     """A change that multiplies every tensor by ``factor`` (for activations or gradients).
 

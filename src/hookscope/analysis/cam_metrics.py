@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import checked
 from .._tree import tree_map
 from ..core.inputs import model_kwargs, private
 from ..core.result import Result
@@ -148,6 +149,7 @@ class Curve(Result):
                 "targets": self.targets}
 
 
+@checked
 def deletion(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -217,6 +219,7 @@ def deletion(
                   baseline, score, batch_size, model_kwargs(kwargs))
 
 
+@checked
 def insertion(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -403,6 +406,7 @@ def _substrate(baseline: Baseline, inputs: torch.Tensor) -> torch.Tensor:
     )
 
 
+@checked
 def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_SIGMA) -> torch.Tensor:
     """Blur ``B x C x H x W`` images with a ``size x size`` Gaussian (borders replicated).
 
@@ -482,6 +486,7 @@ def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Te
     return maps.detach(), masks
 
 
+@checked
 def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15,
                   reduce: str = "abs_sum") -> torch.Tensor:
     """Pointing game (Zhang et al. 2018): does each map's maximum fall on the object?
@@ -518,6 +523,7 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
     return (near & masks).flatten(1).any(dim=1)
 
 
+@checked
 def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, reduce: str = "abs_sum") -> torch.Tensor:
     """Energy-based pointing game (Wang et al. 2020, Score-CAM): share of the map inside the object.
 
@@ -548,6 +554,7 @@ def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, reduce: str
     return torch.where(total > 0, inside / total.clamp_min(torch.finfo(maps.dtype).tiny), torch.zeros_like(total))
 
 
+@checked
 def box_mask(
     boxes: Sequence[Sequence[float]] | torch.Tensor, height: int, width: int, *, device: torch.device | str | None = None
 ) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..errors import checked
 from ..core.result import Result, missing
 from ..core.text import num, table
 from ..errors import HookscopeError
@@ -255,6 +256,7 @@ def _check_arguments(model: Any, trace: Any, vanish: Any, explode: Any) -> tuple
     return vanish, explode
 
 
+@checked
 def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None = None,
                   vanish: float = 1e-7, explode: float = 1e3) -> GradientFlow:
     """Per-layer gradient norms after a backward pass, flagging vanishing and exploding layers.

@@ -18,6 +18,7 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
+from ..errors import checked
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
 from ..errors import HookscopeError
@@ -214,6 +215,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         return f"Trace({len(self._rec.selected)} modules, {len(self._rows) + len(self._pending)} rows)"
 
 
+@checked
 def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io",
           param_grads: bool = False, on_row: Callable[[StatRow], object] | None = None,
           last: int | None = None) -> Trace:

@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any, cast
 
+from ..errors import checked
 from ..core.text import first_line
 from ..errors import LoadError
 from .hf import hf_config
@@ -55,6 +56,7 @@ def read_class_names(path: str | os.PathLike[str]) -> list[str]:
     return cast(list[str], names)
 
 
+@checked
 def class_names(spec: str, *, weights: str | None = None, config: str | os.PathLike[str] | None = None,
                 classes: str | os.PathLike[str] | None = None) -> list[str] | None:
     """The class names of the model :func:`~hookscope.load_model` builds from the same arguments, in

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import checked
 from ..core.text import first_line, shape_text
 from ..errors import LoadError
 from .model import check_seed
@@ -131,6 +132,7 @@ def model_shape(spec: str) -> tuple[int, ...] | None:
     return usual_shape(spec)
 
 
+@checked
 def example_input(spec: str, shape: str | Sequence[int] | None = None, *, seed: int = 0) -> torch.Tensor:
     """A seeded random (standard normal) input for the model ``spec`` names: of ``shape``, else of the
     shape the model is known by (:func:`model_shape`).

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import checked
 from .._tree import tree_map
 from ..core.guard import Slot
 from ..errors import RecordError
@@ -20,6 +21,7 @@ from .recording import FIELDS, Recording
 __all__ = ["load"]
 
 
+@checked
 def load(path: str | os.PathLike[str]) -> Recording:
     """Read back a :class:`Recording` written by :meth:`Recording.save`.
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import checked
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
 from ..errors import HookscopeError
@@ -336,6 +337,7 @@ def _match(path: Path, header: Header, count: int, arrays: Sequence[tuple[str, t
                                  f"{said(want.get(name))}: the manifest does not match the shards; {_AGAIN}")
 
 
+@checked
 def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     """Open the store in ``root`` for reading, lazily (memory-mapped); every file is checked against the manifest.
 

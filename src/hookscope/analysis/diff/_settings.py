@@ -10,6 +10,7 @@ from typing import Any, ContextManager, Union
 import torch
 from torch import nn
 
+from ...errors import checked
 from ...core.compiled import is_compiled
 from ...core.text import dtype_text
 from ...errors import HookscopeError
@@ -56,6 +57,7 @@ class Settings:
             yield
 
 
+@checked
 def settings(
     *,
     train: bool | None = None,

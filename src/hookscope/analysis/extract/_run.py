@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...errors import checked
 from ...core.state import restored
 from ...errors import ExtractOverflowError, HookscopeError
-from ...selection import Selector
+from ...selection import Layers, Selector
 from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, count_complete,
                       locked, open_store, shard_numbers, storable, weights_hash, write_json)
 from ._dist import Ranks, ranks
@@ -268,8 +269,9 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
     r.barrier()
 
 
+@checked
 def extract(model: nn.Module, data: Any, *,
-            layers: Selector | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
+            layers: Layers | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
             out: str | os.PathLike[str], keep: str = "output", reduce: Reduction = None,
             dtype: torch.dtype | None = None, batch_size: int | None = None, shard_size: int | str = "256MB",
             device: str | torch.device | None = None, workers: int = 0, resume: bool = False,

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....errors import checked
 from ....core.result import Result, missing
 from ....core.text import num, table
 from ....errors import HookscopeError
-from ....selection import Selector, unwrap
+from ....selection import Layers, Selector, unwrap
 from ._kinds import Kind, get_kind
 from ._run import Loss, SiteCalls, calibrate
 from ._sites import Site, resolve_sites, weight_rows
@@ -322,11 +323,12 @@ def _device(model: nn.Module, device: torch.device | str | None) -> torch.device
     return None if first is None else first.device
 
 
+@checked
 def channel_importance(
     model: nn.Module,
     data: Any,
     *,
-    layers: Mapping[str, int] | Selector | list[Selector],
+    layers: Layers | Mapping[str, int],
     importance: str = "activation",
     loss: Loss | None = None,
     device: torch.device | str | None = None,

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
+from ....errors import checked, checked_as
 from ....core.result import Result, missing
 from ....core.text import num, table
 from ....errors import HookscopeError, did_you_mean
@@ -321,6 +322,7 @@ def _score(q: str, s: object, w: torch.Tensor | None, spec: Spec, kind: str, nam
     return s
 
 
+@checked
 def prune(model: nn.Module, *selectors: Selector, amount: int | float, method: str = "l1_unstructured",
           name: str = "weight", n: int | float | str = 1, dim: int = 0, scope: str = "layer",
           generator: torch.Generator | None = None,
@@ -391,6 +393,7 @@ def _params(module: nn.Module) -> list[str]:
     return out
 
 
+@checked
 def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) -> Sparsity:
     """Zeros of every parameter of the selected layers (every layer, the model's own included, if none),
     masks applied (hookscope's or ``torch.nn.utils.prune``'s), each parameter once.
@@ -422,6 +425,7 @@ def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) ->
     return Sparsity(rows)
 
 
+@checked_as("remove_masks")
 def remove(model: nn.Module, *selectors: Selector, name: str | None = None) -> list[str]:
     """Make masks permanent, as ``torch.nn.utils.prune.remove`` does (hookscope's and torch's): the
     parameter holds ``orig * mask`` as a plain Parameter, its ``_orig``, ``_mask`` and hook are gone.
