@@ -508,3 +508,43 @@ def test_grad_output_of_a_module_returning_its_input_survives_an_in_place_op_aft
         torch.testing.assert_close(rec[name].grad_output, model.w, rtol=0, atol=0)
     torch.testing.assert_close(rec["drop"].output, model.bn(h.detach()), rtol=0, atol=0)
     assert no_hooks(model)
+
+
+# --- to= keeps records; device=, its former name, still works with a FutureWarning ------------------
+def test_capture_device_is_the_former_name_of_to_and_warns_once_naming_it():
+    net = nn.Sequential(nn.Linear(2, 2))
+    x = torch.ones(1, 2)
+    with hookscope.capture(net, "0", to="cpu", dtype=torch.float16) as new:
+        net(x)
+    with pytest.warns(FutureWarning) as caught:
+        with hookscope.capture(net, "0", device="cpu", dtype=torch.float16) as old:
+            net(x)
+    assert len(caught) == 1 and caught[0].filename == __file__  # the warning points at the caller's line
+    msg = str(caught[0].message)
+    assert "to=" in msg and "capture(device=)" in msg and "\n" not in msg
+    assert old.retention == new.retention and old.retention.to == torch.device("cpu")
+    assert torch.equal(old["0"].output, new["0"].output) and old["0"].output.dtype == torch.float16
+    with pytest.raises(RecordError, match="drop device="):
+        hookscope.capture(net, "0", device="cpu", to="cpu")
+    assert no_hooks(net)
+
+
+def test_retention_device_is_the_former_name_of_to():
+    from hookscope import Retention
+    with pytest.warns(FutureWarning, match=r"Retention\(device=\) is now Retention\(to=\)") as caught:
+        old = Retention(copy="always", device="cpu")
+    assert caught[0].filename == __file__
+    assert old == Retention(copy="always", to="cpu") and old.to == torch.device("cpu")
+    assert Retention("always", True, "cpu") == old  # the third positional field keeps its meaning
+
+
+def test_capture_copy_defaults_to_auto_and_on_call_still_hands_copies():
+    import inspect
+    assert inspect.signature(hookscope.capture).parameters["copy"].default == "auto"
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    kept = []
+    with hookscope.capture(net, "0", on_call=lambda call: kept.append(call.output)) as rec:
+        y = net(-torch.ones(1, 2) * 5)
+    assert rec.retention.copy == "always"
+    assert (kept[0] < 0).any() and torch.equal(y, kept[0].clamp(min=0))  # not rewritten by the in-place ReLU
+    assert no_hooks(net)

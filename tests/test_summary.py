@@ -470,10 +470,11 @@ def test_model_keywords_go_in_kwargs_and_a_typo_is_never_forwarded():
     with pytest.raises(HookscopeError) as e:
         summary(model, torch.ones(2, 3), dpeth=2)
     msg = str(e.value)
-    assert "'dpeth'" in msg and "Did you mean depth=?" in msg and "kwargs={'dpeth': ...}" in msg
+    assert "summary()" in msg and "'dpeth'" in msg and "Did you mean 'depth'?" in msg
+    assert isinstance(e.value, TypeError)  # what Python raises for such a call, so except TypeError still works
     assert "\n" not in msg
     # the old way of passing a model keyword: refused with where it goes now, never forwarded
-    with pytest.raises(HookscopeError, match=r"kwargs=: summary\(model, x, kwargs=\{'mask': \.\.\.\}\)"):
+    with pytest.raises(HookscopeError, match=r"keyword input of the model, pass kwargs=\{'mask': \.\.\.\}"):
         summary(model, torch.ones(2, 3), mask=torch.zeros(2, 3))
     with pytest.raises(HookscopeError, match="needs an example input"):
         summary(model, kwargs={})

@@ -8,12 +8,11 @@ from typing import Any
 
 import torch
 
-from .errors import checked
 from .core.guard import Slot
 from .core.hooks import HookGroup
 from .core.result import Result, missing
 from .core.text import num, shape_text, table
-from .errors import HookscopeError, RecordError, did_you_mean
+from .errors import ArgumentError, HookscopeError, RecordError, checked, did_you_mean
 
 __all__ = ["grads", "TensorGrads", "GradRecord", "GradRow"]
 
@@ -245,6 +244,9 @@ def grads(
         raise HookscopeError("grads() needs at least one tensor to watch")
     for name, t in watched.items():
         if not isinstance(t, torch.Tensor):
+            hint = did_you_mean(name, ["fn", "copy"]) if name in named else ""
+            if hint:  # **named takes any name: a misspelt keyword of grads' own lands there
+                raise ArgumentError(f"grads() got an unexpected keyword argument {name!r}.{hint}")
             raise HookscopeError(f"{name!r} is a {type(t).__name__}, not a tensor; pass the tensor itself")
         if not t.requires_grad:
             raise HookscopeError(

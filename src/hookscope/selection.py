@@ -16,7 +16,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from .errors import checked
+from .errors import checked, checked_init
 from ._tree import paths, tree_map
 from .core.ops import SEP, OpSite
 from .errors import HookscopeError, SelectionError, did_you_mean
@@ -407,6 +407,7 @@ def _index_part(part: object) -> object:
         "slices, ..., None, lists of ints or integer/bool tensors, e.g. hookscope.at[:, -1]")
 
 
+@checked_init
 class At:
     """Positions in a module's main output tensor, written as an index: ``at[:, -1]``.
 

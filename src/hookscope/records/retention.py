@@ -66,7 +66,7 @@ class Retention:
                 f"dtype={self.dtype!r} is not a torch.dtype; pass one such as torch.float16"
             )
         if self.to is not None:
-            object.__setattr__(self, "device", check_device(self.to))
+            object.__setattr__(self, "to", check_device(self.to, "to"))
         if not isinstance(self.detach, bool):
             raise RecordError(f"detach={self.detach!r} is not True or False")
 

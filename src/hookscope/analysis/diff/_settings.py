@@ -13,12 +13,13 @@ from torch import nn
 from ...errors import checked
 from ...core.compiled import is_compiled
 from ...core.text import dtype_text
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked_init
 from ...selection import unwrap
 
 __all__ = ["Settings", "settings", "RunSetting", "as_settings", "describe_run"]
 
 
+@checked_init
 @dataclass(frozen=True)
 class Settings:
     """How one run is made: training flag, autocast, any other context. Build it with :func:`settings`."""

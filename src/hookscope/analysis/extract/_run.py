@@ -222,7 +222,7 @@ def _check_resume(p: Plan, opaque: list[str], old: dict[str, Any] | None) -> Non
         raise HookscopeError(f"cannot resume {p.out}: {what} cannot be compared with the run that began the store "
                              f"({detail}); {fix}, or start again with overwrite=True (--overwrite)")
     warnings.warn(f"this run could not be resumed if it stopped: {what} cannot be compared between runs ({detail}); "
-                  f"{fix}", stacklevel=5)
+                  f"{fix}", stacklevel=6)
 
 
 def _probe(p: Plan, taps: Taps, probe: Batch) -> int:
@@ -274,7 +274,7 @@ def extract(model: nn.Module, data: Any, *,
             layers: Layers | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
             out: str | os.PathLike[str], keep: str = "output", reduce: Reduction = None,
             dtype: torch.dtype | None = None, batch_size: int | None = None, shard_size: int | str = "256MB",
-            device: str | torch.device | None = None, workers: int = 0, resume: bool = False,
+            device: torch.device | str | None = None, workers: int = 0, resume: bool = False,
             overwrite: bool = False, on_error: str = "stop", progress: bool | None = None,
             ids: Sequence[str] | None = None, describe: Mapping[str, Any] | None = None) -> Store:
     """Run ``model`` over ``data`` and store the chosen layers' outputs (or inputs), one row per sample.

@@ -127,7 +127,7 @@ def _chosen(groups: ChannelGroups, model: nn.Module, selectors: Sequence[Selecto
     if not groups.groups:
         reasons = sorted({b.reason for b in groups.blocked})
         warnings.warn(f"no channel of {type(model).__name__} can be removed ({'; '.join(reasons[:3]) or 'no groups'}); "
-                      "nothing was masked", stacklevel=3)
+                      "nothing was masked", stacklevel=4)
     if not selectors:
         return list(groups.groups)
     wanted = {name for name, _ in layers(model, *selectors)}

@@ -7,6 +7,7 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -116,7 +117,7 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
 
 
 @checked
-def compact(model: nn.Module, inputs: Any = None, *, kwargs: dict[str, Any] | None = None,
+def compact(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any] | None = None,
             atol: float = 1e-5, allow_unseen: bool = False) -> nn.Module:
     """A NEW model with every masked (all-zero) channel physically removed along its group, its
     masks made permanent, verified to give the masked model's outputs on the example input (max abs

@@ -436,7 +436,7 @@ def _sites(tr: Tracer, where: dict[int, tuple[int, int]]) -> dict[int, list[Site
 
 
 @checked
-def channel_groups(model: nn.Module, inputs: Any = None, *, kwargs: dict[str, Any] | None = None) -> ChannelGroups:
+def channel_groups(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any] | None = None) -> ChannelGroups:
     """The channel groups of ``model`` on one example input (batch 1 is enough), found by tracing
     one forward pass. Names are those of the unwrapped model (DataParallel, ``torch.compile``).
 

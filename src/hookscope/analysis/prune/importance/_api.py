@@ -299,7 +299,7 @@ def _collected(sites: list[Site], kind: Kind, accs: dict[str, SiteCalls], batche
         if kind.name == "apoz" and all(bool((c.scores == 1).all()) for c in per):
             warnings.warn(f"apoz at {s.name!r}: not one exact zero in its output, so APoZ cannot rank its "
                           "channels (it is not after a ReLU-like op); use importance='activation' or a ReLU site",
-                          stacklevel=3)
+                          stacklevel=4)
     return res
 
 

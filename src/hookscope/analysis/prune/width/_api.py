@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +167,7 @@ def _named(g: WidthGroup, channels: Sequence[int]) -> list[int]:
 
 @checked
 def prune_width(model: nn.Module, inputs: Any = None, *, amount: float | None = None, channels: Sequence[int] | None = None,
-                importance: str = "output", data: Any = None, kwargs: dict[str, Any] | None = None,
+                importance: str = "output", data: Any = None, kwargs: Mapping[str, Any] | None = None,
                 device: torch.device | str | None = None, max_batches: int | None = None) -> WidthPruning:
     """Mask channels of the hidden width (the residual stream) of a transformer, ready for
     :func:`compact`: their embedding columns, norm weights (and biases) and the rows of the
