@@ -14,14 +14,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .errors import checked
 from ._tree import map_exposed, tensors, tree_map
 from .core.calls import CallStack
 from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.ops import SEP, OpSite, call_name, counts, covered, current_function, missed, seen_ops, written
-from .errors import HookscopeError, SelectionError, StopForward, did_you_mean
+from .errors import HookscopeError, SelectionError, StopForward, checked, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
 from .records.retention import renamed_device
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers

@@ -9,13 +9,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .errors import checked
 from ._tree import map_exposed, paths, tensors, tree_map
 from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.calls import CallStack
 from .core.ops import OpSite, counts, current_function, missed, written
-from .errors import HookscopeError, SelectionError
+from .errors import HookscopeError, SelectionError, checked
 from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]

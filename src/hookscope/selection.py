@@ -3,6 +3,9 @@
 Pure: nothing here registers a hook. Names are those of the *unwrapped* model, exactly as its
 ``named_modules()`` gives them once every ``torch.compile`` wrapper in it is replaced by the module
 it wraps (``1.a`` for the child of ``model[1] = torch.compile(model[1])``, not ``1._orig_mod.a``).
+
+One file past 500 lines: every selector form, ``layers=`` (:data:`Layers`), the wrappers seen
+through and ``at[...]`` share one set of name rules, and a third of the file is their examples.
 """
 
 from __future__ import annotations
@@ -16,10 +19,9 @@ from typing import Union
 import torch
 from torch import nn
 
-from .errors import checked, checked_init
 from ._tree import paths, tree_map
 from .core.ops import SEP, OpSite
-from .errors import HookscopeError, SelectionError, did_you_mean
+from .errors import HookscopeError, SelectionError, checked, checked_init, did_you_mean
 
 __all__ = ["Selector", "Layers", "as_selectors", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
            "check_hookable", "exact_ops"]

@@ -22,14 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import checked
 from ..capture import capture
 from ..core.inputs import model_kwargs, private
 from ..core.ops import SEP, OpSite, split_op
 from ..core.result import Result, missing
 from ..core.state import restored
 from ..core.text import table
-from ..errors import HookscopeError, SelectionError
+from ..errors import HookscopeError, SelectionError, checked
 from ..selection import Layers, Selector, layers as select
 from ._targets import call_model
 

@@ -23,13 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import checked
 from .._tree import tree_map
 from ..core.inputs import model_kwargs, private
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
-from ..errors import HookscopeError, did_you_mean
+from ..errors import HookscopeError, checked, did_you_mean
 from ._targets import (Target, anchored, batch_coupled, call_model, check_range, class_index_of, class_targets,
                        is_function, read_logits, rows_of, user_scores)
 

@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from ..errors import checked
 from .._tree import tensors, tree_map
 from ..capture import capture
 from ..core.hooks import HookGroup
@@ -29,7 +28,7 @@ from ..core.inputs import model_kwargs, private
 from ..core.result import Result, jsonable
 from ..core.state import restored
 from ..core.text import first_line, num, shape_text, table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ..selection import Layers, Selector, check_hookable, unwrap
 from ..selection import layers as select
 from ._layout import LayoutProbe, grid_of_tokens, prefix_tokens

@@ -17,10 +17,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..errors import checked
 from ..core.result import Result, missing
 from ..core.text import num, table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ..selection import Selector, layers, named_modules, unwrap
 
 __all__ = ["FlowRow", "GradientFlow", "gradient_flow"]

@@ -18,10 +18,9 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
-from ..errors import checked
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ..selection import Selector, unwrap
 from ..capture import parse_keep
 from ._recorder import RecorderSession, param_targets, select

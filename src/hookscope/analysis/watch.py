@@ -17,10 +17,9 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
-from ..errors import checked
 from ..core.ops import SEP
 from ..core.result import Result
-from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
+from ..errors import HookscopeError, NonFiniteError, checked  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
 from ..capture import parse_keep
 from ._recorder import Context, RecorderSession, param_targets, select

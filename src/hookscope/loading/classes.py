@@ -11,9 +11,8 @@ import json
 import os
 from typing import Any, cast
 
-from ..errors import checked
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .hf import hf_config
 from .spec import DEMO_SPEC, HF_PREFIX
 from .vision import torchvision_weights

@@ -26,9 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import checked
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .extras import import_failed, import_timm, import_transformers, quiet_transformers
 from .hf import check_no_remote_code, hf_config
 from .inputs import check_fits

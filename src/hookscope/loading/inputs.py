@@ -16,9 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import checked
 from ..core.text import first_line, shape_text
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .model import check_seed
 from .preprocessing import timm_pretrained_cfg
 from .spec import TIMM_PREFIX, usual_shape

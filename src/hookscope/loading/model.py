@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import checked
-from ..errors import LoadError, did_you_mean
+from ..errors import LoadError, checked, did_you_mean
 from .files import read_model_file
 from .hf import hf_model
 from .origin import WeightsOrigin, record_origin

@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 
-from ..errors import checked
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .extras import import_failed, import_transformers, quiet_transformers
 from .hf import check_no_remote_code
 from .voice import terms

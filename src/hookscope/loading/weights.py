@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import checked
 from ..core.text import first_line, shape_text
-from ..errors import HookscopeError, LoadError
+from ..errors import HookscopeError, LoadError, checked
 from .files import read_weights_file
 from .origin import WeightsOrigin, record_origin
 from .voice import tell, terms

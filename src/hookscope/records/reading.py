@@ -11,10 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import checked
 from .._tree import tree_map
 from ..core.guard import Slot
-from ..errors import RecordError
+from ..errors import RecordError, checked
 from .call import HOLE, CallRecord, tensors_of
 from .recording import FIELDS, Recording
 

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import checked
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ._files import CRC_KEY, SHARD, open_regular, read_manifest, read_shard
 from ._format import CODES, Header, numpy_dtype, parse_header
 

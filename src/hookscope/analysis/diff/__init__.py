@@ -19,10 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import checked
 from ..._tree import tensors
 from ...core.state import rng_devices
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from ...core.inputs import model_args
 from ...selection import Layers, check_hookable
 from ._arguments import check_models, check_run_args, check_run_device, tolerance

@@ -10,10 +10,9 @@ from typing import Any, ContextManager, Union
 import torch
 from torch import nn
 
-from ...errors import checked
 from ...core.compiled import is_compiled
 from ...core.text import dtype_text
-from ...errors import HookscopeError, checked_init
+from ...errors import HookscopeError, checked, checked_init
 from ...selection import unwrap
 
 __all__ = ["Settings", "settings", "RunSetting", "as_settings", "describe_run"]

@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import checked
 from ...core.state import restored
-from ...errors import ExtractOverflowError, HookscopeError
+from ...errors import ExtractOverflowError, HookscopeError, checked
 from ...selection import Layers, Selector
 from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, count_complete,
                       locked, open_store, shard_numbers, storable, weights_hash, write_json)

@@ -20,10 +20,9 @@ import torch
 from torch import nn
 
 from ...core.inputs import model_args
-from ...errors import checked
 from ..._tree import tensors
 from ...core.state import rng_devices
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from ...selection import check_hookable, layers, unwrap
 from .._macs import own_macs
 from ...core.inputs import model_kwargs, private

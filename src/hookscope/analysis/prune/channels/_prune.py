@@ -17,9 +17,8 @@ import torch
 from torch import nn
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ....core.result import Result
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import Layers, Selector, as_selectors, layers, named_modules, unwrap
 from ..graph import ChannelGroups, Group, Site, channel_groups
 from ..importance import ChannelImportance, channel_importance, check_kind, check_share

@@ -14,10 +14,9 @@ import torch
 from torch import nn
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ....anatomy import fix_sizes, write_mlp_configs
 from ....core.text import first_line
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..channels import dropped_channels, tensor_of
 from ..graph import ChannelGroups, assemble, deep_copy, prepared, trace_channels

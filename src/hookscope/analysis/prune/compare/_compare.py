@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ...._tree import tensors
 from ....core.failure import forward_error, received
 from ....core.hooks import HookGroup
@@ -27,7 +26,7 @@ from ....core.inputs import model_kwargs, private
 from ....core.result import Result, missing
 from ....core.state import restored
 from ....core.text import table
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ..._macs import ProductCounter, has_rule, own_macs
 from ..._sparsity import effective, masked, model_zeros, zeros_in
 from ._quality import Batch, batches, score

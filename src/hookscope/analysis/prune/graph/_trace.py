@@ -19,12 +19,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ...._tree import tensors
 from ....core.inputs import private
 from ....core.result import Result
 from ....core.state import restored, rng_devices
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..masks import make_permanent, masked
 from ._call import op_name

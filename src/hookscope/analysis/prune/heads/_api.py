@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ....anatomy import HeadLayout
 from ....core.result import Result
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import Layers, Selector, as_selectors, unwrap
 from ....selection import layers as select
 from ..channels import dropped_channels, mask_channels

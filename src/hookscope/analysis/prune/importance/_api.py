@@ -19,10 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ....errors import checked
 from ....core.result import Result, missing
 from ....core.text import num, table
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import Layers, Selector, unwrap
 from ._kinds import Kind, get_kind
 from ._run import Loss, SiteCalls, calibrate

@@ -17,10 +17,9 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ....errors import checked, checked_as
 from ....core.result import Result, missing
 from ....core.text import num, table
-from ....errors import HookscopeError, did_you_mean
+from ....errors import HookscopeError, checked, checked_as, did_you_mean
 from ....selection import Selector, layers, named_modules, unwrap
 from ..._sparsity import zeros_in
 from ._hooks import apply_mask, make_permanent, mask_of

@@ -18,9 +18,8 @@ import torch
 from torch import nn
 
 from ....core.inputs import model_args
-from ....errors import checked
 from ....core.result import Result
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..channels import dropped_channels, mask_channels
 from ..graph import ChannelGroups
