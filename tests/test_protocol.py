@@ -641,3 +641,13 @@ def test_several_inputs_one_by_one_are_refused_with_the_tuple_to_pass():
     assert "summary(model, (x, y), ...)" in str(e.value) and "\n" not in str(e.value)
     assert hookscope.summary(mha, (q, q, q)).totals.params == sum(p.numel() for p in mha.parameters())
     assert no_hooks(mha)
+
+
+def test_a_named_tuple_is_one_input_and_a_plain_tuple_several():
+    from collections import namedtuple
+    from hookscope.core.inputs import model_args
+    Pair = namedtuple("Pair", "a b")
+    x = torch.ones(1, 2)
+    pair = Pair(x, x)
+    assert model_args(pair) == (pair,) and model_args((x, x)) == (x, x) and model_args(None) == ()
+    assert model_args([x]) == ([x],)  # a list is one input, as model([x]) takes it
