@@ -51,7 +51,7 @@ def _refused_at(model: torch.nn.Module, exc: HookscopeError) -> str:
 def heads(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str]:
     """``(heads column, note)``: ~FRACTION of every attention layer's heads masked, or why not."""
     try:
-        res = prune_heads(model, *args, amount=FRACTION, importance="l2", kwargs=kwargs)
+        res = prune_heads(model, tuple(args), amount=FRACTION, importance="l2", kwargs=kwargs)
     except HookscopeError as exc:
         return "refused", _refused_at(model, exc)
     return f"{res.removed}/{res.heads}", ""
@@ -87,13 +87,13 @@ def run(entry: zoo_sweep.Entry) -> dict[str, Any]:
         model, args, kwargs = entry.build()
         row["before"] = _params(model)
         t1 = time.perf_counter()
-        groups = channel_groups(model, *args, kwargs=kwargs)
+        groups = channel_groups(model, tuple(args), kwargs=kwargs)
         row["trace_s"] = time.perf_counter() - t1
         row["groups"] = f"{len(groups.groups)}/{len(groups.groups) + len(groups.blocked)}"
         mask_channels(model, groups, l2_drop(model, groups, FRACTION))
         if any(row["model"].startswith(t) for t in TRANSFORMERS):
             row["heads"], row["heads_note"] = heads(model, args, kwargs)
-        small = compact(model, *args, kwargs=kwargs)
+        small = compact(model, tuple(args), kwargs=kwargs)
         row["after"] = _params(small)
         with torch.no_grad():
             row["gap"] = output_gap(model.eval()(*args, **kwargs), small.eval()(*args, **kwargs), 1.0)[0]

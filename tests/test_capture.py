@@ -135,7 +135,7 @@ def test_never_copy_under_inference_mode_still_detects_writes():
 def test_device_and_dtype_retention():
     m = ConvReLU()
     x = torch.randn(1, 3, 5, 5)
-    with hookscope.capture(m, "conv", device="cpu", dtype=torch.float16) as rec:
+    with hookscope.capture(m, "conv", to="cpu", dtype=torch.float16) as rec:
         m(x)
     out = rec["conv"].output
     assert out.dtype == torch.float16 and out.device.type == "cpu"
@@ -471,7 +471,7 @@ def test_guards_says_what_keep_hands_the_model(copy, device):
     from hookscope.records import Retention
     from hookscope.records.retention import COPY_BELOW
 
-    ret = Retention(copy=copy, device=device)
+    ret = Retention(copy=copy, to=device)
     with torch.inference_mode():
         inference = torch.randn(COPY_BELOW // 4 + 1)
     big = COPY_BELOW // 4 + 1
@@ -498,7 +498,7 @@ class _IdentityThenInPlace(nn.Module):
         return (y * self.w).sum()
 
 
-@pytest.mark.parametrize("copy", ["auto", "always", None])
+@pytest.mark.parametrize("copy", ["auto", "always"])
 def test_grad_output_of_a_module_returning_its_input_survives_an_in_place_op_after_it(copy):
     model = _IdentityThenInPlace().eval()
     h = torch.randn(3, 4, requires_grad=True)
@@ -508,3 +508,43 @@ def test_grad_output_of_a_module_returning_its_input_survives_an_in_place_op_aft
         torch.testing.assert_close(rec[name].grad_output, model.w, rtol=0, atol=0)
     torch.testing.assert_close(rec["drop"].output, model.bn(h.detach()), rtol=0, atol=0)
     assert no_hooks(model)
+
+
+# --- to= keeps records; device=, its former name, still works with a FutureWarning ------------------
+def test_capture_device_is_the_former_name_of_to_and_warns_once_naming_it():
+    net = nn.Sequential(nn.Linear(2, 2))
+    x = torch.ones(1, 2)
+    with hookscope.capture(net, "0", to="cpu", dtype=torch.float16) as new:
+        net(x)
+    with pytest.warns(FutureWarning) as caught:
+        with hookscope.capture(net, "0", device="cpu", dtype=torch.float16) as old:
+            net(x)
+    assert len(caught) == 1 and caught[0].filename == __file__  # the warning points at the caller's line
+    msg = str(caught[0].message)
+    assert "to=" in msg and "capture(device=)" in msg and "\n" not in msg
+    assert old.retention == new.retention and old.retention.to == torch.device("cpu")
+    assert torch.equal(old["0"].output, new["0"].output) and old["0"].output.dtype == torch.float16
+    with pytest.raises(RecordError, match="drop device="):
+        hookscope.capture(net, "0", device="cpu", to="cpu")
+    assert no_hooks(net)
+
+
+def test_retention_device_is_the_former_name_of_to():
+    from hookscope import Retention
+    with pytest.warns(FutureWarning, match=r"Retention\(device=\) is now Retention\(to=\)") as caught:
+        old = Retention(copy="always", device="cpu")
+    assert caught[0].filename == __file__
+    assert old == Retention(copy="always", to="cpu") and old.to == torch.device("cpu")
+    assert Retention("always", True, "cpu") == old  # the third positional field keeps its meaning
+
+
+def test_capture_copy_defaults_to_auto_and_on_call_still_hands_copies():
+    import inspect
+    assert inspect.signature(hookscope.capture).parameters["copy"].default == "auto"
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(inplace=True))
+    kept = []
+    with hookscope.capture(net, "0", on_call=lambda call: kept.append(call.output)) as rec:
+        y = net(-torch.ones(1, 2) * 5)
+    assert rec.retention.copy == "always"
+    assert (kept[0] < 0).any() and torch.equal(y, kept[0].clamp(min=0))  # not rewritten by the in-place ReLU
+    assert no_hooks(net)

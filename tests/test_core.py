@@ -296,8 +296,8 @@ def test_pre_hooks_removed_mid_call_do_not_break_the_forward():
 # ---- 15. late argument errors -----------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, match", [
     ({"dtype": "float16"}, "dtype='float16' is not a torch.dtype"),
-    ({"device": "gpu"}, "device='gpu' is not a device"),
-    ({"device": "cuda:7"} if not torch.cuda.is_available() else {"device": "cuda:99"}, "CUDA"),
+    ({"to": "gpu"}, "to='gpu' is not a device"),
+    ({"to": "cuda:7"} if not torch.cuda.is_available() else {"to": "cuda:99"}, "CUDA"),
     ({"copy": "sometimes"}, "copy='sometimes'"),
     ({"detach": "no"}, "detach='no'"),
 ], ids=["dtype", "device", "cuda", "copy", "detach"])

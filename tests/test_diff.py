@@ -652,3 +652,27 @@ def test_rng_helper_shared_with_summary():
     assert torch.equal(torch.get_rng_state(), state)
     torch.manual_seed(3)
     assert torch.equal(torch.rand(2), drawn)
+
+
+# --- the vocabulary: inputs is one argument, to= keeps run A's records, device= moves the inputs ---------
+def test_diff_takes_several_inputs_as_one_tuple_and_refuses_them_one_by_one():
+    torch.manual_seed(0)
+    bil = nn.Bilinear(3, 4, 2)
+    a, b = torch.randn(5, 3), torch.randn(5, 4)
+    d = diff(bil, bil, (a, b))
+    assert [r.max_abs for r in d[""]] == [0.0]
+    with pytest.raises(TypeError, match=r"diff\(\) takes the model's positional inputs as one argument") as e:
+        diff(bil, bil, a, b)
+    assert isinstance(e.value, HookscopeError) and "\n" not in str(e.value)
+    assert no_hooks(bil)
+
+
+def test_diff_to_keeps_records_and_device_moves_the_inputs_where_the_models_are():
+    net = Net().eval()
+    x = torch.randn(2, 2)
+    base = diff(net, net, x)
+    kept = diff(net, net, x, to="cpu", device="cpu")
+    assert [(r.name, r.max_abs) for r in kept.rows] == [(r.name, r.max_abs) for r in base.rows]
+    with pytest.raises(HookscopeError, match=r"diff\(device='meta'\) moves the inputs .* model_a is on cpu.*to='meta'"):
+        diff(net, net, x, device="meta")
+    assert no_hooks(net)

@@ -191,6 +191,7 @@ def test_cli_identical_runs_with_nan_are_the_same(tmp_path, capsys):
         (dict(seed=1.5), "seed=1.5 is not an int"),
         (dict(no_grad="yes"), "no_grad='yes' is not True or False"),
         (dict(copy="bogus"), "copy='bogus' is not a copy policy"),
+        (dict(to="gpu0"), "to='gpu0' is not a torch device"),
         (dict(device="gpu0"), "device='gpu0' is not a torch device"),
         (dict(kwargs=[1]), "kwargs=[1] is not a mapping"),
         (dict(b="train"), "b='train' is not a run setting"),

@@ -81,3 +81,17 @@ def test_bad_input_is_explained():
         g["a"].grad
     with pytest.raises(RecordError, match="no watched tensor 'z' in this result"):
         g["z"]
+
+
+def test_grads_copy_defaults_to_auto_and_never_copies_not_even_a_views_gradient():
+    import inspect
+    from hookscope import MutationError
+    assert inspect.signature(hookscope.grads).parameters["copy"].default == "auto"
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    a = w.view(2, 2)
+    with hookscope.grads(a=a, copy="never") as g:
+        (a * 2).sum().backward(retain_graph=True)  # w.grad adopts this gradient's memory...
+        (a * 3).sum().backward()  # ...and accumulates into it: the uncopied record is gone, and says so
+    with pytest.raises(MutationError, match="copy='always'"):
+        g["a"].grads
+    assert w.grad.tolist() == [5.0] * 4

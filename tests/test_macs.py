@@ -194,7 +194,7 @@ FUSED_CPU_KERNELS = (torch.ops.aten._native_multi_head_attention, torch.ops.aten
 def summarised(name: str) -> hookscope.Summary:
     """summary() of one of MODELS, once for the tests below."""
     build, inputs, _ = MODELS[name]
-    return hookscope.summary(build(), *inputs)
+    return hookscope.summary(build(), tuple(inputs))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -203,7 +203,7 @@ def test_models_count_what_flop_counter_mode_counts(name):
     model, s = build(), summarised(name)
     assert s.totals.macs == flop_counter_reference(model, *inputs) > 0 and not s.totals.macs_partial
     with sdpa_kernel(SDPBackend.MATH):  # whatever kernel runs the attention, the same products
-        assert hookscope.summary(model, *inputs).totals.macs == s.totals.macs
+        assert hookscope.summary(model, tuple(inputs)).totals.macs == s.totals.macs
 
 
 @pytest.mark.parametrize("name", list(MODELS))

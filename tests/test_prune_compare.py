@@ -238,7 +238,7 @@ def test_inputs_in_lists_and_dicts_and_needing_a_gradient_are_copied_for_each_ru
     net = Nested()
     a = torch.ones(3, requires_grad=True)
     pair, extra = [a, torch.ones(3)], {"b": torch.zeros(2)}
-    c = compare_models(net, net, pair, extra, repeats=2, warmup=1)
+    c = compare_models(net, net, (pair, extra), repeats=2, warmup=1)
     assert c["max abs output diff"].after == 0.0
     assert net.seen == [3.0] * (2 * (1 + 1 + 2))
     assert torch.equal(a, torch.ones(3)) and a.requires_grad and a.grad is None and pair[0] is a

@@ -55,7 +55,7 @@ def test_mha_key_padding_and_per_head_masks_follow_the_kept_heads() -> None:
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
     prune_heads(net, x, heads={"mha": [1]})
-    small = compact(net, x, pad)
+    small = compact(net, (x, pad))
     assert _rel(net(x, pad), small(x, pad)) <= TOL
     mask = torch.randn(2 * 4, 5, 5, dtype=torch.float64)  # one additive mask per sample and original head
     h = net.inp(x)
@@ -68,10 +68,10 @@ def test_mha_with_attention_weights_is_refused_unchanged() -> None:
     torch.manual_seed(2)
     mha = nn.MultiheadAttention(8, 2, batch_first=True).double().eval()  # returns head-averaged weights
     x = torch.randn(1, 4, 8, dtype=torch.float64)
-    prune_heads(mha, x, x, x, heads={"": [0]})
+    prune_heads(mha, (x, x, x), heads={"": [0]})
     before = _state(mha)
     with pytest.raises(hookscope.HookscopeError, match="compaction refused: .*output 1 differs") as e:
-        compact(mha, x, x, x)
+        compact(mha, (x, x, x))
     assert "\n" not in str(e.value)
     assert all(torch.equal(before[k], v) for k, v in mha.state_dict().items()) and _only_masks(mha)
 

@@ -254,7 +254,7 @@ def _check_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def _check_summary(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    s = hookscope.summary(model, *args, kwargs=kwargs or None)
+    s = hookscope.summary(model, tuple(args), kwargs=kwargs or None)
     want = _unique_params(model)
     assert s.totals.params == want, f"summary counts {s.totals.params} parameters, the model has {want}"
     from torch.nn.attention import SDPBackend, sdpa_kernel

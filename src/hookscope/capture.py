@@ -20,8 +20,9 @@ from .core.compiled import HookRefresh, compiled_modules, eager, is_compiled
 from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, release, settle_inputs
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.ops import SEP, OpSite, call_name, counts, covered, current_function, missed, seen_ops, written
-from .errors import HookscopeError, SelectionError, StopForward, did_you_mean
+from .errors import HookscopeError, SelectionError, StopForward, checked, did_you_mean
 from .records import HOLE, CallRecord, Recording, Retention
+from .records.retention import renamed_device
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
 
 __all__ = ["capture", "Capture", "FIELDS", "boundary_modules", "check_hookable"]
@@ -595,18 +596,20 @@ def boundary_modules(model: nn.Module) -> list[nn.Module]:
 _hand_back_plain = plain_output  # the old private name, until every caller uses plain_output
 
 
+@checked
 def capture(
     model: nn.Module,
     *selectors: Selector,
     keep: str | Iterable[str] = "output",
-    copy: str | None = None,
+    copy: str = "auto",
     detach: bool = True,
-    device: torch.device | str | None = None,
+    to: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     stop: bool = False,
     at: At | Any = None,
     last: int | None = None,
     on_call: Callable[[CallRecord], object] | None = None,
+    device: torch.device | str | None = None,
 ) -> Capture:
     """Record what the selected modules receive and produce, one record per call.
 
@@ -619,11 +622,12 @@ def capture(
             ``"grad_output"``, ``"grad_input"``, or groups ``"io"``, ``"grads"``, ``"all"``.
         copy: ``"auto"`` (the default): no copy unless something writes into a recorded tensor
             later (``ReLU(inplace=True)``, ``out += identity``), then a copy of that one tensor is
-            made just before; ``"always"`` (the default with ``on_call=``): copy every record;
+            made just before (with ``on_call=``, a copy at once: ``fn`` may keep what it reads);
+            ``"always"``: copy every record;
             ``"never"``: no copy, and a record whose memory was overwritten raises
             :class:`~hookscope.MutationError` when read.
         detach: keep records without their autograd graph (default).
-        device, dtype: move / cast records (for example ``device="cpu"``).
+        to, dtype: move / cast records (for example ``to="cpu"`` frees accelerator memory).
         stop: end the forward pass once every selected module has run once (later layers are not
             computed). Use ``rec.run(x)``, or know that the rest of the ``with`` block is skipped.
         at: keep only these positions of each output's main tensor, e.g. ``hookscope.at[:, -1]``
@@ -636,9 +640,10 @@ def capture(
             ``call.index`` still counts every call; reading a dropped record raises.
         on_call: ``fn(call)`` is called with each call's record as soon as its module returns,
             and nothing is kept (``rec.calls`` stays empty). The tensors ``fn`` reads are copies
-            the model cannot rewrite, so ``fn`` may keep them (unless ``copy=`` is given). Forward
+            the model cannot rewrite, so ``fn`` may keep them (unless ``copy="never"``). Forward
             fields only (``keep="output"``, ``"input"`` or ``"io"``); an exception in ``fn``
             propagates. Nested selected modules reach ``fn`` as they return (inner ones first).
+        device: the former name of ``to=``: still taken, with a ``FutureWarning``.
 
     Returns:
         A context manager; inside and after the block it maps names to :class:`LayerRecord`. An
@@ -675,8 +680,10 @@ def capture(
             "stop=True ends the forward pass early, so no backward pass can record gradients; "
             "drop stop=True or keep only 'input'/'output'"
         )
-    policy = copy if copy is not None else "always" if on_call is not None else "auto"
-    retention = Retention(copy=policy, detach=detach, device=device, dtype=dtype)  # type: ignore[arg-type]
+    if device is not None:
+        to = renamed_device("capture", device, to)
+    policy = "always" if on_call is not None and copy == "auto" else copy
+    retention = Retention(copy=policy, detach=detach, to=to, dtype=dtype)  # type: ignore[arg-type]
     selected = layers(model, *selectors)
     check_hookable(selected)
     return Capture(model, selected, fields, retention, stop, aliases_of(model, selected), positions,

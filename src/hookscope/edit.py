@@ -14,7 +14,7 @@ from .core.compiled import HookRefresh, eager, is_compiled
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.calls import CallStack
 from .core.ops import OpSite, counts, current_function, missed, written
-from .errors import HookscopeError, SelectionError
+from .errors import HookscopeError, SelectionError, checked
 from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
@@ -294,6 +294,7 @@ def _change_inputs(
     return (tuple(new_args) if changed_args else args), (new_kwargs if changed_kwargs else kwargs)
 
 
+@checked
 def edit(
     model: nn.Module,
     *selectors: Selector,
@@ -388,6 +389,7 @@ def _input_changes(input: Any, inputs: Mapping[int | str, Any] | None) -> dict[i
     return out
 
 
+@checked
 def ablate(channels: int | Sequence[int], dim: int = 1, value: float = 0.0) -> Change:
     """A change that sets whole channels (indices along ``dim``) to ``value``, out of place.
 
@@ -439,6 +441,7 @@ def _channel_list(channels: Any) -> list[int]:
     return index
 
 
+@checked
 def scale(factor: float) -> Change:
     """A change that multiplies every tensor by ``factor`` (for activations or gradients).
 

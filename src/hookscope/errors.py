@@ -6,8 +6,10 @@ Every message is one line that names the culprit and the fix. Nothing here impor
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, ParamSpec, TypeVar
 
 __all__ = [
     "HookscopeError",
@@ -20,7 +22,12 @@ __all__ = [
     "LoadError",
     "UntrustedPickleError",
     "ExtractOverflowError",
+    "ArgumentError",
+    "checked",
+    "checked_as",
+    "checked_init",
     "closest",
+    "did_you_mean",
 ]
 
 
@@ -45,6 +52,12 @@ class RecordError(HookscopeError, KeyError):
 class FieldError(RecordError, AttributeError):
     """A field a record does not hold: a :class:`~hookscope.RecordError` that is also an
     ``AttributeError``, so ``hasattr(record, "input")`` and ``getattr(record, "input", None)`` answer."""
+
+
+class ArgumentError(HookscopeError, TypeError):
+    """A call that does not fit a public function's signature: a misspelt keyword (the message names
+    the closest real one), several inputs where the function takes one tuple, a missing argument.
+    Also a ``TypeError``, what Python itself raises for such a call."""
 
 
 class MutationError(HookscopeError):
@@ -111,3 +124,95 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` Did you mean 'a', 'b'?`` or an empty string."""
     hits = closest(word, candidates)
     return f" Did you mean {', '.join(repr(h) for h in hits)}?" if hits else ""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def checked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn Python's ``TypeError`` for a call that does not fit ``fn``'s signature into a one-line
+    :class:`ArgumentError` that names the keyword, the closest real one and the function.
+
+    The call itself is untouched: the signature is looked at only once Python has refused the
+    call, so the normal path costs one extra frame.
+
+    Example:
+        >>> @checked
+        ... def run(model: object, *, depth: int = 1) -> int:
+        ...     return depth
+        >>> run(None, dpeth=2)
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.ArgumentError: run() got an unexpected keyword argument 'dpeth'. Did you mean 'depth'?
+    """
+    return checked_as(_label(fn))(fn)
+
+
+def checked_as(label: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """:func:`checked`, for a function exported under another name (``label``)."""
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        return _checked(fn, label)
+    return wrap
+
+
+def _checked(fn: Callable[P, R], label: str) -> Callable[P, R]:
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            if isinstance(e, HookscopeError):
+                raise
+            problem = _misfit(fn, label, args, kwargs)
+            if problem is None:  # the call fitted: the TypeError came from inside
+                raise
+            raise ArgumentError(problem) from None
+
+    return call
+
+
+C = TypeVar("C", bound=type)
+
+
+def checked_init(cls: C) -> C:
+    """:func:`checked` for a public class: a call of ``cls(...)`` that does not fit its ``__init__``."""
+    setattr(cls, "__init__", _checked(cls.__init__, cls.__name__))  # type: ignore[misc]
+    return cls
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
+    return name.removesuffix(".__init__")
+
+
+def _misfit(fn: Callable[..., Any], label: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What does not fit in calling ``fn(*args, **kwargs)``, in one line; None if the call fits."""
+    try:
+        sig = inspect.signature(fn)
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        reason = str(e)
+    except ValueError:
+        return None
+    else:
+        return None
+    params = sig.parameters
+    named = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        word = unknown[0]
+        hint = did_you_mean(word, [n for n in named if n not in ("self", "cls")])
+        if not hint and "kwargs" in params:
+            hint = f" If {word!r} is a keyword input of the model, pass kwargs={{{word!r}: ...}}."
+        elif not hint:
+            hint = f" It takes {', '.join(n + '=' for n in named if n not in ('self', 'cls'))}."
+        return f"{label}() got an unexpected keyword argument {word!r}.{hint}"
+    if "positional argument" in reason and "inputs" in params \
+            and params["inputs"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        before = ", ".join(n for n in named[: named.index("inputs")])
+        return (f"{label}() takes the model's positional inputs as one argument, inputs: pass several as a "
+                f"tuple, {label}({before}, (x, y), ...)")
+    if "too many positional" in reason:
+        reason += f" ({', '.join(n for n, p in params.items() if p.kind is not p.KEYWORD_ONLY)}); pass the rest by keyword"
+    return f"{label}(): {reason}"

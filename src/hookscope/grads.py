@@ -12,7 +12,7 @@ from .core.guard import Slot
 from .core.hooks import HookGroup
 from .core.result import Result, missing
 from .core.text import num, shape_text, table
-from .errors import HookscopeError, RecordError, did_you_mean
+from .errors import ArgumentError, HookscopeError, RecordError, checked, did_you_mean
 
 __all__ = ["grads", "TensorGrads", "GradRecord", "GradRow"]
 
@@ -110,7 +110,7 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
     """
 
     def __init__(self, named: dict[str, torch.Tensor], fn: GradFn | Mapping[str, GradFn] | None,
-                 copy: bool = False) -> None:
+                 copy: str = "auto") -> None:
         self._tensors: dict[str, torch.Tensor] | None = named
         self._fns = fn if isinstance(fn, Mapping) else {k: fn for k in named}
         unknown = [k for k in self._fns if k not in named]
@@ -123,8 +123,8 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
             raise HookscopeError(f"fn={self._fns[bad]!r} for {bad!r} is not a function; pass "
                                  "fn=lambda g: g * 2 (or a dict of them by name)")
         # a view's gradient goes on to its base as a view of the same memory, which a leaf may
-        # adopt as its .grad and accumulate into: copy those as they arrive
-        self._copy = {k: copy or t._is_view() for k, t in named.items()}
+        # adopt as its .grad and accumulate into: under "auto", copy those as they arrive
+        self._copy = {k: copy == "always" or (copy == "auto" and t._is_view()) for k, t in named.items()}
         self._records = {k: GradRecord(k) for k in named}
         self._group = HookGroup()
 
@@ -208,10 +208,11 @@ class TensorGrads(Result, Mapping[str, GradRecord]):
         return len(self._records)
 
 
+@checked
 def grads(
     *tensors: torch.Tensor,
     fn: GradFn | Mapping[str, GradFn] | None = None,
-    copy: str = "never",
+    copy: str = "auto",
     **named: torch.Tensor,
 ) -> TensorGrads:
     """Watch the gradient of intermediate (or leaf) tensors during the backward passes in the block.
@@ -221,10 +222,11 @@ def grads(
         fn: optional ``grad -> new grad | None`` run on each arriving gradient, like a PyTorch tensor
             hook: return a tensor to replace the gradient, or change it in place, or just look.
             A mapping gives one function per name. Whether it changed the gradient is recorded.
-        copy: as in :func:`hookscope.capture`: ``"never"`` (the default) keeps each gradient as it
-            arrived, without a copy (a view's gradient excepted: a leaf may adopt it as ``.grad``),
-            and reading one that was later rewritten in place (by another hook's ``mul_``, say)
-            raises :class:`~hookscope.MutationError`; ``"always"`` keeps a copy of every arrival.
+        copy: as in :func:`hookscope.capture`: ``"auto"`` (the default) keeps each gradient as it
+            arrived, without a copy, except a view's gradient (a leaf may adopt it as ``.grad`` and
+            accumulate into it), and reading one that was later rewritten in place (by another
+            hook's ``mul_``, say) raises :class:`~hookscope.MutationError`; ``"always"`` keeps a
+            copy of every arrival; ``"never"`` copies none, a view's gradient included.
         **named: tensors to watch under a name.
 
     Example:
@@ -242,14 +244,17 @@ def grads(
         raise HookscopeError("grads() needs at least one tensor to watch")
     for name, t in watched.items():
         if not isinstance(t, torch.Tensor):
+            hint = did_you_mean(name, ["fn", "copy"]) if name in named else ""
+            if hint:  # **named takes any name: a misspelt keyword of grads' own lands there
+                raise ArgumentError(f"grads() got an unexpected keyword argument {name!r}.{hint}")
             raise HookscopeError(f"{name!r} is a {type(t).__name__}, not a tensor; pass the tensor itself")
         if not t.requires_grad:
             raise HookscopeError(
                 f"tensor {name!r} does not require grad, so no gradient will reach it; compute it "
                 "from inputs or parameters with requires_grad=True, outside torch.no_grad()"
             )
-    if copy not in ("never", "always"):
+    if copy not in ("auto", "always", "never"):
         hint = " (copy='always' keeps copies)" if isinstance(copy, bool) else ""
-        raise HookscopeError(f"copy={copy!r} is not a copy policy of grads(){hint}; use 'never' (the default: "
-                             "kept as it arrived, an error if rewritten later) or 'always'")
-    return TensorGrads(watched, fn, copy == "always")
+        raise HookscopeError(f"copy={copy!r} is not a copy policy of grads(){hint}; use 'auto' (the default: kept as it "
+                             "arrived, an error if rewritten later), 'always' or 'never'")
+    return TensorGrads(watched, fn, copy)

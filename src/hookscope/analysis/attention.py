@@ -28,8 +28,8 @@ from ..core.ops import SEP, OpSite, split_op
 from ..core.result import Result, missing
 from ..core.state import restored
 from ..core.text import table
-from ..errors import HookscopeError, SelectionError
-from ..selection import Selector, layers as select
+from ..errors import HookscopeError, SelectionError, checked
+from ..selection import Layers, Selector, layers as select
 from ._targets import call_model
 
 __all__ = ["attention", "attention_probabilities", "AttentionPatterns"]
@@ -39,6 +39,7 @@ MHA = "multi_head_attention_forward"  # nn.MultiheadAttention's, which gives its
 KERNELS = (SDPA, MHA)
 
 
+@checked
 def attention_probabilities(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None,
                             attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                             scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
@@ -107,7 +108,8 @@ class AttentionPatterns(Result, Mapping[str, torch.Tensor]):
         return {n: p[0] for n, p in self._patterns.items()}
 
 
-def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector] | None = None,
+@checked
+def attention(model: nn.Module, inputs: Any, *, layers: Layers | None = None,
               kwargs: Mapping[str, Any] | None = None) -> AttentionPatterns:
     """The attention probabilities of one forward pass, whatever kernel the model runs.
 
@@ -133,7 +135,7 @@ def attention(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector
         >>> list(p), tuple(p["::scaled_dot_product_attention"].shape)
         (['::scaled_dot_product_attention'], (1, 2, 3, 3))
     """
-    chosen = [layers] if layers is None or not isinstance(layers, list) else layers
+    chosen = [layers] if layers is None or not isinstance(layers, (list, tuple)) else list(layers)
     selectors = [f"*{SEP}{k}" for k in KERNELS] if layers is None else chosen
     sites = select(model, *selectors)
     args = (inputs if isinstance(inputs, tuple) else (inputs,), model_kwargs(kwargs))

@@ -28,7 +28,7 @@ from ..core.inputs import model_kwargs, private
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import num, table
-from ..errors import HookscopeError, did_you_mean
+from ..errors import HookscopeError, checked, did_you_mean
 from ._targets import (Target, anchored, batch_coupled, call_model, check_range, class_index_of, class_targets,
                        is_function, read_logits, rows_of, user_scores)
 
@@ -148,6 +148,7 @@ class Curve(Result):
                 "targets": self.targets}
 
 
+@checked
 def deletion(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -217,6 +218,7 @@ def deletion(
                   baseline, score, batch_size, model_kwargs(kwargs))
 
 
+@checked
 def insertion(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -403,6 +405,7 @@ def _substrate(baseline: Baseline, inputs: torch.Tensor) -> torch.Tensor:
     )
 
 
+@checked
 def blur(images: torch.Tensor, *, size: int = _BLUR_SIZE, sigma: float = _BLUR_SIGMA) -> torch.Tensor:
     """Blur ``B x C x H x W`` images with a ``size x size`` Gaussian (borders replicated).
 
@@ -482,6 +485,7 @@ def _masks(maps: torch.Tensor, masks: torch.Tensor, what: str) -> tuple[torch.Te
     return maps.detach(), masks
 
 
+@checked
 def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float = 15,
                   reduce: str = "abs_sum") -> torch.Tensor:
     """Pointing game (Zhang et al. 2018): does each map's maximum fall on the object?
@@ -518,6 +522,7 @@ def pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, tolerance: float =
     return (near & masks).flatten(1).any(dim=1)
 
 
+@checked
 def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, reduce: str = "abs_sum") -> torch.Tensor:
     """Energy-based pointing game (Wang et al. 2020, Score-CAM): share of the map inside the object.
 
@@ -548,6 +553,7 @@ def energy_pointing_game(maps: torch.Tensor, masks: torch.Tensor, *, reduce: str
     return torch.where(total > 0, inside / total.clamp_min(torch.finfo(maps.dtype).tiny), torch.zeros_like(total))
 
 
+@checked
 def box_mask(
     boxes: Sequence[Sequence[float]] | torch.Tensor, height: int, width: int, *, device: torch.device | str | None = None
 ) -> torch.Tensor:

@@ -28,8 +28,8 @@ from ..core.inputs import model_kwargs, private
 from ..core.result import Result, jsonable
 from ..core.state import restored
 from ..core.text import first_line, num, shape_text, table
-from ..errors import HookscopeError
-from ..selection import Selector, check_hookable, unwrap
+from ..errors import HookscopeError, checked
+from ..selection import Layers, Selector, check_hookable, unwrap
 from ..selection import layers as select
 from ._layout import LayoutProbe, grid_of_tokens, prefix_tokens
 from ._targets import call_model
@@ -313,10 +313,8 @@ def _unequal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # --- collecting ----------------------------------------------------------------------------------
-def _one_layer(model: nn.Module, layer: Selector) -> tuple[str, nn.Module]:
-    if isinstance(layer, (list, tuple)):
-        raise HookscopeError(f"layers={layer!r} is several selectors; feature maps are of one layer, pass one")
-    chosen = select(model, layer)
+def _one_layer(model: nn.Module, layer: Layers) -> tuple[str, nn.Module]:
+    chosen = select(model, layer)  # a list of selectors too, as everywhere: what it selects must be one layer
     if len(chosen) != 1:
         shown = ", ".join(repr(n) for n, _ in chosen[:4]) + (", ..." if len(chosen) > 4 else "")
         raise HookscopeError(f"layers={layer!r} matches {len(chosen)} layers ({shown}); feature maps are of one "
@@ -423,7 +421,7 @@ def _layout_of(ran_out: Any, name: str, probe: LayoutProbe, x: torch.Tensor, res
     return probe.layout(name, found[0], size)
 
 
-def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str, Any] | None, naive: bool,
+def _run(model: nn.Module, x: torch.Tensor, layer: Layers, kwargs: Mapping[str, Any] | None, naive: bool,
          reshape: Reshape | None) -> _Ran:
     """One forward pass in eval mode, with the layer's output kept and its layout probed."""
     kw = model_kwargs(kwargs)
@@ -447,7 +445,8 @@ def _run(model: nn.Module, x: torch.Tensor, layer: Selector, kwargs: Mapping[str
     return _Ran(name, true, kept, _layout_of(true, name, probe, x, reshape, prefix_tokens(unwrap(model)[0])))
 
 
-def feature_maps(model: nn.Module, inputs: torch.Tensor, *, layers: Selector, reshape: Reshape | None = None,
+@checked
+def feature_maps(model: nn.Module, inputs: torch.Tensor, *, layers: Layers, reshape: Reshape | None = None,
                  kwargs: Mapping[str, Any] | None = None) -> FeatureMaps:
     """The channels one layer produces for a batch of images, as ``B x C x h x w``, with statistics.
 
@@ -499,7 +498,8 @@ def feature_maps(model: nn.Module, inputs: torch.Tensor, *, layers: Selector, re
     return FeatureMaps(maps, ran.name, _layout_name(ran.layout) if reshape is None else "reshape=", shape)
 
 
-def compare_references(model: nn.Module, inputs: torch.Tensor, *, layers: Selector, reshape: Reshape | None = None,
+@checked
+def compare_references(model: nn.Module, inputs: torch.Tensor, *, layers: Layers, reshape: Reshape | None = None,
                        kwargs: Mapping[str, Any] | None = None) -> ReferenceComparison:
     """The in-place trap: what a hook that keeps ``output.detach()`` reads, against what the layer produced.
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..core.result import Result, missing
 from ..core.text import num, table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ..selection import Selector, layers, named_modules, unwrap
 
 __all__ = ["FlowRow", "GradientFlow", "gradient_flow"]
@@ -255,6 +255,7 @@ def _check_arguments(model: Any, trace: Any, vanish: Any, explode: Any) -> tuple
     return vanish, explode
 
 
+@checked
 def gradient_flow(model: nn.Module, *selectors: Selector, trace: _Traced | None = None,
                   vanish: float = 1e-7, explode: float = 1e3) -> GradientFlow:
     """Per-layer gradient norms after a backward pass, flagging vanishing and exploding layers.

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import checked
 from .._tree import tensors
 from ..core.inputs import model_kwargs, private
 from ..core.hooks import HookGroup
@@ -22,7 +23,7 @@ from ..core.ops import SEP, call_name, current_function, written
 from ..core.result import Result
 from ..core.state import restored
 from ..core.text import table
-from ..selection import Selector, layers as select
+from ..selection import Layers, Selector, layers as select
 from ._targets import call_model
 
 __all__ = ["operations", "Operations", "OperationRow"]
@@ -95,7 +96,8 @@ class Operations(Result, Mapping[str, list[OperationRow]]):
                      "output": r.output} for r in rows] for n, rows in self._by_name.items()}
 
 
-def operations(model: nn.Module, inputs: Any, *, layers: Selector | list[Selector] = "*",
+@checked
+def operations(model: nn.Module, inputs: Any, *, layers: Layers | None = None,
                kwargs: Mapping[str, Any] | None = None) -> Operations:
     """List the operations one forward pass makes (in eval mode, without gradients; the model is
     left as it was).
@@ -123,7 +125,7 @@ def operations(model: nn.Module, inputs: Any, *, layers: Selector | list[Selecto
         ::add          0  Tensor.add_ (in place)  2x4, 2x4     2x4
         ::relu         0  torch.relu              2x4          2x4
     """
-    chosen = layers if isinstance(layers, list) else [layers]
+    chosen = ["*"] if layers is None else list(layers) if isinstance(layers, (list, tuple)) else [layers]
     sites = [f"{s}{SEP}*" for s in chosen] if all(isinstance(s, str) for s in chosen) else []
     if not sites:
         from ..errors import HookscopeError

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ..selection import Selector, unwrap
 from ..capture import parse_keep
 from ._recorder import RecorderSession, param_targets, select
@@ -214,6 +214,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         return f"Trace({len(self._rec.selected)} modules, {len(self._rows) + len(self._pending)} rows)"
 
 
+@checked
 def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io",
           param_grads: bool = False, on_row: Callable[[StatRow], object] | None = None,
           last: int | None = None) -> Trace:

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..core.ops import SEP
 from ..core.result import Result
-from ..errors import HookscopeError, NonFiniteError  # NonFiniteError lives with every other error
+from ..errors import HookscopeError, NonFiniteError, checked  # NonFiniteError lives with every other error
 from ..selection import Selector, unwrap
 from ..capture import parse_keep
 from ._recorder import Context, RecorderSession, param_targets, select
@@ -329,6 +329,7 @@ class Watch(RecorderSession, ByModule, Result):  # the session's operations_ran,
         return f"Watch(checked={self.checked}, culprit={self._culprit!r})"
 
 
+@checked
 def watch(model: nn.Module, *selectors: Selector, raise_on_nonfinite: bool = False, last: int = 5,
           keep: str | Iterable[str] = ("output", "grads"), param_grads: bool = True) -> Watch:
     """Find the first module whose forward output, or backward gradient, holds a NaN or an Inf.

@@ -22,7 +22,21 @@ import torch
 from .._tree import tree_map
 from ..errors import HookscopeError
 
-__all__ = ["model_kwargs", "private"]
+__all__ = ["model_args", "model_kwargs", "private"]
+
+
+def model_args(inputs: Any) -> tuple[Any, ...]:
+    """``inputs=`` (the model's positional inputs, one argument) as the tuple ``model(*args)`` takes:
+    ``None`` for none, a tuple for several, anything else (a named tuple too) for the one input.
+
+    Example:
+        >>> x = torch.ones(1)
+        >>> model_args(x) == (x,), model_args((x, x)) == (x, x), model_args(None)
+        (True, True, ())
+    """
+    if inputs is None:
+        return ()
+    return inputs if type(inputs) is tuple else (inputs,)
 
 
 def model_kwargs(kwargs: Any) -> dict[str, Any]:

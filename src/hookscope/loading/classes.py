@@ -12,7 +12,7 @@ import os
 from typing import Any, cast
 
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .hf import hf_config
 from .spec import DEMO_SPEC, HF_PREFIX
 from .vision import torchvision_weights
@@ -55,6 +55,7 @@ def read_class_names(path: str | os.PathLike[str]) -> list[str]:
     return cast(list[str], names)
 
 
+@checked
 def class_names(spec: str, *, weights: str | None = None, config: str | os.PathLike[str] | None = None,
                 classes: str | os.PathLike[str] | None = None) -> list[str] | None:
     """The class names of the model :func:`~hookscope.load_model` builds from the same arguments, in

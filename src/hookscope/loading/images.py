@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .extras import import_failed, import_timm, import_transformers, quiet_transformers
 from .hf import check_no_remote_code, hf_config
 from .inputs import check_fits
@@ -310,6 +310,7 @@ def _hf(spec: str, config: str | None) -> ImageTransform | None:
                           _mode(pre.get("resample")), "transformers", _Library(processor, True, "pixel_values"))
 
 
+@checked
 def image_transform(spec: str, *, weights: str | None = None, config: str | None = None, preset: str = "auto",
                     size: str | Sequence[int] | None = None) -> ImageTransform:
     """How pictures become the input of the model ``spec`` names (see the module's text).
@@ -448,6 +449,7 @@ def _same_size(inputs: list[torch.Tensor], paths: list[str]) -> None:
                             f"{_words()['size']}")
 
 
+@checked
 def load_images(spec: str, paths: str | Sequence[str], *, weights: str | None = None, config: str | None = None,
                 preset: str = "auto", size: str | Sequence[int] | None = None) -> Images:
     """Image files and folders (read in name order) as a batch for the model ``spec`` names, made by

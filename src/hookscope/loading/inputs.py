@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from ..core.text import first_line, shape_text
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .model import check_seed
 from .preprocessing import timm_pretrained_cfg
 from .spec import TIMM_PREFIX, usual_shape
@@ -131,6 +131,7 @@ def model_shape(spec: str) -> tuple[int, ...] | None:
     return usual_shape(spec)
 
 
+@checked
 def example_input(spec: str, shape: str | Sequence[int] | None = None, *, seed: int = 0) -> torch.Tensor:
     """A seeded random (standard normal) input for the model ``spec`` names: of ``shape``, else of the
     shape the model is known by (:func:`model_shape`).

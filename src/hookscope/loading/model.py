@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import LoadError, did_you_mean
+from ..errors import LoadError, checked, did_you_mean
 from .files import read_model_file
 from .hf import hf_model
 from .origin import WeightsOrigin, record_origin
@@ -167,6 +167,7 @@ def _origin(spec: Spec, seed: int, named: Any) -> WeightsOrigin:
     return WeightsOrigin(False, f"the code of {spec.text}")
 
 
+@checked
 def load_model(spec: str | os.PathLike[str], *, weights: str | os.PathLike[str] | None = None,
                config: str | os.PathLike[str] | None = None, trust_pickle: bool = False, seed: int = 0) -> nn.Module:
     """Build or read the model ``spec`` names, with ``weights`` if given, in eval mode.

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..core.text import first_line
-from ..errors import LoadError
+from ..errors import LoadError, checked
 from .extras import import_failed, import_transformers, quiet_transformers
 from .hf import check_no_remote_code
 from .voice import terms
@@ -61,6 +61,7 @@ def tokenizer_files(path: str) -> list[str]:
     return [f for f in _TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
 
 
+@checked
 def load_tokenizer(folder: str | None) -> Any:
     """The tokenizer saved in ``folder`` (``tokenizer.save_pretrained``), through transformers'
     ``AutoTokenizer`` with local files only and ``trust_remote_code=False``.
@@ -92,6 +93,7 @@ def load_tokenizer(folder: str | None) -> Any:
                         f"{', or pass --input-ids' if terms().cli else ''}") from None
 
 
+@checked
 def tokenize(text: str | Sequence[str], tokenizer: Any) -> Tokens:
     """``text`` (or several texts, padded to one length) as token ids, by ``tokenizer``: a folder that
     holds one (read by :func:`load_tokenizer`) or a tokenizer already made.

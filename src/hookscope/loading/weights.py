@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..core.text import first_line, shape_text
-from ..errors import HookscopeError, LoadError
+from ..errors import HookscopeError, LoadError, checked
 from .files import read_weights_file
 from .origin import WeightsOrigin, record_origin
 from .voice import tell, terms
@@ -151,6 +151,7 @@ def _fit_compacted(model: nn.Module, expected: Mapping[str, Any], state: Mapping
     return True
 
 
+@checked
 def load_weights(model: nn.Module, path: str | os.PathLike[str], *, trust_pickle: bool = False,
                  spec: str | None = None) -> nn.Module:
     """Load a weights file into ``model``, strictly; what does not fit is named in one line.

@@ -13,13 +13,14 @@ from typing import Any
 
 from .._tree import tree_map
 from ..core.guard import Slot
-from ..errors import RecordError
+from ..errors import RecordError, checked
 from .call import HOLE, CallRecord, tensors_of
 from .recording import FIELDS, Recording
 
 __all__ = ["load"]
 
 
+@checked
 def load(path: str | os.PathLike[str]) -> Recording:
     """Read back a :class:`Recording` written by :meth:`Recording.save`.
 

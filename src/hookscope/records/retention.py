@@ -1,4 +1,4 @@
-"""How a recorded tensor is kept: the retention policy (copy, detach, device, dtype) and the checks
+"""How a recorded tensor is kept: the retention policy (copy, detach, to, dtype) and the checks
 it makes before anything runs.
 
 Must not import: anything of hookscope but ``errors`` and ``core``.
@@ -6,16 +6,17 @@ Must not import: anything of hookscope but ``errors`` and ``core``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any, Literal
 
 import torch
 
 from ..core.guard import Slot, guardable, protect, storage_key
-from ..errors import RecordError
+from ..errors import RecordError, checked_init
 
-__all__ = ["COPY_BELOW", "CopyPolicy", "Retention", "check_device"]
+__all__ = ["COPY_BELOW", "CopyPolicy", "Retention", "check_device", "renamed_device"]
 
 CopyPolicy = Literal["auto", "always", "never"]
 COPY_BELOW = 1 << 20
@@ -24,6 +25,7 @@ copy of under 1 MiB costs less than watching the tensor for writes (~20-40 us of
 op that reads it), and on a GPU a copy is one asynchronous kernel. Larger tensors are watched."""
 
 
+@checked_init
 @dataclass(frozen=True)
 class Retention:
     """How a recorded tensor is kept.
@@ -36,31 +38,35 @@ class Retention:
             overwritten raises :class:`~hookscope.MutationError`.
         detach: drop the autograd graph (default). ``False`` keeps it, so the record can be
             differentiated, at the price of keeping the graph alive.
-        device: move kept tensors there (``"cpu"`` frees accelerator memory). ``None`` keeps them
+        to: where kept tensors are moved (``"cpu"`` frees accelerator memory). ``None`` keeps them
             where they are, with no host synchronisation.
         dtype: cast kept floating-point tensors (``torch.float16`` halves the memory).
+        device: the former name of ``to=``: still taken, with a ``FutureWarning``.
 
     Example:
-        >>> Retention(copy="always", device="cpu").copy
-        'always'
+        >>> Retention(copy="always", to="cpu").to
+        device(type='cpu')
     """
 
     copy: CopyPolicy = "auto"
     detach: bool = True
-    device: torch.device | str | None = None
+    to: torch.device | str | None = None
     dtype: torch.dtype | None = None
 
     guard: bool = True  # hand the model guarded aliases; False where they cannot go (compiled graphs)
+    device: InitVar[torch.device | str | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, device: torch.device | str | None) -> None:
+        if device is not None:
+            object.__setattr__(self, "to", renamed_device("Retention", device, self.to, stacklevel=5))
         if self.copy not in ("auto", "always", "never"):
             raise RecordError(f"copy={self.copy!r} is not a copy policy; use 'auto', 'always' or 'never'")
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
             raise RecordError(
                 f"dtype={self.dtype!r} is not a torch.dtype; pass one such as torch.float16"
             )
-        if self.device is not None:
-            object.__setattr__(self, "device", check_device(self.device))
+        if self.to is not None:
+            object.__setattr__(self, "to", check_device(self.to, "to"))
         if not isinstance(self.detach, bool):
             raise RecordError(f"detach={self.detach!r} is not True or False")
 
@@ -86,15 +92,15 @@ class Retention:
         if inner:
             slot, _ = self._inner(v, where)
             return slot, t
-        if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
+        if self.copy == "auto" and self.guard and self.to is None and self.dtype is None \
                 and guardable(v):
             if v.numel() * v.element_size() < COPY_BELOW or (held is not None and storage_key(v) in held()):
                 return Slot(v.clone(), "copied", where), t
             slot = Slot(v, "auto", where)  # no copy: a guarded alias copies it only before a write
             return slot, protect(t, slot)
-        if self.device is not None or self.dtype is not None:
+        if self.to is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
-            moved = v.to(device=self.device, dtype=dtype)
+            moved = v.to(device=self.to, dtype=dtype)
             if moved is not v:  # a copy was made: nothing can overwrite it
                 return Slot(moved, "copied", where), t
         if self.copy == "always" or not guardable(v):
@@ -106,9 +112,9 @@ class Retention:
 
     def _inner(self, v: torch.Tensor, where: Any) -> tuple[Slot, None]:
         """A record of a tensor no alias can stand in for (see :meth:`keep`'s ``inner``)."""
-        if self.device is not None or self.dtype is not None:
+        if self.to is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
-            moved = v.to(device=self.device, dtype=dtype)
+            moved = v.to(device=self.to, dtype=dtype)
             if moved is not v:
                 return Slot(moved, "copied", where), None
         if self.copy == "never":
@@ -120,7 +126,7 @@ class Retention:
         refuses to be read under ``"never"``."""
         if self.copy == "auto":
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
-            moved = v.to(device=self.device, dtype=dtype)
+            moved = v.to(device=self.to, dtype=dtype)
             return Slot(moved.clone() if moved is v else moved, "copied", where), t
         slot = Slot(v, "never", where)  # the guard still names a write made through its alias
         slot.blind = ("it is an inference tensor (torch.inference_mode()), which has no version counter, so "
@@ -139,12 +145,12 @@ class Retention:
         """
         if t.is_inference() and self.copy == "auto":
             return False  # copied at once: no version counter to witness writes
-        if self.copy == "auto" and self.guard and self.device is None and self.dtype is None \
+        if self.copy == "auto" and self.guard and self.to is None and self.dtype is None \
                 and guardable(t):
             return t.numel() * t.element_size() >= COPY_BELOW and (held is None or storage_key(t) not in held())
-        if self.device is not None or self.dtype is not None:
+        if self.to is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and t.is_floating_point() else None
-            target = torch.device(self.device) if self.device is not None else t.device
+            target = torch.device(self.to) if self.to is not None else t.device
             index = target.index
             if index is None and target.type == "cuda" and t.device.type == "cuda":
                 index = torch.cuda.current_device()  # where .to("cuda") goes
@@ -164,9 +170,9 @@ class Retention:
         """
         _check_plain_tensor(g, where)
         v = g if not g.requires_grad else g.detach()
-        if self.device is not None or self.dtype is not None:
+        if self.to is not None or self.dtype is not None:
             dtype = self.dtype if self.dtype is not None and v.is_floating_point() else None
-            moved = v.to(device=self.device, dtype=dtype)
+            moved = v.to(device=self.to, dtype=dtype)
             if moved is not v:
                 return Slot(moved, "copied", where)
         if self.copy == "always" or (adopted and self.copy == "auto"):
@@ -183,7 +189,18 @@ def _check_plain_tensor(t: torch.Tensor, where: Any) -> None:
                           "hookscope cannot keep; run the model outside the transform while recording")
 
 
-def check_device(device: Any) -> torch.device:
+def renamed_device(where: str, device: Any, to: Any, stacklevel: int = 4) -> Any:
+    """``device=``, the former name of where records are kept, taken as ``to=`` with a one-line
+    ``FutureWarning``; both at once is refused."""
+    if to is not None:
+        raise RecordError(f"{where}() got device={device!r} and to={to!r}: records are kept where to= says; "
+                          "drop device=")
+    warnings.warn(f"{where}(device=) is now {where}(to=) (where records are kept; device= names where the "
+                  f"model runs): pass to={str(device)!r}", FutureWarning, stacklevel=stacklevel)
+    return device
+
+
+def check_device(device: Any, word: str = "device") -> torch.device:
     """``device`` as a ``torch.device`` that exists here, or a one-line error before anything runs.
 
     Example:
@@ -194,10 +211,10 @@ def check_device(device: Any) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise RecordError(
-            f"device={device!r} is not a device; use 'cpu', 'cuda', 'cuda:0', 'mps' or a torch.device"
+            f"{word}={device!r} is not a device; use 'cpu', 'cuda', 'cuda:0', 'mps' or a torch.device"
         ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RecordError(f"device={device!r}, but CUDA is not available here; use device='cpu'")
+        raise RecordError(f"{word}={device!r}, but CUDA is not available here; use {word}='cpu'")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise RecordError(f"device={device!r}, but there are only {torch.cuda.device_count()} CUDA devices")
+        raise RecordError(f"{word}={device!r}, but there are only {torch.cuda.device_count()} CUDA devices")
     return dev

@@ -22,7 +22,7 @@ import torch
 
 from ..core.result import Result, missing
 from ..core.text import dtype_text, num, shape_text, table
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked
 from ._files import CRC_KEY, SHARD, open_regular, read_manifest, read_shard
 from ._format import CODES, Header, numpy_dtype, parse_header
 
@@ -336,6 +336,7 @@ def _match(path: Path, header: Header, count: int, arrays: Sequence[tuple[str, t
                                  f"{said(want.get(name))}: the manifest does not match the shards; {_AGAIN}")
 
 
+@checked
 def open_store(root: str | os.PathLike[str], *, verify: bool = True) -> Store:
     """Open the store in ``root`` for reading, lazily (memory-mapped); every file is checked against the manifest.
 

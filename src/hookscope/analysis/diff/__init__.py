@@ -13,7 +13,7 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,9 +21,10 @@ from torch import nn
 
 from ..._tree import tensors
 from ...core.state import rng_devices
-from ...errors import HookscopeError
-from ...selection import Selector, check_hookable
-from ._arguments import check_models, check_run_args, tolerance
+from ...errors import HookscopeError, checked
+from ...core.inputs import model_args
+from ...selection import Layers, check_hookable
+from ._arguments import check_models, check_run_args, check_run_device, tolerance
 from ._compare import ATOL, RTOL, Streamed
 from ._match import matched
 from ._result import Diff, DiffRow, Unmatched
@@ -34,19 +35,22 @@ from ._tolerance import Policy, depths
 __all__ = ["diff", "Diff", "DiffRow", "Settings", "settings", "Unmatched", "RTOL", "ATOL"]
 
 
+@checked
 def diff(
     model_a: nn.Module,
     model_b: nn.Module,
-    *inputs: Any,
+    inputs: Any = None,
+    *,
     kwargs: Mapping[str, Any] | None = None,
-    layers: Selector | Sequence[Selector] | None = None,
+    layers: Layers | None = None,
     a: RunSetting = None,
     b: RunSetting = None,
     rtol: float | None = None,
     atol: float | None = None,
     seed: int | None = 0,
     no_grad: bool = True,
-    copy: str | None = None,
+    copy: str = "auto",
+    to: torch.device | str | None = None,
     device: torch.device | str | None = None,
 ) -> Diff:
     """Run the same inputs through two models (or one model twice) and compare every layer's output.
@@ -62,8 +66,8 @@ def diff(
     compiled submodule) is re-traced with the comparison's hooks, even if it already ran, and runs
     its own compiled code again afterwards. Every argument is checked before anything runs.
 
-    Both runs get their own copy of the inputs (moved to a model's device when the model is on one
-    device and the inputs all on another), run under ``torch.no_grad()`` (unless
+    Both runs get their own copy of the inputs (moved to ``device=``, or to a model's device when the
+    model is on one device and the inputs all on another), run under ``torch.no_grad()`` (unless
     ``no_grad=False``) and start from the same RNG state (``torch.manual_seed(seed)``, so dropout
     draws the same masks if both runs draw random numbers in the same order); the caller's RNG
     state, every module's train/eval flag and every buffer (BatchNorm's running statistics) are
@@ -73,7 +77,7 @@ def diff(
     Args:
         model_a, model_b: the two models; pass the same model twice to compare two settings, or
             ``torch.compile(model)`` as ``model_b`` to compare eager with compiled.
-        *inputs: positional inputs of the forward pass, shared by both runs.
+        inputs: the positional input of the forward pass, shared by both runs (a tuple for several).
         kwargs: keyword inputs of the forward pass.
         layers: selectors (see :func:`hookscope.layers`) of the modules to compare; default: every
             module and the model itself (its output is the row named ``""``).
@@ -96,10 +100,13 @@ def diff(
             ``DiffRow.tolerance`` names the dtype.
         seed: the seed both runs start from (an int); ``None`` leaves the RNG alone.
         no_grad: run without autograd (default); ``False`` to compare a grad-mode forward pass.
-        copy, device: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
-            compared as they are produced and not kept). ``copy`` defaults to ``"auto"``, and to
-            ``"always"`` for a ``torch.compile``'d model; ``device="cpu"`` moves every recorded
-            output off the accelerator as it is produced.
+        copy, to: how run A's outputs are kept (see :func:`hookscope.capture`; run B's are
+            compared as they are produced and not kept). ``copy="auto"`` (the default) copies at
+            once for a ``torch.compile``'d model; ``to="cpu"`` moves every recorded output off the
+            accelerator as it is produced.
+        device: move the inputs there before both runs (the models are not moved); by default
+            they go to a model's device when the model is on one device and the inputs all on
+            another.
 
     Returns:
         A :class:`Diff`: ``.rows``, ``.first`` (first divergent output or ``None``),
@@ -113,18 +120,20 @@ def diff(
         ('1', 0.0)
     """
     check_models(model_a, model_b)
+    inputs = model_args(inputs)
     if not inputs and not kwargs:
         raise HookscopeError("diff needs the inputs both runs share: diff(model_a, model_b, x)")
     rtol = None if rtol is None else tolerance("rtol", rtol)
     atol = None if atol is None else tolerance("atol", atol)
-    check_run_args(kwargs, seed, no_grad, copy, device)
+    check_run_args(kwargs, seed, no_grad, copy, to)
+    run_on = check_run_device(device, model_a, model_b)
     set_a, set_b = as_settings(a, "a"), as_settings(b, "b")
     targets_a, targets_b, unmatched = matched(model_a, model_b, layers)
     check_hookable(targets_a)
     check_hookable(targets_b)
     kw = dict(kwargs or {})
     rng = rng_devices([*model_a.parameters(), *model_b.parameters(), *tensors((inputs, kw))])
-    shared = Shared(inputs, kw, seed, rng, no_grad, copy, device)
+    shared = Shared(inputs, kw, seed, rng, no_grad, copy, to, run_on)
     run_a = record(model_a, targets_a, set_a, shared, label="A")
     assert run_a.rec is not None  # run A is recorded
     policy = Policy(rtol, atol, depths(model_a))

@@ -48,8 +48,9 @@ class Shared:
     seed: int | None
     rng: RngDevices
     no_grad: bool
-    copy: str | None
-    device: torch.device | str | None
+    copy: str
+    to: torch.device | str | None  # where run A's records are kept
+    device: torch.device | None = None  # where the inputs go (None: a model's device, see fresh_inputs)
 
 
 class Run(NamedTuple):
@@ -83,10 +84,10 @@ def _home(model: nn.Module) -> torch.device | None:
     return found.pop() if len(found) == 1 else None
 
 
-def fresh_inputs(model: nn.Module, inputs: Any) -> tuple[Any, torch.device]:
+def fresh_inputs(model: nn.Module, inputs: Any, device: torch.device | None = None) -> tuple[Any, torch.device]:
     """A copy of the inputs for one run (an in-place op of run A cannot reach run B), moved to the
-    model's device when they are all on another one (a CPU model against a CUDA one); and the
-    device the run computes on, for autocast.
+    model's device when they are all on another one (a CPU model against a CUDA one), or to
+    ``device``; and the device the run computes on, for autocast.
 
     Example:
         >>> x = torch.ones(2)
@@ -96,7 +97,7 @@ def fresh_inputs(model: nn.Module, inputs: Any) -> tuple[Any, torch.device]:
     """
     home = _home(model)
     found = {t.device for t in tensors(inputs)}
-    to = home if home is not None and len(found) == 1 and home not in found else None
+    to = device if device is not None else home if home is not None and len(found) == 1 and home not in found else None
 
     first = next(iter(found), None)
     return private(inputs, to), to or first or home or torch.device("cpu")
@@ -274,7 +275,7 @@ def record(model: nn.Module, targets: Named, setting: Settings, shared: Shared, 
     Example:
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
         >>> shared = Shared((torch.ones(1, 2),), {}, seed=0, rng=([], None), no_grad=True,
-        ...                 copy=None, device=None)
+        ...                 copy="auto", to=None)
         >>> run = record(net, [("0", net[0]), ("", net)], Settings(), shared, label="A")
         >>> run.done, run.rec["0"].output.shape
         (['0', ''], torch.Size([1, 2]))
@@ -283,14 +284,14 @@ def record(model: nn.Module, targets: Named, setting: Settings, shared: Shared, 
     compiled = is_compiled(model)
     # Inside torch.compile, the guarded alias that copy="auto" hands on fails in the compiled
     # matmul (TypeError: multiple dispatch failed for aten.addmm.out); copies work there.
-    copy = cast(CopyPolicy, shared.copy or ("always" if compiled else "auto"))
-    (args, kw), dev = fresh_inputs(model, (shared.inputs, dict(shared.kwargs)))
-    like_a = Retention(copy="always" if compiled and copy == "auto" else copy, device=shared.device)
+    copy = cast(CopyPolicy, "always" if compiled and shared.copy == "auto" else shared.copy)
+    (args, kw), dev = fresh_inputs(model, (shared.inputs, dict(shared.kwargs)), shared.device)
+    like_a = Retention(copy=copy, to=shared.to)
     track = Tracker(model, label, dev.type, on_output, like_a)
     wanted = {id(m) for _, m in targets if not isinstance(m, OpSite)}  # one predicate: O(modules), not O(m x s)
     sites: list[Any] = [m for _, m in targets if isinstance(m, OpSite)]  # operations, by the sites resolved
     chosen = ([lambda n, m: id(m) in wanted] if wanted else []) + sites
-    rec = None if on_output is not None else capture(model, *chosen, copy=copy, device=shared.device)
+    rec = None if on_output is not None else capture(model, *chosen, copy=copy, to=shared.to)
     grad_mode = torch.no_grad() if shared.no_grad else contextlib.nullcontext()
     with _put_back(inner, shared):
         try:

@@ -12,12 +12,13 @@ from torch import nn
 
 from ...core.compiled import is_compiled
 from ...core.text import dtype_text
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked, checked_init
 from ...selection import unwrap
 
 __all__ = ["Settings", "settings", "RunSetting", "as_settings", "describe_run"]
 
 
+@checked_init
 @dataclass(frozen=True)
 class Settings:
     """How one run is made: training flag, autocast, any other context. Build it with :func:`settings`."""
@@ -56,6 +57,7 @@ class Settings:
             yield
 
 
+@checked
 def settings(
     *,
     train: bool | None = None,

@@ -183,7 +183,7 @@ def plan(model: nn.Module, data: Any, selectors: Sequence[Any], *, out: str | os
         size = source.batch_size
     if any(m.training for m in inner.modules()):
         warnings.warn("the model is in train mode: dropout and batch statistics make stored values depend on the "
-                      "batch and the run; call model.eval() first", stacklevel=3)
+                      "batch and the run; call model.eval() first", stacklevel=4)
     return Plan(inner, selected, reducers_for([n for n, _ in selected], chosen, reduce), keep, dtype, size,
                 shard_bytes(shard_size), _device(inner, device), workers, on_error, Path(out), source,
                 dict(describe or {}))

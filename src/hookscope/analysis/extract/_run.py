@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from ...core.state import restored
-from ...errors import ExtractOverflowError, HookscopeError
-from ...selection import Selector
+from ...errors import ExtractOverflowError, HookscopeError, checked
+from ...selection import Layers, Selector
 from ...store import (SCHEMA_VERSION, ArraySpec, Store, StoreWriter, clear_store, complete_shards, count_complete,
                       locked, open_store, shard_numbers, storable, weights_hash, write_json)
 from ._dist import Ranks, ranks
@@ -221,7 +221,7 @@ def _check_resume(p: Plan, opaque: list[str], old: dict[str, Any] | None) -> Non
         raise HookscopeError(f"cannot resume {p.out}: {what} cannot be compared with the run that began the store "
                              f"({detail}); {fix}, or start again with overwrite=True (--overwrite)")
     warnings.warn(f"this run could not be resumed if it stopped: {what} cannot be compared between runs ({detail}); "
-                  f"{fix}", stacklevel=5)
+                  f"{fix}", stacklevel=6)
 
 
 def _probe(p: Plan, taps: Taps, probe: Batch) -> int:
@@ -268,11 +268,12 @@ def _locked_run(p: Plan, r: Ranks, old: dict[str, Any] | None, progress: bool | 
     r.barrier()
 
 
+@checked
 def extract(model: nn.Module, data: Any, *,
-            layers: Selector | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
+            layers: Layers | Mapping[str, Reduction] | Sequence[Selector | Mapping[str, Reduction]] | None = None,
             out: str | os.PathLike[str], keep: str = "output", reduce: Reduction = None,
             dtype: torch.dtype | None = None, batch_size: int | None = None, shard_size: int | str = "256MB",
-            device: str | torch.device | None = None, workers: int = 0, resume: bool = False,
+            device: torch.device | str | None = None, workers: int = 0, resume: bool = False,
             overwrite: bool = False, on_error: str = "stop", progress: bool | None = None,
             ids: Sequence[str] | None = None, describe: Mapping[str, Any] | None = None) -> Store:
     """Run ``model`` over ``data`` and store the chosen layers' outputs (or inputs), one row per sample.

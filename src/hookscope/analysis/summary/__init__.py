@@ -19,13 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...core.inputs import model_args
 from ..._tree import tensors
 from ...core.state import rng_devices
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from ...selection import check_hookable, layers, unwrap
 from .._macs import own_macs
 from ...core.inputs import model_kwargs, private
-from ._arguments import check_depth, placed, refuse_unknown
+from ._arguments import check_depth, placed
 from ._collect import collect
 from ._result import Summary
 from ._rows import Row, described, rows_of
@@ -34,13 +35,14 @@ from ._totals import Totals, tensor_shapes, totals_of
 __all__ = ["summary", "Summary", "Row", "Totals", "own_macs"]
 
 
+@checked
 def summary(
     model: nn.Module,
-    *inputs: Any,
+    inputs: Any = None,
+    *,
     kwargs: Mapping[str, Any] | None = None,
     depth: int | None = None,
     device: torch.device | str | None = None,
-    **unknown: Any,
 ) -> Summary:
     """Run one forward pass (under ``torch.no_grad()``) and summarise every module.
 
@@ -68,15 +70,12 @@ def summary(
     Args:
         model: any ``nn.Module``; DataParallel / DDP / ``torch.compile`` wrappers are seen through
             and rows are named as in the model inside.
-        *inputs: the example positional inputs of ``model(...)``.
+        inputs: the example positional input of ``model(...)`` (a tuple for several).
         kwargs: the example keyword inputs of ``model(...)``, e.g. ``{"attention_mask": m}``.
         depth: keep rows down to this depth of the module tree (the model is 0); totals always
             cover every module.
         device: move tensor inputs there first (default: the device of the model's first parameter
             or buffer). The model itself is never moved.
-        **unknown: refused with a one-line error that says where a keyword input of the model goes
-            (hookscope 0.1 handed ``summary(model, x, mask=m)``'s ``mask`` to the model, and a typo
-            such as ``dpeth=2`` with it); from hookscope 0.3 on, Python's ``TypeError`` instead.
 
     Returns:
         A :class:`Summary`: ``print(s)`` shows the table, ``s.to_json()`` gives it to programs.
@@ -94,7 +93,7 @@ def summary(
         >>> s.totals.params, s.totals.macs, s["2"][0].output_shapes
         (58, 144, [(3, 2)])
     """
-    refuse_unknown(unknown)
+    inputs = model_args(inputs)
     check_depth(depth)
     kw = model_kwargs(kwargs)
     if not inputs and not kw:

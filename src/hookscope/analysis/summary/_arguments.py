@@ -3,7 +3,6 @@ example inputs moved where the model computes: one-line errors that name the fix
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -12,12 +11,9 @@ from torch.nn.parameter import is_lazy
 
 from ..._tree import tree_map
 from ...core.text import first_line
-from ...errors import HookscopeError, closest
+from ...errors import HookscopeError
 
-__all__ = ["check_depth", "refuse_unknown", "placed"]
-
-_OWN = ("kwargs", "depth", "device")  # summary's own keywords, for "did you mean"
-
+__all__ = ["check_depth", "placed"]
 
 def check_depth(depth: Any) -> None:
     """``None`` or an int >= 0.
@@ -30,32 +26,6 @@ def check_depth(depth: Any) -> None:
     """
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise HookscopeError(f"depth={depth!r} is not a depth; pass an int >= 0 (0: the model only) or None")
-
-
-def refuse_unknown(unknown: Mapping[str, Any]) -> None:
-    """Keywords summary does not take: a typo of its own, or a keyword input of the model passed the old way.
-
-    hookscope 0.1 handed ``summary(model, x, mask=m)``'s ``mask`` to the model, and with it a typo
-    such as ``dpeth=2``; now both are refused, and the message says where a keyword input of the
-    model goes (``kwargs=``). From hookscope 0.3 on, Python itself refuses them (a ``TypeError``).
-
-    Example:
-        >>> refuse_unknown({"dpeth": 2})
-        Traceback (most recent call last):
-        ...
-        hookscope.errors.HookscopeError: summary() got an unexpected keyword argument 'dpeth'. Did you mean depth=? ...
-    """
-    if not unknown:
-        return
-    names = list(unknown)
-    hits = list(dict.fromkeys(h for n in names for h in closest(n, _OWN)))
-    hint = f" Did you mean {' or '.join(h + '=' for h in hits)}?" if hits else ""
-    plural = "s" if len(names) > 1 else ""
-    raise HookscopeError(
-        f"summary() got an unexpected keyword argument{plural} {', '.join(repr(n) for n in names)}.{hint} "
-        "Keyword inputs of the model go in kwargs=: summary(model, x, kwargs={"
-        + ", ".join(f"{n!r}: ..." for n in names) + "})"
-    )
 
 
 def _model_device(model: nn.Module) -> torch.device | None:

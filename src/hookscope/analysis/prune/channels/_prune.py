@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....core.inputs import model_args
 from ....core.result import Result
-from ....errors import HookscopeError
-from ....selection import Selector, layers, named_modules, unwrap
+from ....errors import HookscopeError, checked
+from ....selection import Layers, Selector, as_selectors, layers, named_modules, unwrap
 from ..graph import ChannelGroups, Group, Site, channel_groups
 from ..importance import ChannelImportance, channel_importance, check_kind, check_share
 from ._masking import dropped_channels, mask_channels
@@ -125,7 +126,7 @@ def _chosen(groups: ChannelGroups, model: nn.Module, selectors: Sequence[Selecto
     if not groups.groups:
         reasons = sorted({b.reason for b in groups.blocked})
         warnings.warn(f"no channel of {type(model).__name__} can be removed ({'; '.join(reasons[:3]) or 'no groups'}); "
-                      "nothing was masked", stacklevel=3)
+                      "nothing was masked", stacklevel=4)
     if not selectors:
         return list(groups.groups)
     wanted = {name for name, _ in layers(model, *selectors)}
@@ -239,8 +240,9 @@ def _finite(scores: Mapping[int, torch.Tensor], where: Mapping[int, str], kind: 
                                  "would be arbitrary")
 
 
-def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: str = "l2", data: Any = None,
-                   layers: Selector | list[Selector] | None = None, scope: str = "group",
+@checked
+def prune_channels(model: nn.Module, inputs: Any = None, *, amount: float, importance: str = "l2", data: Any = None,
+                   layers: Layers | None = None, scope: str = "group",
                    loss: Any = None, kwargs: Mapping[str, Any] | None = None,
                    device: torch.device | str | None = None, max_batches: int | None = None) -> ChannelPruning:
     """Mask whole channels, group by group along the dependency graph, ready for :func:`compact`.
@@ -256,7 +258,7 @@ def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: st
 
     Args:
         model: the model; pruned in place (masks), wrappers seen through.
-        *inputs: an example input for the one traced forward pass.
+        inputs: an example input for the one traced forward pass.
         amount: the share of the live channels to mask, in [0, 1): channels already masked (an
             earlier call, zero weights) are not counted, so pruning again composes as torch's does.
         importance: ``"l1"``, ``"l2"``, ``"activation"``, ``"apoz"`` or ``"taylor"``.
@@ -268,7 +270,7 @@ def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: st
         device: where calibration batches go. max_batches: stop calibrating after this many.
 
     Returns:
-        A :class:`ChannelPruning`; ``compact(model, *inputs)`` then makes the model smaller.
+        A :class:`ChannelPruning`; ``compact(model, inputs)`` then makes the model smaller.
 
     Example:
         >>> torch.manual_seed(0); net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
@@ -278,10 +280,11 @@ def prune_channels(model: nn.Module, *inputs: Any, amount: float, importance: st
         >>> [(r.producers, r.channels, r.removed) for r in res.rows]
         [('0', 8, 4), ('3', 4, 2)]
     """
+    inputs = model_args(inputs)
     share = _check(amount, importance, scope, data)
     inner, _ = unwrap(model)
-    groups = channel_groups(inner, *inputs, kwargs=dict(kwargs or {}))
-    sel = None if layers is None else layers if isinstance(layers, list) else [layers]
+    groups = channel_groups(inner, inputs, kwargs=dict(kwargs or {}))
+    sel = None if layers is None else as_selectors(layers)
     chosen = _chosen(groups, inner, sel)
     mods = dict(named_modules(inner))
     if importance in _MAGNITUDE:

@@ -7,14 +7,16 @@ Must not import: any other analysis module, ``cli``, ``viz``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from ....core.inputs import model_args
 from ....anatomy import fix_sizes, write_mlp_configs
 from ....core.text import first_line
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..channels import dropped_channels, tensor_of
 from ..graph import ChannelGroups, assemble, deep_copy, prepared, trace_channels
@@ -113,7 +115,8 @@ def _with_training_branches(inner: nn.Module, work: nn.Module, inputs: tuple[Any
     return wide, ""
 
 
-def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None,
+@checked
+def compact(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any] | None = None,
             atol: float = 1e-5, allow_unseen: bool = False) -> nn.Module:
     """A NEW model with every masked (all-zero) channel physically removed along its group, its
     masks made permanent, verified to give the masked model's outputs on the example input (max abs
@@ -143,6 +146,7 @@ def compact(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None
         >>> bool((small(x) - net(x)).abs().max() < 1e-5)
         True
     """
+    inputs = model_args(inputs)
     inner, _ = unwrap(model)
     kw = dict(kwargs or {})
     work = prepared(inner)  # masks made permanent in a copy that costs one model

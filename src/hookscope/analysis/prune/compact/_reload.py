@@ -171,5 +171,5 @@ def settle_config(inner: nn.Module, work: nn.Module, inputs: tuple[Any, ...], kw
                              "(prune its heads or its hidden width alone, or other amounts)")
     warnings.warn(f"the compacted {name}'s config cannot say its new sizes ({own}), so it keeps the original "
                   "model's: from_pretrained refuses the folder save_pretrained writes, and "
-                  "hookscope.analysis.prune.load_pretrained(folder) loads it", stacklevel=3)
+                  "hookscope.analysis.prune.load_pretrained(folder) loads it", stacklevel=4)
     return True

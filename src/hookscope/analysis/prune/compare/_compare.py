@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....core.inputs import model_args
 from ...._tree import tensors
 from ....core.failure import forward_error, received
 from ....core.hooks import HookGroup
@@ -25,7 +26,7 @@ from ....core.inputs import model_kwargs, private
 from ....core.result import Result, missing
 from ....core.state import restored
 from ....core.text import table
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ..._macs import ProductCounter, has_rule, own_macs
 from ..._sparsity import effective, masked, model_zeros, zeros_in
 from ._quality import Batch, batches, score
@@ -286,10 +287,12 @@ def _nonzero(elements: int, zeros: int | None) -> int | None:
     return None if zeros is None else elements - zeros
 
 
+@checked
 def compare_models(
     before: nn.Module,
     after: nn.Module,
-    *inputs: Any,
+    inputs: Any = None,
+    *,
     kwargs: Mapping[str, Any] | None = None,
     repeats: int = 10,
     warmup: int = 2,
@@ -321,7 +324,7 @@ def compare_models(
 
     Args:
         before, after: the two models, on the CPU; the same model twice is allowed.
-        *inputs: the example positional inputs, given to both.
+        inputs: the example positional inputs, given to both.
         kwargs: the example keyword inputs, given to both.
         repeats: timed runs per model (>= 1).
         warmup: untimed runs per model first (>= 0).
@@ -359,6 +362,7 @@ def compare_models(
         >>> 0 <= c["accuracy"].before <= 1
         True
     """
+    inputs = model_args(inputs)
     _check((before, after), repeats, warmup)
     kw = model_kwargs(kwargs)
     kind, scored = batches(data, quality) if data is not None else (None, [])

@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ....core.inputs import model_args
 from ...._tree import tensors
 from ....core.inputs import private
 from ....core.result import Result
 from ....core.state import restored, rng_devices
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..masks import make_permanent, masked
 from ._call import op_name
@@ -433,7 +434,8 @@ def _sites(tr: Tracer, where: dict[int, tuple[int, int]]) -> dict[int, list[Site
     return out
 
 
-def channel_groups(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None = None) -> ChannelGroups:
+@checked
+def channel_groups(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any] | None = None) -> ChannelGroups:
     """The channel groups of ``model`` on one example input (batch 1 is enough), found by tracing
     one forward pass. Names are those of the unwrapped model (DataParallel, ``torch.compile``).
 
@@ -444,6 +446,7 @@ def channel_groups(model: nn.Module, *inputs: Any, kwargs: dict[str, Any] | None
         >>> g.size, [(m.module, m.name, m.dim, m.role) for m in g.members][:3], g.members[-1].positions[1]
         (8, [('0', 'weight', 0, 'producer'), ('0', 'bias', 0, 'producer'), ('1', 'running_mean', 0, 'follower')], (9, 10, 11, 12, 13, 14, 15, 16, 17))
     """
+    inputs = model_args(inputs)
     work = prepared(model)
     tr = trace_channels(work, inputs, dict(kwargs or {}))
     return assemble(tr, work)

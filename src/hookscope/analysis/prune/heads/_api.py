@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....core.inputs import model_args
 from ....anatomy import HeadLayout
 from ....core.result import Result
-from ....errors import HookscopeError
-from ....selection import Selector, unwrap
+from ....errors import HookscopeError, checked
+from ....selection import Layers, Selector, as_selectors, unwrap
 from ....selection import layers as select
 from ..channels import dropped_channels, mask_channels
 from ..graph import ChannelGroups, Group
@@ -107,7 +108,7 @@ class HeadPruning(Result):
                          f"{', '.join(map(str, r.removed)) or '-'}")
         how = f"amount {self.amount:g} per layer" if self.amount is not None else "as named"
         lines.append(f"{self.removed} of {self.heads} attention heads masked now in {len(self.rows)} layers "
-                     f"by {self.importance} importance, {how}; compact(model, *inputs) removes them")
+                     f"by {self.importance} importance, {how}; compact(model, inputs) removes them")
         if self.mlp_rows:
             lines.append(f"{'mlp':<36}  {'units':>5}  {'kept':>5}")
             lines += [f"{r.layer if len(r.layer) <= 36 else r.layer[:33] + '...':<36}  {r.units:>5}  {r.kept:>5}"
@@ -214,9 +215,10 @@ def _as_drop(lay: HeadLayout, groups: list[Group], heads: list[int]) -> dict[int
     return drop
 
 
-def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
+@checked
+def prune_heads(model: nn.Module, inputs: Any = None, *, amount: float | None = None,
                 heads: Mapping[str, Sequence[int]] | None = None, importance: str = "output", data: Any = None,
-                layers: Selector | list[Selector] | None = None, kwargs: Mapping[str, Any] | None = None,
+                layers: Layers | None = None, kwargs: Mapping[str, Any] | None = None,
                 device: torch.device | str | None = None, max_batches: int | None = None,
                 loss: Loss | None = None, mlp: float | None = None) -> HeadPruning:
     """Mask whole attention heads, ready for :func:`compact`: a head's query, key and value rows and
@@ -241,7 +243,7 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
 
     Args:
         model: the model; masked in place, wrappers seen through.
-        *inputs: an example input (the calibration batch when ``data`` is None).
+        inputs: an example input (the calibration batch when ``data`` is None).
         amount: the share of every layer's live heads to mask, in [0, 1).
         heads: instead of ``amount``: ``{attention layer: [query head indices]}``.
         importance: ``"output"``, ``"l2"``, ``"taylor"`` or ``"entropy"``.
@@ -261,7 +263,7 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
             graph traced on ``inputs`` (the example input is needed); every MLP keeps one unit.
 
     Returns:
-        A :class:`HeadPruning` (with ``mlp=``, its ``mlp_rows``); ``compact(model, *inputs)`` then makes
+        A :class:`HeadPruning` (with ``mlp=``, its ``mlp_rows``); ``compact(model, inputs)`` then makes
         the model smaller.
 
     Example:
@@ -273,9 +275,10 @@ def prune_heads(model: nn.Module, *inputs: Any, amount: float | None = None,
         >>> small = compact(net, x); small.self_attn.num_heads, small.self_attn.in_proj_weight.shape
         (2, torch.Size([12, 8]))
     """
+    inputs = model_args(inputs)
     share, mlp_share = _check(amount, heads, importance, loss), check_mlp(mlp)
     inner, _ = unwrap(model)
-    sel = None if layers is None else layers if isinstance(layers, list) else [layers]
+    sel = None if layers is None else as_selectors(layers)
     lays = _chosen(inner, sel)
     named = _named(lays, heads) if heads is not None else None
     groups: list[Group] = []

@@ -129,7 +129,7 @@ def mlp_units(model: nn.Module, every: Sequence[HeadLayout], chosen: Sequence[He
     """
     if not inputs and not kwargs:
         raise HookscopeError("mlp= finds the MLPs on an example input; pass one: prune_heads(model, x, ..., mlp=)")
-    gs = channel_groups(model, *inputs, kwargs=kwargs)
+    gs = channel_groups(model, inputs, kwargs=kwargs)
     units = []
     for g in gs.groups:
         down = _down_of(g, every)

@@ -21,8 +21,8 @@ from torch import nn
 
 from ....core.result import Result, missing
 from ....core.text import num, table
-from ....errors import HookscopeError
-from ....selection import Selector, unwrap
+from ....errors import HookscopeError, checked
+from ....selection import Layers, Selector, unwrap
 from ._kinds import Kind, get_kind
 from ._run import Loss, SiteCalls, calibrate
 from ._sites import Site, resolve_sites, weight_rows
@@ -298,7 +298,7 @@ def _collected(sites: list[Site], kind: Kind, accs: dict[str, SiteCalls], batche
         if kind.name == "apoz" and all(bool((c.scores == 1).all()) for c in per):
             warnings.warn(f"apoz at {s.name!r}: not one exact zero in its output, so APoZ cannot rank its "
                           "channels (it is not after a ReLU-like op); use importance='activation' or a ReLU site",
-                          stacklevel=3)
+                          stacklevel=4)
     return res
 
 
@@ -322,11 +322,12 @@ def _device(model: nn.Module, device: torch.device | str | None) -> torch.device
     return None if first is None else first.device
 
 
+@checked
 def channel_importance(
     model: nn.Module,
     data: Any,
     *,
-    layers: Mapping[str, int] | Selector | list[Selector],
+    layers: Layers | Mapping[str, int],
     importance: str = "activation",
     loss: Loss | None = None,
     device: torch.device | str | None = None,

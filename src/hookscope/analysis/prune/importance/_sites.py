@@ -24,7 +24,7 @@ from torch import nn
 
 from ....core.text import shape_text
 from ....errors import HookscopeError
-from ....selection import Selector, check_hookable, layers, named_modules
+from ....selection import Layers, check_hookable, layers, named_modules
 
 __all__ = ["Site", "resolve_sites", "output_dim", "weight_rows"]
 
@@ -105,7 +105,7 @@ def _check_dim(dim: object, key: object) -> int:
     return dim
 
 
-def resolve_sites(model: nn.Module, sites: Mapping[str, int] | Selector | list[Selector]) -> list[Site]:
+def resolve_sites(model: nn.Module, sites: Mapping[str, int] | Layers) -> list[Site]:
     """Every site of ``sites=``, in the model's order, resolved before any hook is registered.
 
     Example:
@@ -124,7 +124,7 @@ def resolve_sites(model: nn.Module, sites: Mapping[str, int] | Selector | list[S
                 found.setdefault(id(m), Site(name, m, dim))
         chosen = list(found.values())
     else:
-        chosen = [Site(n, m, _typed_dim(m)) for n, m in layers(model, *(sites if isinstance(sites, list) else [sites]))]
+        chosen = [Site(n, m, _typed_dim(m)) for n, m in layers(model, sites)]
         by_name = dict(named_modules(model, remove_duplicate=False))
         for s in chosen:
             s.after = None if s.dim is not None else _before(by_name, s.name)

@@ -19,7 +19,7 @@ from torch.nn.parameter import is_lazy
 
 from ....core.result import Result, missing
 from ....core.text import num, table
-from ....errors import HookscopeError, did_you_mean
+from ....errors import HookscopeError, checked, checked_as, did_you_mean
 from ....selection import Selector, layers, named_modules, unwrap
 from ..._sparsity import zeros_in
 from ._hooks import apply_mask, make_permanent, mask_of
@@ -321,6 +321,7 @@ def _score(q: str, s: object, w: torch.Tensor | None, spec: Spec, kind: str, nam
     return s
 
 
+@checked
 def prune(model: nn.Module, *selectors: Selector, amount: int | float, method: str = "l1_unstructured",
           name: str = "weight", n: int | float | str = 1, dim: int = 0, scope: str = "layer",
           generator: torch.Generator | None = None,
@@ -391,6 +392,7 @@ def _params(module: nn.Module) -> list[str]:
     return out
 
 
+@checked
 def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) -> Sparsity:
     """Zeros of every parameter of the selected layers (every layer, the model's own included, if none),
     masks applied (hookscope's or ``torch.nn.utils.prune``'s), each parameter once.
@@ -422,6 +424,7 @@ def sparsity(model: nn.Module, *selectors: Selector, name: str | None = None) ->
     return Sparsity(rows)
 
 
+@checked_as("remove_masks")
 def remove(model: nn.Module, *selectors: Selector, name: str | None = None) -> list[str]:
     """Make masks permanent, as ``torch.nn.utils.prune.remove`` does (hookscope's and torch's): the
     parameter holds ``orig * mask`` as a plain Parameter, its ``_orig``, ``_mask`` and hook are gone.

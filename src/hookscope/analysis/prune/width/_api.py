@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ....core.inputs import model_args
 from ....core.result import Result
-from ....errors import HookscopeError
+from ....errors import HookscopeError, checked
 from ....selection import named_modules, unwrap
 from ..channels import dropped_channels, mask_channels
 from ..graph import ChannelGroups
@@ -83,7 +84,7 @@ class WidthPruning(Result):
             lines.append(f"{r.channel:>7}  {r.score:>12.6g}  {state}")
         how = f"amount {self.amount:g}" if self.amount is not None else "as named"
         lines.append(f"{self.removed} of {self.width} hidden channels masked now ({self.kept} kept) by "
-                     f"{self.importance} importance, {how}; compact(model, *inputs) removes them")
+                     f"{self.importance} importance, {how}; compact(model, inputs) removes them")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,8 +164,9 @@ def _named(g: WidthGroup, channels: Sequence[int]) -> list[int]:
     return sorted(set(channels))
 
 
-def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, channels: Sequence[int] | None = None,
-                importance: str = "output", data: Any = None, kwargs: dict[str, Any] | None = None,
+@checked
+def prune_width(model: nn.Module, inputs: Any = None, *, amount: float | None = None, channels: Sequence[int] | None = None,
+                importance: str = "output", data: Any = None, kwargs: Mapping[str, Any] | None = None,
                 device: torch.device | str | None = None, max_batches: int | None = None) -> WidthPruning:
     """Mask channels of the hidden width (the residual stream) of a transformer, ready for
     :func:`compact`: their embedding columns, norm weights (and biases) and the rows of the
@@ -192,7 +194,7 @@ def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, cha
 
     Args:
         model: the model; masked in place, wrappers seen through.
-        *inputs: an example input (the calibration batch when ``data`` is None).
+        inputs: an example input (the calibration batch when ``data`` is None).
         amount: the share of the hidden width to mask, in [0, 1).
         channels: instead of ``amount``: the hidden channels to mask, by index.
         importance: ``"output"`` or ``"l2"``.
@@ -202,7 +204,7 @@ def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, cha
         device: where calibration batches go. max_batches: stop calibrating after this many.
 
     Returns:
-        A :class:`WidthPruning`; ``compact(model, *inputs)`` then makes the model smaller.
+        A :class:`WidthPruning`; ``compact(model, inputs)`` then makes the model smaller.
 
     Example:
         >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -216,6 +218,7 @@ def prune_width(model: nn.Module, *inputs: Any, amount: float | None = None, cha
         >>> res.kept, small.config.hidden_size, small.model.layers[0].self_attn.q_proj.in_features
         (12, 12, 12)
     """
+    inputs = model_args(inputs)
     share = _check(amount, channels, importance)
     inner, _ = unwrap(model)
     g = width_group(inner, 0)
