@@ -18,10 +18,10 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..._tree import tensors
-from ...core.inputs import model_kwargs
+from ...core.inputs import model_args, model_kwargs
 from ...core.state import rng_devices
 from ...core.text import first_line
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from ...selection import check_hookable, layers, unwrap
 from ._result import StepMemory
 from ._rows import MemoryRow, MemoryTotals, rows_of, totals_of
@@ -31,9 +31,11 @@ from ._step import run_step
 __all__ = ["step_memory", "StepMemory", "MemoryRow", "MemoryTotals"]
 
 
+@checked
 def step_memory(
     model: nn.Module,
-    *inputs: Any,
+    inputs: Any = None,
+    *,
     loss: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     kwargs: Mapping[str, Any] | None = None,
@@ -66,7 +68,7 @@ def step_memory(
     Args:
         model: any ``nn.Module``, in the mode it trains in (it is left in it); wrappers are seen
             through and rows are named as in the model inside.
-        *inputs: the model's positional inputs for one step (a private copy is used).
+        inputs: the model's positional input for one step, or a tuple of several (a private copy is used).
         loss: a function of the model's output returning one number; by default the output itself
             when it is one number, its ``loss`` when it has one (a transformers model given
             labels), else the sum of its floating tensors.
@@ -100,6 +102,7 @@ def step_memory(
         >>> m["linear"].calls, m["linear"].saved == 100 * 4 * 8 * 4
         (100, True)
     """
+    inputs = model_args(inputs)
     if not inputs and not kwargs:
         raise HookscopeError("step_memory() runs one training step and needs an example input: "
                              "step_memory(model, torch.randn(8, 3, 224, 224))")
