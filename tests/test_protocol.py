@@ -268,6 +268,9 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), *[torch.rand(2, 3, 8)] * 3, amount=0.5, **kw),
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
+        **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings
+           for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
+                     "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP")},
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
@@ -307,6 +310,7 @@ EXCEPTIONS = {
     ("edit", "input"), ("edit", "inputs"),  # what edit does to the layer's input(s), not the model's inputs
     ("grads", "tensors"), ("grads", "named"),  # grads watches tensors, not a model
     ("summary", "unknown"),  # refused, each with one line saying where a keyword input goes
+    ("attribute", "unknown"), ("attribute_tokens", "unknown"),  # refused with the setting it was near
     ("diff", "model_a"), ("diff", "model_b"), ("compare_models", "before"), ("compare_models", "after"),
     ("channels_first", "t"), ("channels_last", "t"),  # reshape functions handed to cam(reshape=)
 }

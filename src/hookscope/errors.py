@@ -14,6 +14,7 @@ __all__ = [
     "SelectionError",
     "RecordError",
     "FieldError",
+    "SettingError",
     "MutationError",
     "ForwardError",
     "NonFiniteError",
@@ -45,6 +46,11 @@ class RecordError(HookscopeError, KeyError):
 class FieldError(RecordError, AttributeError):
     """A field a record does not hold: a :class:`~hookscope.RecordError` that is also an
     ``AttributeError``, so ``hasattr(record, "input")`` and ``getattr(record, "input", None)`` answer."""
+
+
+class SettingError(HookscopeError, TypeError):
+    """A setting the chosen method does not read, a setting given twice with two values, or a keyword the
+    function does not take (a ``TypeError`` too, as Python's own for an unexpected keyword)."""
 
 
 class MutationError(HookscopeError):
