@@ -99,9 +99,12 @@ def attribute_tokens(
             :class:`hookscope.targets.Token` (another position), or a function of the output giving one
             score per sequence. Not with ``generate``.
         generate: how many tokens to write and explain one by one (0: explain the next token only).
-        method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``.
-        steps: integrated gradients' number of points on the path.
-        rule: integrated gradients' integration rule, as :func:`hookscope.attribute` takes it.
+        method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``,
+            or its settings object (:class:`~hookscope.IntegratedGradients`, ...); a setting the method
+            does not read is refused in one line, as :func:`hookscope.attribute` refuses it.
+        steps: integrated gradients' number of points on the path (``None``: 50).
+        rule: integrated gradients' integration rule, as :func:`hookscope.attribute` takes it
+            (``None``: ``"riemann_trapezoid"``).
         baseline: where integrated gradients' path starts: ``None`` (zeros at the layer), a token id
             (a pad token at every position), token ids (``T`` or ``B x T``), or a float tensor, the
             layer's output itself (one sequence's, or ``B`` of them).
@@ -109,9 +112,10 @@ def attribute_tokens(
             row per token, ``B x T x ...``.
         tokenizer: turns ids into text in the result: a tokenizer with ``decode`` (transformers), a
             list of strings indexed by id, or a function ``id -> str``.
-        batch_size: rows per forward pass for integrated gradients' scaled copies.
+        batch_size: rows per forward pass for integrated gradients' scaled copies (``None``: 64).
         kwargs: the model's keyword inputs, e.g. ``{"attention_mask": m}`` (extended by ones for
             the tokens written with ``generate``).
+        **unknown: refused in one line naming the keyword it was near.
 
     Returns:
         A :class:`TokenAttributions`: ``rows`` of per-token scores, the tokens and their text.
@@ -283,9 +287,9 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
     out, at = _probe(plan, ids, kw)
     token = _pinned(target, out, ids.shape[0])
     start, used = _start(plan, ids, kw, at)
-    chosen = dataclasses.replace(plan.method, baseline=start) if isinstance(plan.method, IntegratedGradients) \
+    method = dataclasses.replace(plan.method, baseline=start) if isinstance(plan.method, IntegratedGradients) \
         else plan.method  # the start at the layer, where the attribution is taken
-    res = attribute(_Through(plan.model, plan.site), at, method=chosen, target=token, kwargs={**kw, _IDS: ids})
+    res = attribute(_Through(plan.model, plan.site), at, method=method, target=token, kwargs={**kw, _IDS: ids})
     scores = res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps
     logits = out if isinstance(out, torch.Tensor) else logits_of(out)
     span = logits.shape[1] if logits is not None and logits.ndim == 3 else ids.shape[1]  # the decoder's, if any
