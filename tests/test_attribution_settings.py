@@ -105,6 +105,11 @@ def test_the_same_value_said_another_way_is_no_conflict():
     ig = hookscope.IntegratedGradients(steps=4, rule="gausslegendre", baseline=torch.zeros(3, 6, 6))
     again = hookscope.attribute(net, x, method=ig, rule="Gauss-Legendre", baseline=torch.zeros(3, 6, 6), target=0)
     assert torch.equal(again.maps, hookscope.attribute(net, x, method=ig, target=0).maps)
+    noisy = hookscope.SmoothGrad(samples=2, noise=1.0)  # an int and a float of one value are one value
+    assert torch.equal(hookscope.attribute(net, x, method=noisy, noise=1, target=0).maps,
+                       hookscope.attribute(net, x, method=noisy, target=0).maps)
+    with pytest.raises(hookscope.HookscopeError, match="canonize=1 must be True or False"):  # checked as the object is
+        hookscope.attribute(net, x, method=hookscope.LRP(canonize=True), canonize=1)
 
 
 @pytest.mark.parametrize(("typo", "near"), [("stpes", "'steps'"), ("metod", "'method'"), ("compsite", "'composite'"),

@@ -34,6 +34,8 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
                 and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b)))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)):
+        return bool(a == b)  # 1 and 1.0 are one noise
     try:
         return type(a) is type(b) and bool(a == b)
     except (TypeError, ValueError, RuntimeError):  # a mapping of rules holding tensors, say
