@@ -396,8 +396,8 @@ BAD = [
     ({"method": "lrp", "composite": {"fc": 3}}, "an LRP rule is a name such as 'gamma:0.25' or an LRPRule, not a int"),
     ({"method": "lrp", "composite": {"norm": "pass", "conv": "zbox"}, "target": 0}, None),  # fine: a pass rule on a norm
     ({"method": "lrp", "composite": {"*": "zplus"}, "target": 0}, None),  # a glob: the layers with weights it matches
-    ({"method": "saliency", "composite": "epsilon_plus"}, "composite= is a setting of method='lrp', not of method='saliency'"),
-    ({"method": "deconvnet", "canonize": False}, "canonize= is a setting of method='lrp'"),
+    ({"method": "saliency", "composite": "epsilon_plus"}, "composite= is not a setting of saliency (lrp reads it); drop it or use method=\"lrp\""),
+    ({"method": "deconvnet", "canonize": False}, "canonize= is not a setting of deconvnet (lrp reads it)"),
     ({"method": "lrp", "bounds": 1.0}, "bounds=1.0 must be a pair (low, high)"),
     ({"method": "lrp", "composite": {"fc": "epsilon:nan"}}, "rule 'epsilon:nan' has a number that is not finite"),
     ({"method": "lrp", "composite": {"conv": "gamma:inf"}}, "rule 'gamma:inf' has a number that is not finite"),

@@ -791,3 +791,35 @@ def test_a_model_that_writes_into_its_inputs_gets_the_maps_of_the_inputs_as_give
     want = cam(_Pure(model).eval(), kept_x, layers="conv", method=method, kwargs={"scale": kept_scale})
     torch.testing.assert_close(got.maps, want.maps)
     assert torch.equal(got.targets, want.targets) and no_hooks(model)
+
+
+# --- each method's own settings: Score-CAM's batches and progress bar are refused elsewhere -----------------
+from hookscope.analysis.cam import readers as cam_readers  # noqa: E402
+
+CAM_SETTINGS = {"batch_size": 3, "progress": False}  # every setting some CAM method reads, not its default
+CAM_NOT_READ = [(m, s) for m in METHODS for s in CAM_SETTINGS if m not in cam_readers(s)]
+
+
+def test_the_settings_of_cam_are_the_ones_some_method_reads():
+    assert {s for m in METHODS for s in CAM_SETTINGS if m in cam_readers(s)} == set(CAM_SETTINGS)
+    assert cam_readers("batch_size") == cam_readers("progress") == ("scorecam",)
+
+
+@pytest.mark.parametrize(("method", "setting"), CAM_NOT_READ, ids=[f"{m}-{s}" for m, s in CAM_NOT_READ])
+def test_a_cam_setting_the_method_does_not_read_is_refused_in_one_line(method, setting):
+    net, x = DeadChannels().eval(), torch.randn(1, 3, 8, 8)
+    with pytest.raises(hookscope.errors.SettingError) as e:
+        cam(net, x, layers="relu", method=method, **{setting: CAM_SETTINGS[setting]})
+    assert str(e.value) == (f'{setting}= is not a setting of {method} (scorecam reads it); drop it or use '
+                            'method="scorecam"')
+    assert no_hooks(net)
+
+
+def test_scorecam_reads_its_batch_size_and_the_default_is_its_own():
+    net, x = DeadChannels().eval(), torch.randn(2, 3, 8, 8)
+    by_three = cam(net, x, layers="relu", method="scorecam", target=[1, 2], batch_size=3, progress=False)
+    by_default = cam(net, x, layers="relu", method="scorecam", target=[1, 2])
+    assert torch.allclose(by_three.maps, by_default.maps, atol=1e-6) and by_three.masked == by_default.masked
+    assert by_three.forwards > by_default.forwards  # batches of 3 masked inputs, not 16: the setting was read
+    with pytest.raises(HookscopeError, match="batch_size=0 must be a positive int"):
+        cam(net, x, layers="relu", method="scorecam", batch_size=0)

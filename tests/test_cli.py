@@ -146,12 +146,12 @@ def test_every_command_that_chooses_layers_declares_one_layers_option():
 
     found = {name: _layers_action(p) for name, p in parsers().items() if name}
     for name, action in found.items():
-        if name in ("layers", "summary", "attribute"):  # layers: a PATTERN; summary: the whole tree
+        if name in ("layers", "summary", "runs"):  # layers: a PATTERN; summary: the whole tree; runs: a log
             continue
         assert action is not None, name
         assert action.option_strings == ["--layers", "--layer"] and action.metavar == "LAYER", name
         assert LAYER_FORMS in action.help, name
-        if name != "features":  # features draws one layer
+        if name not in ("features", "attribute"):  # each takes one layer
             assert action.nargs == "+" and type(action).__name__ == "_ExtendAction", name
 
 

@@ -175,7 +175,8 @@ def test_a_method_of_the_inputs_only_with_layers_says_why_and_offers_what_runs(c
     offered = err.split("give one of ")[1].split(" (")[0].strip().split(", ")
     assert set(offered) == {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
     for other in offered:  # each runs at that layer
-        code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", other, "--steps", "2", "--json")
+        steps = ["--steps", "2"] if other == "integrated_gradients" else []
+        code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", other, *steps, "--json")
         assert code == 0, err
         assert json.loads(out)["method"] == other
 
@@ -196,8 +197,9 @@ def test_a_method_tokens_cannot_take_says_why_and_offers_what_runs(capsys, gpt2,
     offered = err.split("give one of ")[1].strip().split(", ")
     assert offered == ["integrated_gradients", "input_x_gradient", "saliency", "gradient"]
     for other in offered:
+        steps = ["--steps", "2"] if other == "integrated_gradients" else []
         code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", other,
-                             "--steps", "2", "--json")
+                             *steps, "--json")
         assert code == 0 and json.loads(out)["method"] == other, err
 
 
@@ -217,3 +219,99 @@ def test_an_encoder_decoder_model_from_the_command_line_equals_the_api(capsys, t
     assert want.tokens == [[3, 4, 5, 6, 7, *written[0, 1:].tolist()]] and len(data["rows"]) == 2
     for got, r in zip(data["rows"], want.rows):
         assert got["scores"] == pytest.approx(r.scores.tolist(), abs=1e-6) and got["target"] == r.target
+
+
+# --- each method's own flags: a flag the method does not read is one line, exit 2 --------------------------
+FLAGS = {"--steps": "4", "--rule": "gausslegendre", "--samples": "3", "--noise": "0.2"}  # the settings' flags
+FLAG_NOT_READ = [(m, f) for m in hookscope.analysis.attribution.METHODS for f in FLAGS
+                 if f[2:] not in hookscope.analysis.attribution.settings_of(m)]
+
+
+@pytest.mark.parametrize(("method", "flag"), FLAG_NOT_READ, ids=[f"{m}{f}" for m, f in FLAG_NOT_READ])
+def test_a_flag_the_method_does_not_read_is_one_line_naming_who_reads_it(capsys, method, flag):
+    code, out, err = run(capsys, "tiny", "--method", method, flag, FLAGS[flag])
+    reading = hookscope.analysis.attribution.readers(flag[2:])
+    said = (f"{flag} is not a setting of {method} ({', '.join(reading)} read{'s' if len(reading) == 1 else ''} it); "
+            f"drop it or give --method {reading[0]}")
+    assert code == 2 and out == "" and err == f"hookscope attribute: error: {said}\n"
+
+
+def test_the_default_methods_refuse_the_flags_they_do_not_read(capsys, gpt2):
+    code, out, err = run(capsys, "demo", "--steps", "8")
+    assert code == 2 and out == "" and err == ("hookscope attribute: error: --steps is not a setting of saliency (the "
+                                               "method for images by default; integrated_gradients reads it); drop it "
+                                               "or give --method integrated_gradients\n")
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--samples", "3")
+    assert code == 2 and out == "" and err == ("hookscope attribute: error: --samples is not a setting of "
+                                               "integrated_gradients, nor of any method tokens take; drop it\n")
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(gpt2), "--text", "the cat", "--method", "saliency",
+                         "--rule", "gausslegendre")
+    assert code == 2 and err == ("hookscope attribute: error: --rule is not a setting of saliency (integrated_gradients "
+                                 "reads it); drop it or give --method integrated_gradients\n")
+
+
+def test_the_flags_a_method_reads_give_what_the_api_gives(capsys):
+    code, out, err = run(capsys, "demo", "--method", "smoothgrad", "--samples", "3", "--noise", "0.2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    want = hookscope.attribute(hookscope.load_model("demo"), shapes(1, seed=0).images,
+                               method=hookscope.SmoothGrad(samples=3, noise=0.2))
+    assert data["settings"] == {"samples": 3, "noise": 0.2, "seed": 0} == want.settings
+    assert data["scores"] == pytest.approx(want.scores.tolist(), rel=1e-6)
+    code, out, err = run(capsys, "demo", "--method", "smoothgrad", "--samples", "3", "--noise", "0.2")
+    assert code == 0 and out.strip() == want.table().strip(), err  # the sums of the maps too
+    code, out, err = run(capsys, "demo", "--method", "integrated_gradients", "--steps", "4", "--rule", "gausslegendre",
+                         "--json")
+    assert code == 0 and json.loads(out)["settings"] == {"steps": 4, "rule": "gausslegendre"}, err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--samples", "0"], "--samples 0 must be 1 or more"),
+    (["--noise", "-1"], "--noise -1 must be a finite number 0 or more (a fraction of each input's range)"),
+    (["--noise", "nan"], "--noise nan must be a finite number 0 or more (a fraction of each input's range)"),
+])
+def test_a_bad_value_of_a_method_flag_is_one_line(capsys, argv, said):
+    code, out, err = run(capsys, "tiny", "--method", "smoothgrad", *argv)
+    assert code == 2 and out == "" and err == f"hookscope attribute: error: {said}\n"
+
+
+# --- --device: the model and its inputs run there -----------------------------------------------------------
+@pytest.mark.parametrize("argv", [["demo", "--method", "integrated_gradients", "--steps", "4"],
+                                  ["tiny", "--method", "saliency", "--input", "2x3x16x16"]])
+def test_device_cpu_gives_what_no_device_gives(capsys, argv):
+    plain = run(capsys, *argv, "--json")
+    on_cpu = run(capsys, *argv, "--json", "--device", "cpu")
+    assert plain[0] == on_cpu[0] == 0 and json.loads(plain[1]) == json.loads(on_cpu[1])
+
+
+def test_tokens_on_the_device_cpu_give_what_no_device_gives(capsys, gpt2):
+    argv = ["hf:causal-lm", "--config", str(gpt2), "--text", "the cat sat", "--steps", "4", "--json"]
+    plain, on_cpu = run(capsys, *argv), run(capsys, *argv, "--device", "cpu")
+    assert plain[0] == on_cpu[0] == 0 and json.loads(plain[1]) == json.loads(on_cpu[1])
+
+
+def test_the_model_and_its_inputs_are_moved_to_the_device(capsys, monkeypatch):
+    seen: list[Any] = []
+    moved = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        seen.append(args[0] if args else kwargs.get("device"))
+        return moved(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    code, out, err = run(capsys, "tiny", "--device", "cpu", "--json")
+    assert code == 0 and torch.device("cpu") in seen, err
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_without_cuda_names_the_fix(capsys, monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, on any machine
+    code, out, err = run(capsys, "tiny", "--device", device)
+    assert code == 2 and out == ""
+    assert err == f"hookscope attribute: error: --device {device}: CUDA is not available here; give --device cpu\n"
+
+
+def test_a_device_that_cannot_run_is_one_line(capsys):
+    code, out, err = run(capsys, "tiny", "--device", "meta")
+    assert code == 2 and out == "" and err == ("hookscope attribute: error: --device meta holds no values, so nothing "
+                                               "can be computed there; give cpu or cuda\n")

@@ -19,6 +19,20 @@ from . import metrics, targets
 from . import viz  # noqa: F401 - its pictures show under results in notebooks (matplotlib stays optional)
 from .analysis.attribution import Attributions, LRPRule, attribute
 from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
+from .analysis.attribution import (
+    LRP,
+    AttributionMethod,
+    Deconvnet,
+    Gradient,
+    GuidedBackprop,
+    GuidedGradCam,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+    SmoothGradSq,
+    VarGrad,
+)
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
@@ -101,6 +115,8 @@ __all__ = [
     "attention", "AttentionPatterns", "attention_probabilities",
     "cam", "CamMaps", "CamRow", "channels_first", "channels_last", "tokens_to_grid", "targets", "metrics",
     "attribute", "Attributions", "LRPRule",
+    "AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad", "SmoothGradSq",
+    "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
     "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
     "prune", "sparsity", "Sparsity", "remove_masks",

@@ -16,6 +16,7 @@ __all__ = [
     "SelectionError",
     "RecordError",
     "FieldError",
+    "SettingError",
     "MutationError",
     "ForwardError",
     "NonFiniteError",
@@ -58,6 +59,11 @@ class ArgumentError(HookscopeError, TypeError):
     """A call that does not fit a public function's signature: a misspelt keyword (the message names
     the closest real one), several inputs where the function takes one tuple, a missing argument.
     Also a ``TypeError``, what Python itself raises for such a call."""
+
+
+class SettingError(ArgumentError):
+    """A setting the chosen method does not read, a setting given twice with two values, or a keyword the
+    function does not take (a ``TypeError`` too, as Python's own for an unexpected keyword)."""
 
 
 class MutationError(HookscopeError):

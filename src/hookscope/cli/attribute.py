@@ -4,6 +4,8 @@ as a table, drawn as a heatmap or a strip of tokens (``--plot``), or printed as 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,17 +13,20 @@ from typing import Any
 
 import torch
 
-from ..analysis.attribution import INPUTS_ONLY, LAYER_METHODS, METHODS, TOKEN_METHODS, attribute, attribute_tokens
-from ..errors import HookscopeError, did_you_mean
+from ..analysis.attribution import (INPUTS_ONLY, LAYER_METHODS, METHODS, TOKEN_METHODS, Attributions, attribute,
+                                    attribute_tokens, readers, settings_of)
+from ..errors import HookscopeError, SettingError, did_you_mean
 from ..loading.hf import is_hf_model
 from ..targets import Token
-from ._common import add_examples, add_plot_argument, check_plot, save_plot
+from ._common import (add_device_argument, add_examples, add_layers_argument, add_plot_argument, check_device,
+                      check_plot, save_plot)
 from ._images import add_image_arguments, load_images
 from ._inputs import model_input
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
 from ._tokenizer import hf_tokenizer, tokenizer_files
 
 _RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
+_FLAGS = {"--steps": "steps", "--rule": "rule", "--samples": "samples", "--noise": "noise"}  # flag -> the setting
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +43,7 @@ def add_parser(sub: Any) -> None:
         "encoder-decoder model (T5) the decoder writes from its start token and the encoder's tokens are scored.",
     )
     add_model_arguments(p)
+    add_device_argument(p)
     add_image_arguments(p)
     p.add_argument("--method", metavar="M", default=None,
                    help=f"one of {', '.join(METHODS)} (default: saliency for images, integrated_gradients for "
@@ -45,12 +51,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", metavar="K", default=None,
                    help="the class index for images; for tokens the token to explain, an id or, with a "
                         "tokenizer, its text (default: the predicted class, the most likely next token)")
-    p.add_argument("--layers", "--layer", metavar="NAME", default=None,
-                   help="attribute at this layer's output instead of the inputs (tokens: instead of the "
-                        "token embedding; guided_gradcam: the layer of its Grad-CAM)")
-    p.add_argument("--steps", type=int, default=50, help="integrated gradients' points on the path (default 50)")
-    p.add_argument("--rule", choices=_RULES, default="riemann_trapezoid",
+    add_layers_argument(p, "attribute at this layer's output instead of the inputs (tokens: instead of the token "
+                        "embedding; guided_gradcam: the layer of its Grad-CAM)", one=True)
+    p.add_argument("--steps", type=int, default=None, help="integrated gradients' points on the path (default 50)")
+    p.add_argument("--rule", choices=_RULES, default=None,
                    help="integrated gradients' integration rule (default riemann_trapezoid)")
+    p.add_argument("--samples", metavar="N", type=int, default=None,
+                   help="smoothgrad, smoothgrad_sq, vargrad: the noisy copies of each input (default 50)")
+    p.add_argument("--noise", metavar="F", type=float, default=None,
+                   help="smoothgrad, smoothgrad_sq, vargrad: the noise's standard deviation as a fraction of each "
+                        "input's range (default 0.1); a flag the --method does not read is refused")
     p.add_argument("--generate", metavar="N", type=int, default=0,
                    help="tokens: write N tokens greedily and explain each one (default 0: the next token)")
     p.add_argument("--top", metavar="K", type=int, default=5, help="tokens: the strongest tokens shown per line")
@@ -94,10 +104,29 @@ def _check(args: argparse.Namespace) -> None:
     if args.image and (args.text is not None or args.input_ids is not None or args.input is not None):
         given = "--text" if args.text is not None else "--input-ids" if args.input_ids is not None else "--input"
         raise HookscopeError(f"give either --image PATH or {given}, not both")
-    for flag, v, least in (("--steps", args.steps, 1), ("--generate", args.generate, 0), ("--top", args.top, 1)):
-        if v < least:
+    for flag, v, least in (("--steps", args.steps, 1), ("--samples", args.samples, 1), ("--generate", args.generate, 0),
+                           ("--top", args.top, 1)):
+        if v is not None and v < least:
             raise HookscopeError(f"{flag} {v} must be {least} or more")
+    if args.noise is not None and not 0 <= args.noise < math.inf:
+        raise HookscopeError(f"--noise {args.noise:g} must be a finite number 0 or more (a fraction of each input's "
+                             "range)")
     check_plot(args.plot)
+
+
+def _settings(args: argparse.Namespace, method: str, among: tuple[str, ...], default: str) -> dict[str, Any]:
+    """The settings flags given, each one the method reads (else one line naming the methods that do)."""
+    given = {setting: getattr(args, setting) for setting in _FLAGS.values() if getattr(args, setting) is not None}
+    for flag, setting in _FLAGS.items():
+        if setting in given and setting not in settings_of(method):
+            reading = [m for m in readers(setting) if m in among]
+            if not reading:
+                raise SettingError(f"{flag} is not a setting of {method}, nor of any method {default.split()[-1]} "
+                                   "take; drop it")
+            who = f"{', '.join(reading)} read{'s' if len(reading) == 1 else ''} it"
+            said = f"the method for {default} by default; {who}" if args.method is None else who
+            raise SettingError(f"{flag} is not a setting of {method} ({said}); drop it or give --method {reading[0]}")
+    return given
 
 
 def _picture(x: torch.Tensor) -> torch.Tensor:
@@ -107,19 +136,34 @@ def _picture(x: torch.Tensor) -> torch.Tensor:
     return (img - lo) / (hi - lo) if hi > lo else torch.zeros_like(img)
 
 
-def _inputs(args: argparse.Namespace, model: torch.nn.Module) -> _Given:
+def _inputs(args: argparse.Namespace, model: torch.nn.Module, device: torch.device | None) -> _Given:
+    """The model's inputs on ``device``; the pictures drawn beside the maps stay on the CPU."""
     if args.image:
         found = load_images(args)
-        return _Given(found.x, found.pictures)
+        return _Given(_to(found.x, device), found.pictures)
     if args.model == DEMO_SPEC and args.input is None and args.input_ids is None and args.text is None:
         from ..synthetic import shapes
 
         data = shapes(1, seed=args.seed)
-        return _Given(data.images, data.images)
+        return _Given(_to(data.images, device), data.images)
     given = model_input(args, model)
     x = given.x
-    pictures = torch.stack([_picture(x[i]) for i in range(x.shape[0])]) if given.is_image else None
-    return _Given(x, pictures, dict(given.kwargs))
+    pictures = torch.stack([_picture(x[i]).cpu() for i in range(x.shape[0])]) if given.is_image else None
+    moved = given.to(device)
+    return _Given(moved.x, pictures, dict(moved.kwargs))
+
+
+def _to(x: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    return x if device is None else x.to(device)
+
+
+def _on_cpu(res: Attributions) -> Attributions:
+    """The result with its tensors on the CPU, where it is printed and drawn."""
+    def cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.cpu()
+
+    maps, scores = res.maps.cpu(), res.scores.cpu()
+    return dataclasses.replace(res, maps=maps, scores=scores, target=cpu(res.target), delta=cpu(res.delta))
 
 
 def _tokenizer(args: argparse.Namespace, model: torch.nn.Module) -> Any:
@@ -166,8 +210,10 @@ def _images(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
     if args.generate:
         raise HookscopeError(f"--generate writes tokens, but {type(model).__name__} takes images; give a language "
                              "model with --text or --input-ids")
-    res = attribute(model, given.x, method=args.method or "saliency", target=_class_target(args.target),
-                    steps=args.steps, rule=args.rule, layers=args.layers, kwargs=given.kwargs)
+    method = (args.method or "saliency").lower().replace("-", "_")
+    settings = _settings(args, method, METHODS, "images")
+    res = _on_cpu(attribute(model, given.x, method=method, target=_class_target(args.target), layers=args.layers,
+                            kwargs=given.kwargs, **settings))
     print(res.to_json(indent=2) if args.json else res.table())
     if args.plot is not None:
         from ..viz.attribution import plot_image_attribution
@@ -184,6 +230,7 @@ def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
             else "gives maps at float inputs, which token ids are not"
         raise HookscopeError(f"--method {args.method!r} {why}; tokens are scored at their embedding: give one of "
                              f"{', '.join(TOKEN_METHODS)}")
+    settings = _settings(args, method, TOKEN_METHODS, "tokens")
     if args.generate and args.target is not None:
         raise HookscopeError("--generate explains the tokens the model writes; give --target or --generate, not both")
     tokenizer = _tokenizer(args, model)
@@ -191,8 +238,7 @@ def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
     # starts from its start token instead, as attribute_tokens does by default
     kwargs = {k: v for k, v in given.kwargs.items() if k != "decoder_input_ids"}
     res = attribute_tokens(model, given.x, target=_token_target(args.target, tokenizer), generate=args.generate,
-                           method=method, steps=args.steps, rule=args.rule, layers=args.layers, tokenizer=tokenizer,
-                           kwargs=kwargs)
+                           method=method, layers=args.layers, tokenizer=tokenizer, kwargs=kwargs, **settings)
     print(res.to_json(indent=2) if args.json else res.table(top=args.top))
     if args.plot is not None:
         from ..viz.attribution import plot_token_attribution
@@ -205,8 +251,10 @@ def _tokens(args: argparse.Namespace, model: torch.nn.Module, given: _Given) -> 
 def run(args: argparse.Namespace) -> int:
     with model_session(args):  # the CLI may hold one already; if not, warnings are said from here
         _check(args)
+        device = check_device(args.device)  # a bad --device is said before the model loads
         model = load_model(args.model, seed=args.seed, weights=args.weights)  # a bad MODEL is said first
-        given = _inputs(args, model)
+        model = model if device is None else model.to(device)
+        given = _inputs(args, model, device)
         if given.x.is_floating_point():
             return _images(args, model, given)
         return _tokens(args, model, given)

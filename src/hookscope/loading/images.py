@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.text import first_line
-from ..errors import LoadError, checked
+from ..errors import LoadError, checked, checked_init
 from .extras import import_failed, import_timm, import_transformers, quiet_transformers
 from .hf import check_no_remote_code, hf_config
 from .inputs import check_fits
@@ -61,6 +61,7 @@ class _Library:
         return out.float() if isinstance(out, torch.Tensor) else torch.as_tensor(out, dtype=torch.float32)
 
 
+@checked_init
 @dataclass(frozen=True)
 class ImageTransform:
     """How a 3 x H x W picture in [0, 1] becomes a model's input.
@@ -157,6 +158,7 @@ class ImageTransform:
         return (inputs * std + mean).clamp(0, 1)
 
 
+@checked_init
 @dataclass
 class Images:
     """A batch of pictures read from files, and the model input made from them.

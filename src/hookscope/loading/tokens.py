@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..core.text import first_line
-from ..errors import LoadError, checked
+from ..errors import LoadError, checked, checked_init
 from .extras import import_failed, import_transformers, quiet_transformers
 from .hf import check_no_remote_code
 from .voice import terms
@@ -25,6 +25,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vo
                     "tokenizer.model", "sentencepiece.bpe.model")
 
 
+@checked_init
 @dataclass(frozen=True)
 class Tokens:
     """A text's tokens: ``model(ids, attention_mask=attention_mask)``.

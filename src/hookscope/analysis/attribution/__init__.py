@@ -7,7 +7,7 @@ Gradients are taken with ``torch.autograd.grad`` at the inputs (or one layer's o
 ``.backward()``, no parameter ``.grad`` written, every flag and buffer of the model put back.
 
 Collect (``_engine``: the forward passes and their gradients), compute (``_methods``: one table of
-methods, ``_rules``: integrated gradients' quadrature; ``_guided``, ``_lrp``: the backward-pass rules,
+methods, each with its settings class of ``_settings``, ``_rules``: integrated gradients' quadrature; ``_guided``, ``_lrp``: the backward-pass rules,
 with ``_activations``, ``_lrp_rules`` and ``_composites``), result (``_result``); ``_api`` holds
 :func:`attribute` itself.
 
@@ -20,10 +20,14 @@ the next token and each token of a continuation), ``_writing`` (the continuation
 from ._api import METHODS, attribute
 from ._composites import COMPOSITES
 from ._lrp_rules import LRPRule
-from ._methods import INPUTS_ONLY, LAYER_METHODS
+from ._methods import INPUTS_ONLY, LAYER_METHODS, readers, settings_of
 from ._result import Attributions
+from ._settings import (LRP, AttributionMethod, Deconvnet, Gradient, GuidedBackprop, GuidedGradCam, InputXGradient,
+                        IntegratedGradients, Saliency, SmoothGrad, SmoothGradSq, VarGrad)
 from ._tokens import TOKEN_METHODS, attribute_tokens
 from ._tokens_result import TokenAttributions, TokenRow
 
 __all__ = ["COMPOSITES", "INPUTS_ONLY", "LAYER_METHODS", "METHODS", "Attributions", "LRPRule", "attribute"]
 __all__ += ["TOKEN_METHODS", "TokenAttributions", "TokenRow", "attribute_tokens"]
+__all__ += ["LRP", "AttributionMethod", "Deconvnet", "Gradient", "GuidedBackprop", "GuidedGradCam", "InputXGradient",
+            "IntegratedGradients", "Saliency", "SmoothGrad", "SmoothGradSq", "VarGrad", "readers", "settings_of"]

@@ -5,6 +5,7 @@ then hands the job to the method's entry of :data:`~._methods.TABLE`."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -16,43 +17,45 @@ from ...core.hooks import ThreadScope
 from ...core.inputs import model_kwargs, private
 from ...core.state import restored
 from ...core.text import shape_text
-from ...errors import HookscopeError, did_you_mean
+from ...errors import HookscopeError, SettingError, did_you_mean, checked
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, Pass, leaf, opened, probe
-from ._methods import INPUTS_ONLY, LAYER_METHODS, SETTINGS, TABLE, Settings
+from ._methods import COPIES, INPUTS_ONLY, LAYER_METHODS, REPORTED, TABLE, Settings, readers, settings_of
 from ._composites import assign
 from ._lrp import lrp_settings
 from ._lrp_rules import LRPRule
 from ._result import Attributions
-from ._rules import rule_name, rule_points
+from ._rules import rule_points
+from ._settings import LRP, AttributionMethod, IntegratedGradients, same_value, shown_value
 
-__all__ = ["METHODS", "attribute"]
+__all__ = ["METHODS", "attribute", "chosen_method"]
 
 METHODS = tuple(TABLE)  # every method's name, as attribute(method=) takes it
-ONE_PASS = ("guided_backprop", "deconvnet", "lrp")  # one pass under their rules, the target pinned there
 
 
+@checked
 def attribute(
     model: nn.Module,
     inputs: torch.Tensor,
     *,
-    method: str = "saliency",
+    method: str | AttributionMethod = "saliency",
     target: Target = None,
     baseline: torch.Tensor | float | None = None,
-    steps: int = 50,
-    rule: str = "riemann_trapezoid",
-    samples: int = 50,
-    noise: float = 0.1,
-    seed: int = 0,
-    batch_size: int = 64,
+    steps: int | None = None,
+    rule: str | None = None,
+    samples: int | None = None,
+    noise: float | None = None,
+    seed: int | None = None,
+    batch_size: int | None = None,
     memory: int | None = None,
     layers: Selector | None = None,
     kwargs: Mapping[str, Any] | None = None,
     composite: str | Mapping[str | type[nn.Module], str | LRPRule] | None = None,
-    canonize: bool = True,
+    canonize: bool | None = None,
     bounds: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
+    **unknown: Any,
 ) -> Attributions:
     """Which input values (or values of one layer's output) a target's score depends on, by its gradient.
 
@@ -87,6 +90,13 @@ def attribute(
     (``steps`` points from 0 to 1, the ends half-weighted; the weights sum to 1) and
     ``"gausslegendre"`` (Gauss-Legendre nodes: the smallest ``delta`` for the fewest steps).
 
+    Each method reads its own settings, held by its settings object (:class:`IntegratedGradients`,
+    :class:`SmoothGrad`, :class:`LRP`, ...): ``method=IntegratedGradients(steps=32)`` is
+    ``method="integrated_gradients", steps=32``, and a name alone is the method with its defaults.
+    A setting the method does not read (``steps=`` with saliency, ``noise=`` with integrated
+    gradients), a setting that differs from the object's own, and a keyword ``attribute`` does not
+    take are refused in one line (:class:`~hookscope.errors.SettingError`).
+
     The model is left as it was: no hook, every train/eval flag, buffer and random generator put
     back, ``requires_grad`` and ``.grad`` of every parameter untouched (the gradient is taken with
     ``torch.autograd.grad`` at the inputs or the layer only). Your tensors are never written to.
@@ -95,18 +105,20 @@ def attribute(
     Args:
         model: any ``nn.Module`` (DataParallel and ``torch.compile`` seen through).
         inputs: the batch, one row per sample; floating point, or token ids with ``layers=``.
-        method: one of :data:`METHODS`.
+        method: one of :data:`METHODS`, or a method's settings object such as
+            ``IntegratedGradients(steps=32)``.
         target: ``None`` (each sample's predicted class on the inputs, kept for every scaled or
             noisy copy), a class index, one per sample, or a function of the model's output giving
             one score per sample, such as the targets of :mod:`hookscope.targets`.
         baseline: integrated gradients' start: ``None`` (zeros), a number, a tensor of the inputs'
             shape or of one sample's shape (the same for every sample).
-        steps: integrated gradients' number of points on the path.
-        rule: integrated gradients' integration rule (above).
-        samples: the noisy copies of each input (smoothgrad, smoothgrad_sq, vargrad).
-        noise: the noise's standard deviation as a fraction of each input's range (max - min).
-        seed: seeds the noise (the caller's random stream is not used).
-        batch_size: rows per forward pass for the scaled or noisy copies.
+        steps: integrated gradients' number of points on the path (``None``: 50).
+        rule: integrated gradients' integration rule (above; ``None``: ``"riemann_trapezoid"``).
+        samples: the noisy copies of each input (smoothgrad, smoothgrad_sq, vargrad; ``None``: 50).
+        noise: the noise's standard deviation as a fraction of each input's range (max - min;
+            ``None``: 0.1).
+        seed: seeds the noise (the caller's random stream is not used; ``None``: 0).
+        batch_size: rows per forward pass for the scaled or noisy copies (``None``: 64).
         memory: a budget in bytes for one forward pass of copies: the rows per pass are cut to fit,
             reckoned from the bytes autograd keeps for one row of the inputs (the methods that run
             copies only).
@@ -121,15 +133,20 @@ def attribute(
             types; layers with weights it leaves out get ``"epsilon"``). A rule is a name with its
             numbers or an :class:`LRPRule`.
         canonize: LRP: each batch norm right after a Linear or Conv layer merged into it for the pass
-            (the model's tensors are not written); ``False``: relevance passes through batch norms.
+            (the model's tensors are not written); ``False``: relevance passes through batch norms
+            (``None``: ``True``).
         bounds: LRP: ``(low, high)`` of the inputs for the ``zbox`` rule, numbers or tensors that
             broadcast to one sample; ``None``: each sample's smallest and largest value.
+        **unknown: refused in one line naming the keyword it was near (a misspelt ``stpes=``), and
+            that keyword inputs of the model go in ``kwargs=``.
 
     Returns:
         An :class:`Attributions`.
 
     Raises:
         ForwardError: the model's forward pass failed (one line: the module, what it received).
+        SettingError: a setting the method does not read, one given twice with two values, or a
+            keyword ``attribute`` does not take, in one line.
         HookscopeError: a method, target, baseline, layer, budget, composite or rule that cannot work,
             in one line.
 
@@ -139,6 +156,13 @@ def attribute(
         >>> res = attribute(net, torch.ones(2, 3), method="integrated_gradients", target=1, steps=4)
         >>> res.maps.shape, bool(res.delta.abs().max() < 1e-5)
         (torch.Size([2, 3]), True)
+        >>> same = attribute(net, torch.ones(2, 3), method=hookscope.IntegratedGradients(steps=4), target=1)
+        >>> torch.equal(same.maps, res.maps)
+        True
+        >>> attribute(net, torch.ones(2, 3), method="saliency", steps=4)
+        Traceback (most recent call last):
+        ...
+        hookscope.errors.SettingError: steps= is not a setting of saliency (integrated_gradients reads it); drop it or use method="integrated_gradients"
         >>> from torch import nn
         >>> _ = torch.manual_seed(0)
         >>> net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.ReLU(), nn.Linear(4, 2, bias=False))
@@ -146,44 +170,52 @@ def attribute(
         >>> bool(torch.allclose(res.maps.sum(), res.scores))  # relevance conserved
         True
     """
-    key = _check_method(method, layers)
-    _check_unused(key, baseline, memory)
+    chosen = chosen_method(method, {"baseline": baseline, "steps": steps, "rule": rule, "samples": samples,
+                                    "noise": noise, "seed": seed, "batch_size": batch_size, "memory": memory,
+                                    "composite": composite, "canonize": canonize, "bounds": bounds}, unknown)
+    key = chosen.name
+    _check_layers(key, layers)
     _check_params(model)
-    composite = _check_lrp(model, key, composite, canonize, bounds)
+    if isinstance(chosen, LRP):
+        assign(unwrap(model)[0], chosen.composite)  # a mapping's layers and rules, checked before any pass
     kw = model_kwargs(kwargs)
     _check_inputs(inputs, layers)
     layer = _one_layer(model, layers)
-    points = rule_points(rule, steps) if key == "integrated_gradients" else ([], [])
-    rule = rule_name(rule) if key == "integrated_gradients" else rule
-    _check_numbers(batch_size, memory, samples, noise)
-    _check_independent(model, inputs, batch_size, key)
+    rows, budget = getattr(chosen, "batch_size", 64), getattr(chosen, "memory", None)
+    _check_independent(model, inputs, rows, key)
     kept = restored(model, train=False, buffers=True)  # buffers too: a forward may write one in eval mode
     scope = ThreadScope()
     with kept, torch.inference_mode(False), torch.enable_grad(), opened(scope):
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
-        settings = Settings(_baseline(baseline, x), points[0], points[1], samples, noise, seed, composite, canonize,
-                            bounds)
         job = Job(model, x, kw, layer, scope=scope)
-        first = _first_pass(job, key, target, batch_size, memory)
-        maps, delta, forwards = TABLE[key](job, first, settings)
+        first = _first_pass(job, key, target, rows, budget)
+        maps, delta, forwards = TABLE[key].run(job, first, _settings(chosen, x))
         assert first.scores is not None
-    named: dict[str, Any] = {"steps": steps, "rule": rule, "samples": samples, "noise": noise, "seed": seed}
-    told = lrp_settings(composite, canonize) if key == "lrp" else {k: named[k] for k in SETTINGS.get(key, ())} or None
+    told = (lrp_settings(chosen.composite, chosen.canonize) if isinstance(chosen, LRP)
+            else {k: getattr(chosen, k) for k in REPORTED.get(key, ())} or None)
     classes = job.target if isinstance(job.target, torch.Tensor) else None
     return Attributions(maps=maps.detach(), method=key, target=classes, scores=first.scores.detach(),
                         delta=None if delta is None else delta.detach(), layer=None if layer is None else layer[0],
                         settings=told, forwards=forwards)
 
 
+def _settings(chosen: AttributionMethod, x: torch.Tensor) -> Settings:
+    """What the method's function reads, from its settings object (the baseline as a tensor, the path's points)."""
+    points = (rule_points(chosen.rule, chosen.steps) if isinstance(chosen, IntegratedGradients) else ([], []))
+    return Settings(_baseline(getattr(chosen, "baseline", None), x), points[0], points[1],
+                    getattr(chosen, "samples", 0), getattr(chosen, "noise", 0.0), getattr(chosen, "seed", 0),
+                    getattr(chosen, "composite", None), getattr(chosen, "canonize", True), getattr(chosen, "bounds", None))
+
+
 def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int | None) -> Pass:
     """The pass on the inputs that pins the target and counts a row's bytes; none for the methods of
     one pass under their rules, which pin the target on that pass's output (the model's own values)."""
-    if key in ONE_PASS:
+    if TABLE[key].runs == "rules":
         job.target = target
         return Pass()
     # the methods of copies differentiate only the copies: their first pass keeps no graph unless it is
     # measured for memory= or is integrated gradients' last point (the inputs themselves)
-    keep = key not in SETTINGS or memory is not None or (key == "integrated_gradients" and job.layer is None)
+    keep = key not in COPIES or memory is not None or (key == "integrated_gradients" and job.layer is None)
     with contextlib.nullcontext() if keep else torch.no_grad():
         first = probe(job, None if job.layer is None else leaf, count=memory is not None)
     job.target = pinned(target, first.output, job.batch)
@@ -192,25 +224,64 @@ def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int
     return first
 
 
-def _check_method(method: str, layers: Any) -> str:
-    key = method.lower().replace("-", "_") if isinstance(method, str) else ""
-    if key not in TABLE:
-        raise HookscopeError(f"method={method!r} is not an attribution method.{did_you_mean(str(method), TABLE)} "
-                             f"Use one of {', '.join(TABLE)}")
+def chosen_method(method: Any, given: Mapping[str, Any], unknown: Mapping[str, Any], *, fn: str = "attribute",
+                  among: Sequence[str] = METHODS) -> AttributionMethod:
+    """The settings object of ``method`` (a name, or an object of :mod:`._settings`) with the flat
+    settings ``given`` (``None``: not given) applied; a keyword the function does not take, a setting
+    the method does not read, or one given twice with two values is refused in one line."""
+    _refuse_unknown(fn, unknown, given)
+    made = _made(method, among, fn)
+    passed = {k: v for k, v in given.items() if v is not None}
+    for k, v in passed.items():
+        if k not in settings_of(made.name):
+            raise SettingError(_not_read(k, made.name, [m for m in readers(k) if m in among]))
+    if isinstance(method, AttributionMethod):
+        changed = dataclasses.replace(method, **passed)  # the given values as the object would hold them
+        for k in passed:
+            if not same_value(getattr(changed, k), getattr(method, k)):
+                raise SettingError(f"{k}={shown_value(passed[k])} conflicts with method={method!r}; give {k} in one "
+                                   f'place: {type(method).__name__}({k}=...), or {k}= with method="{made.name}"')
+        return method
+    return type(made)(**passed)
+
+
+def _made(method: Any, among: Sequence[str], fn: str) -> AttributionMethod:
+    """The method's settings object: as given, or its class's defaults for a name."""
+    if isinstance(method, type) and issubclass(method, AttributionMethod):
+        raise SettingError(f"method={method.__name__} is the class; pass {method.__name__}() for its defaults, or "
+                           f"{method.__name__}(...) with its settings")
+    key = method.name if isinstance(method, AttributionMethod) else (
+        method.lower().replace("-", "_") if isinstance(method, str) else "")
+    if key not in among:
+        what = "a token attribution method" if fn == "attribute_tokens" else "an attribution method"
+        shown = f"{type(method).__name__}()" if isinstance(method, AttributionMethod) else repr(method)
+        raise HookscopeError(f"method={shown} is not {what}.{did_you_mean(str(method), among)} "
+                             f"Use one of {', '.join(among)}")
+    return method if isinstance(method, AttributionMethod) else TABLE[key].settings()
+
+
+def _not_read(setting: str, method: str, reading: Sequence[str]) -> str:
+    if not reading:
+        return f"{setting}= is not a setting of {method}; drop it"
+    who = f"{', '.join(reading)} read{'s' if len(reading) == 1 else ''} it"
+    return f'{setting}= is not a setting of {method} ({who}); drop it or use method="{reading[0]}"'
+
+
+def _refuse_unknown(fn: str, unknown: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """A keyword the function does not take (Python's own TypeError, with the name it was near)."""
+    if not unknown:
+        return
+    name = next(iter(unknown))
+    known = ["method", "target", "layers", "kwargs", *given] + (["generate", "tokenizer"] if fn != "attribute" else [])
+    hint = did_you_mean(name, known)
+    raise SettingError(f"{fn}() got an unexpected keyword argument {name!r}.{hint} Keyword inputs of the model go "
+                       f"in kwargs=, e.g. kwargs={{{name!r}: ...}}")
+
+
+def _check_layers(key: str, layers: Any) -> None:
     if layers is not None and key not in LAYER_METHODS:
         raise HookscopeError(f"method={key!r} {INPUTS_ONLY[key]}; drop layers=, or with layers= use one of "
                              f"{', '.join(LAYER_METHODS)} (guided_gradcam's layer is the one of its Grad-CAM)")
-    return key
-
-
-def _check_unused(key: str, baseline: Any, memory: Any) -> None:
-    """Refuse a baseline, or a budget for copies, that the method would not read."""
-    if baseline is not None and key != "integrated_gradients":
-        raise HookscopeError(f"baseline= is a setting of method='integrated_gradients', not of method={key!r}; "
-                             "drop it or pass method='integrated_gradients'")
-    if memory is not None and key not in SETTINGS:
-        raise HookscopeError(f"memory= cuts the passes of the copies of {', '.join(SETTINGS)}; method={key!r} runs "
-                             "the inputs as they are, so drop it (or cut the batch)")
 
 
 def _check_params(model: nn.Module) -> None:
@@ -219,23 +290,6 @@ def _check_params(model: nn.Module) -> None:
     if made is not None:
         raise HookscopeError(f"parameter {made!r} was made under torch.inference_mode(), so autograd cannot "
                              "differentiate through it; build or load the model outside inference_mode")
-
-
-def _check_lrp(model: nn.Module, key: str, composite: Any, canonize: Any, bounds: Any) -> Any:
-    """The composite LRP runs with (checked on the model before any pass); ``None`` for other methods."""
-    if key != "lrp":
-        given = [n for n, v in (("composite", composite), ("bounds", bounds)) if v is not None]
-        if given or canonize is not True:
-            raise HookscopeError(f"{(given or ['canonize'])[0]}= is a setting of method='lrp', not of "
-                                 f"method={key!r}; drop it or pass method='lrp'")
-        return None
-    if not isinstance(canonize, bool):
-        raise HookscopeError(f"canonize={canonize!r} must be True or False")
-    if bounds is not None and not (isinstance(bounds, tuple) and len(bounds) == 2):
-        raise HookscopeError(f"bounds={bounds!r} must be a pair (low, high) of numbers or tensors, e.g. (0.0, 1.0)")
-    composite = "epsilon_plus_flat" if composite is None else composite
-    assign(unwrap(model)[0], composite)
-    return composite
 
 
 def _check_inputs(inputs: Any, layers: Any) -> None:
@@ -266,18 +320,10 @@ def _one_layer(model: nn.Module, layers: Any) -> tuple[str, nn.Module] | None:
     return chosen[0]
 
 
-def _check_numbers(batch_size: int, memory: int | None, samples: int, noise: float) -> None:
-    for name, v in (("batch_size", batch_size), ("samples", samples)) + ((("memory", memory),) if memory is not None else ()):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise HookscopeError(f"{name}={v!r} must be a positive int")
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < float("inf"):
-        raise HookscopeError(f"noise={noise!r} must be a finite number >= 0 (a fraction of each input's range)")
-
-
 def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
     """Refuse rows that would mix: each row's gradient is read from the gradient of the batch's summed score."""
     coupled = batch_coupled(unwrap(model)[0])
-    copies = key in SETTINGS  # runs copies of the inputs
+    copies = key in COPIES  # runs copies of the inputs
     if coupled is not None and (inputs.shape[0] > 1 or (copies and batch_size > 1)):
         raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
                              "score would depend on the other rows of its batch; pass one input"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ...errors import HookscopeError, did_you_mean
+from ...errors import HookscopeError, did_you_mean, checked_init
 from ._activations import stabilize
 
 __all__ = ["LRPRule", "RULES", "WEIGHTED", "Layer", "norm_relevance", "parse_rule", "relevance", "settings_text"]
@@ -30,6 +30,7 @@ RULES = WEIGHTED + ("norm", "pass", "gradient")
 _ARGS = {"epsilon": ("epsilon",), "gamma": ("gamma",), "alpha_beta": ("alpha", "beta"), "zbox": ("low", "high")}
 
 
+@checked_init
 @dataclass(frozen=True)
 class LRPRule:
     """One LRP rule and its parameters, for :func:`hookscope.attribute`'s ``composite=`` mapping.

@@ -1,7 +1,8 @@
-"""The attribution methods, one small function each, in one table (:data:`TABLE`).
+"""The attribution methods, one small function each, in one table (:data:`TABLE`): a method's name, its
+settings class (:mod:`._settings`) and its function.
 
-Each takes the :class:`~._engine.Job`, the first pass on the inputs and the :class:`Settings`, and
-returns the maps and, for integrated gradients, the completeness gap of each sample.
+Each function takes the :class:`~._engine.Job`, the first pass on the inputs and the :class:`Settings`,
+and returns the maps and, for integrated gradients, the completeness gap of each sample.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from ._engine import Job, Make, Pass, grad, gradients, leaf, run
 from ._gradcam import guided_gradcam
 from ._guided import guided_backprop
 from ._lrp import deconvnet, lrp
+from ._settings import (LRP, AttributionMethod, Deconvnet, Gradient, GuidedBackprop, GuidedGradCam, InputXGradient,
+                        IntegratedGradients, Saliency, SmoothGrad, SmoothGradSq, VarGrad, setting_names)
 
-__all__ = ["LAYER_METHODS", "SETTINGS", "TABLE", "Made", "Settings"]
+__all__ = ["COPIES", "INPUTS_ONLY", "LAYER_METHODS", "REPORTED", "SETTINGS", "TABLE", "Family", "Made", "Settings",
+           "readers", "settings_of"]
 
 
 @dataclass
@@ -167,29 +171,63 @@ def vargrad(job: Job, p: Pass, s: Settings) -> Made:
     return square - mean * mean, None, forwards
 
 
-TABLE: dict[str, Method] = {
-    "saliency": saliency,
-    "gradient": gradient,
-    "input_x_gradient": input_x_gradient,
-    "integrated_gradients": integrated_gradients,
-    "smoothgrad": smoothgrad,
-    "smoothgrad_sq": smoothgrad_sq,
-    "vargrad": vargrad,
-    "guided_backprop": guided_backprop,
-    "deconvnet": deconvnet,
-    "lrp": lrp,
-    "guided_gradcam": guided_gradcam,
-}
-LAYER_METHODS = ("saliency", "gradient", "input_x_gradient", "integrated_gradients",  # those that take layers=
-                 "guided_gradcam")
-INPUTS_ONLY = {  # why each other method gives maps at the inputs only
-    **dict.fromkeys(("smoothgrad", "smoothgrad_sq", "vargrad"), "adds noise to the inputs, not to a layer's output"),
-    **dict.fromkeys(("guided_backprop", "deconvnet"), "changes the backward pass of every ReLU between the inputs "
-                                                      "and the score, so it gives maps at the inputs only"),
-    "lrp": "hands relevance back layer by layer down to the inputs, so it gives maps at the inputs only",
-}
-SETTINGS = {  # the settings of the methods that run copies of the inputs, as the result reports them
-    "integrated_gradients": ("steps", "rule"),
-    "smoothgrad": ("samples", "noise", "seed"), "smoothgrad_sq": ("samples", "noise", "seed"),
-    "vargrad": ("samples", "noise", "seed"),
-}
+@dataclass(frozen=True)
+class Family:
+    """One method of the table: its settings class (the settings it reads, its name), the function that
+    computes it, how it runs the model and, for a method of the inputs only, why it takes no layer."""
+
+    settings: type[AttributionMethod]
+    run: Method
+    runs: str  # "inputs": the gradient of one pass; "copies": scaled or noisy copies; "rules": one pass under its rules
+    inputs_only: str | None = None  # why it gives maps at the inputs only; None: at a layer too
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+
+_NOISE = "adds noise to the inputs, not to a layer's output"
+_RELUS = "changes the backward pass of every ReLU between the inputs and the score, so it gives maps at the inputs only"
+# one row a method: a new one joins here with its settings class, nothing else changes
+TABLE: dict[str, Family] = {f.name: f for f in (
+    Family(Saliency, saliency, "inputs"),
+    Family(Gradient, gradient, "inputs"),
+    Family(InputXGradient, input_x_gradient, "inputs"),
+    Family(IntegratedGradients, integrated_gradients, "copies"),
+    Family(SmoothGrad, smoothgrad, "copies", _NOISE),
+    Family(SmoothGradSq, smoothgrad_sq, "copies", _NOISE),
+    Family(VarGrad, vargrad, "copies", _NOISE),
+    Family(GuidedBackprop, guided_backprop, "rules", _RELUS),
+    Family(Deconvnet, deconvnet, "rules", _RELUS),
+    Family(LRP, lrp, "rules", "hands relevance back layer by layer down to the inputs, so it gives maps at the "
+                              "inputs only"),
+    Family(GuidedGradCam, guided_gradcam, "inputs"),
+)}
+LAYER_METHODS = tuple(n for n, f in TABLE.items() if f.inputs_only is None)  # those that take layers=
+INPUTS_ONLY = {n: f.inputs_only for n, f in TABLE.items() if f.inputs_only is not None}  # why the others do not
+COPIES = tuple(n for n, f in TABLE.items() if f.runs == "copies")  # those that run copies of the inputs
+REPORTED = {"integrated_gradients": ("steps", "rule"),  # the settings the result reports, where a method has some
+            **dict.fromkeys(("smoothgrad", "smoothgrad_sq", "vargrad"), ("samples", "noise", "seed"))}
+
+
+def readers(setting: str) -> tuple[str, ...]:
+    """The methods that read a setting, in the table's order.
+
+    Example:
+        >>> readers("steps"), readers("canonize")
+        (('integrated_gradients',), ('lrp',))
+    """
+    return tuple(n for n, f in TABLE.items() if setting in setting_names(f.settings))
+
+
+def settings_of(method: str) -> tuple[str, ...]:
+    """The settings one method of the table reads.
+
+    Example:
+        >>> settings_of("saliency"), settings_of("lrp")
+        ((), ('composite', 'canonize', 'bounds'))
+    """
+    return setting_names(TABLE[method].settings)
+
+
+SETTINGS = tuple(dict.fromkeys(s for n in TABLE for s in settings_of(n)))  # every method's: attribute's flat keywords

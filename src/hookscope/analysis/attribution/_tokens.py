@@ -11,6 +11,7 @@ layer by default. The scores of a token are its attribution summed over the hidd
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,14 +24,14 @@ from ...capture import capture
 from ...core.inputs import model_kwargs
 from ...core.text import shape_text
 from ...edit import edit
-from ...errors import HookscopeError, did_you_mean
+from ...errors import HookscopeError, checked
 from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._target_classes import Token
 from .._targets import call_model, is_function, logits_of
-from ._api import attribute
+from ._api import attribute, chosen_method
 from ._engine import sharing
-from ._rules import rule_name
+from ._settings import AttributionMethod, IntegratedGradients
 from ._tokens_result import TokenAttributions, TokenRow
 from ._writing import DECODER, extended, running, seq2seq, with_decoder, write
 
@@ -48,27 +49,26 @@ class _Plan:
 
     model: nn.Module
     site: Site
-    method: str
-    steps: int
-    rule: str
+    method: AttributionMethod
     baseline: int | torch.Tensor | None
-    batch_size: int
 
 
+@checked
 def attribute_tokens(
     model: nn.Module,
     inputs: torch.Tensor,
     *,
     target: Any = None,
     generate: int = 0,
-    method: str = "integrated_gradients",
-    steps: int = 50,
-    rule: str = "riemann_trapezoid",
+    method: str | AttributionMethod = "integrated_gradients",
+    steps: int | None = None,
+    rule: str | None = None,
     baseline: int | torch.Tensor | None = None,
     layers: Selector | None = None,
     tokenizer: Any = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     kwargs: Mapping[str, Any] | None = None,
+    **unknown: Any,
 ) -> TokenAttributions:
     """Per-token scores for the token a language model writes next, or for every token of a greedy continuation.
 
@@ -100,9 +100,12 @@ def attribute_tokens(
             :class:`hookscope.targets.Token` (another position), or a function of the output giving one
             score per sequence. Not with ``generate``.
         generate: how many tokens to write and explain one by one (0: explain the next token only).
-        method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``.
-        steps: integrated gradients' number of points on the path.
-        rule: integrated gradients' integration rule, as :func:`hookscope.attribute` takes it.
+        method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``,
+            or its settings object (:class:`~hookscope.IntegratedGradients`, ...); a setting the method
+            does not read is refused in one line, as :func:`hookscope.attribute` refuses it.
+        steps: integrated gradients' number of points on the path (``None``: 50).
+        rule: integrated gradients' integration rule, as :func:`hookscope.attribute` takes it
+            (``None``: ``"riemann_trapezoid"``).
         baseline: where integrated gradients' path starts: ``None`` (zeros at the layer), a token id
             (a pad token at every position), token ids (``T`` or ``B x T``), or a float tensor, the
             layer's output itself (one sequence's, or ``B`` of them).
@@ -110,9 +113,10 @@ def attribute_tokens(
             row per token, ``B x T x ...``.
         tokenizer: turns ids into text in the result: a tokenizer with ``decode`` (transformers), a
             list of strings indexed by id, or a function ``id -> str``.
-        batch_size: rows per forward pass for integrated gradients' scaled copies.
+        batch_size: rows per forward pass for integrated gradients' scaled copies (``None``: 64).
         kwargs: the model's keyword inputs, e.g. ``{"attention_mask": m}`` (extended by ones for
             the tokens written with ``generate``).
+        **unknown: refused in one line naming the keyword it was near.
 
     Returns:
         A :class:`TokenAttributions`: ``rows`` of per-token scores, the tokens and their text.
@@ -127,13 +131,15 @@ def attribute_tokens(
         >>> res.rows[0].scores.shape, res.rows[0].target
         (torch.Size([3]), 4)
     """
-    key = _check_method(method)
+    _check_baseline(baseline)  # a token's baseline said in the words of tokens, before the method's own check
+    chosen = chosen_method(method, {"steps": steps, "rule": rule, "baseline": baseline, "batch_size": batch_size},
+                           unknown, fn="attribute_tokens", among=TOKEN_METHODS)
     ids = _check_ids(inputs)
     kw = model_kwargs(kwargs)
     n = _check_generate(generate, target)
     _check_tokenizer(tokenizer)
-    plan = _Plan(model, _site(model, layers), key, steps, rule_name(rule) if key == "integrated_gradients" else rule,
-                 _check_baseline(baseline), batch_size)
+    start = chosen.baseline if isinstance(chosen, IntegratedGradients) else None
+    plan = _Plan(model, _site(model, layers), chosen, _check_baseline(start))
     kw = with_decoder(model, kw, ids)
     if n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
@@ -143,17 +149,9 @@ def attribute_tokens(
     texts = _texts(tokenizer, tokens)
     for r in rows:
         r.text = None if texts is None or r.target is None else _text(tokenizer, r.target)
-    settings = ({"steps": steps, "rule": plan.rule, "baseline": _baseline_text(baseline)}
-                if key == "integrated_gradients" else None)
-    return TokenAttributions(rows, tokens, texts, ids.shape[1], key, plan.site[0], settings, forwards)
-
-
-def _check_method(method: str) -> str:
-    key = method.lower().replace("-", "_") if isinstance(method, str) else ""
-    if key not in TOKEN_METHODS:
-        raise HookscopeError(f"method={method!r} is not a token attribution method.{did_you_mean(str(method), TOKEN_METHODS)}"
-                             f" Use one of {', '.join(TOKEN_METHODS)}")
-    return key
+    settings = ({"steps": chosen.steps, "rule": chosen.rule, "baseline": _baseline_text(start)}
+                if isinstance(chosen, IntegratedGradients) else None)
+    return TokenAttributions(rows, tokens, texts, ids.shape[1], chosen.name, plan.site[0], settings, forwards)
 
 
 def _check_ids(input_ids: Any) -> torch.Tensor:
@@ -257,7 +255,7 @@ def _start(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], at: torch.Tensor)
     """Integrated gradients' start at the layer (zeros, the layer's output for baseline ids, or as given),
     and the forward passes that took."""
     b = plan.baseline
-    if plan.method != "integrated_gradients" or b is None:
+    if not isinstance(plan.method, IntegratedGradients) or b is None:
         return None, 0
     if isinstance(b, torch.Tensor) and b.is_floating_point():
         return b.detach().to(device=at.device, dtype=at.dtype), 0
@@ -290,8 +288,9 @@ def _explain(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any], target: Any, sa
     out, at = _probe(plan, ids, kw)
     token = _pinned(target, out, ids.shape[0])
     start, used = _start(plan, ids, kw, at)
-    res = attribute(_Through(plan.model, plan.site), at, method=plan.method, target=token, baseline=start,
-                    steps=plan.steps, rule=plan.rule, batch_size=plan.batch_size, kwargs={**kw, _IDS: ids})
+    method = dataclasses.replace(plan.method, baseline=start) if isinstance(plan.method, IntegratedGradients) \
+        else plan.method  # the start at the layer, where the attribution is taken
+    res = attribute(_Through(plan.model, plan.site), at, method=method, target=token, kwargs={**kw, _IDS: ids})
     scores = res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps
     logits = out if isinstance(out, torch.Tensor) else logits_of(out)
     span = logits.shape[1] if logits is not None and logits.ndim == 3 else ids.shape[1]  # the decoder's, if any

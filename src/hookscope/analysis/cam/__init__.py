@@ -11,7 +11,8 @@ of methods over ``_formulas`` and ``_scorecam``), result (``_result``); ``_api``
 """
 
 from ._api import METHODS, cam
+from ._methods import readers
 from ._result import CamMaps, CamRow
 from ._shape import channels_first, channels_last, tokens_to_grid
 
-__all__ = ["METHODS", "CamMaps", "CamRow", "cam", "channels_first", "channels_last", "tokens_to_grid"]
+__all__ = ["METHODS", "CamMaps", "CamRow", "cam", "channels_first", "channels_last", "readers", "tokens_to_grid"]

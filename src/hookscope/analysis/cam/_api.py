@@ -14,14 +14,14 @@ from torch import nn
 from ..._tree import tensors
 from ...core.inputs import model_kwargs
 from ...core.state import kept_rng, restored
-from ...errors import HookscopeError, did_you_mean
+from ...errors import HookscopeError, SettingError, did_you_mean, checked
 from ...selection import exact_ops, Selector, check_hookable, unwrap
 from ...selection import layers as select
 from .._layout import prefix_tokens
 from .._targets import (Target, batch_coupled, class_targets, is_function, read_logits, user_scores)
 from ._choose import hooked_pass
 from ._hooked import activations, reaches
-from ._methods import TABLE, Job
+from ._methods import TABLE, Job, readers
 from ._result import CamMaps
 from ._shape import as_4d, normalise, shapers, work
 
@@ -30,6 +30,7 @@ __all__ = ["METHODS", "cam"]
 METHODS = tuple(TABLE)  # every method's name, as cam(method=) takes it
 
 
+@checked
 def cam(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -40,7 +41,7 @@ def cam(
     output: Callable[[Any], torch.Tensor] | None = None,
     reshape: Callable[[torch.Tensor], torch.Tensor] | None = None,
     fuse: str = "mean",
-    batch_size: int = 16,  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
+    batch_size: int | None = None,
     progress: bool | None = None,
     kwargs: Mapping[str, Any] | None = None,
 ) -> CamMaps:
@@ -133,7 +134,8 @@ def cam(
             gradient, and no layout is guessed then. :func:`tokens_to_grid` for ``B x tokens x C``,
             :func:`channels_last` / :func:`channels_first` to say what a 4-D layer holds.
         fuse: ``"mean"`` or ``"max"`` over layers.
-        batch_size: Score-CAM's masked inputs per forward.
+        batch_size: Score-CAM's masked inputs per forward (``None``: 16). Score-CAM's alone, like
+            ``progress``: the other methods refuse it in one line (:class:`~hookscope.errors.SettingError`).
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
             shown when stderr is a terminal and the first batch says the whole run will take over
             5 seconds.
@@ -155,6 +157,8 @@ def cam(
         (torch.Size([2, 32, 32]), torch.Size([2, 16, 16]), ['layer2'])
     """
     method = _check_method(method)
+    _check_settings(method, {"batch_size": batch_size, "progress": progress})
+    batch_size = 16 if batch_size is None else batch_size  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
     index = getattr(target, "class_index", None)  # hookscope.targets.Class: its class, an int or a list of ints
     if isinstance(index, (list, tuple)) and len(index) == 1:  # Class([3]): one row for every sample
         index = index[0]
@@ -170,7 +174,7 @@ def cam(
     with kept, torch.inference_mode(False), torch.enable_grad():
         res = _explain(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress)
     for note in res.notes:  # a blank map must not pass for an answer: said here, and kept in res.notes
-        warnings.warn(note, UserWarning, stacklevel=2)
+        warnings.warn(note, UserWarning, stacklevel=3)  # past checked's frame, at the caller
     return res
 
 
@@ -225,6 +229,15 @@ def _check_method(method: str) -> str:
         raise HookscopeError(f"method={method!r} is not a CAM method.{did_you_mean(str(method), TABLE)} "
                              f"Use one of {', '.join(TABLE)}")
     return key
+
+
+def _check_settings(method: str, given: dict[str, Any]) -> None:
+    """Refuse a setting that only other methods read (Score-CAM's batches and progress bar)."""
+    for k, v in given.items():
+        if v is not None and k not in TABLE[method].reads:
+            reading = readers(k)
+            raise SettingError(f"{k}= is not a setting of {method} ({', '.join(reading)} read"
+                               f'{"s" if len(reading) == 1 else ""} it); drop it or use method="{reading[0]}"')
 
 
 def _check_call(model: nn.Module, inputs: Any, method: str, target: Target, fuse: str, batch_size: int) -> nn.Module:

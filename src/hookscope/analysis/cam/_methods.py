@@ -18,7 +18,7 @@ from ._hooked import Pass
 from ._scorecam import flat_scores, score_weights, scorer
 from ._shape import as_4d, close
 
-__all__ = ["Job", "Maps", "Method", "TABLE"]
+__all__ = ["SETTINGS", "TABLE", "Job", "Maps", "Method", "readers"]
 
 Shaper = Callable[[torch.Tensor], torch.Tensor] | None
 
@@ -57,10 +57,12 @@ class Maps:
 @dataclass(frozen=True)
 class Method:
     """A registered method. ``gradient``: it differentiates the score (autograd then says when a layer does
-    not reach it; for the others cam checks the graph itself)."""
+    not reach it; for the others cam checks the graph itself). ``reads``: the settings of :func:`cam` only
+    some methods read (``batch_size``, ``progress``), refused for the others."""
 
     maps: Callable[[Job], Maps]
     gradient: bool
+    reads: tuple[str, ...] = ()  # the settings of cam() this method alone reads
 
 
 def _gradient(name: str, job: Job) -> Maps:
@@ -96,9 +98,22 @@ def _scorecam(job: Job) -> Maps:
 TABLE: dict[str, Method] = {
     "cam": Method(_cam, gradient=False),
     **{name: Method(functools.partial(_gradient, name), gradient=True) for name in GRADIENT},
-    "scorecam": Method(_scorecam, gradient=False),
+    "scorecam": Method(_scorecam, gradient=False, reads=("batch_size", "progress")),
     "eigencam": Method(_eigencam, gradient=False),
 }
+
+
+SETTINGS = tuple(dict.fromkeys(s for m in TABLE.values() for s in m.reads))  # read by some methods only
+
+
+def readers(setting: str) -> tuple[str, ...]:
+    """The CAM methods that read a setting of :func:`cam` only some of them read.
+
+    Example:
+        >>> readers("batch_size")
+        ('scorecam',)
+    """
+    return tuple(n for n, m in TABLE.items() if setting in m.reads)
 
 
 def blank(name: str, G: torch.Tensor, logits: torch.Tensor | None) -> str | None:

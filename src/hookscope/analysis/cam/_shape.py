@@ -8,12 +8,13 @@ from collections.abc import Callable
 import torch
 
 from ...core.text import first_line
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from .._layout import LayoutProbe, grid_of_tokens
 
 __all__ = ["as_4d", "channels_first", "channels_last", "close", "normalise", "shapers", "tokens_to_grid", "work"]
 
 
+@checked
 def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A ``reshape=`` for transformer layers: ``B x (skip + h*w) x C`` tokens -> ``B x C x h x w``.
 
@@ -37,6 +38,7 @@ def tokens_to_grid(skip: int = 1, grid: tuple[int, int] | None = None) -> Callab
     return reshape
 
 
+@checked
 def channels_last(t: torch.Tensor) -> torch.Tensor:
     """A ``reshape=`` for a ``B x h x w x C`` activation (Swin stages, ConvNeXt blocks inside): ``B x C x h x w``.
 
@@ -51,6 +53,7 @@ def channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.permute(0, 3, 1, 2)
 
 
+@checked
 def channels_first(t: torch.Tensor) -> torch.Tensor:
     """A ``reshape=`` that says a 4-D activation is ``B x C x h x w`` already (it is returned as it is).
 
