@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked_init
 from ._composites import composite_name
 from ._lrp_rules import LRPRule
 from ._rules import rule_name, rule_points
@@ -54,6 +54,7 @@ def _positive(name: str, v: Any) -> None:
         raise HookscopeError(f"{name}={v!r} must be a positive int")
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class AttributionMethod:
     """What every method's settings share: ``name``, the method as ``attribute(method=)`` takes it as a
@@ -75,6 +76,7 @@ class AttributionMethod:
         return f"{type(self).__name__}({shown})"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class Saliency(AttributionMethod):
     """``|d score / d x|`` (Simonyan et al. 2014); no settings."""
@@ -82,6 +84,7 @@ class Saliency(AttributionMethod):
     name: ClassVar[str] = "saliency"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class Gradient(AttributionMethod):
     """``d score / d x``, signed; no settings."""
@@ -89,6 +92,7 @@ class Gradient(AttributionMethod):
     name: ClassVar[str] = "gradient"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class InputXGradient(AttributionMethod):
     """``x * d score / d x`` (at a layer: its output times the gradient there); no settings."""
@@ -109,6 +113,7 @@ class _Copies(AttributionMethod):
             _positive("memory", self.memory)
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class IntegratedGradients(_Copies):
     """Integrated gradients (Sundararajan et al. 2017): ``(x - x0) * sum_i w_i g(x0 + a_i (x - x0))``.
@@ -142,6 +147,7 @@ class IntegratedGradients(_Copies):
             raise HookscopeError(f"baseline= is a {type(b).__name__}; pass None (zeros), a number or a tensor")
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class SmoothGrad(_Copies):
     """SmoothGrad (Smilkov et al. 2017): the mean gradient over noisy copies ``x + N(0, s^2)``.
@@ -169,6 +175,7 @@ class SmoothGrad(_Copies):
             raise HookscopeError(f"seed={self.seed!r} must be an int")
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class SmoothGradSq(SmoothGrad):
     """SmoothGrad-squared: the mean of the squared gradient over the noisy copies (settings as :class:`SmoothGrad`)."""
@@ -176,6 +183,7 @@ class SmoothGradSq(SmoothGrad):
     name: ClassVar[str] = "smoothgrad_sq"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class VarGrad(SmoothGrad):
     """VarGrad (Adebayo et al. 2018): the variance of the gradient over the noisy copies (settings as
@@ -184,6 +192,7 @@ class VarGrad(SmoothGrad):
     name: ClassVar[str] = "vargrad"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class GuidedBackprop(AttributionMethod):
     """Guided backpropagation (Springenberg et al. 2015); no settings."""
@@ -191,6 +200,7 @@ class GuidedBackprop(AttributionMethod):
     name: ClassVar[str] = "guided_backprop"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class Deconvnet(AttributionMethod):
     """DeconvNet (Zeiler and Fergus 2014); no settings."""
@@ -198,6 +208,7 @@ class Deconvnet(AttributionMethod):
     name: ClassVar[str] = "deconvnet"
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class GuidedGradCam(AttributionMethod):
     """Guided Grad-CAM (Selvaraju et al. 2017), its Grad-CAM at ``attribute(layers=)``; no settings."""
@@ -209,6 +220,7 @@ Composite = str | Mapping[str | type[nn.Module], str | LRPRule]
 Bounds = tuple[torch.Tensor | float, torch.Tensor | float]
 
 
+@checked_init
 @dataclass(frozen=True, eq=False, repr=False)
 class LRP(AttributionMethod):
     """Layer-wise relevance propagation (Bach et al. 2015), as zennit computes it.
