@@ -58,6 +58,7 @@ from .analysis.prune import remove as remove_masks
 from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
 from .analysis.watch import Watch, watch
+from .anatomy import Component, Components, component, components
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
 from .errors import (
@@ -88,6 +89,7 @@ __all__ = [
     # choose layers
     "layers", "names", "unwrap", "at", "At",
     "operations", "Operations", "OperationRow",
+    "components", "Components", "Component", "component",
     # know and debug a model
     "summary", "Summary",
     "trace", "Trace", "StatRow",

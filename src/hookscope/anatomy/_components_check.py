@@ -98,10 +98,30 @@ def _per_head(proj: nn.Module, z: torch.Tensor) -> torch.Tensor:
     return out + bias.double() if isinstance(bias, torch.Tensor) else out
 
 
+def _heads_agree(model: nn.Module, rows: Mapping[str, Component], blocks: Sequence[int]) -> None:
+    """The heads the views take apart are the ones each attention module computes with (a config
+    changed after the model was built, or a pruned model, says otherwise: the sums over heads would
+    not notice)."""
+    modules = dict(model.named_modules())
+    for i in blocks:
+        attn, q = modules[rows[f"blocks.{i}.attn.pattern"].module], rows[f"blocks.{i}.attn.q"].view
+        said = {"d_head": (q.d_head, ("head_dim", "head_size", "attention_head_size")),
+                "heads": (q.heads, ("num_heads", "num_attention_heads"))}
+        for what, (ours, attributes) in said.items():
+            theirs = next((a for a in (getattr(attn, n, None) for n in attributes) if isinstance(a, int)), ours)
+            if theirs != ours:
+                raise SelectionError(f"blocks.{i}: the config says {what} {ours}, the attention module "
+                                     f"{type(attn).__name__} computes with {theirs}: its layout differs from the "
+                                     "table (a config changed after the model was built?)")
+
+
 def _pattern_checks(v: Mapping[str, Any], block: str) -> Iterator[Check]:
     pattern = v.get(f"{block}.attn.pattern")
     if isinstance(pattern, torch.Tensor):
         values, z = v[f"{block}.attn.v"], v[f"{block}.attn.z"]
+        if pattern.dim() != 4 or pattern.shape[1] != z.shape[-2] or z.shape[-2] % values.shape[-2]:
+            raise SelectionError(f"{block}.attn.pattern has shape {tuple(pattern.shape)} where the row expects "
+                                 f"[batch, {z.shape[-2]} heads, pos, pos]: its layout differs from the table")
         values = values.repeat_interleave(z.shape[-2] // values.shape[-2], dim=-2)
         mixed = torch.einsum("bhqk,bkhd->bqhd", pattern.double(), values.double())
         yield "pattern", f"{block}.attn.z != pattern @ v", mixed, z
@@ -158,9 +178,10 @@ def _logits(model: nn.Module, family: Family, config: Any, v: Mapping[str, Any],
     yield "logits", "unembed != the model's logits", v_unembed, want
 
 
-def _tolerance(want: torch.Tensor) -> float:
+def _tolerance(want: torch.Tensor, dtype: torch.dtype) -> float:
+    """1e-5 in fp32 (and fp64), a few roundings of the model's dtype below that, both relative past 1."""
     scale = max(1.0, float(want.detach().abs().max())) if want.numel() else 1.0
-    eps = 1e-5 if want.dtype in (torch.float32, torch.float64) else 8 * torch.finfo(want.dtype).eps
+    eps = 1e-5 if dtype in (torch.float32, torch.float64) else 8 * torch.finfo(dtype).eps
     return eps * scale
 
 
@@ -172,6 +193,7 @@ def verify(model: nn.Module, family: Family, config: Any, rows: Sequence[Compone
     blocks = sorted({int(n.split(".")[1]) for n in by_name if n.startswith("blocks.")})
     outs = [(by_name[f"blocks.{i}.attn.z"].module, "output") for i in blocks]
     sites = list(dict.fromkeys([(r.module, r.field) for r in rows] + outs))
+    _heads_agree(model, by_name, blocks)
     seen, out = _record(model, sites, inputs or (_own_input(model, config),), kwargs or {})
     values: dict[str, Any] = {}
     for r in rows:
@@ -180,30 +202,42 @@ def verify(model: nn.Module, family: Family, config: Any, rows: Sequence[Compone
         except SelectionError:
             if not r.name.endswith(".attn.pattern"):  # sdpa gives no pattern: only eager attention does
                 raise
+    try:
+        with torch.no_grad():
+            checks = _checks(model, family, config, values, seen, out, by_name, blocks)
+    except RuntimeError as e:  # tensors that do not even combine: a layout the row does not describe
+        raise SelectionError(f"the {family.name} row's components of this {type(model).__name__} do not fit "
+                             f"together ({first_line(e)}): its layout differs from the table") from e
+    return _measure(model, family, checks, values["blocks.0.resid_pre"].dtype)
+
+
+def _checks(model: nn.Module, family: Family, config: Any, values: Mapping[str, Any],
+            seen: Mapping[tuple[str, str], Any], out: Any, by_name: Mapping[str, Component],
+            blocks: Sequence[int]) -> list[Check]:
     checks: list[Check] = []
     if family.form != "post_norm":
-        embedded = values["embed"] + values["pos_embed"] if "pos_embed" in values else values["embed"]
+        embedded = values["embed"]
+        if "pos_embed" in values and values["pos_embed"].shape[-1:] == embedded.shape[-1:]:
+            embedded = embedded + values["pos_embed"]
         checks.append(("embed", "embed (+ pos_embed) != blocks.0.resid_pre", embedded, values["blocks.0.resid_pre"]))
     checks += [("stream", f"blocks.{i}.resid_post != blocks.{i + 1}.resid_pre", values[f"blocks.{i}.resid_post"],
                 values[f"blocks.{i + 1}.resid_pre"]) for i in blocks[:-1]]
-    with torch.no_grad():
-        for i in blocks:
-            checks += _block_checks(model, family, values, seen, by_name, i)
-        checks += _logits(model, family, config, values, out, by_name, f"blocks.{blocks[-1]}.resid_post")
-    return _measure(model, family, checks)
+    for i in blocks:
+        checks += _block_checks(model, family, values, seen, by_name, i)
+    return checks + list(_logits(model, family, config, values, out, by_name, f"blocks.{blocks[-1]}.resid_post"))
 
 
-def _measure(model: nn.Module, family: Family, checks: Sequence[Check]) -> dict[str, float]:
+def _measure(model: nn.Module, family: Family, checks: Sequence[Check], dtype: torch.dtype) -> dict[str, float]:
     errors: dict[str, float] = {}
     for kind, what, got, want in checks:
         if got.shape != want.shape:
             raise SelectionError(f"this {type(model).__name__} does not match hookscope's {family.name} row: {what} "
-                                 f"(shapes {tuple(got.shape)} and {tuple(want.shape)}); its layers are laid out "
-                                 "otherwise, so its component names would read the wrong tensors")
+                                 f"(shapes {tuple(got.shape)} and {tuple(want.shape)}): its layout differs from the "
+                                 "table, so its component names would read the wrong tensors")
         err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-        if not err <= _tolerance(want):
+        if not err <= _tolerance(want, dtype):
             raise SelectionError(f"this {type(model).__name__} does not match hookscope's {family.name} row: {what} "
-                                 f"(largest error {err:.2e}); its layers are laid out otherwise, so its component "
+                                 f"(largest error {err:.2e}): its layout differs from the table, so its component "
                                  "names would read the wrong tensors")
         errors[kind] = max(errors.get(kind, 0.0), err)
     return errors
