@@ -50,7 +50,9 @@ def _own_input(model: nn.Module, config: Any) -> torch.Tensor:
 def _record(model: nn.Module, sites: Sequence[tuple[str, str]], inputs: Sequence[Any],
             kwargs: Mapping[str, Any]) -> tuple[dict[tuple[str, str], Any], Any]:
     """What each (module, field) held on one pass in eval mode, and the model's output."""
-    modules, seen, calls = dict(model.named_modules()), {}, {}
+    modules = dict(model.named_modules())
+    seen: dict[tuple[str, str], Any] = {}
+    calls: dict[tuple[str, str], int] = {}
     group = HookGroup()
 
     def keep(key: tuple[str, str], value: Any) -> None:

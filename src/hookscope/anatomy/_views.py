@@ -97,9 +97,11 @@ class View(NamedTuple):
         if self.width and width != self.width:
             raise SelectionError(f"a tensor of {width} columns where the view {self} expects {self.width}: the "
                                  "model's heads are not the ones its config says (a pruned or changed layer?)")
-        if self._plain(width):
-            return t.unflatten(-1, (self.heads, self.d_head))  # a view: no copy where the heads lie side by side
-        return t[..., self.columns(t.device)]
+        if self._plain(width):  # a view, no copy, where the heads lie side by side
+            picked: torch.Tensor = t.unflatten(-1, (self.heads, self.d_head))
+        else:
+            picked = t[..., self.columns(t.device)]
+        return picked
 
     def write(self, value: Any, new: torch.Tensor) -> Any:
         """``value`` with this view's component replaced by ``new``, out of place (the module's own
