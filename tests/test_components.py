@@ -414,3 +414,40 @@ def test_a_view_of_a_tuple_writes_its_element_and_keeps_the_rest():
         View(element=3).read(out)
     with pytest.raises(hookscope.SelectionError, match="expects 8"):
         View(heads=2, d_head=4, head_stride=4, width=8).read(torch.zeros(1, 6))
+
+
+# --- more shapes of the same families ------------------------------------------------------------------------
+def test_a_wrapped_model_keeps_the_wrappers_prefix_in_its_module_names():
+    model = build("llama")
+    wrapped = nn.DataParallel(model)
+    comps = hookscope.components(wrapped)
+    assert comps["blocks.0.attn.z"].module == "module.model.layers.0.self_attn.o_proj"
+    assert all(c.module in dict(wrapped.named_modules()) for c in comps.values())
+    assert comps.errors["logits"] <= 1e-5 and no_hooks(wrapped)
+
+
+def test_olmo_with_clip_qkv_refuses_q_k_v_and_keeps_the_rest():
+    torch.manual_seed(0)
+    model = T.OlmoForCausalLM(T.OlmoConfig(**SMALL, clip_qkv=0.01)).eval()
+    model.config._attn_implementation = "eager"
+    comps = hookscope.components(model)
+    for n in "qkv":
+        with pytest.raises(hookscope.RecordError, match="clip_qkv"):
+            comps[f"blocks.0.attn.{n}"]
+    assert comps.errors["heads"] <= 1e-5 and "blocks.1.attn.z" in comps and no_hooks(model)
+
+
+def test_biases_in_attention_and_mlp_are_part_of_the_sums():
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(**GQA, attention_bias=True, mlp_bias=True)).eval()
+    for p in model.parameters():  # biases start at zero: make them count
+        torch.nn.init.normal_(p, std=0.2)
+    comps = hookscope.components(model)
+    assert all(e <= 1e-5 for e in comps.errors.values()), comps.errors
+
+
+def test_one_block_models_check_too():
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=8)).eval()
+    comps = hookscope.components(model)
+    assert comps.blocks == 1 and "stream" not in comps.errors and comps.errors["logits"] == 0.0

@@ -8,6 +8,7 @@ Must not import: analysis, ``loading``, ``capture``, ``viz``, ``report``, ``cli`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from torch import nn
 from ..core.result import Result, missing
 from ..core.text import table
 from ..errors import RecordError, SelectionError, closest
+from ..selection import unwrap
 from ._components_check import verify
 from ._families import FAMILIES, Family, Site, family_of_type, heads_of
 from ._views import View
@@ -212,10 +214,12 @@ def components(model: nn.Module, *inputs: Any, kwargs: Mapping[str, Any] | None 
         >>> comps["blocks.1.attn.z"].module, comps["blocks.1.attn.z"].field
         ('transformer.h.1.attn.c_proj', 'input')
     """
-    family, config = _family(model)
-    rows, absent, blocks = _rows(family, config, model)
-    errors = verify(model, family, config, rows, inputs, kwargs) if check else {}
-    return Components(family.name, type(model).__name__, rows, absent, blocks, errors)
+    inner, wrapper = unwrap(model)  # DataParallel, DDP, torch.compile: the names keep their prefix
+    family, config = _family(inner)
+    rows, absent, blocks = _rows(family, config, inner)
+    errors = verify(inner, family, config, rows, inputs, kwargs) if check else {}
+    rows = [dataclasses.replace(r, module=wrapper + r.module) for r in rows] if wrapper else rows
+    return Components(family.name, type(inner).__name__, rows, absent, blocks, errors)
 
 
 def component(model: nn.Module, name: str, *, check: bool = True) -> Component:

@@ -106,7 +106,7 @@ def _heads_agree(model: nn.Module, rows: Mapping[str, Component], blocks: Sequen
     not notice)."""
     modules = dict(model.named_modules())
     for i in blocks:
-        attn, q = modules[rows[f"blocks.{i}.attn.pattern"].module], rows[f"blocks.{i}.attn.q"].view
+        attn, q = modules[rows[f"blocks.{i}.attn.pattern"].module], rows[f"blocks.{i}.attn.z"].view
         said = {"d_head": (q.d_head, ("head_dim", "head_size", "attention_head_size")),
                 "heads": (q.heads, ("num_heads", "num_attention_heads"))}
         for what, (ours, attributes) in said.items():
@@ -119,7 +119,7 @@ def _heads_agree(model: nn.Module, rows: Mapping[str, Component], blocks: Sequen
 
 def _pattern_checks(v: Mapping[str, Any], block: str) -> Iterator[Check]:
     pattern = v.get(f"{block}.attn.pattern")
-    if isinstance(pattern, torch.Tensor):
+    if isinstance(pattern, torch.Tensor) and f"{block}.attn.v" in v:
         values, z = v[f"{block}.attn.v"], v[f"{block}.attn.z"]
         if pattern.dim() != 4 or pattern.shape[1] != z.shape[-2] or z.shape[-2] % values.shape[-2]:
             raise SelectionError(f"{block}.attn.pattern has shape {tuple(pattern.shape)} where the row expects "

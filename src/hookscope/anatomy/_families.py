@@ -118,6 +118,14 @@ def _falcon(row: Family, config: Any) -> Family:
     return dataclasses.replace(row, sites=sites, form="sequential", absent=NO_POS)
 
 
+def _olmo(row: Family, config: Any) -> Family:
+    if not getattr(config, "clip_qkv", None):
+        return row
+    why = "OLMo with clip_qkv clamps q, k and v inside attention: the projections' outputs are not what it attends with"
+    return dataclasses.replace(row, sites={n: s for n, s in row.sites.items() if n not in ("attn.q", "attn.k", "attn.v")},
+                               absent={**row.absent, **{f"attn.{n}": why for n in "qkv"}})
+
+
 def _falcon_kv(config: Any) -> int:
     if config.new_decoder_architecture:
         return int(config.num_kv_heads)
@@ -157,7 +165,7 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("Qwen3", "qwen3"),
     _llama_like("Gemma", "gemma"),
     _llama_like("Gemma2", "gemma2", sites=_GEMMA2_SITES, notes=_POST_NORM_OUT, logit_cap="final_logit_softcapping"),
-    _llama_like("OLMo", "olmo"),
+    _llama_like("OLMo", "olmo", variant=_olmo),
     _llama_like("OLMo2", "olmo2", sites=_OLMO2_SITES, notes=_POST_NORM_OUT),
     _llama_like("Phi-3", "phi3", sites={
         **_attention("self_attn", "self_attn.qkv_proj", "", "", "self_attn.o_proj", fused="concat")}),
