@@ -451,3 +451,21 @@ def test_one_block_models_check_too():
     model = T.GPT2LMHeadModel(T.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=8)).eval()
     comps = hookscope.components(model)
     assert comps.blocks == 1 and "stream" not in comps.errors and comps.errors["logits"] == 0.0
+
+
+def test_token_ids_by_keyword_are_the_checks_input():
+    model = build("llama")
+    comps = hookscope.components(model, kwargs={"input_ids": IDS, "attention_mask": torch.ones_like(IDS)})
+    assert comps.errors["logits"] <= 1e-5 and no_hooks(model)
+    with pytest.raises(hookscope.SelectionError, match="never ran: model.embed_tokens"):
+        hookscope.components(model, kwargs={"inputs_embeds": torch.randn(1, 3, 32)})  # no token embedding to read
+    assert no_hooks(model)
+
+
+def test_a_model_on_the_meta_device_resolves_but_is_not_checked():
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(T.LlamaConfig(**GQA))
+    assert hookscope.components(model, check=False)["blocks.1.attn.q"].module == "model.layers.1.self_attn.q_proj"
+    with pytest.raises(hookscope.HookscopeError, match="meta device.*check=False"):
+        hookscope.components(model)
+    assert no_hooks(model)

@@ -196,7 +196,12 @@ def verify(model: nn.Module, family: Family, config: Any, rows: Sequence[Compone
     outs = [(by_name[f"blocks.{i}.attn.z"].module, "output") for i in blocks]
     sites = list(dict.fromkeys([(r.module, r.field) for r in rows] + outs))
     _heads_agree(model, by_name, blocks)
-    seen, out = _record(model, sites, inputs or (_own_input(model, config),), kwargs or {})
+    if any(p.is_meta for p in model.parameters()):
+        raise HookscopeError(f"{type(model).__name__} has its parameters on the meta device: there is nothing to "
+                             "check the component names against; load its weights, or pass check=False")
+    kwargs = dict(kwargs or {})
+    own = not inputs and not {"input_ids", "inputs_embeds"} & set(kwargs)  # the caller's ids, where given by keyword
+    seen, out = _record(model, sites, (_own_input(model, config),) if own else inputs, kwargs)
     values: dict[str, Any] = {}
     for r in rows:
         try:
