@@ -54,7 +54,10 @@ CONFIGS: dict[str, tuple[Callable[[], Any], str, str]] = {
     "olmo2": (lambda: T.Olmo2Config(**SMALL), "OLMo2", "sequential"),
     "bert": (lambda: T.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                                   vocab_size=50), "BERT", "post_norm"),
+    "roberta": (lambda: T.RobertaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                        intermediate_size=64, vocab_size=50), "RoBERTa", "post_norm"),
 }
+ENCODERS = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}
 IDS = torch.tensor([[1, 7, 3, 9, 4, 2], [5, 5, 11, 0, 8, 13]])
 
 
@@ -62,7 +65,7 @@ def build(family: str, attention: str = "eager") -> nn.Module:
     config = CONFIGS[family][0]()
     config._attn_implementation = attention
     torch.manual_seed(0)
-    head = T.BertForMaskedLM if family == "bert" else T.AutoModelForCausalLM.from_config
+    head = getattr(T, ENCODERS[family]) if family in ENCODERS else T.AutoModelForCausalLM.from_config
     return head(config).eval()
 
 
@@ -103,8 +106,8 @@ def test_the_stream_read_back_through_the_names_recomputes_the_logits(family):
     modules = dict(model.named_modules())
     last = v["blocks.1.resid_post"]
     with torch.no_grad():
-        if family == "bert":  # the MLM head: its transform, then the decoder
-            logits = modules["cls.predictions.decoder"](modules["cls.predictions"].transform(last))
+        if family in ENCODERS:  # the MLM head: its dense, activation and norm, then the decoder
+            logits = modules[comps["unembed"].module.rsplit(".", 1)[0]](last)
         else:
             logits = modules[comps["unembed"].module](modules[comps["final_norm"].module](last))
             assert close(v["final_norm"], modules[comps["final_norm"].module](last))
@@ -144,7 +147,7 @@ def test_each_block_is_its_residual_sum_and_its_heads_sum_to_the_attention_outpu
         with torch.no_grad():
             o = proj(z.flatten(-2))
         assert close(per_head.sum(-2) + (proj.bias if proj.bias is not None else 0), o)
-        if family not in ("gemma2", "olmo2", "bert"):  # those norm the projection's output before adding it
+        if family not in ("gemma2", "olmo2", *ENCODERS):  # those norm the projection's output before adding it
             assert close(o, attn)
     assert no_hooks(model)
 
@@ -187,7 +190,7 @@ def _causal(scores: torch.Tensor) -> torch.Tensor:
     return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
 
 
-@pytest.mark.parametrize("family", ["gpt2", "opt", "bert"])
+@pytest.mark.parametrize("family", ["gpt2", "opt", "bert", "roberta"])
 def test_q_k_softmax_is_the_attention_probabilities_of_learned_position_families(family):
     model, left = attending(family)
     comps = hookscope.components(model)
@@ -195,7 +198,7 @@ def test_q_k_softmax_is_the_attention_probabilities_of_learned_position_families
     for i in range(2):
         q, k = (v[f"blocks.{i}.attn.{n}"].transpose(1, 2) for n in "qk")  # [batch, head, pos, d_head]
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        probs = torch.softmax(scores if family == "bert" else _causal(scores), dim=-1)
+        probs = torch.softmax(scores if family in ENCODERS else _causal(scores), dim=-1)
         assert close(probs, out.attentions[i])
         assert close(v[f"blocks.{i}.attn.pattern"], out.attentions[i])
     assert hook_count(model) == left
@@ -254,7 +257,7 @@ def test_names_are_spelled_the_same_way_in_every_family():
         form = CONFIGS[family][2]
         missing = {"resid_mid"} if form == "parallel" else set()
         assert {n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")} == per_block - missing, family
-        assert {"embed", "unembed"} <= names and ("final_norm" in names) == (family != "bert")
+        assert {"embed", "unembed"} <= names and ("final_norm" in names) == (family not in ENCODERS)
 
 
 def test_the_resolved_names_of_gpt2_and_llama():

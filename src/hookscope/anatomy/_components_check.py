@@ -166,9 +166,10 @@ def _logits(model: nn.Module, family: Family, config: Any, v: Mapping[str, Any],
         hidden = hidden if isinstance(hidden, torch.Tensor) else out[0]
         yield "logits", f"final_norm({last}) != the model's last hidden state", stream, hidden
         return
-    if family.form == "post_norm":  # BERT's MLM head: a transform, then the decoder
-        stream = modules[rows["unembed"].module.rsplit(".", 1)[0]].transform(stream)
-    logits = modules[rows["unembed"].module](stream)
+    if family.form == "post_norm":  # an MLM head: its dense, activation and norm, then the decoder
+        logits = modules[rows["unembed"].module.rsplit(".", 1)[0]](stream)
+    else:
+        logits = modules[rows["unembed"].module](stream)
     cap = getattr(config, family.logit_cap, None) if family.logit_cap else None
     if cap:
         logits, v_unembed = torch.tanh(logits / cap) * cap, torch.tanh(v["unembed"] / cap) * cap

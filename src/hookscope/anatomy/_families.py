@@ -102,6 +102,22 @@ def _llama_like(name: str, *types: str, **extra: Any) -> Family:
                   **extra)
 
 
+def _bert_like(name: str, model_type: str, unembed: str) -> Family:
+    """An encoder with a LayerNorm after each sum; its MLM head's decoder is the unembedding."""
+    sites = {**_attention("attention.self", "attention.self.query", "attention.self.key", "attention.self.value",
+                          "attention.output.dense"),
+             "attn_out": Site("attention.output.dense", OUT), "resid_mid": Site("attention", OUT, "main"),
+             **_mlp("intermediate", "output.dense", None), "mlp_out": Site("output.dense", OUT)}
+    notes = {**LEARNED, **PATTERN, "resid_mid": "after the attention's LayerNorm(resid_pre + attn_out)",
+             "resid_post": "after the output LayerNorm(resid_mid + mlp_out)",
+             "unembed": "the MLM head's decoder (after its dense, activation and LayerNorm)"}
+    absent = {"final_norm": "{family} has no final norm: each block ends in its own LayerNorm (resid_post); the MLM "
+                            "head's dense, activation and LayerNorm come before unembed"}
+    return Family(name, (model_type,), "encoder.layer", "embeddings.word_embeddings", None, sites,
+                  pos_embed="embeddings.position_embeddings", unembed=unembed, form="post_norm",
+                  post_norms=("attention.output.LayerNorm", "output.LayerNorm"), notes=notes, absent=absent)
+
+
 def _neox(row: Family, config: Any) -> Family:
     if getattr(config, "use_parallel_residual", True):
         return row
@@ -178,18 +194,8 @@ FAMILIES: tuple[Family, ...] = (
                          fused="concat"),
             **_mlp("mlp", "mlp.dense_4h_to_h", None)}, form="parallel", notes={**ROTARY, **PATTERN},
            absent={**NO_POS, **_parallel("Falcon with parallel_attn=True")}, kv_heads=_falcon_kv, variant=_falcon),
-    Family("BERT", ("bert", "roberta"), "encoder.layer", "embeddings.word_embeddings", None,
-           {**_attention("attention.self", "attention.self.query", "attention.self.key", "attention.self.value",
-                         "attention.output.dense"),
-            "attn_out": Site("attention.output.dense", OUT), "resid_mid": Site("attention", OUT, "main"),
-            **_mlp("intermediate", "output.dense", None), "mlp_out": Site("output.dense", OUT)},
-           pos_embed="embeddings.position_embeddings", unembed="cls.predictions.decoder", form="post_norm",
-           post_norms=("attention.output.LayerNorm", "output.LayerNorm"),
-           notes={**LEARNED, **PATTERN, "resid_mid": "after the attention's LayerNorm(resid_pre + attn_out)",
-                  "resid_post": "after the output LayerNorm(resid_mid + mlp_out)",
-                  "unembed": "the MLM head's decoder (after its dense, activation and LayerNorm)"},
-           absent={"final_norm": "BERT has no final norm: each block ends in its own LayerNorm (resid_post); the "
-                                 "MLM head's transform is part of unembed"}),
+    _bert_like("BERT", "bert", "cls.predictions.decoder"),
+    _bert_like("RoBERTa", "roberta", "lm_head.decoder"),
 )
 
 
