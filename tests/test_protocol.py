@@ -41,7 +41,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -50,7 +50,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory"]
+                "WidthPruning", "StepMemory", "Components"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -68,6 +68,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Store", "fc", "fcc"),
     ("Operations", "fc::linear", "fc::linaer"),
     ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
+    ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -128,6 +129,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
+        "Components": hookscope.components(_gpt2()),
     }
 
 
@@ -152,6 +154,12 @@ def _width() -> nn.Module:
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)).eval()
+
+
+def _gpt2() -> nn.Module:
+    import transformers
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=8)).eval()
 
 
 def _heads() -> nn.Module:
@@ -276,6 +284,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
            for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
                      "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP")},
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
+        "components": lambda **kw: hookscope.components(_gpt2(), **kw),
+        "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
     }
@@ -373,7 +383,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -73,6 +73,7 @@ from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
 from .analysis.step_memory import MemoryRow, MemoryTotals, StepMemory, step_memory
 from .analysis.watch import Watch, watch
+from .anatomy import Component, Components, component, components
 from .capture import Capture, capture
 from .edit import Edit, ablate, edit, scale
 from .errors import (
@@ -103,6 +104,7 @@ __all__ = [
     # choose layers
     "layers", "names", "unwrap", "at", "At",
     "operations", "Operations", "OperationRow",
+    "components", "Components", "Component", "component",
     # know and debug a model
     "summary", "Summary",
     "step_memory", "StepMemory", "MemoryRow", "MemoryTotals",
