@@ -158,10 +158,12 @@ def resnet_tensors() -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
     net = torchvision.models.resnet50(weights=None).eval()
     x = torch.randn(8, 3, 224, 224)
     seen: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+    alive: list[torch.Tensor] = []  # the originals, held so that no freed tensor's memory is taken for it
     relus: list[torch.Tensor] = []
 
     def keep(t: Any) -> None:
         if isinstance(t, torch.Tensor):
+            alive.append(t)
             seen.setdefault((t.data_ptr(), t._version, tuple(t.shape)), t.detach().clone(memory_format=torch.preserve_format))
 
     def pre(m: torch.nn.Module, args: Any) -> None:
@@ -178,6 +180,7 @@ def resnet_tensors() -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
         net(x)
     for h in hooks:
         h.remove()
+    alive.clear()
     with torch.no_grad():
         net(x)
         t0 = time.perf_counter()

@@ -29,7 +29,7 @@ def _build(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedPro
     done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib),
                            "--build-temp", str(tmp_path / "temp")], cwd=ROOT, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=300)
-    return done, sorted(lib.glob("hookscope/_native_stats*"))
+    return done, sorted(lib.glob("hookscope/_native_lib/_native_stats*"))
 
 
 def test_a_build_without_a_compiler_goes_on_without_the_kernel(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_the_next_library_is_taken_when_the_first_does_not_load(monkeypatch: pyt
     _reload(monkeypatch, [(str(junk), "_native_stats_avx2"), good[-1]])
     kernel = native.stats_kernel()
     assert kernel is not None and kernel.name == good[-1][1]
-    assert native.describe().startswith(f"C kernel (hookscope.{good[-1][1]}, ")
+    assert native.describe().startswith(f"C kernel ({good[-1][1]}, ")
 
 
 def test_describe_says_which_way_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +111,7 @@ def test_describe_says_which_way_and_why(monkeypatch: pytest.MonkeyPatch) -> Non
         assert native.describe().startswith("torch operations (")
     else:
         threads = f"{torch.get_num_threads()} threads shared with torch" if kernel.parallel else "1 thread"
-        assert native.describe() == f"C kernel (hookscope.{kernel.name}, {threads})"
+        assert native.describe() == f"C kernel ({kernel.name}, {threads})"
 
 
 @pytest.mark.parametrize("switch", ["0", None])

@@ -1002,7 +1002,7 @@ def test_notes_say_how_the_cpu_statistics_were_computed(native, monkeypatch):
         net(torch.ones(1, 3))
     kernel = _native.stats_kernel()
     assert (kernel is None) == (native == "0" or _native.describe().startswith("torch"))
-    want = (f"CPU statistics: C kernel (hookscope.{kernel.name}," if kernel is not None
+    want = (f"CPU statistics: C kernel ({kernel.name}," if kernel is not None
             else "CPU statistics: torch operations (")
     assert len(t.notes) == 1 and t.notes[0].startswith(want)
     if native == "0":

@@ -4,8 +4,8 @@ backpropagation's ReLU rule, one pass where torch needs two. Large tensors are s
 own OpenMP worker threads (the C file says why not threads of its own).
 
 It is built when hookscope is installed (``setup.py``: ``pip install .`` or ``pip install -e .``
-with a C compiler present) into the package's extension files ``_native_stats`` and, on x86-64,
-``_native_stats_avx2`` (taken where torch found AVX2 or AVX-512 on this CPU), loaded with
+with a C compiler present) into the extension files ``_native_lib/_native_stats`` and, on x86-64,
+``_native_lib/_native_stats_avx2`` (taken where torch found AVX2 or AVX-512 on this CPU), loaded with
 :mod:`ctypes`, and checked against known answers before it is used. Where it was not built (no
 compiler at install time, Windows), when anything fails, or with ``HOOKSCOPE_NATIVE=0`` in the
 environment, :func:`stats_kernel` returns ``None`` and the statistics are taken with torch
@@ -16,10 +16,10 @@ guided rule (the same values). :func:`describe` says which one this process uses
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import platform
 import threading
+from importlib.machinery import EXTENSION_SUFFIXES
 
 import torch
 
@@ -193,7 +193,7 @@ def describe() -> str:
     if kernel is None:
         return f"torch operations ({_why[0] if _why else 'the C kernel is not available'})"
     threads = f"{torch.get_num_threads()} threads shared with torch" if kernel.parallel else "1 thread"
-    return f"C kernel (hookscope.{kernel.name}, {threads})"
+    return f"C kernel ({kernel.name}, {threads})"
 
 
 def _load() -> Kernel | None:
@@ -214,18 +214,19 @@ def _load() -> Kernel | None:
 
 
 def _libraries() -> list[tuple[str, str]]:
-    """The files of the extensions built for this CPU, best first, each with its name."""
+    """The files of the extensions built for this CPU (in ``_native_lib/`` beside this module), best
+    first, each with its name."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native_lib")
     found = []
     for name in _EXTENSIONS:
         if name.endswith("_avx2") and not (x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")):
             continue
-        try:
-            spec = importlib.util.find_spec(f"hookscope.{name}")
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and os.path.isfile(spec.origin):
-            found.append((spec.origin, name))
+        for suffix in EXTENSION_SUFFIXES:  # the one this Python's setuptools gave it, e.g. .cpython-311-x86_64-linux-gnu.so
+            path = os.path.join(folder, name + suffix)
+            if os.path.isfile(path):
+                found.append((path, name))
+                break
     return found
 
 

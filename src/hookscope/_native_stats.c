@@ -8,10 +8,10 @@
  * elements, and each block's lane sums are added in float64. NaN and Inf are not special-cased: they make the sums non-finite,
  * and the caller then takes its exact slow path.
  *
- * setup.py builds it at install time as the package's extension files _native_stats (16-byte
- * vectors) and, on x86-64, _native_stats_avx2 (-mavx2 -mfma, 32-byte vectors). They are plain
+ * setup.py builds it at install time as hookscope/_native_lib/_native_stats (16-byte vectors)
+ * and, on x86-64, _native_lib/_native_stats_avx2 (-mavx2 -mfma, 32-byte vectors). They are plain
  * shared libraries with no Python module in them (so no Python headers are needed to build them):
- * hookscope._native finds the file with importlib and calls the hs_* functions through ctypes.
+ * hookscope._native finds the file beside itself and calls the hs_* functions through ctypes.
  */
 #include <stdint.h>
 #include <stdlib.h>
