@@ -9,7 +9,7 @@ with a C compiler present) into the extension files ``_native_lib/_native_stats`
 :mod:`ctypes`, and checked against known answers before it is used. Where it was not built (no
 compiler at install time, Windows), when anything fails, or with ``HOOKSCOPE_NATIVE=0`` in the
 environment, :func:`stats_kernel` returns ``None`` and the statistics are taken with torch
-operations instead (the same rows within float32 rounding, about 2.5x the time), and so is the
+operations instead (the same rows within float32 rounding, 2.5 to 4 times the time), and so is the
 guided rule (the same values). :func:`describe` says which one this process uses.
 """
 
@@ -222,7 +222,7 @@ def _libraries() -> list[tuple[str, str]]:
     for name in _EXTENSIONS:
         if name.endswith("_avx2") and not (x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")):
             continue
-        for suffix in EXTENSION_SUFFIXES:  # the one this Python's setuptools gave it, e.g. .cpython-311-x86_64-linux-gnu.so
+        for suffix in EXTENSION_SUFFIXES:  # what setuptools named it: .cpython-311-x86_64-linux-gnu.so, ...
             path = os.path.join(folder, name + suffix)
             if os.path.isfile(path):
                 found.append((path, name))

@@ -34,6 +34,18 @@ GATHER_EVERY = 4096
 of the model begins, and also whenever this many are waiting (one host synchronisation each)."""
 
 
+def cpu_statistics() -> str:
+    """How this process computes the statistics of CPU tensors, in one line: hookscope's C kernel
+    (which build, how many threads) or torch operations, and why (``Trace.notes`` and
+    ``hookscope --version`` say it).
+
+    Example:
+        >>> cpu_statistics().startswith(("C kernel", "torch operations"))
+        True
+    """
+    return describe()
+
+
 class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
     """A context that records :class:`StatRow` statistics; build it with :func:`trace`.
 
@@ -66,7 +78,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         self._made = 0  # rows made since the start (or the last clear()): the next row's index
         self._on_row = on_row
         self._lock = threading.RLock()  # on_row may read the trace
-        self._cpu_stats = describe()  # the C kernel or torch operations, as this process has them
+        self._cpu_stats = cpu_statistics()
         streaming = on_row is not None or last is not None
         super().__init__(selected, keep=keep, sink=self._take if streaming else self._pending.append, root=root,
                          params=params, model=model, on_pass=self._gather if streaming else None)

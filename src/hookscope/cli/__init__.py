@@ -162,16 +162,16 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
 
 class _Version(argparse.Action):
     """``--version``: the version, and the way this process takes the CPU statistics (the C kernel or
-    torch operations, :func:`hookscope._native.describe`), looked up only when asked."""
+    torch operations), looked up only when asked."""
 
     def __init__(self, *args: Any, version: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.version = version
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
-        from .._native import describe
+        from ..analysis.trace import cpu_statistics
 
-        print(f"{self.version}\nCPU statistics: {describe()}")
+        print(f"{self.version}\nCPU statistics: {cpu_statistics()}")
         parser.exit()
 
 
