@@ -137,3 +137,19 @@ def test_the_installed_kernel_is_the_widest_this_cpu_runs() -> None:
         "AVX2", "AVX512")
     built = {name for _, name in native._libraries()}
     assert kernel.name == ("_native_stats_avx2" if wide and "_native_stats_avx2" in built else "_native_stats")
+
+
+@pytest.mark.parametrize("value", ["0", "off", "false", "no", "OFF", " 0 "])
+def test_every_usual_way_of_saying_off_switches_the_kernel_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", value)
+    assert native.stats_kernel() is None
+    assert native.describe() == f"torch operations (HOOKSCOPE_NATIVE={value.strip()})"
+
+
+@pytest.mark.parametrize("value", ["", "1", "on", "yes"])
+def test_other_values_leave_the_kernel_on(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", value)
+    monkeypatch.delenv("HOOKSCOPE_NATIVE")
+    built = native.stats_kernel()
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", value)
+    assert (native.stats_kernel() is None) == (built is None)

@@ -163,14 +163,14 @@ def _torch_openmp() -> str | None:
 
 
 def stats_kernel() -> Kernel | None:
-    """The kernel, loaded on the first call; ``None`` if it is switched off (``HOOKSCOPE_NATIVE=0``)
-    or was not built when hookscope was installed.
+    """The kernel, loaded on the first call; ``None`` if it is switched off (``HOOKSCOPE_NATIVE=0``,
+    or ``off``, ``false``, ``no``) or was not built when hookscope was installed.
 
     Example:
         >>> stats_kernel() is None or isinstance(stats_kernel(), Kernel)
         True
     """
-    if os.environ.get("HOOKSCOPE_NATIVE", "1") == "0":
+    if _switched_off():
         return None
     if not _loaded:
         with _lock:
@@ -187,13 +187,18 @@ def describe() -> str:
         >>> describe().startswith(("C kernel", "torch operations"))
         True
     """
-    if os.environ.get("HOOKSCOPE_NATIVE", "1") == "0":
-        return "torch operations (HOOKSCOPE_NATIVE=0)"
+    if _switched_off():
+        return f"torch operations (HOOKSCOPE_NATIVE={os.environ['HOOKSCOPE_NATIVE'].strip()})"
     kernel = stats_kernel()
     if kernel is None:
         return f"torch operations ({_why[0] if _why else 'the C kernel is not available'})"
     threads = f"{torch.get_num_threads()} threads shared with torch" if kernel.parallel else "1 thread"
     return f"C kernel ({kernel.name}, {threads})"
+
+
+def _switched_off() -> bool:
+    """``HOOKSCOPE_NATIVE`` says off: ``0``, ``off``, ``false`` or ``no`` (any case)."""
+    return os.environ.get("HOOKSCOPE_NATIVE", "").strip().lower() in ("0", "off", "false", "no")
 
 
 def _load() -> Kernel | None:
