@@ -153,3 +153,20 @@ def test_other_values_leave_the_kernel_on(value: str, monkeypatch: pytest.Monkey
     built = native.stats_kernel()
     monkeypatch.setenv("HOOKSCOPE_NATIVE", value)
     assert (native.stats_kernel() is None) == (built is None)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and not os.environ.get("CI"), reason="no C compiler here")
+def test_a_library_built_from_another_version_of_the_source_is_not_used(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    # an editable install whose C source moved on without a rebuild: its functions may take other
+    # arguments, so it must not be called at all
+    source = (ROOT / "src/hookscope/_native_stats.c").read_text()
+    assert "#define HS_ABI " in source
+    old = tmp_path / "old.c"
+    old.write_text(source.replace("#define HS_ABI ", "#define HS_ABI 1000 + "))
+    lib = tmp_path / "_native_stats.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", str(old), "-o", str(lib)], check=True, timeout=120)
+    _reload(monkeypatch, [(str(lib), "_native_stats")])
+    assert native.stats_kernel() is None
+    assert native.describe() == (f"torch operations (the C kernel {lib} was built from another version of "
+                                 "_native_stats.c: install hookscope again to rebuild it)")

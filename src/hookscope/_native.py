@@ -26,6 +26,7 @@ import torch
 __all__ = ["Kernel", "describe", "stats_kernel"]
 
 _EXTENSIONS = ("_native_stats_avx2", "_native_stats")  # the wider vectors first, where the CPU has them
+_ABI = 1  # hs_abi() of the _native_stats.c this module calls
 _lock = threading.Lock()
 _loaded: list[Kernel | None] = []  # empty until the first attempt; then the kernel or None
 _why: list[str] = []  # why there is no kernel, once the attempt failed
@@ -208,7 +209,12 @@ def _load() -> Kernel | None:
                     "compiler is found (pip install . or pip install -e .)")
     for path, name in found:
         try:
-            kernel = Kernel(ctypes.CDLL(path), name)
+            lib = ctypes.CDLL(path)
+            if _abi(lib) != _ABI:
+                _why.append(f"the C kernel {path} was built from another version of _native_stats.c: install "
+                            "hookscope again to rebuild it")
+                continue
+            kernel = Kernel(lib, name)
         except (OSError, AttributeError, ValueError) as e:
             _why.append(f"the C kernel {path} could not be loaded: {e}")
             continue
@@ -216,6 +222,15 @@ def _load() -> Kernel | None:
             return kernel
         _why.append(f"the C kernel {path} gave a wrong answer on a known case and is not used")
     return None
+
+
+def _abi(lib: ctypes.CDLL) -> int | None:
+    """The library's ``hs_abi()``; ``None`` for one built before there was one."""
+    fn = getattr(lib, "hs_abi", None)
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = [], ctypes.c_int
+    return int(fn())
 
 
 def _libraries() -> list[tuple[str, str]]:

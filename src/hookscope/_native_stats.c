@@ -210,6 +210,12 @@ static gomp_parallel_t gomp_parallel;
 
 void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
 
+/* The version of the functions' arguments and results, which hookscope._native checks before calling
+ * any of them: an installed library left over from an older source is never called. Raise it with
+ * any change of an hs_* signature or of what it returns (and _ABI in _native.py with it). */
+#define HS_ABI 1
+int hs_abi(void) { return HS_ABI; }
+
 typedef struct {
     const char *p;
     int wide, centred, relu;
