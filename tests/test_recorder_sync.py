@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -420,19 +419,16 @@ def _big(kind: str) -> torch.Tensor:
     raise AssertionError(kind)
 
 
-has_compiler = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
-
-
 @pytest.fixture(params=["native", "fallback"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The C kernel (when a C compiler is there to build it) or the torch-ops fallback, on 2 threads: the
+    """The C kernel (where the install built it) or the torch-ops fallback, on 2 threads: the
     fallback sums squares with float32 BLAS, whose rounding (within ``_check_values``' 1e-5) is that of 2."""
     if request.param == "native":
-        if not has_compiler and not os.environ.get("CI"):
-            pytest.skip("no C compiler: the native kernel cannot be built here (CI installs one: .ci/run)")
         monkeypatch.delenv("HOOKSCOPE_NATIVE", raising=False)
         from hookscope import _native
-        assert _native.stats_kernel() is not None, "a C compiler is on PATH but the kernel did not build"
+        if _native.stats_kernel() is None and not os.environ.get("CI"):
+            pytest.skip("the native kernel was not built with this install (CI builds it: .ci/run)")
+        assert _native.stats_kernel() is not None, "CI installs a C compiler, but the kernel was not built"
     else:
         monkeypatch.setenv("HOOKSCOPE_NATIVE", "0")
         from hookscope import _native

@@ -990,3 +990,30 @@ def test_an_empty_trace_has_the_columns_of_its_rows():
     assert len(df) == 0 and list(df.columns)[:3] == ["index", "module", "call"] and "zero_frac" in df.columns
     page = t._repr_html_()
     assert "<caption>Trace: 0 rows</caption>" in page and ">zero_frac</th>" in page and "<img" not in page
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_notes_say_how_the_cpu_statistics_were_computed(native, monkeypatch):
+    from hookscope import _native
+
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", native)
+    net = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    with trace(net) as t:
+        net(torch.ones(1, 3))
+    kernel = _native.stats_kernel()
+    assert (kernel is None) == (native == "0" or _native.describe().startswith("torch"))
+    want = (f"CPU statistics: C kernel ({kernel.name}," if kernel is not None
+            else "CPU statistics: torch operations (")
+    assert len(t.notes) == 1 and t.notes[0].startswith(want)
+    if native == "0":
+        assert t.notes == ["CPU statistics: torch operations (HOOKSCOPE_NATIVE=0)"]
+    assert no_hooks(net)
+
+
+def test_notes_are_empty_without_cpu_rows():
+    net = nn.Sequential(nn.Linear(3, 2))
+    with trace(net) as t:
+        pass
+    assert t.notes == []
+    assert no_hooks(net)
+

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -131,8 +130,8 @@ def any_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_kernel_is_built_here() -> None:
     """The ``native`` cases test the kernel, not the fallback twice."""
-    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")) and not os.environ.get("CI"):
-        pytest.skip("no C compiler: the kernel cannot be built here (CI installs one: .ci/run)")
+    if stats_kernel() is None and not os.environ.get("CI"):
+        pytest.skip("the kernel was not built with this install (CI builds it: .ci/run)")
     assert stats_kernel() is not None
 
 

@@ -3,42 +3,40 @@ max and zeros, where torch needs four or five (``_native_stats.c``); and behind 
 backpropagation's ReLU rule, one pass where torch needs two. Large tensors are shared with torch's
 own OpenMP worker threads (the C file says why not threads of its own).
 
-It is compiled once per machine with the system C compiler (``$CC``, else ``cc``, ``gcc`` or
-``clang``; about 0.3 s) into a private cache folder (``$HOOKSCOPE_CACHE``, else
-``$XDG_CACHE_HOME/hookscope`` or ``~/.cache/hookscope``), loaded with :mod:`ctypes`, and checked
-against known answers before it is used. Without a compiler, on Windows, when anything fails, or
-with ``HOOKSCOPE_NATIVE=0`` in the environment, :func:`stats_kernel` returns ``None`` and the
-statistics are taken with torch operations instead (same rows, about 2.5x the time), and so is the
-guided rule (the same values).
+It is built when hookscope is installed (``setup.py``: ``pip install .`` or ``pip install -e .``
+with a C compiler present) into the extension files ``_native_lib/_native_stats`` and, on x86-64,
+``_native_lib/_native_stats_avx2`` (taken where torch found AVX2 or AVX-512 on this CPU), loaded with
+:mod:`ctypes`, and checked against known answers before it is used. Where it was not built (no
+compiler at install time, Windows), when anything fails, or with ``HOOKSCOPE_NATIVE=0`` in the
+environment, :func:`stats_kernel` returns ``None`` and the statistics are taken with torch
+operations instead (the same rows within float32 rounding, 2.5 to 4 times the time), and so is the
+guided rule (the same values). :func:`describe` says which one this process uses.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-from importlib import resources
-from pathlib import Path
+from importlib.machinery import EXTENSION_SUFFIXES
 
 import torch
 
-__all__ = ["Kernel", "stats_kernel"]
+__all__ = ["Kernel", "describe", "stats_kernel"]
 
-_SOURCE = "_native_stats.c"
+_EXTENSIONS = ("_native_stats_avx2", "_native_stats")  # the wider vectors first, where the CPU has them
+_ABI = 1  # hs_abi() of the _native_stats.c this module calls
 _lock = threading.Lock()
 _loaded: list[Kernel | None] = []  # empty until the first attempt; then the kernel or None
+_why: list[str] = []  # why there is no kernel, once the attempt failed
 
 
 class Kernel:
     """The loaded kernel. Each method takes a 1-D contiguous float32 or float64 CPU tensor."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, name: str = "") -> None:
+        self.name = name  # the extension's module name: _native_stats or _native_stats_avx2
         self._stats, self._centred = lib.hs_stats, lib.hs_centred
         self._stats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                                 ctypes.POINTER(ctypes.c_double)]
@@ -166,14 +164,14 @@ def _torch_openmp() -> str | None:
 
 
 def stats_kernel() -> Kernel | None:
-    """The kernel, built and loaded on the first call; ``None`` if it is switched off
-    (``HOOKSCOPE_NATIVE=0``) or cannot be built here.
+    """The kernel, loaded on the first call; ``None`` if it is switched off (``HOOKSCOPE_NATIVE=0``,
+    or ``off``, ``false``, ``no``) or was not built when hookscope was installed.
 
     Example:
         >>> stats_kernel() is None or isinstance(stats_kernel(), Kernel)
         True
     """
-    if os.environ.get("HOOKSCOPE_NATIVE", "1") == "0":
+    if _switched_off():
         return None
     if not _loaded:
         with _lock:
@@ -182,13 +180,74 @@ def stats_kernel() -> Kernel | None:
     return _loaded[0]
 
 
+def describe() -> str:
+    """Which way this process takes the CPU statistics, in one line (``hookscope --version`` and
+    ``Trace.notes`` print it).
+
+    Example:
+        >>> describe().startswith(("C kernel", "torch operations"))
+        True
+    """
+    if _switched_off():
+        return f"torch operations (HOOKSCOPE_NATIVE={os.environ['HOOKSCOPE_NATIVE'].strip()})"
+    kernel = stats_kernel()
+    if kernel is None:
+        return f"torch operations ({_why[0] if _why else 'the C kernel is not available'})"
+    threads = f"{torch.get_num_threads()} threads shared with torch" if kernel.parallel else "1 thread"
+    return f"C kernel ({kernel.name}, {threads})"
+
+
+def _switched_off() -> bool:
+    """``HOOKSCOPE_NATIVE`` says off: ``0``, ``off``, ``false`` or ``no`` (any case)."""
+    return os.environ.get("HOOKSCOPE_NATIVE", "").strip().lower() in ("0", "off", "false", "no")
+
+
 def _load() -> Kernel | None:
-    try:
-        lib = _build()
-        kernel = Kernel(ctypes.CDLL(str(lib))) if lib is not None else None
-    except (OSError, subprocess.SubprocessError, AttributeError, ValueError):
+    found = _libraries()
+    if not found:
+        _why.append("the C kernel was not built when hookscope was installed: reinstall it where a C "
+                    "compiler is found (pip install . or pip install -e .)")
+    for path, name in found:
+        try:
+            lib = ctypes.CDLL(path)
+            if _abi(lib) != _ABI:
+                _why.append(f"the C kernel {path} was built from another version of _native_stats.c: install "
+                            "hookscope again to rebuild it")
+                continue
+            kernel = Kernel(lib, name)
+        except (OSError, AttributeError, ValueError) as e:
+            _why.append(f"the C kernel {path} could not be loaded: {e}")
+            continue
+        if _answers_right(kernel):
+            return kernel
+        _why.append(f"the C kernel {path} gave a wrong answer on a known case and is not used")
+    return None
+
+
+def _abi(lib: ctypes.CDLL) -> int | None:
+    """The library's ``hs_abi()``; ``None`` for one built before there was one."""
+    fn = getattr(lib, "hs_abi", None)
+    if fn is None:
         return None
-    return kernel if kernel is not None and _answers_right(kernel) else None
+    fn.argtypes, fn.restype = [], ctypes.c_int
+    return int(fn())
+
+
+def _libraries() -> list[tuple[str, str]]:
+    """The files of the extensions built for this CPU (in ``_native_lib/`` beside this module), best
+    first, each with its name."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native_lib")
+    found = []
+    for name in _EXTENSIONS:
+        if name.endswith("_avx2") and not (x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")):
+            continue
+        for suffix in EXTENSION_SUFFIXES:  # what setuptools named it: .cpython-311-x86_64-linux-gnu.so, ...
+            path = os.path.join(folder, name + suffix)
+            if os.path.isfile(path):
+                found.append((path, name))
+                break
+    return found
 
 
 def _answers_right(kernel: Kernel) -> bool:
@@ -208,55 +267,3 @@ def _answers_right(kernel: Kernel) -> bool:
         if g is None or not torch.equal(g, torch.ops.aten.threshold_backward(v, v.roll(1), 0).clamp_(min=0)):
             return False
     return True
-
-
-def _flags() -> list[str]:
-    """Compiler flags: AVX2 vectors where torch found AVX2 (or AVX-512) on this CPU."""
-    flags = ["-O3", "-shared", "-fPIC", "-fno-fast-math"]
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    if x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        return [*flags, "-mavx2", "-mfma", "-DHS_VBYTES=32"]
-    return [*flags, "-DHS_VBYTES=16"]
-
-
-def _build() -> Path | None:
-    """The compiled library, from the cache or compiled now; ``None`` without a compiler."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None or sys.platform.startswith("win"):
-        return None
-    source = resources.files("hookscope").joinpath(_SOURCE).read_bytes()
-    flags = _flags()
-    key = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode(),
-                                     platform.machine().encode(), sys.platform.encode()])).hexdigest()[:20]
-    folder = _cache_folder()
-    lib = folder / f"stats-{key}.so"
-    if lib.is_file():
-        return lib
-    fd, tmp = tempfile.mkstemp(prefix="stats-", suffix=".c", dir=folder)
-    with os.fdopen(fd, "wb") as f:
-        f.write(source)
-    out = tmp[:-2] + ".so.part"
-    try:
-        subprocess.run([cc, *flags, tmp, "-o", out], check=True, capture_output=True, timeout=120)
-        os.replace(out, lib)  # atomic: another process sees no library or the whole one
-    finally:
-        for leftover in (tmp, out):
-            if os.path.exists(leftover):
-                os.remove(leftover)
-    return lib
-
-
-def _cache_folder() -> Path:
-    """A folder only this user can write to: the cache, or a fresh temporary one if the cache is
-    not such a folder (then the kernel is compiled again in each process)."""
-    base = os.environ.get("HOOKSCOPE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "hookscope")
-    folder = Path(base)
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = folder.stat()
-        if st.st_uid == os.getuid() and not st.st_mode & 0o022:
-            return folder
-    except OSError:
-        pass
-    return Path(tempfile.mkdtemp(prefix="hookscope-"))

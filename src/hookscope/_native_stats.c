@@ -7,6 +7,11 @@
  * added in float64. Inside a chunk, float32 values are summed in vector lanes over blocks of BLOCK
  * elements, and each block's lane sums are added in float64. NaN and Inf are not special-cased: they make the sums non-finite,
  * and the caller then takes its exact slow path.
+ *
+ * setup.py builds it at install time as hookscope/_native_lib/_native_stats (16-byte vectors)
+ * and, on x86-64, _native_lib/_native_stats_avx2 (-mavx2 -mfma, 32-byte vectors). They are plain
+ * shared libraries with no Python module in them (so no Python headers are needed to build them):
+ * hookscope._native finds the file beside itself and calls the hs_* functions through ctypes.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -204,6 +209,12 @@ typedef void (*gomp_parallel_t)(void (*fn)(void *), void *data, unsigned num_thr
 static gomp_parallel_t gomp_parallel;
 
 void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
+
+/* The version of the functions' arguments and results, which hookscope._native checks before calling
+ * any of them: an installed library left over from an older source is never called. Raise it with
+ * any change of an hs_* signature or of what it returns (and _ABI in _native.py with it). */
+#define HS_ABI 1
+int hs_abi(void) { return HS_ABI; }
 
 typedef struct {
     const char *p;

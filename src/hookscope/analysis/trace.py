@@ -18,6 +18,7 @@ from typing import Any
 import torch  # noqa: F401 - the examples use it
 from torch import nn
 
+from .._native import describe
 from ..core.result import Result, jsonable
 from ..core.text import shape_text
 from ..errors import HookscopeError, checked
@@ -31,6 +32,18 @@ __all__ = ["GATHER_EVERY", "StatRow", "Trace", "trace"]
 GATHER_EVERY = 4096
 """A streaming trace (``on_row=`` or ``last=``) gathers its events into rows as each forward pass
 of the model begins, and also whenever this many are waiting (one host synchronisation each)."""
+
+
+def cpu_statistics() -> str:
+    """How this process computes the statistics of CPU tensors, in one line: hookscope's C kernel
+    (which build, how many threads) or torch operations, and why (``Trace.notes`` and
+    ``hookscope --version`` say it).
+
+    Example:
+        >>> cpu_statistics().startswith(("C kernel", "torch operations"))
+        True
+    """
+    return describe()
 
 
 class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
@@ -65,6 +78,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         self._made = 0  # rows made since the start (or the last clear()): the next row's index
         self._on_row = on_row
         self._lock = threading.RLock()  # on_row may read the trace
+        self._cpu_stats = cpu_statistics()
         streaming = on_row is not None or last is not None
         super().__init__(selected, keep=keep, sink=self._take if streaming else self._pending.append, root=root,
                          params=params, model=model, on_pass=self._gather if streaming else None)
@@ -116,6 +130,21 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         with self._lock:
             self._gather()
             return list(self._rows)
+
+    @property
+    def notes(self) -> list[str]:
+        """What to know about how the rows were made, one line each: for rows of CPU tensors, how
+        their statistics were computed (hookscope's C kernel or torch operations, and why; see
+        the performance guide). Empty when no row is of a CPU tensor.
+
+        Example:
+            >>> net = nn.Sequential(nn.ReLU())
+            >>> with trace(net) as t:
+            ...     _ = net(torch.ones(2))
+            >>> t.notes[0].startswith(("CPU statistics: C kernel", "CPU statistics: torch operations"))
+            True
+        """
+        return [f"CPU statistics: {self._cpu_stats}"] if any(r.device == "cpu" for r in self.rows) else []
 
     def clear(self) -> None:
         """Forget every row (to reuse one trace over many steps without growing); the next row is

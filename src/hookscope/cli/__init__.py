@@ -184,6 +184,21 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
         return 130
 
 
+class _Version(argparse.Action):
+    """``--version``: the version, and the way this process takes the CPU statistics (the C kernel or
+    torch operations), looked up only when asked."""
+
+    def __init__(self, *args: Any, version: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.version = version
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from ..analysis.trace import cpu_statistics
+
+        print(f"{self.version}\nCPU statistics: {cpu_statistics()}")
+        parser.exit()
+
+
 def _build() -> tuple[_Parser, Any, dict[str, ModuleType]]:
     """The ``hookscope`` parser, its subparsers action and the command modules."""
     from .. import __version__
@@ -193,7 +208,8 @@ def _build() -> tuple[_Parser, Any, dict[str, ModuleType]]:
         epilog="\n\n".join(textwrap.fill(note, 79) for note in (MODELS_NOTE, SECURITY_NOTE)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"hookscope {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, version=f"hookscope {__version__}",
+                        help="show the version and how the CPU statistics are computed, and exit")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback with an error (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
