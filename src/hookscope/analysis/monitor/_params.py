@@ -1,0 +1,93 @@
+"""The parameter side of a step: the sentinel's one check over every gradient, and on sampled steps
+the norms, the gradients' statistics and the update ratio of the selected layers' parameters."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .._reduce import STATS, tensor_stats
+from ._telemetry import TelemetryRow, ratio
+
+__all__ = ["Owned", "ParamSide", "all_finite"]
+
+Owned = tuple[str, str, nn.Parameter]  # (layer, parameter name in it, parameter)
+
+
+def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool:
+    """Whether every gradient and the loss are finite: one fused norm over the gradients
+    (``torch.nn.utils.get_total_norm``, ``foreach`` kernels), one ``isfinite``, one host
+    synchronisation. A norm that overflows although every value is finite (float16 gradients
+    past 65504) is told apart by an exact check, taken only then.
+
+    Example:
+        >>> all_finite([torch.ones(3), torch.zeros(2)], torch.tensor(1.0)), all_finite([torch.ones(1)], torch.tensor(float("nan")))
+        (True, False)
+    """
+    parts = [torch.nn.utils.get_total_norm(list(grads)).float()] if grads else []
+    if loss is not None:
+        parts.append(loss.detach().float().sum().to(parts[0].device if parts else loss.device))
+    if not parts:
+        return True
+    if bool(torch.isfinite(torch.stack(parts).sum())):
+        return True
+    exact = [g for g in grads] + ([loss.detach()] if loss is not None else [])
+    return all(bool(torch.isfinite(t).all()) for t in exact)
+
+
+class ParamSide:
+    """The parameters of the selected layers on one sampled step: :meth:`before` reads them and
+    their gradients just before the update, :meth:`rows` after it."""
+
+    def __init__(self, owned: list[Owned], *, update: bool) -> None:
+        self._owned = owned
+        self._update = update
+        self._norms: list[float] = []
+        self._grads: list[list[float] | None] = []
+        self._saved: dict[int, torch.Tensor] = {}
+
+    def snapshot(self) -> None:
+        """Keep a copy of each parameter as it is now: the update is measured from it."""
+        if self._update:
+            with torch.no_grad():
+                self._saved = {id(p): p.detach().clone() for _, _, p in self._owned if id(p) not in self._saved}
+
+    def before(self) -> None:
+        """Norms of the parameters and statistics of their gradients, just before the update."""
+        with torch.no_grad():
+            params = [p.detach() for _, _, p in self._owned]
+            norms = [torch.linalg.vector_norm(p).double() for p in params]
+            stats = [tensor_stats(p.grad) if p.grad is not None else None for _, _, p in self._owned]
+            self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
+            found = [s for s in stats if s is not None]
+            host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
+            self._grads = [next(host) if s is not None else None for s in stats]
+
+    def rows(self, step: int) -> list[TelemetryRow]:
+        """One ``param`` row per parameter (see :class:`TelemetryRow`)."""
+        deltas: list[float | None] = [None] * len(self._owned)
+        if self._update and self._saved:
+            with torch.no_grad():
+                moved = [torch.linalg.vector_norm(p.detach() - self._saved[id(p)]).double() for _, _, p in self._owned]
+                deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
+        out = []
+        for (layer, name, p), norm, grad, delta in zip(self._owned, self._norms, self._grads, deltas):
+            fields = _grad_fields(p.numel(), grad)
+            out.append(TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, **fields,
+                                    update_norm=delta, update_ratio=None if delta is None else ratio(delta, norm)))
+        self._saved = {}
+        return out
+
+
+def _grad_fields(n: int, grad: list[float] | None) -> dict[str, float | int | None]:
+    if grad is None:
+        return {}
+    values = dict(zip(STATS, grad))
+    mean, std = values["mean"], values["std"]
+    rms = math.sqrt(mean * mean + std * std)
+    return {"mean": mean, "std": std, "min": values["min"], "max": values["max"], "rms": rms,
+            "zeros": values["zeros"] / n if n else math.nan, "nan": int(values["nan"]), "inf": int(values["inf"]),
+            "grad_norm": rms * math.sqrt(n)}
