@@ -70,7 +70,7 @@ def _owned(selected: list[tuple[str, nn.Module]]) -> list[Owned]:
 class Monitor:
     """A training run watched: build it with :func:`monitor` and use it as a context manager.
 
-    ``step`` is the number of the step under way (from 0), ``last`` the :class:`~hookscope.Telemetry`
+    ``step_number`` is the number of the step under way (from 0), ``last`` the :class:`~hookscope.Telemetry`
     of the last sampled step (``None`` before the first ends), ``nonfinite`` the last step the
     sentinel flagged (a :class:`~hookscope.analysis.monitor.NonFinite`, or ``None``) and
     ``flagged`` how many it flagged. ``replay`` (the step's loss, recomputed) may be set at any
@@ -83,7 +83,7 @@ class Monitor:
         self.model, self.root = model, unwrap(model)[0]
         self.selected, self.schedule, self.optimizer = selected, schedule, optimizer
         self.stats, self.bins, self.on_nonfinite, self.replay = stats, bins, nonfinite, replay
-        self.step = 0
+        self.step_number = 0
         self.last: Telemetry | None = None
         self.nonfinite: NonFinite | None = None
         self.flagged = 0
@@ -162,7 +162,7 @@ class Monitor:
     # --- the step's life ---------------------------------------------------------------------
     def sampled(self, step: int | None = None) -> bool:
         """Whether step ``step`` (the step under way by default) is sampled."""
-        return self.schedule.sampled(self.step if step is None else step)
+        return self.schedule.sampled(self.step_number if step is None else step)
 
     def _begin(self) -> None:
         self._rng = RandomState() if self.replay is not None else None
@@ -200,9 +200,9 @@ class Monitor:
             torch.tensor(self._loss) if self._loss is not None else None)
         finite = all_finite(grads, loss)
         if self._side is not None:
-            self._side.before()
             if self.optimizer is not None:
                 self._side.snapshot()
+            self._side.before()
         if not finite:
             self._flagged(params, loss)
 
@@ -233,8 +233,8 @@ class Monitor:
         elif self._probe is not None:
             row = self._probe.first_nonfinite()
         if row is None:
-            return NonFinite(self.step, "", "", "", found, bad, None, replayed)
-        return NonFinite(self.step, row.module, row.phase, row.which, found, bad, row, replayed)
+            return NonFinite(self.step_number, "", "", "", found, bad, None, replayed)
+        return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed)
 
     def _finish(self, advance: bool = True) -> None:
         """Just after the update: the sampled step's rows written, its hooks removed, the next begun."""
@@ -242,24 +242,24 @@ class Monitor:
         histograms = []
         sampled = self._probe is not None
         if self._probe is not None:
-            rows += self._probe.rows(self.step)
-            histograms += self._probe.histograms(self.step)
+            rows += self._probe.rows(self.step_number)
+            histograms += self._probe.histograms(self.step_number)
         if self._side is not None:
-            rows += self._side.rows(self.step)
+            rows += self._side.rows(self.step_number)
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
-            rows.insert(0, TelemetryRow(self.step, "", "step", "", loss=None if loss is None else float(loss), lr=self._lr))
+            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=self._lr))
             if self._flag is not None:
                 rows.append(_flag_row(self._flag))
-            telemetry = Telemetry(self.step, rows, histograms)
+            telemetry = Telemetry(self.step_number, rows, histograms)
             if sampled:
                 self.last = telemetry
             for w in self.writers:
                 w.write(telemetry)
         self._loss, self._flag = None, None
         if advance:
-            self.step += 1
+            self.step_number += 1
             self._begin()
 
     def _end_probe(self) -> None:
@@ -268,7 +268,7 @@ class Monitor:
         self._probe, self._side = None, None
 
     def __repr__(self) -> str:
-        return (f"Monitor(step={self.step}, layers={len(self.selected)}, every={self.schedule.every}, "
+        return (f"Monitor(step_number={self.step_number}, layers={len(self.selected)}, every={self.schedule.every}, "
                 f"flagged={self.flagged})")
 
 

@@ -56,9 +56,11 @@ class ParamSide:
                 self._saved = {id(p): p.detach().clone() for _, _, p in self._owned if id(p) not in self._saved}
 
     def before(self) -> None:
-        """Norms of the parameters and statistics of their gradients, just before the update."""
+        """Norms of the parameters (of their copies, where :meth:`snapshot` took them) and statistics
+        of their gradients, just before the update."""
         with torch.no_grad():
-            params = [p.detach() for _, _, p in self._owned]
+            # without an optimizer the update already happened: the norm is the copy's, from the step's start
+            params = [self._saved.get(id(p), p).detach() for _, _, p in self._owned]
             norms = [torch.linalg.vector_norm(p).double() for p in params]
             stats = [tensor_stats(p.grad) if p.grad is not None else None for _, _, p in self._owned]
             self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
