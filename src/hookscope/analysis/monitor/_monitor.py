@@ -71,9 +71,9 @@ class Monitor:
     """A training run watched: build it with :func:`monitor` and use it as a context manager.
 
     ``step_number`` is the number of the step under way (from 0), ``last`` the :class:`~hookscope.Telemetry`
-    of the last sampled step (``None`` before the first ends), ``nonfinite`` the last step the
-    sentinel flagged (a :class:`~hookscope.analysis.monitor.NonFinite`, or ``None``) and
-    ``flagged`` how many it flagged. ``replay`` (the step's loss, recomputed) may be set at any
+    of the last sampled step (``None`` before the first ends), ``nonfinite`` the first step the
+    sentinel flagged (a :class:`~hookscope.analysis.monitor.NonFinite`, or ``None``),
+    ``last_nonfinite`` the latest and ``flagged`` how many it flagged. ``replay`` (the step's loss, recomputed) may be set at any
     time, for the step under way: integrations set it per batch.
     """
 
@@ -86,6 +86,7 @@ class Monitor:
         self.step_number = 0
         self.last: Telemetry | None = None
         self.nonfinite: NonFinite | None = None
+        self.last_nonfinite: NonFinite | None = None
         self.flagged = 0
         self.writers: list[Writer] = []
         self._make_writers = log
@@ -208,7 +209,8 @@ class Monitor:
 
     def _flagged(self, params: list[torch.Tensor], loss: torch.Tensor | None) -> None:
         event = self._name(params, loss)
-        self._flag, self.nonfinite, self.flagged = event, event, self.flagged + 1
+        self._flag, self.last_nonfinite, self.flagged = event, event, self.flagged + 1
+        self.nonfinite = self.nonfinite or event
         if self.on_nonfinite == "raise":
             self._finish(advance=False)
             raise NonFiniteStepError(event.describe() + "; nonfinite='skip' skips such steps, 'log' goes on",
