@@ -87,8 +87,9 @@ class WandbWriter(Writer):
         self._own = run is None
         if dir is not None:
             checked_folder(dir, "WandbWriter(dir")
+        chosen: Any = mode  # wandb's own check names the modes it takes
         self.run = run if run is not None else wandb.init(project=project, dir=None if dir is None else str(dir),
-                                                          mode=mode, reinit="create_new")
+                                                          mode=chosen, reinit="create_new")
 
     def write(self, telemetry: Telemetry) -> None:
         data: dict[str, Any] = dict(scalars(telemetry))

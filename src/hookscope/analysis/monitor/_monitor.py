@@ -10,6 +10,7 @@ of the monitor's.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -281,6 +282,10 @@ def _flag_row(event: NonFinite) -> TelemetryRow:
                         inf=None if r is None else r.inf, note=event.describe())
 
 
+def _given(writer: Writer) -> Writer:
+    return writer
+
+
 def _writers(log: Log) -> list[Callable[[], Writer]]:
     """``log=`` checked now (a folder that is a file is refused before the run); the writers are
     made as the block begins."""
@@ -290,10 +295,11 @@ def _writers(log: Log) -> list[Callable[[], Writer]]:
     makers: list[Callable[[], Writer]] = []
     for item in items:
         if isinstance(item, Writer):
-            makers.append(lambda w=item: w)
+            makers.append(functools.partial(_given, item))
         elif isinstance(item, (str, os.PathLike)):
             folder = checked_folder(item, "log")
-            makers += [lambda f=folder: JSONLinesWriter(f / "monitor.jsonl"), lambda f=folder: CSVWriter(f / "monitor.csv")]
+            makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
+                       functools.partial(CSVWriter, folder / "monitor.csv")]
         else:
             raise HookscopeError(f"log= takes a folder or writers (hookscope.TensorBoardWriter(...), ...); "
                                  f"got {type(item).__name__}")

@@ -3,8 +3,10 @@ the norms, the gradients' statistics and the update ratio of the selected layers
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,14 +79,14 @@ class ParamSide:
                 deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
         out = []
         for (layer, name, p), norm, grad, delta in zip(self._owned, self._norms, self._grads, deltas):
-            fields = _grad_fields(p.numel(), grad)
-            out.append(TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, **fields,
-                                    update_norm=delta, update_ratio=None if delta is None else ratio(delta, norm)))
+            row = TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, update_norm=delta,
+                               update_ratio=None if delta is None else ratio(delta, norm))
+            out.append(dataclasses.replace(row, **_grad_fields(p.numel(), grad)))
         self._saved = {}
         return out
 
 
-def _grad_fields(n: int, grad: list[float] | None) -> dict[str, float | int | None]:
+def _grad_fields(n: int, grad: list[float] | None) -> dict[str, Any]:
     if grad is None:
         return {}
     values = dict(zip(STATS, grad))
