@@ -10,10 +10,11 @@ of the monitor's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
@@ -100,6 +101,7 @@ class Monitor:
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
         self._handles: list[Any] = []
+        self._paused = 0
         self._state = "new"
 
     # --- the block ---------------------------------------------------------------------------
@@ -161,6 +163,20 @@ class Monitor:
         self._check()
         self._finish()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside, the model's passes are not the step's: a validation pass run between two steps
+        leaves no rows in the next sampled step (the sentinel, which reads gradients, is not paused)."""
+        self._paused += 1
+        if self._probe is not None:
+            self._probe.pause(True)
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            if self._probe is not None and not self._paused:
+                self._probe.pause(False)
+
     # --- the step's life ---------------------------------------------------------------------
     def sampled(self, step: int | None = None) -> bool:
         """Whether step ``step`` (the step under way by default) is sampled."""
@@ -174,13 +190,38 @@ class Monitor:
         self._probe = Probe(self.model, self.root, self.selected, keep=keep, dead="dead" in self.stats,
                             bins=self.bins)
         self._probe.attach()
-        self._side = ParamSide(self._owned, update="update" in self.stats) if self._owned else None
+        self._probe.pause(self._paused > 0)
+        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins) if self._owned else None
         if self._side is not None and self.optimizer is None:
             self._side.snapshot()  # no optimizer: the update happens somewhere in the step
 
-    def _pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._state == "open":
+    def _pre_hook(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._state != "open":
+            return None
+        closure = kwargs.get("closure") if kwargs.get("closure") is not None else (
+            args[1] if len(args) > 1 and callable(args[1]) else None)
+        if closure is None:
             self._check()
+            return None
+        # the closure computes the gradients inside step(): the check runs once it has, before the update
+        wrapped = self._after_closure(closure)
+        if kwargs.get("closure") is not None:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _after_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        calls = [0]
+
+        def run() -> Any:
+            loss = closure()
+            calls[0] += 1
+            if calls[0] == 1 and self._state == "open":  # LBFGS calls it again: the step's first evaluation is checked
+                if isinstance(loss, torch.Tensor) and self._loss is None:
+                    self.note(loss=loss)
+                self._check()
+            return loss
+
+        return run
 
     def _post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._state == "open":
@@ -249,6 +290,7 @@ class Monitor:
             histograms += self._probe.histograms(self.step_number)
         if self._side is not None:
             rows += self._side.rows(self.step_number)
+            histograms += self._side.histograms(self.step_number)
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss

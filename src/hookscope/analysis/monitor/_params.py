@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from .._reduce import STATS, tensor_stats
-from ._telemetry import TelemetryRow, ratio
+from ._histogram import histogram
+from ._telemetry import Histogram, TelemetryRow, ratio
 
 __all__ = ["Owned", "ParamSide", "all_finite"]
 
@@ -44,9 +45,11 @@ class ParamSide:
     """The parameters of the selected layers on one sampled step: :meth:`before` reads them and
     their gradients just before the update, :meth:`rows` after it."""
 
-    def __init__(self, owned: list[Owned], *, update: bool) -> None:
+    def __init__(self, owned: list[Owned], *, update: bool, bins: int | torch.Tensor | None = None) -> None:
         self._owned = owned
         self._update = update
+        self._bins = bins
+        self._counted: list[Histogram] = []
         self._norms: list[float] = []
         self._grads: list[list[float] | None] = []
         self._saved: dict[int, torch.Tensor] = {}
@@ -69,6 +72,15 @@ class ParamSide:
             found = [s for s in stats if s is not None]
             host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
             self._grads = [next(host) if s is not None else None for s in stats]
+            if self._bins is not None:
+                self._counted = [Histogram(-1, layer, of, name, *histogram(t, self._bins))
+                                 for layer, name, p in self._owned
+                                 for of, t in (("param", self._saved.get(id(p), p)), ("grad_param", p.grad))
+                                 if t is not None]
+
+    def histograms(self, step: int) -> list[Histogram]:
+        """Each parameter's histogram and its gradient's, as :meth:`before` found them."""
+        return [dataclasses.replace(h, step=step) for h in self._counted]
 
     def rows(self, step: int) -> list[TelemetryRow]:
         """One ``param`` row per parameter (see :class:`TelemetryRow`)."""

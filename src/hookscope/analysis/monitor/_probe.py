@@ -48,6 +48,13 @@ class Probe:
         self._group = HookGroup()
         self._alive: dict[str, torch.Tensor] = {}
         self._counted: dict[tuple[str, str], Counted] = {}
+        self._off = False
+
+    def pause(self, off: bool) -> None:
+        """Let the model's passes go unrecorded (``True``) or recorded again."""
+        self._off = off
+        if self._rec is not None:
+            self._rec.enabled = not off
 
     def attach(self) -> None:
         """Register every hook (all or none)."""
@@ -72,7 +79,7 @@ class Probe:
 
     def _forward(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._group.closed:
+            if self._group.closed or self._off:
                 return
             t = first_tensor(output)
             if t is None or not (t.is_floating_point() or t.is_complex()) or t.dim() == 0:
@@ -90,7 +97,7 @@ class Probe:
 
     def _grad(self, name: str) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            if not self._group.closed and self._bins is not None:
+            if not self._group.closed and not self._off and self._bins is not None:
                 self._counted.setdefault((name, "grad_output"), histogram(grad, self._bins))
         return hook
 

@@ -72,8 +72,9 @@ class Histogram:
     ``[edges[i], edges[i + 1])`` (the last bin closed); every value is counted somewhere:
     ``nan``, ``posinf``, ``neginf``, and ``below`` / ``above`` the edges (fixed edges only).
 
-    ``of`` is ``"output"``, ``"grad_output"`` (the layer's first call in the step), ``"param"`` or
-    ``"grad_param"`` (``path`` the parameter's name).
+    ``of`` is ``"output"``, ``"grad_output"`` (the layer's first call in the step), ``"param"`` (the
+    parameter just before the update) or ``"grad_param"`` (its ``.grad``); ``path`` is the
+    parameter's name, else the same as ``of``.
     """
 
     step: int
