@@ -392,3 +392,25 @@ def test_an_optimizer_step_with_a_closure_is_checked_after_the_closure_ran():
         opt.step(closure=closure)
     assert mon.flagged == 1 and mon.nonfinite.step == 3 and mon.nonfinite.module == "0"
     assert no_hooks(net)
+
+
+def test_a_layer_with_several_outputs_names_its_first_without_a_path_and_the_rest_with_one():
+    class Rnn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(3, 4, batch_first=True), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.lstm(x)
+            return self.fc(out[:, -1])
+
+    net = Rnn()
+    opt = torch.optim.Adam(net.parameters())
+    with hookscope.monitor(net, every=1, optimizer=opt) as mon:
+        net(torch.randn(2, 5, 3)).sum().backward()
+        opt.step()
+    found = scalars(mon.last)
+    paths = [r.path for r in mon.last["lstm"] if r.what == "output"]
+    assert paths == ["output[0]", "output[1][0]", "output[1][1]"]
+    assert found["output_mean/lstm"] == mon.last["lstm"][1].mean and "output_mean/lstm/output[1][0]" in found
+    assert "dead/lstm" in found and "grad_norm/lstm" in found and no_hooks(net)

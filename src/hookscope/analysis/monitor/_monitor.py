@@ -25,7 +25,7 @@ from ...selection import Selector, unwrap
 from .._recorder import select
 from .._rows import gather
 from ._histogram import Bins, check_bins
-from ._params import Owned, ParamSide, all_finite
+from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
 from ._schedule import Schedule, Steps
 from ._sentinel import NonFinite, RandomState, culprit_of, replay_step
@@ -262,23 +262,22 @@ class Monitor:
                 p.grad = None  # the optimizer leaves a parameter without a gradient as it is, state too
 
     def _name(self, params: list[torch.Tensor], loss: torch.Tensor | None) -> NonFinite:
-        found = tuple(w for w, bad in (("loss", loss is not None and not bool(torch.isfinite(loss).all())),
-                                      ("gradients", any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
-                                                        for p in params))) if bad)
         bad = tuple(self._names.get(id(p), "?") for p in params
-                    if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
-        row, replayed = None, False
+                    if p.grad is not None and not bool(torch.isfinite(stored(p.grad)).all()))
+        found = tuple(w for w, no in (("loss", loss is not None and not bool(torch.isfinite(loss).all())),
+                                      ("gradients", bool(bad))) if no)
+        row, replayed, error = None, False, ""
         if self.replay is not None:
             replayed = True
             try:
                 row = culprit_of(*replay_step(self.model, self.root, self.replay, self._rng))
-            except Exception:  # the replay is the user's code: a failing one names no module, and the step is still flagged
-                row = None
-        elif self._probe is not None:
+            except Exception as e:  # the replay is the user's code: a failing one names no module; the step is still flagged
+                error = f"{type(e).__name__}: {e}".splitlines()[0]
+        if row is None and self._probe is not None:
             row = self._probe.first_nonfinite()
         if row is None:
-            return NonFinite(self.step_number, "", "", "", found, bad, None, replayed)
-        return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed)
+            return NonFinite(self.step_number, "", "", "", found, bad, None, replayed, error)
+        return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed, error)
 
     def _finish(self, advance: bool = True) -> None:
         """Just after the update: the sampled step's rows written, its hooks removed, the next begun."""

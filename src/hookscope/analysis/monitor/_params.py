@@ -15,9 +15,22 @@ from .._reduce import STATS, tensor_stats
 from ._histogram import histogram
 from ._telemetry import Histogram, TelemetryRow, ratio
 
-__all__ = ["Owned", "ParamSide", "all_finite"]
+__all__ = ["Owned", "ParamSide", "all_finite", "stored"]
 
 Owned = tuple[str, str, nn.Parameter]  # (layer, parameter name in it, parameter)
+
+
+def stored(g: torch.Tensor) -> torch.Tensor:
+    """The values a gradient holds: a sparse one's stored values (``nn.Embedding(sparse=True)``),
+    a dense one as it is.
+
+    Example:
+        >>> stored(torch.zeros(3, 2).to_sparse()).numel(), stored(torch.ones(2)).numel()
+        (0, 2)
+    """
+    if g.layout == torch.sparse_coo:
+        return g.coalesce().values()
+    return g.to_dense() if g.layout != torch.strided else g
 
 
 def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool:
@@ -30,7 +43,8 @@ def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool
         >>> all_finite([torch.ones(3), torch.zeros(2)], torch.tensor(1.0)), all_finite([torch.ones(1)], torch.tensor(float("nan")))
         (True, False)
     """
-    parts = [torch.nn.utils.get_total_norm(list(grads)).float()] if grads else []
+    grads = [stored(g) for g in grads]
+    parts = [torch.nn.utils.get_total_norm(grads).float()] if grads else []
     if loss is not None:
         parts.append(loss.detach().float().sum().to(parts[0].device if parts else loss.device))
     if not parts:
@@ -52,6 +66,7 @@ class ParamSide:
         self._counted: list[Histogram] = []
         self._norms: list[float] = []
         self._grads: list[list[float] | None] = []
+        self._counts: list[int] = []
         self._saved: dict[int, torch.Tensor] = {}
 
     def snapshot(self) -> None:
@@ -67,7 +82,9 @@ class ParamSide:
             # without an optimizer the update already happened: the norm is the copy's, from the step's start
             params = [self._saved.get(id(p), p).detach() for _, _, p in self._owned]
             norms = [torch.linalg.vector_norm(p).double() for p in params]
-            stats = [tensor_stats(p.grad) if p.grad is not None else None for _, _, p in self._owned]
+            values = [stored(p.grad) if p.grad is not None else None for _, _, p in self._owned]
+            self._counts = [p.numel() if v is None else v.numel() for (_, _, p), v in zip(self._owned, values)]
+            stats = [tensor_stats(v) if v is not None else None for v in values]
             self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
             found = [s for s in stats if s is not None]
             host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
@@ -75,7 +92,8 @@ class ParamSide:
             if self._bins is not None:
                 self._counted = [Histogram(-1, layer, of, name, *histogram(t, self._bins))
                                  for layer, name, p in self._owned
-                                 for of, t in (("param", self._saved.get(id(p), p)), ("grad_param", p.grad))
+                                 for of, t in (("param", self._saved.get(id(p), p)),
+                                               ("grad_param", None if p.grad is None else stored(p.grad)))
                                  if t is not None]
 
     def histograms(self, step: int) -> list[Histogram]:
@@ -90,10 +108,10 @@ class ParamSide:
                 moved = [torch.linalg.vector_norm(p.detach() - self._saved[id(p)]).double() for _, _, p in self._owned]
                 deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
         out = []
-        for (layer, name, p), norm, grad, delta in zip(self._owned, self._norms, self._grads, deltas):
+        for (layer, name, p), norm, grad, n, delta in zip(self._owned, self._norms, self._grads, self._counts, deltas):
             row = TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, update_norm=delta,
                                update_ratio=None if delta is None else ratio(delta, norm))
-            out.append(dataclasses.replace(row, **_grad_fields(p.numel(), grad)))
+            out.append(dataclasses.replace(row, **_grad_fields(n, grad)))  # a sparse gradient: its stored values
         self._saved = {}
         return out
 

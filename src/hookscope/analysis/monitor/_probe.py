@@ -120,8 +120,9 @@ class Probe:
         return None if alive is None or alive.numel() == 0 else 1.0 - float(alive.float().mean())
 
     def first_nonfinite(self) -> StatRow | None:
-        """The first non-finite input, output or output gradient seen so far, in the order they came."""
-        return next((r for r in gather(self._events) if not r.finite), None)
+        """The first non-finite output or output gradient seen so far, in the order they came (a
+        non-finite input is no layer's doing: the first layer that outputs it is named)."""
+        return next((r for r in gather(self._events) if not r.finite and r.which != "input"), None)
 
     def histograms(self, step: int) -> list[Histogram]:
         """The histograms of outputs and output gradients taken in this step."""
