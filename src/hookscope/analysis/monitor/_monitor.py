@@ -115,7 +115,8 @@ class Monitor:
         self._state = "open"
         _ACTIVE[self.root] = self
         try:
-            self.writers = [make() for make in self._make_writers]
+            for make in self._make_writers:
+                self.writers.append(make())  # one by one: a failing second writer closes the first
             if self.optimizer is not None:
                 # own hook: the optimizer's step hooks are what a step is (no module hook stays between steps)
                 self._handles = [self.optimizer.register_step_pre_hook(self._pre_hook),
@@ -339,6 +340,10 @@ def _writers(log: Log) -> list[Callable[[], Writer]]:
             makers.append(functools.partial(_given, item))
         elif isinstance(item, (str, os.PathLike)):
             folder = checked_folder(item, "log")
+            for name in ("monitor.jsonl", "monitor.csv"):
+                if (folder / name).is_file() and (folder / name).stat().st_size:
+                    raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
+                                         f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
             makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
                        functools.partial(CSVWriter, folder / "monitor.csv")]
         else:
