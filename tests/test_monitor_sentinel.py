@@ -269,3 +269,22 @@ def test_sparse_gradients_are_checked_and_described_by_their_stored_values():
         net(torch.tensor([[3]])).sum().backward()
         opt.step()
     assert mon.flagged == 1 and no_hooks(net)
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.Adam(ps, lr=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01),
+                                  lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5)])
+def test_skip_leaves_the_state_of_other_optimizers_untouched(make):
+    net = _net("forward")
+    opt = make(net.parameters())
+    states: list[dict] = []
+
+    def snap(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        states.append(copy.deepcopy(optimizer.state_dict()["state"]))
+
+    opt.register_step_post_hook(snap)
+    with hookscope.monitor(net, every=10, optimizer=opt, nonfinite="skip") as mon:
+        _train(net, opt, mon, "forward")
+    for key, value in states[AT - 1].items():
+        for name, t in value.items():
+            assert torch.equal(torch.as_tensor(t), torch.as_tensor(states[AT][key][name])), (key, name)
+    assert mon.flagged == 1 and all(torch.isfinite(p).all() for p in net.parameters())
