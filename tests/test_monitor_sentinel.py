@@ -288,3 +288,35 @@ def test_skip_leaves_the_state_of_other_optimizers_untouched(make):
         for name, t in value.items():
             assert torch.equal(torch.as_tensor(t), torch.as_tensor(states[AT][key][name])), (key, name)
     assert mon.flagged == 1 and all(torch.isfinite(p).all() for p in net.parameters())
+
+
+class Parent(nn.Module):
+    """Its own forward takes the log of its input before its child runs."""
+
+    def __init__(self, log: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+        self.log = log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.log(x) if self.log else x * 2)
+
+
+@pytest.mark.parametrize(("x", "log", "module", "which"), [
+    ([[float("inf"), 1.0]], False, "0.fc", "output"),  # the caller's input: the first module outputting it
+    ([[-1.0, 1.0]], True, "0", "own_forward"),         # made by the parent's own code, between its children
+])
+def test_the_replay_names_the_maker_as_watch_does(x, log, module, which):
+    net = nn.Sequential(Parent(log))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    batch = torch.tensor(x)
+    with hookscope.monitor(net, every=100, steps=[], optimizer=opt, nonfinite="log",
+                           replay=lambda: net(batch).sum()) as mon:
+        opt.step()  # step 0, the sampled one
+        net(batch).sum().backward()
+        opt.step()
+    assert (mon.nonfinite.step, mon.nonfinite.module, mon.nonfinite.which) == (1, module, which)
+    with hookscope.watch(net) as w:
+        net(batch).sum().backward()
+    assert (w.culprit.module, w.culprit.which) == (module, which)  # as watch names it
+    assert no_hooks(net)

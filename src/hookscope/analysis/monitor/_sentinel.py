@@ -123,13 +123,16 @@ def culprit_of(rows: Sequence[StatRow], contexts: dict[tuple[str, int], Context]
         >>> culprit_of(rows, {}).module
         '1'
     """
+    from_caller: set[int] = set()  # forward passes whose model input was not finite
     for row in rows:
         if row.finite:
             continue
         if row.which != "received":
             return row
         context = contexts.get((row.module, row.call))
-        if context is None or context[0] is None:
+        if context is not None and context[0] is None:
+            from_caller.add(context[4])
+        if context is None or context[0] is None or context[4] in from_caller:
             continue  # the model's own input: the first module that outputs it is named
         return dataclasses.replace(row, module=context[0], call=context[1], which="own_forward",
                                    path=f"{row.module} {row.path}")
