@@ -320,3 +320,19 @@ def test_the_replay_names_the_maker_as_watch_does(x, log, module, which):
         net(batch).sum().backward()
     assert (w.culprit.module, w.culprit.which) == (module, which)  # as watch names it
     assert no_hooks(net)
+
+
+def test_a_loop_that_catches_the_error_goes_on_with_the_next_step():
+    net = _net("forward")
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    caught = []
+    with hookscope.monitor(net, every=10, optimizer=opt) as mon:
+        for x, y in _batches("forward"):
+            opt.zero_grad()
+            nn.functional.mse_loss(net(x), y).backward()
+            try:
+                opt.step()
+            except hookscope.NonFiniteError as e:
+                caught.append(e.step)
+    assert caught == [AT] and mon.step_number == 45 and mon.last.step == 40
+    assert all(torch.isfinite(p).all() for p in net.parameters()) and no_hooks(net)

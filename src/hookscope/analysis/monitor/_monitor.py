@@ -255,7 +255,7 @@ class Monitor:
         self._flag, self.last_nonfinite, self.flagged = event, event, self.flagged + 1
         self.nonfinite = self.nonfinite or event
         if self.on_nonfinite == "raise":
-            self._finish(advance=False)
+            self._finish()  # the update never runs; a loop that catches the error goes on with the next step
             raise NonFiniteStepError(event.describe() + "; nonfinite='skip' skips such steps, 'log' goes on",
                                      event.row, [], step=event.step)
         if self.on_nonfinite == "skip":
@@ -280,7 +280,7 @@ class Monitor:
             return NonFinite(self.step_number, "", "", "", found, bad, None, replayed, error)
         return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed, error)
 
-    def _finish(self, advance: bool = True) -> None:
+    def _finish(self) -> None:
         """Just after the update: the sampled step's rows written, its hooks removed, the next begun."""
         rows: list[TelemetryRow] = []
         histograms = []
@@ -303,9 +303,8 @@ class Monitor:
             for w in self.writers:
                 w.write(telemetry)
         self._loss, self._flag = None, None
-        if advance:
-            self.step_number += 1
-            self._begin()
+        self.step_number += 1
+        self._begin()
 
     def _end_probe(self) -> None:
         if self._probe is not None:
