@@ -414,3 +414,20 @@ def test_a_layer_with_several_outputs_names_its_first_without_a_path_and_the_res
     assert paths == ["output[0]", "output[1][0]", "output[1][1]"]
     assert found["output_mean/lstm"] == mon.last["lstm"][1].mean and "output_mean/lstm/output[1][0]" in found
     assert "dead/lstm" in found and "grad_norm/lstm" in found and no_hooks(net)
+
+
+def test_before_and_after_update_split_a_step_for_a_trainer_that_steps_by_itself():
+    net = _net()
+    with hookscope.monitor(net, "2", every=1) as mon:
+        net(torch.randn(3, 4)).sum().backward()
+        mon.before_update()
+        before = net[2].weight.detach().clone()
+        with torch.no_grad():
+            net[2].weight -= 0.5 * net[2].weight.grad
+        mon.after_update()
+    w = next(r for r in mon.last["2"] if r.path == "weight")
+    assert w.update_ratio == pytest.approx(((net[2].weight - before).norm() / before.norm()).item(), rel=1e-5)
+    assert mon.step_number == 1 and no_hooks(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, optimizer=opt) as mon, pytest.raises(hookscope.HookscopeError, match="before_update"):
+        mon.before_update()

@@ -155,14 +155,30 @@ class Monitor:
     def step(self, loss: torch.Tensor | float | None = None, lr: float | None = None) -> None:
         """End the step under way, where no optimizer was given: call it after the backward pass and
         the update, before the gradients are cleared. With an optimizer its steps are counted."""
-        if self._state != "open":
-            raise HookscopeError("mon.step() outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
-        if self.optimizer is not None:
-            raise HookscopeError("this monitor counts the optimizer's steps; drop mon.step() "
-                                 "(mon.note(loss=...) before optimizer.step() gives it the loss)")
+        self._own_steps("step()")
         self.note(loss, lr)
         self._check()
         self._finish()
+
+    def before_update(self) -> None:
+        """The sentinel and the parameters' side of the step under way, for a loop (or a trainer)
+        whose optimizer the monitor does not hook: call it once the gradients are complete, just
+        before the weights change; ``nonfinite="raise"`` raises here, before any change."""
+        self._own_steps("before_update()")
+        self._check()
+
+    def after_update(self) -> None:
+        """End the step under way (after :meth:`before_update` and the update): the sampled step's
+        rows are written and its hooks removed, and the next step begins."""
+        self._own_steps("after_update()")
+        self._finish()
+
+    def _own_steps(self, call: str) -> None:
+        if self._state != "open":
+            raise HookscopeError(f"mon.{call} outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
+        if self.optimizer is not None:
+            raise HookscopeError(f"this monitor counts the optimizer's steps; drop mon.{call} "
+                                 "(mon.note(loss=...) before optimizer.step() gives it the loss)")
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
