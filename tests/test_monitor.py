@@ -420,6 +420,8 @@ def test_before_and_after_update_split_a_step_for_a_trainer_that_steps_by_itself
     net = _net()
     with hookscope.monitor(net, "2", every=1) as mon:
         net(torch.randn(3, 4)).sum().backward()
+        with torch.no_grad():
+            net[2].weight.clamp_(-0.1, 0.1)  # a change before the update: not part of it
         mon.before_update()
         before = net[2].weight.detach().clone()
         with torch.no_grad():

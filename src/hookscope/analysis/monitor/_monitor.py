@@ -165,7 +165,7 @@ class Monitor:
         whose optimizer the monitor does not hook: call it once the gradients are complete, just
         before the weights change; ``nonfinite="raise"`` raises here, before any change."""
         self._own_steps("before_update()")
-        self._check()
+        self._check(snapshot=True)
 
     def after_update(self) -> None:
         """End the step under way (after :meth:`before_update` and the update): the sampled step's
@@ -249,7 +249,7 @@ class Monitor:
             return [p for group in self.optimizer.param_groups for p in group["params"]]
         return [p for p in self.root.parameters() if p.requires_grad]
 
-    def _check(self) -> None:
+    def _check(self, snapshot: bool = False) -> None:
         """Just before the update: the sentinel, and the parameters' side of a sampled step."""
         if self.optimizer is not None:
             lr = self.optimizer.param_groups[0].get("lr")
@@ -260,7 +260,7 @@ class Monitor:
             torch.tensor(self._loss) if self._loss is not None else None)
         finite = all_finite(grads, loss)
         if self._side is not None:
-            if self.optimizer is not None:
+            if self.optimizer is not None or snapshot:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
         if not finite:
