@@ -433,3 +433,14 @@ def test_before_and_after_update_split_a_step_for_a_trainer_that_steps_by_itself
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with hookscope.monitor(net, optimizer=opt) as mon, pytest.raises(hookscope.HookscopeError, match="before_update"):
         mon.before_update()
+
+
+def test_an_empty_batch_on_a_sampled_step_gives_rows_and_no_dead_fraction():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, every=1, optimizer=opt, histograms=3) as mon:
+        net(torch.zeros(0, 4)).sum().backward()
+        opt.step()
+    out = next(r for r in mon.last["1"] if r.what == "output")
+    assert out.numel == 0 and out.dead is None and math.isnan(out.mean)
+    assert all(h.total == 0 for h in mon.last.histograms if h.of == "output") and no_hooks(net)
