@@ -444,3 +444,10 @@ def test_an_empty_batch_on_a_sampled_step_gives_rows_and_no_dead_fraction():
     out = next(r for r in mon.last["1"] if r.what == "output")
     assert out.numel == 0 and out.dead is None and math.isnan(out.mean)
     assert all(h.total == 0 for h in mon.last.histograms if h.of == "output") and no_hooks(net)
+
+
+def test_a_loss_of_many_numbers_is_refused_in_one_line():
+    net = _net()
+    with hookscope.monitor(net) as mon, pytest.raises(hookscope.HookscopeError, match=r"loss.mean\(\)") as e:
+        mon.note(loss=torch.ones(3))
+    assert "\n" not in str(e.value) and no_hooks(net)

@@ -97,7 +97,7 @@ class Monitor:
         self._probe: Probe | None = None
         self._side: ParamSide | None = None
         self._loss: torch.Tensor | float | None = None
-        self._lr: float | None = None
+        self._lr: float | torch.Tensor | None = None
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
         self._handles: list[Any] = []
@@ -147,6 +147,9 @@ class Monitor:
     def note(self, loss: torch.Tensor | float | None = None, lr: float | None = None) -> None:
         """The loss (and learning rate, where no optimizer says it) of the step under way; with an
         optimizer, call it before ``optimizer.step()`` so that the sentinel checks the loss too."""
+        if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+            raise HookscopeError(f"mon.note(loss=) takes the step's loss as one number; got a tensor of shape "
+                                 f"{tuple(loss.shape)}: pass loss.mean() (or the sum your loop minimises)")
         if loss is not None:
             self._loss = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
         if lr is not None:
@@ -233,7 +236,7 @@ class Monitor:
             loss = closure()
             calls[0] += 1
             if calls[0] == 1 and self._state == "open":  # LBFGS calls it again: the step's first evaluation is checked
-                if isinstance(loss, torch.Tensor) and self._loss is None:
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1 and self._loss is None:
                     self.note(loss=loss)
                 self._check()
             return loss
@@ -253,7 +256,7 @@ class Monitor:
         """Just before the update: the sentinel, and the parameters' side of a sampled step."""
         if self.optimizer is not None:
             lr = self.optimizer.param_groups[0].get("lr")
-            self._lr = float(lr) if lr is not None else self._lr
+            self._lr = lr if lr is not None else self._lr  # read as a number only on the steps written
         params = self._checked()
         grads = [p.grad for p in params if p.grad is not None]
         loss = self._loss if isinstance(self._loss, torch.Tensor) else (
@@ -310,7 +313,8 @@ class Monitor:
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
-            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=self._lr))
+            lr = None if self._lr is None else float(self._lr)
+            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr))
             if self._flag is not None:
                 rows.append(_flag_row(self._flag))
             telemetry = Telemetry(self.step_number, rows, histograms)
