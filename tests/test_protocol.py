@@ -41,7 +41,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -50,7 +50,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -69,6 +69,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Operations", "fc::linear", "fc::linaer"),
     ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
+    ("Telemetry", "fc", "fcc"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -123,7 +124,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Summary": hookscope.summary(net, x), "StepMemory": hookscope.step_memory(net, x), "Diff": hookscope.diff(net, net, x), "CamMaps": res, "Curve": curve,
         "FeatureMaps": hookscope.feature_maps(net, x, layers="layer1"),
         "ReferenceComparison": hookscope.compare_references(net, x, layers="layer1.0.bn1"),
-        **_pruning(net, x),
+        **_pruning(net, x), "Telemetry": _telemetry(net, x),
         "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
         "Operations": hookscope.operations(net, x), "AttentionPatterns": hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4)),
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
@@ -131,6 +132,15 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
                                                         torch.tensor([[1, 2, 3]]), steps=2),
         "Components": hookscope.components(_gpt2()),
     }
+
+
+def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)  # the shared model stays as it is
+    with hookscope.monitor(net, "layer1.0.conv1", "fc", every=1, optimizer=opt) as mon:
+        net(x).sum().backward()
+        opt.step()
+    net.zero_grad(set_to_none=True)
+    return mon.last
 
 
 class _Attend(nn.Module):
@@ -288,6 +298,11 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
+        "monitor": lambda **kw: hookscope.monitor(net, **kw),
+        "JSONLinesWriter": lambda **kw: hookscope.JSONLinesWriter("/nonexistent/m.jsonl", **kw),
+        "CSVWriter": lambda **kw: hookscope.CSVWriter("/nonexistent/m.csv", **kw),
+        "TensorBoardWriter": lambda **kw: hookscope.TensorBoardWriter("/nonexistent/tb", **kw),
+        "WandbWriter": lambda **kw: hookscope.WandbWriter(**kw),
     }
 
 
@@ -383,7 +398,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

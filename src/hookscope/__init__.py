@@ -46,6 +46,9 @@ from .analysis.features import (
 from .analysis.extract import extract
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
+from .analysis.monitor import (
+    CSVWriter, JSONLinesWriter, Monitor, Telemetry, TelemetryRow, TensorBoardWriter, WandbWriter, Writer, monitor,
+)
 from .analysis.operations import OperationRow, Operations, operations
 from .analysis.prune import (
     ChannelPruning,
@@ -112,6 +115,9 @@ __all__ = [
     "watch", "Watch",
     "gradient_flow", "GradientFlow",
     "diff", "Diff", "DiffRow", "Unmatched", "settings", "Settings",
+    # watch a training run
+    "monitor", "Monitor", "Telemetry", "TelemetryRow",
+    "Writer", "JSONLinesWriter", "CSVWriter", "TensorBoardWriter", "WandbWriter",
     # see what a layer sees, and why the model decided
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
     "attention", "AttentionPatterns", "attention_probabilities",

@@ -20,6 +20,7 @@ __all__ = [
     "MutationError",
     "ForwardError",
     "NonFiniteError",
+    "NonFiniteStepError",
     "LoadError",
     "UntrustedPickleError",
     "ExtractOverflowError",
@@ -114,6 +115,17 @@ class NonFiniteError(HookscopeError):
         )
         self.row = row
         self.before = before
+
+
+class NonFiniteStepError(NonFiniteError):
+    """A training step's loss or gradients held a NaN or an Inf (``hookscope.monitor``): ``step`` is
+    its number, ``row`` the first non-finite record found (``None`` where no module was named)."""
+
+    def __init__(self, message: str, row: Any, before: list[Any], *, step: int) -> None:
+        HookscopeError.__init__(self, message)  # not NonFiniteError's message, which is watch's
+        self.row = row
+        self.before = before
+        self.step = step
 
 
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:

@@ -1,0 +1,131 @@
+"""Where a monitor writes each sampled step: the :class:`Writer` protocol, and the writers that need
+no extra: JSON lines and CSV, each flushed at every sampled step so that a run killed part way
+leaves logs readable up to its last sampled step."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+from ...core.result import jsonable
+from ...errors import HookscopeError
+from ._telemetry import FIELDS, Telemetry
+
+__all__ = ["CSVWriter", "JSONLinesWriter", "Writer", "checked_folder", "fresh_file"]
+
+
+class Writer:
+    """What a monitor hands each sampled step to. A writer of one's own subclasses this and gives
+    :meth:`write` (and :meth:`close` if it holds anything open).
+
+    Example:
+        >>> class Printer(Writer):
+        ...     def write(self, telemetry):
+        ...         print(telemetry.step, len(telemetry.rows))
+        >>> Printer().write(Telemetry(5, [], []))
+        5 0
+    """
+
+    def write(self, telemetry: Telemetry) -> None:
+        """Take one sampled step's :class:`~hookscope.Telemetry` (also a step the sentinel flagged)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and close; called once as the monitor's block ends."""
+
+
+def checked_folder(folder: str | os.PathLike[str], what: str) -> Path:
+    """``folder`` made if missing; a one-line error if it is a file.
+
+    Example:
+        >>> import tempfile
+        >>> checked_folder(tempfile.mkdtemp(), "log").is_dir()
+        True
+    """
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise HookscopeError(f"{what}={str(folder)!r} is a file, not a folder; give a folder path for the logs")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fresh_file(path: str | os.PathLike[str], writer: str, append: bool) -> IO[str]:
+    """``path`` opened for writing; an existing non-empty file only with ``append``."""
+    file = Path(path)
+    if file.is_dir():
+        raise HookscopeError(f"{writer}({str(path)!r}) is a folder; give the path of a file")
+    if file.exists() and file.stat().st_size and not append:
+        raise HookscopeError(f"{str(path)!r} already holds a log; log to a new folder, or pass "
+                             f"{writer}(..., append=True) to add to it")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    return open(file, "a" if append else "w", encoding="utf-8", newline="")
+
+
+class JSONLinesWriter(Writer):
+    """One JSON object per line: each :class:`~hookscope.TelemetryRow` as its fields (NaN and
+    infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"``), then each histogram with
+    ``"what": "histogram"`` and the fields of :class:`~hookscope.analysis.monitor.Histogram`.
+    Flushed after every step.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.jsonl")
+        >>> w = JSONLinesWriter(path)
+        >>> from hookscope.analysis.monitor import TelemetryRow
+        >>> w.write(Telemetry(3, [TelemetryRow(3, "", "step", "", loss=0.5)], [])); w.close()
+        >>> json.loads(open(path).readline())["loss"]
+        0.5
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+        self.path = Path(path)
+        self._file = fresh_file(path, "JSONLinesWriter", append)
+
+    def write(self, telemetry: Telemetry) -> None:
+        lines = [json.dumps(jsonable(dataclasses.asdict(r)), allow_nan=False) for r in telemetry.rows]
+        lines += [json.dumps(jsonable({"what": "histogram", **dataclasses.asdict(h)}), allow_nan=False)
+                  for h in telemetry.histograms]
+        self._file.write("".join(line + "\n" for line in lines))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class CSVWriter(Writer):
+    """The rows as CSV, one column per field of :class:`~hookscope.TelemetryRow` (``FIELDS``, in
+    order; an empty cell where a field does not apply; NaN as ``nan``); histograms are not written
+    here (JSON lines, TensorBoard and W&B hold them). Flushed after every step.
+
+    Example:
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.csv")
+        >>> w = CSVWriter(path); w.close()
+        >>> open(path).readline().split(",")[:4]
+        ['step', 'layer', 'what', 'path']
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+        self.path = Path(path)
+        had = self.path.exists() and self.path.stat().st_size > 0
+        self._file = fresh_file(path, "CSVWriter", append)
+        self._csv = csv.writer(self._file)
+        if not had:
+            self._csv.writerow(FIELDS)
+            self._file.flush()
+
+    def write(self, telemetry: Telemetry) -> None:
+        for r in telemetry.rows:
+            self._csv.writerow(["" if v is None else v for v in (_plain(getattr(r, f)) for f in FIELDS)])
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _plain(v: Any) -> Any:
+    return jsonable(v) if isinstance(v, float) else v
