@@ -47,7 +47,8 @@ from .analysis.extract import extract
 from .analysis.diff import Diff, DiffRow, Settings, Unmatched, diff, settings
 from .analysis.gradflow import GradientFlow, gradient_flow
 from .analysis.monitor import (
-    CSVWriter, JSONLinesWriter, Monitor, Telemetry, TelemetryRow, TensorBoardWriter, WandbWriter, Writer, monitor,
+    CSVWriter, JSONLinesWriter, Monitor, Run, Telemetry, TelemetryRow, TensorBoardWriter, WandbWriter, Writer, monitor,
+    read_run,
 )
 from .analysis.operations import OperationRow, Operations, operations
 from .analysis.prune import (
@@ -116,7 +117,7 @@ __all__ = [
     "gradient_flow", "GradientFlow",
     "diff", "Diff", "DiffRow", "Unmatched", "settings", "Settings",
     # watch a training run
-    "monitor", "Monitor", "Telemetry", "TelemetryRow",
+    "monitor", "Monitor", "Telemetry", "TelemetryRow", "read_run", "Run",
     "Writer", "JSONLinesWriter", "CSVWriter", "TensorBoardWriter", "WandbWriter",
     # see what a layer sees, and why the model decided
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",

@@ -20,7 +20,7 @@ from ..errors import ForwardError, HookscopeError
 _FOLDER_OUT = ("report", "demo", "extract")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
 COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune", "extract",
-                 "attribute")
+                 "attribute", "runs")
 
 
 def _commands() -> dict[str, ModuleType]:

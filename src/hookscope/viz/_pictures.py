@@ -15,11 +15,13 @@ from ..analysis.cam import CamMaps
 from ..analysis.diff import Diff
 from ..analysis.features import FeatureMaps, ReferenceComparison
 from ..analysis.gradflow import GradientFlow
+from ..analysis.monitor import Run
 from ..analysis.trace import Trace
 from ..core.result import register_picture
 from .attribution import plot_image_attribution, plot_token_attribution
 from .features import plot_feature_maps, plot_reference_comparison
 from .plots import plot_diff, plot_gradient_flow, plot_trace
+from .runs import plot_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -65,6 +67,7 @@ register_picture(Attributions, _maps)
 register_picture(Trace, _trace)
 register_picture(GradientFlow, _rows(plot_gradient_flow))
 register_picture(Diff, _rows(plot_diff))
+register_picture(Run, lambda run: png(plot_run(run)) if run.steps else None)
 register_picture(FeatureMaps, _rows(plot_feature_maps))
 register_picture(ReferenceComparison, _rows(plot_reference_comparison))
 register_picture(TokenAttributions, lambda result: png(plot_token_attribution(result)) if result.rows else None)

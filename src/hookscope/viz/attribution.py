@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import HookscopeError
+from .plots import figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -46,18 +47,6 @@ def is_signed(method: str | None) -> bool:
         (True, False, False)
     """
     return method is None or method.lower().replace("-", "_") in SIGNED
-
-
-def _figure(width: float, height: float) -> Figure:
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise HookscopeError("drawing attributions needs matplotlib, from the viz extra: "
-                             "pip install 'hookscope[viz]'") from None
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _maps_of(maps: Any, method: str | None) -> tuple[torch.Tensor, str | None]:
@@ -108,7 +97,7 @@ def plot_image_attribution(maps: Any, pictures: torch.Tensor | None = None, *, m
     if titles is not None and len(titles) != m.shape[0]:
         raise HookscopeError(f"{len(titles)} titles for {m.shape[0]} maps; give one per map")
     cols = 2 if pics is not None else 1
-    fig = _figure(3.0 * cols + 1.2, 2.8 * m.shape[0])
+    fig = figure(3.0 * cols + 1.2, 2.8 * m.shape[0])
     axes = fig.subplots(m.shape[0], cols, squeeze=False)
     for i in range(m.shape[0]):
         if pics is not None:
@@ -173,7 +162,7 @@ def plot_token_attribution(result: Any, *, sample: int = 0) -> Figure:
         scaled = ((r.scores.float() - lo) / (hi - lo)).clamp(0, 1).numpy()
         cells[i, : len(r.scores)] = torch.as_tensor(cmap(scaled), dtype=torch.float32)
     margin = 0.3 + 0.075 * max(len(label) + 3 for label in labels)  # inches for the row labels
-    fig = _figure(min(margin + 0.3 + 0.75 * width, 60.0), 0.9 + 0.45 * len(rows))
+    fig = figure(min(margin + 0.3 + 0.75 * width, 60.0), 0.9 + 0.45 * len(rows))
     ax = fig.subplots()
     ax.imshow(cells.numpy(), aspect="auto", interpolation="nearest")
     _write_tokens(ax, rows, texts, cells)

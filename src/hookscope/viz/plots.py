@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..analysis.diff import Diff, DiffRow
     from ..analysis.gradflow import FlowRow, GradientFlow
 
-__all__ = ["plot_cams", "plot_diff", "plot_gradient_flow", "plot_trace", "save_figure"]
+__all__ = ["figure", "plot_cams", "plot_diff", "plot_gradient_flow", "plot_trace", "save_figure"]
 
 _MAX_TICKS = 40  # more labels than this along an axis overlap, whatever the figure's width
 _LABEL_CHARS = 36  # longer qualified names keep their tail, the part that tells layers apart
@@ -53,8 +53,14 @@ class _HasRows(Protocol):
 
 
 # --- figures and axes shared by every plot ------------------------------------------------------------
-def _figure(width: float, height: float) -> Figure:
-    """An empty figure of ``width`` x ``height`` inches at 100 dpi, on its own Agg canvas."""
+def figure(width: float, height: float) -> Figure:
+    """An empty figure of ``width`` x ``height`` inches at 100 dpi, on its own Agg canvas (no pyplot,
+    no global state), the canvas every picture of hookscope is drawn on.
+
+    Example:
+        >>> [round(v) for v in figure(3, 2).get_size_inches()]
+        [3, 2]
+    """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -236,7 +242,7 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamMaps], *, index: int =
             raise HookscopeError(f"index={index} is out of range: the {r.method} result holds "
                                  f"{r.maps.shape[0]} map(s); pass 0 to {r.maps.shape[0] - 1}")
     titles = [_cam_title(r, index, class_names) for r in results]
-    fig = _figure(2.4 * (len(results) + 1), 3.2)
+    fig = figure(2.4 * (len(results) + 1), 3.2)
     axes = fig.subplots(1, len(results) + 1, squeeze=False)[0]
     axes[0].imshow(_image_array(image), interpolation="nearest")
     axes[0].set_title("input", fontsize=9)
@@ -326,7 +332,7 @@ def plot_gradient_flow(flow: GradientFlow, *, trace: _HasRows | None = None) -> 
         None if r.param_norm is None or not r.params else r.param_norm / math.sqrt(r.params) for r in rows]}
     if trace is not None:
         each.update(_max_grads(trace, [r.module for r in rows]))
-    fig = _figure(_width(len(rows)), 4.8)
+    fig = figure(_width(len(rows)), 4.8)
     top, bottom = fig.subplots(2, 1, sharex=True)
     lo, hi = _log_axis(top, [v for ys in norms.values() for v in ys] + [flow.vanish, flow.explode])
     _shade_bands(top, flow, lo, hi)
@@ -419,7 +425,7 @@ def plot_trace(t: _HasRows) -> Figure:
     if not outputs:
         raise HookscopeError("the trace holds no outputs to plot; trace with keep='output', 'io' or 'all'")
     grads = _gradients(rows, outputs)
-    fig = _figure(_width(len(outputs)), 4.8 if grads else 2.6)
+    fig = figure(_width(len(outputs)), 4.8 if grads else 2.6)
     axes = list(fig.subplots(2 if grads else 1, 1, sharex=True, squeeze=False)[:, 0])
     dots = "." if len(outputs) <= 60 else None
     panels: list[tuple[str, str, Sequence[StatRow | None]]] = [("forward", "output", outputs)]
@@ -499,7 +505,7 @@ def plot_diff(d: Diff) -> Figure:
     if not rows:
         raise HookscopeError("the diff compared nothing, so there is nothing to plot; pick modules that run")
     abs_err, rel_err = [r.max_abs for r in rows], [r.max_rel for r in rows]
-    fig = _figure(_width(len(rows)), 2.8)
+    fig = figure(_width(len(rows)), 2.8)
     ax = fig.subplots()
     tols = {"atol": _row_tolerance(rows, "atol", d.atol), "rtol": _row_tolerance(rows, "rtol", d.rtol)}
     lo, hi = _log_axis(ax, abs_err + rel_err + tols["atol"] + tols["rtol"], floor=1e-12)
@@ -556,7 +562,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
     Example:
         >>> import os, tempfile
-        >>> fig = _figure(2, 1)
+        >>> fig = figure(2, 1)
         >>> path = save_figure(fig, os.path.join(tempfile.mkdtemp(), "plot.png"))
         >>> path.name, sorted(os.listdir(path.parent))
         ('plot.png', ['plot.png'])

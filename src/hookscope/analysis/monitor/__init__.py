@@ -10,11 +10,12 @@ of a non-finite step by replaying it; ``_monitor`` holds the step's life and ``m
 from ._extras import TensorBoardWriter, WandbWriter
 from ._histogram import histogram
 from ._monitor import NONFINITE, STATS, Monitor, monitor
+from ._runs import Run, read_run
 from ._schedule import Schedule
 from ._sentinel import NonFinite
 from ._telemetry import FIELDS, Histogram, Telemetry, TelemetryRow, scalars
 from ._writers import CSVWriter, JSONLinesWriter, Writer
 
-__all__ = ["CSVWriter", "FIELDS", "Histogram", "JSONLinesWriter", "Monitor", "NONFINITE", "NonFinite", "STATS",
+__all__ = ["CSVWriter", "FIELDS", "Histogram", "JSONLinesWriter", "Monitor", "NONFINITE", "NonFinite", "Run", "STATS",
            "Schedule", "Telemetry", "TelemetryRow", "TensorBoardWriter", "WandbWriter", "Writer", "histogram",
-           "monitor", "scalars"]
+           "monitor", "read_run", "scalars"]

@@ -1,0 +1,167 @@
+"""What the training monitor costs a training step, side by side in one run, and that its state stays flat.
+
+Run:  .venv/bin/python bench/bench_monitor.py                  (about 8 minutes on 2 cores)
+      .venv/bin/python bench/bench_monitor.py --quick          (a small model, to try the script)
+      .venv/bin/python bench/bench_monitor.py --memory         (20,000 steps of a small model)
+
+Speed: torchvision resnet18 (``weights=None``, train mode), batch 32 x 3 x 64 x 64, cross-entropy,
+SGD with momentum; each configuration trains its own copy of the same weights, and every round
+runs ``--steps`` steps (100) of each configuration in turn, alternating the order round by round
+(``_rounds.ratios``). Ratios: the median over rounds of a configuration's time for its steps over
+the plain loop's in the same round.
+- ``monitor every=100``: every statistic on one step in a hundred (the amortised cost);
+- ``monitor every step``: every statistic (inputs, outputs, output gradients, parameters, update
+  ratios, dead fractions) on every step;
+- ``sentinel only``: no step sampled, only the per-step non-finite check;
+- ``wandb.watch(log="all", log_freq=1)``: W&B's hooks on parameters and gradients, in offline mode,
+  each step committed with ``run.log`` (skipped when wandb is not installed).
+
+Memory: a 3-layer MLP trained for 20,000 steps with ``every=10`` and JSON lines written; the
+process's resident memory and the bytes Python holds (``tracemalloc``) after 1,000, 10,000 and
+20,000 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import os
+import platform
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _rounds import cpu_model, ratios  # noqa: E402
+
+import hookscope  # noqa: E402
+
+
+def _model(quick: bool) -> nn.Module:
+    if quick:
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(16, 10))
+    import torchvision
+
+    return torchvision.models.resnet18(weights=None, num_classes=10)
+
+
+class Loop:
+    """One configuration: its own copy of the model and optimizer, a step function, and the
+    context (a monitor, W&B's run) kept open across rounds as a training run keeps it."""
+
+    def __init__(self, base: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                 open_: Callable[[nn.Module, torch.optim.Optimizer], Any] | None) -> None:
+        self.model = copy.deepcopy(base).train()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+        self.x, self.y = batch
+        self.stack = contextlib.ExitStack()
+        self.mon = self.stack.enter_context(open_(self.model, self.opt)) if open_ is not None else None
+        self.wandb_run: Any = None
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.opt.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(self.x), self.y)
+            loss.backward()
+            if self.mon is not None and hasattr(self.mon, "note"):
+                self.mon.note(loss=loss)
+            self.opt.step()
+            if self.wandb_run is not None:
+                self.wandb_run.log({"loss": loss.item()})
+
+
+def _wandb(loop: Loop, folder: str) -> bool:
+    try:
+        import wandb
+    except ImportError:
+        return False
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(mode="offline", dir=folder, project="bench-monitor", reinit="finish_previous")
+    run.watch(loop.model, log="all", log_freq=1)
+    loop.wandb_run = run
+    loop.stack.callback(run.finish)
+    return True
+
+
+def speed(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    base = _model(args.quick)
+    size = 16 if args.quick else 64
+    batch = (torch.randn(32, 3, size, size), torch.randint(0, 10, (32,)))
+    folder = tempfile.mkdtemp(prefix="bench-monitor-")
+    every = args.steps
+    loops = {
+        "plain": Loop(base, batch, None),
+        f"monitor every={every}": Loop(base, batch, lambda m, o: hookscope.monitor(
+            m, every=every, optimizer=o, log=os.path.join(folder, "every"))),
+        "monitor every step": Loop(base, batch, lambda m, o: hookscope.monitor(
+            m, every=1, optimizer=o, log=os.path.join(folder, "all"))),
+        "sentinel only": Loop(base, batch, lambda m, o: hookscope.monitor(m, every=None, steps=[], optimizer=o)),
+    }
+    watched = Loop(base, batch, None)
+    if _wandb(watched, folder):
+        loops['wandb.watch(log="all", log_freq=1)'] = watched
+    try:
+        times, ratio = ratios({k: (lambda loop=loop: loop.steps(args.steps)) for k, loop in loops.items()},
+                              args.rounds, base="plain")
+    finally:
+        for loop in loops.values():
+            loop.stack.close()
+    what = "small conv net" if args.quick else "resnet18"
+    print(f"{what}, batch 32 x 3 x {size} x {size}, {args.steps} steps a round, {args.rounds} rounds; "
+          f"torch {torch.__version__}, {cpu_model()}, {os.cpu_count()} cores, {platform.system()}")
+    print("| configuration | ms per step (median) | ratio to plain |")
+    print("|---|---|---|")
+    for k in loops:
+        print(f"| {k} | {1000 * times[k] / args.steps:.1f} | {ratio[k]:.3f}x |")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 32), torch.randn(64, 1)
+    marks = {1_000, 10_000, args.long_steps}
+    tracemalloc.start()
+    print(f"3-layer MLP, Adam, every=10, JSON lines and CSV written, {args.long_steps} steps")
+    print("| step | resident MiB | Python-held MiB (tracemalloc) |")
+    print("|---|---|---|")
+    with hookscope.monitor(net, every=10, optimizer=opt, log=tempfile.mkdtemp(prefix="bench-monitor-mem-")) as mon:
+        for step in range(1, args.long_steps + 1):
+            opt.zero_grad()
+            loss = (net(x) - y).pow(2).mean()
+            loss.backward()
+            mon.note(loss=loss)
+            opt.step()
+            if step in marks:
+                gc.collect()
+                print(f"| {step} | {_rss() / 2**20:.1f} | {tracemalloc.get_traced_memory()[0] / 2**20:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small model: to try the script")
+    parser.add_argument("--steps", type=int, default=100, help="steps of each configuration a round (and every=)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="the long run's memory instead of speed")
+    parser.add_argument("--long-steps", type=int, default=20_000)
+    args = parser.parse_args()
+    (memory if args.memory else speed)(args)
+
+
+if __name__ == "__main__":
+    main()
