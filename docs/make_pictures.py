@@ -6,7 +6,7 @@ Run from the repository root:
     .venv/bin/python docs/make_pictures.py gallery    # only some: gallery, trap, debugging, cam, features,
                                                       # lrp, transformers, extraction, results, capture,
                                                       # operations, attribution, pruning, command-line,
-                                                      # inputs
+                                                      # inputs, monitor
 
 Needs the viz extra (matplotlib), for the transformers and operations pictures the hf extra, and for
 the inputs picture the timm extra. The models are the bundled demo model, hookscope.zoo's TinyResNet,
@@ -33,6 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import torch
 from matplotlib.figure import Figure
+from torch import nn
 
 import hookscope
 from hookscope.analysis.attribution import METHODS as ATTRIBUTION_METHODS
@@ -523,11 +524,36 @@ def command_line_pictures() -> None:
     print(f"wrote {path.relative_to(DOCS.parent)} ({path.stat().st_size // 1024} KB)")
 
 
+def monitor_pictures() -> None:
+    """A monitored run whose learning rate is raised 1000-fold at step 90: the gradients grow, then a
+    NaN, the step the sentinel names."""
+    from hookscope.viz import plot_run
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                        nn.Linear(64, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.02)
+    gen = torch.Generator().manual_seed(1)
+    with tempfile.TemporaryDirectory() as folder:
+        with hookscope.monitor(net, every=4, log=folder, optimizer=opt, nonfinite="log") as mon:
+            for step in range(120):
+                if step == 90:
+                    opt.param_groups[0]["lr"] = 20.0
+                x = torch.randn(64, 16, generator=gen)
+                opt.zero_grad()
+                loss = (net(x) - x[:, :4].sum(1, keepdim=True).sin()).pow(2).mean()
+                loss.backward()
+                mon.note(loss=loss)
+                opt.step()
+        save(plot_run(hookscope.read_run(folder)), "run")
+
+
 PICTURES: dict[str, Callable[[], None]] = {
     "gallery": gallery, "trap": trap, "debugging": debugging, "cam": cam, "features": features, "lrp": lrp,
     "transformers": transformers_pictures, "extraction": extraction, "results": results,
     "capture": capture_pictures, "operations": operations_pictures, "attribution": attribution_pictures,
     "pruning": pruning_pictures, "command-line": command_line_pictures, "inputs": inputs_pictures,
+    "monitor": monitor_pictures,
 }
 
 if __name__ == "__main__":

@@ -236,7 +236,7 @@ FEATURES = {  # a feature, and the words that name it (any one of them)
     "summary": ("summary",), "trace": ("trace",), "watch": ("watch",), "gradient flow": ("gradient flow", "gradflow"),
     "diff": ("diff",), "report": ("report",), "load_images": ("load_images",),
     "example_input": ("example_input",), "tokenize": ("tokenize",), "notebooks": ("notebook",),
-    "pandas": ("pandas",),
+    "pandas": ("pandas",), "monitor": ("monitor",), "step memory": ("step_memory", "step memory", "step-memory"),
 }
 
 

@@ -92,6 +92,11 @@ results are the Python library's, `import hookscope`):
   prune                 masks; channels, attention heads and widths removed;
                         the smaller model compacted; before and after
   extract               a dataset's activations in shards on disk
+  monitor, runs         a training run watched every N steps (hookscope.monitor:
+                        per-layer telemetry, the first NaN named with its step);
+                        runs reads its log back and draws it
+  step memory           what a training step holds per module (summary
+                        --step-memory)
   report                an HTML report of it all
   demo                  the trained demo model on new images; the in-place trap
   layers                the names every --layers selects
