@@ -50,7 +50,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -70,6 +70,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
     ("Telemetry", "fc", "fcc"),
+    ("Run", 0, 1),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -124,7 +125,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Summary": hookscope.summary(net, x), "StepMemory": hookscope.step_memory(net, x), "Diff": hookscope.diff(net, net, x), "CamMaps": res, "Curve": curve,
         "FeatureMaps": hookscope.feature_maps(net, x, layers="layer1"),
         "ReferenceComparison": hookscope.compare_references(net, x, layers="layer1.0.bn1"),
-        **_pruning(net, x), "Telemetry": _telemetry(net, x),
+        **_pruning(net, x), "Telemetry": _telemetry(net, x), "Run": _run(net, x, tmp_path_factory.mktemp("run")),
         "Store": hookscope.extract(net, x, layers=["layer1", "fc"], reduce="mean", out=tmp_path_factory.mktemp("store") / "s"),
         "Operations": hookscope.operations(net, x), "AttentionPatterns": hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4)),
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
@@ -141,6 +142,15 @@ def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
         opt.step()
     net.zero_grad(set_to_none=True)
     return mon.last
+
+
+def _run(net: nn.Module, x: torch.Tensor, folder: Path) -> object:
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    with hookscope.monitor(net, "fc", every=1, optimizer=opt, log=folder):
+        net(x).sum().backward()
+        opt.step()
+    net.zero_grad(set_to_none=True)
+    return hookscope.read_run(folder)
 
 
 class _Attend(nn.Module):
@@ -299,6 +309,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
         "monitor": lambda **kw: hookscope.monitor(net, **kw),
+        "read_run": lambda **kw: hookscope.read_run(**kw),
         "JSONLinesWriter": lambda **kw: hookscope.JSONLinesWriter("/nonexistent/m.jsonl", **kw),
         "CSVWriter": lambda **kw: hookscope.CSVWriter("/nonexistent/m.csv", **kw),
         "TensorBoardWriter": lambda **kw: hookscope.TensorBoardWriter("/nonexistent/tb", **kw),
@@ -398,7 +409,7 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

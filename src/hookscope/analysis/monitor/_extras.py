@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked_init
 from ._telemetry import Histogram, Telemetry, scalars
 from ._writers import Writer, checked_folder
 
@@ -25,6 +25,7 @@ def _hist_tags(h: Histogram) -> str:
     return f"{h.of}/{h.layer}" if h.of in ("output", "grad_output") else f"{h.of}/{h.layer}.{h.path}"
 
 
+@checked_init
 class TensorBoardWriter(Writer):
     """Event files in ``folder`` that TensorBoard reads: every scalar of the step (see
     :func:`~hookscope.analysis.monitor.scalars`, named ``grad_norm/layer1.0.conv1`` so that
@@ -65,6 +66,7 @@ class TensorBoardWriter(Writer):
         self._writer.close()
 
 
+@checked_init
 class WandbWriter(Writer):
     """A Weights & Biases run: every scalar of the step under its name (``grad_norm/layer1.0.conv1``)
     and each histogram as a ``wandb.Histogram`` of its bins, with its NaN, +Inf, -Inf and

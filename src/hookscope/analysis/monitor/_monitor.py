@@ -20,7 +20,7 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-from ...errors import HookscopeError, NonFiniteStepError, did_you_mean
+from ...errors import HookscopeError, NonFiniteStepError, checked, did_you_mean
 from ...selection import Selector, unwrap
 from .._recorder import select
 from .._rows import gather
@@ -384,6 +384,7 @@ def _check_optimizer(optimizer: Any, root: nn.Module) -> None:
                              "parameters; pass the optimizer that trains this model")
 
 
+@checked
 def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, steps: Steps = None, log: Log = None,
             optimizer: Any = None, stats: str | Iterable[str] = "all", histograms: Bins | None = None,
             nonfinite: str = "raise", replay: Callable[[], Any] | None = None) -> Monitor:

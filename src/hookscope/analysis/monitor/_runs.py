@@ -18,7 +18,7 @@ import torch
 
 from ...core.result import Result, missing
 from ...core.text import num, table
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked
 from ._telemetry import FIELDS, Histogram, Telemetry, TelemetryRow, scalars
 
 __all__ = ["LOG", "Run", "read_run"]
@@ -53,6 +53,7 @@ def _log_path(source: str | os.PathLike[str]) -> Path:
     return path
 
 
+@checked
 def read_run(source: str | os.PathLike[str]) -> Run:
     """The run a monitor logged: a folder (its ``monitor.jsonl``) or the JSON lines file itself.
 

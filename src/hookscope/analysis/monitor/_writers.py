@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...core.result import jsonable
-from ...errors import HookscopeError
+from ...errors import HookscopeError, checked_init
 from ._telemetry import FIELDS, Telemetry
 
 __all__ = ["CSVWriter", "JSONLinesWriter", "Writer", "checked_folder", "fresh_file"]
@@ -65,6 +65,7 @@ def fresh_file(path: str | os.PathLike[str], writer: str, append: bool) -> IO[st
     return open(file, "a" if append else "w", encoding="utf-8", newline="")
 
 
+@checked_init
 class JSONLinesWriter(Writer):
     """One JSON object per line: each :class:`~hookscope.TelemetryRow` as its fields (NaN and
     infinities as the strings ``"nan"``, ``"inf"``, ``"-inf"``), then each histogram with
@@ -96,6 +97,7 @@ class JSONLinesWriter(Writer):
         self._file.close()
 
 
+@checked_init
 class CSVWriter(Writer):
     """The rows as CSV, one column per field of :class:`~hookscope.TelemetryRow` (``FIELDS``, in
     order; an empty cell where a field does not apply; NaN as ``nan``); histograms are not written
