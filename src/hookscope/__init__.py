@@ -47,6 +47,7 @@ from .analysis.prune import (
     compact,
     compare_models,
     prune,
+    prune_calibrated,
     prune_channels,
     prune_heads,
     prune_width,
@@ -103,7 +104,7 @@ __all__ = [
     "attribute", "Attributions", "LRPRule",
     "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
-    "prune", "sparsity", "Sparsity", "remove_masks",
+    "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
     "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",
     "prune_width", "WidthPruning", "WidthRow", "compact", "compare_models", "ModelComparison",
