@@ -97,7 +97,7 @@ def _check_layer(model: nn.Module, q: str, m: nn.Module, settings: Settings, hel
                              "the other dense; untie them first")
     cols = matrix_of(m).shape[1]
     if settings.n_m is not None and cols % settings.n_m[1]:
-        raise HookscopeError(f"{q} has {cols} inputs, which {settings.n_m[1]} does not divide; pass an "
+        raise HookscopeError(f"layer {q!r} has {cols} inputs, which {settings.n_m[1]} does not divide; pass an "
                              f"n_m=(N, M) with M dividing {cols}")
 
 
