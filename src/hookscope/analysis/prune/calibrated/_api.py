@@ -39,7 +39,7 @@ class _Pending:
     keep: torch.Tensor  # the mask, in the layer's layout
 
 
-def _settings(sparsity: object, n_m: object, blocksize: object, percdamp: object) -> Settings:
+def _settings(method: str, sparsity: object, n_m: object, blocksize: object, percdamp: object) -> Settings:
     if (sparsity is None) == (n_m is None):
         raise HookscopeError("pass one of sparsity= (a fraction of each row, e.g. 0.5) or n_m= (N of every M "
                              "inputs pruned, e.g. (2, 4)), not " + ("both" if n_m is not None else "neither"))
@@ -60,6 +60,9 @@ def _settings(sparsity: object, n_m: object, blocksize: object, percdamp: object
         value = float(sparsity)  # type: ignore[arg-type]
     if isinstance(blocksize, bool) or not isinstance(blocksize, numbers.Integral) or blocksize < 1:
         raise HookscopeError(f"blocksize={blocksize!r} is not a count of columns; pass an int >= 1 (128)")
+    if method == "sparsegpt" and nm is not None and int(blocksize) % nm[1]:  # SparseGPT picks each group inside one block of columns
+        raise HookscopeError(f"blocksize={blocksize} is not a multiple of M={nm[1]}: an N:M group would straddle "
+                             f"two blocks; pass a multiple of {nm[1]} (128)")
     if isinstance(percdamp, bool) or not isinstance(percdamp, numbers.Real) or not 0 <= float(percdamp) < float("inf"):
         raise HookscopeError(f"percdamp={percdamp!r} is not a dampening fraction; pass a number >= 0 (0.01)")
     return Settings(value, nm, int(blocksize), float(percdamp))
@@ -220,7 +223,7 @@ def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", spar
     if method not in SOLVERS:
         hint = did_you_mean(method, SOLVERS) if isinstance(method, str) else ""
         raise HookscopeError(f"no calibrated pruning method {method!r}.{hint} The methods: {', '.join(SOLVERS)}")
-    settings = _settings(sparsity, n_m, blocksize, percdamp)
+    settings = _settings(method, sparsity, n_m, blocksize, percdamp)
     batches = _batches(data)
     stack = find_stack(model)
     plan = _plan(model, stack, settings)
