@@ -221,10 +221,25 @@ def test_a_failure_in_a_later_block_leaves_the_model_as_it_was():
             raise RuntimeError("boom")
 
     model[3] = Boom()  # after the first two linear layers are calibrated and pruned
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(hookscope.HookscopeError, match=r"calibration fails in block '3' \(RuntimeError: boom\)"):
         hookscope.prune_calibrated(model, torch.randn(8, 16), method="sparsegpt", sparsity=0.5)
     assert all(torch.equal(model.state_dict()[n], t) for n, t in before.items())
     assert hookscope.analysis.prune.masks.masked(model) == [] and hook_count(model) == 0
+
+
+def test_inputs_an_mlp_refuses_and_a_lazy_layer_are_one_line():
+    model = _mlp()
+    before = _weights(model)
+    with pytest.raises(hookscope.HookscopeError, match="calibration fails in block '0' \\(RuntimeError") as e:
+        hookscope.prune_calibrated(model, torch.ones(2, 16, dtype=torch.long), sparsity=0.5)
+    assert "\n" not in str(e.value) and hook_count(model) == 0
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in before.items())
+    with pytest.raises(hookscope.HookscopeError, match="0.weight holds no values yet"):
+        hookscope.prune_calibrated(nn.Sequential(nn.LazyLinear(4)), torch.randn(2, 4), sparsity=0.5)
+    lin = nn.Linear(4, 4)
+    hookscope.prune_calibrated(lin, torch.randn(2, 4), sparsity=0.5)
+    with pytest.raises(hookscope.HookscopeError, match="^weight is masked already"):
+        hookscope.prune_calibrated(lin, torch.randn(2, 4), sparsity=0.5)
 
 
 def test_a_model_with_no_linear_layer_is_one_line():

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ....core.hooks import HookGroup
 from ....errors import HookscopeError, did_you_mean
@@ -89,14 +90,17 @@ def _batches(data: object) -> list[Any]:
 
 def _check_layer(model: nn.Module, q: str, m: nn.Module, settings: Settings, held: dict[int, int]) -> None:
     w = m._parameters.get("weight")
+    label = f"{q}.weight" if q else "weight"
+    if w is not None and is_lazy(w):
+        raise HookscopeError(f"{label} holds no values yet (a lazy layer); run one forward pass first")
     if mask_of(m, "weight") is not None or w is None:
-        raise HookscopeError(f"{q}.weight is masked already; make its mask permanent first "
+        raise HookscopeError(f"{label} is masked already; make its mask permanent first "
                              "(hookscope.remove_masks) or pass an unpruned model")
     if not w.is_floating_point() or w.device.type == "meta":
-        raise HookscopeError(f"{q}.weight is a {w.dtype} tensor on {w.device}; only floating-point weights "
+        raise HookscopeError(f"{label} is a {w.dtype} tensor on {w.device}; only floating-point weights "
                              "with values are pruned")
     if held.get(id(w), 0) > 1:
-        raise HookscopeError(f"{q}.weight is shared with another layer (tied weights): a mask on one would leave "
+        raise HookscopeError(f"{label} is shared with another layer (tied weights): a mask on one would leave "
                              "the other dense; untie them first")
     cols = matrix_of(m).shape[1]
     if settings.n_m is not None and cols % settings.n_m[1]:
@@ -172,16 +176,29 @@ def _calibrate(model: nn.Module, stack: Stack, plan: list[list[tuple[str, str, n
                method: str, settings: Settings, device: torch.device) -> list[_Pending]:
     calls = first_calls(model, stack, batches, device)
     pending: list[_Pending] = []
-    for i, ((_, block), layers) in enumerate(zip(stack.blocks, plan)):
-        done: list[_Pending] = []
-        if layers:
-            stats = _measure(block, calls, layers, SOLVERS[method].statistic, device, stack.kind)
-            done = _solve(layers, stats, method, settings)
-            del stats  # one block's statistics at a time
-        if i + 1 < len(stack.blocks) and stack.kind != "whole":
-            calls = run_block(block, calls, stack.kind, _params(layers, done) if layers else None)
+    for i, ((q, block), layers) in enumerate(zip(stack.blocks, plan)):
+        try:
+            done = _block(block, layers, calls, method, settings, device, stack.kind)
+            if i + 1 < len(stack.blocks) and stack.kind != "whole":
+                calls = run_block(block, calls, stack.kind, _params(layers, done) if layers else None)
+        except HookscopeError:
+            raise
+        except Exception as e:  # the user's model on the user's data: say where, in one line
+            text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            where = f"block {q!r}" if q else type(block).__name__
+            raise HookscopeError(f"calibration fails in {where} ({type(e).__name__}: {text}); pass data the model "
+                                 "takes (its inputs, or token ids for a language model)") from e
         pending += done
     return pending
+
+
+def _block(block: nn.Module, layers: list[tuple[str, str, nn.Module]], calls: list[Call], method: str,
+           settings: Settings, device: torch.device, kind: str) -> list[_Pending]:
+    """The block's layers measured on its calls and solved; one block's statistics held at a time."""
+    if not layers:
+        return []
+    stats = _measure(block, calls, layers, SOLVERS[method].statistic, device, kind)
+    return _solve(layers, stats, method, settings)
 
 
 def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", sparsity: float | None = None,

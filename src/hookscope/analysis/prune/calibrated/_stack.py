@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.parameter import is_lazy
 
 from ....core.hooks import HookGroup
 from ....errors import HookscopeError
@@ -44,7 +45,7 @@ class Stack:
 
 def _linear(m: nn.Module) -> bool:
     w = getattr(m, "weight", None)
-    return (isinstance(m, nn.Linear) or is_conv1d(m)) and isinstance(w, torch.Tensor) and w.dim() == 2
+    return (isinstance(m, nn.Linear) or is_conv1d(m)) and isinstance(w, torch.Tensor) and (is_lazy(w) or w.dim() == 2)
 
 
 def linears_in(block: nn.Module, qualname: str) -> list[tuple[str, str, nn.Module]]:
