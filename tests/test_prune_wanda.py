@@ -263,6 +263,15 @@ def test_a_masked_layer_or_tied_weights_are_refused_before_anything_changes():
     assert hook_count(tied) == 0
 
 
+def test_a_data_loader_of_inputs_and_labels_gives_the_masks_of_its_inputs():
+    x = torch.randn(24, 16, generator=torch.Generator().manual_seed(5))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.zeros(24)), batch_size=8)
+    a, b = _mlp(), _mlp()
+    hookscope.prune_calibrated(a, loader, sparsity=0.5)
+    hookscope.prune_calibrated(b, list(x.split(8)), sparsity=0.5)
+    assert all(torch.equal(m.weight_mask, n.weight_mask) for m, n in zip(a, b) if isinstance(m, nn.Linear))
+
+
 def test_training_mode_is_kept_and_sparsity_zero_prunes_nothing():
     model = _mlp().train()
     r = hookscope.prune_calibrated(model, torch.randn(8, 16), method="wanda", sparsity=0.0)

@@ -10,7 +10,7 @@ was. Must not import: any other analysis module.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +50,9 @@ def _settings(method: str, sparsity: object, n_m: object, blocksize: object, per
                 and 0 < int(n_m[0]) < int(n_m[1])):
             raise HookscopeError(f"n_m={n_m!r} is not N:M; pass two ints 0 < N < M, e.g. n_m=(2, 4): 2 of every "
                                  "4 consecutive inputs pruned")
-        nm: tuple[int, int] | None = (int(n_m[0]), int(n_m[1]))
-        value = nm[0] / nm[1]
+        pair = (int(n_m[0]), int(n_m[1]))
+        nm: tuple[int, int] | None = pair
+        value = pair[0] / pair[1]
     else:
         nm = None
         ok = isinstance(sparsity, numbers.Real) and not isinstance(sparsity, bool) and 0 <= float(sparsity) < 1
@@ -75,16 +76,28 @@ def _batch_ok(b: object) -> bool:
     return isinstance(b, Mapping) and bool(b) and all(isinstance(k, str) for k in b)
 
 
+def _inputs(b: object) -> object:
+    """A loader's ``(inputs, labels)`` batch as its inputs; any other batch as it is."""
+    if isinstance(b, (list, tuple)) and b and isinstance(b[0], (torch.Tensor, Mapping)):
+        return b[0]
+    return b
+
+
 def _batches(data: object) -> list[Any]:
-    """``data`` as a list of batches: one tensor (or dict of keyword inputs), or a list or tuple of them."""
-    items = [data] if isinstance(data, (torch.Tensor, Mapping)) else list(data) \
-        if isinstance(data, (list, tuple)) else None
+    """``data`` as a list of batches: one tensor (or dict of keyword inputs), or an iterable of them
+    (a list, a DataLoader; ``(inputs, labels)`` batches give their inputs)."""
+    if isinstance(data, (torch.Tensor, Mapping)):
+        items: list[Any] | None = [data]
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
+        items = [_inputs(b) for b in data]
+    else:
+        items = None
     if not items or not all(_batch_ok(b) for b in items):
         bad = type(data).__name__ if items is None or not items else \
             next(type(b).__name__ for b in items if not _batch_ok(b)) + " in it"
         raise HookscopeError(f"data= is not calibration data (a {bad}, or empty); pass a tensor of inputs "
                              "(token ids [nsamples, seqlen] for a language model), a dict of keyword inputs, or "
-                             "a list of those (batches)")
+                             "a list or DataLoader of those (batches)")
     return items
 
 
@@ -130,7 +143,8 @@ def _device(device: object, model: nn.Module) -> torch.device:
         first = next(iter(model.parameters()), None)
         return first.device if first is not None else torch.device("cpu")
     try:
-        return torch.device(device)  # type: ignore[arg-type]
+        where: torch.device = torch.device(device)  # type: ignore[call-overload]
+        return where
     except (RuntimeError, TypeError):
         raise HookscopeError(f"device={device!r} is not a device; pass 'cpu', 'cuda', 'cuda:1'...") from None
 
@@ -216,7 +230,8 @@ def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", spar
     Args:
         model: the model, on ``device``, left in its training mode.
         data: the calibration inputs: a tensor (token ids ``[nsamples, seqlen]`` for a language model),
-            a dict of keyword inputs, or a list of those (batches, run one at a time).
+            a dict of keyword inputs, or a list or DataLoader of those (batches, run one at a time; an
+            ``(inputs, labels)`` batch gives its inputs).
         method: ``"wanda"`` (score ``|W_ij| * ||X_j||_2``, the weights kept as they are) or ``"sparsegpt"``
             (the optimal-brain-surgeon mask and weight update, written into ``weight_orig``).
         sparsity: a fraction in [0, 1): the lowest-scored share of each row (Wanda) or of each block of
@@ -255,7 +270,8 @@ def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", spar
             m.training = mode
     with torch.no_grad():
         for p in pending:
-            if p.weight is not None:
-                p.module.weight.copy_(p.weight)
+            weight = p.module.weight
+            if p.weight is not None and isinstance(weight, torch.Tensor):
+                weight.copy_(p.weight)
             apply_mask(p.module, "weight", p.keep)
     return read_sparsity(model, *[p.qualname for p in pending], name="weight")

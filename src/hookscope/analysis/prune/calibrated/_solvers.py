@@ -72,7 +72,8 @@ def _inverse_factor(hessian: torch.Tensor, percdamp: float) -> torch.Tensor:
     except RuntimeError:  # torch.linalg.LinAlgError is a RuntimeError
         raise HookscopeError(f"the input Hessian is not positive definite even dampened by percdamp={percdamp}; "
                              "pass a larger percdamp= (0.1) or more calibration data") from None
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    upper: torch.Tensor = torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    return upper
 
 
 def _block_mask(w1: torch.Tensor, d1: torch.Tensor, settings: Settings) -> torch.Tensor:
