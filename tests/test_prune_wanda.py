@@ -138,9 +138,11 @@ def test_the_second_block_is_calibrated_on_the_pruned_first_blocks_outputs():
         with torch.no_grad():
             net(_tokens())
         g.remove()
-    assert len(seen) == 1  # one calibration pass over block 1 (it is the last: no pass to feed a next block)
-    torch.testing.assert_close(seen[0], later[0], rtol=0, atol=1e-6)  # the pruned first block's outputs
-    assert (seen[0] - later[1]).abs().max() > 1e-3  # not the dense ones
+    # the dense pass that checks the blocks feed each other, then one calibration pass over block 1 (the
+    # last block: no pass to feed a next one)
+    assert len(seen) == 2 and torch.equal(seen[0], later[1])
+    torch.testing.assert_close(seen[1], later[0], rtol=0, atol=1e-6)  # the pruned first block's outputs
+    assert (seen[1] - later[1]).abs().max() > 1e-3  # not the dense ones
     hookscope.remove_masks(model)
     assert hook_count(model) == 0
 
@@ -270,6 +272,23 @@ def test_a_data_loader_of_inputs_and_labels_gives_the_masks_of_its_inputs():
     hookscope.prune_calibrated(a, loader, sparsity=0.5)
     hookscope.prune_calibrated(b, list(x.split(8)), sparsity=0.5)
     assert all(torch.equal(m.weight_mask, n.weight_mask) for m, n in zip(a, b) if isinstance(m, nn.Linear))
+
+
+def test_blocks_in_a_list_that_do_not_feed_each_other_are_refused():
+    class Branches(nn.Module):  # a ModuleList of parallel branches: the second is not fed the first's output
+        def __init__(self) -> None:
+            super().__init__()
+            self.branches = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sum(b(x) for b in self.branches)
+
+    model = Branches()
+    before = _weights(model)
+    with pytest.raises(hookscope.HookscopeError, match="'branches' are not run one after another") as e:
+        hookscope.prune_calibrated(model, torch.randn(4, 8), sparsity=0.5)
+    assert "\n" not in str(e.value) and hook_count(model) == 0
+    assert all(torch.equal(model.state_dict()[n], t) for n, t in before.items())
 
 
 def test_training_mode_is_kept_and_sparsity_zero_prunes_nothing():

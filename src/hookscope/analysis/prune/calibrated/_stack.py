@@ -23,7 +23,7 @@ from ....errors import HookscopeError
 from ....selection import named_modules, unwrap
 from ._stats import is_conv1d
 
-__all__ = ["Call", "Stack", "find_stack", "linears_in", "first_calls", "run_block"]
+__all__ = ["Call", "Stack", "find_stack", "linears_in", "check_chain", "first_calls", "run_block"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """The positional and keyword inputs of one call of a block (one calibration batch)."""
@@ -117,12 +117,45 @@ def _caught(model: nn.Module, first: nn.Module, batch: Any, i: int) -> Call:
                          "pass an nn.Sequential or a model that runs its nn.ModuleList of blocks")
 
 
+def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("hidden_states")
+
+
+def check_chain(model: nn.Module, stack: Stack, batch: Any) -> None:
+    """Refuse, before any pruning, blocks in a list that do not feed each other in order (parallel
+    branches, a list called twice): each block must be called once, on the previous block's output."""
+    seen: list[tuple[int, str, Any]] = []
+
+    def pre(k: int) -> Any:
+        return lambda m, a, kw: seen.append((k, "in", _hidden(a, kw)))
+
+    def post(k: int) -> Any:
+        return lambda m, a, kw, out: seen.append((k, "out", out[0] if isinstance(out, (tuple, list)) else out))
+
+    with HookGroup() as hooks:
+        for k, (_, block) in enumerate(stack.blocks):
+            # own hook: one dense pass that shows the order the blocks run in and what each is fed
+            hooks.add(block.register_forward_pre_hook(pre(k), with_kwargs=True))
+            hooks.add(block.register_forward_hook(post(k), with_kwargs=True))
+        _call_model(model, batch)
+    order = [(k, side) for k, side, _ in seen]
+    chained = order == [(k, side) for k in range(len(stack.blocks)) for side in ("in", "out")] and all(
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        for (_, _, a), (_, _, b) in zip(seen[1:-1:2], seen[2::2]))
+    if not chained:
+        raise HookscopeError(f"the blocks in {stack.blocks[0][0].rsplit('.', 1)[0]!r} are not run one after another, "
+                             "each on the previous one's output; pass an nn.Sequential of the parts, or the model "
+                             "whose blocks do")
+
+
 def first_calls(model: nn.Module, stack: Stack, batches: list[Any], device: torch.device) -> list[Call]:
     """The inputs of the first block, one call per batch, on ``device``."""
     moved = [{k: _to(v, device) for k, v in b.items()} if isinstance(b, Mapping) else _to(b, device)
              for b in batches]
     if stack.kind == "list":
-        return [_caught(unwrap(model)[0], stack.blocks[0][1], b, i) for i, b in enumerate(moved)]
+        calls = [_caught(unwrap(model)[0], stack.blocks[0][1], b, i) for i, b in enumerate(moved)]
+        check_chain(unwrap(model)[0], stack, moved[0])
+        return calls
     return [((), dict(b)) if isinstance(b, Mapping) else ((b,), {}) for b in moved]
 
 
