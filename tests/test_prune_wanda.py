@@ -140,7 +140,7 @@ def test_the_second_block_is_calibrated_on_the_pruned_first_blocks_outputs():
         g.remove()
     # the dense pass that checks the blocks feed each other, then one calibration pass over block 1 (the
     # last block: no pass to feed a next one)
-    assert len(seen) == 2 and torch.equal(seen[0], later[1])
+    assert len(seen) == 2 and torch.equal(seen[0], later[1][:1])  # the check runs on the first sequence
     torch.testing.assert_close(seen[1], later[0], rtol=0, atol=1e-6)  # the pruned first block's outputs
     assert (seen[1] - later[1]).abs().max() > 1e-3  # not the dense ones
     hookscope.remove_masks(model)

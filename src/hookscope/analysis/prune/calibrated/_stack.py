@@ -121,6 +121,14 @@ def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0] if args else kwargs.get("hidden_states")
 
 
+def _one_sample(batch: Any) -> Any:
+    """The first sequence of a batch: the order check runs the whole model (its head's logits too)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:1]
+    n = next((v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim()), None)
+    return {k: v[:1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v for k, v in batch.items()}
+
+
 def check_chain(model: nn.Module, stack: Stack, batch: Any) -> None:
     """Refuse, before any pruning, blocks in a list that do not feed each other in order (parallel
     branches, a list called twice): each block must be called once, on the previous block's output."""
@@ -154,7 +162,7 @@ def first_calls(model: nn.Module, stack: Stack, batches: list[Any], device: torc
              for b in batches]
     if stack.kind == "list":
         calls = [_caught(unwrap(model)[0], stack.blocks[0][1], b, i) for i, b in enumerate(moved)]
-        check_chain(unwrap(model)[0], stack, moved[0])
+        check_chain(unwrap(model)[0], stack, _one_sample(moved[0]))
         return calls
     return [((), dict(b)) if isinstance(b, Mapping) else ((b,), {}) for b in moved]
 
