@@ -31,6 +31,21 @@ def _opt() -> nn.Module:
     return transformers.OPTForCausalLM(cfg).eval()
 
 
+def _gpt2() -> nn.Module:
+    torch.manual_seed(4)
+    cfg = transformers.GPT2Config(vocab_size=40, n_embd=16, n_layer=2, n_head=2, n_positions=32)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _linears(block: nn.Module) -> list[nn.Module]:
+    """nn.Linear, and GPT-2's Conv1D (a linear layer whose weight is stored (in, out))."""
+    return [m for m in block.modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+
+
+def _matrix(m: nn.Module) -> torch.Tensor:
+    return m.weight.t() if type(m).__name__ == "Conv1D" else m.weight
+
+
 def _mlp() -> nn.Module:
     torch.manual_seed(3)
     return nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
@@ -42,11 +57,12 @@ def _tokens(seed: int = 0) -> torch.Tensor:
 
 MODELS = {"llama": (_llama, lambda m: m.model.layers, _tokens),
           "opt": (_opt, lambda m: m.model.decoder.layers, _tokens),
+          "gpt2": (_gpt2, lambda m: m.transformer.h, _tokens),
           "mlp": (_mlp, lambda m: [l for l in m if isinstance(l, nn.Linear)],
                   lambda seed=0: torch.randn(24, 16, generator=torch.Generator().manual_seed(seed)) * 3)}
 
 
-def _inputs_of(model: nn.Module, layers: list[nn.Linear], data: torch.Tensor) -> list[torch.Tensor]:
+def _inputs_of(model: nn.Module, layers: list[nn.Module], data: torch.Tensor) -> list[torch.Tensor]:
     """Every token's input to each layer when the whole model runs on the data, as ``[tokens, in]``."""
     seen: list[list[torch.Tensor]] = [[] for _ in layers]
     hooks = [l.register_forward_hook(lambda m, i, o, k=k: seen[k].append(i[0].reshape(-1, i[0].shape[-1])))
@@ -80,13 +96,13 @@ def _reference(model: nn.Module, blocks: list[nn.Module], data: torch.Tensor, sp
     blocks before it pruned (the weights zeroed on this copy)."""
     out = []
     for block in blocks:
-        linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
+        linears = _linears(block)
         for lin, x in zip(linears, _inputs_of(model, linears, data)):
-            pruned = _formula(lin.weight.detach(), x, sparsity, n_m)
+            pruned = _formula(_matrix(lin).detach(), x, sparsity, n_m)
             out.append(pruned)
         with torch.no_grad():
             for lin, pruned in zip(linears, out[-len(linears):]):
-                lin.weight[pruned] = 0
+                _matrix(lin)[pruned] = 0
     return out
 
 
@@ -99,10 +115,11 @@ def test_wanda_masks_are_the_published_formula_block_by_block(name, setting):
     ref = copy.deepcopy(model)
     expected = _reference(ref, list(blocks(ref)), data, setting.get("sparsity"), setting.get("n_m"))
     r = hookscope.prune_calibrated(model, data, method="wanda", **setting)
-    linears = [m for b in blocks(model) for m in b.modules() if isinstance(m, nn.Linear)]
+    linears = [m for b in blocks(model) for m in _linears(b)]
     assert len(linears) == len(expected) == len(r.rows)
     for lin, pruned in zip(linears, expected):
-        assert torch.equal(lin.weight_mask == 0, pruned)
+        mask = lin.weight_mask.t() if type(lin).__name__ == "Conv1D" else lin.weight_mask
+        assert torch.equal(mask == 0, pruned)
     assert r.zeros == sum(int(p.sum()) for p in expected)
     assert hook_count(model) == sum(1 for _ in linears)  # the masks' own pre-hooks, nothing else
     hookscope.remove_masks(model)
