@@ -312,3 +312,11 @@ def test_training_mode_is_kept_and_sparsity_zero_prunes_nothing():
     model = _mlp().train()
     r = hookscope.prune_calibrated(model, torch.randn(8, 16), method="wanda", sparsity=0.0)
     assert r.zeros == 0 and all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_prune_with_a_calibrated_method_points_to_prune_calibrated(method):
+    model = _mlp()
+    with pytest.raises(hookscope.HookscopeError, match=r"use hookscope.prune_calibrated\(model, data") as e:
+        hookscope.prune(model, amount=0.5, method=method)
+    assert "\n" not in str(e.value) and hook_count(model) == 0 and hookscope.sparsity(model).zeros == 0
