@@ -273,6 +273,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "box_mask": lambda **kw: metrics.box_mask([[0, 0, 2, 2]], 4, 4, **kw),
         "blur": lambda **kw: metrics.blur(torch.rand(1, 3, 8, 8), **kw),
         "prune": lambda **kw: hookscope.prune(copy.deepcopy(net), amount=0.1, **kw),
+        "prune_calibrated": lambda **kw: hookscope.prune_calibrated(copy.deepcopy(net), x, sparsity=0.5, **kw),
         "remove_masks": lambda **kw: hookscope.remove_masks(copy.deepcopy(net), **kw),
         "sparsity": lambda **kw: hookscope.sparsity(net, **kw),
         "prune_channels": lambda **kw: hookscope.prune_channels(copy.deepcopy(net), x[:1], amount=0.1, **kw),

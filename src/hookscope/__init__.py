@@ -65,6 +65,7 @@ from .analysis.prune import (
     compact,
     compare_models,
     prune,
+    prune_calibrated,
     prune_channels,
     prune_heads,
     prune_width,
@@ -128,7 +129,7 @@ __all__ = [
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
     "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
-    "prune", "sparsity", "Sparsity", "remove_masks",
+    "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
     "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",
     "prune_width", "WidthPruning", "WidthRow", "compact", "compare_models", "ModelComparison",

@@ -3,7 +3,8 @@ channel importance measured on data, and physical removal of pruned channels alo
 graph recorded in one forward pass.
 
 One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria, ``prune`` /
-``remove`` / ``sparsity``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
+``remove`` / ``sparsity``), ``calibrated`` (Wanda and SparseGPT masks calibrated block by block,
+``prune_calibrated``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
 dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
 (attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
 as one group, ``prune_width``), ``compact`` (physical removal, on top of them all), ``compare``
@@ -21,10 +22,11 @@ from .compare import CompareRow, ModelComparison, compare_models
 from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channel_groups
 from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
+from .calibrated import prune_calibrated
 from .masks import PruneRow, Sparsity, prune, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
 
-__all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow",
+__all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibrated",
            "prune_channels", "ChannelPruning", "ChannelRow",
            "channel_groups", "ChannelGroups", "Group", "GroupMember", "Site", "BlockedGroup",
            "mask_channels", "compact", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",

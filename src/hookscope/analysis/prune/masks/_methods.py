@@ -195,6 +195,9 @@ def criterion(method: str) -> Criterion:
         hookscope.errors.HookscopeError: no pruning method 'l1_unstructed'. Did you mean 'l1_unstructured', 'ln_structured', 'random_unstructured'? The methods: l1_unstructured, random_unstructured, ln_structured, random_structured
     """
     found = METHODS.get(method) if isinstance(method, str) else None
+    if method in ("wanda", "sparsegpt"):  # ranked on calibration data, which prune() does not take
+        raise HookscopeError(f"method={method!r} is calibrated on data; use hookscope.prune_calibrated(model, data, "
+                             f"method={method!r}, sparsity=0.5)")
     if found is None:
         hint = did_you_mean(method, METHODS) if isinstance(method, str) else ""
         raise HookscopeError(f"no pruning method {method!r}.{hint} The methods: {', '.join(METHODS)}")
