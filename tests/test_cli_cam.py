@@ -22,7 +22,7 @@ from torch import nn
 
 from hookscope import HookscopeError
 from hookscope.cli import main
-from hookscope.cli._images import image_files, read_image
+from hookscope.cli.inputs._images import image_files, read_image
 from helpers import cached_torchvision_weights
 
 from hookscope.core.text import first_line
@@ -245,7 +245,7 @@ def test_tokens_on_a_non_square_grid_need_grid_and_the_error_says_the_cli_option
     data = json.loads(capsys.readouterr().out)
     assert data["raw"]["emb"]["shape"] == [1, 4, 5]
     from hookscope.cli._load import load_model
-    from hookscope.cli._shapes import example_input
+    from hookscope.cli.inputs._shapes import example_input
 
     own = cam(load_model(f"{tmp_path}/tok.py:Tok"), example_input("x", "1x3x4x5"), layers="emb",
               reshape=tokens_to_grid(1, grid=(4, 5)))

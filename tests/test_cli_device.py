@@ -13,7 +13,7 @@ from PIL import Image
 
 from hookscope.cli import main
 from hookscope.cli._common import check_device
-from hookscope.cli._inputs import ModelInput
+from hookscope.cli.inputs._inputs import ModelInput
 
 COMMANDS = {
     "summary": ["summary", "tiny", "--json"],

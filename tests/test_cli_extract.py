@@ -19,8 +19,8 @@ from PIL import Image
 import hookscope
 from hookscope.analysis.extract import reducer
 from hookscope.cli import main
-from hookscope.cli._data import ArrayFiles, ImageFiles, file_data
-from hookscope.cli._images import ImageTransform, load_images
+from hookscope.cli.inputs._data import ArrayFiles, ImageFiles, file_data
+from hookscope.cli.inputs._images import ImageTransform, load_images
 from hookscope.cli._load import load_model
 from hookscope.cli.extract import parse_spec
 from hookscope.errors import HookscopeError

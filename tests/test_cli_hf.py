@@ -15,7 +15,7 @@ import torch
 from cli_batch import Session
 from helpers import no_hooks
 from hookscope.cli import main
-from hookscope.cli._inputs import model_input
+from hookscope.cli.inputs._inputs import model_input
 from hookscope.cli._load import load_model
 from hookscope.loading import model as loading_model
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from hookscope import HookscopeError
 from hookscope.cli._load import load_model, trusting_pickles
-from hookscope.cli._shapes import example_input, parse_shape
+from hookscope.cli.inputs._shapes import example_input, parse_shape
 from hookscope.zoo import TinyResNet
 
 

@@ -20,7 +20,7 @@ from hookscope.analysis.trace import trace
 from hookscope.analysis.watch import watch
 from hookscope.cli import main
 from hookscope.cli._load import load_model
-from hookscope.cli._shapes import example_input
+from hookscope.cli.inputs._shapes import example_input
 from hookscope.cli._common import keep_for, run_model
 from hookscope.core.result import jsonable
 from hookscope.viz.plots import plot_diff, plot_gradient_flow, plot_trace, save_figure

@@ -20,9 +20,9 @@ import hookscope
 from hookscope import HookscopeError
 from hookscope.analysis.prune import fit_to, marked_compacted
 from hookscope.cli import main
-from hookscope.cli._images import load_images
+from hookscope.cli.inputs._images import load_images
 from hookscope.cli._load import load_model
-from hookscope.cli._shapes import example_input
+from hookscope.cli.inputs._shapes import example_input
 from hookscope.zoo import DEMO_CLASSES, TinyResNet, demo_model
 
 FAST = ["--repeats", "1"]

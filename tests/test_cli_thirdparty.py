@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from hookscope.cli import main
-from hookscope.cli._images import load_images, preset_for
-from hookscope.cli._inputs import model_input
+from hookscope.cli.inputs._images import load_images, preset_for
+from hookscope.cli.inputs._inputs import model_input
 from hookscope.cli._load import load_model
-from hookscope.cli._shapes import check_fits
+from hookscope.cli.inputs._shapes import check_fits
 from hookscope.errors import HookscopeError
 from hookscope.loading import hf as loading_hf
 from hookscope.loading.extras import missing_package

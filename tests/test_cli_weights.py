@@ -23,7 +23,7 @@ from torch import nn
 
 from hookscope import HookscopeError
 from hookscope.cli import main
-from hookscope.cli._images import load_images, preset_for
+from hookscope.cli.inputs._images import load_images, preset_for
 from hookscope import load_weights
 from hookscope.cli._load import class_names, load_model, model_session
 from hookscope.zoo import DEMO_CLASSES, TinyResNet

@@ -14,7 +14,7 @@ import torch
 
 import hookscope
 from hookscope.cli import main
-from hookscope.cli._images import load_images as cli_load_images
+from hookscope.cli.inputs._images import load_images as cli_load_images
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import hookscope
-from hookscope.cli._inputs import model_input
-from hookscope.cli._shapes import example_input as cli_example_input
+from hookscope.cli.inputs._inputs import model_input
+from hookscope.cli.inputs._shapes import example_input as cli_example_input
 
 
 def test_an_example_input_is_seeded_and_of_the_models_shape() -> None:

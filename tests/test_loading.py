@@ -301,10 +301,10 @@ def test_a_folder_with_its_own_code_is_refused_and_its_code_never_runs(tmp_path:
 def test_every_transformers_loading_call_keeps_remote_code_off():
     import ast
 
-    import hookscope.cli._tokenizer
+    import hookscope.cli.inputs._tokenizer
     import hookscope.loading
 
-    files = [*Path(hookscope.loading.__file__).parent.glob("*.py"), Path(hookscope.cli._tokenizer.__file__)]
+    files = [*Path(hookscope.loading.__file__).parent.glob("*.py"), Path(hookscope.cli.inputs._tokenizer.__file__)]
     calls = []
     for file in files:
         for node in ast.walk(ast.parse(file.read_text())):

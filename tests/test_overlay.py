@@ -131,7 +131,7 @@ def _cli(*argv):
 
 
 def test_cli_prints_predicted_class_score_and_layer_and_saves_the_input_under_the_map(tmp_path, capsys):
-    from hookscope.cli._shapes import example_input
+    from hookscope.cli.inputs._shapes import example_input
     from hookscope.zoo import TinyResNet
 
     out = tmp_path / "o.png"

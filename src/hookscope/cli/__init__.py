@@ -171,7 +171,7 @@ def _run(module: ModuleType, args: argparse.Namespace, debug: bool = False) -> i
         with model_session(args):
             return int(module.run(args) or 0)
     except ForwardError as e:  # a forward pass that failed on --image: the size the model states, if another
-        from ._images import size_hint
+        from .inputs import size_hint
 
         hint = size_hint(args)
         return fail(str(e) if hint is None else f"{_one_line(str(e))}; {hint}")

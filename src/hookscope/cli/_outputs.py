@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import HookscopeError
-from ._images import IMAGE_SUFFIXES, image_files
+from .inputs import IMAGE_SUFFIXES, image_files
 
 __all__ = ["check_outputs", "input_paths", "check_not_inputs"]
 

@@ -20,10 +20,8 @@ from ..loading.hf import is_hf_model
 from ..targets import Token
 from ._common import (add_device_argument, add_examples, add_layers_argument, add_plot_argument, check_device,
                       check_plot, save_plot)
-from ._images import add_image_arguments, load_images
-from ._inputs import model_input
+from .inputs import add_image_arguments, hf_tokenizer, load_images, model_input, tokenizer_files
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
-from ._tokenizer import hf_tokenizer, tokenizer_files
 
 _RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
 _FLAGS = {"--steps": "steps", "--rule": "rule", "--samples": "samples", "--noise": "noise"}  # flag -> the setting

@@ -19,8 +19,7 @@ import torch
 from ..core.text import shape_text
 from ..errors import HookscopeError, did_you_mean
 from ..loading.hf import is_hf_model
-from ._images import add_image_arguments, load_images
-from ._inputs import hf_logits, model_input
+from .inputs import add_image_arguments, hf_logits, load_images, model_input
 from ._common import add_device_argument, add_layers_argument, check_device
 from ._load import (
     DEMO_SPEC,

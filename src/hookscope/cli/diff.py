@@ -12,7 +12,7 @@ from torch import nn
 from ..analysis.diff import ATOL, RTOL, Settings, diff, settings
 from ..errors import HookscopeError
 from ..viz.plots import plot_diff
-from ._inputs import model_input
+from .inputs import model_input
 from ._load import add_model_arguments, load_model
 from ._common import add_device_argument, add_examples, add_layers_argument, check_device, add_plot_argument, check_plot, save_plot
 

@@ -16,8 +16,7 @@ import torch
 from ..errors import HookscopeError
 from ..selection import At
 from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
-from ._data import FileData, file_data, kind_of
-from ._images import PRESETS, preset_for
+from .inputs import PRESETS, file_data, FileData, kind_of, preset_for
 from ._load import add_model_arguments
 
 __all__ = ["DTYPES", "add_parser", "parse_spec", "run"]

@@ -18,11 +18,9 @@ from ..errors import HookscopeError
 from ..loading.spec import HF_PREFIX, TIMM_PREFIX
 from ..viz.features import REDUCTIONS, SCALES
 from ._common import add_device_argument, add_layers_argument, check_device
-from ._images import add_image_arguments, load_images
-from ._inputs import ModelInput, model_input
+from .inputs import add_image_arguments, example_input, load_images, model_input, ModelInput
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
 from ._outputs import check_outputs, input_paths
-from ._shapes import example_input
 
 if TYPE_CHECKING:
     from ..analysis.features import FeatureMaps

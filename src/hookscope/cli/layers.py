@@ -18,7 +18,7 @@ from ..core.ops import SEP, nearest
 from ..errors import HookscopeError
 from ..core.text import shape_text, table
 from ..selection import layers
-from ._inputs import model_input
+from .inputs import model_input
 from ._load import add_model_arguments
 from ._common import add_device_argument, add_examples, model_from
 

@@ -17,8 +17,7 @@ from torch import nn
 from ..core.text import first_line
 from ..errors import HookscopeError, did_you_mean
 from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
-from ._images import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images
-from ._inputs import ModelInput, model_input
+from .inputs import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images, model_input, ModelInput
 from ._load import add_model_arguments, class_names
 from ._prune_shares import check_heads, check_mlp, check_width
 

@@ -12,8 +12,7 @@ import torch
 
 from ..errors import HookscopeError
 from ._common import add_device_argument, add_layers_argument, check_device
-from ._images import add_image_arguments, load_images
-from ._inputs import model_input
+from .inputs import add_image_arguments, load_images, model_input
 from ._load import (DEMO_SPEC, add_class_arguments, add_model_arguments, check_class_names, class_names, load_model,
                     warn)
 

@@ -10,7 +10,7 @@ from ..analysis.step_memory import step_memory
 from ..analysis.summary import summary
 from ..core.result import jsonable
 from ..errors import HookscopeError
-from ._inputs import model_input
+from .inputs import model_input
 from ._load import add_model_arguments
 from ._common import add_device_argument, add_examples, backward_loss, model_from
 

@@ -12,7 +12,7 @@ from ..errors import HookscopeError
 from ..viz.plots import plot_gradient_flow, plot_trace
 from ._common import (add_device_argument, add_layers_argument, LOSS_HELP, add_examples, add_plot_argument, check_plot, keep_for, model_from, run_model,
                       save_plot)
-from ._inputs import model_input
+from .inputs import model_input
 from ._load import add_model_arguments
 
 

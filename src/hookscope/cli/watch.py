@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..analysis.watch import watch
-from ._inputs import model_input
+from .inputs import model_input
 from ._load import add_model_arguments
 from ._common import add_device_argument, add_layers_argument, LOSS_HELP, add_examples, keep_for, model_from, run_model
 

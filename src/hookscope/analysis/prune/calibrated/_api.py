@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ....core.hooks import HookGroup
-from ....errors import HookscopeError, did_you_mean
+from ....errors import HookscopeError, checked, did_you_mean
 from ....selection import named_modules
 from ..masks import Sparsity, apply_mask, mask_of
 from ..masks import sparsity as read_sparsity
@@ -215,8 +215,9 @@ def _block(block: nn.Module, layers: list[tuple[str, str, nn.Module]], calls: li
     return _solve(layers, stats, method, settings)
 
 
+@checked
 def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", sparsity: float | None = None,
-                     n_m: tuple[int, int] | None = None, device: str | torch.device | None = None,
+                     n_m: tuple[int, int] | None = None, device: torch.device | str | None = None,
                      blocksize: int = 128, percdamp: float = 0.01) -> Sparsity:
     """Mask the linear layers of ``model`` with Wanda or SparseGPT, calibrated on ``data`` block by block.
 

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import HookscopeError
-from ..loading import ImageTransform, Images, image_transform
-from ..loading import image_files as _library_image_files
-from ..loading import load_images as _library_load_images
-from ..loading import read_image as _library_read_image
-from ..loading.images import IMAGE_SUFFIXES, PRESETS
-from ..loading.spec import HF_PREFIX, TIMM_PREFIX
-from ._load import cli_words
+from ...errors import HookscopeError
+from ...loading import ImageTransform, Images, image_transform
+from ...loading import image_files as _library_image_files
+from ...loading import load_images as _library_load_images
+from ...loading import read_image as _library_read_image
+from ...loading.images import IMAGE_SUFFIXES, PRESETS
+from ...loading.spec import HF_PREFIX, TIMM_PREFIX
+from .._load import cli_words
 
 __all__ = ["IMAGE_SUFFIXES", "PRESETS", "ImageTransform", "Images", "add_image_arguments", "image_files",
            "load_images", "preset_for", "read_image", "size_hint"]

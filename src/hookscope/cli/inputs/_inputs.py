@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.text import shape_text
-from ..errors import HookscopeError
-from ..loading import check_seed
-from ..loading.hf import is_hf_model
-from ..loading.preprocessing import timm_input_size
-from ..loading.spec import TIMM_PREFIX
-from ._common import check_device
+from ...core.text import shape_text
+from ...errors import HookscopeError
+from ...loading import check_seed
+from ...loading.hf import is_hf_model
+from ...loading.preprocessing import timm_input_size
+from ...loading.spec import TIMM_PREFIX
+from .._common import check_device
 from ._shapes import check_fits, example_input, parse_shape, random_input
 from ._tokenizer import text_tokens
 

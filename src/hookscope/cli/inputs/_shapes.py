@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..loading import example_input as _library_example_input
-from ..loading.inputs import check_fits as _library_check_fits
-from ..loading.inputs import parse_shape as _library_parse_shape
-from ..loading.inputs import random_input as _library_random_input
-from ._load import cli_words
+from ...loading import example_input as _library_example_input
+from ...loading.inputs import check_fits as _library_check_fits
+from ...loading.inputs import parse_shape as _library_parse_shape
+from ...loading.inputs import random_input as _library_random_input
+from .._load import cli_words
 
 __all__ = ["check_fits", "example_input", "parse_shape", "random_input"]
 

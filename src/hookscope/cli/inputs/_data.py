@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..core.text import first_line, shape_text
-from ..errors import HookscopeError
+from ...core.text import first_line, shape_text
+from ...errors import HookscopeError
 from ._images import IMAGE_SUFFIXES, ImageTransform, read_image
 
 __all__ = ["DATA_KINDS", "ArrayFiles", "FileData", "ImageFiles", "TensorFiles", "data_kind", "file_data", "kind_of",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..loading import Tokens, load_tokenizer, tokenize
-from ..loading.tokens import tokenizer_files
-from ._load import cli_words
+from ...loading import Tokens, load_tokenizer, tokenize
+from ...loading.tokens import tokenizer_files
+from .._load import cli_words
 
 __all__ = ["hf_tokenizer", "text_tokens", "tokenizer_files"]
 
