@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .._reduce import STATS, tensor_stats
+from ._distributed import whole
 from ._telemetry import TelemetryRow, ratio
 
 __all__ = ["Owned", "ParamSide", "all_finite"]
@@ -29,14 +30,14 @@ def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool
         >>> all_finite([torch.ones(3), torch.zeros(2)], torch.tensor(1.0)), all_finite([torch.ones(1)], torch.tensor(float("nan")))
         (True, False)
     """
-    parts = [torch.nn.utils.get_total_norm(list(grads)).float()] if grads else []
+    parts = [whole(torch.nn.utils.get_total_norm(list(grads))).float()] if grads else []
     if loss is not None:
         parts.append(loss.detach().float().sum().to(parts[0].device if parts else loss.device))
     if not parts:
         return True
     if bool(torch.isfinite(torch.stack(parts).sum())):
         return True
-    exact = [g for g in grads] + ([loss.detach()] if loss is not None else [])
+    exact = [whole(g) for g in grads] + ([loss.detach()] if loss is not None else [])
     return all(bool(torch.isfinite(t).all()) for t in exact)
 
 
@@ -62,9 +63,9 @@ class ParamSide:
         of their gradients, just before the update."""
         with torch.no_grad():
             # without an optimizer the update already happened: the norm is the copy's, from the step's start
-            params = [self._saved.get(id(p), p).detach() for _, _, p in self._owned]
+            params = [whole(self._saved.get(id(p), p).detach()) for _, _, p in self._owned]
             norms = [torch.linalg.vector_norm(p).double() for p in params]
-            stats = [tensor_stats(p.grad) if p.grad is not None else None for _, _, p in self._owned]
+            stats = [tensor_stats(whole(p.grad)) if p.grad is not None else None for _, _, p in self._owned]
             self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
             found = [s for s in stats if s is not None]
             host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
@@ -75,7 +76,8 @@ class ParamSide:
         deltas: list[float | None] = [None] * len(self._owned)
         if self._update and self._saved:
             with torch.no_grad():
-                moved = [torch.linalg.vector_norm(p.detach() - self._saved[id(p)]).double() for _, _, p in self._owned]
+                moved = [torch.linalg.vector_norm(whole(p.detach()) - whole(self._saved[id(p)])).double()
+                         for _, _, p in self._owned]
                 deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
         out = []
         for (layer, name, p), norm, grad, delta in zip(self._owned, self._norms, self._grads, deltas):
