@@ -351,3 +351,66 @@ def test_an_error_in_the_loop_removes_every_hook_and_closes_the_writers():
         with hookscope.monitor(net, every=1, optimizer=opt, log=seen):
             net(torch.ones(1, 5))
     assert no_hooks(net) and seen.closed and not opt._optimizer_step_pre_hooks
+
+
+def test_a_validation_pass_under_paused_leaves_no_rows_in_the_next_sampled_step():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, val = torch.randn(4, 4), torch.randn(100, 4)
+    with hookscope.monitor(net, "0", every=2, optimizer=opt) as mon:
+        for _ in range(3):
+            with mon.paused(), torch.no_grad():
+                net(val)  # between steps: step 2 is sampled and its hooks are on
+            opt.zero_grad()
+            net(x).sum().backward()
+            opt.step()
+    rows = {r.what: r for r in mon.last["0"] if r.what != "param"}
+    assert mon.last.step == 2 and rows["input"].numel == 4 * 4 and rows["output"].calls == 1
+    _close(rows["input"], _stats(x))
+
+
+def test_an_optimizer_step_with_a_closure_is_checked_after_the_closure_ran():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(4, 4)
+    grads = []
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = net(x).pow(2).mean()
+        loss.backward()
+        grads.append(net[2].weight.grad.clone())
+        return loss
+
+    with hookscope.monitor(net, every=1, optimizer=opt, nonfinite="log") as mon:
+        for step in range(3):
+            loss = opt.step(closure)
+            weight = next(r for r in mon.last["2"] if r.path == "weight")
+            assert weight.grad_norm == pytest.approx(grads[-1].norm().item(), rel=1e-5)
+            assert mon.last.rows[0].loss == pytest.approx(loss.item())  # the closure's loss, noted by itself
+        x[0, 0] = float("nan")
+        opt.step(closure=closure)
+    assert mon.flagged == 1 and mon.nonfinite.step == 3 and mon.nonfinite.module == "0"
+    assert no_hooks(net)
+
+
+def test_a_layer_with_several_outputs_names_its_first_without_a_path_and_the_rest_with_one():
+    class Rnn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(3, 4, batch_first=True), nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.lstm(x)
+            return self.fc(out[:, -1])
+
+    net = Rnn()
+    opt = torch.optim.Adam(net.parameters())
+    with hookscope.monitor(net, every=1, optimizer=opt) as mon:
+        net(torch.randn(2, 5, 3)).sum().backward()
+        opt.step()
+    found = scalars(mon.last)
+    paths = [r.path for r in mon.last["lstm"] if r.what == "output"]
+    assert paths == ["output[0]", "output[1][0]", "output[1][1]"]
+    assert found["output_mean/lstm"] == mon.last["lstm"][1].mean and "output_mean/lstm/output[1][0]" in found
+    assert "dead/lstm" in found and "grad_norm/lstm" in found and no_hooks(net)

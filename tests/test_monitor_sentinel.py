@@ -226,3 +226,97 @@ def test_a_half_precision_gradient_whose_norm_overflows_is_not_flagged():
             p.grad = torch.full_like(p, 60000.0)  # each finite; the norm of the weight's is past 65504
         opt.step()
     assert mon.flagged == 0 and mon.step_number == 1
+
+
+def test_a_replay_that_raises_is_said_and_the_step_still_flagged():
+    net = nn.Sequential(nn.Linear(2, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def replay() -> torch.Tensor:
+        raise ValueError("no batch here")
+
+    with hookscope.monitor(net, every=100, steps=[], optimizer=opt, nonfinite="log", replay=replay) as mon:
+        opt.step()  # step 0, sampled
+        net(torch.tensor([[float("nan"), 1.0]])).sum().backward()
+        opt.step()
+    assert mon.nonfinite.step == 1 and mon.nonfinite.replay_error == "ValueError: no batch here"
+    assert "the replay= function raised ValueError: no batch here" in mon.nonfinite.describe()
+    assert no_hooks(net)
+
+
+def test_a_non_finite_model_input_names_the_first_layer_that_outputs_it():
+    net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, every=1, optimizer=opt, nonfinite="log") as mon:
+        net(torch.tensor([[float("inf"), 1.0]])).sum().backward()
+        opt.step()
+    assert (mon.nonfinite.module, mon.nonfinite.which) == ("0", "output")
+
+
+def test_sparse_gradients_are_checked_and_described_by_their_stored_values():
+    net = nn.Sequential(nn.Embedding(10, 3, sparse=True), nn.Linear(3, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, every=1, optimizer=opt, histograms=4, nonfinite="log") as mon:
+        net(torch.tensor([[1, 2, 2]])).sum().backward()
+        grad = net[0].weight.grad.coalesce()
+        opt.step()
+        assert mon.flagged == 0
+        row = next(r for r in mon.last["0"] if r.what == "param")
+        assert row.grad_norm == pytest.approx(grad.values().norm().item()) and row.numel == 30
+        net[0].weight.grad = None
+        with torch.no_grad():
+            net[1].weight[0, 0] = float("nan")
+        net(torch.tensor([[3]])).sum().backward()
+        opt.step()
+    assert mon.flagged == 1 and no_hooks(net)
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.Adam(ps, lr=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01),
+                                  lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5)])
+def test_skip_leaves_the_state_of_other_optimizers_untouched(make):
+    net = _net("forward")
+    opt = make(net.parameters())
+    states: list[dict] = []
+
+    def snap(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        states.append(copy.deepcopy(optimizer.state_dict()["state"]))
+
+    opt.register_step_post_hook(snap)
+    with hookscope.monitor(net, every=10, optimizer=opt, nonfinite="skip") as mon:
+        _train(net, opt, mon, "forward")
+    for key, value in states[AT - 1].items():
+        for name, t in value.items():
+            assert torch.equal(torch.as_tensor(t), torch.as_tensor(states[AT][key][name])), (key, name)
+    assert mon.flagged == 1 and all(torch.isfinite(p).all() for p in net.parameters())
+
+
+class Parent(nn.Module):
+    """Its own forward takes the log of its input before its child runs."""
+
+    def __init__(self, log: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+        self.log = log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.log(x) if self.log else x * 2)
+
+
+@pytest.mark.parametrize(("x", "log", "module", "which"), [
+    ([[float("inf"), 1.0]], False, "0.fc", "output"),  # the caller's input: the first module outputting it
+    ([[-1.0, 1.0]], True, "0", "own_forward"),         # made by the parent's own code, between its children
+])
+def test_the_replay_names_the_maker_as_watch_does(x, log, module, which):
+    net = nn.Sequential(Parent(log))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    batch = torch.tensor(x)
+    with hookscope.monitor(net, every=100, steps=[], optimizer=opt, nonfinite="log",
+                           replay=lambda: net(batch).sum()) as mon:
+        opt.step()  # step 0, the sampled one
+        net(batch).sum().backward()
+        opt.step()
+    assert (mon.nonfinite.step, mon.nonfinite.module, mon.nonfinite.which) == (1, module, which)
+    with hookscope.watch(net) as w:
+        net(batch).sum().backward()
+    assert (w.culprit.module, w.culprit.which) == (module, which)  # as watch names it
+    assert no_hooks(net)

@@ -10,10 +10,11 @@ of the monitor's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
@@ -24,7 +25,7 @@ from ...selection import Selector, unwrap
 from .._recorder import select
 from .._rows import gather
 from ._histogram import Bins, check_bins
-from ._params import Owned, ParamSide, all_finite
+from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
 from ._schedule import Schedule, Steps
 from ._sentinel import NonFinite, RandomState, culprit_of, replay_step
@@ -101,6 +102,7 @@ class Monitor:
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
         self._handles: list[Any] = []
+        self._paused = 0
         self._state = "new"
 
     # --- the block ---------------------------------------------------------------------------
@@ -114,7 +116,8 @@ class Monitor:
         self._state = "open"
         _ACTIVE[self.root] = self
         try:
-            self.writers = [make() for make in self._make_writers] if writes_here() else []
+            for make in self._make_writers if writes_here() else []:
+                self.writers.append(make())  # one by one: a failing second writer closes the first
             if self.optimizer is not None:
                 # own hook: the optimizer's step hooks are what a step is (no module hook stays between steps)
                 self._handles = [self.optimizer.register_step_pre_hook(self._pre_hook),
@@ -162,6 +165,20 @@ class Monitor:
         self._check()
         self._finish()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside, the model's passes are not the step's: a validation pass run between two steps
+        leaves no rows in the next sampled step (the sentinel, which reads gradients, is not paused)."""
+        self._paused += 1
+        if self._probe is not None:
+            self._probe.pause(True)
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            if self._probe is not None and not self._paused:
+                self._probe.pause(False)
+
     # --- the step's life ---------------------------------------------------------------------
     def sampled(self, step: int | None = None) -> bool:
         """Whether step ``step`` (the step under way by default) is sampled."""
@@ -175,13 +192,38 @@ class Monitor:
         self._probe = Probe(self.model, self.root, self.selected, keep=keep, dead="dead" in self.stats,
                             bins=self.bins)
         self._probe.attach()
-        self._side = ParamSide(self._owned, update="update" in self.stats) if self._owned else None
+        self._probe.pause(self._paused > 0)
+        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins) if self._owned else None
         if self._side is not None and self.optimizer is None:
             self._side.snapshot()  # no optimizer: the update happens somewhere in the step
 
-    def _pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._state == "open":
+    def _pre_hook(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._state != "open":
+            return None
+        closure = kwargs.get("closure") if kwargs.get("closure") is not None else (
+            args[1] if len(args) > 1 and callable(args[1]) else None)
+        if closure is None:
             self._check()
+            return None
+        # the closure computes the gradients inside step(): the check runs once it has, before the update
+        wrapped = self._after_closure(closure)
+        if kwargs.get("closure") is not None:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _after_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        calls = [0]
+
+        def run() -> Any:
+            loss = closure()
+            calls[0] += 1
+            if calls[0] == 1 and self._state == "open":  # LBFGS calls it again: the step's first evaluation is checked
+                if isinstance(loss, torch.Tensor) and self._loss is None:
+                    self.note(loss=loss)
+                self._check()
+            return loss
+
+        return run
 
     def _post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._state == "open":
@@ -222,23 +264,22 @@ class Monitor:
                 p.grad = None  # the optimizer leaves a parameter without a gradient as it is, state too
 
     def _name(self, params: list[torch.Tensor], loss: torch.Tensor | None) -> NonFinite:
-        found = tuple(w for w, bad in (("loss", loss is not None and not bool(torch.isfinite(loss).all())),
-                                      ("gradients", any(p.grad is not None and not bool(torch.isfinite(p.grad).all())
-                                                        for p in params))) if bad)
         bad = tuple(self._names.get(id(p), "?") for p in params
-                    if p.grad is not None and not bool(torch.isfinite(p.grad).all()))
-        row, replayed = None, False
+                    if p.grad is not None and not bool(torch.isfinite(stored(p.grad)).all()))
+        found = tuple(w for w, no in (("loss", loss is not None and not bool(torch.isfinite(loss).all())),
+                                      ("gradients", bool(bad))) if no)
+        row, replayed, error = None, False, ""
         if self.replay is not None:
             replayed = True
             try:
                 row = culprit_of(*replay_step(self.model, self.root, self.replay, self._rng))
-            except Exception:  # the replay is the user's code: a failing one names no module, and the step is still flagged
-                row = None
-        elif self._probe is not None:
+            except Exception as e:  # the replay is the user's code: a failing one names no module; the step is still flagged
+                error = f"{type(e).__name__}: {e}".splitlines()[0]
+        if row is None and self._probe is not None:
             row = self._probe.first_nonfinite()
         if row is None:
-            return NonFinite(self.step_number, "", "", "", found, bad, None, replayed)
-        return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed)
+            return NonFinite(self.step_number, "", "", "", found, bad, None, replayed, error)
+        return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed, error)
 
     def _finish(self, advance: bool = True) -> None:
         """Just after the update: the sampled step's rows written, its hooks removed, the next begun."""
@@ -250,6 +291,7 @@ class Monitor:
             histograms += self._probe.histograms(self.step_number)
         if self._side is not None:
             rows += self._side.rows(self.step_number)
+            histograms += self._side.histograms(self.step_number)
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
@@ -318,6 +360,10 @@ def _writers(log: Log) -> list[Callable[[], Writer]]:
             makers.append(functools.partial(_given, item))
         elif isinstance(item, (str, os.PathLike)):
             folder = checked_folder(item, "log")
+            for name in ("monitor.jsonl", "monitor.csv"):
+                if (folder / name).is_file() and (folder / name).stat().st_size:
+                    raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
+                                         f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
             makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
                        functools.partial(CSVWriter, folder / "monitor.csv")]
         else:

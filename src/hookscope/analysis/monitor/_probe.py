@@ -48,6 +48,13 @@ class Probe:
         self._group = HookGroup()
         self._alive: dict[str, torch.Tensor] = {}
         self._counted: dict[tuple[str, str], Counted] = {}
+        self._off = False
+
+    def pause(self, off: bool) -> None:
+        """Let the model's passes go unrecorded (``True``) or recorded again."""
+        self._off = off
+        if self._rec is not None:
+            self._rec.enabled = not off
 
     def attach(self) -> None:
         """Register every hook (all or none)."""
@@ -72,7 +79,7 @@ class Probe:
 
     def _forward(self, name: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self._group.closed:
+            if self._group.closed or self._off:
                 return
             t = first_tensor(output)
             if t is None or not (t.is_floating_point() or t.is_complex()) or t.dim() == 0:
@@ -90,7 +97,7 @@ class Probe:
 
     def _grad(self, name: str) -> Any:
         def hook(grad: torch.Tensor) -> None:
-            if not self._group.closed and self._bins is not None:
+            if not self._group.closed and not self._off and self._bins is not None:
                 self._counted.setdefault((name, "grad_output"), histogram(grad, self._bins))
         return hook
 
@@ -113,8 +120,9 @@ class Probe:
         return None if alive is None or alive.numel() == 0 else 1.0 - float(alive.float().mean())
 
     def first_nonfinite(self) -> StatRow | None:
-        """The first non-finite input, output or output gradient seen so far, in the order they came."""
-        return next((r for r in gather(self._events) if not r.finite), None)
+        """The first non-finite output or output gradient seen so far, in the order they came (a
+        non-finite input is no layer's doing: the first layer that outputs it is named)."""
+        return next((r for r in gather(self._events) if not r.finite and r.which != "input"), None)
 
     def histograms(self, step: int) -> list[Histogram]:
         """The histograms of outputs and output gradients taken in this step."""

@@ -29,7 +29,7 @@ class NonFinite:
     the replay came out finite); ``phase`` is ``"forward"`` or ``"backward"`` and ``which`` what was
     found there (``output``, ``grad_input``: the gradient a module sent back, ``grad_param``,
     ``own_forward``: made by the module's own code between its children); ``row`` holds its
-    statistics. ``found`` says what the sentinel saw: ``"loss"`` and/or ``"gradients"``, and
+    statistics; ``replay_error`` what a failing ``replay=`` raised. ``found`` says what the sentinel saw: ``"loss"`` and/or ``"gradients"``, and
     ``params`` the parameters whose gradients were not finite.
     """
 
@@ -41,6 +41,7 @@ class NonFinite:
     params: tuple[str, ...]
     row: StatRow | None = None
     replayed: bool = False
+    replay_error: str = ""
 
     def describe(self) -> str:
         """One line: the step, where the value appeared, what the sentinel saw.
@@ -56,6 +57,8 @@ class NonFinite:
             return (f"{lead}; first non-finite in {where}, {self.phase} {self.which} {self.row.path}: "
                     f"{self.row.nan} NaN, {self.row.inf} Inf of {self.row.numel} values")
         params = f" (gradients of {', '.join(self.params[:3])}{', ...' if len(self.params) > 3 else ''})" if self.params else ""
+        if self.replay_error:
+            return f"{lead}{params}; the replay= function raised {self.replay_error}, so no module is named"
         if self.replayed:
             return f"{lead}{params}; the replayed step came out finite (random draws differ?)"
         return f"{lead}{params}; pass replay= to name the module where it appeared"
@@ -120,13 +123,16 @@ def culprit_of(rows: Sequence[StatRow], contexts: dict[tuple[str, int], Context]
         >>> culprit_of(rows, {}).module
         '1'
     """
+    from_caller: set[int] = set()  # forward passes whose model input was not finite
     for row in rows:
         if row.finite:
             continue
         if row.which != "received":
             return row
         context = contexts.get((row.module, row.call))
-        if context is None or context[0] is None:
+        if context is not None and context[0] is None:
+            from_caller.add(context[4])
+        if context is None or context[0] is None or context[4] in from_caller:
             continue  # the model's own input: the first module that outputs it is named
         return dataclasses.replace(row, module=context[0], call=context[1], which="own_forward",
                                    path=f"{row.module} {row.path}")

@@ -72,8 +72,9 @@ class Histogram:
     ``[edges[i], edges[i + 1])`` (the last bin closed); every value is counted somewhere:
     ``nan``, ``posinf``, ``neginf``, and ``below`` / ``above`` the edges (fixed edges only).
 
-    ``of`` is ``"output"``, ``"grad_output"`` (the layer's first call in the step), ``"param"`` or
-    ``"grad_param"`` (``path`` the parameter's name).
+    ``of`` is ``"output"``, ``"grad_output"`` (the layer's first call in the step), ``"param"`` (the
+    parameter just before the update) or ``"grad_param"`` (its ``.grad``); ``path`` is the
+    parameter's name, else the same as ``of``.
     """
 
     step: int
@@ -198,16 +199,17 @@ class Telemetry(Result):
 _STATS = ("mean", "std", "min", "max", "rms", "zeros", "nan", "inf")
 
 
-def _tag(stat: str, row: TelemetryRow) -> str:
-    default = {"input": "input[0]", "output": "output", "grad_output": "output"}.get(row.what)
-    tail = "" if row.path == default else f"/{row.path}"
-    return f"{stat}/{row.layer}{tail}"
+def _tag(stat: str, row: TelemetryRow, first: dict[tuple[str, str], str]) -> str:
+    """``stat/layer``, and the path after it for any tensor but the layer's first of its kind."""
+    lead = first.setdefault((row.layer, row.what), row.path)
+    return f"{stat}/{row.layer}" if row.path == lead else f"{stat}/{row.layer}/{row.path}"
 
 
 def scalars(t: Telemetry) -> dict[str, float]:
     """The step's numbers under the names the writers give them, grouped by statistic, then layer:
     ``output_mean/layer1.0.conv1`` (``input_``, ``output_``, ``grad_output_`` and each of
-    mean, std, min, max, rms, zeros, nan, inf), ``dead/<layer>``, and per layer over its parameters
+    mean, std, min, max, rms, zeros, nan, inf; a layer's tensors after its first of a kind add their
+    path: ``output_mean/lstm/output[1][0]``), ``dead/<layer>``, and per layer over its parameters
     ``param_norm/<layer>``, ``grad_norm/<layer>``, ``update_ratio/<layer>`` (norms of all its
     parameters together), ``grad_nan/<layer>``, ``grad_inf/<layer>``; ``loss``, ``lr`` and
     ``nonfinite`` (1 on a step where the sentinel found a NaN or an Inf).
@@ -219,6 +221,7 @@ def scalars(t: Telemetry) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     params: dict[str, list[TelemetryRow]] = {}
+    first: dict[tuple[str, str], str] = {}
     for r in t.rows:
         if r.what == "step":
             out.update({k: v for k in ("loss", "lr") if (v := getattr(r, k)) is not None})
@@ -227,9 +230,9 @@ def scalars(t: Telemetry) -> dict[str, float]:
         elif r.what == "param":
             params.setdefault(r.layer, []).append(r)
         else:
-            out.update({_tag(f"{r.what}_{k}", r): float(v) for k in _STATS if (v := getattr(r, k)) is not None})
+            out.update({_tag(f"{r.what}_{k}", r, first): float(v) for k in _STATS if (v := getattr(r, k)) is not None})
             if r.dead is not None:
-                out[_tag("dead", r)] = r.dead
+                out[_tag("dead", r, first)] = r.dead
     for layer, rows in params.items():
         out.update(_layer_params(layer, rows))
     return out
