@@ -361,7 +361,7 @@ def _writers(log: Log) -> list[Callable[[], Writer]]:
         elif isinstance(item, (str, os.PathLike)):
             folder = checked_folder(item, "log")
             for name in ("monitor.jsonl", "monitor.csv"):
-                if (folder / name).is_file() and (folder / name).stat().st_size:
+                if writes_here() and (folder / name).is_file() and (folder / name).stat().st_size:  # rank 0's log
                     raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
                                          f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
             makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
