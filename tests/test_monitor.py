@@ -414,3 +414,40 @@ def test_a_layer_with_several_outputs_names_its_first_without_a_path_and_the_res
     assert paths == ["output[0]", "output[1][0]", "output[1][1]"]
     assert found["output_mean/lstm"] == mon.last["lstm"][1].mean and "output_mean/lstm/output[1][0]" in found
     assert "dead/lstm" in found and "grad_norm/lstm" in found and no_hooks(net)
+
+
+def test_before_and_after_update_split_a_step_for_a_trainer_that_steps_by_itself():
+    net = _net()
+    with hookscope.monitor(net, "2", every=1) as mon:
+        net(torch.randn(3, 4)).sum().backward()
+        with torch.no_grad():
+            net[2].weight.clamp_(-0.1, 0.1)  # a change before the update: not part of it
+        mon.before_update()
+        before = net[2].weight.detach().clone()
+        with torch.no_grad():
+            net[2].weight -= 0.5 * net[2].weight.grad
+        mon.after_update()
+    w = next(r for r in mon.last["2"] if r.path == "weight")
+    assert w.update_ratio == pytest.approx(((net[2].weight - before).norm() / before.norm()).item(), rel=1e-5)
+    assert mon.step_number == 1 and no_hooks(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, optimizer=opt) as mon, pytest.raises(hookscope.HookscopeError, match="before_update"):
+        mon.before_update()
+
+
+def test_an_empty_batch_on_a_sampled_step_gives_rows_and_no_dead_fraction():
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, every=1, optimizer=opt, histograms=3) as mon:
+        net(torch.zeros(0, 4)).sum().backward()
+        opt.step()
+    out = next(r for r in mon.last["1"] if r.what == "output")
+    assert out.numel == 0 and out.dead is None and math.isnan(out.mean)
+    assert all(h.total == 0 for h in mon.last.histograms if h.of == "output") and no_hooks(net)
+
+
+def test_a_loss_of_many_numbers_is_refused_in_one_line():
+    net = _net()
+    with hookscope.monitor(net) as mon, pytest.raises(hookscope.HookscopeError, match=r"loss.mean\(\)") as e:
+        mon.note(loss=torch.ones(3))
+    assert "\n" not in str(e.value) and no_hooks(net)

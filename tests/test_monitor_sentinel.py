@@ -320,3 +320,37 @@ def test_the_replay_names_the_maker_as_watch_does(x, log, module, which):
         net(batch).sum().backward()
     assert (w.culprit.module, w.culprit.which) == (module, which)  # as watch names it
     assert no_hooks(net)
+
+
+def test_a_loop_that_catches_the_error_goes_on_with_the_next_step():
+    net = _net("forward")
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    caught = []
+    with hookscope.monitor(net, every=10, optimizer=opt) as mon:
+        for x, y in _batches("forward"):
+            opt.zero_grad()
+            nn.functional.mse_loss(net(x), y).backward()
+            try:
+                opt.step()
+            except hookscope.NonFiniteError as e:
+                caught.append(e.step)
+    assert caught == [AT] and mon.step_number == 45 and mon.last.step == 40
+    assert all(torch.isfinite(p).all() for p in net.parameters()) and no_hooks(net)
+
+
+def test_a_loss_that_overflows_from_finite_outputs_is_named_as_the_loss():
+    net = nn.Sequential(nn.Linear(1, 1, bias=False))
+    with torch.no_grad():
+        net[0].weight.fill_(1e20)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x, y = torch.ones(2, 1), torch.zeros(2, 1)
+    with pytest.raises(hookscope.NonFiniteError, match="first non-finite in the loss, computed from finite") as e:
+        with hookscope.monitor(net, every=100, steps=[], optimizer=opt,
+                               replay=lambda: nn.functional.mse_loss(net(x), y)) as mon:
+            opt.step()  # step 0, sampled
+            loss = nn.functional.mse_loss(net(x), y)  # (1e20)^2 overflows float32
+            loss.backward()
+            mon.note(loss=loss)
+            opt.step()
+    assert e.value.step == 1 and e.value.row.which == "loss" and mon.nonfinite.module == ""
+    assert no_hooks(net)

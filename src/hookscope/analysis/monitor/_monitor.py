@@ -98,7 +98,7 @@ class Monitor:
         self._probe: Probe | None = None
         self._side: ParamSide | None = None
         self._loss: torch.Tensor | float | None = None
-        self._lr: float | None = None
+        self._lr: float | torch.Tensor | None = None
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
         self._handles: list[Any] = []
@@ -148,6 +148,9 @@ class Monitor:
     def note(self, loss: torch.Tensor | float | None = None, lr: float | None = None) -> None:
         """The loss (and learning rate, where no optimizer says it) of the step under way; with an
         optimizer, call it before ``optimizer.step()`` so that the sentinel checks the loss too."""
+        if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+            raise HookscopeError(f"mon.note(loss=) takes the step's loss as one number; got a tensor of shape "
+                                 f"{tuple(loss.shape)}: pass loss.mean() (or the sum your loop minimises)")
         if loss is not None:
             self._loss = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
         if lr is not None:
@@ -156,14 +159,30 @@ class Monitor:
     def step(self, loss: torch.Tensor | float | None = None, lr: float | None = None) -> None:
         """End the step under way, where no optimizer was given: call it after the backward pass and
         the update, before the gradients are cleared. With an optimizer its steps are counted."""
-        if self._state != "open":
-            raise HookscopeError("mon.step() outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
-        if self.optimizer is not None:
-            raise HookscopeError("this monitor counts the optimizer's steps; drop mon.step() "
-                                 "(mon.note(loss=...) before optimizer.step() gives it the loss)")
+        self._own_steps("step()")
         self.note(loss, lr)
         self._check()
         self._finish()
+
+    def before_update(self) -> None:
+        """The sentinel and the parameters' side of the step under way, for a loop (or a trainer)
+        whose optimizer the monitor does not hook: call it once the gradients are complete, just
+        before the weights change; ``nonfinite="raise"`` raises here, before any change."""
+        self._own_steps("before_update()")
+        self._check(snapshot=True)
+
+    def after_update(self) -> None:
+        """End the step under way (after :meth:`before_update` and the update): the sampled step's
+        rows are written and its hooks removed, and the next step begins."""
+        self._own_steps("after_update()")
+        self._finish()
+
+    def _own_steps(self, call: str) -> None:
+        if self._state != "open":
+            raise HookscopeError(f"mon.{call} outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
+        if self.optimizer is not None:
+            raise HookscopeError(f"this monitor counts the optimizer's steps; drop mon.{call} "
+                                 "(mon.note(loss=...) before optimizer.step() gives it the loss)")
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -218,7 +237,7 @@ class Monitor:
             loss = closure()
             calls[0] += 1
             if calls[0] == 1 and self._state == "open":  # LBFGS calls it again: the step's first evaluation is checked
-                if isinstance(loss, torch.Tensor) and self._loss is None:
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1 and self._loss is None:
                     self.note(loss=loss)
                 self._check()
             return loss
@@ -234,18 +253,18 @@ class Monitor:
             return [p for group in self.optimizer.param_groups for p in group["params"]]
         return [p for p in self.root.parameters() if p.requires_grad]
 
-    def _check(self) -> None:
+    def _check(self, snapshot: bool = False) -> None:
         """Just before the update: the sentinel, and the parameters' side of a sampled step."""
         if self.optimizer is not None:
             lr = self.optimizer.param_groups[0].get("lr")
-            self._lr = float(lr) if lr is not None else self._lr
+            self._lr = lr if lr is not None else self._lr  # read as a number only on the steps written
         params = self._checked()
         grads = [p.grad for p in params if p.grad is not None]
         loss = self._loss if isinstance(self._loss, torch.Tensor) else (
             torch.tensor(self._loss) if self._loss is not None else None)
         finite = all_finite(grads, loss)
         if self._side is not None:
-            if self.optimizer is not None:
+            if self.optimizer is not None or snapshot:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
         if not finite:
@@ -256,7 +275,7 @@ class Monitor:
         self._flag, self.last_nonfinite, self.flagged = event, event, self.flagged + 1
         self.nonfinite = self.nonfinite or event
         if self.on_nonfinite == "raise":
-            self._finish(advance=False)
+            self._finish()  # the update never runs; a loop that catches the error goes on with the next step
             raise NonFiniteStepError(event.describe() + "; nonfinite='skip' skips such steps, 'log' goes on",
                                      event.row, [], step=event.step)
         if self.on_nonfinite == "skip":
@@ -281,7 +300,7 @@ class Monitor:
             return NonFinite(self.step_number, "", "", "", found, bad, None, replayed, error)
         return NonFinite(self.step_number, row.module, row.phase, row.which, found, bad, row, replayed, error)
 
-    def _finish(self, advance: bool = True) -> None:
+    def _finish(self) -> None:
         """Just after the update: the sampled step's rows written, its hooks removed, the next begun."""
         rows: list[TelemetryRow] = []
         histograms = []
@@ -295,7 +314,8 @@ class Monitor:
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
-            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=self._lr))
+            lr = None if self._lr is None else float(self._lr)
+            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr))
             if self._flag is not None:
                 rows.append(_flag_row(self._flag))
             telemetry = Telemetry(self.step_number, rows, histograms)
@@ -304,9 +324,8 @@ class Monitor:
             for w in self.writers:
                 w.write(telemetry)
         self._loss, self._flag = None, None
-        if advance:
-            self.step_number += 1
-            self._begin()
+        self.step_number += 1
+        self._begin()
 
     def _end_probe(self) -> None:
         if self._probe is not None:

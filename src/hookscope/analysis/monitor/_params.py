@@ -74,7 +74,7 @@ class ParamSide:
         """Keep a copy of each parameter as it is now: the update is measured from it."""
         if self._update:
             with torch.no_grad():
-                self._saved = {id(p): p.detach().clone() for _, _, p in self._owned if id(p) not in self._saved}
+                self._saved = {id(p): p.detach().clone() for _, _, p in self._owned}  # a shared parameter once
 
     def before(self) -> None:
         """Norms of the parameters (of their copies, where :meth:`snapshot` took them) and statistics

@@ -29,10 +29,15 @@ def alive_units(t: torch.Tensor) -> torch.Tensor:
     Example:
         >>> alive_units(torch.tensor([[0.0, 1.0], [0.0, 0.0]])).tolist()
         [False, True]
+        >>> alive_units(torch.zeros(0, 3)).tolist()  # an empty batch: no unit seen alive
+        [False, False, False]
     """
     x = t.detach()
     axis = 1 if x.dim() in (4, 5) else x.dim() - 1
-    return x.movedim(axis, 0).reshape(x.shape[axis], -1).ne(0).any(dim=1)
+    units = x.shape[axis]
+    if x.numel() == 0:
+        return torch.zeros(units, dtype=torch.bool, device=x.device)
+    return x.movedim(axis, 0).reshape(units, -1).ne(0).any(dim=1)
 
 
 class Probe:
@@ -84,7 +89,7 @@ class Probe:
             t = first_tensor(output)
             if t is None or not (t.is_floating_point() or t.is_complex()) or t.dim() == 0:
                 return
-            if self._dead:
+            if self._dead and t.numel():  # an empty batch shows no unit, dead or alive
                 alive = alive_units(t)
                 old = self._alive.get(name)
                 self._alive[name] = alive if old is None or old.shape != alive.shape else old | alive

@@ -14,7 +14,7 @@ from torch import nn
 
 from ...core.state import restored
 from .._recorder import Context, RecorderSession, param_targets, select
-from .._rows import Pending, StatRow, gather
+from .._rows import Pending, StatRow, event, gather
 
 __all__ = ["NonFinite", "RandomState", "culprit_of", "replay_step"]
 
@@ -28,7 +28,8 @@ class NonFinite:
     ``module`` names where it first appeared (``""`` when it could not be told: no ``replay=``, or
     the replay came out finite); ``phase`` is ``"forward"`` or ``"backward"`` and ``which`` what was
     found there (``output``, ``grad_input``: the gradient a module sent back, ``grad_param``,
-    ``own_forward``: made by the module's own code between its children); ``row`` holds its
+    ``own_forward``: made by the module's own code between its children; ``loss``: the loss the
+    replay computed was the first non-finite value, from finite outputs); ``row`` holds its
     statistics; ``replay_error`` what a failing ``replay=`` raised. ``found`` says what the sentinel saw: ``"loss"`` and/or ``"gradients"``, and
     ``params`` the parameters whose gradients were not finite.
     """
@@ -52,6 +53,8 @@ class NonFinite:
         """
         seen = " and ".join(self.found) or "values"
         lead = f"step {self.step}: the {seen} {'is' if seen == 'loss' else 'are'} not finite"
+        if self.row is not None and self.which == "loss":
+            return f"{lead}; first non-finite in the loss, computed from finite model outputs: {self.row.nan} NaN, {self.row.inf} Inf"
         if self.row is not None:
             where = f"{self.module!r}" if self.module else "the model's input"
             return (f"{lead}; first non-finite in {where}, {self.phase} {self.which} {self.row.path}: "
@@ -103,6 +106,10 @@ def replay_step(model: nn.Module, root: nn.Module, replay: Replay, rng: RandomSt
             with session, torch.enable_grad():
                 loss = replay()
                 loss = loss if isinstance(loss, torch.Tensor) else getattr(loss, "loss", None)
+                if isinstance(loss, torch.Tensor):
+                    # between the forward's records and the backward's: a loss made non-finite from
+                    # finite outputs is the loss computation's doing
+                    events.append(event("", loss.detach(), phase="forward", which="loss", path="loss"))
                 if isinstance(loss, torch.Tensor) and loss.requires_grad:
                     (loss.sum() if loss.dim() else loss).backward()
     finally:
