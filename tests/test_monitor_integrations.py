@@ -288,3 +288,17 @@ def test_a_missing_framework_names_its_extra(monkeypatch):
     with pytest.raises(HookscopeError) as e:
         hookscope.LightningMonitor()
     assert "pip install 'hookscope[lightning]'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_callbacks_pickle_as_the_frameworks_do(tmp_path):
+    import pickle
+
+    for made in (hookscope.LightningMonitor(every=3, stats=["output"]), hookscope.TrainerMonitor(every=3)):
+        back = pickle.loads(pickle.dumps(made))  # Lightning's spawned processes get their callbacks so
+        assert type(back) is type(made) and back.monitor is None
+    back = pickle.loads(pickle.dumps(hookscope.LightningMonitor(every=3, stats=["output"])))
+    assert isinstance(back, L.Callback)
+    kept = Kept()
+    back._driven.settings["log"] = kept
+    _fit(Module(_net()), back, tmp_path, steps=4)
+    assert [t.step for t in kept.seen] == [0, 3] and {r.what for t in kept.seen for r in t.rows} == {"step", "output"}

@@ -94,6 +94,10 @@ class LightningMonitor:
         self._loss: torch.Tensor | None = None
         self._optimizer: Any = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the class is made at run time: pickled by the name of the one users see, and made again
+        return (_restore, (self.__dict__.copy(),))
+
     @property
     def monitor(self) -> Any:
         """The running :class:`~hookscope.Monitor`, or ``None`` outside training."""
@@ -145,3 +149,9 @@ class LightningMonitor:
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._driven.close()
+
+
+def _restore(state: dict[str, Any]) -> LightningMonitor:
+    made = LightningMonitor.__new__(LightningMonitor)
+    made.__dict__.update(state)
+    return made

@@ -59,6 +59,10 @@ class TrainerMonitor:
                               nonfinite=nonfinite)
         self._pending = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the class is made at run time: pickled by the name of the one users see, and made again
+        return (_restore, (self.__dict__.copy(),))
+
     @property
     def monitor(self) -> Any:
         """The running :class:`~hookscope.Monitor`, or ``None`` outside training."""
@@ -100,3 +104,9 @@ class TrainerMonitor:
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._flush()
         self._driven.close()
+
+
+def _restore(state: dict[str, Any]) -> TrainerMonitor:
+    made = TrainerMonitor.__new__(TrainerMonitor)
+    made.__dict__.update(state)
+    return made
