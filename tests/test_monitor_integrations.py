@@ -302,3 +302,43 @@ def test_the_callbacks_pickle_as_the_frameworks_do(tmp_path):
     back._driven.settings["log"] = kept
     _fit(Module(_net()), back, tmp_path, steps=4)
     assert [t.step for t in kept.seen] == [0, 3] and {r.what for t in kept.seen for r in t.rows} == {"step", "output"}
+
+
+class Manual(Module):
+    """Manual optimization: training_step runs the backward pass and the optimizer's step itself."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__(net)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        opt.zero_grad()
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_lightning_manual_optimization_counts_its_steps_and_never_replays_them(tmp_path):
+    net = _net()
+    module = Manual(net)
+    net[2].at, net[2].step = 3, lambda: module.trainer.global_step
+    kept, weights = Kept(), {}
+
+    class Weights(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            weights[trainer.global_step] = net[0].weight.detach().clone()
+
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+    callback = hookscope.LightningMonitor(every=2, log=kept, nonfinite="skip")
+    L.Trainer(max_steps=5, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+              enable_model_summary=False, accelerator="cpu", limit_val_batches=0, default_root_dir=str(tmp_path),
+              callbacks=[Weights(), callback]).fit(module, loader)
+    assert [t.step for t in kept.seen] == [0, 2, 3, 4]
+    # a replay would run training_step, and with it the optimizer's step: the flagged step leaves the weights
+    assert torch.equal(weights[3], weights[4])
+    flag = next(r for t in kept.seen for r in t.rows if r.what == "nonfinite")
+    assert flag.step == 3 and "raised" not in flag.note and flag.layer == ""  # step 3 is not sampled: no module

@@ -61,7 +61,9 @@ class LightningMonitor:
     merged in each row) and its loss is the mean of theirs. The gradients are read as
     ``on_before_optimizer_step`` sees them: after the backward pass, before clipping. A non-finite
     step is named with its module by replaying the batch (``training_step(batch, batch_idx)`` of
-    the step's last batch). With several optimizers the steps are those of the first.
+    the step's last batch); under manual optimization, where ``training_step`` steps the optimizer
+    itself, there is no replay and the module is named on sampled steps. With several optimizers
+    the steps are those of the first.
 
     ``monitor`` is the running :class:`~hookscope.Monitor` (``None`` outside ``fit``), ``last``
     the :class:`~hookscope.Telemetry` of the last sampled step. The arguments are
@@ -116,7 +118,8 @@ class LightningMonitor:
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         mon = self._driven.monitor
-        if mon is not None and self._replay:
+        # under manual optimization training_step steps the optimizer itself: replaying it would update the weights
+        if mon is not None and self._replay and getattr(pl_module, "automatic_optimization", True):
             mon.replay = functools.partial(_replay, pl_module, batch, batch_idx)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
