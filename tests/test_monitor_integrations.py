@@ -342,3 +342,46 @@ def test_lightning_manual_optimization_counts_its_steps_and_never_replays_them(t
     assert torch.equal(weights[3], weights[4])
     flag = next(r for t in kept.seen for r in t.rows if r.what == "nonfinite")
     assert flag.step == 3 and "raised" not in flag.note and flag.layer == ""  # step 3 is not sampled: no module
+
+
+def test_trainer_skip_leaves_the_weights_of_a_non_finite_step(tmp_path):
+    model = Regressor()
+    state: dict[str, Any] = {}
+    weights: dict[int, torch.Tensor] = {}
+
+    class Step(transformers.TrainerCallback):
+        def on_step_begin(self, args, s, control, **kw):
+            state["step"] = s.global_step
+            weights[s.global_step] = model.net[0].weight.detach().clone()
+
+    model.net[2].at, model.net[2].step = 2, lambda: state.get("step", -1)
+    kept = Kept()
+    callback = hookscope.TrainerMonitor(every=100, log=kept, nonfinite="skip")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4,
+                                          optim="sgd", learning_rate=0.1, logging_steps=1, save_strategy="no",
+                                          report_to=[], use_cpu=True, disable_tqdm=True)
+    transformers.Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Step(), callback]).train()
+    assert torch.equal(weights[2], weights[3]) and not torch.equal(weights[1], weights[2])
+    assert [t.step for t in kept.seen if any(r.what == "nonfinite" for r in t.rows)] == [2]
+    assert torch.isfinite(model.net[0].weight).all() and hook_count(model) == 0
+
+
+def test_a_failed_run_is_ended_by_close(tmp_path):
+    model = Regressor()
+    callback = hookscope.TrainerMonitor(every=1)
+
+    class Fails(transformers.TrainerCallback):
+        def on_step_end(self, args, s, control, **kw):
+            raise RuntimeError("the run failed")
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=3,
+                                          optim="sgd", report_to=[], use_cpu=True, disable_tqdm=True,
+                                          save_strategy="no")
+    with pytest.raises(RuntimeError, match="the run failed"):
+        transformers.Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[callback, Fails()]).train()
+    assert callback.monitor is not None  # the Trainer tells its callbacks nothing of an exception
+    callback.close()
+    callback.close()
+    assert callback.monitor is None and hook_count(model) == 0
+    with hookscope.monitor(model, every=1):  # the model is free for another monitor
+        pass

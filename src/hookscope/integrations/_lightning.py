@@ -100,6 +100,11 @@ class LightningMonitor:
         # the class is made at run time: pickled by the name of the one users see, and made again
         return (_restore, (self.__dict__.copy(),))
 
+    def close(self) -> None:
+        """End the monitor now (its hooks removed, its writers closed); the callback does this as
+        training ends. Idempotent."""
+        self._driven.close()
+
     @property
     def monitor(self) -> Any:
         """The running :class:`~hookscope.Monitor`, or ``None`` outside training."""

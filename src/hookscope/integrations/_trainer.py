@@ -32,7 +32,8 @@ class TrainerMonitor:
     parameters with non-finite gradients are named.
 
     ``monitor`` is the running :class:`~hookscope.Monitor` (``None`` outside ``train()``), ``last``
-    the :class:`~hookscope.Telemetry` of the last sampled step. The arguments are
+    the :class:`~hookscope.Telemetry` of the last sampled step. The Trainer tells its callbacks
+    nothing of an exception: after a failed ``train()``, :meth:`close` ends the monitor. The arguments are
     :func:`hookscope.monitor`'s; the model and optimizer are the Trainer's.
 
     Example:
@@ -62,6 +63,11 @@ class TrainerMonitor:
     def __reduce__(self) -> tuple[Any, ...]:
         # the class is made at run time: pickled by the name of the one users see, and made again
         return (_restore, (self.__dict__.copy(),))
+
+    def close(self) -> None:
+        """End the monitor now (its hooks removed, its writers closed); the callback does this as
+        training ends. Idempotent."""
+        self._driven.close()
 
     @property
     def monitor(self) -> Any:
