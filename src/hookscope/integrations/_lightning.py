@@ -94,6 +94,7 @@ class LightningMonitor:
                               nonfinite=nonfinite)
         self._replay, self._stepped = replay, False
         self._loss: torch.Tensor | None = None
+        self._checked: torch.Tensor | None = None
         self._optimizer: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -119,7 +120,7 @@ class LightningMonitor:
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._driven.open(pl_module, int(trainer.global_step))
         self._optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self._stepped, self._loss = False, None
+        self._stepped, self._loss, self._checked = False, None, None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         mon = self._driven.monitor
@@ -128,9 +129,9 @@ class LightningMonitor:
             mon.replay = functools.partial(_replay, pl_module, batch, batch_idx)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
-        # Lightning hands the loss already divided by accumulate_grad_batches: their sum is the step's mean
+        # for the sentinel only: under 16-bit mixed precision this loss is already multiplied by the scaler's scale
         loss = loss.detach()
-        self._loss = loss if self._loss is None else self._loss + loss
+        self._checked = loss if self._checked is None else self._checked + loss
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._driven.monitor is None or self._stepped:
@@ -140,14 +141,18 @@ class LightningMonitor:
         groups = getattr(optimizer, "param_groups", None) or []
         lr = groups[0].get("lr") if groups else None
         self._stepped = True
-        self._driven.before(self._loss, None if lr is None else float(lr),
+        self._driven.before(self._checked, None if lr is None else float(lr),
                             lambda: [p for g in groups for p in g["params"]])
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # the batch's loss as Lightning gives it, divided by accumulate_grad_batches: their sum is the step's mean
+        loss = _loss_of(outputs)
+        if loss is not None:
+            self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
         if self._stepped:
             self._stepped = False
             self._driven.after(self._loss)
-            self._loss = None
+            self._loss = self._checked = None
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._driven.close()
