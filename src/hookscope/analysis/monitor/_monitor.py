@@ -24,13 +24,13 @@ from ...errors import HookscopeError, NonFiniteStepError, did_you_mean
 from ...selection import Selector, unwrap
 from .._recorder import select
 from .._rows import gather
+from ._distributed import writes_here
 from ._histogram import Bins, check_bins
 from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
 from ._schedule import Schedule, Steps
 from ._sentinel import NonFinite, RandomState, culprit_of, replay_step
 from ._telemetry import Telemetry, TelemetryRow
-from ._distributed import writes_here
 from ._writers import CSVWriter, JSONLinesWriter, Writer, checked_folder
 
 __all__ = ["NONFINITE", "STATS", "Monitor", "monitor"]
@@ -331,25 +331,6 @@ class Monitor:
         if self._probe is not None:
             self._probe.close()
         self._probe, self._side = None, None
-
-    # --- for integrations whose framework runs the optimizer's step itself ------------------------
-    def before_update(self) -> None:
-        """Just before the update, after the backward pass: the sentinel and a sampled step's parameter
-        side. For frameworks whose ``optimizer.step(closure)`` runs the backward pass inside the step,
-        where the optimizer's own step hooks come too early; a monitor given ``optimizer=`` calls it itself."""
-        self._driven("before_update")
-        self._check()
-
-    def after_update(self) -> None:
-        """Just after the update: the step's rows written, its hooks removed, the next step begun."""
-        self._driven("after_update")
-        self._finish()
-
-    def _driven(self, what: str) -> None:
-        if self._state != "open":
-            raise HookscopeError(f"mon.{what}() outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
-        if self.optimizer is not None:
-            raise HookscopeError(f"this monitor counts the optimizer's steps; drop mon.{what}() or pass optimizer=None")
 
     def __repr__(self) -> str:
         return (f"Monitor(step_number={self.step_number}, layers={len(self.selected)}, every={self.schedule.every}, "
