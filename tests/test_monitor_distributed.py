@@ -207,3 +207,56 @@ def test_a_compiled_model_keeps_its_graphs_between_sampled_steps_and_gives_the_e
                     assert v == db[k], (a.step, ra.layer, ra.what, k)
     assert hookscope.core.hook_count(net) == 0
     torch._dynamo.reset()
+
+
+LIGHTNING_JOB = textwrap.dedent('''
+    import dataclasses, json, sys
+    import torch
+    import lightning.pytorch as L
+    from torch import nn
+    import hookscope
+
+    out = sys.argv[1]
+
+    class M(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g))
+    callback = hookscope.LightningMonitor(every=1, log=out + "/logs")
+    trainer = L.Trainer(max_steps=2, strategy="ddp", devices=2, accelerator="cpu", enable_progress_bar=False,
+                        logger=False, enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0,
+                        default_root_dir=out, callbacks=[callback])
+    trainer.fit(M(), torch.utils.data.DataLoader(data, batch_size=4))
+    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump([dataclasses.asdict(r) for r in callback.last.rows], f)
+''')
+
+
+def test_lightning_under_ddp_describes_each_ranks_batch_and_rank_0_writes(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    job = tmp_path / "job.py"
+    job.write_text(LIGHTNING_JOB)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(job), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    inputs = [_row(rows, "net.0", "input")["mean"] for rows in ranks]
+    assert inputs[0] != inputs[1]  # each rank its own part of the data
+    params = [[r for r in rows if r["what"] == "param"] for rows in ranks]
+    assert params[0] == params[1] and len(params[0]) == 4  # the gradients DDP averaged
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["monitor.csv", "monitor.jsonl"]
+    lines = [json.loads(line) for line in (tmp_path / "logs" / "monitor.jsonl").read_text().splitlines()]
+    last = [line for line in lines if line["step"] == 1 and line["what"] != "histogram"]
+    assert [line["mean"] for line in last if line["what"] == "input"] == [r["mean"] for r in ranks[0] if r["what"] == "input"]
+    assert len(lines) == 2 * len(ranks[0])
