@@ -69,8 +69,8 @@ class Probe:
                 self._rec.attach()
             if self._dead or self._bins is not None:
                 for name, module in self._selected:
-                    # own hook: dead units and histograms, which the statistics engine does not take (run
-                    # eagerly: traced by Dynamo, each layer's hook would be compiled anew up to its recompile limit)
+                    # eager: traced by Dynamo, each layer's hook would be compiled anew up to its recompile limit
+                    # own hook: dead units and histograms, which the statistics engine does not take
                     self._group.add(module.register_forward_hook(eager(self._forward(name)), always_call=False))
             self._refresh.open()
         except BaseException:
