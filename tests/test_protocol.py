@@ -315,6 +315,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "CSVWriter": lambda **kw: hookscope.CSVWriter("/nonexistent/m.csv", **kw),
         "TensorBoardWriter": lambda **kw: hookscope.TensorBoardWriter("/nonexistent/tb", **kw),
         "WandbWriter": lambda **kw: hookscope.WandbWriter(**kw),
+        "LightningMonitor": lambda **kw: hookscope.LightningMonitor(**kw),
+        "TrainerMonitor": lambda **kw: hookscope.TrainerMonitor(**kw),
     }
 
 

@@ -90,6 +90,7 @@ from .errors import (
     SelectionError,
 )
 from .grads import GradRecord, TensorGrads, grads
+from .integrations import LightningMonitor, TrainerMonitor
 from .errors import LoadError, UntrustedPickleError
 from .loading import class_names, load_model, load_weights
 from .loading import ImageTransform, Images, Tokens, example_input, image_transform, load_images, load_tokenizer, tokenize
@@ -120,6 +121,7 @@ __all__ = [
     # watch a training run
     "monitor", "Monitor", "Telemetry", "TelemetryRow", "read_run", "Run",
     "Writer", "JSONLinesWriter", "CSVWriter", "TensorBoardWriter", "WandbWriter",
+    "LightningMonitor", "TrainerMonitor",
     # see what a layer sees, and why the model decided
     "feature_maps", "FeatureMaps", "compare_references", "ReferenceComparison",
     "attention", "AttentionPatterns", "attention_probabilities",

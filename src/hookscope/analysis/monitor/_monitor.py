@@ -24,6 +24,7 @@ from ...errors import HookscopeError, NonFiniteStepError, checked, did_you_mean
 from ...selection import Selector, unwrap
 from .._recorder import select
 from .._rows import gather
+from ._distributed import writes_here
 from ._histogram import Bins, check_bins
 from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
@@ -115,7 +116,7 @@ class Monitor:
         self._state = "open"
         _ACTIVE[self.root] = self
         try:
-            for make in self._make_writers:
+            for make in self._make_writers if writes_here() else []:
                 self.writers.append(make())  # one by one: a failing second writer closes the first
             if self.optimizer is not None:
                 # own hook: the optimizer's step hooks are what a step is (no module hook stays between steps)
@@ -360,7 +361,7 @@ def _writers(log: Log) -> list[Callable[[], Writer]]:
         elif isinstance(item, (str, os.PathLike)):
             folder = checked_folder(item, "log")
             for name in ("monitor.jsonl", "monitor.csv"):
-                if (folder / name).is_file() and (folder / name).stat().st_size:
+                if writes_here() and (folder / name).is_file() and (folder / name).stat().st_size:  # rank 0's log
                     raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
                                          f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
             makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),

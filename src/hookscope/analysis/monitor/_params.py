@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .._reduce import STATS, tensor_stats
+from ._distributed import whole
 from ._histogram import histogram
 from ._telemetry import Histogram, TelemetryRow, ratio
 
@@ -44,14 +45,14 @@ def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool
         (True, False)
     """
     grads = [stored(g) for g in grads]
-    parts = [torch.nn.utils.get_total_norm(grads).float()] if grads else []
+    parts = [whole(torch.nn.utils.get_total_norm(grads)).float()] if grads else []
     if loss is not None:
         parts.append(loss.detach().float().sum().to(parts[0].device if parts else loss.device))
     if not parts:
         return True
     if bool(torch.isfinite(torch.stack(parts).sum())):
         return True
-    exact = [g for g in grads] + ([loss.detach()] if loss is not None else [])
+    exact = [whole(g) for g in grads] + ([loss.detach()] if loss is not None else [])
     return all(bool(torch.isfinite(t).all()) for t in exact)
 
 
@@ -80,9 +81,9 @@ class ParamSide:
         of their gradients, just before the update."""
         with torch.no_grad():
             # without an optimizer the update already happened: the norm is the copy's, from the step's start
-            params = [self._saved.get(id(p), p).detach() for _, _, p in self._owned]
+            params = [whole(self._saved.get(id(p), p).detach()) for _, _, p in self._owned]
             norms = [torch.linalg.vector_norm(p).double() for p in params]
-            values = [stored(p.grad) if p.grad is not None else None for _, _, p in self._owned]
+            values = [stored(whole(p.grad)) if p.grad is not None else None for _, _, p in self._owned]
             self._counts = [p.numel() if v is None else v.numel() for (_, _, p), v in zip(self._owned, values)]
             stats = [tensor_stats(v) if v is not None else None for v in values]
             self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
@@ -92,8 +93,8 @@ class ParamSide:
             if self._bins is not None:
                 self._counted = [Histogram(-1, layer, of, name, *histogram(t, self._bins))
                                  for layer, name, p in self._owned
-                                 for of, t in (("param", self._saved.get(id(p), p)),
-                                               ("grad_param", None if p.grad is None else stored(p.grad)))
+                                 for of, t in (("param", whole(self._saved.get(id(p), p))),
+                                               ("grad_param", None if p.grad is None else stored(whole(p.grad))))
                                  if t is not None]
 
     def histograms(self, step: int) -> list[Histogram]:
@@ -105,7 +106,8 @@ class ParamSide:
         deltas: list[float | None] = [None] * len(self._owned)
         if self._update and self._saved:
             with torch.no_grad():
-                moved = [torch.linalg.vector_norm(p.detach() - self._saved[id(p)]).double() for _, _, p in self._owned]
+                moved = [torch.linalg.vector_norm(whole(p.detach()) - whole(self._saved[id(p)])).double()
+                         for _, _, p in self._owned]
                 deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
         out = []
         for (layer, name, p), norm, grad, n, delta in zip(self._owned, self._norms, self._grads, self._counts, deltas):

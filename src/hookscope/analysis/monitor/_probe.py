@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..._tree import first_tensor
+from ...core.compiled import eager
 from ...core.hooks import HookGroup
 from .._recorder import Recorder, refresh_for
 from .._rows import Pending, StatRow, gather
@@ -68,8 +69,9 @@ class Probe:
                 self._rec.attach()
             if self._dead or self._bins is not None:
                 for name, module in self._selected:
+                    # eager: traced by Dynamo, each layer's hook would be compiled anew up to its recompile limit
                     # own hook: dead units and histograms, which the statistics engine does not take
-                    self._group.add(module.register_forward_hook(self._forward(name), always_call=False))
+                    self._group.add(module.register_forward_hook(eager(self._forward(name)), always_call=False))
             self._refresh.open()
         except BaseException:
             self.close()
@@ -97,7 +99,7 @@ class Probe:
                 self._counted[(name, "output")] = histogram(t, self._bins)
                 if self._grads and t.requires_grad and torch.is_grad_enabled():
                     # own hook: the histogram of the gradient arriving at this output
-                    self._group.add(t.register_hook(self._grad(name)))
+                    self._group.add(t.register_hook(eager(self._grad(name))))
         return hook
 
     def _grad(self, name: str) -> Any:
