@@ -612,3 +612,55 @@ def test_the_cam_scores_are_said_to_be_logits(tmp_path: Path) -> None:
     fig = plot_cams(x[0], [cam(model, x, method="gradcam")])
     title = fig.axes[1].get_title()
     assert "logit " in title and "score" not in title
+
+
+def _logged_run(folder: Path, nan_at: int | None = None) -> Path:
+    """A monitored run of a small model; a NaN in the loss at step ``nan_at``."""
+    import hookscope
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with hookscope.monitor(net, every=2, log=folder, optimizer=opt, nonfinite="log") as mon:
+        for step in range(8):
+            opt.zero_grad()
+            x = torch.randn(16, 4)
+            if step == nan_at:
+                x[0, 0] = float("nan")
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            mon.note(loss=loss)
+            opt.step()
+    return folder
+
+
+def test_a_training_run_is_drawn_in_its_own_section(tmp_path: Path) -> None:
+    import hookscope
+
+    log = _logged_run(tmp_path / "log", nan_at=5)
+    path = build_report(_small(), torch.rand(1, 3, 8, 8), tmp_path / "r", methods=[], attributions=[], run=log,
+                        random_weights=True)
+    page = (path / "index.html").read_text()
+    assert '<section id="run"><h2>Training run</h2>' in page and 'src="img/run.png"' in page
+    assert "first appeared at step 5" in page and (path / "img" / "run.png").read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((path / "report.json").read_text())["sections"]["run"]
+    run = hookscope.read_run(log)
+    assert data["steps"] == run.steps and data["nonfinite_steps"][0] == 5 and data["layers"] == run.layers
+
+
+def test_a_run_log_that_is_not_there_fails_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(HookscopeError, match="no such run log"):
+        build_report(_small(), torch.rand(1, 3, 8, 8), tmp_path / "r", methods=[], run=tmp_path / "none")
+    assert not (tmp_path / "r").exists()
+    out = tmp_path / "cli"
+    assert main(["report", "tiny", "--images", "1", "--methods", "none", "--run", str(tmp_path / "none"),
+                 "--out", str(out)]) == 2
+    assert "no such run log" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_command_draws_a_run_with_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _logged_run(tmp_path / "log")
+    assert main(["report", "tiny", "--images", "1", "--methods", "none", "--run", str(log),
+                 "--out", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert '<section id="run">' in page and 'href="#run"' in page

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.monitor import read_run
 from ..errors import HookscopeError
 from ._common import add_device_argument, add_layers_argument, check_device
 from .inputs import add_image_arguments, load_images, model_input
@@ -59,6 +60,10 @@ def add_parser(sub: Any) -> None:
                    help="also compare MODEL layer by layer with B on the same inputs (a section on the first "
                         "divergence): a weights file for MODEL's architecture (a state_dict, as --weights takes), "
                         "or another MODEL in any form MODEL takes")
+    p.add_argument("--run", metavar="LOG", default=None,
+                   help="also draw a training run a monitor logged (the folder given to hookscope.monitor's "
+                        "log=, or its monitor.jsonl): its loss and each layer's gradient norm, update ratio and "
+                        "dead fraction per sampled step, the first NaN or Inf marked")
     p.add_argument("--out", metavar="DIR", required=True, help="the folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it holds an earlier report")
     p.add_argument("--json", action="store_true", help="print the report's paths as JSON")
@@ -148,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise HookscopeError(f"--images {args.images} must be from 1 to {_MOST}")
     check_target(Path(args.out).absolute(), overwrite=args.overwrite, flag="--overwrite")
     device = check_device(args.device)
+    run = read_run(args.run) if args.run is not None else None  # a bad log fails before the model loads
     model = load_model(args.model, seed=args.seed, weights=args.weights).eval()
     against = _against(args)
     x, pictures, masks, baselines = _inputs(args, model)
@@ -161,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
                         title=f"hookscope report: {args.model}", overwrite=args.overwrite,
                         overwrite_flag="--overwrite",
                         generated_inputs=_generated(args), against=against[0] if against else None,
-                        against_name=against[1] if against else None)
+                        against_name=against[1] if against else None, run=run)
     path = path.resolve()
     index = path / "index.html"
     if args.json:

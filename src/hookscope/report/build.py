@@ -14,6 +14,7 @@ from torch import nn
 
 from ..analysis.attribution import METHODS as ATTRIBUTIONS
 from ..analysis.cam import METHODS
+from ..analysis.monitor import Run, read_run
 from ..core.result import jsonable
 from ..core.state import restored
 from ..core.text import shape_text
@@ -28,6 +29,7 @@ from .features import feature_section, spatial_layers
 from .folder import MARKER, staged_folder
 from .html import Section, page
 from .progress import Progress
+from .runs import run_section
 from .structure import structure_section
 from .subject import Subject, kept_grads
 from .summary import summary_section
@@ -71,7 +73,7 @@ def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequ
 
 
 def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], attributions: Sequence[str],
-              against: tuple[nn.Module, str] | None) -> list[Section]:
+              against: tuple[nn.Module, str] | None, run: Run | None) -> list[Section]:
     """Every section in page order; each long step tells the progress bar."""
     s.progress.start("predictions")
     found = [predictions(s)]
@@ -89,7 +91,8 @@ def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], 
     if attributions:
         found.append(attribution_section(s, attributions))
     s.progress.start("trace, NaN/Inf check and gradient flow")
-    return found + debug_sections(s)
+    found += debug_sections(s)
+    return found + ([run_section(s, run)] if run is not None else [])
 
 
 def _write(s: Subject, title: str, subtitle: str, sections: list[Section], source: str | None) -> None:
@@ -123,6 +126,7 @@ def build_report(
     against: nn.Module | None = None,
     against_name: str | None = None,
     progress: bool | None = None,
+    run: str | os.PathLike[str] | Run | None = None,
 ) -> Path:
     """Write a self-contained report folder (``index.html``, ``img/``, ``report.json``) about ``model``.
 
@@ -130,7 +134,8 @@ def build_report(
     comparison with ``against`` when given, feature maps of ``layers`` (default: up to four top-level
     layers with spatial outputs), CAMs by each of ``methods`` with deletion / insertion AUC (and the
     pointing game where ``masks`` are given), input attribution by each of ``attributions`` with the
-    same scores, trace, the NaN/Inf check and gradient flow. Feature maps
+    same scores, trace, the NaN/Inf check and gradient flow, and the training run ``run`` when given.
+    Feature maps
     and CAMs are drawn for each input (up to 8), a tab each; the page works offline and, without
     JavaScript, shows every view one under another. The folder appears only when complete; an
     existing one is replaced only with ``overwrite`` and only if it is a report or empty. The model
@@ -157,6 +162,9 @@ def build_report(
             to compare with layer by layer on ``inputs`` (:func:`hookscope.diff`).
         against_name: how the page names ``against`` (default: its class name).
         progress: a progress bar on stderr; ``None``: when stderr is a terminal.
+        run: a training run a monitor logged (its folder, ``hookscope.monitor(..., log=FOLDER)``, or the
+            :class:`~hookscope.Run` :func:`~hookscope.read_run` gives), drawn as its own section: the loss
+            and each layer's gradient norm, update ratio and dead fraction per sampled step.
 
     Example:
         >>> import tempfile, pathlib, shutil
@@ -172,6 +180,7 @@ def build_report(
     """
     _check(inputs, pictures, masks, against)
     _check_choices(model, layers, methods, attributions)
+    logged = run if isinstance(run, Run) or run is None else read_run(run)  # a bad folder fails before any work
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
     origin = weights_origin(model)
@@ -187,7 +196,7 @@ def build_report(
             s = Subject(model, x, folder, pictures, masks, class_names, baselines, random_weights,
                         generated_inputs, bar)
             with restored(model), kept_grads(model), other:
-                sections = _sections(s, layers, methods, attributions, pair)
+                sections = _sections(s, layers, methods, attributions, pair, logged)
             _write(s, title, subtitle, sections, source)
     except BaseException:
         bar.close(done=False)  # ends the bar's line, so that the error is said on a line of its own
