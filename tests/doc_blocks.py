@@ -23,7 +23,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?
 RUN = ("python", "bash")
 SHOWN = ("text", "shell")
 STARTS = ("hookscope ", "python -c ", "torchrun ")
-ANSWERS = {"diff": (0, 1), "watch": (0, 1)}  # exit 1 is an answer there: the runs differ, a value is not finite
+ANSWERS = {"diff": (0, 1), "watch": (0, 1), "runs": (0, 1)}  # exit 1 is an answer there: the runs differ, a value is not finite
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import HookscopeError
+from ..errors import HookscopeError, checked_as
 from ..selection import Selector
 from ._driven import Driven, framework
 
@@ -76,6 +76,7 @@ class LightningMonitor:
         True
     """
 
+    @checked_as("LightningMonitor")
     def __new__(cls, *selectors: Selector, every: int | None = 100, steps: Any = None, log: Any = None,
                 stats: str | Iterable[str] = "all", histograms: Any = None, nonfinite: str = "raise",
                 replay: bool = True) -> LightningMonitor:

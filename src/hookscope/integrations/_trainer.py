@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..selection import Selector
+from ..errors import checked_as
 from ._driven import Driven, framework
 
 __all__ = ["TrainerMonitor"]
@@ -43,6 +44,7 @@ class TrainerMonitor:
         True
     """
 
+    @checked_as("TrainerMonitor")
     def __new__(cls, *selectors: Selector, every: int | None = 100, steps: Any = None, log: Any = None,
                 stats: str | Iterable[str] = "all", histograms: Any = None, nonfinite: str = "raise") -> TrainerMonitor:
         if cls is TrainerMonitor:
