@@ -260,6 +260,9 @@ def test_a_run_killed_with_loader_workers_is_resumed_at_once(tmp_path: Path, for
         deadline = time.monotonic() + 120
         while not stalled.exists() and forks.poll(pid) is None and time.monotonic() < deadline:
             time.sleep(0.01)
+        if forks.poll(pid) is not None:  # say why, rather than fail at the kill of a job that is gone
+            ended = forks.wait(pid)
+            pytest.fail(f"the job ended (exit {ended.returncode}) before its loader stalled: {ended.stderr[-2000:]}")
         workers = _children(pid)
         os.kill(pid, signal.SIGKILL)
         assert forks.wait(pid).returncode == -signal.SIGKILL
