@@ -33,7 +33,6 @@ import matplotlib
 matplotlib.use("Agg")
 import torch
 from matplotlib.figure import Figure
-from torch import nn
 
 import hookscope
 from hookscope.analysis.attribution import METHODS as ATTRIBUTION_METHODS
@@ -525,27 +524,14 @@ def command_line_pictures() -> None:
 
 
 def monitor_pictures() -> None:
-    """A monitored run whose learning rate is raised 1000-fold at step 90: the gradients grow, then a
-    NaN, the step the sentinel names."""
-    from hookscope.viz import plot_run
+    """The example run ``hookscope runs --example`` writes (its learning rate raised 1000-fold part way,
+    so a NaN appears), drawn as the command draws it."""
+    from hookscope.cli import main
 
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                        nn.Linear(64, 1))
-    opt = torch.optim.SGD(net.parameters(), lr=0.02)
-    gen = torch.Generator().manual_seed(1)
     with tempfile.TemporaryDirectory() as folder:
-        with hookscope.monitor(net, every=4, log=folder, optimizer=opt, nonfinite="log") as mon:
-            for step in range(120):
-                if step == 90:
-                    opt.param_groups[0]["lr"] = 20.0
-                x = torch.randn(64, 16, generator=gen)
-                opt.zero_grad()
-                loss = (net(x) - x[:, :4].sum(1, keepdim=True).sin()).pow(2).mean()
-                loss.backward()
-                mon.note(loss=loss)
-                opt.step()
-        save(plot_run(hookscope.read_run(folder)), "run")
+        code = main(["runs", f"{folder}/run", "--example", "--plot", str(IMG / "run.png")])
+    if code != 1:  # 1: the run holds a NaN, the point of the picture
+        raise SystemExit(f"hookscope runs --example exited with {code}")
 
 
 PICTURES: dict[str, Callable[[], None]] = {
