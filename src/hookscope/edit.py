@@ -15,6 +15,7 @@ from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.calls import CallStack
 from .core.ops import OpSite, counts, current_function, missed, written
 from .errors import HookscopeError, SelectionError, checked
+from .named import check_writable
 from .selection import At, Selector, as_at, check_hookable, layers
 
 __all__ = ["edit", "Edit", "ablate", "scale"]
@@ -363,6 +364,7 @@ def edit(
                              "make the other changes in a second edit(...) without at=")
     selected = layers(model, *selectors)
     check_hookable(selected)
+    check_writable(selected)  # a component the model never reads back (attn.pattern): refused
     return Edit(model, selected, changes, by_input, positions)
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from ._tree import paths, tree_map
 from .core.ops import SEP, OpSite
 from .errors import HookscopeError, SelectionError, checked, checked_init, did_you_mean
+from .named import ComponentSite, component_sites
 
 __all__ = ["Selector", "Layers", "as_selectors", "At", "at", "as_at", "layers", "unwrap", "named_modules", "strip_prefix", "aliases_of",
            "check_hookable", "exact_ops"]
@@ -201,6 +202,12 @@ def layers(model: nn.Module, *selectors: Layers) -> list[tuple[str, nn.Module]]:
     such as ``"layer1.0::*"``; each comes back as an operation site, hooked like a module (see
     :func:`hookscope.operations` for the names one pass runs).
 
+    On a transformers model of a supported family, a name that is no module's is read as a
+    component name (see :func:`hookscope.components`): ``"blocks.3.resid_post"``,
+    ``"blocks.3.attn.z"``, one head ``"blocks.3.attn.head.5.z"``, ``"embed"``, ``"final_norm"``,
+    ``"unembed"``, or a glob of them (``"blocks.*.mlp_out"``); each comes back as a
+    :class:`~hookscope.named.ComponentSite`, hooked like a module whose output is the component.
+
     Example:
         >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3))
         >>> [name for name, _ in layers(net, nn.Conv2d)]
@@ -227,7 +234,7 @@ def layers(model: nn.Module, *selectors: Layers) -> list[tuple[str, nn.Module]]:
     chosen: dict[int, tuple[str, nn.Module]] = {}  # a module under several names: the first selected
     sites: list[tuple[str, nn.Module]] = []
     for sel in flat:
-        if isinstance(sel, OpSite):  # a site resolved before (one layer handed on)
+        if isinstance(sel, (OpSite, ComponentSite)):  # a site resolved before (one layer handed on)
             sites.append((sel.site_name, sel))
             continue
         if isinstance(sel, str) and SEP in sel:
@@ -237,6 +244,10 @@ def layers(model: nn.Module, *selectors: Layers) -> list[tuple[str, nn.Module]]:
             sel = strip_prefix(sel, names)
         match = _matcher(sel)
         hits = [(n, m) for n, m in named if match(n, m)]
+        found = None if hits else component_sites(inner, sel)  # "blocks.3.attn.z": a transformers component
+        if found is not None:
+            sites.extend(found)
+            continue
         if not hits:
             hint = did_you_mean(sel, names) if isinstance(sel, str) else ""
             if not hint:
@@ -251,7 +262,17 @@ def layers(model: nn.Module, *selectors: Layers) -> list[tuple[str, nn.Module]]:
             chosen.setdefault(id(m), (n, m))
     order = {n: i for i, n in enumerate(names)}
     every = list(chosen.values()) + _unique_sites(sites)  # an operation comes right after its module
-    return sorted(every, key=lambda item: (order[item[0].split(SEP)[0]], SEP in item[0]))
+    return sorted(every, key=lambda item: _place(item, order))
+
+
+def _place(item: tuple[str, nn.Module], order: dict[str, int]) -> tuple[int, int, int]:
+    """Where a selected module, operation or component goes: modules in ``named_modules()`` order,
+    each operation right after its module, then the components in the stream's order (OPT keeps
+    its final norm before its blocks, but ``final_norm`` still comes after ``blocks.0.resid_post``)."""
+    name, module = item
+    if isinstance(module, ComponentSite):
+        return 1, module.rank, 0
+    return 0, order[name.split(SEP)[0]], int(SEP in name)
 
 
 def _op_sites(model: nn.Module, sel: str) -> list[tuple[str, nn.Module]]:

@@ -1,190 +1,24 @@
-"""One vocabulary of component names for every supported transformers family: ``embed``,
-``blocks.3.attn.z``, ``unembed`` ... resolved from the families table (``_families``) to a module, a
-field (its input or output) and a :class:`~hookscope.anatomy.View`, and checked (``_components_check``)
-on one short pass: the stream read back through the names recomputes the model's logits.
+"""``hookscope.components`` / ``hookscope.component``: the component names of a transformers model,
+resolved for its family (the table, the views, the check and the memo are ``hookscope.named``'s,
+below ``selection``, so that the names work wherever a layer goes), the model seen inside its
+DataParallel, DDP or ``torch.compile`` wrappers.
 
 Must not import: analysis, ``loading``, ``capture``, ``viz``, ``report``, ``cli``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from ..core.inputs import model_args
-from ..core.result import Result, missing
-from ..core.text import table
-from ..errors import RecordError, SelectionError, checked, closest
+from ..errors import checked
+from ..named import BLOCK_NAMES, Component, Components, remembered, resolve, resolved
 from ..selection import unwrap
-from ._components_check import verify
-from ._families import FAMILIES, Family, Site, family_of_type, heads_of
-from ._views import View
 
 __all__ = ["BLOCK_NAMES", "Component", "Components", "components", "component"]
-
-BLOCK_NAMES = ("resid_pre", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.z", "attn_out", "resid_mid", "mlp_in",
-               "mlp.hidden", "mlp_out", "resid_post")
-"""The names of each block, ``blocks.{i}.`` before them, in the order the stream meets them."""
-_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-
-
-@dataclass(frozen=True)
-class Component:
-    """One named component: the ``module`` (its qualified name, as ``named_modules()`` gives it),
-    which ``field`` of it (``"input"``: its first argument; ``"output"``), and the ``view`` that
-    reads the component from that value (an element of a tuple, the heads taken apart); ``note``
-    says what a family's component holds where it is worth saying.
-
-    Example:
-        >>> c = Component("blocks.0.attn.z", "transformer.h.0.attn.c_proj", "input", View(heads=2, d_head=4))
-        >>> c.field
-        'input'
-    """
-
-    name: str
-    module: str
-    field: str
-    view: View
-    note: str = ""
-
-
-class Components(Result, Mapping[str, Component]):
-    """The component names of one model, resolved: ``comps["blocks.0.attn.z"]`` is its
-    :class:`Component`; ``family`` is the row of the table it was resolved with, ``blocks`` the number
-    of blocks, ``errors`` the largest error of each identity the check measured (empty: not checked).
-    A name the family does not have (``resid_mid`` where attention and the MLP run in parallel) is
-    refused with the reason."""
-
-    def __init__(self, family: str, model: str, rows: list[Component], absent: Mapping[str, str], blocks: int,
-                 errors: Mapping[str, float]) -> None:
-        self.family, self.model, self.rows, self.blocks = family, model, rows, blocks
-        self.absent, self.errors = dict(absent), dict(errors)
-        self._by_name = {r.name: r for r in rows}
-
-    def __getitem__(self, name: str) -> Component:
-        if isinstance(name, str) and name in self._by_name:
-            return self._by_name[name]
-        if isinstance(name, str) and name in self.absent:
-            raise RecordError(f"no component {name!r} in this {self.model}: {self.absent[name]}")
-        block = _BLOCK.fullmatch(name) if isinstance(name, str) else None
-        if block and int(block.group(1)) >= self.blocks and f"blocks.0.{block.group(2)}" in self._by_name:
-            raise RecordError(f"no component {name!r}: this {self.model} has {self.blocks} blocks, "
-                              f"blocks.0 to blocks.{self.blocks - 1}")
-        raise missing(name, "component", self._by_name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_name)
-
-    def __len__(self) -> int:
-        return len(self._by_name)
-
-    def table(self) -> str:
-        """A title line (the family, the blocks, what the check measured), then one row per name."""
-        checked = ", ".join(f"{k} {v:.1e}" for k, v in self.errors.items())
-        title = (f"{self.family} components of {self.model} ({self.blocks} blocks; "
-                 f"{'checked: largest error ' + checked if checked else 'not checked'})")
-        body = [[r.name, r.module, r.field, str(r.view), r.note] for r in self.rows]
-        return "\n".join([title, *table(["name", "module", "field", "view", "note"], body, left={0, 1, 2, 3, 4},
-                                        pad_last=False)])
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{family, model, blocks, errors, absent, components: {name: {module, field, view, note}}}``."""
-        return {"family": self.family, "model": self.model, "blocks": self.blocks, "errors": self.errors,
-                "absent": self.absent,
-                "components": {r.name: {"module": r.module, "field": r.field, "view": str(r.view), "note": r.note}
-                               for r in self.rows}}
-
-
-def _view(recipe: str, heads: tuple[int, int, int]) -> View:
-    """A site's recipe (``heads:q``, ``concat:k`` ...) as a view, for ``heads`` (query, key/value, d_head)."""
-    h, kv, d = heads
-    kind, _, part = recipe.partition(":")
-    if kind in ("tensor", "main"):
-        return View()
-    if kind == "element":
-        return View(element=int(part))
-    n = h if part == "q" else kv
-    if kind == "heads":
-        return View(heads=n, d_head=d, head_stride=d, width=n * d)
-    if kind == "concat":  # q, k, v side by side: GPT-2's c_attn, Phi-3's qkv_proj, Falcon's multi-query
-        offset = {"q": 0, "k": h * d, "v": (h + kv) * d}[part]
-        return View(heads=n, d_head=d, offset=offset, head_stride=d, width=(h + 2 * kv) * d)
-    if kind == "per_head":  # each head's q, k, v side by side: GPT-NeoX, Falcon's classic layout
-        return View(heads=h, d_head=d, offset="qkv".index(part) * d, head_stride=3 * d, width=3 * h * d)
-    g = h // kv  # grouped: each key/value group's g queries, then its key, then its value (Falcon's new layout)
-    if part == "q":
-        return View(heads=h, d_head=d, head_stride=d, group=g, group_stride=(g + 2) * d, width=kv * (g + 2) * d)
-    return View(heads=kv, d_head=d, offset=(g + "kv".index(part)) * d, head_stride=(g + 2) * d,
-                width=kv * (g + 2) * d)
-
-
-def _family(model: nn.Module) -> tuple[Family, Any]:
-    """The row of ``model``'s family (its config's variant), or the one-line refusal."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    supported = ", ".join(f.name for f in FAMILIES)
-    if not isinstance(model_type, str):
-        raise SelectionError(f"{type(model).__name__} is not a transformers model (no config.model_type): component "
-                             f"names are known for the transformers families {supported}")
-    row = family_of_type(model_type)
-    if row is None:
-        near = closest(model_type, [t for f in FAMILIES for t in f.model_types], n=1)
-        hint = (f"the closest supported family is {family_of_type(near[0]).name} ({near[0]!r})"  # type: ignore[union-attr]
-                if near else f"supported: {supported}")
-        raise SelectionError(f"component names do not know {model_type!r} models ({type(model).__name__}): {hint}; "
-                             "its layers may be laid out otherwise, so no names are guessed")
-    return (row.variant(row, config) if row.variant else row), config
-
-
-def _prefix(model: nn.Module) -> str:
-    """Where the base model sits in ``model``: ``"transformer."`` in GPT2LMHeadModel, ``""`` in GPT2Model."""
-    base = getattr(model, "base_model_prefix", "")
-    return f"{base}." if base and isinstance(getattr(model, base, None), nn.Module) else ""
-
-
-def _rows(family: Family, config: Any, model: nn.Module) -> tuple[list[Component], dict[str, str], int]:
-    """Every name's component, the names refused (with why) and the number of blocks."""
-    base, known = _prefix(model), dict(model.named_modules())
-    stack = known.get(base + family.stack)
-    if not isinstance(stack, (nn.ModuleList, nn.Sequential)):
-        raise SelectionError(f"{type(model).__name__} has no block list {base + family.stack!r}, where the "
-                             f"{family.name} row expects it: its layout differs from the table")
-    heads = heads_of(family, config)
-    absent = {k.format(family=family.name): v.format(family=family.name) for k, v in family.absent.items()}
-    if not base:
-        absent["unembed"] = (f"{type(model).__name__} is a base model with no unembedding: use the model with its "
-                             "language-model head, or read final_norm")
-
-    def site(name: str, path: str, field: str, view: View) -> Component:
-        if path not in known:
-            raise SelectionError(f"the {family.name} row puts {name} in {path!r}, which this {type(model).__name__} "
-                                 "does not have: its layout differs from the table")
-        return Component(name, path, field, view, family.notes.get(name.split(".", 2)[-1] if name.startswith(
-            "blocks.") else name, ""))
-
-    rows = [site("embed", base + family.embed, "output", View())]
-    if family.pos_embed:
-        rows.append(site("pos_embed", base + family.pos_embed, "output", View()))
-    for i in range(len(stack)):
-        block = f"{base}{family.stack}.{i}"
-        sites = {"resid_pre": Site("", "input"), **family.sites, "resid_post": Site("", "output", "main")}
-        for short in (n for n in BLOCK_NAMES if n in sites):
-            s = sites[short]
-            rows.append(site(f"blocks.{i}.{short}", f"{block}.{s.module}" if s.module else block, s.field,
-                             _view(s.recipe, heads)))
-        absent.update({f"blocks.{i}.{n}": absent[n] for n in BLOCK_NAMES if n in absent})
-    for short in BLOCK_NAMES:
-        absent.pop(short, None)
-    if family.final_norm and "final_norm" not in absent:
-        rows.append(site("final_norm", base + family.final_norm, "output", View()))
-    if family.unembed and "unembed" not in absent:
-        rows.append(site("unembed", family.unembed, "output", View()))
-    return rows, absent, len(stack)
 
 
 @checked
@@ -206,6 +40,12 @@ def components(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any
             where the family has one), and the heads' ``z`` through the output projection sum to the
             attention's output (fp32: within 1e-5). A model whose layers break them is refused.
 
+    The names are then remembered for the model (weakly: they go with it), and component names
+    given as layers (``hookscope.capture(model, "blocks.3.attn.z")``) use them as this call left
+    them, checked or not; where no call resolved them, the first such use runs this check on the
+    model's own short input, once per model, and again only after its modules or parameter shapes
+    change.
+
     Raises:
         SelectionError: an unsupported family (naming the closest supported one), or a model whose
             layout differs from its family's row.
@@ -218,17 +58,15 @@ def components(model: nn.Module, inputs: Any = None, *, kwargs: Mapping[str, Any
         ('transformer.h.1.attn.c_proj', 'input')
     """
     inner, wrapper = unwrap(model)  # DataParallel, DDP, torch.compile: the names keep their prefix
-    family, config = _family(inner)
-    rows, absent, blocks = _rows(family, config, inner)
-    errors = verify(inner, family, config, rows, model_args(inputs), kwargs) if check else {}
-    rows = [dataclasses.replace(r, module=wrapper + r.module) for r in rows] if wrapper else rows
-    return Components(family.name, type(inner).__name__, rows, absent, blocks, errors)
+    comps = remembered(inner, model_args(inputs), kwargs, check)
+    return comps.prefixed(wrapper) if wrapper else comps
 
 
 @checked
 def component(model: nn.Module, name: str, *, check: bool = True) -> Component:
     """One component name of a transformers model, resolved (:func:`components`, checked on the
-    model's own short input unless ``check=False``).
+    model's own short input unless ``check=False``; the check runs once per model, as for the names
+    given as layers).
 
     Example:
         >>> import transformers, hookscope
@@ -236,5 +74,7 @@ def component(model: nn.Module, name: str, *, check: bool = True) -> Component:
         >>> print(hookscope.component(lm, "blocks.0.attn.q").view)
         heads 2 x 16 at columns 16*h + d of 96
     """
-    return components(model, check=check)[name]
+    inner, wrapper = unwrap(model)
+    comps = resolved(inner) if check else resolve(inner, check=False)  # checked: once per model
+    return (comps.prefixed(wrapper) if wrapper else comps)[name]
 

@@ -1,7 +1,7 @@
 """How a named component is read from its module's input or output, and written back: a :class:`View`
 (which element of a tuple output, and where each head's channels lie in the last dimension).
 
-Must not import: analysis, ``loading``, ``capture``, ``viz``, ``report``, ``cli``.
+Must not import: ``selection``, capture, edit, analysis, ``anatomy``, ``loading``, ``viz``, ``report``, ``cli``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,9 @@ class View(NamedTuple):
             [[1.0, 2.0]]
         """
         t = self.main(value)
-        if self.heads:
+        if self.heads and self._plain(t.shape[-1]) and new.shape == (*t.shape[:-1], self.heads, self.d_head):
+            out = new.to(t.dtype).flatten(-2)  # the heads side by side: the new tensor itself, no copy
+        elif self.heads:
             out = t.clone()
             out[..., self.columns(t.device)] = new.to(t.dtype)
         else:

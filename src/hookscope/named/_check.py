@@ -4,7 +4,7 @@ the identities a transformer's stream obeys recomputed from them (the logits fro
 eager attention gives the pattern, ``z`` as the pattern applied to ``v``). A model whose layout differs
 from its family's row breaks one of them and is refused in one line.
 
-Must not import: analysis, ``loading``, ``capture``, ``viz``, ``report``, ``cli``.
+Must not import: ``selection``, capture, edit, analysis, ``anatomy``, ``loading``, ``viz``, ``report``, ``cli``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._families import Family
 from ._views import first_argument
 
 if TYPE_CHECKING:
-    from ._components import Component
+    from ._table import Component
 
 __all__ = ["verify"]
 
@@ -63,7 +63,7 @@ def _record(model: nn.Module, sites: Sequence[tuple[str, str]], inputs: Sequence
         for name, field in sites:
             key = (name, field)
             if field == "input":
-                # own hook: the check reads its sites on its own short pass; anatomy stands below capture
+                # own hook: the check reads its sites on its own short pass; this package stands below capture
                 group.add(modules[name].register_forward_pre_hook(
                     lambda m, a, kw, key=key: keep(key, first_argument(m, a, kw)), with_kwargs=True))
             else:

@@ -3,7 +3,7 @@ where a family keeps the residual stream, the attention's query, key, value and 
 MLP and the unembedding, as module paths under its blocks. A config-dependent layout (GPT-NeoX's
 parallel residual, Falcon's three ways of fusing q, k and v) is one small ``variant`` function.
 
-Must not import: analysis, ``loading``, ``capture``, ``viz``, ``report``, ``cli``.
+Must not import: ``selection``, capture, edit, analysis, ``anatomy``, ``loading``, ``viz``, ``report``, ``cli``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,360 @@
+"""Component names as layers (hookscope.named): capture records a component's value as the view reads it,
+keyed by its name, and equals what transformers itself says (the hidden states; the heads through the
+output projection); edit writes back through the view and equals a hand-written hook on the module;
+globs, one head's spelling, gradients, the command line; refusals in one line with no hook left; the
+check run once per model and again when its modules change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hookscope
+from hookscope.core import hook_count
+from hookscope.errors import HookscopeError, SelectionError
+
+transformers = pytest.importorskip("transformers")
+T = transformers
+
+SMALL = dict(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=50)
+GQA = dict(SMALL, num_key_value_heads=2)
+# family -> (its config, the path of block i, the output projection under it)
+FAMILIES: dict[str, tuple[Callable[[], Any], str, str]] = {
+    "gpt2": (lambda: T.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=50, n_positions=32),
+             "transformer.h.{i}", "attn.c_proj"),
+    "llama": (lambda: T.LlamaConfig(**GQA), "model.layers.{i}", "self_attn.o_proj"),
+    "qwen2": (lambda: T.Qwen2Config(**GQA), "model.layers.{i}", "self_attn.o_proj"),
+    "gemma2": (lambda: T.Gemma2Config(**GQA, head_dim=8), "model.layers.{i}", "self_attn.o_proj"),
+    "gpt_neox": (lambda: T.GPTNeoXConfig(**SMALL), "gpt_neox.layers.{i}", "attention.dense"),
+    "falcon": (lambda: T.FalconConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, vocab_size=50),
+               "transformer.h.{i}", "self_attention.dense"),
+    "opt": (lambda: T.OPTConfig(num_hidden_layers=3, hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=50,
+                                word_embed_proj_dim=32), "model.decoder.layers.{i}", "self_attn.out_proj"),
+    "phi3": (lambda: T.Phi3Config(**GQA, pad_token_id=0), "model.layers.{i}", "self_attn.o_proj"),
+}
+IDS = torch.tensor([[1, 7, 3, 9, 4, 2], [5, 5, 11, 0, 8, 13]])
+
+
+def build(family: str, attention: str = "eager") -> nn.Module:
+    config = FAMILIES[family][0]()
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    hookscope.components(model)  # checked once here: the tests below then run no extra pass
+    return model
+
+
+def module(model: nn.Module, family: str, i: int, under: str = "") -> nn.Module:
+    path = FAMILIES[family][1].format(i=i)
+    return model.get_submodule(f"{path}.{under}" if under else path)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return a.shape == b.shape and float((a.detach().double() - b.detach().double()).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_resid_post_and_final_norm_are_the_models_own_hidden_states(family):
+    model = build(family)
+    with torch.no_grad():
+        want = model(IDS, output_hidden_states=True).hidden_states  # [embeddings, after block 0, 1, final norm]
+    before = hook_count(model)  # transformers leaves its own hooks for output_hidden_states
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.resid_post", "blocks.1.resid_post", "final_norm") as rec:
+        model(IDS)
+    assert list(rec.selected) == ["blocks.0.resid_post", "blocks.1.resid_post", "final_norm"]
+    assert close(rec["blocks.0.resid_post"].output, want[1], 0) and close(rec["blocks.1.resid_post"].output, want[2], 0)
+    assert close(rec["final_norm"].output, want[3], 0)  # the last hidden state is after the final norm
+    assert hook_count(model) == before
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_z_heads_through_w_o_plus_its_bias_is_the_attention_output(family):
+    model = build(family)
+    proj = module(model, family, 0, FAMILIES[family][2])
+    name = f"{FAMILIES[family][1].format(i=0)}.{FAMILIES[family][2]}"
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.z", name) as rec:
+        model(IDS)
+    z = rec["blocks.0.attn.z"].output
+    heads, d_head = model.config.num_attention_heads, 32 // model.config.num_attention_heads
+    if family == "gemma2":
+        d_head = 8
+    assert z.shape == (*IDS.shape, heads, d_head)
+    w = proj.weight if isinstance(proj, nn.Linear) else proj.weight.t()  # GPT-2's Conv1D keeps [in, out]
+    by_hand = sum(z[..., h, :].double() @ w[:, h * d_head:(h + 1) * d_head].double().t() for h in range(heads))
+    if proj.bias is not None:
+        by_hand = by_hand + proj.bias.double()
+    out = rec[name].output
+    assert close(by_hand, out.reshape(by_hand.shape))
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("head", [0, 3])
+def test_an_edit_of_one_heads_z_is_a_hand_hook_zeroing_its_columns_of_the_projections_input(family, head):
+    model = build(family)
+    d_head = 8
+    with torch.no_grad():
+        plain = model(IDS).logits
+        with hookscope.edit(model, f"blocks.1.attn.head.{head}.z", output=torch.zeros_like) as e:
+            edited = model(IDS).logits
+    assert e.counts == {f"blocks.1.attn.head.{head}.z": 1}
+
+    def zero_columns(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x[..., head * d_head:(head + 1) * d_head] = 0
+        return (x, *args[1:])
+
+    handle = module(model, family, 1, FAMILIES[family][2]).register_forward_pre_hook(zero_columns)
+    try:
+        with torch.no_grad():
+            by_hand = model(IDS).logits
+    finally:
+        handle.remove()
+    assert torch.equal(edited, by_hand) and not torch.equal(edited, plain)
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_edit_adding_a_vector_to_resid_post_is_a_forward_hook_on_the_block(family):
+    model = build(family)
+    vector = torch.linspace(-1, 1, 32)
+    with torch.no_grad(), hookscope.edit(model, "blocks.1.resid_post", output=lambda x: x + vector):
+        edited = model(IDS).logits
+
+    def add(m: nn.Module, args: Any, out: Any) -> Any:
+        return out + vector if isinstance(out, torch.Tensor) else (out[0] + vector, *out[1:])
+
+    handle = module(model, family, 1).register_forward_hook(add)
+    try:
+        with torch.no_grad():
+            by_hand = model(IDS).logits
+    finally:
+        handle.remove()
+    assert torch.equal(edited, by_hand)
+    assert hook_count(model) == 0
+
+
+def test_an_edit_of_resid_pre_writes_the_blocks_input_and_the_capture_after_it_sees_the_edit():
+    model = build("llama")
+    with torch.no_grad(), hookscope.edit(model, "blocks.2.resid_pre", output=torch.zeros_like), \
+            hookscope.capture(model, "blocks.1.resid_post", "blocks.2.resid_pre", "blocks.2.attn.z") as rec:
+        model(IDS)
+    assert rec["blocks.1.resid_post"].output.abs().sum() > 0
+    assert torch.equal(rec["blocks.2.resid_pre"].output, torch.zeros(2, 6, 32))
+    z = rec["blocks.2.attn.z"].output  # attention of a zero stream: the v projection's output of zeros
+    assert float(z.abs().max()) == 0.0
+    assert hook_count(model) == 0
+
+
+def test_a_change_made_in_place_on_a_fused_projections_head_is_written_back():
+    model = build("gpt2")  # q is read out of c_attn's fused output: a head's slice is a copy
+    with torch.no_grad():
+        with hookscope.edit(model, "blocks.0.attn.head.1.v", output=lambda v: v.zero_()):
+            in_place = model(IDS).logits
+        with hookscope.edit(model, "blocks.0.attn.head.1.v", output=torch.zeros_like):
+            returned = model(IDS).logits
+        plain = model(IDS).logits
+    assert torch.equal(in_place, returned) and not torch.equal(in_place, plain)
+    assert hook_count(model) == 0
+
+
+def test_globs_select_every_block_and_head_names_only_where_they_ask_for_heads():
+    model = build("llama")
+    with torch.no_grad(), hookscope.capture(model, "blocks.*.mlp_out", "blocks.1.attn.head.*.z") as rec:
+        model(IDS)
+    assert list(rec.selected) == ["blocks.0.mlp_out", "blocks.1.attn.head.0.z", "blocks.1.attn.head.1.z",
+                                  "blocks.1.attn.head.2.z", "blocks.1.attn.head.3.z", "blocks.1.mlp_out",
+                                  "blocks.2.mlp_out"]
+    with torch.no_grad(), hookscope.capture(model, "blocks.1.attn.z", "blocks.1.*.k") as whole:
+        model(IDS)
+    assert list(whole.selected) == ["blocks.1.attn.k", "blocks.1.attn.z"]  # no head names: the glob asked for none
+    for h in range(4):
+        assert torch.equal(rec[f"blocks.1.attn.head.{h}.z"].output, whole["blocks.1.attn.z"].output[..., h, :])
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.head.*.k") as kv:
+        model(IDS)
+    assert list(kv.selected) == ["blocks.0.attn.head.0.k", "blocks.0.attn.head.1.k"]  # its two key/value heads
+    assert hook_count(model) == 0
+
+
+def test_one_heads_pattern_is_its_row_of_the_attention_probabilities():
+    model = build("gpt2")
+    with torch.no_grad():
+        want = model(IDS, output_attentions=True).attentions[0]
+    before = hook_count(model)
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.pattern", "blocks.0.attn.head.2.pattern") as rec:
+        model(IDS)
+    assert torch.equal(rec["blocks.0.attn.pattern"].output, want)
+    assert torch.equal(rec["blocks.0.attn.head.2.pattern"].output, want[:, 2])
+    assert hook_count(model) == before
+
+
+def test_gradients_of_a_component_are_those_of_the_tensor_the_model_goes_on_with():
+    model = build("gpt2")
+    o_proj, qkv = module(model, "gpt2", 0, "attn.c_proj"), module(model, "gpt2", 0, "attn.c_attn")
+    seen: dict[str, torch.Tensor] = {}
+    handles = [o_proj.register_forward_pre_hook(lambda m, a: [a[0].register_hook(lambda g: seen.__setitem__("z", g))][1:]
+                                                or None),
+               qkv.register_forward_hook(lambda m, a, o: [o.register_hook(lambda g: seen.__setitem__("qkv", g))][1:]
+                                         or None)]
+    try:
+        model(IDS).logits.sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    with hookscope.capture(model, "blocks.0.attn.z", "blocks.0.attn.q", "blocks.0.attn.head.1.k",
+                           keep="grad_output") as rec:
+        model(IDS).logits.sum().backward()
+    assert close(rec["blocks.0.attn.z"].grad_output.flatten(-2), seen["z"], 1e-6)
+    assert close(rec["blocks.0.attn.q"].grad_output.flatten(-2), seen["qkv"][..., :32], 1e-6)
+    assert close(rec["blocks.0.attn.head.1.k"].grad_output, seen["qkv"][..., 32 + 8:32 + 16], 1e-6)
+    assert hook_count(model) == 0
+
+
+def test_a_gradient_edit_of_a_component_scales_what_reaches_the_weights_before_it():
+    model = build("llama")
+    q_proj = module(model, "llama", 0, "self_attn.q_proj")
+    model(IDS).logits.sum().backward()
+    plain = q_proj.weight.grad.clone()
+    model.zero_grad()
+    with hookscope.edit(model, "blocks.0.attn.q", grad_output=lambda g: g * 3):
+        model(IDS).logits.sum().backward()
+    assert close(q_proj.weight.grad, 3 * plain, 1e-5)
+    assert hook_count(model) == 0
+
+
+def test_the_check_runs_once_per_model_and_again_when_its_modules_change():
+    model = build("gpt2")
+    passes = []
+    model.register_forward_pre_hook(lambda m, a: passes.append(1))
+    for _ in range(3):
+        with torch.no_grad(), hookscope.capture(model, "blocks.0.resid_post"):
+            pass
+    assert passes == []  # resolved and checked once, by components() in build
+    model.transformer.h[0].mlp = type(model.transformer.h[0].mlp)(64, model.config)  # a new module there
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.resid_post"):
+        pass
+    assert passes == [1]  # checked again: the layout changed
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.resid_post"):
+        pass
+    assert passes == [1]
+    model._forward_pre_hooks.clear()
+    assert hook_count(model) == 0
+
+
+def test_a_model_whose_names_were_never_resolved_is_checked_on_first_use():
+    config = FAMILIES["qwen2"][0]()
+    model = T.AutoModelForCausalLM.from_config(config).eval()
+    passes = []
+    handle = model.register_forward_pre_hook(lambda m, a: passes.append(1))
+    with torch.no_grad(), hookscope.edit(model, "blocks.0.mlp_out", output=torch.zeros_like):
+        pass
+    with torch.no_grad(), hookscope.capture(model, "blocks.1.mlp_out"):
+        pass
+    handle.remove()
+    assert passes == [1]
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("selector, says", [
+    ("blocks.0.resid_mid", "no component 'blocks.0.resid_mid' in this GPTNeoXForCausalLM: GPT-NeoX with "
+                           "use_parallel_residual=True runs attention and the MLP in parallel"),
+    ("blocks.7.resid_post", "no component 'blocks.7.resid_post': this GPTNeoXForCausalLM has 3 blocks, blocks.0 to "
+                            "blocks.2"),
+    ("blocks.0.attn.head.4.z", "no component 'blocks.0.attn.head.4.z': blocks.0.attn.z of this GPTNeoXForCausalLM "
+                               "holds 4 query heads, head.0 to head.3"),
+    ("blocks.0.attn.zz", "no component 'blocks.0.attn.zz' of this GPTNeoXForCausalLM. Did you mean 'blocks.0.attn.z'"),
+    ("blocks.*.resid_mid", "the glob 'blocks.*.resid_mid' matches no component name of this GPTNeoXForCausalLM"),
+    ("pos_embed", "no component 'pos_embed' in this GPTNeoXForCausalLM: GPT-NeoX has no position embedding"),
+])
+def test_names_the_family_lacks_are_refused_in_one_line_with_nothing_attached(selector, says):
+    model = build("gpt_neox")
+    for make in (lambda: hookscope.capture(model, "blocks.0.resid_post", selector),
+                 lambda: hookscope.edit(model, "blocks.0.resid_post", selector, output=torch.zeros_like)):
+        with pytest.raises(SelectionError) as e:
+            with make():
+                model(IDS)
+        assert str(e.value).startswith(says) and "\n" not in str(e.value)
+        assert hook_count(model) == 0
+
+
+def test_an_unsupported_family_is_refused_naming_the_closest_supported_one():
+    model = T.MixtralForCausalLM(T.MixtralConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                                 num_key_value_heads=1, intermediate_size=16, vocab_size=30,
+                                                 num_local_experts=2)).eval()
+    with pytest.raises(SelectionError, match=r"^component names do not know 'mixtral' models \(MixtralForCausalLM\): "
+                                             r"the closest supported family is Mistral \('mistral'\)"):
+        hookscope.capture(model, "blocks.0.resid_post")
+    assert hook_count(model) == 0
+
+
+def test_a_module_of_that_name_wins_and_a_model_without_a_config_has_no_component_names():
+    net = nn.Sequential()
+    net.add_module("embed", nn.Linear(2, 2))
+    with hookscope.capture(net, "embed") as rec:
+        net(torch.ones(1, 2))
+    assert rec["embed"].output.shape == (1, 2)
+    with pytest.raises(SelectionError, match="selector 'blocks.0.resid_post' matches no module of Sequential"):
+        hookscope.capture(net, "blocks.0.resid_post")
+    assert hook_count(net) == 0
+
+
+def test_an_edit_of_the_pattern_is_refused_and_sdpa_has_none_to_read():
+    model = build("gpt2")
+    with pytest.raises(HookscopeError, match=r"^'blocks.0.attn.pattern' cannot be edited: the attention returns "
+                                             r"its weights after applying them"):
+        hookscope.edit(model, "blocks.0.attn.pattern", output=torch.zeros_like)
+    with pytest.raises(HookscopeError, match=r"^'blocks.0.attn.head.0.pattern' cannot be edited"):
+        hookscope.edit(model, "blocks.*.attn.head.0.pattern", output=torch.zeros_like)
+    sdpa = build("llama", attention="sdpa")
+    with pytest.raises(HookscopeError, match="only eager attention returns its weights; build the model with "
+                                             "attn_implementation='eager'"):
+        with torch.no_grad(), hookscope.capture(sdpa, "blocks.0.attn.pattern"):
+            sdpa(IDS)
+    assert hook_count(model) == 0 and hook_count(sdpa) == 0
+
+
+def test_an_edit_returning_the_wrong_shape_or_dtype_is_refused_in_one_line():
+    model = build("llama")
+    for change, says in ((lambda x: x[..., :3], r"returned torch.float32 of shape \(2, 6, 3\)"),
+                         (lambda x: x.double(), "returned torch.float64 of shape")):
+        with pytest.raises(HookscopeError, match=f"the change of 'blocks.0.resid_post' {says}"):
+            with torch.no_grad(), hookscope.edit(model, "blocks.0.resid_post", output=change):
+                model(IDS)
+        assert hook_count(model) == 0
+
+
+def test_a_wrapped_model_takes_the_names_of_the_model_inside():
+    model = build("gpt2")
+    wrapped = nn.DataParallel(model)  # on the CPU it runs the model as is
+    with torch.no_grad(), hookscope.capture(wrapped, "blocks.0.resid_post") as rec:
+        wrapped(IDS)
+    with torch.no_grad(), hookscope.capture(model, "transformer.h.0") as direct:
+        model(IDS)
+    assert torch.equal(rec["blocks.0.resid_post"].output, direct["transformer.h.0"].output
+                       if isinstance(direct["transformer.h.0"].output, torch.Tensor)
+                       else direct["transformer.h.0"].output[0])
+    assert hook_count(model) == 0
+
+
+def test_trace_on_the_command_line_takes_component_names(tmp_path, capsys, monkeypatch):
+    from hookscope.cli import main
+
+    config = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    T.GPT2LMHeadModel(config).save_pretrained(tmp_path / "lm")
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "hf:causal-lm", "--config", "lm", "--layers", "blocks.*.resid_post",
+                 "blocks.0.attn.head.1.z", "--json"]) == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["module"], r["shape"]) for r in rows] == [("blocks.0.attn.head.1.z", [1, 16, 16]),
+                                                          ("blocks.0.resid_post", [1, 16, 32]),
+                                                          ("blocks.1.resid_post", [1, 16, 32])]
+    assert main(["trace", "hf:causal-lm", "--config", "lm", "--layers", "blocks.2.resid_post"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hookscope trace: error: no component 'blocks.2.resid_post': this GPT2LMHeadModel has 2 blocks, "
+                   "blocks.0 to blocks.1")
