@@ -548,3 +548,28 @@ def test_capture_copy_defaults_to_auto_and_on_call_still_hands_copies():
     assert rec.retention.copy == "always"
     assert (kept[0] < 0).any() and torch.equal(y, kept[0].clamp(min=0))  # not rewritten by the in-place ReLU
     assert no_hooks(net)
+
+
+def _tiny_llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=64, vocab_size=50)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_a_component_name_is_recorded_under_its_name_with_stop_and_at_as_for_a_module():
+    lm = _tiny_llama()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad(), hookscope.capture(lm, "model.layers.0", "blocks.0.resid_post", "blocks.0.attn.z") as rec:
+        lm(ids)
+    block = rec["model.layers.0"].output
+    assert torch.equal(rec["blocks.0.resid_post"].output, block if isinstance(block, torch.Tensor) else block[0])
+    assert rec["blocks.0.attn.z"].output.shape == (1, 5, 4, 8)  # [batch, pos, head, d_head]
+    with torch.no_grad(), hookscope.capture(lm, "blocks.0.resid_post", stop=True) as first:
+        assert first.run(ids) is None  # the rest of the model never ran
+    assert torch.equal(first["blocks.0.resid_post"].output, rec["blocks.0.resid_post"].output)
+    with torch.no_grad(), hookscope.capture(lm, "blocks.0.attn.z", at=hookscope.at[:, -1]) as last:
+        lm(ids)
+    assert torch.equal(last["blocks.0.attn.z"].output, rec["blocks.0.attn.z"].output[:, -1])
+    assert no_hooks(lm)

@@ -76,3 +76,22 @@ def test_bad_edits_are_explained_and_leave_nothing():
         with hookscope.edit(net, "l1", output=hookscope.ablate(0, dim=4)):
             net(torch.randn(1, 2))
     assert no_hooks(net)
+
+
+def test_a_component_takes_output_changes_alone_and_at_limits_them_to_positions():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    for kind in ({"input": torch.zeros_like}, {"grad_input": torch.zeros_like}):
+        with pytest.raises(HookscopeError, match=r"^'blocks.0.attn.z' is a component, one value that a change "
+                                                 r"receives as its output; edit it with output="):
+            hookscope.edit(lm, "blocks.0.attn.z", **kind)
+    with torch.no_grad(), hookscope.edit(lm, "blocks.0.resid_post", output=torch.zeros_like, at=hookscope.at[:, -1]), \
+            hookscope.capture(lm, "transformer.h.0") as rec:  # entered after the edit: it sees the edited output
+        lm(ids)
+    out = rec["transformer.h.0"].output
+    seen = out if isinstance(out, torch.Tensor) else out[0]
+    assert float(seen[0, -1].abs().max()) == 0.0 and float(seen[0, :-1].abs().min()) > 0
+    assert no_hooks(lm)

@@ -364,7 +364,7 @@ def edit(
                              "make the other changes in a second edit(...) without at=")
     selected = layers(model, *selectors)
     check_hookable(selected)
-    check_writable(selected)  # a component the model never reads back (attn.pattern): refused
+    check_writable(selected, bool(by_input or changes["grad_input"]))  # components: output= alone, never attn.pattern
     return Edit(model, selected, changes, by_input, positions)
 
 

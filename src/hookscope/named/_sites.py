@@ -286,12 +286,17 @@ def component_sites(model: nn.Module, selector: object) -> list[tuple[str, Compo
     return [(n, _site(comps, n, modules, rank)) for n in names]
 
 
-def check_writable(selected: Sequence[tuple[str, nn.Module]]) -> None:
-    """Refuse an edit of a component that cannot be written (``attn.pattern``), before any hook.
+def check_writable(selected: Sequence[tuple[str, nn.Module]], inputs: bool = False) -> None:
+    """Refuse, before any hook, an edit of a component that cannot be written (``attn.pattern``), and
+    one of a component's inputs (``inputs``: the edit changes inputs or their gradients): a component
+    is one value, which the change receives as the output.
 
     Example:
-        >>> check_writable([("fc", nn.Linear(1, 1))])
+        >>> check_writable([("fc", nn.Linear(1, 1))], inputs=True)
     """
     for name, site in selected:
         if isinstance(site, ComponentSite) and site.read_only:
             raise HookscopeError(f"{name!r} cannot be edited: {site.read_only}")
+        if isinstance(site, ComponentSite) and inputs:
+            raise HookscopeError(f"{name!r} is a component, one value that a change receives as its output; edit it "
+                                 "with output= or grad_output=, not input=, inputs= or grad_input=")
