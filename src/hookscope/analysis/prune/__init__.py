@@ -22,8 +22,8 @@ from .compare import CompareRow, ModelComparison, compare_models
 from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channel_groups
 from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
-from .calibrated import prune_calibrated
-from .masks import PruneRow, Sparsity, prune, remove, sparsity
+from .calibrated import prune, prune_calibrated
+from .masks import PruneRow, Sparsity, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
 
 __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibrated",
