@@ -4,7 +4,8 @@ graph recorded in one forward pass.
 
 One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria, ``prune`` /
 ``remove`` / ``sparsity``), ``calibrated`` (Wanda and SparseGPT masks calibrated block by block,
-``prune_calibrated``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
+``prune_calibrated``, and ``prune`` itself, the one entry point of the masks calibrated or not),
+``layers`` (whole blocks scored and removed, ``layer_importance``, ``remove_layers``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
 dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
 (attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
 as one group, ``prune_width``), ``compact`` (physical removal, on top of them all), ``compare``
@@ -23,6 +24,7 @@ from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channe
 from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
 from .calibrated import prune, prune_calibrated
+from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, remove_layers
 from .masks import PruneRow, Sparsity, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
 
@@ -33,4 +35,5 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibra
            "prune_width", "WidthPruning", "WidthRow",
            "channel_importance", "ChannelImportance", "ImportanceRow",
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
-           "load_pretrained"]
+           "load_pretrained", "layer_importance", "LayerImportance", "LayerRow", "remove_layers", "LayerRemoval",
+           "RemovedRow"]

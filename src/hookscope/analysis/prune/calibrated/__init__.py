@@ -6,7 +6,8 @@ methods, calibrated or not). The masks are the
 module, ``cli``, ``viz``.
 """
 
-from ._api import prune_calibrated
+from ._api import calibration_batches, device_of, prune_calibrated
 from ._route import prune
+from ._stack import Stack, find_stack
 
-__all__ = ["prune_calibrated", "prune"]
+__all__ = ["prune_calibrated", "prune", "calibration_batches", "device_of", "Stack", "find_stack"]
