@@ -50,7 +50,8 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
+                "Recovery"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -72,6 +73,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Telemetry", "fc", "fcc"),
     ("Run", 0, 1),
     ("LayerImportance", "model.layers.0", "model.layers.9"),
+    ("Recovery", "2", "3"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -169,7 +171,14 @@ def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
             "HeadPruning": hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5),
             "WidthPruning": hookscope.prune_width(_width(), torch.tensor([[1, 2, 3]]), amount=0.25),
             "LayerImportance": hookscope.layer_importance(_deeper(), torch.tensor([[1, 2, 3]])),
-            "LayerRemoval": hookscope.remove_layers(_deeper(), [0])}
+            "LayerRemoval": hookscope.remove_layers(_deeper(), [0]),
+            "Recovery": hookscope.recover(*_narrowed(), torch.randn(16, 4))}
+
+
+def _narrowed() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), nn.Sequential(nn.Linear(4, 6), nn.ReLU(),
+                                                                                  nn.Linear(6, 2))
 
 
 def _deeper() -> nn.Module:
@@ -312,6 +321,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "layer_importance": lambda **kw: hookscope.layer_importance(_deeper(), torch.tensor([[1, 2]]), **kw),
         "remove_layers": lambda **kw: hookscope.remove_layers(_deeper(), [0], **kw),
+        "recover": lambda **kw: hookscope.recover(*_narrowed(), torch.randn(16, 4), **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings
            for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
@@ -425,7 +435,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval"}
+                "LayerImportance", "LayerRemoval", "Recovery"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

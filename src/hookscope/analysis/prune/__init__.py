@@ -5,7 +5,8 @@ graph recorded in one forward pass.
 One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria, ``prune`` /
 ``remove`` / ``sparsity``), ``calibrated`` (Wanda and SparseGPT masks calibrated block by block,
 ``prune_calibrated``, and ``prune`` itself, the one entry point of the masks calibrated or not),
-``layers`` (whole blocks scored and removed, ``layer_importance``, ``remove_layers``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
+``layers`` (whole blocks scored and removed, ``layer_importance``, ``remove_layers``), ``recover`` (what pruning lost restored from calibration activations, and measured, ``recover``),
+``importance`` (channel importance, one table of kinds), ``graph`` (the
 dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
 (attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
 as one group, ``prune_width``), ``compact`` (physical removal, on top of them all), ``compare``
@@ -25,6 +26,7 @@ from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
 from .calibrated import prune, prune_calibrated
 from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, remove_layers
+from .recover import Recovery, RecoveryRow, recover
 from .masks import PruneRow, Sparsity, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
 
@@ -36,4 +38,4 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibra
            "channel_importance", "ChannelImportance", "ImportanceRow",
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
            "load_pretrained", "layer_importance", "LayerImportance", "LayerRow", "remove_layers", "LayerRemoval",
-           "RemovedRow"]
+           "RemovedRow", "recover", "Recovery", "RecoveryRow"]
