@@ -321,6 +321,7 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "layer_importance": lambda **kw: hookscope.layer_importance(_deeper(), torch.tensor([[1, 2]]), **kw),
         "remove_layers": lambda **kw: hookscope.remove_layers(_deeper(), [0], **kw),
+        "to_semi_structured": lambda **kw: hookscope.to_semi_structured(nn.Sequential(nn.Linear(4, 2)), **kw),
         "recover": lambda **kw: hookscope.recover(*_narrowed(), torch.randn(16, 4), **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings

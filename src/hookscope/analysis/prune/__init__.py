@@ -6,6 +6,7 @@ One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria,
 ``remove`` / ``sparsity``), ``calibrated`` (Wanda and SparseGPT masks calibrated block by block,
 ``prune_calibrated``, and ``prune`` itself, the one entry point of the masks calibrated or not),
 ``layers`` (whole blocks scored and removed, ``layer_importance``, ``remove_layers``), ``recover`` (what pruning lost restored from calibration activations, and measured, ``recover``),
+``sparse`` (2:4 weights exported to semi-structured sparse tensors on CUDA, ``to_semi_structured``),
 ``importance`` (channel importance, one table of kinds), ``graph`` (the
 dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
 (attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
@@ -26,6 +27,7 @@ from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
 from .calibrated import prune, prune_calibrated
 from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, remove_layers
+from .sparse import semi_structured_layers, to_semi_structured
 from .recover import Recovery, RecoveryRow, recover
 from .masks import PruneRow, Sparsity, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
@@ -38,4 +40,5 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibra
            "channel_importance", "ChannelImportance", "ImportanceRow",
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
            "load_pretrained", "layer_importance", "LayerImportance", "LayerRow", "remove_layers", "LayerRemoval",
-           "RemovedRow", "recover", "Recovery", "RecoveryRow"]
+           "RemovedRow", "recover", "Recovery", "RecoveryRow",
+           "to_semi_structured", "semi_structured_layers"]
