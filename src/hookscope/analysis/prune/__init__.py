@@ -26,7 +26,7 @@ from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channe
 from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
 from .calibrated import prune, prune_calibrated
-from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, remove_layers
+from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, lm_loss, remove_layers
 from .sparse import semi_structured_layers, to_semi_structured
 from .recover import Recovery, RecoveryRow, recover
 from .masks import PruneRow, Sparsity, remove, sparsity
@@ -41,4 +41,4 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibra
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
            "load_pretrained", "layer_importance", "LayerImportance", "LayerRow", "remove_layers", "LayerRemoval",
            "RemovedRow", "recover", "Recovery", "RecoveryRow",
-           "to_semi_structured", "semi_structured_layers"]
+           "to_semi_structured", "semi_structured_layers", "lm_loss"]
