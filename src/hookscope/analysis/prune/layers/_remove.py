@@ -158,7 +158,7 @@ def remove_layers(model: nn.Module, blocks: Sequence[int]) -> LayerRemoval:
     for j, block in enumerate(new):
         for m in block.modules():
             if isinstance(getattr(m, "layer_idx", None), int):
-                m.layer_idx = j
+                setattr(m, "layer_idx", j)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, attr, new)
     _trim(config, len(stack), keep)

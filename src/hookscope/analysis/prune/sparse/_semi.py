@@ -93,6 +93,8 @@ def to_semi_structured(model: nn.Module) -> list[str]:
         m = mods[q]
         if mask_of(m, "weight") is not None:
             make_permanent(m, "weight")
-        sparse = torch.sparse.to_sparse_semi_structured(m.weight.detach().contiguous())
+        weight = m.weight
+        assert isinstance(weight, torch.Tensor)
+        sparse = torch.sparse.to_sparse_semi_structured(weight.detach().contiguous())
         m.weight = nn.Parameter(sparse, requires_grad=False)
     return names
