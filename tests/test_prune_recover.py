@@ -183,7 +183,12 @@ def test_wanda_and_sparsegpt_stay_nearer_the_dense_decoder_than_magnitude(lm, se
         hookscope.prune(net, method=method, data=CALIBRATION, **setting)
         got[method] = _ppl(net)
     dense, magnitude = _ppl(lm), _ppl(mag)
-    assert dense < got["wanda"] < magnitude and dense < got["sparsegpt"] < magnitude, (dense, got, magnitude)
+    assert dense < got["sparsegpt"] < magnitude, (dense, got, magnitude)
+    # Wanda's edge comes from inputs of very different scales (planted in test_prune_sparsegpt.py, where it
+    # holds at 2:4 too); this decoder has none, and at 2:4 Wanda lands on either side of magnitude with the
+    # training length (bench/RESULTS.md), so only the 50% claim is asserted here
+    if "sparsity" in setting:
+        assert dense < got["wanda"] < magnitude, (dense, got, magnitude)
 
 
 @pytest.mark.parametrize(("kwargs", "text"), [
