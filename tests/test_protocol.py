@@ -50,7 +50,8 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
+                "Recovery"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -71,6 +72,8 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
     ("Telemetry", "fc", "fcc"),
     ("Run", 0, 1),
+    ("LayerImportance", "model.layers.0", "model.layers.9"),
+    ("Recovery", "2", "3"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -166,7 +169,23 @@ def _pruning(net: nn.Module, x: torch.Tensor) -> dict[str, object]:
             "ChannelImportance": hookscope.channel_importance(net, x, layers={"stem.2": 1}),
             "ModelComparison": hookscope.compare_models(net, hookscope.compact(channels, x[:1]), x, repeats=1, warmup=0),
             "HeadPruning": hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5),
-            "WidthPruning": hookscope.prune_width(_width(), torch.tensor([[1, 2, 3]]), amount=0.25)}
+            "WidthPruning": hookscope.prune_width(_width(), torch.tensor([[1, 2, 3]]), amount=0.25),
+            "LayerImportance": hookscope.layer_importance(_deeper(), torch.tensor([[1, 2, 3]])),
+            "LayerRemoval": hookscope.remove_layers(_deeper(), [0]),
+            "Recovery": hookscope.recover(*_narrowed(), torch.randn(16, 4))}
+
+
+def _narrowed() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)), nn.Sequential(nn.Linear(4, 6), nn.ReLU(),
+                                                                                  nn.Linear(6, 2))
+
+
+def _deeper() -> nn.Module:
+    import transformers
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2)).eval()
 
 
 def _width() -> nn.Module:
@@ -300,6 +319,10 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
         "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5, **kw),
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
+        "layer_importance": lambda **kw: hookscope.layer_importance(_deeper(), torch.tensor([[1, 2]]), **kw),
+        "remove_layers": lambda **kw: hookscope.remove_layers(_deeper(), [0], **kw),
+        "to_semi_structured": lambda **kw: hookscope.to_semi_structured(nn.Sequential(nn.Linear(4, 2)), **kw),
+        "recover": lambda **kw: hookscope.recover(*_narrowed(), torch.randn(16, 4), **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings
            for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
@@ -412,7 +435,8 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
+                "LayerImportance", "LayerRemoval", "Recovery"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -315,8 +315,8 @@ def test_training_mode_is_kept_and_sparsity_zero_prunes_nothing():
 
 
 @pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
-def test_prune_with_a_calibrated_method_points_to_prune_calibrated(method):
+def test_prune_with_a_calibrated_method_and_no_data_asks_for_data(method):
     model = _mlp()
-    with pytest.raises(hookscope.HookscopeError, match=r"use hookscope.prune_calibrated\(model, data") as e:
+    with pytest.raises(hookscope.HookscopeError, match=rf"method='{method}' is calibrated on data; pass data=") as e:
         hookscope.prune(model, amount=0.5, method=method)
     assert "\n" not in str(e.value) and hook_count(model) == 0 and hookscope.sparsity(model).zeros == 0

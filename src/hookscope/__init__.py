@@ -73,6 +73,9 @@ from .analysis.prune import (
     WidthRow,
     sparsity,
 )
+from .analysis.prune import (
+    LayerImportance, LayerRemoval, Recovery, layer_importance, recover, remove_layers, to_semi_structured,
+)
 from .analysis.prune import remove as remove_masks
 from .analysis.trace import StatRow, Trace, trace
 from .analysis.summary import Summary, summary
@@ -135,6 +138,8 @@ __all__ = [
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
     "prune_channels", "ChannelPruning", "prune_heads", "HeadPruning", "HeadRow", "MlpRow",
     "prune_width", "WidthPruning", "WidthRow", "compact", "compare_models", "ModelComparison",
+    "layer_importance", "LayerImportance", "remove_layers", "LayerRemoval", "recover", "Recovery",
+    "to_semi_structured",
     # extract at scale
     "extract", "open_store", "Store", "LayerArray",
     # load models and weights as the command line does

@@ -19,6 +19,7 @@ from ..errors import HookscopeError, did_you_mean
 from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
 from .inputs import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images, model_input, ModelInput
 from ._load import add_model_arguments, class_names
+from ._prune_llm import add_llm_arguments, is_llm, run_llm
 from ._prune_shares import check_heads, check_mlp, check_width
 
 METHODS = ("l1_unstructured", "random_unstructured", "ln_structured", "random_structured")
@@ -33,7 +34,9 @@ _DATA_HELP = ("calibration data for --importance activation, apoz or taylor: a f
               "--preset, like --image), for taylor with one subfolder per class (named by the model's class "
               "names, else numbered in name order, as torchvision's ImageFolder); or a tensor file read "
               "without unpickling: .pt (torch.load(weights_only=True)) holding a tensor or "
-              "{'inputs': N x ..., 'labels': N}, .npy (allow_pickle=False), or .npz with inputs and labels arrays")
+              "{'inputs': N x ..., 'labels': N}, .npy (allow_pickle=False), or .npz with inputs and labels arrays. "
+              "With --method wanda/sparsegpt or --layers-remove: calibration text (or a text file), tokenized by "
+              "the --config folder's tokenizer and cut into --seqlen tokens, or a .pt/.npy tensor of token ids")
 
 
 def add_parser(sub: Any) -> None:
@@ -57,7 +60,7 @@ def add_parser(sub: Any) -> None:
                    help="instead of --amount: prune N weights (or N channels with a structured --method) per layer")
     p.add_argument("--method", metavar="M", default=None,
                    help=f"weight masks: {', '.join(METHODS)} (default l1_unstructured; random ones drawn "
-                        "from --seed)")
+                        "from --seed); or wanda, sparsegpt, calibrated on --data (with --sparsity or --n-m)")
     p.add_argument("--param", metavar="NAME", default="weight", help="the parameter to mask (default weight)")
     p.add_argument("--norm", metavar="N", type=_norm, default=None,
                    help="the norm of ln_structured: a number, inf, fro or nuc (default 1)")
@@ -67,6 +70,7 @@ def add_parser(sub: Any) -> None:
                    help="layer (default for masks): each layer alone; group (default with --channels): the "
                         "same share of every channel group; global: ranked across layers or groups")
     _add_channel_arguments(p)
+    add_llm_arguments(p)
     p.add_argument("--repeats", metavar="N", type=int, default=10,
                    help="timed runs of each model for the CPU latency (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON for programs instead of the tables")
@@ -452,6 +456,8 @@ def _written(args: argparse.Namespace, after: nn.Module, before: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..analysis.prune import compare_models
 
+    if is_llm(args):
+        return run_llm(args)
     _check(args)
     model = model_from(args)
     data = _data(args, model) if args.channels else None

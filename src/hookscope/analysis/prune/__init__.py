@@ -4,7 +4,10 @@ graph recorded in one forward pass.
 
 One folder a family, each with its face: ``masks`` (the pre-hooks, the criteria, ``prune`` /
 ``remove`` / ``sparsity``), ``calibrated`` (Wanda and SparseGPT masks calibrated block by block,
-``prune_calibrated``), ``importance`` (channel importance, one table of kinds), ``graph`` (the
+``prune_calibrated``, and ``prune`` itself, the one entry point of the masks calibrated or not),
+``layers`` (whole blocks scored and removed, ``layer_importance``, ``remove_layers``), ``recover`` (what pruning lost restored from calibration activations, and measured, ``recover``),
+``sparse`` (2:4 weights exported to semi-structured sparse tensors on CUDA, ``to_semi_structured``),
+``importance`` (channel importance, one table of kinds), ``graph`` (the
 dependency tracer), ``channels`` (masking channels group-wise, ``prune_channels``), ``heads``
 (attention heads as channel groups, ``prune_heads``), ``width`` (the hidden width of a transformer
 as one group, ``prune_width``), ``compact`` (physical removal, on top of them all), ``compare``
@@ -22,8 +25,11 @@ from .compare import CompareRow, ModelComparison, compare_models
 from .graph import BlockedGroup, ChannelGroups, Group, GroupMember, Site, channel_groups
 from .heads import HeadPruning, HeadRow, MlpRow, prune_heads
 from .importance import ChannelImportance, ImportanceRow, channel_importance
-from .calibrated import prune_calibrated
-from .masks import PruneRow, Sparsity, prune, remove, sparsity
+from .calibrated import prune, prune_calibrated
+from .layers import LayerImportance, LayerRemoval, LayerRow, RemovedRow, layer_importance, lm_loss, remove_layers
+from .sparse import semi_structured_layers, to_semi_structured
+from .recover import Recovery, RecoveryRow, recover
+from .masks import PruneRow, Sparsity, remove, sparsity
 from .width import WidthPruning, WidthRow, prune_width
 
 __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibrated",
@@ -33,4 +39,6 @@ __all__ = ["prune", "remove", "sparsity", "Sparsity", "PruneRow", "prune_calibra
            "prune_width", "WidthPruning", "WidthRow",
            "channel_importance", "ChannelImportance", "ImportanceRow",
            "compare_models", "ModelComparison", "CompareRow", "fit_to", "is_compacted", "marked_compacted", "shrinks",
-           "load_pretrained"]
+           "load_pretrained", "layer_importance", "LayerImportance", "LayerRow", "remove_layers", "LayerRemoval",
+           "RemovedRow", "recover", "Recovery", "RecoveryRow",
+           "to_semi_structured", "semi_structured_layers", "lm_loss"]

@@ -27,7 +27,7 @@ from ._solvers import SOLVERS, Settings
 from ._stack import Call, Stack, find_stack, first_calls, linears_in, run_block
 from ._stats import InputStats, is_conv1d, matrix_of
 
-__all__ = ["prune_calibrated"]
+__all__ = ["prune_calibrated", "calibration_batches", "device_of"]
 
 
 @dataclass
@@ -83,7 +83,7 @@ def _inputs(b: object) -> object:
     return b
 
 
-def _batches(data: object) -> list[Any]:
+def calibration_batches(data: object) -> list[Any]:
     """``data`` as a list of batches: one tensor (or dict of keyword inputs), or an iterable of them
     (a list, a DataLoader; ``(inputs, labels)`` batches give their inputs)."""
     if isinstance(data, (torch.Tensor, Mapping)):
@@ -138,7 +138,8 @@ def _plan(model: nn.Module, stack: Stack, settings: Settings) -> list[list[tuple
     return plan
 
 
-def _device(device: object, model: nn.Module) -> torch.device:
+def device_of(device: object, model: nn.Module) -> torch.device:
+    """``device=`` as a device (``None``: the model's first parameter's), or a one-line error."""
     if device is None:
         first = next(iter(model.parameters()), None)
         return first.device if first is not None else torch.device("cpu")
@@ -257,10 +258,10 @@ def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", spar
         hint = did_you_mean(method, SOLVERS) if isinstance(method, str) else ""
         raise HookscopeError(f"no calibrated pruning method {method!r}.{hint} The methods: {', '.join(SOLVERS)}")
     settings = _settings(method, sparsity, n_m, blocksize, percdamp)
-    batches = _batches(data)
+    batches = calibration_batches(data)
     stack = find_stack(model)
     plan = _plan(model, stack, settings)
-    where = _device(device, model)
+    where = device_of(device, model)
     modes = [(m, m.training) for m in model.modules()]
     try:
         model.eval()
