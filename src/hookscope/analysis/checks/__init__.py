@@ -1,0 +1,5 @@
+"""Checks of an explanation: ROAD, infidelity and max-sensitivity, and the model-randomisation sanity checks."""
+
+from ._road import PERCENTILES, RoadCurves, RoadRow, road
+
+__all__ = ["PERCENTILES", "RoadCurves", "RoadRow", "road"]
