@@ -3,3 +3,6 @@
 from ._road import PERCENTILES, RoadCurves, RoadRow, road
 
 __all__ = ["PERCENTILES", "RoadCurves", "RoadRow", "road"]
+from ._robust import NORMS, infidelity, max_sensitivity
+
+__all__ += ["NORMS", "infidelity", "max_sensitivity"]
