@@ -61,4 +61,5 @@ def image_maps(maps: Any, inputs: torch.Tensor, reduce: str, what: str) -> torch
         maps = _REDUCE[reduce](maps)
     if maps.shape[1:] != (h, w):
         maps = F.interpolate(maps[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
-    return maps
+    fitted: torch.Tensor = maps
+    return fitted
