@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import torch
 from torch import nn
 
@@ -126,21 +128,28 @@ def _percentiles(percentiles: Sequence[float]) -> torch.Tensor:
     if bool(bad.any()):
         raise HookscopeError(f"percentile {float(p[bad][0])!r} is outside [0, 100]; ROAD's percentiles are of the "
                              "map's values, from 0 to 100")
+    if bool((p == 0).any()):
+        raise HookscopeError("percentile 0 removes every pixel, leaving nothing to impute them from; use "
+                             "percentiles above 0, e.g. [10, 20, ..., 90]")
     return p
 
 
 def removed_pixels(maps: torch.Tensor, percentile: float, order: str) -> torch.Tensor:
-    """``B x H x W``: the pixels ROAD removes at ``percentile``, as pytorch-grad-cam chooses them:
-    values at or above the map's percentile (most relevant first), or at or above it in the negated
-    map (least relevant first).
+    """``B x H x W``: the pixels ROAD removes at ``percentile``: the ``N - ceil(p (N - 1) / 100)`` of
+    the ``N`` pixels with the highest map values (most relevant first) or the lowest (least
+    relevant first), ties broken in row-major order. Without ties at the cut these are exactly the
+    pixels pytorch-grad-cam removes (those at or above numpy's linearly interpolated percentile).
 
     Example:
         >>> removed_pixels(torch.tensor([[[0.0, 1.0, 2.0, 3.0]]]), 50, "most").tolist()
         [[[False, False, True, True]]]
     """
-    m = maps.flatten(1).double() if order == "most" else -maps.flatten(1).double()
-    threshold = torch.quantile(m, percentile / 100, dim=1, keepdim=True)  # numpy's linear interpolation
-    return (m >= threshold).view(maps.shape)
+    b, n = maps.shape[0], maps[0].numel()
+    count = n - math.ceil(percentile * (n - 1) / 100)
+    ranked = torch.argsort(maps.reshape(b, n), dim=1, descending=order == "most", stable=True)
+    removed = torch.zeros(b, n, dtype=torch.bool, device=maps.device)
+    removed.scatter_(1, ranked[:, :count], True)
+    return removed.view(maps.shape)
 
 
 def _noise(removed: torch.Tensor, channels: int, noise: float, generator: torch.Generator) -> torch.Tensor:
@@ -163,11 +172,6 @@ def _order_scores(scorer: Scorer, inputs: torch.Tensor, maps: torch.Tensor, p: t
     rows = torch.arange(b, device=inputs.device)
     for percentile in p.tolist():
         removed = removed_pixels(maps, percentile, order)
-        empty = removed.flatten(1).all(1)
-        if bool(empty.any()):
-            raise HookscopeError(f"at percentile {percentile:g} ROAD removes every pixel of image "
-                                 f"{int(empty.nonzero()[0, 0])} (its map is constant), leaving nothing to impute "
-                                 "from; drop that image or give it a map that ranks its pixels")
         imputed = impute(inputs, removed)
         if noise:
             imputed = imputed + _noise(removed, c, noise, generator).to(inputs.device, inputs.dtype)
@@ -196,10 +200,12 @@ def road(
     """ROAD (Rong et al. 2022): the score's change once the most, or the least, relevant pixels are
     removed and imputed from their neighbours, at several percentiles of each map.
 
-    At percentile ``p``, most relevant first removes the pixels whose map value is at or above the
-    map's ``p``-th percentile (``100 - p`` % of them: ``p=80`` removes the top fifth), least relevant
-    first those at or below its ``(100 - p)``-th (as many from the other end): pytorch-grad-cam's
-    meaning of its ``percentile``. Each removed pixel becomes the weighted mean of its eight
+    At percentile ``p``, most relevant first removes the pixels whose map value is above the map's
+    ``p``-th percentile (``100 - p`` % of them: ``p=80`` removes the top fifth), least relevant first
+    as many from the other end: pytorch-grad-cam's meaning of its ``percentile``. Ties at the cut
+    are broken in row-major order, so that exactly that many pixels go (pytorch-grad-cam removes
+    every pixel tied at the cut: all of them where a map's zeros fill more than ``p`` %, as ReLU'd
+    CAM maps' often do, and its score is then NaN). Each removed pixel becomes the weighted mean of its eight
     neighbours (sides 1/6, corners 1/12), solved exactly with the kept pixels fixed, plus
     Gaussian noise of standard deviation ``noise``, so that the shape of the hole tells the model
     nothing. A faithful map makes the score fall when its most relevant pixels go (``most`` low) and
@@ -210,7 +216,7 @@ def road(
         inputs: ``B x C x H x W`` float images (never written to).
         maps: ``B x H x W`` saliency maps (larger: more relevant), or ``B x C x H x W`` attributions
             reduced over ``C`` by ``reduce``; maps of another size are upsampled bilinearly.
-        percentiles: where to cut each map, each from 0 to 100.
+        percentiles: where to cut each map, each above 0 and at most 100.
         target: a class index, one per image, ``None`` (the class predicted on ``inputs``), or a
             function of the output giving one score per image (``score=`` then does not apply).
         output: how to read ``B x classes`` logits from the model's output.
