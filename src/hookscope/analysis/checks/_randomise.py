@@ -77,11 +77,17 @@ def _compare(original: torch.Tensor, maps: list[torch.Tensor]) -> tuple[torch.Te
     return rho, rho_abs, torch.stack([ssim(base, pictures(m)) for m in maps])  # type: ignore[arg-type]
 
 
-def _notes(original: torch.Tensor, maps: list[torch.Tensor]) -> tuple[str, ...]:
+def _notes(original: torch.Tensor, maps: list[torch.Tensor], layers: list[str], rho: torch.Tensor) -> tuple[str, ...]:
+    notes = []
     if all(torch.equal(original, m) for m in maps):
-        return ("the maps did not change at all: the explanation does not depend on these weights, or explain "
-                "ignores the model it is handed (use its first argument)",)
-    return ()
+        notes.append("the maps did not change at all: the explanation does not depend on these weights, or explain "
+                     "ignores the model it is handed (use its first argument)")
+    flat = [(name, int(row.isnan().sum())) for name, row in zip(layers, rho) if bool(row.isnan().any())]
+    if flat:
+        shown = ", ".join(f"{n} ({k})" for n, k in flat[:3]) + (", ..." if len(flat) > 3 else "")
+        notes.append(f"constant maps (all one value, often all zero once the weights are random) have no rank "
+                     f"order: NaN, left out of the means, after randomising {shown}")
+    return tuple(notes)
 
 
 @checked
@@ -159,4 +165,4 @@ def parameter_randomisation(
     found = _compare(original, maps)
     return Randomisation(mode=mode, layers=tuple(n for n, _ in units), spearman=found[0], spearman_abs=found[1],
                          ssim=found[2] if len(found) > 2 else None, original=original, maps=torch.stack(maps),
-                         skipped=tuple(skipped), notes=_notes(original, maps))
+                         skipped=tuple(skipped), notes=_notes(original, maps, [n for n, _ in units], found[0]))

@@ -25,7 +25,8 @@ class RandomisationRow:
         step: 1 for the first layer randomised (the top one), 2 for the next ...
         layer: the layer's qualified name (with cascading randomisation, it and every layer above it
             are random).
-        spearman: the rank correlation of the maps with the original ones (1: unchanged).
+        spearman: the rank correlation of the maps with the original ones (1: unchanged), over the
+            samples whose maps are not constant (NaN when none is left).
         spearman_abs: the same of their absolute values.
         ssim: the SSIM of the maps as pictures, ``None`` for maps that are not pictures.
     """
@@ -38,7 +39,9 @@ class RandomisationRow:
 
 
 def _mean(t: torch.Tensor) -> float:
-    return float(t.double().mean()) if t.numel() else math.nan
+    """The mean over the samples where the similarity is defined (a constant map has no ranks)."""
+    t = t.double()
+    return float(t.nanmean()) if bool((~t.isnan()).any()) else math.nan
 
 
 @dataclass
