@@ -14,20 +14,20 @@ import torch.nn.functional as F
 
 __all__ = ["impute"]
 
-_SIDE, _CORNER = 1 / 6, 1 / 12
 _TOLERANCE = 1e-12  # relative residual: far below float32, so the float32 images are the exact solution's
 
 
-def _stencil(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    k = torch.tensor([[_CORNER, _SIDE, _CORNER], [_SIDE, 0.0, _SIDE], [_CORNER, _SIDE, _CORNER]], dtype=dtype,
-                     device=device)
-    return k.view(1, 1, 3, 3)
+def _neighbours(z: torch.Tensor) -> torch.Tensor:
+    """The weighted sum of each pixel's eight neighbours inside the image (zero beyond its borders).
 
-
-def _neighbours(z: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The weighted sum of each pixel's neighbours inside the image (zero beyond its borders)."""
-    n, c, h, w = z.shape
-    return F.conv2d(z.reshape(n * c, 1, h, w), k, padding=1).view(n, c, h, w)
+    The stencil is separable but for its centre: ``[1, 2, 1] x [1, 2, 1] / 12`` less the pixel's own
+    third, so two passes of shifted sums replace a 3 x 3 convolution (float64 convolutions are slow
+    on the CPU)."""
+    rows = F.pad(z, (0, 0, 1, 1))
+    rows = rows[..., :-2, :] + 2 * rows[..., 1:-1, :] + rows[..., 2:, :]
+    cols = F.pad(rows, (1, 1))
+    cols = cols[..., :-2] + 2 * cols[..., 1:-1] + cols[..., 2:]
+    return cols / 12 - z / 3
 
 
 def impute(images: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
@@ -39,15 +39,14 @@ def impute(images: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
         >>> impute(x, torch.tensor([[[False, True, False]]])).tolist()  # the mean of its two sides
         [[[[0.0, 3.0, 6.0]]]]
     """
-    k = _stencil(torch.float64, images.device)
     x = images.to(torch.float64)
     hole = removed.to(torch.float64).unsqueeze(1)
     kept = 1.0 - hole
-    degree = _neighbours(torch.ones_like(hole), k) * hole  # the weights of the neighbours inside the image
-    rhs = _neighbours(x * kept, k) * hole
+    degree = _neighbours(torch.ones_like(hole)) * hole  # the weights of the neighbours inside the image
+    rhs = _neighbours(x * kept) * hole
 
     def apply(z: torch.Tensor) -> torch.Tensor:
-        return degree * z - _neighbours(z, k) * hole
+        return degree * z - _neighbours(z) * hole
 
     inverse = torch.where(hole > 0, 1.0 / degree.clamp_min(1e-300), torch.zeros_like(degree))
     z = torch.zeros_like(rhs)

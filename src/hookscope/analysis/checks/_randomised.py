@@ -96,6 +96,8 @@ class Randomisation(Result):
         """The layers as text, top first (also ``str(res)``).
 
         Example:
+            >>> from torch import nn
+            >>> from hookscope.metrics import parameter_randomisation
             >>> net = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
             >>> grad = lambda m, x: torch.func.vmap(torch.func.grad(lambda v: m(v).sum()))(x)
             >>> print(parameter_randomisation(net, torch.rand(8, 3), grad))  # doctest: +ELLIPSIS
