@@ -81,7 +81,7 @@ def plot_randomisation(result: Randomisation, *, sample: int = 0) -> Figure:
     ax.plot(x, [r.spearman for r in rows], marker="o", label="rank correlation")
     ax.plot(x, [r.spearman_abs for r in rows], marker="s", label="rank correlation of |map|")
     if result.ssim is not None:
-        ax.plot(x, [r.ssim for r in rows], marker="^", label="SSIM")
+        ax.plot(x, [float("nan") if r.ssim is None else r.ssim for r in rows], marker="^", label="SSIM")
     ax.axhline(0.0, color="grey", linewidth=0.6)
     ax.set_ylim(-1.05, 1.05)
     ax.set_xticks(x)
