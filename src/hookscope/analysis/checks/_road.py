@@ -205,8 +205,8 @@ def road(
     as many from the other end: pytorch-grad-cam's meaning of its ``percentile``. Ties at the cut
     are broken in row-major order, so that exactly that many pixels go (pytorch-grad-cam removes
     every pixel tied at the cut: all of them where a map's zeros fill more than ``p`` %, as ReLU'd
-    CAM maps' often do, and its score is then NaN). Each removed pixel becomes the weighted mean of its eight
-    neighbours (sides 1/6, corners 1/12), solved exactly with the kept pixels fixed, plus
+    CAM maps' often do, leaving its solver a singular system with nothing to impute from). Each
+    removed pixel becomes the weighted mean of its eight neighbours (sides 1/6, corners 1/12), solved exactly with the kept pixels fixed, plus
     Gaussian noise of standard deviation ``noise``, so that the shape of the hole tells the model
     nothing. A faithful map makes the score fall when its most relevant pixels go (``most`` low) and
     stay when its least relevant go (``least`` near 0): ``combined = mean((least - most) / 2)``.
