@@ -145,6 +145,8 @@ def test_road_refuses_bad_input_in_one_line(demo):
         (dict(score="probability"), "Did you mean 'prob'"),
         (dict(target=9), "out of range"),
     ]
+    with pytest.raises(hookscope.HookscopeError, match="NaN or infinite"):
+        metrics.road(net, torch.full_like(x, float("nan")), maps)
     for kw, text in cases:
         args = {"maps": maps, **kw}
         with pytest.raises(hookscope.HookscopeError) as e:

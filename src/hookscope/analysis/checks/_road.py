@@ -242,6 +242,9 @@ def road(
         (torch.Size([2, 2]), torch.Size([2]), [25.0, 75.0])
     """
     inputs = check_images(inputs, "road")
+    if not bool(torch.isfinite(inputs).all()):
+        raise HookscopeError("road: the images hold NaN or infinite values, which no imputation can average; "
+                             "fix or drop those images")
     p = _percentiles(percentiles)
     fitted = image_maps(maps, inputs, reduce, "road")
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0:
