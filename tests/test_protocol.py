@@ -41,7 +41,8 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
+              "RoadRow", "RandomisationRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -51,7 +52,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
-                "Recovery"]
+                "Recovery", "RoadCurves", "Randomisation"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -74,10 +75,12 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Run", 0, 1),
     ("LayerImportance", "model.layers.0", "model.layers.9"),
     ("Recovery", "2", "3"),
+    ("Randomisation", "fc", "fcc"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
-                                        "ReferenceComparison": {"maps": True}, "Attributions": {"maps": True}}
+                                        "ReferenceComparison": {"maps": True}, "Attributions": {"maps": True},
+                                        "Randomisation": {"maps": True}}
 
 
 def _kind(case: str) -> str:
@@ -135,6 +138,9 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
         "Components": hookscope.components(_gpt2()),
+        "RoadCurves": metrics.road(net, x, res.maps, percentiles=[50]),
+        "Randomisation": metrics.parameter_randomisation(net, x, lambda m, v: hookscope.cam(m, v, layers="layer2").maps,
+                                                         layers=["fc", "layer2"]),
     }
 
 
@@ -291,6 +297,10 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "energy_pointing_game": lambda **kw: metrics.energy_pointing_game(maps, masks, **kw),
         "box_mask": lambda **kw: metrics.box_mask([[0, 0, 2, 2]], 4, 4, **kw),
         "blur": lambda **kw: metrics.blur(torch.rand(1, 3, 8, 8), **kw),
+        "road": lambda **kw: metrics.road(net, x, maps, **kw),
+        "infidelity": lambda **kw: metrics.infidelity(net, x, torch.zeros_like(x), **kw),
+        "max_sensitivity": lambda **kw: metrics.max_sensitivity(net, x, lambda m, v: v, **kw),
+        "parameter_randomisation": lambda **kw: metrics.parameter_randomisation(net, x, lambda m, v: v, **kw),
         "prune": lambda **kw: hookscope.prune(copy.deepcopy(net), amount=0.1, **kw),
         "prune_calibrated": lambda **kw: hookscope.prune_calibrated(copy.deepcopy(net), x, sparsity=0.5, **kw),
         "remove_masks": lambda **kw: hookscope.remove_masks(copy.deepcopy(net), **kw),
@@ -436,7 +446,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval", "Recovery"}
+                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:
@@ -543,7 +553,7 @@ def _picture(page: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions", "TokenAttributions",
-                                  "FeatureMaps", "ReferenceComparison"])
+                                  "FeatureMaps", "ReferenceComparison", "RoadCurves", "Randomisation"])
 def test_results_with_a_picture_show_it_under_the_table(results, case):
     page = results[case]._repr_html_()
     png = _picture(page)
