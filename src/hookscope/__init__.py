@@ -96,6 +96,7 @@ from .loading import class_names, load_model, load_weights
 from .loading import ImageTransform, Images, Tokens, example_input, image_transform, load_images, load_tokenizer, tokenize
 from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
+from .generation import TokenPositions, TokenRecord, TokenRecords, TokenRow, tokens
 from .store import LayerArray, Store, open_store
 
 __version__ = "0.1.0"
@@ -109,6 +110,7 @@ __all__ = [
     "grads", "TensorGrads", "GradRecord",
     # choose layers
     "layers", "names", "unwrap", "at", "At",
+    "tokens", "TokenPositions", "TokenRecords", "TokenRecord", "TokenRow",
     "operations", "Operations", "OperationRow",
     "components", "Components", "Component", "component",
     # know and debug a model
