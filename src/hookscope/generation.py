@@ -32,7 +32,7 @@ from .core.text import table
 from .errors import HookscopeError, checked, checked_init
 from .selection import At, unwrap
 
-__all__ = ["TokenPositions", "TokenIndex", "tokens", "TokenRow", "TokenRecord", "TokenRecords", "Frame",
+__all__ = ["TokenPositions", "TokenIndex", "tokens", "StepRow", "StepRecord", "StepRecords", "Frame",
            "frame_of"]
 
 _KINDS = ("prompt", "generated", "step", "position")
@@ -332,7 +332,7 @@ class TokenIndex:
       token), ``len(prompt) - 1 + k`` of each row; ``k`` runs ``0 .. max_new_tokens - 1``.
     - ``tokens.position(p)``: absolute position ``p``, counting the row's own tokens from 0 (left
       padding excluded); several as a list.
-    - ``tokens.records(rec)``: a capture's records by step and position (:class:`TokenRecords`).
+    - ``tokens.records(rec)``: a capture's records by step and position (:class:`StepRecords`).
 
     Example:
         >>> import torch, transformers, hookscope
@@ -361,7 +361,7 @@ class TokenIndex:
         return TokenPositions("position", _ints(p, "position"))
 
     @staticmethod
-    def records(recording: Any) -> TokenRecords:
+    def records(recording: Any) -> StepRecords:
         """A capture's records (made with ``at=`` a token position) by step and absolute position."""
         return _records(recording)
 
@@ -371,7 +371,7 @@ tokens = TokenIndex()
 
 
 @dataclass(frozen=True)
-class TokenRow:
+class StepRow:
     """One recorded position: ``layer``, the ``sequence`` of the block, the ``step`` whose forward
     computed it, the batch ``row``, the absolute ``position`` and the record's ``shape``."""
 
@@ -383,11 +383,11 @@ class TokenRow:
     shape: tuple[int, ...]
 
 
-class TokenRecord:
-    """One layer's records by position: ``rows`` (:class:`TokenRow`), ``values`` (one tensor per row),
+class StepRecord:
+    """One layer's records by position: ``rows`` (:class:`StepRow`), ``values`` (one tensor per row),
     ``tensor()`` as one ``[batch, positions, ...]`` tensor, ``get(row, position)``."""
 
-    def __init__(self, name: str, rows: list[TokenRow], values: list[torch.Tensor]) -> None:
+    def __init__(self, name: str, rows: list[StepRow], values: list[torch.Tensor]) -> None:
         self.name, self.rows, self.values = name, rows, values
 
     def _of(self, sequence: int | None) -> list[int]:
@@ -448,15 +448,15 @@ class TokenRecord:
                              f"positions {held[:8]}{' ...' if len(held) > 8 else ''}")
 
 
-class TokenRecords(Result, Mapping[str, TokenRecord]):
+class StepRecords(Result, Mapping[str, StepRecord]):
     """A capture's records by step and absolute position: ``records[name]`` is a layer's
-    :class:`TokenRecord`; ``rows`` every recorded position of every layer (:class:`TokenRow`)."""
+    :class:`StepRecord`; ``rows`` every recorded position of every layer (:class:`StepRow`)."""
 
-    def __init__(self, layers: dict[str, TokenRecord]) -> None:
+    def __init__(self, layers: dict[str, StepRecord]) -> None:
         self._layers = layers
         self.rows = [r for rec in layers.values() for r in rec.rows]
 
-    def __getitem__(self, name: str) -> TokenRecord:
+    def __getitem__(self, name: str) -> StepRecord:
         if name not in self._layers:
             raise missing(name, "layer", self._layers)
         return self._layers[name]
@@ -480,23 +480,23 @@ class TokenRecords(Result, Mapping[str, TokenRecord]):
 
 
 @checked
-def _records(recording: Any) -> TokenRecords:
+def _records(recording: Any) -> StepRecords:
     followed = getattr(recording, "at", None)
     if not isinstance(followed, FollowedPositions):
         raise HookscopeError("tokens.records() reads a capture made with at= a token position (at=tokens.generated, "
                              "tokens.prompt, tokens.step(k), tokens.position(p)), after its block ended")
-    layers: dict[str, TokenRecord] = {}
+    layers: dict[str, StepRecord] = {}
     for name, entries in followed.log.items():
         calls = [c for c in recording.calls if c.name == name]
         if len(calls) != len(entries) or any(getattr(c, "dropped", False) for c in calls):
             raise HookscopeError(f"the capture kept {len(calls)} of the {len(entries)} calls of {name!r} (last= or "
                                  "on_call= drops calls); capture without them to read records by position")
-        rows: list[TokenRow] = []
+        rows: list[StepRow] = []
         values: list[torch.Tensor] = []
         for call, entry in zip(calls, entries):
             packed = call.output
             for k, (row, pos) in enumerate(zip(entry.rows, entry.positions)):
-                rows.append(TokenRow(name, entry.sequence, entry.step, row, pos, tuple(packed.shape[1:])))
+                rows.append(StepRow(name, entry.sequence, entry.step, row, pos, tuple(packed.shape[1:])))
                 values.append(packed[k])
-        layers[name] = TokenRecord(name, rows, values)
-    return TokenRecords(layers)
+        layers[name] = StepRecord(name, rows, values)
+    return StepRecords(layers)
