@@ -18,7 +18,8 @@ from ...core.result import Result
 from ...core.state import restored
 from ...core.text import dtype_text
 from ...errors import HookscopeError, checked, checked_init, did_you_mean
-from ...selection import At, Selector, as_at, layers
+from ...selection import At, Selector, as_at
+from ._layers import resolve
 
 __all__ = ["Direction", "direction", "METHODS"]
 
@@ -190,7 +191,7 @@ def direction(model: nn.Module, layer: Selector, positive: Any, negative: Any, *
     if method not in METHODS:
         raise HookscopeError(f"direction(method={method!r}) is not a method.{did_you_mean(str(method), METHODS)} "
                              f"Use one of {', '.join(METHODS)}")
-    picked = layers(model, layer)
+    picked = resolve(model, (layer,))
     if len(picked) != 1:
         raise HookscopeError(f"direction() reads one layer, but {layer!r} selects {len(picked)}: "
                              f"{[n for n, _ in picked][:4]}; name one")

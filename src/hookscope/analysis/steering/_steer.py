@@ -9,40 +9,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...anatomy import component
 from ...core.text import dtype_text
 from ...edit import Edit, edit
-from ...errors import HookscopeError, SelectionError, checked, checked_init, did_you_mean
-from ...selection import At, Selector, as_at, layers
+from ...errors import HookscopeError, checked, checked_init, did_you_mean
+from ...selection import At, Selector, as_at
 from ._direction import Direction
+from ._layers import resolve
 
-__all__ = ["OPS", "Steering", "steer", "resolve"]
+__all__ = ["OPS", "Steering", "steer", "change_of"]
 
 OPS = ("add", "scale", "ablate", "clamp")
 """What a steering edit does to each selected position's vector ``x``, with ``u`` the unit direction:
 ``add``: ``x + scale * vector``; ``scale``: ``x + (scale - 1) (x . u) u`` (its component times
 ``scale``); ``ablate``: ``x - (x . u) u`` (projected out); ``clamp``: the component ``x . u`` held
 inside ``bounds`` (nonlinear)."""
-
-
-def resolve(model: nn.Module, selectors: tuple[Selector, ...]) -> list[tuple[str, nn.Module]]:
-    """Modules by selector, or by component name (``"blocks.3.resid_post"``) where the component is
-    a module's whole output."""
-    found: list[tuple[str, nn.Module]] = []
-    for sel in selectors:
-        try:
-            found += layers(model, sel)
-            continue
-        except SelectionError:
-            if not isinstance(sel, str) or not (sel.startswith("blocks.") or sel in ("embed", "pos_embed")):
-                raise
-        comp = component(model, sel, check=False)
-        if comp.field != "output" or comp.view.heads or comp.view.element not in (None, 0):
-            raise HookscopeError(f"steering changes a module's whole output, and {sel!r} is {comp.field} "
-                                 f"{comp.view} of {comp.module!r}; steer the output of the block before it, or a "
-                                 "component that is a module's output (blocks.N.resid_post, attn_out, mlp_out)")
-        found += layers(model, comp.module)
-    return found
 
 
 def _check(v: torch.Tensor, x: torch.Tensor, name: str) -> None:
