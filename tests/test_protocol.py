@@ -41,7 +41,8 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
+              "StepRecord", "StepRow", "Steering", "TokenPositions"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -50,7 +51,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "StepRecords", "Direction"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -69,6 +70,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Operations", "fc::linear", "fc::linaer"),
     ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
+    ("StepRecords", "transformer.h.0", "transformer.h.00"),
     ("Telemetry", "fc", "fcc"),
     ("Run", 0, 1),
 ]
@@ -132,7 +134,16 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
         "Components": hookscope.components(_gpt2()),
+        **_generation(),
     }
+
+
+def _generation() -> dict[str, object]:
+    lm = _gpt2()
+    with hookscope.capture(lm, "transformer.h.0", at=hookscope.tokens.generated) as rec:
+        lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    return {"StepRecords": hookscope.tokens.records(rec),
+            "Direction": hookscope.direction(lm, torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), layers="transformer.h.0")}
 
 
 def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
@@ -307,6 +318,10 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "components": lambda **kw: hookscope.components(_gpt2(), **kw),
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
+        "direction": lambda **kw: hookscope.direction(_gpt2(), torch.tensor([[1]]), torch.tensor([[2]]),
+                                                      layers="transformer.h.0", **kw),
+        "steer": lambda **kw: hookscope.steer(net, "fc", direction=torch.ones(10), **kw),
+        "bake": lambda **kw: hookscope.bake(hookscope.steer(net, "fc", direction=torch.ones(10)), x, **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
         "monitor": lambda **kw: hookscope.monitor(net, **kw),
@@ -412,7 +427,8 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
+                "StepRecords", "Direction"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

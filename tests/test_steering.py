@@ -59,17 +59,17 @@ def test_mean_difference_pca_and_probe_match_a_hand_computation(toy):
     with hookscope.capture(lm, name) as rn:
         lm(neg)
     hp, hn = rp[name].output[:, -1].double(), rn[name].output[:, -1].double()
-    d = hookscope.direction(lm, name, pos, neg)
+    d = hookscope.direction(lm, pos, neg, layers=name)
     assert d.layer == name and d.counts == (20, 20)
     assert torch.allclose(d.vector.double(), hp.mean(0) - hn.mean(0), atol=1e-5)
     both = torch.cat([hp, hn])
     top = torch.linalg.svd(both - both.mean(0)).Vh[0]
-    pca = hookscope.direction(lm, name, pos, neg, method="pca")
+    pca = hookscope.direction(lm, pos, neg, layers=name, method="pca")
     assert abs(float(pca.unit.double() @ top)) > 1 - 1e-5 and float(pca.vector.double() @ d.vector.double()) > 0
-    probe = hookscope.direction(lm, name, pos, neg, method="probe")
+    probe = hookscope.direction(lm, pos, neg, layers=name, method="probe")
     scores_p, scores_n = hp @ probe.vector.double(), hn @ probe.vector.double()
     assert scores_p.min() > scores_n.max()  # the planted topic is linearly separable
-    listed = hookscope.direction(lm, name, list(pos), list(neg))  # one by one: the same samples
+    listed = hookscope.direction(lm, list(pos), list(neg), layers=name)  # one by one: the same samples
     assert torch.allclose(listed.vector, d.vector, atol=1e-5)
     assert hookscope.core.hook_count(lm) == 0
 
@@ -79,7 +79,7 @@ def test_steering_generated_tokens_moves_every_generated_token_the_first_include
     lm, pos, neg = toy
     plain = _generate(lm, neg, use_cache)
     assert torch.isin(plain, SB).all()  # topic B writes B's tokens
-    d = hookscope.direction(lm, "transformer.h.0", pos, neg)
+    d = hookscope.direction(lm, pos, neg, layers="transformer.h.0")
     with hookscope.steer(lm, direction=d, at=tokens.generated) as s:
         steered = _generate(lm, neg, use_cache)
     assert torch.isin(steered, SA).all()  # every generated token, the first one included
@@ -95,7 +95,7 @@ def test_steering_generated_tokens_moves_every_generated_token_the_first_include
 
 def test_steering_at_one_step_changes_that_token_and_what_follows_it(toy):
     lm, pos, neg = toy
-    d = hookscope.direction(lm, "transformer.h.1", pos, neg)
+    d = hookscope.direction(lm, pos, neg, layers="transformer.h.1")
     plain = _generate(lm, neg)
     with hookscope.steer(lm, "blocks.1.resid_post", direction=d, at=tokens.step(2)):
         steered = _generate(lm, neg)
@@ -104,7 +104,7 @@ def test_steering_at_one_step_changes_that_token_and_what_follows_it(toy):
 
 def test_ablating_scaling_and_clamping_change_the_component_along_the_direction(toy):
     lm, pos, neg = toy
-    d, name = hookscope.direction(lm, "transformer.h.1", pos, neg), "transformer.h.1"
+    d, name = hookscope.direction(lm, pos, neg, layers="transformer.h.1"), "transformer.h.1"
 
     def along(**how):  # a capture entered after the steering sees the steered values
         with hookscope.steer(lm, direction=d, **how), hookscope.capture(lm, name) as rec:
@@ -181,7 +181,7 @@ def test_baked_llama_adds_a_bias_where_none_was_and_matches_the_hooked_model(whe
 
 def test_what_weights_cannot_express_is_refused_in_one_line(toy):
     lm, pos, neg = toy
-    d = hookscope.direction(lm, "transformer.h.0", pos, neg)
+    d = hookscope.direction(lm, pos, neg, layers="transformer.h.0")
     cases = [
         (hookscope.steer(lm, direction=d, op="clamp", bounds=(0, 1)), "not linear"),
         (hookscope.steer(lm, direction=d, at=tokens.generated), "weights act at every position"),
@@ -210,7 +210,7 @@ def test_a_direction_of_the_wrong_width_or_dtype_is_refused_and_nothing_stays_ho
                         (lambda: hookscope.steer(lm, "transformer.h.0", direction=torch.zeros(16)), "not zero"),
                         (lambda: hookscope.steer(lm, direction=torch.ones(16)), "needs the layers"),
                         (lambda: hookscope.steer(lm, "blocks.0.attn.z", direction=torch.ones(16)), "input"),
-                        (lambda: hookscope.direction(lm, "transformer.h.0", pos, neg, method="mean"), "mean_difference")]:
+                        (lambda: hookscope.direction(lm, pos, neg, layers="transformer.h.0", method="mean"), "mean_difference")]:
         with pytest.raises(hookscope.HookscopeError, match=match):
             make()
 
@@ -218,7 +218,7 @@ def test_a_direction_of_the_wrong_width_or_dtype_is_refused_and_nothing_stays_ho
 def test_a_direction_saves_and_loads_as_safetensors(toy, tmp_path):
     pytest.importorskip("safetensors")
     lm, pos, neg = toy
-    d = hookscope.direction(lm, "transformer.h.0", pos, neg)
+    d = hookscope.direction(lm, pos, neg, layers="transformer.h.0")
     d.save(tmp_path / "d.safetensors")
     back = hookscope.Direction.load(tmp_path / "d.safetensors")
     assert torch.equal(back.vector, d.vector) and back.layer == "transformer.h.0" and back.method == "mean_difference"

@@ -132,7 +132,7 @@ def _direction(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any,
     pos = _prompts(args.positive, tokenizer, "--positive")
     neg = _prompts(args.negative, tokenizer, "--negative")
     device = next((p.device for p in model.parameters()), None)
-    return direction(model, layer, [p.to(device) for p in pos], [n.to(device) for n in neg])
+    return direction(model, [p.to(device) for p in pos], [n.to(device) for n in neg], layers=layer)
 
 
 def _generate(model: torch.nn.Module, x: torch.Tensor, kwargs: dict[str, Any], args: argparse.Namespace) -> list[int]:

@@ -5,6 +5,7 @@ elsewhere, a file)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +27,33 @@ __all__ = ["Direction", "direction", "METHODS"]
 METHODS = ("mean_difference", "pca", "probe")
 
 
+@dataclass(frozen=True)
+class DirectionRow:
+    """What a direction is, as one row: where and how it was found, its width, length and dtype."""
+
+    layer: str
+    method: str
+    width: int
+    norm: float
+    dtype: str
+    positives: int
+    negatives: int
+
+
 @checked_init
 class Direction(Result):
     """One direction of a layer's output: ``vector`` (its own length: the difference of means keeps
     the distance between the two sets' means), ``unit`` (length 1), the ``layer`` it was read at and
-    the ``method`` that found it. Build one with :func:`direction`, from a tensor you have
-    (``Direction(probe.weight[0], layer="transformer.h.3")``), or with :meth:`load`.
+    the ``method`` that found it (``name`` is the layer's). Build one with :func:`direction`, from a tensor you have
+    (``Direction(probe.weight[0], "transformer.h.3")``), or with :meth:`load`.
 
     Example:
-        >>> d = Direction(torch.tensor([3.0, 4.0]), layer="h.0")
+        >>> d = Direction(torch.tensor([3.0, 4.0]), "h.0")
         >>> [round(x, 4) for x in d.unit.tolist()], d.norm
         ([0.6, 0.8], 5.0)
     """
 
-    def __init__(self, vector: torch.Tensor, layer: str = "", method: str = "given", *,
+    def __init__(self, vector: torch.Tensor, name: str = "", method: str = "given", *,
                  counts: tuple[int, int] = (0, 0)) -> None:
         if not isinstance(vector, torch.Tensor) or vector.dim() != 1 or not vector.is_floating_point():
             shown = (f"a {dtype_text(vector.dtype)} tensor of shape {tuple(vector.shape)}"
@@ -49,7 +63,7 @@ class Direction(Result):
         norm = float(vector.detach().double().norm())
         if not norm > 0 or norm != norm or norm == float("inf"):
             raise HookscopeError(f"the direction's length is {norm}: a direction must be finite and not zero")
-        self.vector, self.layer, self.method, self.counts, self.norm = vector.detach(), layer, method, counts, norm
+        self.vector, self.layer, self.method, self.counts, self.norm = vector.detach(), name, method, counts, norm
 
     @property
     def unit(self) -> torch.Tensor:
@@ -59,6 +73,11 @@ class Direction(Result):
     @property
     def width(self) -> int:
         return int(self.vector.shape[0])
+
+    @property
+    def rows(self) -> list[DirectionRow]:
+        return [DirectionRow(self.layer, self.method, self.width, self.norm, dtype_text(self.vector.dtype),
+                             *self.counts)]
 
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Direction:
         """The same direction in another dtype or on another device."""
@@ -167,9 +186,9 @@ def _probe(pos: torch.Tensor, neg: torch.Tensor, steps: int = 200) -> torch.Tens
 
 
 @checked
-def direction(model: nn.Module, layer: Selector, positive: Any, negative: Any, *, method: str = "mean_difference",
+def direction(model: nn.Module, positive: Any, negative: Any, *, layers: Selector, method: str = "mean_difference",
               at: At | Any = None, kwargs: Mapping[str, Any] | None = None) -> Direction:
-    """A direction in ``layer``'s output that tells the ``positive`` prompts from the ``negative`` ones.
+    """A direction in the output of ``layers`` (one layer) that tells the ``positive`` prompts from the ``negative`` ones.
 
     Each set is token ids: a ``[prompts, tokens]`` tensor, or a list of 1-D tensors of any lengths
     (run one by one). The samples are the layer's output at ``at`` (default ``hookscope.at[:, -1]``,
@@ -184,16 +203,16 @@ def direction(model: nn.Module, layer: Selector, positive: Any, negative: Any, *
     Example:
         >>> import torch, hookscope
         >>> net = torch.nn.Sequential(torch.nn.Embedding(4, 3))
-        >>> d = hookscope.direction(net, "0", torch.tensor([[1]]), torch.tensor([[2]]))
+        >>> d = hookscope.direction(net, torch.tensor([[1]]), torch.tensor([[2]]), layers="0")
         >>> torch.allclose(d.vector, net[0].weight[1] - net[0].weight[2])
         True
     """
     if method not in METHODS:
         raise HookscopeError(f"direction(method={method!r}) is not a method.{did_you_mean(str(method), METHODS)} "
                              f"Use one of {', '.join(METHODS)}")
-    picked = resolve(model, (layer,))
+    picked = resolve(model, (layers,))
     if len(picked) != 1:
-        raise HookscopeError(f"direction() reads one layer, but {layer!r} selects {len(picked)}: "
+        raise HookscopeError(f"direction() reads one layer, but {layers!r} selects {len(picked)}: "
                              f"{[n for n, _ in picked][:4]}; name one")
     name = picked[0][0]
     where = as_at(at) if at is not None else as_at((slice(None), -1))
