@@ -135,7 +135,7 @@ def _direction(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any,
     return direction(model, [p.to(device) for p in pos], [n.to(device) for n in neg], layers=layer)
 
 
-def _generate(model: torch.nn.Module, x: torch.Tensor, kwargs: dict[str, Any], args: argparse.Namespace) -> list[int]:
+def _generate(model: Any, x: torch.Tensor, kwargs: dict[str, Any], args: argparse.Namespace) -> list[int]:
     torch.manual_seed(args.seed)
     pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
     eos = getattr(getattr(model, "config", None), "eos_token_id", None)

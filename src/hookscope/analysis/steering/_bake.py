@@ -49,9 +49,20 @@ def _writer(model: nn.Module, name: str, module: nn.Module) -> tuple[str, nn.Mod
                          "projection; steer one of those")
 
 
+def _param(module: nn.Module, name: str) -> torch.Tensor | None:
+    found = getattr(module, name, None)
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    w = _param(module, "weight")
+    assert w is not None  # a Linear, Conv1D or Embedding
+    return w
+
+
 def _untie(model: nn.Module, module: nn.Module) -> None:
     """Give ``module`` its own weight where another module shares it (GPT-2's lm_head and wte)."""
-    weight = module.weight
+    weight = _weight(module)
     if any(p is weight for n, m in model.named_modules() if m is not module for p in m.parameters(recurse=False)):
         module.weight = nn.Parameter(weight.detach().clone(), requires_grad=weight.requires_grad)
         config = getattr(model, "config", None)
@@ -62,17 +73,23 @@ def _untie(model: nn.Module, module: nn.Module) -> None:
 def _add(model: nn.Module, module: nn.Module, v: torch.Tensor) -> None:
     if isinstance(module, nn.Embedding):
         _untie(model, module)
+        if v.shape[0] != module.weight.shape[1]:
+            raise HookscopeError(f"the direction has width {v.shape[0]} but the embedding's rows {module.weight.shape[1]}; "
+                                 "compute the direction at the layer you steer")
         with torch.no_grad():
             module.weight.add_(v.to(module.weight))
         return
-    width = module.weight.shape[1] if _is_conv1d(module) else module.weight.shape[0]
+    weight = _weight(module)
+    width = int(weight.shape[1] if _is_conv1d(module) else weight.shape[0])
     if v.shape[0] != width:
         raise HookscopeError(f"the direction has width {v.shape[0]} but the output projection writes {width}; "
                              "compute the direction at the layer you steer")
-    if module.bias is None:  # LLaMA's o_proj / down_proj: a bias holding the addition
-        module.bias = nn.Parameter(torch.zeros(width, dtype=module.weight.dtype, device=module.weight.device))
+    bias = _param(module, "bias")
+    if bias is None:  # LLaMA's o_proj / down_proj: a bias holding the addition
+        bias = nn.Parameter(torch.zeros(width, dtype=weight.dtype, device=weight.device))
+        module.bias = bias
     with torch.no_grad():
-        module.bias.add_(v.to(module.bias))
+        bias.add_(v.to(bias))
 
 
 def _project(model: nn.Module, name: str, module: nn.Module, u: torch.Tensor, factor: float) -> None:
@@ -83,7 +100,7 @@ def _project(model: nn.Module, name: str, module: nn.Module, u: torch.Tensor, fa
                              "the modules that write the stream (embeddings, attention and MLP output projections)")
     if isinstance(module, nn.Embedding):
         _untie(model, module)
-    w = module.weight
+    w = _weight(module)
     u = u.to(device=w.device, dtype=torch.float64)
     with torch.no_grad():
         w64 = w.double()
@@ -91,7 +108,7 @@ def _project(model: nn.Module, name: str, module: nn.Module, u: torch.Tensor, fa
         new = w64 + (factor - 1) * ((w64 @ u)[:, None] * u if isinstance(module, nn.Embedding) or _is_conv1d(module)
                                     else u[:, None] * (u @ w64)[None])
         w.copy_(new.to(w.dtype))
-        bias = getattr(module, "bias", None)
+        bias = _param(module, "bias")
         if bias is not None:
             b64 = bias.double()
             bias.copy_((b64 + (factor - 1) * (b64 @ u) * u).to(bias.dtype))

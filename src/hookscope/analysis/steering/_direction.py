@@ -159,7 +159,7 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 def _pca(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     both = torch.cat([pos, neg]).double()
     centred = both - both.mean(0)
-    v = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+    v: torch.Tensor = torch.linalg.svd(centred, full_matrices=False).Vh[0]
     # the sign: the positive set lies on the positive side
     return v if float((pos.double().mean(0) - neg.double().mean(0)) @ v) >= 0 else -v
 
