@@ -60,7 +60,7 @@ def _api(folder: Path, scale: float) -> tuple[list[int], list[int]]:
 
 
 def test_json_gives_the_tokens_the_api_writes_without_and_with_the_steering(capsys, lm):
-    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the dog", "--steer",
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the dog", "--layers",
                          "blocks.1.resid_post", "--positive", str(lm.parent / "cats.txt"), "--negative",
                          str(lm.parent / "dogs.txt"), "--scale", "6", "--max-new-tokens", "4", "--json")
     assert code == 0, err
@@ -72,8 +72,8 @@ def test_json_gives_the_tokens_the_api_writes_without_and_with_the_steering(caps
 
 def test_a_saved_direction_file_is_read_and_the_text_printed(capsys, lm, tmp_path):
     hookscope.Direction(torch.ones(16) * 5, "transformer.h.0").save(tmp_path / "d.safetensors")
-    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the cat", "--steer",
-                         "transformer.h.0", "--direction", str(tmp_path / "d.safetensors"), "--op", "ablate",
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the cat", "--layers",
+                         "transformer.h.0", "--direction", str(tmp_path / "d.safetensors"), "--steer", "ablate",
                          "--max-new-tokens", "3", "--no-cache")
     assert code == 0, err
     lines = out.splitlines()
@@ -85,8 +85,8 @@ def test_a_saved_direction_file_is_read_and_the_text_printed(capsys, lm, tmp_pat
     (["--direction", "d.pt"], "is .safetensors"),
     ([], "needs a direction"),
     (["--positive", "cats.txt"], "both --positive and --negative"),
-    (["--direction", "d.safetensors", "--bounds", "0,1"], "--bounds goes with --op clamp"),
-    (["--direction", "d.safetensors", "--op", "clamp"], "needs --bounds"),
+    (["--direction", "d.safetensors", "--bounds", "0,1"], "--bounds goes with --steer clamp"),
+    (["--direction", "d.safetensors", "--steer", "clamp"], "needs --bounds"),
     (["--direction", "d.safetensors", "--max-new-tokens", "0"], "1 or more"),
     (["--direction", "wide.safetensors"], "width 15"),
     (["--direction", "bad.safetensors"], "not a readable safetensors file"),
@@ -98,6 +98,6 @@ def test_mistakes_are_one_line_and_a_non_zero_exit(capsys, lm, tmp_path, monkeyp
     hookscope.Direction(torch.ones(15)).save(tmp_path / "wide.safetensors")
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
     torch.save(torch.ones(16), tmp_path / "d.pt")
-    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the cat", "--steer",
+    code, out, err = run(capsys, "hf:causal-lm", "--config", str(lm), "--text", "the cat", "--layers",
                          "transformer.h.0", *extra)
     assert code != 0 and match in err and len(err.strip().splitlines()) == 1, err

@@ -15,7 +15,7 @@ from ..analysis.steering import OPS, Direction, direction, steer
 from ..errors import HookscopeError
 from ..generation import tokens
 from ..loading.hf import is_hf_model
-from ._common import add_device_argument, add_examples, check_device
+from ._common import add_device_argument, add_examples, add_layers_argument, check_device
 from ._load import add_model_arguments, load_model, model_session
 from .inputs import hf_tokenizer, model_input, tokenizer_files
 from .inputs._inputs import parse_ids
@@ -28,21 +28,23 @@ def add_parser(sub: Any) -> None:
         "generate",
         help="a language model's continuation with and without a steering direction",
         description="Runs MODEL's generate() on --text or --input-ids, then again with a direction steered at "
-        "--steer LAYER (a module name, or a component name such as blocks.1.resid_post), and prints both "
+        "--layers LAYER (a module name, or a component name such as blocks.1.resid_post), and prints both "
         "continuations. The direction is the difference of the means of the layer's output at the last token of "
         "the --positive and --negative prompts (text files, one prompt a line: text through the --config folder's "
         "tokenizer, or token ids such as '15 11 95'), or a --direction file (.safetensors, as "
-        "hookscope.Direction.save writes it; never unpickled). --at generated (the default) steers the positions "
+        "hookscope.Direction.save writes it; never unpickled). --steer says what is done along it (add, scale, ablate, "
+        "clamp). --at generated (the default) steers the positions "
         "that write the continuation: the prompt's last token, whose output gives the first generated token, and "
         "every generated token fed back.",
     )
     add_model_arguments(p)
     add_device_argument(p)
-    p.add_argument("--steer", metavar="LAYER", required=True, help="the layer whose output is steered")
+    add_layers_argument(p, "the layer whose output is steered (or a component name such as blocks.1.resid_post)",
+                        one=True, required=True)
     p.add_argument("--direction", metavar="FILE", default=None, help="the direction: a .safetensors file")
     p.add_argument("--positive", metavar="FILE", default=None, help="prompts with the property, one a line")
     p.add_argument("--negative", metavar="FILE", default=None, help="prompts without it, one a line")
-    p.add_argument("--op", choices=OPS, default="add",
+    p.add_argument("--steer", metavar="OP", choices=OPS, default="add",
                    help="add: plus scale x direction; scale: its component times scale; ablate: projected out; "
                         "clamp: its component held inside --bounds (default add)")
     p.add_argument("--scale", metavar="S", type=float, default=1.0, help="the factor of add and scale (default 1)")
@@ -63,22 +65,22 @@ def add_parser(sub: Any) -> None:
                   "      open('neg.txt', 'w').write('40 41 42\\n40 43 44\\n')\"",
                   "two sets of prompts as token ids, one a line"),
                  ("hookscope generate hf:causal-lm --config gpt2-tiny \\\n"
-                  "      --input-ids '40 41 3' --steer blocks.1.resid_post \\\n"
+                  "      --input-ids '40 41 3' --layers blocks.1.resid_post \\\n"
                   "      --positive pos.txt --negative neg.txt --scale 8",
                   "the continuation without and with the difference of means"),
                  ("hookscope generate hf:causal-lm --config gpt2-tiny \\\n"
-                  "      --input-ids '40 41 3' --steer transformer.h.0 \\\n"
-                  "      --positive pos.txt --negative neg.txt --op ablate --json",
+                  "      --input-ids '40 41 3' --layers transformer.h.0 \\\n"
+                  "      --positive pos.txt --negative neg.txt --steer ablate --json",
                   "the direction projected out, as JSON"))
 
 
 def _bounds(text: str | None, op: str) -> tuple[float | None, float | None] | None:
     if op != "clamp":
         if text is not None:
-            raise HookscopeError(f"--bounds goes with --op clamp, not --op {op}; drop it")
+            raise HookscopeError(f"--bounds goes with --steer clamp, not --steer {op}; drop it")
         return None
     if text is None:
-        raise HookscopeError("--op clamp needs --bounds LO,HI, such as '-1,1' (either may be empty)")
+        raise HookscopeError("--steer clamp needs --bounds LO,HI, such as '-1,1' (either may be empty)")
     parts = text.split(",")
     try:
         lo, hi = (float(p) if p.strip() else None for p in parts)
@@ -92,7 +94,7 @@ def _check(args: argparse.Namespace) -> None:
     if given == [True, True]:
         raise HookscopeError("give the direction as --direction FILE or as --positive and --negative, not both")
     if not any(given):
-        raise HookscopeError("--steer needs a direction: --direction FILE.safetensors, or --positive and --negative "
+        raise HookscopeError("steering needs a direction: --direction FILE.safetensors, or --positive and --negative "
                              "prompt files")
     if given[1] and (args.positive is None or args.negative is None):
         raise HookscopeError("a direction from prompts needs both --positive and --negative files")
@@ -148,7 +150,7 @@ def _generate(model: Any, x: torch.Tensor, kwargs: dict[str, Any], args: argpars
 def run(args: argparse.Namespace) -> int:
     with model_session(args):
         _check(args)
-        bounds = _bounds(args.bounds, args.op)
+        bounds = _bounds(args.bounds, args.steer)
         device = check_device(args.device)
         model = load_model(args.model, seed=args.seed, weights=args.weights)
         model = (model if device is None else model.to(device)).eval()
@@ -161,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = _tokenizer(args, model)
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         plain = _generate(model, given.x, given.kwargs, args)
-        steering = steer(model, args.steer, direction=_direction(args, model, tokenizer, args.steer, dtype),
-                         op=args.op, scale=args.scale, at=_AT[args.at], bounds=bounds)
+        steering = steer(model, args.layers, direction=_direction(args, model, tokenizer, args.layers, dtype),
+                         op=args.steer, scale=args.scale, at=_AT[args.at], bounds=bounds)
         with steering:
             steered = _generate(model, given.x, given.kwargs, args)
         return _print(args, given.x[0].tolist(), plain, steered, steering, tokenizer)
@@ -176,7 +178,7 @@ def _print(args: argparse.Namespace, prompt: list[int], plain: list[int], steere
     d = steering.direction
     if args.json:
         print(json.dumps({"prompt": prompt, "without": plain, "with": steered, "changed": plain != steered,
-                          "steer": {"layers": steering.names, "op": args.op, "scale": args.scale, "at": args.at,
+                          "steer": {"layers": steering.names, "op": args.steer, "scale": args.scale, "at": args.at,
                                     "direction": {"method": d.method, "norm": d.norm, "width": d.width}},
                           **({"text": {"prompt": text(prompt), "without": text(plain), "with": text(steered)}}
                              if tokenizer is not None else {})}, indent=2))
@@ -185,7 +187,7 @@ def _print(args: argparse.Namespace, prompt: list[int], plain: list[int], steere
     print(f"prompt:  {text(prompt)}")
     print(f"without: {text(plain)}")
     print(f"with:    {text(steered)}")
-    print(f"steered {', '.join(steering.names)} ({args.op}, scale {args.scale:g}, at {args.at}; direction by "
+    print(f"steered {', '.join(steering.names)} ({args.steer}, scale {args.scale:g}, at {args.at}; direction by "
           f"{d.method}, length {d.norm:.4g}): "
           + ("the same tokens" if first is None else f"tokens differ from generated token {first} on"))
     return 0
