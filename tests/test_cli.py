@@ -151,7 +151,7 @@ def test_every_command_that_chooses_layers_declares_one_layers_option():
         assert action is not None, name
         assert action.option_strings == ["--layers", "--layer"] and action.metavar == "LAYER", name
         assert LAYER_FORMS in action.help, name
-        if name not in ("features", "attribute"):  # each takes one layer
+        if name not in ("features", "attribute", "generate"):  # each takes one layer
             assert action.nargs == "+" and type(action).__name__ == "_ExtendAction", name
 
 

@@ -42,7 +42,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
               "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
-              "RoadRow", "RandomisationRow"}
+              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "Steering", "TokenPositions"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -52,7 +52,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
-                "Recovery", "RoadCurves", "Randomisation"]
+                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -71,6 +71,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Operations", "fc::linear", "fc::linaer"),
     ("AttentionPatterns", "::scaled_dot_product_attention", "::softmax"),
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
+    ("StepRecords", "transformer.h.0", "transformer.h.00"),
     ("Telemetry", "fc", "fcc"),
     ("Run", 0, 1),
     ("LayerImportance", "model.layers.0", "model.layers.9"),
@@ -141,7 +142,16 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "RoadCurves": metrics.road(net, x, res.maps, percentiles=[50]),
         "Randomisation": metrics.parameter_randomisation(net, x, lambda m, v: hookscope.cam(m, v, layers="layer2").maps,
                                                          layers=["fc", "layer2"]),
+        **_generation(),
     }
+
+
+def _generation() -> dict[str, object]:
+    lm = _gpt2()
+    with hookscope.capture(lm, "transformer.h.0", at=hookscope.tokens.generated) as rec:
+        lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    return {"StepRecords": hookscope.tokens.records(rec),
+            "Direction": hookscope.direction(lm, torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), layers="transformer.h.0")}
 
 
 def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
@@ -340,6 +350,10 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "components": lambda **kw: hookscope.components(_gpt2(), **kw),
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
+        "direction": lambda **kw: hookscope.direction(_gpt2(), torch.tensor([[1]]), torch.tensor([[2]]),
+                                                      layers="transformer.h.0", **kw),
+        "steer": lambda **kw: hookscope.steer(net, "fc", direction=torch.ones(10), **kw),
+        "bake": lambda **kw: hookscope.bake(hookscope.steer(net, "fc", direction=torch.ones(10)), x, **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
         "monitor": lambda **kw: hookscope.monitor(net, **kw),
@@ -446,7 +460,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation"}
+                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -78,6 +78,7 @@ from .analysis.prune import (
 )
 from .analysis.prune import remove as remove_masks
 from .analysis.trace import StatRow, Trace, trace
+from .analysis.steering import Direction, Steering, bake, direction, steer
 from .analysis.summary import Summary, summary
 from .analysis.step_memory import MemoryRow, MemoryTotals, StepMemory, step_memory
 from .analysis.watch import Watch, watch
@@ -99,6 +100,7 @@ from .loading import class_names, load_model, load_weights
 from .loading import ImageTransform, Images, Tokens, example_input, image_transform, load_images, load_tokenizer, tokenize
 from .records import CallRecord, LayerRecord, Recording, Retention, load
 from .selection import At, at, layers, names, unwrap
+from .generation import StepRecord, StepRecords, StepRow, TokenPositions, tokens
 from .store import LayerArray, Store, open_store
 
 __version__ = "0.1.0"
@@ -109,9 +111,11 @@ __all__ = [
     # read and steer activations and gradients
     "capture", "Capture", "Recording", "LayerRecord", "CallRecord", "Retention", "load",
     "edit", "Edit", "scale", "ablate",
+    "direction", "Direction", "steer", "Steering", "bake",
     "grads", "TensorGrads", "GradRecord",
     # choose layers
     "layers", "names", "unwrap", "at", "At",
+    "tokens", "TokenPositions", "StepRecords", "StepRecord", "StepRow",
     "operations", "Operations", "OperationRow",
     "components", "Components", "Component", "component",
     # know and debug a model

@@ -21,6 +21,7 @@ from .core.guard import FAST_PATH_TYPES, Slot, held_by, origin, plain_output, re
 from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.ops import SEP, OpSite, call_name, counts, covered, current_function, missed, seen_ops, written
 from .errors import HookscopeError, SelectionError, StopForward, checked, did_you_mean
+from .generation import FollowedPositions, TokenPositions
 from .records import HOLE, CallRecord, Recording, Retention
 from .records.retention import renamed_device
 from .selection import At, Selector, aliases_of, as_at, check_hookable, layers
@@ -138,6 +139,8 @@ class Capture(Recording):
             copy = "always" if self.retention.copy == "auto" else self.retention.copy
             self.retention = dataclasses.replace(self.retention, copy=copy, guard=False)
         try:
+            if isinstance(self.at, TokenPositions):  # resolved at each forward from the model's own inputs
+                self.at = self.at.follow(self._model, self._group)
             globs: list[tuple[str, nn.Module]] = [(n, g) for n, g in self._targets  # checked once per block
                                                   if isinstance(g, OpSite) and g.is_pattern]
             for name, module in self._targets:
@@ -167,6 +170,8 @@ class Capture(Recording):
         if isinstance(exc, StopForward) and exc.owner is self:
             self.stopped = True
             return True
+        if exc is None and isinstance(self.at, FollowedPositions):
+            self.at.check()
         unmatched = missed(self._sites, self._since) if exc is None else None
         if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
             raise SelectionError(unmatched)

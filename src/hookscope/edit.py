@@ -15,6 +15,7 @@ from .core.hooks import HookGroup, Orphans, ThreadScope
 from .core.calls import CallStack
 from .core.ops import OpSite, counts, current_function, missed, written
 from .errors import HookscopeError, SelectionError, checked
+from .generation import FollowedPositions, TokenPositions
 from .named import check_writable
 from .selection import At, Selector, as_at, check_hookable, layers
 
@@ -93,6 +94,8 @@ class Edit:
         c = self._changes
         wrap: Callable[[Any], Any] = eager if is_compiled(self._model) else _as_is
         try:
+            if isinstance(self._at, TokenPositions):  # resolved at each forward from the model's own inputs
+                self._at = self._at.follow(self._model, self._group)
             for name, module in self._targets:
                 # an operation that writes into a tensor runs on a copy, then the edited value goes in
                 writes: CallStack[_Write | None] | None = CallStack() if isinstance(module, OpSite) else None
@@ -112,6 +115,8 @@ class Edit:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.remove()
+        if exc_type is None and isinstance(self._at, FollowedPositions):
+            self._at.check()
         unmatched = missed(self._sites, self._since) if exc_type is None else None
         if unmatched is not None:  # only the finished pass tells a misspelt operation from one not run yet
             raise SelectionError(unmatched)

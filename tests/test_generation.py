@@ -1,0 +1,229 @@
+"""Token positions during generate(): records at absolute position p equal the no-cache forward's
+at p on every step, with and without the cache, left-padded batches included; edits there run the
+same computation either way; bad positions are refused in one line with nothing left hooked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hookscope
+from hookscope import tokens
+from hookscope.generation import frame_of
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2() -> tuple[torch.nn.Module, str]:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=40, n_positions=64)
+    return transformers.GPT2LMHeadModel(cfg).eval(), "transformer.h.1"
+
+
+def _llama() -> tuple[torch.nn.Module, str]:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                   intermediate_size=32, vocab_size=40)
+    return transformers.LlamaForCausalLM(cfg).eval(), "model.layers.1"
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama}
+IDS = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 3]])  # row 0 left-padded: its own tokens are 5, 6
+MASK = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+NEW = 5
+
+
+def _generate(lm, use_cache, sample=False, seed=0):
+    torch.manual_seed(seed)
+    return lm.generate(IDS, attention_mask=MASK, max_new_tokens=NEW, do_sample=sample, use_cache=use_cache,
+                       pad_token_id=0, top_k=0)
+
+
+def _full_forward(lm, name, out):
+    """The no-cache forward over the whole final sequence, positions as generate() numbers them."""
+    mask = torch.cat([MASK, torch.ones(2, out.shape[1] - MASK.shape[1], dtype=MASK.dtype)], 1)
+    with hookscope.capture(lm, name) as rec:
+        lm(out, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+    h = rec[name].output
+    return h[0] if isinstance(h, tuple) else h, mask
+
+
+def test_frames_number_the_sequences_own_tokens_pads_excluded():
+    f0 = frame_of((), {"input_ids": IDS, "attention_mask": MASK}, None)
+    assert f0.positions.tolist() == [[-1, -1, 0, 1], [0, 1, 2, 3]] and f0.prompt.tolist() == [2, 4]
+    grown = torch.cat([MASK, torch.ones(2, 1, dtype=MASK.dtype)], 1)
+
+    class Cache:
+        def get_seq_length(self):
+            return 4
+
+    f1 = frame_of((), {"input_ids": IDS[:, :1], "attention_mask": grown, "past_key_values": Cache()}, f0)
+    assert (f1.step, f1.fresh, f1.positions.tolist(), f1.prompt.tolist()) == (1, 1, [[2], [4]], [2, 4])
+    nocache = frame_of((), {"input_ids": torch.cat([IDS, IDS[:, :1]], 1), "attention_mask": grown}, f0, IDS)
+    assert (nocache.step, nocache.fresh, nocache.positions[:, -1].tolist()) == (1, 1, [2, 4])
+    fresh = frame_of((), {"input_ids": torch.cat([IDS, IDS[:, :1]], 1) + 1, "attention_mask": grown}, f0, IDS)
+    assert (fresh.sequence, fresh.step) == (1, 0)  # other tokens: a new sequence, not a step
+
+
+@pytest.mark.parametrize("family", MODELS)
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_records_at_each_position_equal_the_full_forward_with_and_without_cache(family, sample):
+    lm, name = MODELS[family]()
+    got = {}
+    for use_cache in (True, False):
+        with hookscope.capture(lm, name, at=tokens.generated) as rec:
+            out = _generate(lm, use_cache, sample)
+        got[use_cache] = (out, tokens.records(rec)[name])
+    (out, cached), (out2, plain) = got[True], got[False]
+    assert torch.equal(out, out2)
+    full, mask = _full_forward(lm, name, out)
+    # generated: the last prompt token's position and every fed-back token, one per step
+    assert cached.positions().tolist() == [[1, 2, 3, 4, 5], [3, 4, 5, 6, 7]]
+    assert [r.step for r in cached.rows if r.row == 0] == [0, 1, 2, 3, 4]
+    for record in (cached, plain):
+        t = record.tensor()
+        assert t.shape == (2, NEW, 16)
+        # in the padded layout, positions len-1 .. len+NEW-2 are columns 3 .. 7 for both rows
+        assert (t - full[:, 3:3 + NEW]).abs().max() < 1e-5
+    for row, pos in [(0, 0), (0, 4), (1, 7)]:
+        col = int((mask[row].cumsum(0) - 1 == pos).nonzero()[0])
+        with hookscope.capture(lm, name, at=tokens.position(pos)) as rec:
+            _generate(lm, True, sample)
+        with hookscope.capture(lm, name, at=tokens.position(pos)) as rec_nc:
+            _generate(lm, False, sample)
+        a, b = tokens.records(rec)[name].get(row, pos), tokens.records(rec_nc)[name].get(row, pos)
+        assert (a - full[row, col]).abs().max() < 1e-5 and (b - full[row, col]).abs().max() < 1e-5
+    assert hookscope.core.hook_count(lm) == 0
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_prompt_records_are_the_rows_own_tokens_recorded_once(family):
+    lm, name = MODELS[family]()
+    with hookscope.capture(lm, name, at=tokens.prompt) as rec:
+        out = _generate(lm, False)  # without the cache the prompt is computed again at every step
+    record = tokens.records(rec)[name]
+    assert record.positions().tolist() == [[0, 1, -1, -1], [0, 1, 2, 3]]
+    assert {r.step for r in record.rows} == {0}
+    with pytest.raises(hookscope.HookscopeError, match="fill="):
+        record.tensor()
+    full, _ = _full_forward(lm, name, out)
+    t = record.tensor(fill=float("nan"))
+    assert (t[0, :2] - full[0, 2:4]).abs().max() < 1e-5 and (t[1] - full[1, :4]).abs().max() < 1e-5
+    assert torch.isnan(t[0, 2:]).all()
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_step_k_is_the_position_that_writes_generated_token_k(family):
+    lm, name = MODELS[family]()
+    with hookscope.capture(lm, name, at=tokens.step([0, 3])) as rec:
+        out = _generate(lm, True)
+    record = tokens.records(rec)[name]
+    assert record.positions().tolist() == [[1, 4], [3, 6]]
+    assert sorted({r.step for r in record.rows}) == [0, 3]
+    full, _ = _full_forward(lm, name, out)
+    assert (record.tensor() - full[:, [3, 6]]).abs().max() < 1e-5
+    assert hookscope.core.hook_count(lm) == 0
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_an_edit_at_generated_tokens_is_the_same_computation_with_and_without_cache(family):
+    lm, name = MODELS[family]()
+    plain = _generate(lm, True)
+    v = torch.randn(16) * 3
+    outs, first_logits = [], []
+    for use_cache in (True, False):
+        with hookscope.edit(lm, name, output=lambda x: x + v, at=tokens.generated):
+            outs.append(_generate(lm, use_cache))
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0][:, 4], plain[:, 4])  # the first generated token changed too
+    # by hand: the same edit on a full forward of the steered sequence, positions >= len - 1
+    mask = torch.cat([MASK, torch.ones(2, NEW, dtype=MASK.dtype)], 1)
+    where = torch.zeros(2, mask.shape[1], dtype=torch.bool)
+    where[:, 3:] = True
+
+    def by_hand(module, args, output):
+        h = output[0] if isinstance(output, tuple) else output
+        h = h + where[:, : h.shape[1], None] * v
+        return (h, *output[1:]) if isinstance(output, tuple) else h
+
+    handle = dict(lm.named_modules())[name].register_forward_hook(by_hand)
+    try:
+        logits = lm(outs[0], attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    finally:
+        handle.remove()
+    assert torch.equal(logits[:, 3:-1].argmax(-1), outs[0][:, 4:])
+    first_logits.append(logits)
+    assert hookscope.core.hook_count(lm) == 0
+
+
+def test_a_cached_prompt_edit_reaches_the_cache():
+    lm, name = _gpt2()
+    v = torch.randn(16) * 3
+    outs = []
+    for use_cache in (True, False):
+        with hookscope.edit(lm, name, output=lambda x: x + v, at=tokens.position(0)) as ed:
+            outs.append(_generate(lm, use_cache))
+        assert ed.counts[name] == NEW
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda: tokens.step(NEW), r"tokens.step\(5\) never ran: the generation ran steps 0..4"),
+    (lambda: tokens.position(NEW + 4), r"tokens.position\(9\) is beyond the sequence: the longest held 8"),
+])
+@pytest.mark.parametrize("how", ["capture", "edit"])
+def test_a_step_or_position_never_reached_is_refused_in_one_line(bad, match, how):
+    lm, name = _gpt2()
+    opened = (hookscope.capture(lm, name, at=bad()) if how == "capture"
+              else hookscope.edit(lm, name, output=lambda x: x, at=bad()))
+    with pytest.raises(hookscope.HookscopeError, match=match) as e:
+        with opened:
+            _generate(lm, True)
+    assert "\n" not in str(e.value)
+    assert hookscope.core.hook_count(lm) == 0
+
+
+def test_bad_positions_and_modules_are_refused_in_one_line():
+    for make, match in [(lambda: tokens.position(-1), "negative"), (lambda: tokens.step("a"), "an int"),
+                        (lambda: tokens.position([]), "names no position")]:
+        with pytest.raises(hookscope.HookscopeError, match=match):
+            make()
+    lm, _ = _gpt2()
+    with pytest.raises(hookscope.HookscopeError, match="keeps the token axis"):
+        with hookscope.capture(lm, "lm_head", at=tokens.generated):  # logits_to_keep: lm_head sees one column
+            _generate(lm, True)
+    with pytest.raises(hookscope.HookscopeError, match="returned"):
+        with hookscope.edit(lm, "transformer.h.0", output=lambda x: x[:1], at=tokens.generated):
+            _generate(lm, True)
+    with pytest.raises(hookscope.HookscopeError, match="reads a capture made with at="):
+        with hookscope.capture(lm, "transformer.h.0") as rec:
+            lm(IDS)
+        tokens.records(rec)
+    assert hookscope.core.hook_count(lm) == 0
+
+
+def test_a_generation_that_raises_leaves_nothing_hooked_and_the_model_usable():
+    lm, name = _gpt2()
+    before = _generate(lm, True)
+
+    def boom(x):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with hookscope.edit(lm, name, output=boom, at=tokens.generated):
+            _generate(lm, True)
+    assert hookscope.core.hook_count(lm) == 0
+    assert torch.equal(_generate(lm, True), before)
+
+
+def test_records_of_several_generations_are_kept_apart():
+    lm, name = _gpt2()
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        _generate(lm, True)
+        _generate(lm, False)
+    record = tokens.records(rec)[name]
+    assert sorted({r.sequence for r in record.rows}) == [0, 1]
+    with pytest.raises(hookscope.HookscopeError, match="sequence="):
+        record.tensor()
+    assert (record.tensor(sequence=0) - record.tensor(sequence=1)).abs().max() < 1e-5
+    assert "transformer.h.1" in tokens.records(rec) and "step" in tokens.records(rec).table()
