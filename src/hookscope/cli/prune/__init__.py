@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.text import first_line
-from ..errors import HookscopeError, did_you_mean
-from ._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
-from .inputs import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images, model_input, ModelInput
-from ._load import add_model_arguments, class_names
-from ._prune_llm import add_llm_arguments, is_llm, run_llm
-from ._prune_shares import check_heads, check_mlp, check_width
+from ...core.text import first_line
+from ...errors import HookscopeError, did_you_mean
+from .._common import add_device_argument, add_examples, add_layers_argument, check_device, model_from
+from ..inputs import IMAGE_SUFFIXES, add_image_arguments, image_files, load_images, model_input, ModelInput
+from .._load import add_model_arguments, class_names
+from ._llm import add_llm_arguments, is_llm, run_llm
+from ._shares import check_heads, check_mlp, check_width
 
 METHODS = ("l1_unstructured", "random_unstructured", "ln_structured", "random_structured")
 IMPORTANCE = ("l2", "l1", "activation", "apoz", "taylor")
@@ -364,7 +364,7 @@ def _cli_words(e: HookscopeError, args: argparse.Namespace) -> HookscopeError:
 
 
 def _prune_weights(args: argparse.Namespace, model: nn.Module) -> Any:
-    from ..analysis.prune import prune, remove
+    from ...analysis.prune import prune, remove
 
     method = args.method or METHODS[0]
     extra: dict[str, Any] = {"n": args.norm if args.norm is not None else 1, "dim": args.dim or 0}
@@ -380,7 +380,7 @@ def _prune_weights(args: argparse.Namespace, model: nn.Module) -> Any:
 
 def _prune_channels(args: argparse.Namespace, model: nn.Module, given: ModelInput,
                     data: _Data | None) -> tuple[Any, nn.Module]:
-    from ..analysis.prune import compact, prune_channels, prune_heads, prune_width, remove
+    from ...analysis.prune import compact, prune_channels, prune_heads, prune_width, remove
 
     kind = args.importance or "l2"
     results: list[Any] = []
@@ -423,7 +423,7 @@ class _Both:
 def _save(model: nn.Module, path: str, *, compacted: bool) -> int:
     """Write the state_dict atomically (temp file, then rename): a failure leaves no half file. A
     compacted model's says so in its metadata, for --weights to resize the architecture to it."""
-    from ..analysis.prune import marked_compacted
+    from ...analysis.prune import marked_compacted
 
     state = model.state_dict()
     held = marked_compacted(state) if compacted else {k: v.detach().clone().contiguous() for k, v in state.items()}
@@ -454,7 +454,7 @@ def _written(args: argparse.Namespace, after: nn.Module, before: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..analysis.prune import compare_models
+    from ...analysis.prune import compare_models
 
     if is_llm(args):
         return run_llm(args)

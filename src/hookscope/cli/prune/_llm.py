@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import HookscopeError
-from ._common import model_from
-from .inputs import hf_tokenizer
+from ...errors import HookscopeError
+from .._common import model_from
+from ..inputs import hf_tokenizer
 
 __all__ = ["add_llm_arguments", "is_llm", "run_llm", "CALIBRATED"]
 
@@ -123,12 +123,12 @@ class _Text:
 
 
 def _perplexity(model: nn.Module, ids: torch.Tensor) -> float:
-    from ..analysis.prune import lm_loss
+    from ...analysis.prune import lm_loss
     return math.exp(lm_loss(model, [ids]))
 
 
 def _prune(args: argparse.Namespace, model: nn.Module, ids: torch.Tensor) -> list[Any]:
-    from ..analysis.prune import layer_importance, prune, remove_layers
+    from ...analysis.prune import layer_importance, prune, remove_layers
 
     done: list[Any] = []
     if args.method is not None:
@@ -147,7 +147,7 @@ def _prune(args: argparse.Namespace, model: nn.Module, ids: torch.Tensor) -> lis
 
 def run_llm(args: argparse.Namespace) -> int:
     """Prune, remove blocks, recover, report (or write JSON), and save."""
-    from ..analysis.prune import recover, remove
+    from ...analysis.prune import recover, remove
 
     _check(args)
     model = model_from(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import HookscopeError
+from ...errors import HookscopeError
 
 __all__ = ["check_heads", "check_mlp", "check_width"]
 
