@@ -170,7 +170,7 @@ TABLE: dict[str, Method] = {
     "randomcam": Method(_randomcam, gradient=False, reads=("seed",), defaults=(("seed", 0),), scored=False),
     "shapleycam": Method(_shapleycam, gradient=True),
     "finercam": Method(_finercam, gradient=True, reads=("comparison", "alpha"),
-                       defaults=(("comparison", (1, 2, 3)), ("alpha", 1.0))),
+                       defaults=(("comparison", None), ("alpha", 1.0))),
     "fullgrad": Method(_fullgrad, gradient=True),
 }
 
