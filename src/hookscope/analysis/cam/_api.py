@@ -80,7 +80,29 @@ def cam(
     ``"eigencam"``        Muhammad & Yeasin 2020: ``relu`` of the projection of the channel-centred
                           activations on their first principal component, sign fixed so the loadings
                           sum to >= 0. Needs no gradient and no target.
+    ``"gradcamelementwise"`` ``sum_k relu(g_k * A_k)``: HiRes-CAM clipped before the sum (pytorch-grad-cam's).
+    ``"eigengradcam"``    Eigen-CAM's projection of ``g * A`` (pytorch-grad-cam's), ``relu``, sign as Eigen-CAM.
+    ``"ablationcam"``     Desai & Ramaswamy 2020: ``w_k = (y - y_k) / y``, ``y_k`` the score with channel ``k``
+                          of the layer set to zero, ``relu(sum_k w_k A_k)``; the copies run in ``batch_size``
+                          chunks (32) under ``no_grad``; ``ratio`` < 1 ablates only the ``ceil(ratio * K)``
+                          channels most inside Eigen-CAM's region (the others weigh 0).
+    ``"kpcacam"``         Karmani et al. 2024: ``relu`` of the first kernel principal component of the
+                          channel-centred activations (``kernel``, ``gamma``, ``degree``, ``coef0`` as
+                          scikit-learn's ``KernelPCA``), sign as Eigen-CAM.
+    ``"fem"``             Fuad et al. 2020: ``w_k`` the share of positions above ``mean + sigmas * std``.
+    ``"randomcam"``       channel weights uniform in [-1, 1] from ``seed``: a baseline.
+    ``"shapleycam"``      Cai 2025: ``w_k = mean(g_k - (H A)_k / 2)``, ``H A`` the Hessian-vector product.
+    ``"finercam"``        Zhang et al. 2025: Grad-CAM of ``sum_j p_j (y_c - alpha y_j) / sum_j p_j`` over
+                          the classes ranked ``comparison`` (1, 2, 3) nearest the target by logit.
+    ``"fullgrad"``        Srinivas & Fleuret 2019: ``psi(x * dS/dx)`` plus, for every convolution with a bias
+                          and every batch norm, ``psi(b * dS/dA)`` upsampled (``align_corners=True``) and
+                          summed over channels; ``psi`` is ``|.|`` min-max per sample over the whole layer.
+                          Takes no ``layers=``.
     ====================  ==============================================================================
+
+    Signals (``B x C x L``) and volumes (``B x C x D x H x W``) work as images do: their layers are
+    ``B x C x l`` / ``B x C x d x h x w``, the layer found is the last ``Conv1d`` / ``Conv3d``, and maps
+    are upsampled linearly / trilinearly (the token and channels-last readings are for images only).
 
     The model runs in eval mode (every module's flag, and the random generator, are put back
     afterwards), so batch norm uses its running statistics, dropout is off, and the samples of a
@@ -120,7 +142,8 @@ def cam(
 
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
-        inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
+        inputs: ``B x C x H x W`` batch, or ``B x C x L`` signals, ``B x C x D x H x W`` volumes (copied:
+            your tensor is never written to).
         layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
             maps that are upsampled, normalised and fused. ``None``: found in a first pass and stated
             in ``CamMaps.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
@@ -144,8 +167,12 @@ def cam(
             gradient, and no layout is guessed then. :func:`tokens_to_grid` for ``B x tokens x C``,
             :func:`channels_last` / :func:`channels_first` to say what a 4-D layer holds.
         fuse: ``"mean"`` or ``"max"`` over layers.
-        batch_size: Score-CAM's masked inputs per forward (``None``: 16). Score-CAM's alone, like
+        batch_size: Score-CAM's masked inputs per forward (``None``: 16), Ablation-CAM's ablated copies
+            (``None``: 32). Theirs alone, like
             ``progress``: the other methods refuse it in one line (:class:`~hookscope.errors.SettingError`).
+        ratio, kernel, gamma, degree, coef0, comparison, alpha, sigmas, seed: the settings of Ablation-CAM,
+            KPCA-CAM, Finer-CAM, FEM and Random-CAM (see the table); ``None``: the method's default. Each is
+            refused by the methods that do not read it.
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
             shown when stderr is a terminal and the first batch says the whole run will take over
             5 seconds.
@@ -178,6 +205,7 @@ def cam(
     target = target if index is None else index
     kw = model_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
+    chosen: list[tuple[str, nn.Module]] | None
     if method == "fullgrad":
         chosen = _fullgrad_layers(inner, inputs, layers)
     else:

@@ -3,6 +3,8 @@ and batch norm, each rescaled, upsampled and summed."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -28,7 +30,7 @@ def bias_of(name: str, m: nn.Module) -> torch.Tensor:
     """The per-channel constant a layer adds: a convolution's bias; for a batch norm in eval mode, the bias of the
     affine map it is, ``beta - mean * gamma / sqrt(var + eps)`` (``gamma = 1, beta = 0`` without affine)."""
     if not isinstance(m, nn.modules.batchnorm._BatchNorm):
-        return m.bias.detach()  # type: ignore[union-attr]
+        return cast(torch.Tensor, m.bias).detach()
     if m.running_mean is None or m.running_var is None:
         raise HookscopeError(f"fullgrad needs the bias of batch norm {name!r}, which keeps no running statistics "
                              "(track_running_stats=False), so it has none; use another method")

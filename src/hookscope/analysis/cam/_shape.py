@@ -78,13 +78,14 @@ def shapers(acts: dict[str, torch.Tensor], probe: LayoutProbe | None,
     """
     shaped: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {}
     layouts: dict[str, str] = {}
+    grid = (size[0], size[1]) if len(size) == 2 else None  # tokens and channels last: layouts of images only
     for n, a in acts.items():
         if reshape is not None:
             shaped[n], layouts[n] = reshape, "reshape="
-        elif probe is not None and a.ndim == 3:
-            k, h, w = probe.tokens(n, a, size, prefix)
+        elif probe is not None and grid is not None and a.ndim == 3:
+            k, h, w = probe.tokens(n, a, grid, prefix)
             shaped[n], layouts[n] = tokens_to_grid(k, (h, w)), f"tokens(k={k}, {h}x{w})"
-        elif probe is not None and a.ndim == 4 and probe.layout(n, a, size) == "last":
+        elif probe is not None and grid is not None and a.ndim == 4 and probe.layout(n, a, grid) == "last":
             shaped[n], layouts[n] = channels_last, "BHWC"
         else:  # a layer found by cam() itself is a convolution's output or the map the head pools
             shaped[n], layouts[n] = None, LAYOUTS.get(len(size), "BCHW")
