@@ -202,3 +202,25 @@ def test_maps_of_a_model_trained_here_lie_on_the_pattern_it_was_trained_to_find(
         assert _found(res.maps, mask, near=1) >= 0.9, method
         assert float((res.maps * mask).sum() / res.maps.sum()) > 2 * float(mask.float().mean()), method
     assert no_hooks(net)
+
+
+def test_signals_are_drawn_as_curves_and_volumes_as_slices_and_the_wrong_kind_is_one_line():
+    pytest.importorskip("matplotlib")
+    from hookscope.viz import plot_cam_curves, plot_cam_slices
+
+    net1, x1 = net_of(1), torch.randn(*SHAPES[1])
+    r1 = cam(net1, x1, layers="3", target=1)
+    fig = plot_cam_curves(x1[1], [r1], index=1)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["signal", "gradcam"]
+    assert fig.axes[1].images[0].get_array().shape == (1, 17)  # the map at the signal's length
+    net3, x3 = net_of(3), torch.randn(*SHAPES[3])
+    r3 = cam(net3, x3, layers="3", target=1)
+    fig = plot_cam_slices(x3[0], [r3, r3])
+    assert len(fig.axes) == 2 * 6 and fig.axes[0].get_title() == "gradcam, class 1\nd=0"
+    for call, message in ((lambda: plot_cam_slices(x3[0], [r3], slices=[7]), "slices=[7] must be depths from 0 to 6"),
+                          (lambda: plot_cam_curves(x3[0], [r3]), "the gradcam result holds maps of 3 dimensions"),
+                          (lambda: plot_cam_curves(None, [r1], index=2), "index=2 is out of range")):
+        with pytest.raises(HookscopeError) as e:
+            call()
+        assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert r3._repr_html_().count("<img") == 1  # a notebook shows the slices under the table
