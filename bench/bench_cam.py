@@ -5,6 +5,7 @@ Run:  .venv/bin/python bench/bench_cam.py               (agreement, then timing:
       .venv/bin/python bench/bench_cam.py --timing      (only the timing tables)
       .venv/bin/python bench/bench_cam.py --scorecam    (only Score-CAM's timing, about 3 minutes)
       .venv/bin/python bench/bench_cam.py --quick       (fewer rounds)
+      .venv/bin/python bench/bench_cam.py --family      (the methods added last, small size: about 3 minutes)
 Peers (test/bench only):  .venv/bin/pip install -c constraints.txt grad-cam captum torchcam
 
 Models: torchvision resnet18 / resnet50, ``weights=None``, ``eval()``, seed 0; input ``randn`` 3x224x224,
@@ -226,13 +227,68 @@ def scorecam_timing(rounds: int) -> tuple[dict[str, float], dict[str, int]]:
     return medians(runs, rounds, warmup=0), counts
 
 
+# --- the rest of the family: resnet18, batch 1, 112x112, layer4, side by side --------------------------------
+FAMILY = {"gradcamelementwise": "GradCAMElementWise", "eigengradcam": "EigenGradCAM", "kpcacam": "KPCA_CAM",
+          "fem": "FEM", "shapleycam": "ShapleyCAM", "finercam": "FinerCAM", "ablationcam": "AblationCAM",
+          "fullgrad": "FullGrad"}
+
+
+def family_map(method: str, model: nn.Module, x: torch.Tensor, targets: list[int]) -> torch.Tensor:
+    """pytorch-grad-cam's map of one of the methods added last, as its users call it."""
+    import pytorch_grad_cam
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    cls = getattr(pytorch_grad_cam, FAMILY[method])
+    layers = [] if method == "fullgrad" else [model.layer4]
+    with cls(model=model, target_layers=layers) as c:
+        if method == "finercam":
+            return torch.from_numpy(c(input_tensor=x))
+        return torch.from_numpy(c(input_tensor=x, targets=[ClassifierOutputTarget(t) for t in targets]))
+
+
+def family(rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    model, x = build("resnet18", 1)
+    x = F.interpolate(x, size=(112, 112), mode="bilinear", align_corners=False)
+    targets = model(x).argmax(1).tolist()
+    runs: dict[str, Callable[[], Any]] = {"plain": lambda: model(x)}
+    agree: dict[str, float] = {}
+    for m in FAMILY:
+        where = {} if m == "fullgrad" else {"layers": "layer4"}
+        runs[f"hookscope {m}"] = lambda m=m, where=where: cam(model, x, method=m, **where)
+        runs[f"pytorch-grad-cam {m}"] = lambda m=m: quiet(lambda: family_map(m, model, x, targets))
+        ours, theirs = cam(model, x, method=m, **where).maps, minmax(quiet(lambda: family_map(m, model, x, targets)))
+        agree[m] = (ours - theirs).abs().max().item()  # at 112x112: its OpenCV resize against our bilinear one
+    found = medians(runs, rounds)
+    assert hookscope.core.hook_count(model) == 0
+    return found, agree
+
+
+def family_table(quick: bool) -> None:
+    import pytorch_grad_cam  # noqa: F401 - the peer, named first so that a missing one says so
+
+    print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"torchvision {torchvision.__version__}, grad-cam {getattr(pytorch_grad_cam, '__version__', '1.5.7')}")
+    rounds = 3 if quick else 5
+    t, agree = family(rounds)
+    print(f"\n## The rest of the family, resnet18 weights=None, batch 1, 112x112, layer4 ({rounds} rounds, "
+          "interleaved); max abs diff of the 112x112 maps, both min-max normalised")
+    print("| method | hookscope ms | pytorch-grad-cam ms | ratio | max abs diff |\n|---|---|---|---|---|")
+    for m in FAMILY:
+        ours, theirs = t[f"hookscope {m}"], t[f"pytorch-grad-cam {m}"]
+        print(f"| {m} | {ours * 1e3:.1f} | {theirs * 1e3:.1f} | {ours / theirs:.2f}x | {agree[m]:.2e} |")
+    print(f"| plain forward | {t['plain'] * 1e3:.1f} | | | |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agreement", action="store_true", help="only the agreement table")
     ap.add_argument("--timing", action="store_true", help="only the timing tables")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--scorecam", action="store_true", help="only the Score-CAM timing")
+    ap.add_argument("--family", action="store_true", help="only the methods added last, side by side")
     a = ap.parse_args()
+    if a.family:  # pytorch-grad-cam alone is needed here
+        return family_table(a.quick)
     import captum
     import pytorch_grad_cam
     import torchcam

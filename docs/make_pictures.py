@@ -47,7 +47,10 @@ IMG = DOCS / "img"
 DPI = 80
 
 CAM_NAMES = {"cam": "CAM", "gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "xgradcam": "XGrad-CAM",
-             "hirescam": "HiResCAM", "layercam": "Layer-CAM", "scorecam": "Score-CAM", "eigencam": "Eigen-CAM"}
+             "hirescam": "HiResCAM", "layercam": "Layer-CAM", "scorecam": "Score-CAM", "eigencam": "Eigen-CAM",
+             "gradcamelementwise": "Grad-CAM element-wise", "eigengradcam": "Eigen-Grad-CAM",
+             "ablationcam": "Ablation-CAM", "kpcacam": "KPCA-CAM", "fem": "FEM", "randomcam": "Random-CAM",
+             "shapleycam": "Shapley-CAM", "finercam": "Finer-CAM", "fullgrad": "FullGrad"}
 ATTRIBUTION_NAMES = {"saliency": "saliency", "gradient": "gradient", "input_x_gradient": "input x gradient",
                      "integrated_gradients": "integrated gradients", "smoothgrad": "SmoothGrad",
                      "smoothgrad_sq": "SmoothGrad squared", "vargrad": "VarGrad",
@@ -111,7 +114,8 @@ def gallery() -> None:
         res = hookscope.cam(net, x, method=method)
         titles = [f"explains {DEMO_CLASSES[int(c)]}\nscore {float(s):.1f}" for c, s in zip(res.targets, res.scores)]
         panels = [image(overlay(p, m)) for p, m in zip(x, res.maps)]
-        save(row(panels, titles, f'{CAM_NAMES[method]}: method="{method}", layer {", ".join(res.layers)}'),
+        where = "every convolution's and batch norm's bias" if method == "fullgrad" else ", ".join(res.layers)
+        save(row(panels, titles, f'{CAM_NAMES[method]}: method="{method}", layer {where}'),
              f"gallery_cam_{method.replace('+', 'p')}")
     for method in ATTRIBUTION_METHODS:
         res = hookscope.attribute(net, x, method=method)

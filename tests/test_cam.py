@@ -144,6 +144,11 @@ def test_normalisation_and_upsampling_of_maps():
     assert no_hooks(net)
 
 
+def at(method, layer="layer2"):
+    """layers= for a method that explains one layer; FullGrad takes every biased layer and refuses it."""
+    return {} if method == "fullgrad" else {"layers": layer}
+
+
 # --- batch = per image ---------------------------------------------------------------------------
 @pytest.mark.parametrize("method", METHODS)
 def test_batch_result_equals_per_image_results(method):
@@ -151,11 +156,12 @@ def test_batch_result_equals_per_image_results(method):
     torch.manual_seed(1)
     x = torch.randn(3, 3, 16, 16)
     targets = [1, 7, 3]
-    batch = cam(net, x, layers="layer2", method=method, target=targets)
+    batch = cam(net, x, method=method, target=targets, **at(method))
     for i in range(3):
-        one = cam(net, x[i:i + 1], layers="layer2", method=method, target=targets[i])
+        one = cam(net, x[i:i + 1], method=method, target=targets[i], **at(method))
         assert torch.allclose(batch.maps[i], one.maps[0], atol=1e-5), method
-        assert torch.allclose(batch.raw["layer2"][i], one.raw["layer2"][0], atol=1e-5, rtol=1e-4)
+        for n in batch.raw:
+            assert torch.allclose(batch.raw[n][i], one.raw[n][0], atol=1e-5, rtol=1e-4)
         assert torch.allclose(batch.scores[i], one.scores[0], atol=1e-5)
     assert batch.targets.tolist() == targets
     assert no_hooks(net)
@@ -169,7 +175,7 @@ def test_no_grad_written_no_hook_left_modes_and_outputs_unchanged(method):
     flags = {n: m.training for n, m in net.named_modules()}
     x = torch.randn(2, 3, 16, 16)
     before = net(x).detach()
-    res = cam(net, x, layers="layer2", method=method)
+    res = cam(net, x, method=method, **at(method))
     assert all(p.grad is None for p in net.parameters())
     assert all(p.requires_grad for p in net.parameters())
     assert {n: m.training for n, m in net.named_modules()} == flags
@@ -597,7 +603,7 @@ class WritesItsInput(TinyResNet):
 def test_the_callers_input_is_never_written(method):
     x = torch.randn(2, 3, 16, 16)
     before = x.clone()
-    got = cam(WritesItsInput().eval(), x, layers="layer2", method=method)
+    got = cam(WritesItsInput().eval(), x, method=method, **at(method))
     assert torch.equal(x, before)
     # and Score-CAM masks the input it was given, not one the model doubled
     want = cam(TinyResNet().eval(), 2 * x, layers="layer2", method=method) if method == "scorecam" else got
@@ -796,22 +802,27 @@ def test_a_model_that_writes_into_its_inputs_gets_the_maps_of_the_inputs_as_give
 # --- each method's own settings: Score-CAM's batches and progress bar are refused elsewhere -----------------
 from hookscope.analysis.cam import readers as cam_readers  # noqa: E402
 
-CAM_SETTINGS = {"batch_size": 3, "progress": False}  # every setting some CAM method reads, not its default
+CAM_SETTINGS = {"batch_size": 3, "progress": False, "ratio": 0.5, "kernel": "rbf", "gamma": 0.5, "degree": 2,
+                "coef0": 0.5, "comparison": [1], "alpha": 0.5, "sigmas": 1.0, "seed": 3}  # not their defaults
 CAM_NOT_READ = [(m, s) for m in METHODS for s in CAM_SETTINGS if m not in cam_readers(s)]
 
 
 def test_the_settings_of_cam_are_the_ones_some_method_reads():
     assert {s for m in METHODS for s in CAM_SETTINGS if m in cam_readers(s)} == set(CAM_SETTINGS)
-    assert cam_readers("batch_size") == cam_readers("progress") == ("scorecam",)
+    assert cam_readers("batch_size") == ("scorecam", "ablationcam") and cam_readers("progress") == ("scorecam",)
+    assert cam_readers("kernel") == cam_readers("gamma") == cam_readers("degree") == ("kpcacam",)
+    assert cam_readers("comparison") == cam_readers("alpha") == ("finercam",)
+    assert cam_readers("ratio") == ("ablationcam",) and cam_readers("seed") == ("randomcam",)
 
 
 @pytest.mark.parametrize(("method", "setting"), CAM_NOT_READ, ids=[f"{m}-{s}" for m, s in CAM_NOT_READ])
 def test_a_cam_setting_the_method_does_not_read_is_refused_in_one_line(method, setting):
     net, x = DeadChannels().eval(), torch.randn(1, 3, 8, 8)
     with pytest.raises(hookscope.errors.SettingError) as e:
-        cam(net, x, layers="relu", method=method, **{setting: CAM_SETTINGS[setting]})
-    assert str(e.value) == (f'{setting}= is not a setting of {method} (scorecam reads it); drop it or use '
-                            'method="scorecam"')
+        cam(net, x, method=method, **{setting: CAM_SETTINGS[setting]}, **at(method, "relu"))
+    reading = cam_readers(setting)
+    assert str(e.value) == (f'{setting}= is not a setting of {method} ({", ".join(reading)} read'
+                            f'{"s" if len(reading) == 1 else ""} it); drop it or use method="{reading[0]}"')
     assert no_hooks(net)
 
 

@@ -36,8 +36,11 @@ from ._outputs import check_outputs, input_paths
 if TYPE_CHECKING:
     from ..analysis.cam import CamMaps
 
-_METHODS_HELP = ("cam, gradcam (default), gradcam++, xgradcam, hirescam, layercam, scorecam, eigencam; "
-                 "a comma list such as gradcam,layercam runs each on the same input")
+def _methods_help() -> str:
+    from ..analysis.cam import METHODS  # the one table's names, as cam(method=) takes them
+
+    names = ", ".join(f"{m} (default)" if m == "gradcam" else m for m in METHODS)
+    return f"{names}; a comma list such as gradcam,layercam runs each on the same input"
 EXAMPLE = """\
 Examples:
   python -c "import hookscope.synthetic as s, torchvision.utils as u; \\
@@ -74,7 +77,7 @@ def add_parser(sub: Any) -> None:
                    help="the older name of --preset")
     add_layers_argument(p, "the layers whose maps are drawn, several fused (default: the last Conv2d)")
     p.add_argument("--fuse", choices=("mean", "max"), default="mean", help="how several layers are fused")
-    p.add_argument("--method", metavar="M[,M...]", default="gradcam", help=_METHODS_HELP)
+    p.add_argument("--method", metavar="M[,M...]", default="gradcam", help=_methods_help())
     p.add_argument("--target", metavar="K", type=int, default=None,
                    help="class index (default: the predicted class of each input)")
     p.add_argument("--tokens", metavar="SKIP", type=int, default=None,

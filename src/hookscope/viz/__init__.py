@@ -14,9 +14,10 @@ from .overlay import as_image, overlay, save_overlay
 from .features import comparison_grid, feature_grid, plot_feature_maps, plot_reference_comparison, save_feature_maps
 from .plots import plot_cams, plot_diff, plot_gradient_flow, plot_trace, save_figure
 from .runs import plot_run
+from .cam_signals import plot_cam_curves, plot_cam_slices
 from . import _pictures  # noqa: F401 - registers the pictures results show in notebooks
 from .checks import plot_randomisation, plot_road  # registers the checks' pictures too
 
 __all__ = ["as_image", "overlay", "save_overlay", "plot_cams", "plot_diff", "plot_gradient_flow", "plot_trace",
            "plot_run", "save_figure", "comparison_grid", "feature_grid", "plot_feature_maps", "plot_reference_comparison",
-           "save_feature_maps", "plot_randomisation", "plot_road"]
+           "save_feature_maps", "plot_randomisation", "plot_road", "plot_cam_curves", "plot_cam_slices"]

@@ -19,6 +19,7 @@ from ..analysis.monitor import Run
 from ..analysis.trace import Trace
 from ..core.result import register_picture
 from .attribution import plot_image_attribution, plot_token_attribution
+from .cam_signals import plot_cam_curves, plot_cam_slices
 from .features import plot_feature_maps, plot_reference_comparison
 from .plots import plot_diff, plot_gradient_flow, plot_trace
 from .runs import plot_run
@@ -54,6 +55,15 @@ def _maps(result: Any) -> bytes | None:
     return png(plot_image_attribution(maps, method=result.method))
 
 
+def _cam(result: Any) -> bytes | None:
+    """A signal's maps as heat strips, a volume's as slices, an image's as attribution maps."""
+    if result.maps.ndim == 2 and result.maps.shape[0]:
+        return png(plot_cam_curves(None, [result]))
+    if result.maps.ndim == 4 and result.maps.shape[0]:
+        return png(plot_cam_slices(None, [result]))
+    return _maps(result)
+
+
 def _trace(t: Trace) -> bytes | None:
     return png(plot_trace(t)) if any(r.which == "output" for r in t.rows) else None
 
@@ -62,7 +72,7 @@ def _rows(draw: Any) -> Any:
     return lambda result: png(draw(result)) if result.rows else None
 
 
-register_picture(CamMaps, _maps)
+register_picture(CamMaps, _cam)
 register_picture(Attributions, _maps)
 register_picture(Trace, _trace)
 register_picture(GradientFlow, _rows(plot_gradient_flow))

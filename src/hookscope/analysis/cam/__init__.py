@@ -1,4 +1,5 @@
-"""Class activation maps for a batch in one call: CAM, Grad-CAM, ++, XGrad, HiRes, Layer, Score, Eigen.
+"""Class activation maps for a batch in one call: seventeen methods (CAM, Grad-CAM and its kin, Score-, Ablation-,
+Eigen-, KPCA-, Shapley-, Finer-CAM, FEM, FullGrad ...) on images, signals and volumes.
 
 One forward pass with forward hooks (a :class:`~hookscope.core.hooks.HookGroup`, removed in
 ``finally``) keeps each target layer's activation with its autograd graph; gradient methods then
@@ -7,7 +8,8 @@ written, no ``zero_grad``; every train/eval flag put back as it was; works on fr
 under an outer ``torch.no_grad()`` or ``torch.inference_mode()``.
 
 Collect (``_hooked``: the pass, ``_choose``: the layer when none is given), compute (``_methods``: one table
-of methods over ``_formulas`` and ``_scorecam``), result (``_result``); ``_api`` holds :func:`cam` itself.
+of methods over ``_formulas``, ``_scorecam``, ``_ablation``, ``_second`` and ``_fullgrad``, with ``_settings``),
+result (``_result``); ``_api`` holds :func:`cam` itself.
 """
 
 from ._api import METHODS, cam

@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..._tree import tensors
@@ -21,9 +20,11 @@ from .._layout import prefix_tokens
 from .._targets import (Target, batch_coupled, class_targets, is_function, read_logits, user_scores)
 from ._choose import hooked_pass
 from ._hooked import activations, reaches
-from ._methods import TABLE, Job, readers
+from ._methods import TABLE, Job
 from ._result import CamMaps
-from ._shape import as_4d, normalise, shapers, work
+from ._fullgrad import biased_layers
+from ._settings import check_settings
+from ._shape import as_4d, normalise, shapers, upsample, work
 
 __all__ = ["METHODS", "cam"]
 
@@ -43,6 +44,15 @@ def cam(
     fuse: str = "mean",
     batch_size: int | None = None,
     progress: bool | None = None,
+    ratio: float | None = None,
+    kernel: str | None = None,
+    gamma: float | None = None,
+    degree: int | None = None,
+    coef0: float | None = None,
+    comparison: Sequence[int] | None = None,
+    alpha: float | None = None,
+    sigmas: float | None = None,
+    seed: int | None = None,
     kwargs: Mapping[str, Any] | None = None,
 ) -> CamMaps:
     """Class activation maps of a batch, one per image, in one forward pass (Score-CAM: plus its masked inputs).
@@ -70,7 +80,29 @@ def cam(
     ``"eigencam"``        Muhammad & Yeasin 2020: ``relu`` of the projection of the channel-centred
                           activations on their first principal component, sign fixed so the loadings
                           sum to >= 0. Needs no gradient and no target.
+    ``"gradcamelementwise"`` ``sum_k relu(g_k * A_k)``: HiRes-CAM clipped before the sum (pytorch-grad-cam's).
+    ``"eigengradcam"``    Eigen-CAM's projection of ``g * A`` (pytorch-grad-cam's), ``relu``, sign as Eigen-CAM.
+    ``"ablationcam"``     Desai & Ramaswamy 2020: ``w_k = (y - y_k) / y``, ``y_k`` the score with channel ``k``
+                          of the layer set to zero, ``relu(sum_k w_k A_k)``; the copies run in ``batch_size``
+                          chunks (32) under ``no_grad``; ``ratio`` < 1 ablates only the ``ceil(ratio * K)``
+                          channels most inside Eigen-CAM's region (the others weigh 0).
+    ``"kpcacam"``         Karmani et al. 2024: ``relu`` of the first kernel principal component of the
+                          channel-centred activations (``kernel``, ``gamma``, ``degree``, ``coef0`` as
+                          scikit-learn's ``KernelPCA``), sign as Eigen-CAM.
+    ``"fem"``             Fuad et al. 2020: ``w_k`` the share of positions above ``mean + sigmas * std``.
+    ``"randomcam"``       channel weights uniform in [-1, 1] from ``seed``: a baseline.
+    ``"shapleycam"``      Cai 2025: ``w_k = mean(g_k - (H A)_k / 2)``, ``H A`` the Hessian-vector product.
+    ``"finercam"``        Zhang et al. 2025: Grad-CAM of ``sum_j p_j (y_c - alpha y_j) / sum_j p_j`` over
+                          the classes ranked ``comparison`` (1, 2, 3) nearest the target by logit.
+    ``"fullgrad"``        Srinivas & Fleuret 2019: ``psi(x * dS/dx)`` plus, for every convolution with a bias
+                          and every batch norm, ``psi(b * dS/dA)`` upsampled (``align_corners=True``) and
+                          summed over channels; ``psi`` is ``|.|`` min-max per sample over the whole layer.
+                          Takes no ``layers=``.
     ====================  ==============================================================================
+
+    Signals (``B x C x L``) and volumes (``B x C x D x H x W``) work as images do: their layers are
+    ``B x C x l`` / ``B x C x d x h x w``, the layer found is the last ``Conv1d`` / ``Conv3d``, and maps
+    are upsampled linearly / trilinearly (the token and channels-last readings are for images only).
 
     The model runs in eval mode (every module's flag, and the random generator, are put back
     afterwards), so batch norm uses its running statistics, dropout is off, and the samples of a
@@ -110,7 +142,8 @@ def cam(
 
     Args:
         model: any ``nn.Module`` (wrappers such as DataParallel are seen through).
-        inputs: ``B x C x H x W`` batch (copied: your tensor is never written to).
+        inputs: ``B x C x H x W`` batch, or ``B x C x L`` signals, ``B x C x D x H x W`` volumes (copied:
+            your tensor is never written to).
         layers: a layer selector (name, glob, type, module...) or a list of them; several layers give
             maps that are upsampled, normalised and fused. ``None``: found in a first pass and stated
             in ``CamMaps.chosen`` (and ``table()``): for a transformer (an ``nn.MultiheadAttention``
@@ -134,8 +167,12 @@ def cam(
             gradient, and no layout is guessed then. :func:`tokens_to_grid` for ``B x tokens x C``,
             :func:`channels_last` / :func:`channels_first` to say what a 4-D layer holds.
         fuse: ``"mean"`` or ``"max"`` over layers.
-        batch_size: Score-CAM's masked inputs per forward (``None``: 16). Score-CAM's alone, like
+        batch_size: Score-CAM's masked inputs per forward (``None``: 16), Ablation-CAM's ablated copies
+            (``None``: 32). Theirs alone, like
             ``progress``: the other methods refuse it in one line (:class:`~hookscope.errors.SettingError`).
+        ratio, kernel, gamma, degree, coef0, comparison, alpha, sigmas, seed: the settings of Ablation-CAM,
+            KPCA-CAM, Finer-CAM, FEM and Random-CAM (see the table); ``None``: the method's default. Each is
+            refused by the methods that do not read it.
         progress: Score-CAM progress bar (tqdm if installed, else a counter on stderr); ``None``:
             shown when stderr is a terminal and the first batch says the whole run will take over
             5 seconds.
@@ -157,22 +194,30 @@ def cam(
         (torch.Size([2, 32, 32]), torch.Size([2, 16, 16]), ['layer2'])
     """
     method = _check_method(method)
-    _check_settings(method, {"batch_size": batch_size, "progress": progress})
-    batch_size = 16 if batch_size is None else batch_size  # 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md)
+    settings = check_settings(method, {"batch_size": batch_size, "progress": progress, "ratio": ratio, "kernel": kernel,
+                                       "gamma": gamma, "degree": degree, "coef0": coef0, "comparison": comparison,
+                                       "alpha": alpha, "sigmas": sigmas, "seed": seed})
+    # Score-CAM: 224x224 chunks of 16 beat 64 on the CPU (bench/RESULTS.md); Ablation-CAM: pytorch-grad-cam's 32
+    batch_size = settings.pop("batch_size", 16)
     index = getattr(target, "class_index", None)  # hookscope.targets.Class: its class, an int or a list of ints
     if isinstance(index, (list, tuple)) and len(index) == 1:  # Class([3]): one row for every sample
         index = index[0]
     target = target if index is None else index
     kw = model_kwargs(kwargs)
     inner = _check_call(model, inputs, method, target, fuse, batch_size)
-    chosen = None if layers is None else exact_ops(select(model, cast(Selector, layers)), "cam")  # lists flattened there
+    chosen: list[tuple[str, nn.Module]] | None
+    if method == "fullgrad":
+        chosen = _fullgrad_layers(inner, inputs, layers)
+    else:
+        chosen = None if layers is None else exact_ops(select(model, cast(Selector, layers)), "cam")  # lists flattened
     if chosen is not None:
         check_hookable(chosen)
     # In eval already, no flag changes: only the random stream is kept, since restored() would write
     # every module's flag back (0.5 ms on resnet50 at batch 1, measured: 0.7% of the forward).
     kept = restored(model, train=False) if any(m.training for m in model.modules()) else kept_rng(([], None))
     with kept, torch.inference_mode(False), torch.enable_grad():
-        res = _explain(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress)
+        res = _explain(model, inner, inputs, kw, chosen, method, target, output, reshape, fuse, batch_size, progress,
+                       settings)
     for note in res.notes:  # a blank map must not pass for an answer: said here, and kept in res.notes
         warnings.warn(note, UserWarning, stacklevel=3)  # past checked's frame, at the caller
     return res
@@ -181,8 +226,9 @@ def cam(
 def _explain(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[str, Any],
              chosen: list[tuple[str, nn.Module]] | None, method: str, target: Target,
              output: Callable[[Any], torch.Tensor] | None, reshape: Callable[[torch.Tensor], torch.Tensor] | None,
-             fuse: str, batch_size: int, progress: bool | None) -> CamMaps:
-    B, size = inputs.shape[0], (inputs.shape[-2], inputs.shape[-1])
+             fuse: str, batch_size: int, progress: bool | None, settings: dict[str, Any]) -> CamMaps:
+    B, size = inputs.shape[0], tuple(inputs.shape[2:])
+    rank = len(size)
     original = inputs.detach().clone()  # what Score-CAM masks, whatever the model writes into its input
     leaf = original.detach().requires_grad_() if original.is_floating_point() else None
     base = leaf if leaf is not None else original
@@ -190,27 +236,32 @@ def _explain(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[
     def fresh() -> torch.Tensor:  # the model may write into its input: ours, never the caller's
         return base.clone()
 
+    # the layouts of tokens and channels last are those of images; a signal's or a volume's layer is channels first
     p, chosen, forwards, why = hooked_pass(model, inner, fresh, kw, chosen, method, chosen is not None and
-                                           reshape is None, size)
+                                           reshape is None and rank == 2, size)
+    if method == "fullgrad":  # every biased layer that made one map of the input's rank
+        chosen = [(n, m) for n, m in chosen if len(p.kept[n]) == 1 and p.kept[n][0] is not None
+                  and cast(torch.Tensor, p.kept[n][0]).ndim == rank + 2]
     acts = activations(p, chosen, leaf)
     shaped, layouts = shapers(acts, p.probe if p.probed else None, reshape,
                               prefix_tokens(inner) if p.probed else None, size)
-    A = {n: work(as_4d(n, a.detach(), shaped[n], B)) for n, a in acts.items()}
+    A = {n: work(as_4d(n, a.detach(), shaped[n], B, rank)) for n, a in acts.items()}
     score, targets, logits = _read_scores(target, output, p.output, B, method)
     if not TABLE[method].gradient:  # gradient methods find out from autograd.grad itself
         _check_reach(acts, score, p.output)
     job = Job(model, p, acts, A, shaped, score, targets, logits, batch_coupled(inner), kw, original, target,
-              output, batch_size, progress)
+              output, batch_size, progress, settings, dict(chosen), leaf)
     made = TABLE[method].maps(job)
-    ups = [normalise(F.interpolate(r.unsqueeze(1), size=size, mode="bilinear", align_corners=False).squeeze(1))
-           for r in made.raw.values()]
-    if len(ups) == 1:  # already normalised
+    ups = [normalise(upsample(r.unsqueeze(1), size).squeeze(1)) for r in made.raw.values()]
+    if made.final is not None:  # a method that sums its own terms at the input's size (FullGrad)
+        maps = normalise(made.final)
+    elif len(ups) == 1:  # already normalised
         maps = ups[0]
     else:
         stacked = torch.stack(ups)
         maps = normalise(stacked.mean(0) if fuse == "mean" else stacked.amax(0))
     return CamMaps(maps=maps, raw=made.raw, targets=targets, scores=None if score is None else score.detach(),
-                   layers=list(made.raw), method=method, forwards=forwards + made.forwards, masked=made.masked,
+                   layers=[n for n in made.raw if n in acts], method=method, forwards=forwards + made.forwards, masked=made.masked,
                    layouts=layouts, chosen=why, notes=made.notes)
 
 
@@ -231,13 +282,17 @@ def _check_method(method: str) -> str:
     return key
 
 
-def _check_settings(method: str, given: dict[str, Any]) -> None:
-    """Refuse a setting that only other methods read (Score-CAM's batches and progress bar)."""
-    for k, v in given.items():
-        if v is not None and k not in TABLE[method].reads:
-            reading = readers(k)
-            raise SettingError(f"{k}= is not a setting of {method} ({', '.join(reading)} read"
-                               f'{"s" if len(reading) == 1 else ""} it); drop it or use method="{reading[0]}"')
+def _fullgrad_layers(inner: nn.Module, inputs: Any, layers: Any) -> list[tuple[str, nn.Module]]:
+    """FullGrad's layers: every convolution with a bias and every batch norm of the input's rank."""
+    if layers is not None:
+        raise SettingError("layers= is not a setting of fullgrad, which sums the bias gradients of every convolution "
+                           "and batch norm; drop layers=, or use another method to explain one layer")
+    rank = inputs.ndim - 2
+    found = biased_layers(inner, rank)
+    if not found:
+        raise HookscopeError(f"fullgrad needs the biases of convolutions or batch norms of {rank}-D maps, and "
+                             f"{type(inner).__name__} has none; use another method")
+    return found
 
 
 def _check_call(model: nn.Module, inputs: Any, method: str, target: Target, fuse: str, batch_size: int) -> nn.Module:
@@ -246,19 +301,28 @@ def _check_call(model: nn.Module, inputs: Any, method: str, target: Target, fuse
         raise HookscopeError(f"fuse={fuse!r} is not a fusion; use 'mean' or 'max'")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise HookscopeError(f"batch_size={batch_size!r} must be a positive int")
-    if not isinstance(inputs, torch.Tensor) or inputs.ndim < 3:
+    if not isinstance(inputs, torch.Tensor) or not 3 <= inputs.ndim <= 5:
         shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
-        raise HookscopeError(f"inputs of shape {shape} have no spatial size; pass a B x C x H x W batch")
+        raise HookscopeError(f"inputs of shape {shape} are not signals, images or volumes; pass a B x C x L, "
+                             "B x C x H x W or B x C x D x H x W batch")
     if is_function(target) and method == "cam":
         raise HookscopeError("method='cam' weighs channels by the head's row of a class, so it needs class-index "
                              "targets (int, list or None), not a function; use 'gradcam' for a target function")
-    if method == "scorecam" and not inputs.is_floating_point():
-        raise HookscopeError(f"scorecam multiplies the inputs by masks, so they must be floating point, not {inputs.dtype}")
+    if method in ("scorecam", "fullgrad") and not inputs.is_floating_point():
+        why = "multiplies the inputs by masks" if method == "scorecam" else "multiplies the inputs by their gradient"
+        raise HookscopeError(f"{method} {why}, so they must be floating point, not {inputs.dtype}")
+    if is_function(target) and method == "finercam":
+        raise HookscopeError("finercam compares the target class with the classes nearest it, so it needs class-index "
+                             "targets (int, list or None), not a function; use 'gradcam' for a target function")
     coupled = batch_coupled(inner)
-    if method == "scorecam" and coupled is not None and (inputs.shape[0] > 1 or batch_size > 1):
-        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a masked "
+    if method in ("scorecam", "ablationcam") and coupled is not None and (inputs.shape[0] > 1 or batch_size > 1):
+        what = "a masked" if method == "scorecam" else "an ablated"
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so {what} "
                              "input's score would depend on the others in its batch; pass one image with "
                              "batch_size=1, or use a gradient method")
+    if method in ("shapleycam", "fullgrad") and coupled is not None and inputs.shape[0] > 1:
+        raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so the "
+                             f"samples of a batch interact; pass one sample at a time to {method}")
     return inner
 
 
@@ -270,7 +334,7 @@ def _read_scores(target: Target, output: Callable[[Any], torch.Tensor] | None, o
     try:
         logits = read_logits(output, out, B)
     except HookscopeError:
-        if method == "eigencam" and target is None:  # Eigen-CAM needs no score: none read is fine
+        if not TABLE[method].scored and target is None:  # Eigen-CAM and its kin need no score: none read is fine
             return None, None, None
         raise
     targets = logits.argmax(1) if target is None else class_targets(target, B, logits.shape[1], logits.device)

@@ -27,25 +27,32 @@ def of_type(inner: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Modul
     return out
 
 
-def gap_source(p: Pass, model_name: str) -> str:
+CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}  # the convolution of each spatial rank of the input
+
+
+def _positions(t: torch.Tensor) -> int:
+    return int(torch.Size(t.shape[2:]).numel())
+
+
+def gap_source(p: Pass, model_name: str, rank: int = 2) -> str:
     """The last layer whose global average is what the linear head received (CAM's feature map)."""
     if p.head is None:
         raise HookscopeError(f"method='cam' needs a global-average-pool + nn.Linear head, and no nn.Linear "
                              f"ran in {model_name}'s forward pass; use method='gradcam'")
     hname, _, hin, _ = p.head
     for name, t, _ in reversed(p.watched):
-        if (isinstance(hin, torch.Tensor) and t.shape[2] * t.shape[3] > 1 and hin.shape == t.shape[:2]
-                and close(t.mean((2, 3)), hin)):
+        if (isinstance(hin, torch.Tensor) and t.ndim == rank + 2 and _positions(t) > 1 and hin.shape == t.shape[:2]
+                and close(t.mean(tuple(range(2, t.ndim))), hin)):
             return name
     raise HookscopeError(f"method='cam' needs a global-average-pool + linear head, but the input of "
                          f"{hname!r} is not the spatial mean of any layer's output; use method='gradcam'")
 
 
-def depthwise(m: nn.Module | None) -> bool:
-    return isinstance(m, nn.Conv2d) and m.groups > 1 and m.groups == m.in_channels == m.out_channels
+def depthwise(m: nn.Module | None, rank: int = 2) -> bool:
+    return isinstance(m, CONVS[rank]) and m.groups > 1 and m.groups == m.in_channels == m.out_channels
 
 
-def last_conv(p: Pass, model_name: str) -> tuple[str, str]:
+def last_conv(p: Pass, model_name: str, rank: int = 2) -> tuple[str, str]:
     """The last ``nn.Conv2d`` to run with an ``h x w > 1`` output (a squeeze-excitation 1 x 1 has no map), and why.
 
     In a ConvNeXt block the last convolution (depthwise, or the 1 x 1 ``fc2`` of timm's ``conv_mlp``)
@@ -58,23 +65,26 @@ def last_conv(p: Pass, model_name: str) -> tuple[str, str]:
     torchcam and pytorch-grad-cam use). ResNet, VGG, DenseNet, MobileNet and EfficientNet end in a
     block without a depthwise convolution (or none contains the last one) and keep their last convolution.
     """
-    spatial = [(n, t) for n, t, _ in p.watched if isinstance(p.modules.get(n), nn.Conv2d) and t.shape[2] * t.shape[3] > 1]
+    conv = CONVS[rank]
+    maps = [(n, t, v) for n, t, v in p.watched if t.ndim == rank + 2 and _positions(t) > 1]
+    spatial = [(n, t) for n, t, _ in maps if isinstance(p.modules.get(n), conv)]
     if not spatial:
-        raise HookscopeError(f"no nn.Conv2d with a spatial output (h x w > 1) ran in {model_name}'s forward "
-                             "pass; pass layers= (see hookscope.names(model) or `hookscope layers MODEL`)")
+        raise HookscopeError(f"no nn.{conv.__name__} with a spatial output (more than one position) ran in "
+                             f"{model_name}'s forward pass; pass layers= (see hookscope.names(model) or "
+                             "`hookscope layers MODEL`)")
     name, out = spatial[-1]
     calls = sum(1 for n, _ in spatial if n == name)
     if calls > 1:
         raise HookscopeError(f"the last convolution {name!r} ran {calls} times in the forward pass; CAM needs one "
                              "output per layer, so pass layers= a layer that runs once")
-    keep = name, "the last Conv2d with a spatial output"
-    last, now = [(t, v) for _, t, v in p.watched if t.shape[2] * t.shape[3] > 1][-1]
+    keep = name, f"the last {conv.__name__} with a spatial output"
+    last, now = [(t, v) for _, t, v in maps][-1]
     # the innermost ancestor of the convolution that returned it as it is now: not torchvision's
     # StochasticDepth, whose output the block then adds its input to in place, nor a pooling branch
-    block = next((n for n, t, v in p.watched if t is last and v == now and name.startswith(n + ".")), None)
-    if block is None or last.shape[1:] != out.shape[1:] or sum(1 for n, _, _ in p.watched if n == block) > 1:
+    block = next((n for n, t, v in maps if t is last and v == now and name.startswith(n + ".")), None)
+    if block is None or last.shape[1:] != out.shape[1:] or sum(1 for n, _, _ in maps if n == block) > 1:
         return keep
-    dw = next((n for n, _, _ in reversed(p.watched) if n.startswith(block + ".") and depthwise(p.modules.get(n))),
+    dw = next((n for n, _, _ in reversed(maps) if n.startswith(block + ".") and depthwise(p.modules.get(n), rank)),
               None)
     # the block is the innermost module holding both (MaxViT's MBConv, inside a layer that attends after it, is not)
     if dw is None or (dw != name and os.path.commonprefix([dw.split("."), name.split(".")]) != block.split(".")):
@@ -160,7 +170,7 @@ def before_attention(p: Pass, size: tuple[int, int]) -> tuple[str | None, str]:
 
 def hooked_pass(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Tensor], kw: dict[str, Any],
          chosen: list[tuple[str, nn.Module]] | None, method: str, probe: bool,
-         size: tuple[int, int]) -> tuple[Pass, list[tuple[str, nn.Module]], int, str | None]:
+         size: tuple[int, ...]) -> tuple[Pass, list[tuple[str, nn.Module]], int, str | None]:
     """The hooked forward pass; finds the layer when none was chosen. Returns (pass, layers, model calls, why
     the layer was chosen: ``None`` when it was given).
 
@@ -173,14 +183,16 @@ def hooked_pass(model: nn.Module, inner: nn.Module, fresh: Callable[[], torch.Te
     watch = of_type(inner, nn.Module)
     p = hooked_forward(model, fresh(), kw, [], watch, heads)
     p.modules = dict(watch)
-    norm, why = (None, "") if method == "cam" else before_attention(p, size)
+    rank = len(size)
+    # the transformer rule reads token grids of images; signals and volumes have their convolutions
+    norm, why = (None, "") if method == "cam" or rank != 2 else before_attention(p, (size[0], size[1]))
     if norm is not None:  # its layout (tokens, channels last) is probed in a pass that keeps it
         found = [(norm, p.modules[norm])]
         return hooked_forward(model, fresh(), kw, found, [], heads, inner), found, 2, f"{norm} ({why})"
     if method == "cam":
-        name, why = gap_source(p, type(inner).__name__), "the layer the head pools"
+        name, why = gap_source(p, type(inner).__name__, rank), "the layer the head pools"
     else:
-        name, conv = last_conv(p, type(inner).__name__)
+        name, conv = last_conv(p, type(inner).__name__, rank)
         why = conv + why
     found = [(name, p.modules[name])]
     _, t, version = next(w for w in reversed(p.watched) if w[0] == name)

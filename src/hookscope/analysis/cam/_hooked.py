@@ -59,7 +59,7 @@ def keeper(p: Pass, name: str) -> Any:
 
 def watcher(name: str, p: Pass) -> Any:
     def hook(module: nn.Module, args: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor) and output.ndim == 4:
+        if isinstance(output, torch.Tensor) and output.ndim in (3, 4, 5):  # maps of 1-D, 2-D and 3-D inputs
             p.watched.append((name, output, output._version))
         p.order.append((False, name, module, output if isinstance(output, torch.Tensor) else None))
 

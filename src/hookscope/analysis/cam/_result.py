@@ -33,15 +33,24 @@ class CamRow:
         image: the image's index in the batch.
         target: the class explained (``None`` for a target function, or Eigen-CAM without logits).
         score: the target's score (``None`` where no score was read).
-        peak: ``(y, x)`` of the map's maximum at the input's resolution (the first in row-major order).
+        peak: where the map's maximum lies at the input's resolution (the first in row-major order): ``(y, x)``
+            for images, ``(l,)`` for signals, ``(d, y, x)`` for volumes.
         layers: the layers whose maps were fused.
     """
 
     image: int
     target: int | None
     score: float | None
-    peak: tuple[int, int]
+    peak: tuple[int, ...]
     layers: tuple[str, ...]
+
+
+def _unravel(i: int, dims: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for d in reversed(dims):
+        i, r = divmod(i, d) if d else (i, 0)
+        out.append(r)
+    return tuple(reversed(out))
 
 
 def shape_and_dtype(t: torch.Tensor) -> dict[str, Any]:
@@ -58,10 +67,11 @@ class CamMaps(Result):
     raise :class:`~hookscope.RecordError` with the closest names for a layer they do not hold.
 
     Attributes:
-        maps: ``B x H x W``, upsampled (bilinear) to the input's spatial size, min-max normalised
-            per image to [0, 1] (several layers: fused, then normalised again).
+        maps: ``B x H x W`` (signals ``B x L``, volumes ``B x D x H x W``), upsampled (linear, bilinear,
+            trilinear) to the input's spatial size, min-max normalised per sample to [0, 1] (several layers:
+            fused, then normalised again).
         raw: per layer name, the ``B x h x w`` map before upsampling and normalisation (after ReLU
-            where the method has one).
+            where the method has one); FullGrad: each biased layer's term and the input's, ``"<input>"``.
         targets: ``B`` long tensor of the class indices used (``None`` when target is a function,
             or for Eigen-CAM on a model whose output holds no logits).
         scores: ``B`` scores of the targets (the model's output read through ``output``), detached;
@@ -101,11 +111,11 @@ class CamMaps(Result):
     @property
     def rows(self) -> list[CamRow]:
         """One row per image: the class explained, its score, where the map peaks, the layers."""
-        b, width = self.maps.shape[0], self.maps.shape[-1]
+        b, dims = self.maps.shape[0], tuple(self.maps.shape[1:])
         peaks = self.maps.flatten(1).argmax(1).tolist() if self.maps.numel() else [0] * b
         targets = self.targets.tolist() if self.targets is not None else [None] * b
         scores = self.scores.float().tolist() if self.scores is not None else [None] * b
-        return [CamRow(i, targets[i], scores[i], divmod(peaks[i], width), tuple(self.layers)) for i in range(b)]
+        return [CamRow(i, targets[i], scores[i], _unravel(peaks[i], dims), tuple(self.layers)) for i in range(b)]
 
     def table(self) -> str:
         """The maps as text: how they were made, then one line per image (also ``str(res)``).
@@ -124,14 +134,15 @@ class CamMaps(Result):
         counted = f"{self.forwards} forward pass{'es' if self.forwards != 1 else ''}"
         if self.masked:
             counted += f" ({self.masked} masked inputs)"
-        turned = [f"{n} {lay}" for n, lay in self.layouts.items() if lay != "BCHW"]
+        turned = [f"{n} {lay}" for n, lay in self.layouts.items() if lay not in ("BCL", "BCHW", "BCDHW")]
         head = (f"{self.method} on {', '.join(self.layers)}{' (' + ', '.join(turned) + ')' if turned else ''}: "
                 f"{self.maps.shape[0]} map{'s' if self.maps.shape[0] != 1 else ''} of {size}, {counted}")
         body = [[str(r.image), "-" if r.target is None else str(r.target), num(r.score), f"{r.peak}"]
                 for r in self.rows]
         said = ([f"layer chosen automatically: {self.chosen}"] if self.chosen else []) + [
             f"note: {n}" for n in self.notes]
-        return "\n".join([head, *said, *table(["image", "target", "score", "peak (y, x)"], body, left={3})])
+        where = {1: "peak (l)", 2: "peak (y, x)", 3: "peak (d, y, x)"}.get(self.maps.ndim - 1, "peak")
+        return "\n".join([head, *said, *table(["image", "target", "score", where], body, left={3})])
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain Python data, tensors kept as tensors (``maps``, ``raw``, ``targets``,

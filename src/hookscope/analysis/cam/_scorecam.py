@@ -12,22 +12,23 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...core.inputs import private
 from .._targets import Target, call_model, for_rows, per_sample, read_logits, rows_of, user_scores
+from ._shape import upsample
 
 __all__ = ["Scorer", "flat_scores", "score_weights", "scorer"]
 
 
-def _masks(acts: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``n x h x w`` activations -> ``n x 1 x H x W`` masks: upsampled, then min-max normalised each."""
+def _masks(acts: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """``n x ...`` activations -> ``n x 1 x ...`` masks at the input's size: upsampled, then min-max normalised each."""
     # align_corners=True as pytorch-grad-cam's UpsamplingBilinear2d, so masks (and maps) match it
-    up = F.interpolate(acts.unsqueeze(1), size=size, mode="bilinear", align_corners=True)
+    up = upsample(acts.unsqueeze(1), size, align_corners=True)
     flat = up.flatten(1)
     lo, hi = flat.amin(1), flat.amax(1)
-    return (up - lo.view(-1, 1, 1, 1)) / (hi - lo).view(-1, 1, 1, 1)
+    shape = (-1, *([1] * (up.ndim - 1)))
+    return (up - lo.view(shape)) / (hi - lo).view(shape)
 
 
 def _distinct_channels(A: torch.Tensor) -> tuple[list[tuple[int, int]], torch.Tensor]:
@@ -100,7 +101,7 @@ def score_weights(
 ) -> tuple[torch.Tensor, int, int]:
     """Score-CAM (Wang et al. 2020) channel weights ``B x K``, masked inputs scored, and model calls.
 
-    ``H_k = minmax(up(A_k))`` (bilinear upsampling to the input size, then min-max to [0, 1]);
+    ``H_k = minmax(up(A_k))`` ((bi/tri)linear upsampling to the input size, then min-max to [0, 1]);
     ``s_k = score(X * H_k)``; ``w = softmax_k(s)`` (the paper's Algorithm 1, and pytorch-grad-cam;
     the paper's baseline term ``- f(X_b)`` is the same for every channel, so the softmax ignores it).
     Channels with equal masks share one forward; constant channels give the zero mask, whose input
@@ -123,7 +124,7 @@ def score_weights(
 def _score_weights(score_of: Scorer, inputs: torch.Tensor, A: torch.Tensor, batch_size: int,
                    progress: bool | None) -> tuple[torch.Tensor, int, int]:
     B, K = A.shape[:2]
-    size = (inputs.shape[-2], inputs.shape[-1])
+    size = tuple(inputs.shape[2:])
     jobs, owner = _distinct_channels(A)
     job_scores = torch.empty(len(jobs), device=A.device, dtype=torch.float32)
     n_batches = math.ceil(len(jobs) / batch_size)

@@ -6,12 +6,14 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ...core.text import first_line
 from ...errors import HookscopeError, checked
 from .._layout import LayoutProbe, grid_of_tokens
 
-__all__ = ["as_4d", "channels_first", "channels_last", "close", "normalise", "shapers", "tokens_to_grid", "work"]
+__all__ = ["GRIDS", "MODES", "as_4d", "channels_first", "channels_last", "close", "normalise", "shapers", "tokens_to_grid",
+           "upsample", "work"]
 
 
 @checked
@@ -67,7 +69,7 @@ def channels_first(t: torch.Tensor) -> torch.Tensor:
 
 
 def shapers(acts: dict[str, torch.Tensor], probe: LayoutProbe | None,
-            reshape: Callable[[torch.Tensor], torch.Tensor] | None, prefix: int | None, size: tuple[int, int]
+            reshape: Callable[[torch.Tensor], torch.Tensor] | None, prefix: int | None, size: tuple[int, ...]
             ) -> tuple[dict[str, Callable[[torch.Tensor], torch.Tensor] | None], dict[str, str]]:
     """Per layer, what turns its activation (and gradient) into ``B x C x h x w``, and its layout's name.
 
@@ -76,17 +78,21 @@ def shapers(acts: dict[str, torch.Tensor], probe: LayoutProbe | None,
     """
     shaped: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {}
     layouts: dict[str, str] = {}
+    grid = (size[0], size[1]) if len(size) == 2 else None  # tokens and channels last: layouts of images only
     for n, a in acts.items():
         if reshape is not None:
             shaped[n], layouts[n] = reshape, "reshape="
-        elif probe is not None and a.ndim == 3:
-            k, h, w = probe.tokens(n, a, size, prefix)
+        elif probe is not None and grid is not None and a.ndim == 3:
+            k, h, w = probe.tokens(n, a, grid, prefix)
             shaped[n], layouts[n] = tokens_to_grid(k, (h, w)), f"tokens(k={k}, {h}x{w})"
-        elif probe is not None and a.ndim == 4 and probe.layout(n, a, size) == "last":
+        elif probe is not None and grid is not None and a.ndim == 4 and probe.layout(n, a, grid) == "last":
             shaped[n], layouts[n] = channels_last, "BHWC"
-        else:  # a layer found by cam() itself is a Conv2d's output or the map the head pools
-            shaped[n], layouts[n] = None, "BCHW"
+        else:  # a layer found by cam() itself is a convolution's output or the map the head pools
+            shaped[n], layouts[n] = None, LAYOUTS.get(len(size), "BCHW")
     return shaped, layouts
+
+
+LAYOUTS = {1: "BCL", 2: "BCHW", 3: "BCDHW"}  # channels first, by the input's spatial rank
 
 
 def work(t: torch.Tensor) -> torch.Tensor:
@@ -101,25 +107,38 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol if eps > 1e-6 else 1e-5)
 
 
-def as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.Tensor] | None, B: int) -> torch.Tensor:
+GRIDS = {1: "B x C x l", 2: "B x C x h x w", 3: "B x C x d x h x w"}  # an activation of each spatial rank
+MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}  # how maps of each rank are upsampled
+
+
+def upsample(t: torch.Tensor, size: tuple[int, ...], *, align_corners: bool = False) -> torch.Tensor:
+    """``B x C x ...`` (one, two or three spatial dimensions) resized to ``size`` (bi/tri)linearly."""
+    return F.interpolate(t, size=size, mode=MODES[len(size)], align_corners=align_corners)
+
+
+def as_4d(name: str, t: torch.Tensor, reshape: Callable[[torch.Tensor], torch.Tensor] | None, B: int,
+          rank: int = 2) -> torch.Tensor:
+    """``t`` as ``B x C x ...`` with ``rank`` spatial dimensions (the input's), through ``reshape`` if given."""
     if reshape is not None:
         try:
             t = reshape(t)
         except Exception as e:
             raise HookscopeError(f"reshape= failed on layer {name!r}'s output of shape {tuple(t.shape)}: "
                                  f"{type(e).__name__}: {first_line(e)}") from None
-    if not isinstance(t, torch.Tensor) or t.ndim != 4 or t.shape[0] != B:
+    if not isinstance(t, torch.Tensor) or t.ndim != rank + 2 or t.shape[0] != B:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
         fix = "make reshape= return" if reshape is not None else "pass reshape= a function to"
-        raise HookscopeError(f"layer {name!r} gives an activation of shape {shape}, not B x C x h x w (B={B}); "
-                             f"{fix} B x C x h x w, e.g. reshape=hookscope.tokens_to_grid(skip=1) "
-                             "for ViT tokens (CLI: --tokens 1)")
+        grid = GRIDS[rank]
+        example = (", e.g. reshape=hookscope.tokens_to_grid(skip=1) for ViT tokens (CLI: --tokens 1)" if rank == 2
+                   else f" (a {rank}-D input of {B} samples)")
+        raise HookscopeError(f"layer {name!r} gives an activation of shape {shape}, not {grid} (B={B}); "
+                             f"{fix} {grid}{example}")
     return t
 
 
 def normalise(m: torch.Tensor) -> torch.Tensor:
-    """Min-max per image; a constant map becomes all zeros."""
+    """Min-max per sample (``B x ...``); a constant map becomes all zeros."""
     flat = m.flatten(1)
-    lo = flat.amin(1).view(-1, 1, 1)
-    span = flat.amax(1).view(-1, 1, 1) - lo
+    lo = flat.amin(1).view(-1, *([1] * (m.ndim - 1)))
+    span = flat.amax(1).view_as(lo) - lo
     return (m - lo) / torch.where(span > 0, span, torch.ones_like(span))
