@@ -62,13 +62,14 @@ def figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI)
 
 
-def save(fig: Figure | object, name: str, folder: Path = IMG) -> Path:
-    """Writes a figure as docs/img/NAME.png at the documentation's resolution."""
+def save(fig: Figure | object, name: str, folder: Path = IMG, palette_over: int = 120_000) -> Path:
+    """Writes a figure as docs/img/NAME.png at the documentation's resolution; past ``palette_over``
+    bytes, as a palette image."""
     from PIL import Image
 
     path = folder / f"{name}.png"
     fig.savefig(path, dpi=DPI)  # type: ignore[attr-defined]
-    if path.stat().st_size > 120_000:  # a palette: a third of the bytes, at the cost of smooth colour bars
+    if path.stat().st_size > palette_over:  # a palette: a third of the bytes, at the cost of smooth colour bars
         with Image.open(path) as drawn:
             small = drawn.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
         small.save(path, optimize=True)
@@ -115,8 +116,9 @@ def gallery() -> None:
         titles = [f"explains {DEMO_CLASSES[int(c)]}\nscore {float(s):.1f}" for c, s in zip(res.targets, res.scores)]
         panels = [image(overlay(p, m)) for p, m in zip(x, res.maps)]
         where = "every convolution's and batch norm's bias" if method == "fullgrad" else ", ".join(res.layers)
+        # one picture a method, seventeen of them: each a palette image, so the docs stay small
         save(row(panels, titles, f'{CAM_NAMES[method]}: method="{method}", layer {where}'),
-             f"gallery_cam_{method.replace('+', 'p')}")
+             f"gallery_cam_{method.replace('+', 'p')}", palette_over=0)
     for method in ATTRIBUTION_METHODS:
         res = hookscope.attribute(net, x, method=method)
         signed = is_signed(method)
