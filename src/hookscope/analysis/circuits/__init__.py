@@ -1,0 +1,10 @@
+"""Which component wrote the answer: the logit lens (``_lens``), direct logit attribution
+(``_dla``), activation patching sweeps (``_patching``) and attribution patching (``_attribution``),
+each over a decoder's component names (``_model``: ``anatomy.components`` read through ``capture``
+and changed through ``edit``).
+"""
+
+from ._dla import DlaRow, LogitAttribution, logit_attribution
+from ._lens import LensRow, LogitLens, logit_lens
+
+__all__ = ["DlaRow", "LensRow", "LogitAttribution", "LogitLens", "logit_attribution", "logit_lens"]
