@@ -4,7 +4,11 @@ each over a decoder's component names (``_model``: ``anatomy.components`` read t
 and changed through ``edit``).
 """
 
+from ._attribution import attribution_patching
 from ._dla import DlaRow, LogitAttribution, logit_attribution
 from ._lens import LensRow, LogitLens, logit_lens
+from ._patching import activation_patching
+from ._result import PatchRow, Patching
 
-__all__ = ["DlaRow", "LensRow", "LogitAttribution", "LogitLens", "logit_attribution", "logit_lens"]
+__all__ = ["DlaRow", "LensRow", "LogitAttribution", "LogitLens", "PatchRow", "Patching", "activation_patching",
+           "attribution_patching", "logit_attribution", "logit_lens"]
