@@ -333,3 +333,14 @@ def test_the_patching_result_speaks_the_protocol():
     assert p.to_json().startswith("{")
     layer, col, effect = p.top(1)[0]
     assert effect == pytest.approx(float(p.effects.abs().max()) * (1 if effect > 0 else -1))
+
+
+def test_each_result_draws_its_picture_in_a_notebook():
+    pytest.importorskip("matplotlib")
+    from hookscope.core.result import picture_of
+
+    model = build("gpt2")
+    for result in (activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.z"),
+                   logit_lens(model, IDS), logit_attribution(model, IDS, answer=3)):
+        assert picture_of(result)[:4] == b"\x89PNG"
+        assert "<img" in result._repr_html_()
