@@ -20,7 +20,7 @@ from ..errors import ForwardError, HookscopeError
 _FOLDER_OUT = ("report", "demo", "extract")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
 COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune", "extract",
-                 "attribute", "runs")
+                 "attribute", "runs", "lens", "patch")
 
 
 def _commands() -> dict[str, ModuleType]:
@@ -88,6 +88,8 @@ results are the Python library's, `import hookscope`):
                         compared layer by layer
   cam                   the CAM family (Grad-CAM, Grad-CAM++, Score-CAM, ...)
   attribute             input attribution: gradient methods, LRP, tokens
+  lens, patch           which component wrote the answer: the logit lens; patching
+                        sweeps and attribution patching (and logit_attribution)
   features              a layer's feature maps; the in-place trap made visible
   prune                 masks; channels, attention heads and widths removed;
                         the smaller model compacted; before and after
