@@ -70,7 +70,7 @@ def test_the_lens_recomputes_the_final_norms_scale_for_each_stream_and_the_reuse
     ln, w_u = model.transformer.ln_f, model.lm_head.weight.double()
     mean, var = first.mean(-1, keepdim=True), first.var(-1, unbiased=False, keepdim=True)
     right = ((first - mean) / (var + ln.eps).sqrt() * ln.weight.double() + ln.bias.double()) @ w_u.t()
-    assert float((lens.logits[0].double() - right).abs().max()) <= 1e-5
+    assert float((lens.logits[0].double() - right.detach()).abs().max()) <= 1e-5
     # the scale of the last stream, reused for the first (a cache of the final norm's scale)
     with hookscope.capture(model, "transformer.ln_f", keep="input") as rec, torch.no_grad():
         model(IDS[None])
@@ -171,11 +171,11 @@ CLEAN, CORRUPTED = torch.tensor([1, 7, 3, 9, 4, 2]), torch.tensor([1, 7, 8, 9, 4
 def test_patching_a_whole_stream_gives_the_other_runs_metric_and_patching_what_is_equal_changes_nothing(family,
                                                                                                        direction):
     model = build(family)
-    every = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="resid_pre", per="layer",
+    every = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="resid_pre", per="layer",
                                 direction=direction)
     other = every.clean if direction == "denoise" else every.corrupted
     assert torch.allclose(every.values, torch.full_like(every.values, other), atol=1e-5)
-    cells = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="resid_pre", direction=direction,
+    cells = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="resid_pre", direction=direction,
                                 batch_size=5)
     base = every.base
     assert torch.allclose(cells.values[:, :2], torch.full((2, 2), base, dtype=torch.float64), atol=1e-5)  # same
@@ -187,7 +187,7 @@ def test_patching_a_whole_stream_gives_the_other_runs_metric_and_patching_what_i
 @pytest.mark.parametrize("kind", ["resid_pre", "attn_out", "mlp_out", "attn.z", "attn.v"])
 def test_a_batched_sweep_equals_a_loop_of_edit_calls(kind):
     model = build("gpt2")
-    swept = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind=kind, batch_size=4)
+    swept = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component=kind, batch_size=4)
     comps = hookscope.components(model)
     for layer in range(2):
         c = comps[f"blocks.{layer}.{kind}"]
@@ -212,22 +212,22 @@ def test_a_batched_sweep_equals_a_loop_of_edit_calls(kind):
 
 def test_all_heads_of_a_layer_are_its_attention_output_and_kinds_make_a_layer_by_kind_grid():
     model = build("llama")
-    z = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.z", per="layer")
-    out = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn_out", per="layer")
-    both = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind=("attn_out", "mlp_out"))
+    z = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.z", per="layer")
+    out = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn_out", per="layer")
+    both = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component=("attn_out", "mlp_out"))
     assert torch.allclose(z.values, out.values, atol=1e-5)
     assert torch.allclose(both.values[:, :1], out.values, atol=1e-5)
     assert both.columns == ["attn_out", "mlp_out"] and both.per == "layer"
-    heads = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.z")
+    heads = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.z")
     assert heads.values.shape == (2, 4) and heads.columns == ["0", "1", "2", "3"]
-    kv = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.k")
+    kv = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.k")
     assert kv.values.shape == (2, 2)  # grouped-query attention: two key heads
     assert no_hooks(model)
 
 
 def test_patching_every_pattern_of_a_layer_with_its_values_patched_too_is_patching_z():
     model = build("gpt2")
-    pattern = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.pattern", per="layer")
+    pattern = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.pattern", per="layer")
     assert not torch.allclose(pattern.values, torch.full_like(pattern.values, pattern.corrupted), atol=1e-4)
     # the pattern of the clean run applied to the corrupted run's values, checked by hand on block 1
     comps = hookscope.components(model)
@@ -250,8 +250,8 @@ def test_patching_every_pattern_of_a_layer_with_its_values_patched_too_is_patchi
 
 def test_metrics_by_name_and_by_function_agree():
     model = build("gpt2")
-    prob = activation_patching(model, CLEAN, CORRUPTED, answer=3, metric="prob", kind="attn_out")
-    fn = activation_patching(model, CLEAN, CORRUPTED, metric=lambda lg: lg[0, -1].softmax(-1)[3], kind="attn_out")
+    prob = activation_patching(model, CLEAN, CORRUPTED, answer=3, metric="prob", component="attn_out")
+    fn = activation_patching(model, CLEAN, CORRUPTED, metric=lambda lg: lg[0, -1].softmax(-1)[3], component="attn_out")
     assert torch.allclose(prob.values, fn.values, atol=1e-7)
     with torch.no_grad():
         assert prob.clean == pytest.approx(float(logits(model, CLEAN)[-1].softmax(-1)[3]), abs=1e-6)
@@ -264,13 +264,13 @@ def test_bad_sweeps_are_refused_in_one_line_and_leave_no_hook():
     cases = [
         (lambda: activation_patching(model, CLEAN, CLEAN[:5], answer=3, wrong=5), "6 and 5 tokens"),
         (lambda: activation_patching(model, CLEAN, CORRUPTED, metric=lambda lg: lg[0, -1]), "one number"),
-        (lambda: activation_patching(neox, CLEAN, CORRUPTED, answer=3, wrong=5, kind="resid_mid"), "in parallel"),
-        (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="resid"), "not a component"),
-        (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="mlp_out", per="head"),
+        (lambda: activation_patching(neox, CLEAN, CORRUPTED, answer=3, wrong=5, component="resid_mid"), "in parallel"),
+        (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="resid"), "not a component"),
+        (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="mlp_out", per="head"),
          "has no heads"),
         (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3), "needs wrong="),
         (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, direction="up"), "direction="),
-        (lambda: activation_patching(sdpa, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.pattern"), "eager"),
+        (lambda: activation_patching(sdpa, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.pattern"), "eager"),
         (lambda: attribution_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, steps=-1), "steps=-1"),
         (lambda: activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, batch_size=0), "batch_size=0"),
     ]
@@ -288,7 +288,7 @@ def test_integrated_gradients_along_the_embeddings_path_is_complete():
     model = build("gpt2")
     errors = []
     for steps in (16, 64):
-        est = attribution_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="resid_pre", per="layer",
+        est = attribution_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="resid_pre", per="layer",
                                    steps=steps, batch_size=32)
         errors.append(abs(float(est.values[0, 0]) - est.clean))
     gap = abs(est.clean - est.corrupted)
@@ -299,7 +299,7 @@ def test_integrated_gradients_along_the_embeddings_path_is_complete():
 
 def test_the_first_order_estimate_is_the_gradient_dotted_with_the_change():
     model = build("gpt2")
-    est = attribution_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn_out")
+    est = attribution_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn_out")
     comps = hookscope.components(model)
     c = comps["blocks.0.attn_out"]
     with hookscope.capture(model, c.module) as rec, torch.no_grad():
@@ -317,14 +317,14 @@ def test_the_first_order_estimate_is_the_gradient_dotted_with_the_change():
     grad, = torch.autograd.grad(metric, held["t"])
     product = (grad * (clean_out - held["t"].detach())).double()[0].sum(-1)
     assert torch.allclose(est.values[0] - est.corrupted, product, atol=1e-5)
-    real = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn_out")
+    real = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn_out")
     assert -1 <= real.correlation(est) <= 1
     assert no_hooks(model)
 
 
 def test_the_patching_result_speaks_the_protocol():
     model = build("gpt2")
-    p = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.z")
+    p = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.z")
     assert p["blocks.1"].shape == (2,) and "blocks.1" in p and "blocks.2" not in p
     with pytest.raises(hookscope.RecordError, match="no layer"):
         p["blocks.2"]
@@ -340,7 +340,7 @@ def test_each_result_draws_its_picture_in_a_notebook():
     from hookscope.core.result import picture_of
 
     model = build("gpt2")
-    for result in (activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, kind="attn.z"),
+    for result in (activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.z"),
                    logit_lens(model, IDS), logit_attribution(model, IDS, answer=3)):
         assert picture_of(result)[:4] == b"\x89PNG"
         assert "<img" in result._repr_html_()

@@ -68,7 +68,7 @@ def _top_heads(p: hookscope.Patching, k: int = 2) -> set[tuple[int, int]]:
 
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_the_head_sweep_finds_the_two_heads(ind, ablation, direction):
-    p = activation_patching(ind.model, ind.clean, ind.corrupted, answer=ind.answer, wrong=ind.wrong, kind="attn.z",
+    p = activation_patching(ind.model, ind.clean, ind.corrupted, answer=ind.answer, wrong=ind.wrong, component="attn.z",
                             direction=direction)
     assert p.clean > 5 and p.corrupted < -5
     assert _top_heads(p) == _heads(ablation)
@@ -79,7 +79,7 @@ def test_the_head_sweep_finds_the_two_heads(ind, ablation, direction):
 
 def test_the_pattern_sweep_finds_the_induction_head_and_the_stream_sweep_the_positions(ind, ablation):
     p = activation_patching(ind.model, ind.clean, ind.corrupted, answer=ind.answer, wrong=ind.wrong,
-                            kind="attn.pattern")
+                            component="attn.pattern")
     induction = max(_heads(ablation))
     assert _top_heads(p, 1) == {induction} and float(p.normalised[induction]) > 0.9
     r = activation_patching(ind.model, ind.clean, ind.corrupted, answer=ind.answer, wrong=ind.wrong)
@@ -107,7 +107,7 @@ def test_the_logit_lens_sees_the_answer_only_after_the_induction_head(ind):
 @pytest.mark.parametrize("steps", [0, 8])
 @pytest.mark.parametrize("direction", ["denoise", "noise"])
 def test_attribution_patching_ranks_the_two_heads_first(ind, ablation, steps, direction):
-    kw = dict(answer=ind.answer, wrong=ind.wrong, kind="attn.z", direction=direction)
+    kw = dict(answer=ind.answer, wrong=ind.wrong, component="attn.z", direction=direction)
     est = attribution_patching(ind.model, ind.clean, ind.corrupted, steps=steps, **kw)
     assert _top_heads(est) == _heads(ablation)
     real = activation_patching(ind.model, ind.clean, ind.corrupted, **kw)

@@ -41,7 +41,8 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 # classes hookscope hands out and users only read (rows, records, the object edit() returns)
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
-              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer"}
+              "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
+              "LensRow", "DlaRow", "PatchRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -50,7 +51,8 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LogitLens", "LogitAttribution",
+                "Patching"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -71,6 +73,9 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Components", "blocks.0.attn.z", "blocks.0.attn.zz"),
     ("Telemetry", "fc", "fcc"),
     ("Run", 0, 1),
+    ("LogitLens", "blocks.0.resid_post", "blocks.0.resid_mid"),
+    ("LogitAttribution", "blocks.0.head.0", "blocks.0.head.9"),
+    ("Patching", "blocks.0", "blocks.1"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -132,7 +137,14 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
         "Components": hookscope.components(_gpt2()),
+        **_circuits(),
     }
+
+
+def _circuits() -> dict[str, object]:
+    lm, ids = _gpt2(), torch.tensor([1, 2, 3])
+    return {"LogitLens": hookscope.logit_lens(lm, ids), "LogitAttribution": hookscope.logit_attribution(lm, ids, answer=1),
+            "Patching": hookscope.activation_patching(lm, ids, torch.tensor([1, 4, 3]), answer=1, wrong=2)}
 
 
 def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
@@ -307,6 +319,12 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "components": lambda **kw: hookscope.components(_gpt2(), **kw),
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
+        "logit_lens": lambda **kw: hookscope.logit_lens(_gpt2(), torch.tensor([1, 2]), **kw),
+        "logit_attribution": lambda **kw: hookscope.logit_attribution(_gpt2(), torch.tensor([1, 2]), answer=1, **kw),
+        "activation_patching": lambda **kw: hookscope.activation_patching(_gpt2(), torch.tensor([1, 2]),
+                                                                          torch.tensor([1, 3]), answer=1, **kw),
+        "attribution_patching": lambda **kw: hookscope.attribution_patching(_gpt2(), torch.tensor([1, 2]),
+                                                                            torch.tensor([1, 3]), answer=1, **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
         "monitor": lambda **kw: hookscope.monitor(net, **kw),
@@ -412,7 +430,8 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
+                "LogitLens", "LogitAttribution", "Patching"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -26,7 +26,7 @@ EXAMPLES = (("python -c \"import transformers as t; \\\n"
              "      --corrupted '15 12 95 4' --answer 7 --wrong 9",
              "the residual stream patched at each layer and position, clean into corrupted"),
             ("hookscope patch hf:causal-lm --config gpt2-tiny --clean '15 11 95 4' \\\n"
-             "      --corrupted '15 12 95 4' --answer 7 --wrong 9 --kind attn.z \\\n"
+             "      --corrupted '15 12 95 4' --answer 7 --wrong 9 --component attn.z \\\n"
              "      --attribution --steps 8 --plot heads.png",
              "each head patched, beside its EAP-IG estimate and their correlation, drawn as heatmaps"))
 
@@ -38,8 +38,8 @@ def add_parser(sub: Any) -> None:
         "a corrupted prompt of the same length and patches one activation at a time from one run into the "
         "other (--direction denoise: clean into corrupted; noise: corrupted into clean), many cells per "
         "forward pass (--batch-size), measuring --metric at the last position. Prints the metric of each "
-        "cell: layer x position for a stream (--kind resid_pre ...), layer x head for a head kind (attn.z ...), "
-        "layer x kind for several kinds (--kind attn_out,mlp_out). --attribution adds the first-order "
+        "cell: layer x position for a stream (--component resid_pre ...), layer x head for a head kind (attn.z ...), "
+        "layer x kind for several kinds (--component attn_out,mlp_out). --attribution adds the first-order "
         "estimate of every cell from one backward pass (with --steps, integrated along the path: EAP-IG) "
         "and its correlation with the real sweep.")
     p.add_argument("model", metavar="MODEL", help="hf:CLASS_OR_TASK with --config, or any MODEL the other "
@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--wrong", metavar="T", default=None, help="the token the corrupted prompt gives (logit_diff)")
     p.add_argument("--metric", choices=METRICS, default="logit_diff",
                    help="logit[answer] - logit[wrong] (default), logit[answer], or p(answer)")
-    p.add_argument("--kind", metavar="KIND", default="resid_pre",
+    p.add_argument("--component", metavar="NAME", default="resid_pre",
                    help=f"the component swept: {', '.join(STREAM_KINDS + HEAD_KINDS)}, or several joined by commas "
                         "(default resid_pre)")
     p.add_argument("--per", choices=("position", "head", "layer"), default=None,
@@ -86,9 +86,9 @@ def prompt(text: str, tokenizer: Any, flag: str, config: str | None) -> torch.Te
 def _sweeps(args: argparse.Namespace, model: torch.nn.Module, tokenizer: Any) -> tuple[Any, Any]:
     clean = prompt(args.clean, tokenizer, "--clean", args.config)
     corrupted = prompt(args.corrupted, tokenizer, "--corrupted", args.config)
-    kind: str | list[str] = args.kind.split(",") if "," in args.kind else args.kind
+    component: str | list[str] = args.component.split(",") if "," in args.component else args.component
     kw = dict(answer=token_of(args.answer, tokenizer, "--answer"), wrong=token_of(args.wrong, tokenizer, "--wrong"),
-              metric=args.metric, kind=kind, per=args.per, direction=args.direction, batch_size=args.batch_size)
+              metric=args.metric, component=component, per=args.per, direction=args.direction, batch_size=args.batch_size)
     real = activation_patching(model, clean, corrupted, **kw)
     est = attribution_patching(model, clean, corrupted, steps=args.steps, **kw) if args.attribution else None
     return real, est

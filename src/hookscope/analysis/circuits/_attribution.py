@@ -109,7 +109,7 @@ def _estimate(cell: Cell, product: torch.Tensor) -> float:
 def attribution_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, *,
                          answer: int | None = None, wrong: int | None = None,
                          metric: str | Callable[[torch.Tensor], Any] = "logit_diff",
-                         kind: str | Sequence[str] = "resid_pre", per: str | None = None, direction: str = "denoise",
+                         component: str | Sequence[str] = "resid_pre", per: str | None = None, direction: str = "denoise",
                          steps: int = 0, position: int = -1, batch_size: int = 64,
                          kwargs: Mapping[str, Any] | None = None) -> Patching:
     """Estimate every cell of :func:`activation_patching`'s sweep at once, to first order: the metric's
@@ -125,7 +125,7 @@ def attribution_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch
         >>> import torch, transformers, hookscope
         >>> lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50))
         >>> a, b = torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3])
-        >>> est = hookscope.attribution_patching(lm, a, b, answer=4, wrong=6, kind="attn.z")
+        >>> est = hookscope.attribution_patching(lm, a, b, answer=4, wrong=6, component="attn.z")
         >>> est.method, est.values.shape
         ('attribution', torch.Size([2, 2]))
     """
@@ -133,7 +133,7 @@ def attribution_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch
         raise HookscopeError(f"steps={steps!r} must be 0 (the gradient at the base run) or more (EAP-IG's points)")
     if batch_size < 1:
         raise HookscopeError(f"batch_size={batch_size} must be 1 or more (points of the path per forward pass)")
-    s = setting(model, clean, corrupted, "attribution_patching", answer=answer, wrong=wrong, metric=metric, kind=kind,
+    s = setting(model, clean, corrupted, "attribution_patching", answer=answer, wrong=wrong, metric=metric, component=component,
                 per=per, direction=direction, position=position)
     names = needed(s.grid.cells)
     read = list(dict.fromkeys([*names, FIRST]))

@@ -47,10 +47,10 @@ def _kinds(kind: str | Sequence[str]) -> list[str]:
     known = STREAM_KINDS + HEAD_KINDS
     for k in kinds:
         if k not in known:
-            raise HookscopeError(f"kind={k!r} is not a component patching sweeps over; give one of "
+            raise HookscopeError(f"component={k!r} is not a component kind patching sweeps over; give one of "
                                  f"{', '.join(known)}, or several of them (a layer x kind grid)")
     if not kinds:
-        raise HookscopeError("kind= names no component; give one of " + ", ".join(known))
+        raise HookscopeError("component= names no component kind; give one of " + ", ".join(known))
     return kinds
 
 
@@ -73,10 +73,10 @@ def grid(d: Decoder, kind: str | Sequence[str], per: str | None, length: int) ->
     k = kinds[0]
     per = per or ("head" if k in HEAD_KINDS else "position")
     if per == "head" and k not in HEAD_KINDS:
-        raise HookscopeError(f"kind={k!r} has no heads; sweep it per='position' or per='layer', or give one of "
+        raise HookscopeError(f"component={k!r} has no heads; sweep it per='position' or per='layer', or give one of "
                              f"{', '.join(HEAD_KINDS)}")
     if per == "position" and k == "attn.pattern":
-        raise HookscopeError("kind='attn.pattern' is swept per='head' (each head's whole pattern) or per='layer'")
+        raise HookscopeError("component='attn.pattern' is swept per='head' (each head's whole pattern) or per='layer'")
     if per == "layer":
         return Grid(k, per, rows, [k], [Cell(i, 0, f"blocks.{i}.{k}") for i in range(d.blocks)])
     if per == "position":

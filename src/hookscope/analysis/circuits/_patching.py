@@ -44,7 +44,7 @@ class Setting:
 
 def setting(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, what: str, *,
             answer: int | None, wrong: int | None, metric: str | Callable[[torch.Tensor], Any],
-            kind: str | Sequence[str], per: str | None, direction: str, position: int) -> Setting:
+            component: str | Sequence[str], per: str | None, direction: str, position: int) -> Setting:
     """The arguments of a sweep checked, each mistake one line."""
     a, b = token_ids(clean, "clean"), token_ids(corrupted, "corrupted")
     if a.shape != b.shape:
@@ -57,14 +57,14 @@ def setting(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, what
         raise HookscopeError(f"position={position} is outside the {a.shape[1]} positions of the prompts")
     d = decoder(model, what)
     vocab = unembedding(d)[0].shape[0]
-    return Setting(d, a, b, grid(d, kind, per, a.shape[1]),
+    return Setting(d, a, b, grid(d, component, per, a.shape[1]),
                    Metric(metric, answer=answer, wrong=wrong, position=position, vocab=vocab), direction)
 
 
 @checked
 def activation_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, *, answer: int | None = None,
                         wrong: int | None = None, metric: str | Callable[[torch.Tensor], Any] = "logit_diff",
-                        kind: str | Sequence[str] = "resid_pre", per: str | None = None, direction: str = "denoise",
+                        component: str | Sequence[str] = "resid_pre", per: str | None = None, direction: str = "denoise",
                         position: int = -1, batch_size: int = 64,
                         kwargs: Mapping[str, Any] | None = None) -> Patching:
     """Patch each activation of one kind from one run into the other, one cell at a time, and measure.
@@ -75,7 +75,7 @@ def activation_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch.
     ``mlp_out``), a layer x head grid of a head kind (``attn.z``, the heads' outputs before the output
     projection; ``attn.q``, ``attn.k``, ``attn.v``; ``attn.pattern``, each head's attention probabilities,
     eager attention only), or with several kinds a layer x kind grid (each component at every position
-    at once). ``per="layer"`` patches a layer's whole component, every position and head.
+    at once), named by ``component``. ``per="layer"`` patches a layer's whole component, every position and head.
 
     The base prompt is stacked along the batch, ``batch_size`` cells per forward pass (each row patched
     at its own cell through ``hookscope.edit``), which bounds the memory a pass takes.
@@ -87,7 +87,7 @@ def activation_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch.
         metric: ``"logit_diff"`` (``logit[answer] - logit[wrong]``), ``"logit"``, ``"prob"`` (of
             ``answer``), each at ``position``; or a function of the logits ``[1, pos, vocab]`` of one run
             that returns one number.
-        kind: the component swept, or several (a layer x kind grid).
+        component: the component kind swept, or several (a layer x kind grid).
         per: ``"position"``, ``"head"`` or ``"layer"`` (default: position for stream kinds, head for head
             kinds, layer for several kinds).
         direction: ``"denoise"`` or ``"noise"``.
@@ -104,7 +104,7 @@ def activation_patching(model: nn.Module, clean: torch.Tensor, corrupted: torch.
         >>> abs(float(p.values[0, 1]) - p.clean) < 1e-5   # position 1 holds all that differs
         True
     """
-    s = setting(model, clean, corrupted, "activation_patching", answer=answer, wrong=wrong, metric=metric, kind=kind,
+    s = setting(model, clean, corrupted, "activation_patching", answer=answer, wrong=wrong, metric=metric, component=component,
                 per=per, direction=direction, position=position)
     names = needed(s.grid.cells)
     got_clean, logits_clean = source_run(s.d, s.clean, names, kwargs)
