@@ -1,6 +1,6 @@
 """``hookscope patch``: an activation patching sweep between a clean and a corrupted prompt (and its
 attribution-patching estimate beside it), printed as a grid, drawn as a heatmap (``--plot``), or
-printed as JSON."""
+printed as JSON. A folder of its own, since the command line's folder holds as many modules as it may."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ..analysis.circuits import HEAD_KINDS, METRICS, STREAM_KINDS, activation_patching, attribution_patching
-from ..errors import HookscopeError
-from ._common import add_examples, add_plot_argument, check_plot, save_plot
-from ._load import load_model, model_session, seed_arg
-from .inputs import text_tokens
-from .lens import token_of, tokenizer_of
+from ...analysis.circuits import HEAD_KINDS, METRICS, STREAM_KINDS, activation_patching, attribution_patching
+from ...errors import HookscopeError
+from .._common import add_examples, add_plot_argument, check_plot, save_plot
+from .._load import load_model, model_session, seed_arg
+from ..inputs import text_tokens
+from ..lens import token_of, tokenizer_of
 
 EXAMPLES = (("python -c \"import transformers as t; \\\n"
              "      c = t.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100); \\\n"
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             out = {"patching": real.to_dict(), **({"attribution": est.to_dict(), "correlation": real.correlation(est)}
                                                  if est is not None else {})}
-            from ..core.result import jsonable
+            from ...core.result import jsonable
 
             print(json.dumps(jsonable(out), indent=2))
         else:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             if est is not None:
                 print(f"\n{est.table()}\ncorrelation with the real sweep: {real.correlation(est):.3f}")
         if args.plot is not None:
-            from ..viz.circuits import plot_patching
+            from ...viz.circuits import plot_patching
 
             save_plot(args.plot, plot_patching(real), quiet=args.json)
             if est is not None:
