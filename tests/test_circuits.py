@@ -67,16 +67,16 @@ def test_the_lens_recomputes_the_final_norms_scale_for_each_stream_and_the_reuse
     with hookscope.capture(model, "transformer.h.0", keep="input") as rec, torch.no_grad():
         model(IDS[None])
     first = rec["transformer.h.0"][0].input[0].double()  # blocks.0.resid_pre: the embeddings
-    ln, w_u = model.transformer.ln_f, model.lm_head.weight.double()
+    ln, w_u = model.transformer.ln_f, model.lm_head.weight.detach().double()
     mean, var = first.mean(-1, keepdim=True), first.var(-1, unbiased=False, keepdim=True)
-    right = ((first - mean) / (var + ln.eps).sqrt() * ln.weight.double() + ln.bias.double()) @ w_u.t()
-    assert float((lens.logits[0].double() - right.detach()).abs().max()) <= 1e-5
+    right = ((first - mean) / (var + ln.eps).sqrt() * ln.weight.detach().double() + ln.bias.detach().double()) @ w_u.t()
+    assert float((lens.logits[0].double() - right).abs().max()) <= 1e-5
     # the scale of the last stream, reused for the first (a cache of the final norm's scale)
     with hookscope.capture(model, "transformer.ln_f", keep="input") as rec, torch.no_grad():
         model(IDS[None])
     final = rec["transformer.ln_f"][0].input[0].double()
-    reused = ((first - mean) / (final.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt() * ln.weight.double()
-              + ln.bias.double()) @ w_u.t()
+    reused = ((first - mean) / (final.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt() * ln.weight.detach().double()
+              + ln.bias.detach().double()) @ w_u.t()
     scales = (var.sqrt() / final.var(-1, unbiased=False, keepdim=True).sqrt()).flatten()
     assert float(scales.min()) < 0.5 or float(scales.max()) > 2  # the streams' scales differ
     assert float((reused - right).abs().max()) > 0.1  # the reused scale gives other logits
@@ -142,7 +142,7 @@ def test_a_heads_term_is_its_z_through_its_rows_of_the_output_projection_through
     stream = rec["transformer.ln_f"][0].input[0, -1].double()
     ln = model.transformer.ln_f
     term = z @ w_o
-    by_hand = ((term - term.mean()) / (stream.var(unbiased=False) + ln.eps).sqrt() * ln.weight.double()) \
+    by_hand = ((term - term.mean()) / (stream.var(unbiased=False) + ln.eps).sqrt() * ln.weight.detach().double()) \
         @ model.lm_head.weight.double()[3]
     assert dla["blocks.1.head.1"] == pytest.approx(float(by_hand), abs=1e-6)
     # the raw sum of the uncentred terms is the logit plus what centring took out

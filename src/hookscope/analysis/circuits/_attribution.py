@@ -23,11 +23,19 @@ from .._targets import call_model
 from ._cells import HEAD_KINDS, Cell
 from ._model import Decoder, device_of, logits_of
 from ._patching import Setting, result, setting
+from ._result import Patching
 from ._runs import edited, needed, source_run, stacked_kwargs
 
 __all__ = ["attribution_patching"]
 
 FIRST = "blocks.0.resid_pre"
+
+
+def _keeper(v: Any, key: str, seen: dict[str, torch.Tensor]) -> Callable[[Any], None]:
+    """An edit that changes nothing and keeps what ``v``'s view reads (a pattern's gradient needs ``v``)."""
+    def keep(old: Any) -> None:
+        seen[key] = v.view.read(old)
+    return keep
 
 
 def _probes(d: Decoder, names: Sequence[str], probes: dict[str, torch.Tensor],
@@ -38,7 +46,7 @@ def _probes(d: Decoder, names: Sequence[str], probes: dict[str, torch.Tensor],
         if name.endswith(".attn.pattern"):
             block = name.rsplit(".attn.", 1)[0]
             v = d[f"{block}.attn.v"]
-            changes.append((v.module, v.field, lambda old, v=v, key=name: seen.__setitem__(key, v.view.read(old))))
+            changes.append((v.module, v.field, _keeper(v, name, seen)))
             target, key = f"{block}.attn.z", name
         else:
             target, key = name, name

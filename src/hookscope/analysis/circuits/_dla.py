@@ -92,7 +92,9 @@ def _linear_heads(d: Decoder, i: int) -> bool:
 
 def _terms(d: Decoder, got: Mapping[str, torch.Tensor], pos: int) -> list[tuple[str, int, int, torch.Tensor]]:
     """(name, layer, head, the term's vector in the stream at ``pos``), fp64; they sum to the last stream."""
-    at = (lambda t: t[0, pos].double())
+    def at(t: torch.Tensor) -> torch.Tensor:
+        return t[0, pos].double()
+
     embed, first = at(got["embed"]), at(got["blocks.0.resid_pre"])
     pos_embed = at(got["pos_embed"]) if "pos_embed" in got else torch.zeros_like(embed)
     if torch.allclose(embed + pos_embed, first, atol=1e-5 * max(1.0, float(first.abs().max()))):
@@ -164,7 +166,7 @@ def logit_attribution(model: nn.Module, inputs: torch.Tensor, *, answer: int, wr
     u = weight[answer] - (weight[wrong] if wrong is not None else 0)
     ub = float(ubias[answer] - (ubias[wrong] if wrong is not None else 0))
     rows = [DlaRow(n, layer, h, float(norm.linear(t) @ u)) for n, layer, h, t in terms]
-    written = sum(t for *_, t in terms)
+    written = torch.stack([t for *_, t in terms]).sum(0)
     if not torch.allclose(written, stream, atol=1e-5 * max(1.0, float(stream.abs().max()))):
         raise SelectionError(f"the terms of {type(model).__name__}'s stream do not sum to its last resid_post (largest "
                              f"error {float((written - stream).abs().max()):.2e}): its blocks add something else")

@@ -8,7 +8,6 @@ Must not import another analysis.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -186,7 +185,3 @@ def out_weight(proj: nn.Module, heads: int, d_head: int) -> torch.Tensor:
                              "split into heads")
     w_in_out = w.t() if isinstance(proj, nn.Linear) else w
     return w_in_out.detach().double().reshape(heads, d_head, -1)
-
-
-def is_finite_number(x: float) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

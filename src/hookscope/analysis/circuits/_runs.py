@@ -21,7 +21,7 @@ from .._targets import call_model
 from ._cells import HEAD_KINDS, Cell
 from ._model import Decoder, device_of, logits_of, read
 
-__all__ = ["needed", "source_run", "patched", "stacked_kwargs", "edited", "pattern_of"]
+__all__ = ["needed", "source_run", "patched", "stacked_kwargs", "edited"]
 
 
 def needed(cells: Sequence[Cell]) -> list[str]:
@@ -96,7 +96,7 @@ def edited(d: Decoder, changes: Sequence[tuple[str, str, Callable[[Any], Any]]])
     """Every change entered as one ``edit`` of its module's input or output, in order."""
     with ExitStack() as stack:
         for module, field, fn in changes:
-            stack.enter_context(edit(d.model, module, **{"input" if field == "input" else "output": fn}))
+            stack.enter_context(edit(d.model, module, input=fn) if field == "input" else edit(d.model, module, output=fn))
         yield
 
 
@@ -129,7 +129,3 @@ def patched(d: Decoder, base: torch.Tensor, cells: Sequence[Cell], source: Mappi
                 out = call_model(d.model, (ids,), stacked_kwargs(kwargs, len(chunk)))
             values.append(metric(logits_of(out)).detach().cpu())
     return torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
-
-
-def pattern_of(d: Decoder, name: str) -> bool:
-    return name.endswith(".attn.pattern")
