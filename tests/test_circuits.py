@@ -344,3 +344,43 @@ def test_each_result_draws_its_picture_in_a_notebook():
                    logit_lens(model, IDS), logit_attribution(model, IDS, answer=3)):
         assert picture_of(result)[:4] == b"\x89PNG"
         assert "<img" in result._repr_html_()
+
+
+# --- the command line ---------------------------------------------------------------------------------
+@pytest.fixture
+def saved(tmp_path):
+    build("gpt2").save_pretrained(tmp_path / "lm")
+    return str(tmp_path / "lm")
+
+
+def test_the_commands_print_json_the_library_gives(saved, capsys):
+    import json
+
+    from hookscope.cli import main
+
+    assert main(["lens", "hf:causal-lm", "--config", saved, "--input-ids", "1 7 3 9 4 2", "--token", "4", "--json"]) == 0
+    lens = json.loads(capsys.readouterr().out)
+    model = T.AutoModelForCausalLM.from_pretrained(saved).eval()
+    want = logit_lens(model, IDS, token=4)
+    assert [r["rank"] for r in lens["rows"]] == [r.rank for r in want.rows]
+    assert main(["patch", "hf:causal-lm", "--config", saved, "--clean", "1 7 3 9 4 2", "--corrupted", "1 7 8 9 4 2",
+                 "--answer", "3", "--wrong", "5", "--component", "attn.z", "--attribution", "--steps", "4",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    real = activation_patching(model, CLEAN, CORRUPTED, answer=3, wrong=5, component="attn.z")
+    assert torch.allclose(torch.tensor(out["patching"]["values"], dtype=torch.float64), real.values, atol=1e-5)
+    assert -1 <= out["correlation"] <= 1 and out["attribution"]["method"] == "eap-ig"
+
+
+def test_the_commands_refuse_bad_input_in_one_line(saved, capsys):
+    from hookscope.cli import main
+
+    for argv, words in [(["patch", "hf:causal-lm", "--config", saved, "--clean", "1 7 3", "--corrupted", "1 7",
+                          "--answer", "3", "--wrong", "5"], "3 and 2 tokens"),
+                        (["patch", "hf:causal-lm", "--config", saved, "--clean", "the cat", "--corrupted", "a dog",
+                          "--answer", "3", "--wrong", "5"], "not token ids"),
+                        (["lens", "hf:causal-lm", "--config", saved, "--input-ids", "1 2", "--position", "5"],
+                         "--position 5")]:
+        assert main(argv) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
