@@ -138,12 +138,12 @@ def test_a_heads_term_is_its_z_through_its_rows_of_the_output_projection_through
             torch.no_grad():
         model(IDS[None])
     z = comps["blocks.1.attn.z"].view.read(rec["transformer.h.1.attn.c_proj"][0].input)[0, -1, 1].double()
-    w_o = model.transformer.h[1].attn.c_proj.weight.double()[32 // 2:]  # head 1's rows of Conv1D's [in, out]
+    w_o = model.transformer.h[1].attn.c_proj.weight.detach().double()[32 // 2:]  # head 1's rows of Conv1D's [in, out]
     stream = rec["transformer.ln_f"][0].input[0, -1].double()
     ln = model.transformer.ln_f
     term = z @ w_o
     by_hand = ((term - term.mean()) / (stream.var(unbiased=False) + ln.eps).sqrt() * ln.weight.detach().double()) \
-        @ model.lm_head.weight.double()[3]
+        @ model.lm_head.weight.detach().double()[3]
     assert dla["blocks.1.head.1"] == pytest.approx(float(by_hand), abs=1e-6)
     # the raw sum of the uncentred terms is the logit plus what centring took out
     uncentred = sum(r.value for r in dla.rows) + dla.centring
