@@ -42,7 +42,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
               "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
-              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "Steering", "TokenPositions"}
+              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "Steering", "TokenPositions", "LensRow", "DlaRow", "PatchRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -52,7 +52,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
-                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction"]
+                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -77,6 +77,9 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("LayerImportance", "model.layers.0", "model.layers.9"),
     ("Recovery", "2", "3"),
     ("Randomisation", "fc", "fcc"),
+    ("LogitLens", "blocks.0.resid_post", "blocks.0.resid_mid"),
+    ("LogitAttribution", "blocks.0.head.0", "blocks.0.head.9"),
+    ("Patching", "blocks.0", "blocks.1"),
 ]
 # to_json's options that write all of to_dict(): CamMaps writes its maps as shape and dtype unless asked
 FULL_JSON: dict[str, dict[str, Any]] = {"CamMaps": {"maps": True}, "FeatureMaps": {"maps": True},
@@ -143,6 +146,7 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Randomisation": metrics.parameter_randomisation(net, x, lambda m, v: hookscope.cam(m, v, layers="layer2").maps,
                                                          layers=["fc", "layer2"]),
         **_generation(),
+        **_circuits(),
     }
 
 
@@ -152,6 +156,12 @@ def _generation() -> dict[str, object]:
         lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
     return {"StepRecords": hookscope.tokens.records(rec),
             "Direction": hookscope.direction(lm, torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), layers="transformer.h.0")}
+
+
+def _circuits() -> dict[str, object]:
+    lm, ids = _gpt2(), torch.tensor([1, 2, 3])
+    return {"LogitLens": hookscope.logit_lens(lm, ids), "LogitAttribution": hookscope.logit_attribution(lm, ids, answer=1),
+            "Patching": hookscope.activation_patching(lm, ids, torch.tensor([1, 4, 3]), answer=1, wrong=2)}
 
 
 def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
@@ -354,6 +364,12 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
                                                       layers="transformer.h.0", **kw),
         "steer": lambda **kw: hookscope.steer(net, "fc", direction=torch.ones(10), **kw),
         "bake": lambda **kw: hookscope.bake(hookscope.steer(net, "fc", direction=torch.ones(10)), x, **kw),
+        "logit_lens": lambda **kw: hookscope.logit_lens(_gpt2(), torch.tensor([1, 2]), **kw),
+        "logit_attribution": lambda **kw: hookscope.logit_attribution(_gpt2(), torch.tensor([1, 2]), answer=1, **kw),
+        "activation_patching": lambda **kw: hookscope.activation_patching(_gpt2(), torch.tensor([1, 2]),
+                                                                          torch.tensor([1, 3]), answer=1, **kw),
+        "attribution_patching": lambda **kw: hookscope.attribution_patching(_gpt2(), torch.tensor([1, 2]),
+                                                                            torch.tensor([1, 3]), answer=1, **kw),
         "attention_probabilities": lambda **kw: hookscope.attention_probabilities(torch.ones(1, 3, 4),
                                                                                    torch.ones(1, 3, 4), **kw),
         "monitor": lambda **kw: hookscope.monitor(net, **kw),
@@ -460,7 +476,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction"}
+                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -34,6 +34,10 @@ from .analysis.attribution import (
     VarGrad,
 )
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
+from .analysis.circuits import (
+    DlaRow, LensRow, LogitAttribution, LogitLens, PatchRow, Patching, activation_patching, attribution_patching,
+    logit_attribution, logit_lens,
+)
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
     ComparisonRow,
@@ -137,6 +141,9 @@ __all__ = [
     "AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad", "SmoothGradSq",
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
     "attribute_tokens", "TokenAttributions", "TokenRow",
+    # which component wrote the answer: the logit lens, direct logit attribution, patching sweeps
+    "logit_lens", "LogitLens", "LensRow", "logit_attribution", "LogitAttribution", "DlaRow",
+    "activation_patching", "attribution_patching", "Patching", "PatchRow",
     # prune
     "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",

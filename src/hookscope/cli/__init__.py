@@ -20,7 +20,7 @@ from ..errors import ForwardError, HookscopeError
 _FOLDER_OUT = ("report", "demo", "extract")
 # Each name is a module of this package with add_parser(subparsers) and run(args) -> int.
 COMMAND_NAMES = ("demo", "report", "layers", "features", "summary", "trace", "watch", "diff", "cam", "prune", "extract",
-                 "attribute", "runs", "generate")
+                 "attribute", "runs", "generate", "lens", "patch")
 
 
 def _commands() -> dict[str, ModuleType]:
@@ -90,6 +90,8 @@ results are the Python library's, `import hookscope`):
   attribute             input attribution: gradient methods, LRP, tokens
   generate              a language model's continuation with and without a
                         steering direction (hookscope.steer, tokens.generated)
+  lens, patch           which component wrote the answer: the logit lens; patching
+                        sweeps and attribution patching (and logit_attribution)
   features              a layer's feature maps; the in-place trap made visible
   prune                 masks; channels, attention heads and widths removed;
                         the smaller model compacted; before and after

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.attribution import Attributions, TokenAttributions
 from ..analysis.cam import CamMaps
+from ..analysis.circuits import LogitAttribution, LogitLens, Patching
 from ..analysis.diff import Diff
 from ..analysis.features import FeatureMaps, ReferenceComparison
 from ..analysis.gradflow import GradientFlow
@@ -20,6 +21,7 @@ from ..analysis.trace import Trace
 from ..core.result import register_picture
 from .attribution import plot_image_attribution, plot_token_attribution
 from .cam_signals import plot_cam_curves, plot_cam_slices
+from .circuits import plot_logit_attribution, plot_logit_lens, plot_patching
 from .features import plot_feature_maps, plot_reference_comparison
 from .plots import plot_diff, plot_gradient_flow, plot_trace
 from .runs import plot_run
@@ -81,3 +83,6 @@ register_picture(Run, lambda run: png(plot_run(run)) if run.steps else None)
 register_picture(FeatureMaps, _rows(plot_feature_maps))
 register_picture(ReferenceComparison, _rows(plot_reference_comparison))
 register_picture(TokenAttributions, lambda result: png(plot_token_attribution(result)) if result.rows else None)
+register_picture(Patching, _rows(plot_patching))
+register_picture(LogitLens, _rows(plot_logit_lens))
+register_picture(LogitAttribution, _rows(plot_logit_attribution))

@@ -1,0 +1,16 @@
+"""Which component wrote the answer: the logit lens (``_lens``), direct logit attribution
+(``_dla``), activation patching sweeps (``_patching``) and attribution patching (``_attribution``),
+each over a decoder's component names (``_model``: ``anatomy.components`` read through ``capture``
+and changed through ``edit``).
+"""
+
+from ._attribution import attribution_patching
+from ._cells import HEAD_KINDS, STREAM_KINDS
+from ._dla import DlaRow, LogitAttribution, logit_attribution
+from ._metric import METRICS
+from ._lens import LensRow, LogitLens, logit_lens
+from ._patching import activation_patching
+from ._result import PatchRow, Patching
+
+__all__ = ["HEAD_KINDS", "METRICS", "STREAM_KINDS", "DlaRow", "LensRow", "LogitAttribution", "LogitLens", "PatchRow", "Patching", "activation_patching",
+           "attribution_patching", "logit_attribution", "logit_lens"]
