@@ -303,7 +303,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings
            for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
-                     "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP")},
+                     "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
+                     "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime")},
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "components": lambda **kw: hookscope.components(_gpt2(), **kw),
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),

@@ -33,6 +33,7 @@ from .analysis.attribution import (
     SmoothGradSq,
     VarGrad,
 )
+from .analysis.attribution import FeatureAblation, FeaturePermutation, KernelShap, Lime, Occlusion, ShapleyValueSampling
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
@@ -129,6 +130,7 @@ __all__ = [
     "attribute", "Attributions", "LRPRule",
     "AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad", "SmoothGradSq",
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
+    "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime",
     "attribute_tokens", "TokenAttributions", "TokenRow",
     # prune
     "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",

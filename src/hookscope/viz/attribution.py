@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SIGNED", "is_signed", "plot_image_attribution", "plot_token_attribution"]
 
-SIGNED = ("gradient", "input_x_gradient", "integrated_gradients", "smoothgrad")  # drawn centred at 0
+SIGNED = ("gradient", "input_x_gradient", "integrated_gradients", "smoothgrad",  # drawn centred at 0
+          "occlusion", "feature_ablation", "feature_permutation", "shapley_value_sampling", "kernel_shap", "lime")
 _DIVERGING, _SEQUENTIAL = "bwr", "inferno"
 _BLANK = (0.85, 0.85, 0.85, 1.0)  # cells with no score (after the token explained)
 
