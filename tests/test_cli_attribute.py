@@ -173,8 +173,11 @@ def test_a_method_of_the_inputs_only_with_layers_says_why_and_offers_what_runs(c
     code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", method)
     assert code == 2 and out == "" and err.count("\n") == 1 and said in err, err
     offered = err.split("give one of ")[1].split(" (")[0].strip().split(", ")
-    assert set(offered) == {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
-    for other in offered:  # each runs at that layer
+    gradients = {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
+    perturbation = {"occlusion", "feature_ablation", "feature_permutation", "shapley_value_sampling", "kernel_shap",
+                    "lime"}
+    assert set(offered) == gradients | perturbation
+    for other in sorted(gradients) + ["occlusion"]:  # each runs at that layer (the others: their own tests)
         steps = ["--steps", "2"] if other == "integrated_gradients" else []
         code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", other, *steps, "--json")
         assert code == 0, err

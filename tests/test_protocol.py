@@ -50,7 +50,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "TensorGrads", "GradientFlow", "Summary", "Diff", "CamMaps", "Curve", "FeatureMaps",
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
-                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"]
+                "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "SegmentAttributions"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -131,6 +131,8 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
+        "SegmentAttributions": hookscope.attribute_segments(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
+                                                            torch.tensor([[1, 2, 3]]), segments="tokens", target=[4]),
         "Components": hookscope.components(_gpt2()),
     }
 
@@ -298,6 +300,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
+        "attribute_segments": lambda **kw: hookscope.attribute_segments(
+            nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)), torch.tensor([[1, 2, 3]]), **kw),
         "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5, **kw),
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
@@ -413,7 +417,8 @@ def test_all_is_grouped_by_job_with_no_repeat_and_every_result_reachable() -> No
 RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watch", "GradientFlow", "Diff",
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
-                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run"}
+                "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
+                "SegmentAttributions"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -19,6 +19,7 @@ from . import metrics, targets
 from . import viz  # noqa: F401 - its pictures show under results in notebooks (matplotlib stays optional)
 from .analysis.attribution import Attributions, LRPRule, attribute
 from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
+from .analysis.attribution import SegmentAttributions, attribute_segments
 from .analysis.attribution import (
     LRP,
     AttributionMethod,
@@ -131,7 +132,7 @@ __all__ = [
     "AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad", "SmoothGradSq",
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
     "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime",
-    "attribute_tokens", "TokenAttributions", "TokenRow",
+    "attribute_tokens", "TokenAttributions", "TokenRow", "attribute_segments", "SegmentAttributions",
     # prune
     "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",
     "channel_importance", "ChannelImportance", "channel_groups", "ChannelGroups",
