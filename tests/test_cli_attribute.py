@@ -318,3 +318,15 @@ def test_a_device_that_cannot_run_is_one_line(capsys):
     code, out, err = run(capsys, "tiny", "--device", "meta")
     assert code == 2 and out == "" and err == ("hookscope attribute: error: --device meta holds no values, so nothing "
                                                "can be computed there; give cpu or cuda\n")
+
+
+def test_the_perturbation_methods_from_the_command_line(capsys):
+    code, out, err = run(capsys, "demo", "--method", "occlusion", "--window", "8,8", "--stride", "4", "--json")
+    assert code == 0, err
+    assert json.loads(out)["settings"] == {"window": [8, 8], "stride": 4}
+    code, out, err = run(capsys, "demo", "--method", "feature_ablation", "--features", "grid:16", "--json")
+    assert code == 0 and json.loads(out)["method"] == "feature_ablation", err
+    code, out, err = run(capsys, "demo", "--method", "saliency", "--window", "8")
+    assert code == 2 and err.count("\n") == 1 and "--window is not a setting of saliency (occlusion reads it)" in err
+    code, out, err = run(capsys, "demo", "--method", "occlusion", "--window", "99,99")
+    assert code == 2 and err.count("\n") == 1 and "larger than one sample" in err
