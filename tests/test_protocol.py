@@ -525,6 +525,7 @@ def _picture(page: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions", "TokenAttributions",
+                                  "SegmentAttributions",
                                   "FeatureMaps", "ReferenceComparison"])
 def test_results_with_a_picture_show_it_under_the_table(results, case):
     page = results[case]._repr_html_()

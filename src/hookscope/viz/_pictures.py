@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.attribution import Attributions, TokenAttributions
+from ..analysis.attribution import Attributions, SegmentAttributions, TokenAttributions
 from ..analysis.cam import CamMaps
 from ..analysis.diff import Diff
 from ..analysis.features import FeatureMaps, ReferenceComparison
@@ -18,7 +18,7 @@ from ..analysis.gradflow import GradientFlow
 from ..analysis.monitor import Run
 from ..analysis.trace import Trace
 from ..core.result import register_picture
-from .attribution import plot_image_attribution, plot_token_attribution
+from .attribution import plot_image_attribution, plot_segment_attribution, plot_token_attribution
 from .features import plot_feature_maps, plot_reference_comparison
 from .plots import plot_diff, plot_gradient_flow, plot_trace
 from .runs import plot_run
@@ -71,3 +71,4 @@ register_picture(Run, lambda run: png(plot_run(run)) if run.steps else None)
 register_picture(FeatureMaps, _rows(plot_feature_maps))
 register_picture(ReferenceComparison, _rows(plot_reference_comparison))
 register_picture(TokenAttributions, lambda result: png(plot_token_attribution(result)) if result.rows else None)
+register_picture(SegmentAttributions, lambda result: png(plot_segment_attribution(result)) if result.rows else None)

@@ -205,7 +205,8 @@ def _slic(img: torch.Tensor, segments: int, compactness: float, iterations: int)
         used = torch.bincount(label, minlength=len(centres_p)) > 0
         centres_c = torch.where(used.unsqueeze(1), moved_c, centres_c)
         centres_p = torch.where(used.unsqueeze(1), moved_p, centres_p)
-    return torch.unique(label, return_inverse=True)[1].view(H, W)
+    inverse: torch.Tensor = torch.unique(label, return_inverse=True)[1]
+    return inverse.view(H, W)
 
 
 def windows(shape: tuple[int, ...], window: int | tuple[int, ...] | None,

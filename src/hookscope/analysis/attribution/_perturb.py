@@ -40,7 +40,7 @@ class _Peak(TorchDispatchMode):
     """The bytes of the tensors a forward pass makes, alive at once at its peak (views not counted twice)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.live: dict[int, list[int]] = {}  # storage address -> [bytes, tensors alive on it]
         self.now = self.peak = 0
 
@@ -179,7 +179,7 @@ class Space:
             raise HookscopeError(f"memory={memory} bytes cannot hold a forward pass of one perturbed copy, which "
                                  f"holds about {fixed + row} bytes at its peak; pass memory >= {fixed + row}, or "
                                  "None for batch_size copies a pass")
-        return max(1, min(batch_size, (memory - fixed) // row))
+        return int(max(1, min(batch_size, (memory - fixed) // row)))
 
     def scores(self, n: int, build: Build) -> torch.Tensor:
         """The scores of ``n`` copies, ``build(lo, hi)`` making copies ``lo:hi`` and naming their samples."""

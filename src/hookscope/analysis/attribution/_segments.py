@@ -281,7 +281,8 @@ def _continuation(model: nn.Module, inputs: torch.Tensor, target: Any, generate:
 
 def _baseline(model: nn.Module, baseline: int | None) -> int:
     inner = unwrap(model)[0]
-    embed = inner.get_input_embeddings() if callable(getattr(inner, "get_input_embeddings", None)) else None
+    find = getattr(inner, "get_input_embeddings", None)
+    embed = find() if callable(find) else None
     vocab = getattr(embed, "num_embeddings", None)
     if baseline is not None:
         if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0 or (

@@ -89,7 +89,8 @@ def ridge(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor, alpha: float) -> to
     zc = z - (w @ z) / total
     yc = y - (w @ y) / total
     gram = zc.T @ (zc * w.unsqueeze(1)) + alpha * torch.eye(z.shape[1], dtype=z.dtype)
-    return torch.linalg.pinv(gram) @ (zc.T @ (w * yc))
+    beta: torch.Tensor = torch.linalg.pinv(gram) @ (zc.T @ (w * yc))
+    return beta
 
 
 def _perturbed(space: Space, coalitions: torch.Tensor, who: torch.Tensor, labels: torch.Tensor,
