@@ -89,6 +89,7 @@ def main() -> None:
                                                             "are samples // 100")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--methods", default="feature_ablation,shapley_value_sampling,kernel_shap,lime")
     args = ap.parse_args()
     if args.worker:
         lib, method, samples = args.worker
@@ -97,7 +98,7 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": str(args.threads)}
     load = os.getloadavg()
-    methods = ["feature_ablation", "shapley_value_sampling", "kernel_shap", "lime"]
+    methods = args.methods.split(",")
     got: dict[tuple[str, str], list[dict[str, float]]] = {}
     for r in range(args.repeats):
         for method in methods:
