@@ -58,14 +58,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--samples", metavar="N", type=int, default=None,
                    help="smoothgrad, smoothgrad_sq, vargrad: the noisy copies of each input (default 50); "
                         "shapley_value_sampling: its random orders (25); kernel_shap, lime: the coalitions (25, 50)")
-    p.add_argument("--window", metavar="D,..", type=_sizes, default=None,
-                   help="occlusion: the window over the last dims of an input, e.g. 8,8 (default: every channel "
-                        "and an eighth of each side)")
-    p.add_argument("--stride", metavar="D,..", type=_sizes, default=None,
-                   help="occlusion: how far the window moves, e.g. 4 (default: half the window)")
-    p.add_argument("--features", metavar="F", default=None,
-                   help="the perturbation methods but occlusion: which values move together: values, pixels, "
-                        "channels, grid:8 (8 x 8 cells) or superpixels:50 (default: each value)")
+    _add_perturbation_arguments(p)
     p.add_argument("--noise", metavar="F", type=float, default=None,
                    help="smoothgrad, smoothgrad_sq, vargrad: the noise's standard deviation as a fraction of each "
                         "input's range (default 0.1); a flag the --method does not read is refused")
@@ -91,6 +84,17 @@ def add_parser(sub: Any) -> None:
                  ("hookscope attribute hf:causal-lm --config gpt2-tiny \\\n"
                   "      --input-ids '15 11 95 4' --target 7 --json",
                   "the scores for token 7 coming next, for programs"))
+
+
+def _add_perturbation_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", metavar="D,..", type=_sizes, default=None,
+                   help="occlusion: the window over the last dims of an input, e.g. 8,8 (default: every channel "
+                        "and an eighth of each side)")
+    p.add_argument("--stride", metavar="D,..", type=_sizes, default=None,
+                   help="occlusion: how far the window moves, e.g. 4 (default: half the window)")
+    p.add_argument("--features", metavar="F", default=None,
+                   help="the perturbation methods but occlusion: which values move together: values, pixels, "
+                        "channels, grid:8 (8 x 8 cells) or superpixels:50 (default: each value)")
 
 
 def _sizes(text: str) -> int | tuple[int, ...]:
