@@ -55,7 +55,15 @@ ATTRIBUTION_NAMES = {"saliency": "saliency", "gradient": "gradient", "input_x_gr
                      "integrated_gradients": "integrated gradients", "smoothgrad": "SmoothGrad",
                      "smoothgrad_sq": "SmoothGrad squared", "vargrad": "VarGrad",
                      "guided_backprop": "guided backpropagation", "deconvnet": "DeconvNet",
-                     "lrp": "LRP (epsilon_plus_flat)", "guided_gradcam": "Guided Grad-CAM"}
+                     "lrp": "LRP (epsilon_plus_flat)", "guided_gradcam": "Guided Grad-CAM",
+                     "occlusion": "occlusion", "feature_ablation": "feature ablation",
+                     "feature_permutation": "feature permutation", "shapley_value_sampling": "Shapley value sampling",
+                     "kernel_shap": "KernelSHAP", "lime": "LIME"}
+# the perturbation methods over 8 x 8 cells: one feature a value would cost thousands of passes a picture
+GALLERY_SETTINGS: dict[str, dict[str, object]] = {
+    "occlusion": {"window": (8, 8), "stride": 4}, "feature_ablation": {"features": "grid:8"},
+    "feature_permutation": {"features": "grid:8"}, "shapley_value_sampling": {"features": "grid:8", "samples": 4},
+    "kernel_shap": {"features": "grid:8", "samples": 400}, "lime": {"features": "grid:8", "samples": 400}}
 
 
 def figure(width: float, height: float) -> Figure:
@@ -105,13 +113,15 @@ def row(panels: list, titles: list[str], heading: str, cmap: str | None = None, 
 
 
 # --- the gallery: every CAM and every attribution method on the demo shapes -----------------------------
-def gallery() -> None:
+def gallery(only: tuple[str, ...] | None = None) -> None:
+    """Every picture of the gallery, or with ``only`` those attribution methods' alone."""
     net = demo_model()
     x, labels = one_of_each_class()
     predicted = net(x).argmax(1).tolist()
-    save(row([image(p) for p in x], [f"a {DEMO_CLASSES[k]}\nsays: {DEMO_CLASSES[c]}" for k, c in zip(labels, predicted)],
-             "the inputs: new shapes, one of each class, and the demo model's prediction"), "gallery_inputs")
-    for method in CAM_METHODS:
+    if only is None:
+        save(row([image(p) for p in x], [f"a {DEMO_CLASSES[k]}\nsays: {DEMO_CLASSES[c]}" for k, c in zip(labels, predicted)],
+                 "the inputs: new shapes, one of each class, and the demo model's prediction"), "gallery_inputs")
+    for method in CAM_METHODS if only is None else ():
         res = hookscope.cam(net, x, method=method)
         titles = [f"explains {DEMO_CLASSES[int(c)]}\nscore {float(s):.1f}" for c, s in zip(res.targets, res.scores)]
         panels = [image(overlay(p, m)) for p, m in zip(x, res.maps)]
@@ -119,8 +129,8 @@ def gallery() -> None:
         # one picture a method, seventeen of them: each a palette image, so the docs stay small
         save(row(panels, titles, f'{CAM_NAMES[method]}: method="{method}", layer {where}'),
              f"gallery_cam_{method.replace('+', 'p')}", palette_over=0)
-    for method in ATTRIBUTION_METHODS:
-        res = hookscope.attribute(net, x, method=method)
+    for method in ATTRIBUTION_METHODS if only is None else only:
+        res = hookscope.attribute(net, x, method=method, **GALLERY_SETTINGS.get(method, {}))  # type: ignore[arg-type]
         signed = is_signed(method)
         maps = res.maps.detach().float()
         maps = maps.sum(1) if signed else maps.abs().sum(1)  # as hookscope.viz.attribution draws them

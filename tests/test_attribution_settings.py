@@ -21,7 +21,9 @@ from helpers import no_hooks
 # a value for every setting some method reads, none of them the default (None means "not given")
 VALUES: dict[str, Any] = {"baseline": 0.25, "steps": 4, "rule": "gausslegendre", "samples": 3, "noise": 0.2,
                           "seed": 5, "batch_size": 2, "memory": 10**9, "composite": "epsilon_plus",
-                          "canonize": False, "bounds": (0.0, 1.0)}
+                          "canonize": False, "bounds": (0.0, 1.0), "window": (2, 2), "stride": 1,
+                          "features": "channels", "kernel_width": 0.5, "distance": "euclidean", "alpha": 0.5,
+                          "progress": False}
 NOT_READ = [(m, s) for m in TABLE for s in SETTINGS if s not in settings_of(m)]
 
 
@@ -139,7 +141,7 @@ def test_a_misspelt_method_keeps_its_did_you_mean_and_a_class_is_not_an_object()
     (lambda: hookscope.VarGrad(noise=float("nan")), "noise=nan must be a finite number >= 0"),
     (lambda: hookscope.SmoothGradSq(seed=1.5), "seed=1.5 must be an int"),
     (lambda: hookscope.SmoothGrad(batch_size=True), "batch_size=True must be a positive int"),
-    (lambda: hookscope.IntegratedGradients(memory=0), "memory=0 must be a positive int"),
+    (lambda: hookscope.IntegratedGradients(memory=0), "memory=0 must be positive"),
     (lambda: hookscope.LRP(composite="epsilon_pluss"), "Did you mean 'epsilon_plus'"),
     (lambda: hookscope.LRP(canonize=1), "canonize=1 must be True or False"),
     (lambda: hookscope.LRP(bounds=1.0), "bounds=1.0 must be a pair"),

@@ -173,8 +173,11 @@ def test_a_method_of_the_inputs_only_with_layers_says_why_and_offers_what_runs(c
     code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", method)
     assert code == 2 and out == "" and err.count("\n") == 1 and said in err, err
     offered = err.split("give one of ")[1].split(" (")[0].strip().split(", ")
-    assert set(offered) == {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
-    for other in offered:  # each runs at that layer
+    gradients = {"saliency", "gradient", "input_x_gradient", "integrated_gradients", "guided_gradcam"}
+    perturbation = {"occlusion", "feature_ablation", "feature_permutation", "shapley_value_sampling", "kernel_shap",
+                    "lime"}
+    assert set(offered) == gradients | perturbation
+    for other in sorted(gradients) + ["occlusion"]:  # each runs at that layer (the others: their own tests)
         steps = ["--steps", "2"] if other == "integrated_gradients" else []
         code, out, err = run(capsys, "tiny", "--layers", "layer1", "--method", other, *steps, "--json")
         assert code == 0, err
@@ -315,3 +318,15 @@ def test_a_device_that_cannot_run_is_one_line(capsys):
     code, out, err = run(capsys, "tiny", "--device", "meta")
     assert code == 2 and out == "" and err == ("hookscope attribute: error: --device meta holds no values, so nothing "
                                                "can be computed there; give cpu or cuda\n")
+
+
+def test_the_perturbation_methods_from_the_command_line(capsys):
+    code, out, err = run(capsys, "demo", "--method", "occlusion", "--window", "8,8", "--stride", "4", "--json")
+    assert code == 0, err
+    assert json.loads(out)["settings"] == {"window": [8, 8], "stride": 4}
+    code, out, err = run(capsys, "demo", "--method", "feature_ablation", "--features", "grid:16", "--json")
+    assert code == 0 and json.loads(out)["method"] == "feature_ablation", err
+    code, out, err = run(capsys, "demo", "--method", "saliency", "--window", "8")
+    assert code == 2 and err.count("\n") == 1 and "--window is not a setting of saliency (occlusion reads it)" in err
+    code, out, err = run(capsys, "demo", "--method", "occlusion", "--window", "99,99")
+    assert code == 2 and err.count("\n") == 1 and "larger than one sample" in err

@@ -52,7 +52,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
-                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching"]
+                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -141,6 +141,8 @@ def results(net: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         "Attributions": hookscope.attribute(net, x, method="integrated_gradients", steps=2),
         "TokenAttributions": hookscope.attribute_tokens(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
                                                         torch.tensor([[1, 2, 3]]), steps=2),
+        "SegmentAttributions": hookscope.attribute_segments(nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)),
+                                                            torch.tensor([[1, 2, 3]]), segments="tokens", target=[4]),
         "Components": hookscope.components(_gpt2()),
         "RoadCurves": metrics.road(net, x, res.maps, percentiles=[50]),
         "Randomisation": metrics.parameter_randomisation(net, x, lambda m, v: hookscope.cam(m, v, layers="layer2").maps,
@@ -347,6 +349,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "operations": lambda **kw: hookscope.operations(net, x, **kw),
         "attribute": lambda **kw: hookscope.attribute(net, x, **kw),
         "attribute_tokens": lambda **kw: hookscope.attribute_tokens(net, x, **kw),
+        "attribute_segments": lambda **kw: hookscope.attribute_segments(
+            nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5)), torch.tensor([[1, 2, 3]]), **kw),
         "prune_heads": lambda **kw: hookscope.prune_heads(_heads(), (torch.rand(2, 3, 8),) * 3, amount=0.5, **kw),
         "prune_width": lambda **kw: hookscope.prune_width(_width(), torch.tensor([[1, 2]]), amount=0.25, **kw),
         "layer_importance": lambda **kw: hookscope.layer_importance(_deeper(), torch.tensor([[1, 2]]), **kw),
@@ -356,7 +360,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "LRPRule": lambda **kw: hookscope.LRPRule("epsilon", **kw),
         **{n: (lambda cls: lambda **kw: cls(**kw))(getattr(hookscope, n))  # each attribution method's settings
            for n in ("AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad",
-                     "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP")},
+                     "SmoothGradSq", "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
+                     "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime")},
         "attention": lambda **kw: hookscope.attention(_Attend(), torch.ones(1, 2, 3, 4), **kw),
         "components": lambda **kw: hookscope.components(_gpt2(), **kw),
         "component": lambda **kw: hookscope.component(_gpt2(), "embed", **kw),
@@ -476,7 +481,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching"}
+                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:
@@ -583,7 +588,8 @@ def _picture(page: str) -> bytes | None:
 
 
 @pytest.mark.parametrize("case", ["CamMaps", "Trace", "Diff", "GradientFlow", "Attributions", "TokenAttributions",
-                                  "FeatureMaps", "ReferenceComparison", "RoadCurves", "Randomisation"])
+                                  "FeatureMaps", "ReferenceComparison", "RoadCurves", "Randomisation",
+                                  "SegmentAttributions"])
 def test_results_with_a_picture_show_it_under_the_table(results, case):
     page = results[case]._repr_html_()
     png = _picture(page)

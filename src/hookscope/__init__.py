@@ -19,6 +19,7 @@ from . import metrics, targets
 from . import viz  # noqa: F401 - its pictures show under results in notebooks (matplotlib stays optional)
 from .analysis.attribution import Attributions, LRPRule, attribute
 from .analysis.attribution import TokenAttributions, TokenRow, attribute_tokens
+from .analysis.attribution import SegmentAttributions, attribute_segments
 from .analysis.attribution import (
     LRP,
     AttributionMethod,
@@ -33,6 +34,7 @@ from .analysis.attribution import (
     SmoothGradSq,
     VarGrad,
 )
+from .analysis.attribution import FeatureAblation, FeaturePermutation, KernelShap, Lime, Occlusion, ShapleyValueSampling
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.circuits import (
     DlaRow, LensRow, LogitAttribution, LogitLens, PatchRow, Patching, activation_patching, attribution_patching,
@@ -140,7 +142,8 @@ __all__ = [
     "attribute", "Attributions", "LRPRule",
     "AttributionMethod", "Saliency", "Gradient", "InputXGradient", "IntegratedGradients", "SmoothGrad", "SmoothGradSq",
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
-    "attribute_tokens", "TokenAttributions", "TokenRow",
+    "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime",
+    "attribute_tokens", "TokenAttributions", "TokenRow", "attribute_segments", "SegmentAttributions",
     # which component wrote the answer: the logit lens, direct logit attribution, patching sweeps
     "logit_lens", "LogitLens", "LensRow", "logit_attribution", "LogitAttribution", "DlaRow",
     "activation_patching", "attribution_patching", "Patching", "PatchRow",

@@ -24,7 +24,8 @@ from .inputs import add_image_arguments, hf_tokenizer, load_images, model_input,
 from ._load import DEMO_SPEC, add_model_arguments, load_model, model_session
 
 _RULES = ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
-_FLAGS = {"--steps": "steps", "--rule": "rule", "--samples": "samples", "--noise": "noise"}  # flag -> the setting
+_FLAGS = {"--steps": "steps", "--rule": "rule", "--samples": "samples", "--noise": "noise",  # flag -> the setting
+          "--window": "window", "--stride": "stride", "--features": "features"}
 
 
 def add_parser(sub: Any) -> None:
@@ -55,7 +56,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rule", choices=_RULES, default=None,
                    help="integrated gradients' integration rule (default riemann_trapezoid)")
     p.add_argument("--samples", metavar="N", type=int, default=None,
-                   help="smoothgrad, smoothgrad_sq, vargrad: the noisy copies of each input (default 50)")
+                   help="smoothgrad, smoothgrad_sq, vargrad: the noisy copies of each input (default 50); "
+                        "shapley_value_sampling: its random orders (25); kernel_shap, lime: the coalitions (25, 50)")
+    _add_perturbation_arguments(p)
     p.add_argument("--noise", metavar="F", type=float, default=None,
                    help="smoothgrad, smoothgrad_sq, vargrad: the noise's standard deviation as a fraction of each "
                         "input's range (default 0.1); a flag the --method does not read is refused")
@@ -76,9 +79,31 @@ def add_parser(sub: Any) -> None:
                  ("hookscope attribute hf:causal-lm --config gpt2-tiny \\\n"
                   "      --input-ids '15 11 95 4' --generate 3 --plot tokens.png",
                   "three tokens written, each explained over the tokens before it"),
+                 ("hookscope attribute demo --method occlusion --window 8,8 --stride 4",
+                  "a generated shape occluded by an 8 x 8 window, 4 pixels at a time"),
                  ("hookscope attribute hf:causal-lm --config gpt2-tiny \\\n"
                   "      --input-ids '15 11 95 4' --target 7 --json",
                   "the scores for token 7 coming next, for programs"))
+
+
+def _add_perturbation_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", metavar="D,..", type=_sizes, default=None,
+                   help="occlusion: the window over the last dims of an input, e.g. 8,8 (default: every channel "
+                        "and an eighth of each side)")
+    p.add_argument("--stride", metavar="D,..", type=_sizes, default=None,
+                   help="occlusion: how far the window moves, e.g. 4 (default: half the window)")
+    p.add_argument("--features", metavar="F", default=None,
+                   help="the perturbation methods but occlusion: which values move together: values, pixels, "
+                        "channels, grid:8 (8 x 8 cells) or superpixels:50 (default: each value)")
+
+
+def _sizes(text: str) -> int | tuple[int, ...]:
+    """``--window`` / ``--stride``: ``8`` or ``8,8``."""
+    try:
+        parts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not whole numbers separated by commas, e.g. 8,8") from None
+    return parts[0] if len(parts) == 1 else parts
 
 
 @dataclass

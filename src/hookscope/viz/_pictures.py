@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.attribution import Attributions, TokenAttributions
+from ..analysis.attribution import Attributions, SegmentAttributions, TokenAttributions
 from ..analysis.cam import CamMaps
 from ..analysis.circuits import LogitAttribution, LogitLens, Patching
 from ..analysis.diff import Diff
@@ -19,7 +19,7 @@ from ..analysis.gradflow import GradientFlow
 from ..analysis.monitor import Run
 from ..analysis.trace import Trace
 from ..core.result import register_picture
-from .attribution import plot_image_attribution, plot_token_attribution
+from .attribution import plot_image_attribution, plot_segment_attribution, plot_token_attribution
 from .cam_signals import plot_cam_curves, plot_cam_slices
 from .circuits import plot_logit_attribution, plot_logit_lens, plot_patching
 from .features import plot_feature_maps, plot_reference_comparison
@@ -86,3 +86,4 @@ register_picture(TokenAttributions, lambda result: png(plot_token_attribution(re
 register_picture(Patching, _rows(plot_patching))
 register_picture(LogitLens, _rows(plot_logit_lens))
 register_picture(LogitAttribution, _rows(plot_logit_attribution))
+register_picture(SegmentAttributions, lambda result: png(plot_segment_attribution(result)) if result.rows else None)

@@ -32,9 +32,10 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["SIGNED", "is_signed", "plot_image_attribution", "plot_token_attribution"]
+__all__ = ["SIGNED", "is_signed", "plot_image_attribution", "plot_segment_attribution", "plot_token_attribution"]
 
-SIGNED = ("gradient", "input_x_gradient", "integrated_gradients", "smoothgrad")  # drawn centred at 0
+SIGNED = ("gradient", "input_x_gradient", "integrated_gradients", "smoothgrad",  # drawn centred at 0
+          "occlusion", "feature_ablation", "feature_permutation", "shapley_value_sampling", "kernel_shap", "lime")
 _DIVERGING, _SEQUENTIAL = "bwr", "inferno"
 _BLANK = (0.85, 0.85, 0.85, 1.0)  # cells with no score (after the token explained)
 
@@ -181,3 +182,31 @@ def _write_tokens(ax: Axes, rows: list[Any], texts: list[str], cells: torch.Tens
             light = float(cells[i, j, :3] @ torch.tensor([0.299, 0.587, 0.114])) > 0.5
             text = texts[j] if len(texts[j]) <= 12 else texts[j][:11] + "."
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if light else "white")
+
+
+def plot_segment_attribution(result: Any) -> Figure:
+    """A segment x token written heatmap of :func:`hookscope.attribute_segments`' result, with each segment's
+    total beside it: red where a segment raises a token's log-probability, blue where it lowers it.
+
+    Args:
+        result: what :func:`hookscope.attribute_segments` returned.
+
+    Example:
+        >>> import torch, hookscope
+        >>> lm = torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.Linear(4, 6))
+        >>> res = hookscope.attribute_segments(lm, torch.tensor([[1, 2, 3, 4]]), segments=[0, 0, 1, 1], generate=2)
+        >>> fig = plot_segment_attribution(res)
+        >>> fig.axes[0].get_images()[0].get_array().shape    # 2 segments, 2 tokens written and the total
+        (2, 3)
+    """
+    values = torch.cat([result.matrix, result.scores.unsqueeze(1)], 1).float()
+    top = float(values.abs().max()) or 1.0
+    written = result.written_text or [f"#{t}" for t in result.written]
+    fig = figure(min(2.0 + 0.8 * values.shape[1], 40.0), 0.9 + 0.4 * values.shape[0])
+    ax = fig.subplots()
+    ax.imshow(values.numpy(), cmap=_DIVERGING, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(values.shape[1]), [repr(t) for t in written] + ["total"], fontsize=7, rotation=45)
+    ax.set_yticks(range(values.shape[0]), [s if len(s) <= 24 else s[:23] + "." for s in result.segments], fontsize=7)
+    ax.set_title(f"{result.method}: change of log p of each token written", fontsize=9)
+    fig.tight_layout()
+    return fig

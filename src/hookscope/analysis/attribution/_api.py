@@ -22,7 +22,8 @@ from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, Pass, leaf, opened, probe
-from ._methods import COPIES, INPUTS_ONLY, LAYER_METHODS, REPORTED, TABLE, Settings, readers, settings_of
+from ._methods import (COPIES, INPUTS_ONLY, LAYER_METHODS, PERTURBATION, REPORTED, TABLE, Settings, readers,
+                       settings_of)
 from ._composites import assign
 from ._lrp import lrp_settings
 from ._lrp_rules import LRPRule
@@ -49,7 +50,14 @@ def attribute(
     noise: float | None = None,
     seed: int | None = None,
     batch_size: int | None = None,
-    memory: int | None = None,
+    memory: int | str | None = None,
+    window: int | tuple[int, ...] | None = None,
+    stride: int | tuple[int, ...] | None = None,
+    features: torch.Tensor | str | None = None,
+    kernel_width: float | None = None,
+    distance: str | None = None,
+    alpha: float | None = None,
+    progress: bool | None = None,
     layers: Selector | None = None,
     kwargs: Mapping[str, Any] | None = None,
     composite: str | Mapping[str | type[nn.Module], str | LRPRule] | None = None,
@@ -84,7 +92,22 @@ def attribute(
     ``"lrp"``                 layer-wise relevance propagation (Bach et al. 2015), as zennit computes
                               it: the score is the relevance at the output, each layer hands it back
                               by its rule in ``composite``; ``sum(maps)`` is about the score.
+    ``"occlusion"``           a ``window`` slid by ``stride`` and set to the baseline; a value's map is
+                              the mean of ``f(x) - f(occluded)`` over the windows covering it (Zeiler
+                              and Fergus 2014).
+    ``"feature_ablation"``    each feature of ``features`` set to the baseline: ``f(x) - f(ablated)``.
+    ``"feature_permutation"`` each feature shuffled across the batch: ``f(x) - f(shuffled)``.
+    ``"shapley_value_sampling"`` the mean marginal gain of each feature over ``samples`` random orders
+                              (Castro et al. 2009); ``delta`` is ``f(x) - f(baseline) - sum``, 0.
+    ``"kernel_shap"``         Shapley values fitted to ``samples`` coalitions by weighted least squares,
+                              held to ``sum = f(x) - f(baseline)`` (Lundberg and Lee 2017).
+    ``"lime"``                the coefficients of a ridge model of the kept features, fitted to
+                              ``samples`` coalitions weighted by similarity (Ribeiro et al. 2016).
     ========================  ==========================================================================
+
+    The perturbation methods (the last six) take no gradient: the copies run under ``torch.no_grad``,
+    ``batch_size`` at a time or as many as ``memory=`` holds, so they work on models that are not
+    differentiable. A feature's value is given to every input value of the feature.
 
     Rules: ``"riemann_left"``, ``"riemann_right"``, ``"riemann_middle"``, ``"riemann_trapezoid"``
     (``steps`` points from 0 to 1, the ends half-weighted; the weights sum to 1) and
@@ -110,18 +133,32 @@ def attribute(
         target: ``None`` (each sample's predicted class on the inputs, kept for every scaled or
             noisy copy), a class index, one per sample, or a function of the model's output giving
             one score per sample, such as the targets of :mod:`hookscope.targets`.
-        baseline: integrated gradients' start: ``None`` (zeros), a number, a tensor of the inputs'
-            shape or of one sample's shape (the same for every sample).
+        baseline: integrated gradients' start, or what a perturbed value takes: ``None`` (zeros), a
+            number, a tensor of the inputs' shape or of one sample's shape (at a layer: of its output).
         steps: integrated gradients' number of points on the path (``None``: 50).
         rule: integrated gradients' integration rule (above; ``None``: ``"riemann_trapezoid"``).
-        samples: the noisy copies of each input (smoothgrad, smoothgrad_sq, vargrad; ``None``: 50).
+        samples: the noisy copies of each input (smoothgrad, smoothgrad_sq, vargrad; ``None``: 50); the
+            random orders of Shapley value sampling (25), the coalitions of KernelSHAP (25) and LIME (50).
         noise: the noise's standard deviation as a fraction of each input's range (max - min;
             ``None``: 0.1).
-        seed: seeds the noise (the caller's random stream is not used; ``None``: 0).
+        seed: seeds the noise, orders, shuffles or coalitions (the caller's random stream is not used;
+            ``None``: 0); ``torch.manual_seed(seed)`` before captum's method draws the same ones.
         batch_size: rows per forward pass for the scaled or noisy copies (``None``: 64).
-        memory: a budget in bytes for one forward pass of copies: the rows per pass are cut to fit,
-            reckoned from the bytes autograd keeps for one row of the inputs (the methods that run
-            copies only).
+        memory: a budget for one forward pass of copies, in bytes or as text such as ``"2GB"``: the rows
+            per pass are cut to fit, reckoned from the bytes autograd keeps for one row of the inputs
+            (the perturbation methods: the peak bytes of a pass of one and of two copies, measured).
+        window: occlusion's window, for the last dims of a sample (``None``: every channel and an
+            eighth of each later dim).
+        stride: occlusion's steps (``None``: half the window).
+        features: which values move together (the perturbation methods but occlusion): ``None`` or
+            ``"values"``, ``"pixels"``, ``"channels"``, ``"grid:8"``, ``"superpixels:50"``, or a tensor
+            of labels ``0..K-1`` of one sample's shape, broadcasting to it or one row per sample;
+            labels with a gap are refused.
+        kernel_width: LIME's similarity ``exp(-d^2 / (2 w^2))`` (``None``: 1.0).
+        distance: LIME's ``"cosine"`` (default) or ``"euclidean"`` distance of a copy to its sample.
+        alpha: LIME's ridge penalty (``None``: 0.01).
+        progress: the perturbation methods' bar on stderr (``None``: on a terminal, for a run that will
+            take more than 5 s).
         layers: one layer (a name, or any selector that picks one) to attribute its output instead
             of the inputs, e.g. a token embedding.
         kwargs: keyword inputs of the model, e.g. ``{"attention_mask": m}``; a tensor with one row
@@ -169,17 +206,25 @@ def attribute(
         >>> res = attribute(net, torch.ones(1, 3), method="lrp", composite={nn.Linear: "epsilon:0"})
         >>> bool(torch.allclose(res.maps.sum(), res.scores))  # relevance conserved
         True
+        >>> net = torch.nn.Linear(4, 2)
+        >>> shap = attribute(net, torch.ones(1, 4), method="shapley_value_sampling", samples=4, target=0)
+        >>> bool(torch.allclose(shap.maps, net.weight[0].detach()))  # a linear model's Shapley values
+        True
     """
     chosen = chosen_method(method, {"baseline": baseline, "steps": steps, "rule": rule, "samples": samples,
                                     "noise": noise, "seed": seed, "batch_size": batch_size, "memory": memory,
-                                    "composite": composite, "canonize": canonize, "bounds": bounds}, unknown)
+                                    "composite": composite, "canonize": canonize, "bounds": bounds, "window": window,
+                                    "stride": stride, "features": features, "kernel_width": kernel_width,
+                                    "distance": distance, "alpha": alpha, "progress": progress}, unknown)
     key = chosen.name
     _check_layers(key, layers)
-    _check_params(model)
+    perturbs = key in PERTURBATION
+    if not perturbs:  # perturbation takes no gradient: parameters made under inference_mode are fine
+        _check_params(model)
     if isinstance(chosen, LRP):
         assign(unwrap(model)[0], chosen.composite)  # a mapping's layers and rules, checked before any pass
     kw = model_kwargs(kwargs)
-    _check_inputs(inputs, layers)
+    _check_inputs(inputs, layers, perturbs)
     layer = _one_layer(model, layers)
     rows, budget = getattr(chosen, "batch_size", 64), getattr(chosen, "memory", None)
     _check_independent(model, inputs, rows, key)
@@ -189,7 +234,8 @@ def attribute(
         x = cast(torch.Tensor, private(inputs)).detach()  # copied here: never an inference tensor
         job = Job(model, x, kw, layer, scope=scope)
         first = _first_pass(job, key, target, rows, budget)
-        maps, delta, forwards = TABLE[key].run(job, first, _settings(chosen, x))
+        with torch.no_grad() if perturbs else contextlib.nullcontext():
+            maps, delta, forwards = TABLE[key].run(job, first, _settings(chosen, x))
         assert first.scores is not None
     told = (lrp_settings(chosen.composite, chosen.canonize) if isinstance(chosen, LRP)
             else {k: getattr(chosen, k) for k in REPORTED.get(key, ())} or None)
@@ -202,6 +248,8 @@ def attribute(
 def _settings(chosen: AttributionMethod, x: torch.Tensor) -> Settings:
     """What the method's function reads, from its settings object (the baseline as a tensor, the path's points)."""
     points = (rule_points(chosen.rule, chosen.steps) if isinstance(chosen, IntegratedGradients) else ([], []))
+    if chosen.name in PERTURBATION:  # its baseline is of what it perturbs (the inputs or a layer's output)
+        return Settings(x[:0], [], [], 0, 0.0, 0, method=chosen)
     return Settings(_baseline(getattr(chosen, "baseline", None), x), points[0], points[1],
                     getattr(chosen, "samples", 0), getattr(chosen, "noise", 0.0), getattr(chosen, "seed", 0),
                     getattr(chosen, "composite", None), getattr(chosen, "canonize", True), getattr(chosen, "bounds", None))
@@ -213,6 +261,12 @@ def _first_pass(job: Job, key: str, target: Target, batch_size: int, memory: int
     if TABLE[key].runs == "rules":
         job.target = target
         return Pass()
+    if TABLE[key].runs == "perturb":  # no gradient anywhere; at a layer its output on the inputs is kept
+        with torch.no_grad():
+            first = probe(job, None if job.layer is None else leaf, count=False)
+        job.target = pinned(target, first.output, job.batch)
+        first.scores = scores_of(job.target, first.output, torch.arange(job.batch, device=job.x.device))
+        return first
     # the methods of copies differentiate only the copies: their first pass keeps no graph unless it is
     # measured for memory= or is integrated gradients' last point (the inputs themselves)
     keep = key not in COPIES or memory is not None or (key == "integrated_gradients" and job.layer is None)
@@ -292,7 +346,7 @@ def _check_params(model: nn.Module) -> None:
                              "differentiate through it; build or load the model outside inference_mode")
 
 
-def _check_inputs(inputs: Any, layers: Any) -> None:
+def _check_inputs(inputs: Any, layers: Any, perturbs: bool = False) -> None:
     if not isinstance(inputs, torch.Tensor) or inputs.ndim < 1:
         got = shape_text(tuple(inputs.shape)) if isinstance(inputs, torch.Tensor) else type(inputs).__name__
         raise HookscopeError(f"inputs ({got}) are not a batch; pass a tensor with one row per sample")
@@ -303,7 +357,7 @@ def _check_inputs(inputs: Any, layers: Any) -> None:
         raise HookscopeError(f"inputs hold {float(inputs[where])} at sample {where[0]} (index {where}), so the "
                              "score is not a number and no attribution holds; replace it first, e.g. "
                              "torch.nan_to_num(inputs, nan=0.0, posinf=0.0, neginf=0.0), or drop that sample")
-    if not inputs.is_floating_point() and layers is None:
+    if not inputs.is_floating_point() and layers is None and not perturbs:
         raise HookscopeError(f"inputs of dtype {inputs.dtype} have no gradient; pass float inputs, or for token "
                              "ids layers= the embedding layer, e.g. layers='bert.embeddings'")
 
@@ -323,7 +377,7 @@ def _one_layer(model: nn.Module, layers: Any) -> tuple[str, nn.Module] | None:
 def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, key: str) -> None:
     """Refuse rows that would mix: each row's gradient is read from the gradient of the batch's summed score."""
     coupled = batch_coupled(unwrap(model)[0])
-    copies = key in COPIES  # runs copies of the inputs
+    copies = key in COPIES or key in PERTURBATION  # runs copies of the inputs
     if coupled is not None and (inputs.shape[0] > 1 or (copies and batch_size > 1)):
         raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
                              "score would depend on the other rows of its batch; pass one input"

@@ -17,10 +17,13 @@ from ._engine import Job, Make, Pass, grad, gradients, leaf, run
 from ._gradcam import guided_gradcam
 from ._guided import guided_backprop
 from ._lrp import deconvnet, lrp
-from ._settings import (LRP, AttributionMethod, Deconvnet, Gradient, GuidedBackprop, GuidedGradCam, InputXGradient,
-                        IntegratedGradients, Saliency, SmoothGrad, SmoothGradSq, VarGrad, setting_names)
+from ._perturb import feature_ablation, feature_permutation, occlusion, shapley_value_sampling
+from ._settings import (LRP, AttributionMethod, Deconvnet, FeatureAblation, FeaturePermutation, Gradient, GuidedBackprop,
+                        GuidedGradCam, InputXGradient, IntegratedGradients, KernelShap, Lime, Occlusion, Saliency,
+                        ShapleyValueSampling, SmoothGrad, SmoothGradSq, VarGrad, setting_names)
+from ._surrogate import kernel_shap, lime
 
-__all__ = ["COPIES", "INPUTS_ONLY", "LAYER_METHODS", "REPORTED", "SETTINGS", "TABLE", "Family", "Made", "Settings",
+__all__ = ["COPIES", "INPUTS_ONLY", "LAYER_METHODS", "PERTURBATION", "REPORTED", "SETTINGS", "TABLE", "Family", "Made", "Settings",
            "readers", "settings_of"]
 
 
@@ -37,6 +40,7 @@ class Settings:
     composite: Any = None  # LRP: a composite's name or a mapping of layers to rules
     canonize: bool = True  # LRP: batch norms merged into the layer before them
     bounds: Any = None  # LRP: the zbox rule's (low, high)
+    method: Any = None  # the perturbation methods: their settings object, read whole
 
 
 Made = tuple[torch.Tensor, torch.Tensor | None, int]  # (maps, delta, forward passes)
@@ -178,7 +182,8 @@ class Family:
 
     settings: type[AttributionMethod]
     run: Method
-    runs: str  # "inputs": the gradient of one pass; "copies": scaled or noisy copies; "rules": one pass under its rules
+    runs: str  # "inputs": the gradient of one pass; "copies": scaled or noisy copies; "rules": one pass under its
+    # rules; "perturb": perturbed copies scored without gradients
     inputs_only: str | None = None  # why it gives maps at the inputs only; None: at a layer too
 
     @property
@@ -202,12 +207,22 @@ TABLE: dict[str, Family] = {f.name: f for f in (
     Family(LRP, lrp, "rules", "hands relevance back layer by layer down to the inputs, so it gives maps at the "
                               "inputs only"),
     Family(GuidedGradCam, guided_gradcam, "inputs"),
+    Family(Occlusion, occlusion, "perturb"),
+    Family(FeatureAblation, feature_ablation, "perturb"),
+    Family(FeaturePermutation, feature_permutation, "perturb"),
+    Family(ShapleyValueSampling, shapley_value_sampling, "perturb"),
+    Family(KernelShap, kernel_shap, "perturb"),
+    Family(Lime, lime, "perturb"),
 )}
 LAYER_METHODS = tuple(n for n, f in TABLE.items() if f.inputs_only is None)  # those that take layers=
 INPUTS_ONLY = {n: f.inputs_only for n, f in TABLE.items() if f.inputs_only is not None}  # why the others do not
 COPIES = tuple(n for n, f in TABLE.items() if f.runs == "copies")  # those that run copies of the inputs
+PERTURBATION = tuple(n for n, f in TABLE.items() if f.runs == "perturb")  # those that need no gradient
 REPORTED = {"integrated_gradients": ("steps", "rule"),  # the settings the result reports, where a method has some
-            **dict.fromkeys(("smoothgrad", "smoothgrad_sq", "vargrad"), ("samples", "noise", "seed"))}
+            **dict.fromkeys(("smoothgrad", "smoothgrad_sq", "vargrad"), ("samples", "noise", "seed")),
+            "occlusion": ("window", "stride"), "feature_permutation": ("seed",),
+            **dict.fromkeys(("shapley_value_sampling", "kernel_shap"), ("samples", "seed")),
+            "lime": ("samples", "seed", "kernel_width", "distance", "alpha")}
 
 
 def readers(setting: str) -> tuple[str, ...]:

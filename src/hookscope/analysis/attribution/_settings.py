@@ -4,12 +4,16 @@ settings that method reads, checked when it is made.
 ``attribute(model, x, method=IntegratedGradients(steps=32))`` is ``method="integrated_gradients",
 steps=32``; a string is the method with its defaults. Every field is keyword-only, so a new field
 can join a class without moving the others.
+
+The file runs past 500 lines because it is the one place every method's settings live: one small
+frozen class a method, which ``attribute``, its command and the table read alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,9 +26,10 @@ from ._composites import composite_name
 from ._lrp_rules import LRPRule
 from ._rules import rule_name, rule_points
 
-__all__ = ["LRP", "AttributionMethod", "Deconvnet", "Gradient", "GuidedBackprop", "GuidedGradCam", "InputXGradient",
-           "IntegratedGradients", "Saliency", "SmoothGrad", "SmoothGradSq", "VarGrad", "same_value", "setting_names",
-           "shown_value"]
+__all__ = ["LRP", "AttributionMethod", "Deconvnet", "FeatureAblation", "FeaturePermutation", "Gradient",
+           "GuidedBackprop", "GuidedGradCam", "InputXGradient", "IntegratedGradients", "KernelShap", "Lime", "Occlusion",
+           "Saliency", "ShapleyValueSampling", "SmoothGrad", "SmoothGradSq", "VarGrad", "budget_bytes", "same_value",
+           "setting_names", "shown_value"]
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -52,6 +57,33 @@ def shown_value(v: Any) -> str:
 def _positive(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise HookscopeError(f"{name}={v!r} must be a positive int")
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def budget_bytes(memory: int | str) -> int:
+    """``memory=`` in bytes: an int, or text such as ``"2GB"``, ``"512MiB"`` (the units of ``extract``'s
+    ``shard_size=``).
+
+    Example:
+        >>> budget_bytes("2GB"), budget_bytes("1KiB"), budget_bytes(100)
+        (2000000000, 1024, 100)
+    """
+    if isinstance(memory, bool) or not isinstance(memory, (int, str)):
+        raise HookscopeError(f"memory={memory!r} is not a size; give bytes (an int) or text such as '2GB'")
+    if isinstance(memory, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", memory)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise HookscopeError(f"memory={memory!r} is not a size; write e.g. '2GB', '512MiB' or bytes")
+        return max(0, int(float(m.group(1)) * _UNITS[m.group(2).lower()])) or _refuse_zero(memory)
+    if memory < 1:
+        _refuse_zero(memory)
+    return memory
+
+
+def _refuse_zero(memory: Any) -> int:
+    raise HookscopeError(f"memory={memory!r} must be positive; give e.g. '2GB', or None for batch_size rows")
 
 
 @checked_init
@@ -105,12 +137,12 @@ class _Copies(AttributionMethod):
     """The methods that run copies of the inputs: how many rows go into one forward pass."""
 
     batch_size: int = field(default=64, kw_only=True)
-    memory: int | None = field(default=None, kw_only=True)
+    memory: int | str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size)
         if self.memory is not None:
-            _positive("memory", self.memory)
+            object.__setattr__(self, "memory", budget_bytes(self.memory))
 
 
 @checked_init
@@ -254,7 +286,241 @@ class LRP(AttributionMethod):
             raise HookscopeError(f"bounds={b!r} must be a pair (low, high) of numbers or tensors, e.g. (0.0, 1.0)")
 
 
-_RUNNING = ("batch_size", "memory")  # how the copies run, not what they compute: said last
+FeatureSpec = torch.Tensor | str | None
+_FEATURE_WORDS = ("values", "pixels", "channels")
+
+
+def _check_baseline(b: Any) -> None:
+    if not (b is None or isinstance(b, torch.Tensor) or isinstance(b, (int, float)) and not isinstance(b, bool)):
+        raise HookscopeError(f"baseline= is a {type(b).__name__}; pass None (zeros), a number or a tensor")
+
+
+def _check_features(spec: Any) -> None:
+    if spec is None or isinstance(spec, torch.Tensor):
+        if isinstance(spec, torch.Tensor) and (spec.is_floating_point() or spec.is_complex() or spec.dtype == torch.bool):
+            raise HookscopeError(f"features= is a tensor of {str(spec.dtype).removeprefix('torch.')}; pass integer "
+                                 "labels 0..K-1, one per input value (e.g. mask.long())")
+        return
+    word = spec.split(":")[0] if isinstance(spec, str) else None
+    counted = isinstance(spec, str) and word in ("grid", "superpixels") and spec.count(":") == 1 \
+        and spec.split(":")[1].isdigit() and int(spec.split(":")[1]) > 0
+    if not (counted or spec in _FEATURE_WORDS):
+        raise HookscopeError(f"features={spec!r} is not a feature mask; pass a tensor of labels 0..K-1, or one of "
+                             "'values', 'pixels', 'channels', 'grid:8' (8 x 8 cells), 'superpixels:50'")
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise HookscopeError(f"seed={seed!r} must be an int")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class _Perturbation(AttributionMethod):
+    """The methods that run the model on perturbed copies, without gradients: how the copies run."""
+
+    batch_size: int = field(default=64, kw_only=True)
+    memory: int | str | None = field(default=None, kw_only=True)
+    progress: bool | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _positive("batch_size", self.batch_size)
+        if self.memory is not None:
+            object.__setattr__(self, "memory", budget_bytes(self.memory))
+        if self.progress is not None and not isinstance(self.progress, bool):
+            raise HookscopeError(f"progress={self.progress!r} must be True, False or None (a bar on long runs)")
+        if hasattr(self, "baseline"):
+            _check_baseline(getattr(self, "baseline"))
+        if hasattr(self, "features"):
+            _check_features(getattr(self, "features"))
+        if hasattr(self, "seed"):
+            _check_seed(getattr(self, "seed"))
+        if hasattr(self, "samples"):
+            _positive("samples", getattr(self, "samples"))
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class Occlusion(_Perturbation):
+    """Occlusion (Zeiler and Fergus 2014): a window slid over each input, set to the baseline; each value's
+    attribution is the mean of ``f(x) - f(x occluded)`` over the windows that cover it.
+
+    Attributes:
+        window: the window's shape, for the last dims of one sample (``(8, 8)`` on ``3 x 32 x 32``
+            covers every channel; ``(1, 8, 8)`` one channel at a time), or an int for every dim but
+            the first; ``None``: every channel and an eighth of each later dim, rounded up.
+        stride: how far the window moves, an int or one per dim of ``window`` (at most the window:
+            no value left uncovered); the last window in each dim is cut at the edge, as captum's is.
+            ``None``: half the window, rounded up (captum's default is 1).
+        baseline: what the window holds: ``None`` (zeros), a number, a tensor of the inputs' shape or
+            of one sample's shape.
+        batch_size: occluded copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``): the copies per pass
+            cut to fit, reckoned from the bytes one copy's forward pass holds at its peak.
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+
+    Example:
+        >>> Occlusion(window=(4, 4), stride=2)
+        Occlusion(window=(4, 4), stride=2, baseline=None, batch_size=64, memory=None, progress=None)
+        >>> Occlusion()
+        Occlusion(window=None, stride=None, baseline=None, batch_size=64, memory=None, progress=None)
+    """
+
+    name: ClassVar[str] = "occlusion"
+    window: int | tuple[int, ...] | None = field(default=None, kw_only=True)
+    stride: int | tuple[int, ...] | None = field(default=None, kw_only=True)
+    baseline: torch.Tensor | float | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for what, v in (("window", self.window), ("stride", self.stride)):
+            if v is None:
+                continue
+            if isinstance(v, list):
+                v = tuple(v)
+                object.__setattr__(self, what, v)
+            parts = v if isinstance(v, tuple) else (v,)
+            if not parts or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in parts):
+                raise HookscopeError(f"{what}={v!r} must be a positive int or a tuple of them, e.g. {what}=(8, 8)")
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class FeatureAblation(_Perturbation):
+    """Feature ablation: each feature (a group of input values) set to the baseline in turn; its attribution,
+    given to every value of the group, is ``f(x) - f(x with the feature ablated)``.
+
+    Attributes:
+        features: which values move together: ``None`` or ``"values"`` (each value on its own),
+            ``"pixels"`` (each position, every channel together), ``"channels"`` (each channel),
+            ``"grid:8"`` (8 x 8 cells), ``"superpixels:50"`` (about 50 segments of colour and place),
+            or a tensor of labels ``0..K-1`` of one sample's shape (or broadcasting to it, such as
+            ``H x W`` for images, ``T x 1`` for token spans at an embedding), or with one row per sample.
+        baseline: what an ablated feature holds: ``None`` (zeros), a number, a tensor of the inputs'
+            shape or of one sample's shape.
+        batch_size: perturbed copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``).
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+    """
+
+    name: ClassVar[str] = "feature_ablation"
+    features: FeatureSpec = field(default=None, kw_only=True)
+    baseline: torch.Tensor | float | None = field(default=None, kw_only=True)
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class FeaturePermutation(_Perturbation):
+    """Feature permutation (Fisher et al. 2019): each feature's values shuffled across the samples of the
+    batch; its attribution is ``f(x) - f(x with the feature shuffled)``, so the batch needs two samples.
+
+    Attributes:
+        features: which values move together, as for :class:`FeatureAblation`.
+        seed: seeds the shuffles (the caller's random stream is not used): ``torch.manual_seed(seed)``
+            before captum's ``FeaturePermutation`` draws the same ones.
+        batch_size: shuffled copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``).
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+    """
+
+    name: ClassVar[str] = "feature_permutation"
+    features: FeatureSpec = field(default=None, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class ShapleyValueSampling(_Perturbation):
+    """Shapley value sampling (Castro et al. 2009): features added to the baseline one by one in ``samples``
+    random orders; a feature's attribution is its mean marginal gain. Every order's gains sum to
+    ``f(x) - f(baseline)``, so the attributions do too.
+
+    Attributes:
+        features: which values move together, as for :class:`FeatureAblation`.
+        baseline: the value of a feature left out: ``None`` (zeros), a number or a tensor.
+        samples: the random orders (each costs one forward pass per feature).
+        seed: seeds the orders: ``torch.manual_seed(seed)`` before captum's ``ShapleyValueSampling``
+            draws the same ones.
+        batch_size: perturbed copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``).
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+    """
+
+    name: ClassVar[str] = "shapley_value_sampling"
+    features: FeatureSpec = field(default=None, kw_only=True)
+    baseline: torch.Tensor | float | None = field(default=None, kw_only=True)
+    samples: int = field(default=25, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class KernelShap(_Perturbation):
+    """KernelSHAP (Lundberg and Lee 2017): Shapley values as the weighted least-squares fit of the scores of
+    random coalitions of features, held to sum to ``f(x) - f(baseline)``.
+
+    Attributes:
+        features: which values move together, as for :class:`FeatureAblation`.
+        baseline: the value of a feature left out: ``None`` (zeros), a number or a tensor.
+        samples: the coalitions scored, the full and the empty one first (captum's draw); with
+            ``samples >= 2**K`` every coalition is scored once with its Shapley kernel weight and the
+            values are exact.
+        seed: seeds the draw: ``torch.manual_seed(seed)`` before captum's ``KernelShap`` draws the same
+            coalitions.
+        batch_size: perturbed copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``).
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+    """
+
+    name: ClassVar[str] = "kernel_shap"
+    features: FeatureSpec = field(default=None, kw_only=True)
+    baseline: torch.Tensor | float | None = field(default=None, kw_only=True)
+    samples: int = field(default=25, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+
+
+@checked_init
+@dataclass(frozen=True, eq=False, repr=False)
+class Lime(_Perturbation):
+    """LIME (Ribeiro et al. 2016): a linear model of which features are kept, fitted by ridge regression to
+    the scores of random coalitions, each weighted by its similarity to the inputs; the attributions
+    are its coefficients.
+
+    Attributes:
+        features: which values move together, as for :class:`FeatureAblation`.
+        baseline: the value of a feature left out: ``None`` (zeros), a number or a tensor.
+        samples: the random coalitions (each feature kept with probability 1/2).
+        seed: seeds the draw: ``torch.manual_seed(seed)`` before captum's ``Lime`` draws the same ones.
+        kernel_width: the similarity ``exp(-d^2 / (2 w^2))`` of a perturbed copy at distance ``d``.
+        distance: ``"cosine"`` (1 - the cosine similarity of the flattened copy and inputs) or
+            ``"euclidean"``.
+        alpha: the ridge penalty on the coefficients (the intercept is not penalised), as
+            scikit-learn's ``Ridge(alpha=)``.
+        batch_size: perturbed copies per forward pass.
+        memory: a budget for one forward pass (bytes or text such as ``"2GB"``).
+        progress: a bar on stderr (``None``: on a terminal, when the run will take more than 5 s).
+    """
+
+    name: ClassVar[str] = "lime"
+    features: FeatureSpec = field(default=None, kw_only=True)
+    baseline: torch.Tensor | float | None = field(default=None, kw_only=True)
+    samples: int = field(default=50, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+    kernel_width: float = field(default=1.0, kw_only=True)
+    distance: str = field(default="cosine", kw_only=True)
+    alpha: float = field(default=0.01, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w, a = self.kernel_width, self.alpha
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
+            raise HookscopeError(f"kernel_width={w!r} must be a finite number > 0")
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < math.inf:
+            raise HookscopeError(f"alpha={a!r} must be a finite number >= 0 (the ridge penalty)")
+        if self.distance not in ("cosine", "euclidean"):
+            raise HookscopeError(f"distance={self.distance!r} is not a distance; pass 'cosine' or 'euclidean'")
+
+
+_RUNNING = ("batch_size", "memory", "progress")  # how the copies run, not what they compute: said last
 
 
 def setting_names(cls: type[AttributionMethod]) -> tuple[str, ...]:

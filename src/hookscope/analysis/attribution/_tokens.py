@@ -35,7 +35,7 @@ from ._settings import AttributionMethod, IntegratedGradients
 from ._tokens_result import TokenAttributions, TokenRow
 from ._writing import DECODER, extended, running, seq2seq, with_decoder, write
 
-__all__ = ["TOKEN_METHODS", "attribute_tokens"]
+__all__ = ["TOKEN_METHODS", "attribute_tokens", "check_tokenizer", "text_of"]
 
 TOKEN_METHODS = ("integrated_gradients", "input_x_gradient", "saliency", "gradient")  # those with no noise
 _IDS = "hookscope token ids"  # the stand-in's keyword for the ids: no model takes a name with spaces
@@ -137,7 +137,7 @@ def attribute_tokens(
     ids = _check_ids(inputs)
     kw = model_kwargs(kwargs)
     n = _check_generate(generate, target)
-    _check_tokenizer(tokenizer)
+    check_tokenizer(tokenizer)
     start = chosen.baseline if isinstance(chosen, IntegratedGradients) else None
     plan = _Plan(model, _site(model, layers), chosen, _check_baseline(start))
     kw = with_decoder(model, kw, ids)
@@ -148,7 +148,7 @@ def attribute_tokens(
         rows, forwards, tokens = _explain_continuation(plan, ids, kw, n)
     texts = _texts(tokenizer, tokens)
     for r in rows:
-        r.text = None if texts is None or r.target is None else _text(tokenizer, r.target)
+        r.text = None if texts is None or r.target is None else text_of(tokenizer, r.target)
     settings = ({"steps": chosen.steps, "rule": chosen.rule, "baseline": _baseline_text(start)}
                 if isinstance(chosen, IntegratedGradients) else None)
     return TokenAttributions(rows, tokens, texts, ids.shape[1], chosen.name, plan.site[0], settings, forwards)
@@ -353,7 +353,7 @@ class _Through(nn.Module):
         return out
 
 
-def _check_tokenizer(tokenizer: Any) -> None:
+def check_tokenizer(tokenizer: Any) -> None:
     if tokenizer is None or callable(tokenizer) or callable(getattr(tokenizer, "decode", None)) or (
             isinstance(tokenizer, Sequence) and not isinstance(tokenizer, (str, bytes))):
         return
@@ -361,7 +361,7 @@ def _check_tokenizer(tokenizer: Any) -> None:
                          "strings indexed by id, or a function id -> str")
 
 
-def _text(tokenizer: Any, token: int) -> str:
+def text_of(tokenizer: Any, token: int) -> str:
     if callable(getattr(tokenizer, "decode", None)):
         return str(tokenizer.decode([token])) or f"#{token}"  # an id the tokenizer has no text for
     if isinstance(tokenizer, Sequence) and not isinstance(tokenizer, (str, bytes)):
@@ -375,7 +375,7 @@ def _text(tokenizer: Any, token: int) -> str:
 def _texts(tokenizer: Any, tokens: list[list[int]]) -> list[list[str]] | None:
     if tokenizer is None:
         return None
-    return [[_text(tokenizer, t) for t in row] for row in tokens]
+    return [[text_of(tokenizer, t) for t in row] for row in tokens]
 
 
 def _baseline_text(baseline: Any) -> str:
