@@ -666,3 +666,21 @@ def test_component_and_components_take_one_heads_name_as_selectors_do():
     with pytest.raises(HookscopeError, match="cannot be edited"):  # one head's pattern is the pattern, read only
         hookscope.edit(model, "blocks.0.attn.head.1.pattern", output=torch.zeros_like)
     assert hook_count(model) == 0
+
+
+def test_layers_on_the_command_line_shows_the_shape_of_each_component_it_selects(tmp_path, capsys, monkeypatch):
+    import json
+
+    from hookscope.cli import main
+
+    config = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    T.GPT2LMHeadModel(config).save_pretrained(tmp_path / "lm")
+    monkeypatch.chdir(tmp_path)
+    assert main(["layers", "hf:causal-lm", "--config", "lm", "blocks.1.attn.*", "--json"]) == 0
+    rows = {r["name"]: r["output"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["blocks.1.attn.z"] == "1x16x2x16" and rows["blocks.1.attn.k"] == "1x16x2x16"
+    assert rows["blocks.1.attn.pattern"] == "none (eager attention only)"  # the folder's model runs SDPA
+    assert "not called" not in rows.values() and len(rows) == 5
+    assert main(["layers", "hf:causal-lm", "--config", "lm", "blocks.0.attn.head.1.z"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.0.attn.head.1.z" in out and "not called" not in out
