@@ -81,7 +81,7 @@ def _component_shapes(model: Any, chosen: list[tuple[str, Any]], args: argparse.
         if not names:
             continue
         try:
-            with torch.no_grad(), capture(model, names) as rec:
+            with torch.no_grad(), capture(model, *names) as rec:
                 model(*model_args(given.x), **(given.kwargs or {}))
         except HookscopeError:  # SDPA attention returns no weights: the rest of the listing stands
             shown.update({n: "none (eager attention only)" for n in names})
