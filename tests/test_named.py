@@ -684,3 +684,16 @@ def test_layers_on_the_command_line_shows_the_shape_of_each_component_it_selects
     assert main(["layers", "hf:causal-lm", "--config", "lm", "blocks.0.attn.head.1.z"]) == 0
     out = capsys.readouterr().out
     assert "blocks.0.attn.head.1.z" in out and "not called" not in out
+
+
+def test_a_data_parallel_model_gives_the_values_of_the_model_inside():
+    model = tiny_gpt2()
+    wrapped = nn.DataParallel(model)
+    with torch.no_grad():
+        with hookscope.capture(model, "blocks.0.resid_post", "blocks.1.attn.head.0.q") as plain:
+            model(IDS)
+        with hookscope.capture(wrapped, "blocks.0.resid_post", "blocks.1.attn.head.0.q") as rec:
+            wrapped(IDS)
+    assert list(rec.selected) == list(plain.selected)
+    assert all(torch.equal(rec[n].output, plain[n].output) for n in plain.selected)
+    assert hook_count(model) == 0
