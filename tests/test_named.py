@@ -358,3 +358,342 @@ def test_trace_on_the_command_line_takes_component_names(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert err == ("hookscope trace: error: no component 'blocks.2.resid_post': this GPT2LMHeadModel has 2 blocks, "
                    "blocks.0 to blocks.1")
+
+
+# adversarial: shared holding modules, capture with edit, heads, gradients, calls, dtypes, modes ---------------------
+
+def tiny_gpt2(attention: str = "eager", layers: int = 2) -> nn.Module:
+    config = T.GPT2Config(n_layer=layers, n_embd=16, n_head=2, vocab_size=30, n_positions=32)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    return T.GPT2LMHeadModel(config).eval()
+
+
+def with_hook(model: nn.Module, path: str, run: Callable[[], Any], pre: Any = None, post: Any = None) -> Any:
+    """``run()`` with a hand-written pre- or forward hook on ``path``, removed after."""
+    target = model.get_submodule(path)
+    handle = target.register_forward_pre_hook(pre) if pre else target.register_forward_hook(post)
+    try:
+        return run()
+    finally:
+        handle.remove()
+
+
+def test_the_whole_z_and_one_heads_z_on_one_module_both_hold_the_projections_input():
+    model = tiny_gpt2()
+    store = {}
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.z", "blocks.0.attn.head.1.z") as rec:
+        with_hook(model, "transformer.h.0.attn.c_proj", lambda: model(IDS[:1]),
+                  pre=lambda m, a: store.__setitem__("x", a[0].clone()))
+    assert torch.equal(rec["blocks.0.attn.z"].output, store["x"].unflatten(-1, (2, 8)))
+    assert torch.equal(rec["blocks.0.attn.head.1.z"].output, store["x"][..., 8:])
+    assert hook_count(model) == 0
+
+
+def test_two_edits_on_one_module_are_both_written_the_later_on_what_the_earlier_wrote():
+    model = tiny_gpt2()
+    with torch.no_grad(), hookscope.edit(model, ["blocks.0.attn.z", "blocks.0.attn.head.1.z"],
+                                         output=lambda v: v * 0 if v.dim() == 3 else v * 2):
+        got = model(IDS).logits
+
+    def by_hand(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x[..., :8] *= 2
+        x[..., 8:] = 0
+        return (x,)
+
+    with torch.no_grad():
+        want = with_hook(model, "transformer.h.0.attn.c_proj", lambda: model(IDS).logits, pre=by_hand)
+    assert torch.equal(got, want) and hook_count(model) == 0
+
+
+def test_resid_post_and_the_next_resid_pre_are_one_tensor_and_an_edit_of_one_reaches_the_other():
+    model = tiny_gpt2()
+    with torch.no_grad():
+        plain = model(IDS, output_hidden_states=True).hidden_states[1]
+        before = hook_count(model)  # transformers leaves its own hooks for output_hidden_states
+        with hookscope.capture(model, "blocks.0.resid_post", "blocks.1.resid_pre") as rec:
+            model(IDS)
+        assert torch.equal(rec["blocks.0.resid_post"].output, plain)
+        assert torch.equal(rec["blocks.1.resid_pre"].output, plain)
+        # a capture entered inside the edit sees the edited stream on both names
+        with hookscope.edit(model, "blocks.0.resid_post", output=torch.zeros_like):
+            with hookscope.capture(model, "blocks.0.resid_post", "blocks.1.resid_pre") as inner:
+                model(IDS)
+        # entered before the edit, the capture of the edited name holds the model's own value, as a
+        # module's capture does; the next block's input is the stream the edit left
+        with hookscope.capture(model, "blocks.0.resid_post", "blocks.1.resid_pre", "transformer.h.0") as outer:
+            with hookscope.edit(model, "blocks.0.resid_post", output=torch.zeros_like):
+                model(IDS)
+    assert not inner["blocks.0.resid_post"].output.any() and not inner["blocks.1.resid_pre"].output.any()
+    assert torch.equal(outer["blocks.0.resid_post"].output, plain)
+    block_out = outer["transformer.h.0"].output
+    assert torch.equal(block_out[0] if isinstance(block_out, tuple) else block_out, plain)
+    assert not outer["blocks.1.resid_pre"].output.any()
+    assert hook_count(model) == before
+
+
+def test_an_edit_of_a_component_inside_a_capture_of_its_module_follows_the_modules_hook_order():
+    model = tiny_gpt2()
+    with torch.no_grad():
+        with hookscope.edit(model, "blocks.0.attn.z", output=torch.zeros_like):
+            with hookscope.capture(model, "transformer.h.0.attn.c_proj", keep="input") as inner:
+                model(IDS)
+        with hookscope.capture(model, "transformer.h.0.attn.c_proj", keep="input") as outer:
+            with hookscope.edit(model, "blocks.0.attn.z", output=torch.zeros_like):
+                model(IDS)
+    assert not inner["transformer.h.0.attn.c_proj"].input.any()
+    assert outer["transformer.h.0.attn.c_proj"].input.abs().max() > 0
+    assert hook_count(model) == 0
+
+
+def test_at_takes_the_last_position_of_a_heads_view_and_an_edit_there_writes_only_it():
+    model = tiny_gpt2()
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.z", "blocks.0.attn.head.1.z",
+                                            at=hookscope.at[:, -1]) as rec, hookscope.capture(model, "blocks.0.attn.z") as full:
+        model(IDS)
+    assert torch.equal(rec["blocks.0.attn.z"].output, full["blocks.0.attn.z"].output[:, -1])
+    assert torch.equal(rec["blocks.0.attn.head.1.z"].output, full["blocks.0.attn.z"].output[:, -1, 1])
+
+    def last(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x[:, -1, 8:] = 0
+        return (x,)
+
+    with torch.no_grad():
+        with hookscope.edit(model, "blocks.0.attn.head.1.q", output=torch.zeros_like, at=hookscope.at[:, -1]):
+            pass
+        with hookscope.edit(model, "blocks.0.attn.head.1.z", output=torch.zeros_like, at=hookscope.at[:, -1]):
+            got = model(IDS).logits
+        want = with_hook(model, "transformer.h.0.attn.c_proj", lambda: model(IDS).logits, pre=last)
+    assert torch.equal(got, want) and hook_count(model) == 0
+
+
+def test_grad_output_of_fused_heads_with_an_in_place_op_after_is_the_gradient_the_model_takes():
+    model = tiny_gpt2()
+    store = {}
+
+    def keep(m: nn.Module, a: Any, out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out.register_hook(lambda g: store.__setitem__("g", g))
+        return out
+
+    def doubled(m: nn.Module, a: Any, out: torch.Tensor) -> None:
+        out.mul_(2)  # in place, after the heads were read
+
+    c_attn = model.transformer.h[0].attn.c_attn
+    handles = [c_attn.register_forward_hook(keep), c_attn.register_forward_hook(doubled)]
+    model(IDS).logits.sum().backward()
+    for h in handles:
+        h.remove()
+    names = ["blocks.0.attn.head.1.q", "blocks.0.attn.head.0.k", "blocks.0.attn.v"]
+    with hookscope.capture(model, *names, keep="grad_output") as rec:
+        with_hook(model, "transformer.h.0.attn.c_attn", lambda: model(IDS).logits.sum().backward(), post=doubled)
+    g = store["g"]
+    assert close(rec["blocks.0.attn.head.1.q"].grad_output, g[..., 8:16])
+    assert close(rec["blocks.0.attn.head.0.k"].grad_output, g[..., 16:24])
+    assert close(rec["blocks.0.attn.v"].grad_output, g[..., 32:].unflatten(-1, (2, 8)))
+    assert hook_count(model) == 0
+
+
+def test_a_model_run_twice_in_one_block_gives_one_call_each_and_generation_one_per_step():
+    model = tiny_gpt2()
+    with torch.no_grad(), hookscope.capture(model, "blocks.1.resid_post", "blocks.0.attn.head.0.z") as rec:
+        model(IDS)
+        model(IDS[:, :3])
+    assert [c.output.shape[1] for c in rec["blocks.1.resid_post"]] == [6, 3]
+    assert [c.output.shape for c in rec["blocks.0.attn.head.0.z"]] == [(2, 6, 8), (2, 3, 8)]
+    with torch.no_grad(), hookscope.capture(model, "blocks.1.resid_post", "blocks.1.attn.head.1.pattern") as gen:
+        out = model.generate(IDS[:1], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert [tuple(c.output.shape) for c in gen["blocks.1.resid_post"]] == [(1, 6, 16), (1, 1, 16), (1, 1, 16)]
+    assert [tuple(c.output.shape) for c in gen["blocks.1.attn.head.1.pattern"]] == [(1, 6, 6), (1, 1, 7), (1, 1, 8)]
+    with torch.no_grad(), hookscope.capture(model, "transformer.h.1") as whole:  # no cache: all tokens at once
+        model(out[:, :8])
+    hidden = whole["transformer.h.1"].output
+    hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+    assert close(gen["blocks.1.resid_post"][2].output[0, -1], hidden[0, 7])
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_check_and_edit_a_head_as_a_hand_hook_does(dtype):
+    model = tiny_gpt2().to(dtype)
+    assert hookscope.components(model).errors
+    with torch.no_grad(), hookscope.edit(model, "blocks.0.attn.head.1.z", output=lambda v: v * 3) as e:
+        got = model(IDS).logits
+
+    def tripled(m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        x[..., 8:] *= 3
+        return (x,)
+
+    with torch.no_grad():
+        want = with_hook(model, "transformer.h.0.attn.c_proj", lambda: model(IDS).logits, pre=tripled)
+    assert e.counts == {"blocks.0.attn.head.1.z": 1} and got.dtype == dtype and torch.equal(got, want)
+    with pytest.raises(HookscopeError, match="return a tensor of that shape and dtype"):
+        with torch.no_grad(), hookscope.edit(model, "blocks.0.attn.head.1.z", output=lambda v: v.float()):
+            model(IDS)
+    assert hook_count(model) == 0
+
+
+def test_the_first_use_check_on_a_training_model_keeps_its_modes_and_the_random_state():
+    model = tiny_gpt2()
+    model.train()
+    model.transformer.h[1].eval()  # a mix of modes, put back as it was
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    with hookscope.capture(model, "blocks.0.resid_post"):
+        pass
+    assert torch.equal(torch.get_rng_state(), state)
+    assert model.training and model.transformer.h[0].attn.attn_dropout.training
+    assert not model.transformer.h[1].training
+    assert hook_count(model) == 0
+
+
+def test_a_replaced_module_after_the_memo_is_the_one_hooked():
+    model = tiny_gpt2()
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.mlp_out"):
+        model(IDS)
+    torch.manual_seed(1)
+    model.transformer.h[0].mlp.c_proj = T.pytorch_utils.Conv1D(16, 64)
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.mlp_out", "transformer.h.0.mlp.c_proj") as rec:
+        model(IDS)
+    assert torch.equal(rec["blocks.0.mlp_out"].output, rec["transformer.h.0.mlp.c_proj"].output)
+    assert hook_count(model) == 0
+
+
+def test_two_threads_capturing_two_models_each_get_their_own_values():
+    import threading
+    models = [tiny_gpt2(), tiny_gpt2(layers=3)]
+    got: list[Any] = [None, None]
+    errors: list[str] = []
+    with torch.no_grad():
+        want = [m(IDS[:, :3 + i], output_hidden_states=True).hidden_states[1] for i, m in enumerate(models)]
+    before = [hook_count(m) for m in models]  # transformers leaves its own hooks for output_hidden_states
+
+    def run(i: int) -> None:
+        try:
+            for _ in range(4):
+                with torch.no_grad(), hookscope.capture(models[i], "blocks.*.attn.head.1.z", "blocks.0.resid_post") as r:
+                    models[i](IDS[:, :3 + i])
+                got[i] = (len(r.selected), torch.equal(r["blocks.0.resid_post"].output, want[i]))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == [(3, True), (4, True)]
+    assert [hook_count(m) for m in models] == before
+
+
+def test_a_compiled_model_gives_the_eager_values():
+    model = tiny_gpt2()
+    compiled = torch.compile(model, backend="eager")
+    names = ("blocks.0.resid_post", "blocks.0.attn.head.1.z")
+    with torch.no_grad():
+        with hookscope.capture(model, *names) as eager:
+            model(IDS)
+        with hookscope.capture(compiled, *names) as rec:
+            compiled(IDS)
+        with hookscope.edit(model, "blocks.0.attn.head.1.z", output=torch.zeros_like):
+            want = model(IDS).logits
+        with hookscope.edit(compiled, "blocks.0.attn.head.1.z", output=torch.zeros_like):
+            got = compiled(IDS).logits
+    assert all(torch.equal(rec[n].output, eager[n].output) for n in names)
+    assert close(got, want) and hook_count(model) == 0
+
+
+def test_a_glob_reaching_the_pattern_of_an_sdpa_model_says_so_in_one_line_and_leaves_no_hook():
+    model = tiny_gpt2("sdpa")
+    with pytest.raises(HookscopeError, match="only eager attention returns its weights") as e:
+        with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.*"):
+            model(IDS)
+    assert "\n" not in str(e.value) and hook_count(model) == 0
+    with torch.no_grad(), hookscope.capture(model, "blocks.0.attn.z") as rec:  # the rest reads as with eager
+        model(IDS)
+    assert rec["blocks.0.attn.z"].output.shape == (2, 6, 2, 8)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_encoder_names_are_the_models_hidden_states_and_attentions(family):
+    config = (T.BertConfig if family == "bert" else T.RobertaConfig)(
+        num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=40)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = (T.BertForMaskedLM if family == "bert" else T.RobertaForMaskedLM)(config).eval()
+    ids = torch.tensor([[2, 5, 7, 9, 3]])
+    with torch.no_grad():
+        want = model(ids, output_hidden_states=True, output_attentions=True)
+        with hookscope.capture(model, "blocks.*.resid_post", "blocks.1.attn.pattern", "blocks.0.attn.head.1.pattern",
+                               "unembed") as rec:
+            model(ids)
+    assert all(torch.equal(rec[f"blocks.{i}.resid_post"].output, want.hidden_states[i + 1]) for i in range(2))
+    assert torch.equal(rec["blocks.1.attn.pattern"].output, want.attentions[1])
+    assert torch.equal(rec["blocks.0.attn.head.1.pattern"].output, want.attentions[0][:, 1])
+    assert torch.equal(rec["unembed"].output, want.logits)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, RuntimeError, GeneratorExit])
+def test_an_exception_inside_a_change_leaves_no_hook(raised):
+    model = tiny_gpt2()
+
+    def boom(v: torch.Tensor) -> torch.Tensor:
+        raise raised("stop")
+
+    for name in ("blocks.0.attn.head.0.z", "blocks.1.resid_pre", "blocks.0.attn.q"):
+        with pytest.raises(BaseException):
+            with torch.no_grad(), hookscope.edit(model, name, output=boom), hookscope.capture(model, name):
+                model(IDS)
+        assert hook_count(model) == 0
+
+
+def test_component_and_components_take_one_heads_name_as_selectors_do():
+    model = tiny_gpt2()
+    comps = hookscope.components(model)
+    one = hookscope.component(model, "blocks.0.attn.head.1.z")
+    assert (one.name, one.module, one.field, one.head) == ("blocks.0.attn.head.1.z", "transformer.h.0.attn.c_proj",
+                                                           "input", 1)
+    assert one.view == comps["blocks.0.attn.z"].view and comps["blocks.1.attn.head.0.k"].head == 0
+    assert "blocks.0.attn.head.1.pattern" in comps and "blocks.0.attn.head.2.z" not in comps
+    assert len(comps) == len(list(comps))  # iterating gives the whole components only
+    with pytest.raises(HookscopeError, match=r"holds 2 query heads, head.0 to head.1"):
+        hookscope.component(model, "blocks.0.attn.head.2.z")
+    with pytest.raises(HookscopeError, match="has 2 blocks"):
+        comps["blocks.5.attn.head.0.z"]
+    with pytest.raises(HookscopeError, match="cannot be edited"):  # one head's pattern is the pattern, read only
+        hookscope.edit(model, "blocks.0.attn.head.1.pattern", output=torch.zeros_like)
+    assert hook_count(model) == 0
+
+
+def test_layers_on_the_command_line_shows_the_shape_of_each_component_it_selects(tmp_path, capsys, monkeypatch):
+    import json
+
+    from hookscope.cli import main
+
+    config = T.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
+    T.GPT2LMHeadModel(config).save_pretrained(tmp_path / "lm")
+    monkeypatch.chdir(tmp_path)
+    assert main(["layers", "hf:causal-lm", "--config", "lm", "blocks.1.attn.*", "--json"]) == 0
+    rows = {r["name"]: r["output"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["blocks.1.attn.z"] == "1x16x2x16" and rows["blocks.1.attn.k"] == "1x16x2x16"
+    assert rows["blocks.1.attn.pattern"] == "none (eager attention only)"  # the folder's model runs SDPA
+    assert "not called" not in rows.values() and len(rows) == 5
+    assert main(["layers", "hf:causal-lm", "--config", "lm", "blocks.0.attn.head.1.z"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks.0.attn.head.1.z" in out and "not called" not in out
+
+
+def test_a_data_parallel_model_gives_the_values_of_the_model_inside():
+    model = tiny_gpt2()
+    wrapped = nn.DataParallel(model)
+    with torch.no_grad():
+        with hookscope.capture(model, "blocks.0.resid_post", "blocks.1.attn.head.0.q") as plain:
+            model(IDS)
+        with hookscope.capture(wrapped, "blocks.0.resid_post", "blocks.1.attn.head.0.q") as rec:
+            wrapped(IDS)
+    assert list(rec.selected) == list(plain.selected)
+    assert all(torch.equal(rec[n].output, plain[n].output) for n in plain.selected)
+    assert hook_count(model) == 0

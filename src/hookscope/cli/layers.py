@@ -1,7 +1,8 @@
 """``hookscope layers MODEL [PATTERN]``: the names every selector and "did you mean" refers to.
 
 Lists each module's qualified name (as ``named_modules()`` gives it on the unwrapped model), its
-type, and, from one forward pass on the example input, the shape of what it returned. With
+type, and, from one forward pass on the example input, the shape of what it returned (a component
+name, ``blocks.0.attn.z``: the shape of the component as its view reads it, from one more pass). With
 ``--no-run`` nothing runs: names and types only, for a model whose input is not known yet.
 """
 
@@ -12,7 +13,12 @@ import fnmatch
 import json
 from typing import Any
 
+import torch
+
 from ..analysis.operations import Operations, operations
+from ..capture import capture
+from ..core.inputs import model_args
+from ..named import ComponentSite
 from ..analysis.summary import summary
 from ..core.ops import SEP, nearest
 from ..errors import HookscopeError
@@ -63,6 +69,28 @@ def _shapes(model: Any, args: argparse.Namespace) -> dict[str, str]:
     return shown
 
 
+def _component_shapes(model: Any, chosen: list[tuple[str, Any]], args: argparse.Namespace) -> dict[str, str]:
+    """The shape of each component name selected, as its view reads it, from one pass (one more for
+    the attention's weights, which only eager attention returns)."""
+    sites = [(n, m) for n, m in chosen if isinstance(m, ComponentSite)]
+    if args.no_run or not sites:
+        return {}
+    given = model_input(args, model)
+    shown: dict[str, str] = {}
+    for names in ([n for n, m in sites if not m.component.is_pattern], [n for n, m in sites if m.component.is_pattern]):
+        if not names:
+            continue
+        try:
+            with torch.no_grad(), capture(model, *names) as rec:
+                model(*model_args(given.x), **(given.kwargs or {}))
+        except HookscopeError:  # SDPA attention returns no weights: the rest of the listing stands
+            shown.update({n: "none (eager attention only)" for n in names})
+            continue
+        shown.update({n: "; ".join(shape_text(tuple(c.output.shape)) for c in rec[n].calls) for n in names
+                      if len(rec[n])})
+    return shown
+
+
 def _run_ops(model: Any, args: argparse.Namespace) -> int:
     """``--ops``: one pass, every operation of the modules PATTERN selects (or of every module)."""
     if args.no_run:
@@ -91,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ops:
         return _run_ops(model, args)
     chosen = layers(model, args.pattern) if args.pattern is not None else layers(model)
-    shapes = _shapes(model, args)
+    shapes = {**_shapes(model, args), **_component_shapes(model, chosen, args)}
     rows = [{"name": n, "type": type(m).__name__, **({} if args.no_run else {"output": shapes.get(n, "not called")})}
             for n, m in chosen]
     if args.json:

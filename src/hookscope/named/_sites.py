@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fnmatch
 import inspect
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,15 +25,12 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import HookscopeError, SelectionError, did_you_mean
 from ._memo import resolved
-from ._table import Component, Components
+from ._table import HEAD_PARTS, Component, Components
 from ._views import first_argument
 
 __all__ = ["ComponentSite", "HEAD_PARTS", "component_sites", "check_writable", "is_component_name"]
 
-HEAD_PARTS = ("q", "k", "v", "z", "pattern")
-"""The per-head components: ``blocks.{i}.attn.head.{h}.{part}`` is head ``h`` of ``blocks.{i}.attn.{part}``."""
 _TOP = ("embed", "pos_embed", "final_norm", "unembed", "blocks")
-_HEAD = re.compile(r"(blocks\.\d+)\.attn\.head\.(\d+)\.(q|k|v|z|pattern)")
 _GLOB = set("*?[")
 
 
@@ -80,12 +76,12 @@ class ComponentSite(nn.Module):
 
     # the value -------------------------------------------------------------------------------
     def _head_dim(self, full: torch.Tensor) -> int:
-        return 1 if self.component.name.endswith(".attn.pattern") else full.dim() - 2
+        return 1 if self.component.is_pattern else full.dim() - 2
 
     def read(self, raw: Any) -> torch.Tensor:
         """The component's value in ``raw`` (the module's first input or its output)."""
         view = self.component.view
-        if self.component.name.endswith(".attn.pattern") and view.element is not None and isinstance(
+        if self.component.is_pattern and view.element is not None and isinstance(
                 raw, (tuple, list)) and (len(raw) <= view.element or raw[view.element] is None):
             raise HookscopeError(f"{self.site_name!r} holds nothing on this pass: only eager attention returns its "
                                  "weights; build the model with attn_implementation='eager', or read them with "
@@ -235,18 +231,9 @@ def _head_count(comps: Components, block: str, part: str) -> int:
 
 
 def _site(comps: Components, name: str, modules: dict[str, nn.Module], rank: dict[str, int]) -> ComponentSite:
-    head_match = _HEAD.fullmatch(name)
-    if head_match is None:
-        c = _lookup(comps, name)
-        return ComponentSite(name, c, modules[c.module], None, rank.get(name, 0))
-    block, head, part = head_match.group(1), int(head_match.group(2)), head_match.group(3)
-    c = _lookup(comps, f"{block}.attn.{part}")
-    n = _head_count(comps, block, part)
-    if head >= n:
-        kind = "key/value" if part in ("k", "v") else "query"
-        raise SelectionError(f"no component {name!r}: {block}.attn.{part} of this {comps.model} holds {n} {kind} "
-                             f"heads, head.0 to head.{n - 1}")
-    return ComponentSite(name, c, modules[c.module], head, rank.get(c.name, 0))
+    c = _lookup(comps, name)  # one head's name: the whole component's row, its head set
+    whole = name if c.head is None else name.replace(f".attn.head.{c.head}.", ".attn.")
+    return ComponentSite(name, c, modules[c.module], c.head, rank.get(whole, 0))
 
 
 def _lookup(comps: Components, name: str) -> Component:

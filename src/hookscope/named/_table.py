@@ -25,12 +25,15 @@ from ._check import verify
 from ._families import FAMILIES, Family, Site, family_of_type, heads_of
 from ._views import View
 
-__all__ = ["BLOCK_NAMES", "Component", "Components", "resolve", "READ_ONLY"]
+__all__ = ["BLOCK_NAMES", "HEAD_PARTS", "Component", "Components", "resolve", "READ_ONLY"]
 
 BLOCK_NAMES = ("resid_pre", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.z", "attn_out", "resid_mid", "mlp_in",
                "mlp.hidden", "mlp_out", "resid_post")
 """The names of each block, ``blocks.{i}.`` before them, in the order the stream meets them."""
+HEAD_PARTS = ("q", "k", "v", "z", "pattern")
+"""The per-head components: ``blocks.{i}.attn.head.{h}.{part}`` is head ``h`` of ``blocks.{i}.attn.{part}``."""
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+_HEAD = re.compile(r"(blocks\.\d+)\.attn\.head\.(\d+)\.(q|k|v|z|pattern)")
 READ_ONLY = ("the attention returns its weights after applying them, so a value written there changes nothing the "
              "model computes; edit attn.q or attn.k (the scores), or attn.z (what the weights made)")
 
@@ -40,7 +43,8 @@ class Component:
     """One named component: the ``module`` (its qualified name, as ``named_modules()`` gives it),
     which ``field`` of it (``"input"``: its first argument; ``"output"``), and the ``view`` that
     reads the component from that value (an element of a tuple, the heads taken apart); ``note``
-    says what a family's component holds where it is worth saying.
+    says what a family's component holds where it is worth saying; ``head``: the one head a per-head
+    name (``blocks.0.attn.head.1.z``) reads of the view's heads (``None``: all of them).
 
     Example:
         >>> c = Component("blocks.0.attn.z", "transformer.h.0.attn.c_proj", "input", View(heads=2, d_head=4))
@@ -53,6 +57,18 @@ class Component:
     field: str
     view: View
     note: str = ""
+    head: int | None = None
+
+    @property
+    def is_pattern(self) -> bool:
+        """Whether this is the attention's weights (``attn.pattern``, or one head's).
+
+        Example:
+            >>> Component("blocks.0.attn.head.1.pattern", "h.0.attn", "output", View(element=1), head=1).is_pattern
+            True
+        """
+        part = "pattern" if self.head is not None else "attn.pattern"
+        return self.name.endswith("." + part)
 
     @property
     def read_only(self) -> str:
@@ -63,15 +79,16 @@ class Component:
             >>> Component("blocks.0.attn.pattern", "h.0.attn", "output", View(element=1)).read_only[:30]
             'the attention returns its weig'
         """
-        return READ_ONLY if self.name.endswith(".attn.pattern") else ""
+        return READ_ONLY if self.is_pattern else ""
 
 
 class Components(Result, Mapping[str, Component]):
     """The component names of one model, resolved: ``comps["blocks.0.attn.z"]`` is its
     :class:`Component`; ``family`` is the row of the table it was resolved with, ``blocks`` the number
     of blocks, ``errors`` the largest error of each identity the check measured (empty: not checked).
-    A name the family does not have (``resid_mid`` where attention and the MLP run in parallel) is
-    refused with the reason."""
+    One head's name (``comps["blocks.0.attn.head.1.z"]``) gives that component with its ``head`` set,
+    though iterating gives the whole components only. A name the family does not have (``resid_mid``
+    where attention and the MLP run in parallel), or a head out of range, is refused with the reason."""
 
     def __init__(self, family: str, model: str, rows: list[Component], absent: Mapping[str, str], blocks: int,
                  errors: Mapping[str, float]) -> None:
@@ -87,6 +104,9 @@ class Components(Result, Mapping[str, Component]):
     def __getitem__(self, name: str) -> Component:
         if isinstance(name, str) and name in self._by_name:
             return self._by_name[name]
+        head = _HEAD.fullmatch(name) if isinstance(name, str) else None
+        if head is not None:
+            return self._head(name, head.group(1), int(head.group(2)), head.group(3))
         if isinstance(name, str) and name in self.absent:
             raise RecordError(f"no component {name!r} in this {self.model}: {self.absent[name]}")
         block = _BLOCK.fullmatch(name) if isinstance(name, str) else None
@@ -94,6 +114,16 @@ class Components(Result, Mapping[str, Component]):
             raise RecordError(f"no component {name!r}: this {self.model} has {self.blocks} blocks, "
                               f"blocks.0 to blocks.{self.blocks - 1}")
         raise missing(name, "component", self._by_name)
+
+    def _head(self, name: str, block: str, head: int, part: str) -> Component:
+        """Head ``head`` of ``block``'s ``part``: key/value heads for k and v, query heads otherwise."""
+        whole = self[f"{block}.attn.{part}"]
+        n = self[f"{block}.attn.{'z' if part == 'pattern' else part}"].view.heads
+        if head >= n:
+            kind = "key/value" if part in ("k", "v") else "query"
+            raise RecordError(f"no component {name!r}: {block}.attn.{part} of this {self.model} holds {n} {kind} "
+                              f"heads, head.0 to head.{n - 1}")
+        return dataclasses.replace(whole, name=name, head=head)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
