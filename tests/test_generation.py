@@ -319,3 +319,42 @@ def test_a_static_cache_is_refused_in_one_line_naming_it():
             lm.generate(IDS, attention_mask=MASK, max_new_tokens=2, do_sample=False, pad_token_id=0,
                         cache_implementation="static")
     assert hookscope.core.hook_count(lm) == 0
+
+
+def test_a_plain_forward_and_a_second_generate_in_the_block_are_sequences_of_their_own():
+    # without the cache a forward over the finished sequence, or a generate() continuing it, has the inputs of a
+    # next step; they are another call, so another sequence starting at step 0
+    lm, name = _gpt2()
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = _generate(lm, False)
+        mask = torch.cat([MASK, torch.ones(2, NEW, dtype=MASK.dtype)], 1)
+        lm(out, attention_mask=mask)
+        lm.generate(out, attention_mask=mask, max_new_tokens=2, do_sample=False, use_cache=False, pad_token_id=0)
+    rows = tokens.records(rec)[name].rows
+    assert sorted({r.sequence for r in rows}) == [0, 1, 2]
+    assert {r.step for r in rows if r.sequence == 0} == set(range(NEW))
+    plain = [r for r in rows if r.sequence == 1]
+    assert {r.step for r in plain} == {0} and [r.position for r in plain if r.row == 1] == [8]  # its prompt is all 9 tokens
+    assert sorted(r.position for r in rows if r.sequence == 2 and r.row == 1) == [8, 9]
+
+
+def test_a_forward_from_another_thread_inside_the_block_is_refused():
+    import threading
+
+    lm, name = _gpt2()
+    errors = []
+
+    def other():
+        try:
+            _generate(lm, True)
+        except hookscope.HookscopeError as e:
+            errors.append(str(e))
+
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        _generate(lm, True)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "thread" in errors[0]
+    assert {r.sequence for r in tokens.records(rec)[name].rows} == {0}
+    assert hookscope.core.hook_count(lm) == 0

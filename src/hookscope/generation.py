@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,8 +84,9 @@ def _main_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tenso
 
 
 def frame_of(args: tuple[Any, ...], kwargs: Mapping[str, Any], before: Frame | None,
-             before_ids: torch.Tensor | None = None) -> Frame:
-    """The :class:`Frame` of one forward, from the model's inputs; ``before`` is the last forward's.
+             before_ids: torch.Tensor | None = None, new: bool = False) -> Frame:
+    """The :class:`Frame` of one forward, from the model's inputs; ``before`` is the last forward's
+    (``new``: this forward starts a sequence whatever its inputs, as a new ``generate()`` call does).
 
     Example:
         >>> f = frame_of((), {"input_ids": torch.tensor([[0, 5, 6]]), "attention_mask": torch.tensor([[0, 1, 1]])}, None)
@@ -114,7 +116,7 @@ def frame_of(args: tuple[Any, ...], kwargs: Mapping[str, Any], before: Frame | N
         every = torch.arange(length).expand(batch, length)
         counts = torch.full((batch,), length)
     positions = every[:, length - width:]
-    go_on = before is not None and before.positions.shape[0] == batch and length == before.length + 1 and (
+    go_on = not new and before is not None and before.positions.shape[0] == batch and length == before.length + 1 and (
         past == before.length if past else (width == length and not before.cached and (
             before_ids is None or _same_prefix(x, before_ids))))
     if go_on and before is not None:
@@ -269,7 +271,7 @@ class FollowedPositions(TokenPositions):
     """:class:`TokenPositions` following one model's forwards inside one capture or edit: the frame
     of the forward running now, and what each selected module's calls selected."""
 
-    __slots__ = ("frame", "log", "_ids", "_running", "_cache", "_last", "_ended")
+    __slots__ = ("frame", "log", "_ids", "_running", "_cache", "_last", "_ended", "_loop", "_thread")
 
     def __init__(self, kind: str, values: tuple[int, ...] = ()) -> None:
         super().__init__(kind, values)
@@ -280,6 +282,8 @@ class FollowedPositions(TokenPositions):
         self._cache: dict[bool, tuple[Frame, tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[int]]]] = {}
         self._last: list[Frame] = []  # the last frame of each sequence: how far each went
         self._ended: dict[int, int] = {}  # rows of the running sequence fed pads after their end token
+        self._loop: object = None  # the running generate() call (its generation config), or None
+        self._thread: int | None = None  # the one thread whose forwards these positions follow
 
     def attach(self, model: nn.Module, group: HookGroup) -> None:
         inner = unwrap(model)[0]
@@ -290,8 +294,17 @@ class FollowedPositions(TokenPositions):
                                  "attention_mask; capture or edit it without at=")
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            thread = threading.get_ident()
+            if self._thread is None:
+                self._thread = thread
+            elif thread != self._thread:  # one frame of state: another thread's steps would interleave with these
+                raise HookscopeError(f"{self!r} follows the forwards of one thread, and another thread called the "
+                                     "model inside the same block; open one capture or edit per thread, one after "
+                                     "the other")
             loop = decoding_loop(module)
-            frame = frame_of(args, kwargs, self.frame, self._ids)
+            key = None if loop is None else loop.get("generation_config", loop)
+            frame = frame_of(args, kwargs, self.frame, self._ids, new=key is not self._loop)
+            self._loop = key
             if frame.step == 0:
                 self._ended = {}
             self.frame = _finished_rows(frame, self._ended, loop)
