@@ -20,6 +20,7 @@ import dataclasses
 import operator
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -231,7 +232,7 @@ _LOOPS = frozenset(_REFUSED) | {"_sample"}
 def decoding_loop(model: nn.Module) -> dict[str, Any] | None:
     """The locals of the transformers decoding loop calling ``model`` now (``None`` outside one); refuse, in one
     line, the loops whose rows or steps the forward's inputs do not show."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     for _ in range(48):  # generate() sits a few frames above the forward: a bounded walk, once per forward
         if frame is None:
             return None
