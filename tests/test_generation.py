@@ -358,3 +358,23 @@ def test_a_forward_from_another_thread_inside_the_block_is_refused():
     assert len(errors) == 1 and "thread" in errors[0]
     assert {r.sequence for r in tokens.records(rec)[name].rows} == {0}
     assert hookscope.core.hook_count(lm) == 0
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_left_padded_rows_of_very_different_lengths_record_the_full_forwards_values(use_cache):
+    lm, name = _llama()
+    ids = torch.tensor([[0, 0, 0, 0, 7], [1, 2, 3, 4, 5], [0, 0, 9, 8, 7]])
+    mask = torch.tensor([[0, 0, 0, 0, 1], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = lm.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                          use_cache=use_cache)
+    record = tokens.records(rec)[name]
+    grown = torch.cat([mask, torch.ones(3, 4, dtype=mask.dtype)], 1)
+    with hookscope.capture(lm, name) as full_rec:
+        lm(out, attention_mask=grown, position_ids=(grown.cumsum(1) - 1).clamp(min=0))
+    h = full_rec[name].output
+    full = h[0] if isinstance(h, tuple) else h
+    assert record.positions().tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [2, 3, 4, 5]]
+    for r in record.rows:
+        col = r.position + int((mask[r.row] == 0).sum())
+        assert torch.allclose(record.get(r.row, r.position), full[r.row, col], atol=1e-5)
