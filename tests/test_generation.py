@@ -227,3 +227,154 @@ def test_records_of_several_generations_are_kept_apart():
         record.tensor()
     assert (record.tensor(sequence=0) - record.tensor(sequence=1)).abs().max() < 1e-5
     assert "transformer.h.1" in tokens.records(rec) and "step" in tokens.records(rec).table()
+
+
+def _edit_refused(lm, name, match, **kw):
+    before = lm.generate(**kw)
+    with pytest.raises(hookscope.HookscopeError, match=match):
+        with hookscope.edit(lm, name, output=lambda x: x + 1.0, at=tokens.generated):
+            lm.generate(**kw)
+    assert hookscope.core.hook_count(lm) == 0
+    assert torch.equal(lm.generate(**kw), before)  # the model untouched
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_beam_search_is_refused_in_one_line_by_capture_and_edit(family):
+    # beam search reorders the rows between steps, which the forward's inputs do not show
+    lm, name = MODELS[family]()
+    kw = dict(input_ids=IDS, attention_mask=MASK, max_new_tokens=3, do_sample=False, pad_token_id=0, num_beams=2)
+    with pytest.raises(hookscope.HookscopeError, match="beam search") as info:
+        with hookscope.capture(lm, name, at=tokens.generated):
+            lm.generate(**kw)
+    assert "\n" not in str(info.value)
+    assert hookscope.core.hook_count(lm) == 0
+    _edit_refused(lm, name, "beam search", **kw)
+
+
+def test_assisted_decoding_is_refused_in_one_line():
+    lm, name = _gpt2()
+    torch.manual_seed(1)
+    helper = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=40,
+                                                                  n_positions=64)).eval()
+    kw = dict(input_ids=IDS[1:], attention_mask=MASK[1:], max_new_tokens=4, do_sample=False, pad_token_id=0,
+              assistant_model=helper)
+    with pytest.raises(hookscope.HookscopeError, match="assisted"):
+        with hookscope.capture(lm, name, at=tokens.generated):
+            lm.generate(**kw)
+    assert hookscope.core.hook_count(lm) == 0 and hookscope.core.hook_count(helper) == 0
+    _edit_refused(lm, name, "assisted", **kw)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_rows_finished_early_record_no_pad_position(use_cache):
+    lm, name = _gpt2()
+    free = lm.generate(IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    eos = int(free[0, 4])  # row 0's first generated token ends row 0 at once; row 1 never writes it
+    assert eos not in free[1, 4:].tolist()
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = lm.generate(IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                          eos_token_id=eos, use_cache=use_cache)
+    assert out[0, 5:].tolist() == [0, 0, 0]  # row 0 is fed pads after its end token
+    record = tokens.records(rec)[name]
+    assert sorted(r.position for r in record.rows if r.row == 0) == [1]  # only the step writing the end token
+    assert sorted(r.position for r in record.rows if r.row == 1) == [3, 4, 5, 6]
+    full, _ = _full_forward(lm, name, out)
+    assert torch.allclose(record.get(1, 6), full[1, 6], atol=1e-5)
+    assert torch.allclose(record.get(0, 1), full[0, 3], atol=1e-5)
+
+
+def test_sampled_rows_expanded_by_num_return_sequences_keep_their_positions():
+    lm, name = _gpt2()
+    gen = dict(max_new_tokens=3, do_sample=True, top_k=0, pad_token_id=0, num_return_sequences=3)
+    torch.manual_seed(3)
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = lm.generate(IDS, attention_mask=MASK, **gen)
+    record = tokens.records(rec)[name]
+    mask = torch.cat([MASK.repeat_interleave(3, 0), torch.ones(6, 3, dtype=MASK.dtype)], 1)
+    with hookscope.capture(lm, name) as full_rec:
+        lm(out, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+    h = full_rec[name].output
+    full = h[0] if isinstance(h, tuple) else h
+    assert len(record.rows) == 6 * 3
+    for r in record.rows:
+        col = r.position + (2 if r.row < 3 else 0)  # rows 0..2 copy the left-padded prompt
+        assert torch.allclose(record.get(r.row, r.position), full[r.row, col], atol=1e-5)
+
+
+def test_an_encoder_decoder_is_refused_in_one_line_naming_why():
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=40, decoder_start_token_id=0)).eval()
+    for block in (hookscope.capture(t5, "decoder.block.0", at=tokens.generated),
+                  hookscope.edit(t5, "decoder.block.0", output=lambda x: x, at=tokens.generated)):
+        with pytest.raises(hookscope.HookscopeError, match="encoder-decoder"):
+            with block:
+                t5.generate(IDS, attention_mask=MASK, max_new_tokens=2)
+    assert hookscope.core.hook_count(t5) == 0
+
+
+def test_a_static_cache_is_refused_in_one_line_naming_it():
+    lm, name = _gpt2()
+    with pytest.raises(hookscope.HookscopeError, match="static"):
+        with hookscope.capture(lm, name, at=tokens.generated):
+            lm.generate(IDS, attention_mask=MASK, max_new_tokens=2, do_sample=False, pad_token_id=0,
+                        cache_implementation="static")
+    assert hookscope.core.hook_count(lm) == 0
+
+
+def test_a_plain_forward_and_a_second_generate_in_the_block_are_sequences_of_their_own():
+    # without the cache a forward over the finished sequence, or a generate() continuing it, has the inputs of a
+    # next step; they are another call, so another sequence starting at step 0
+    lm, name = _gpt2()
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = _generate(lm, False)
+        mask = torch.cat([MASK, torch.ones(2, NEW, dtype=MASK.dtype)], 1)
+        lm(out, attention_mask=mask)
+        lm.generate(out, attention_mask=mask, max_new_tokens=2, do_sample=False, use_cache=False, pad_token_id=0)
+    rows = tokens.records(rec)[name].rows
+    assert sorted({r.sequence for r in rows}) == [0, 1, 2]
+    assert {r.step for r in rows if r.sequence == 0} == set(range(NEW))
+    plain = [r for r in rows if r.sequence == 1]
+    assert {r.step for r in plain} == {0} and [r.position for r in plain if r.row == 1] == [8]  # its prompt is all 9 tokens
+    assert sorted(r.position for r in rows if r.sequence == 2 and r.row == 1) == [8, 9]
+
+
+def test_a_forward_from_another_thread_inside_the_block_is_refused():
+    import threading
+
+    lm, name = _gpt2()
+    errors = []
+
+    def other():
+        try:
+            _generate(lm, True)
+        except hookscope.HookscopeError as e:
+            errors.append(str(e))
+
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        _generate(lm, True)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "thread" in errors[0]
+    assert {r.sequence for r in tokens.records(rec)[name].rows} == {0}
+    assert hookscope.core.hook_count(lm) == 0
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_left_padded_rows_of_very_different_lengths_record_the_full_forwards_values(use_cache):
+    lm, name = _llama()
+    ids = torch.tensor([[0, 0, 0, 0, 7], [1, 2, 3, 4, 5], [0, 0, 9, 8, 7]])
+    mask = torch.tensor([[0, 0, 0, 0, 1], [1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    with hookscope.capture(lm, name, at=tokens.generated) as rec:
+        out = lm.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                          use_cache=use_cache)
+    record = tokens.records(rec)[name]
+    grown = torch.cat([mask, torch.ones(3, 4, dtype=mask.dtype)], 1)
+    with hookscope.capture(lm, name) as full_rec:
+        lm(out, attention_mask=grown, position_ids=(grown.cumsum(1) - 1).clamp(min=0))
+    h = full_rec[name].output
+    full = h[0] if isinstance(h, tuple) else h
+    assert record.positions().tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [2, 3, 4, 5]]
+    for r in record.rows:
+        col = r.position + int((mask[r.row] == 0).sum())
+        assert torch.allclose(record.get(r.row, r.position), full[r.row, col], atol=1e-5)

@@ -225,3 +225,16 @@ def test_a_direction_saves_and_loads_as_safetensors(toy, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not a file")
     with pytest.raises(hookscope.HookscopeError, match="not a readable safetensors file"):
         hookscope.Direction.load(tmp_path / "bad.safetensors")
+
+
+def test_a_component_name_steers_and_bakes_its_module(toy):
+    # "blocks.0.resid_post" is block 0's whole output: steered there and baked into that block's weights
+    lm, pos, neg = toy
+    d = hookscope.direction(lm, pos, neg, layers="transformer.h.0")
+    steering = hookscope.steer(lm, "blocks.0.resid_post", direction=d, scale=4.0)
+    assert steering.names == ["transformer.h.0"]
+    baked = hookscope.bake(steering, IDS)
+    with steering:
+        hooked = _generate(lm, IDS)
+    assert torch.equal(_generate(baked, IDS), hooked)
+    assert hookscope.core.hook_count(lm) == 0 and hookscope.core.hook_count(baked) == 0

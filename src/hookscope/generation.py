@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
+import threading
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,8 +85,9 @@ def _main_input(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tenso
 
 
 def frame_of(args: tuple[Any, ...], kwargs: Mapping[str, Any], before: Frame | None,
-             before_ids: torch.Tensor | None = None) -> Frame:
-    """The :class:`Frame` of one forward, from the model's inputs; ``before`` is the last forward's.
+             before_ids: torch.Tensor | None = None, new: bool = False) -> Frame:
+    """The :class:`Frame` of one forward, from the model's inputs; ``before`` is the last forward's
+    (``new``: this forward starts a sequence whatever its inputs, as a new ``generate()`` call does).
 
     Example:
         >>> f = frame_of((), {"input_ids": torch.tensor([[0, 5, 6]]), "attention_mask": torch.tensor([[0, 1, 1]])}, None)
@@ -101,6 +105,10 @@ def frame_of(args: tuple[Any, ...], kwargs: Mapping[str, Any], before: Frame | N
                                  "token positions need a 2-D mask of batch x (cached + new) tokens")
         every = torch.where(m.bool(), m.cumsum(1) - 1, -1)
         length, counts = int(m.shape[1]), m.sum(1)
+    elif isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        raise HookscopeError(f"the model received a 4-D attention mask {tuple(mask.shape)} (a static cache, "
+                             "cache_implementation='static', builds one), which does not say where each row's own "
+                             "tokens start; generate with the default dynamic cache for token positions")
     elif mask is not None:
         got = f"a mask of shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise HookscopeError(f"token positions read a 2-D attention mask (batch x tokens); the model received {got}")
@@ -109,7 +117,7 @@ def frame_of(args: tuple[Any, ...], kwargs: Mapping[str, Any], before: Frame | N
         every = torch.arange(length).expand(batch, length)
         counts = torch.full((batch,), length)
     positions = every[:, length - width:]
-    go_on = before is not None and before.positions.shape[0] == batch and length == before.length + 1 and (
+    go_on = not new and before is not None and before.positions.shape[0] == batch and length == before.length + 1 and (
         past == before.length if past else (width == length and not before.cached and (
             before_ids is None or _same_prefix(x, before_ids))))
     if go_on and before is not None:
@@ -206,6 +214,52 @@ class TokenPositions(At):
         return self.take(output, name)
 
 
+# decoding loops of transformers' GenerationMixin whose rows or steps the forward's inputs do not show
+_REFUSED = {
+    "_beam_search": "beam search (num_beams > 1) reorders the rows between steps, which the forward's inputs do not "
+                    "show; generate with num_beams=1 for token positions",
+    "_group_beam_search": "beam search (num_beams > 1) reorders the rows between steps, which the forward's inputs do "
+                          "not show; generate with num_beams=1 for token positions",
+    "_constrained_beam_search": "beam search (num_beams > 1) reorders the rows between steps, which the forward's "
+                                "inputs do not show; generate with num_beams=1 for token positions",
+    "_assisted_decoding": "assisted decoding (assistant_model= or prompt_lookup_num_tokens=) verifies several tokens "
+                          "per forward and rolls the cache back, so a forward is not one step; generate without it "
+                          "for token positions",
+}
+_LOOPS = frozenset(_REFUSED) | {"_sample"}
+
+
+def decoding_loop(model: nn.Module) -> dict[str, Any] | None:
+    """The locals of the transformers decoding loop calling ``model`` now (``None`` outside one); refuse, in one
+    line, the loops whose rows or steps the forward's inputs do not show."""
+    frame: types.FrameType | None = sys._getframe(1)
+    for _ in range(48):  # generate() sits a few frames above the forward: a bounded walk, once per forward
+        if frame is None:
+            return None
+        name = frame.f_code.co_name
+        if name in _LOOPS and frame.f_locals.get("self") is model:
+            if name in _REFUSED:
+                raise HookscopeError(_REFUSED[name])
+            return frame.f_locals
+        frame = frame.f_back
+    return None
+
+
+def _finished_rows(frame: Frame, ended: dict[int, int], loop: Mapping[str, Any] | None) -> Frame:
+    """``frame`` with the positions of rows already ended (fed pads after their end token) marked ``-1``;
+    ``ended`` maps each such row to its first pad's position, kept across the steps of one sequence."""
+    unfinished = None if loop is None else loop.get("unfinished_sequences")
+    if isinstance(unfinished, torch.Tensor) and unfinished.shape == (frame.positions.shape[0],) and frame.step:
+        for b in (unfinished == 0).nonzero().flatten().tolist():
+            ended.setdefault(b, int(frame.positions[b, -1]))
+    if not ended:
+        return frame
+    positions = frame.positions.clone()
+    for b, first_pad in ended.items():
+        positions[b][positions[b] >= first_pad] = -1
+    return dataclasses.replace(frame, positions=positions)
+
+
 @dataclass
 class _Entry:
     sequence: int
@@ -218,7 +272,7 @@ class FollowedPositions(TokenPositions):
     """:class:`TokenPositions` following one model's forwards inside one capture or edit: the frame
     of the forward running now, and what each selected module's calls selected."""
 
-    __slots__ = ("frame", "log", "_ids", "_running", "_cache", "_last")
+    __slots__ = ("frame", "log", "_ids", "_running", "_cache", "_last", "_ended", "_loop", "_thread")
 
     def __init__(self, kind: str, values: tuple[int, ...] = ()) -> None:
         super().__init__(kind, values)
@@ -228,12 +282,33 @@ class FollowedPositions(TokenPositions):
         self._running = False
         self._cache: dict[bool, tuple[Frame, tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[int]]]] = {}
         self._last: list[Frame] = []  # the last frame of each sequence: how far each went
+        self._ended: dict[int, int] = {}  # rows of the running sequence fed pads after their end token
+        self._loop: object = None  # the running generate() call (its generation config), or None
+        self._thread: int | None = None  # the one thread whose forwards these positions follow
 
     def attach(self, model: nn.Module, group: HookGroup) -> None:
         inner = unwrap(model)[0]
+        config = getattr(inner, "config", None)
+        if getattr(config, "is_encoder_decoder", False):
+            raise HookscopeError(f"{self!r} follows a decoder-only language model; {type(inner).__name__} is an "
+                                 "encoder-decoder, whose decoder positions its inputs do not give as input_ids and "
+                                 "attention_mask; capture or edit it without at=")
 
         def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self.frame = frame_of(args, kwargs, self.frame, self._ids)
+            thread = threading.get_ident()
+            if self._thread is None:
+                self._thread = thread
+            elif thread != self._thread:  # one frame of state: another thread's steps would interleave with these
+                raise HookscopeError(f"{self!r} follows the forwards of one thread, and another thread called the "
+                                     "model inside the same block; open one capture or edit per thread, one after "
+                                     "the other")
+            loop = decoding_loop(module)
+            key = None if loop is None else loop.get("generation_config", loop)
+            frame = frame_of(args, kwargs, self.frame, self._ids, new=key is not self._loop)
+            self._loop = key
+            if frame.step == 0:
+                self._ended = {}
+            self.frame = _finished_rows(frame, self._ended, loop)
             x = kwargs.get("input_ids", args[0] if args else None)
             self._ids = x if isinstance(x, torch.Tensor) and not self.frame.cached else None
             if self._last and self._last[-1].sequence == self.frame.sequence:
