@@ -97,6 +97,7 @@ class Monitor:
         self._names = {id(p): n for n, p in self.root.named_parameters()}
         self._probe: Probe | None = None
         self._side: ParamSide | None = None
+        self._spare: list[torch.Tensor] = []  # the update's copies, kept while the next step is sampled too
         self._loss: torch.Tensor | float | None = None
         self._lr: float | torch.Tensor | None = None
         self._rng: RandomState | None = None
@@ -134,6 +135,7 @@ class Monitor:
     def close(self) -> None:
         """Remove every hook and close the writers (the block does this on exit). Idempotent."""
         self._end_probe()
+        self._spare = []
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -212,7 +214,9 @@ class Monitor:
                             bins=self.bins)
         self._probe.attach()
         self._probe.pause(self._paused > 0)
-        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins) if self._owned else None
+        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins,
+                               buffers=self._spare) if self._owned else None
+        self._spare = []
         if self._side is not None and self.optimizer is None:
             self._side.snapshot()  # no optimizer: the update happens somewhere in the step
 
@@ -311,6 +315,7 @@ class Monitor:
         if self._side is not None:
             rows += self._side.rows(self.step_number)
             histograms += self._side.histograms(self.step_number)
+            self._spare = self._side.spare() if self.sampled(self.step_number + 1) else []
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
