@@ -266,11 +266,15 @@ class Monitor:
         grads = [p.grad for p in params if p.grad is not None]
         loss = self._loss if isinstance(self._loss, torch.Tensor) else (
             torch.tensor(self._loss) if self._loss is not None else None)
-        finite = all_finite(grads, loss)
         if self._side is not None:
             if self.optimizer is not None or snapshot:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
+        if self._side is not None and self._side.covers(params):
+            # a sampled step has just counted every gradient's NaN and Inf: no second pass over them
+            finite = self._side.grads_finite() and all_finite([], loss)
+        else:
+            finite = all_finite(grads, loss)
         if not finite:
             self._flagged(params, loss)
 

@@ -122,6 +122,16 @@ class ParamSide:
                                                ("grad_param", None if p.grad is None else stored(whole(p.grad))))
                                  if t is not None]
 
+    def covers(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether every one of ``params`` is among this side's (then :meth:`grads_finite` answers
+        the sentinel without another pass over the gradients)."""
+        mine = {id(p) for p in self._unique}
+        return all(id(p) in mine for p in params)
+
+    def grads_finite(self) -> bool:
+        """Whether the gradients :meth:`before` read hold no NaN and no Inf (their counts)."""
+        return all(g[6] == 0 and g[7] == 0 for g in self._grads if g is not None)
+
     def histograms(self, step: int) -> list[Histogram]:
         """Each parameter's histogram and its gradient's, as :meth:`before` found them."""
         return [dataclasses.replace(h, step=step) for h in self._counted]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -87,7 +88,9 @@ class JSONLinesWriter(Writer):
         self._file = fresh_file(path, "JSONLinesWriter", append)
 
     def write(self, telemetry: Telemetry) -> None:
-        lines = [json.dumps(jsonable(dataclasses.asdict(r)), allow_nan=False) for r in telemetry.rows]
+        # a row's fields are numbers, text or None: read directly (``dataclasses.asdict`` deep-copies each
+        # value, a tenth of an every-step monitor's own time on resnet18)
+        lines = [json.dumps({f: _plain(getattr(r, f)) for f in FIELDS}, allow_nan=False) for r in telemetry.rows]
         lines += [json.dumps(jsonable({"what": "histogram", **dataclasses.asdict(h)}), allow_nan=False)
                   for h in telemetry.histograms]
         self._file.write("".join(line + "\n" for line in lines))
@@ -130,4 +133,4 @@ class CSVWriter(Writer):
 
 
 def _plain(v: Any) -> Any:
-    return jsonable(v) if isinstance(v, float) else v
+    return v if not isinstance(v, float) or math.isfinite(v) else str(v)  # NaN and infinities as text
