@@ -11,7 +11,9 @@ of the monitor's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -82,7 +84,8 @@ class Monitor:
 
     def __init__(self, model: nn.Module, selected: list[tuple[str, nn.Module]], *, schedule: Schedule,
                  log: list[Callable[[], Writer]], optimizer: Any, stats: frozenset[str],
-                 bins: int | torch.Tensor | None, nonfinite: str, replay: Callable[[], Any] | None) -> None:
+                 bins: int | torch.Tensor | None, nonfinite: str, replay: Callable[[], Any] | None,
+                 scaler: Any = None) -> None:
         self.model, self.root = model, unwrap(model)[0]
         self.selected, self.schedule, self.optimizer = selected, schedule, optimizer
         self.stats, self.bins, self.on_nonfinite, self.replay = stats, bins, nonfinite, replay
@@ -102,6 +105,10 @@ class Monitor:
         self._lr: float | torch.Tensor | None = None
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
+        self._skip: str = ""  # why the update of the step under way does not run ("": it runs)
+        self._checked_now = False  # whether the sentinel has checked the step under way
+        self.scaler = scaler
+        self._stepped = False  # whether the optimizer stepped since the scaler's last update()
         self._handles: list[Any] = []
         self._paused = 0
         self._state = "new"
@@ -123,6 +130,8 @@ class Monitor:
                 # own hook: the optimizer's step hooks are what a step is (no module hook stays between steps)
                 self._handles = [self.optimizer.register_step_pre_hook(self._pre_hook),
                                  self.optimizer.register_step_post_hook(self._post_hook)]
+            if self.scaler is not None:
+                self._handles.append(_ScalerHook(self.scaler, self._scaler_update))
             self._begin()
         except BaseException:
             self.close()
@@ -185,6 +194,25 @@ class Monitor:
         if self.optimizer is not None:
             raise HookscopeError(f"this monitor counts the optimizer's steps; drop mon.{call} "
                                  "(mon.note(loss=...) before optimizer.step() gives it the loss)")
+
+    def skip(self, reason: str) -> None:
+        """Mark the step under way as one whose update does not run (its ``step`` row says
+        ``skipped`` with ``reason``, its parameters' rows measure no update); if the sentinel has not
+        checked the step yet, it does now, naming a non-finite step without raising (no update is
+        left to keep from happening). End the step as usual after (``after_update()``, ``step()``).
+        With ``scaler=`` the monitor does this itself for the steps the scaler skips."""
+        if self._state != "open":
+            raise HookscopeError("mon.skip() outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
+        self._skip = reason or "the update did not run"
+        if not self._checked_now:
+            self._check(act=False)
+
+    def _scaler_update(self) -> None:
+        """Just before ``scaler.update()``: a step whose ``optimizer.step()`` the scaler did not call."""
+        stepped, self._stepped = self._stepped, False
+        if self._state == "open" and not stepped and _scaler_skipped(self.scaler, self.optimizer):
+            self.skip("GradScaler found Inf or NaN gradients and did not run optimizer.step()")
+            self._finish()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -249,6 +277,7 @@ class Monitor:
         return run
 
     def _post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
         if self._state == "open":
             self._finish()
 
@@ -257,8 +286,10 @@ class Monitor:
             return [p for group in self.optimizer.param_groups for p in group["params"]]
         return [p for p in self.root.parameters() if p.requires_grad]
 
-    def _check(self, snapshot: bool = False) -> None:
-        """Just before the update: the sentinel, and the parameters' side of a sampled step."""
+    def _check(self, snapshot: bool = False, act: bool = True) -> None:
+        """Just before the update: the sentinel, and the parameters' side of a sampled step; without
+        ``act`` (the update does not run) a non-finite step is named, not raised or skipped."""
+        self._checked_now = True
         if self.optimizer is not None:
             lr = self.optimizer.param_groups[0].get("lr")
             self._lr = lr if lr is not None else self._lr  # read as a number only on the steps written
@@ -267,7 +298,7 @@ class Monitor:
         loss = self._loss if isinstance(self._loss, torch.Tensor) else (
             torch.tensor(self._loss) if self._loss is not None else None)
         if self._side is not None:
-            if self.optimizer is not None or snapshot:  # the weights as the update finds them
+            if (self.optimizer is not None or snapshot) and act:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
         if self._side is not None and self._side.covers(params):
@@ -276,17 +307,21 @@ class Monitor:
         else:
             finite = all_finite(grads, loss)
         if not finite:
-            self._flagged(params, loss)
+            self._flagged(params, loss, act)
 
-    def _flagged(self, params: list[torch.Tensor], loss: torch.Tensor | None) -> None:
+    def _flagged(self, params: list[torch.Tensor], loss: torch.Tensor | None, act: bool = True) -> None:
         event = self._name(params, loss)
         self._flag, self.last_nonfinite, self.flagged = event, event, self.flagged + 1
         self.nonfinite = self.nonfinite or event
+        if not act:
+            return
         if self.on_nonfinite == "raise":
+            self._skip = "the sentinel raised before the update"
             self._finish()  # the update never runs; a loop that catches the error goes on with the next step
             raise NonFiniteStepError(event.describe() + "; nonfinite='skip' skips such steps, 'log' goes on",
                                      event.row, [], step=event.step)
         if self.on_nonfinite == "skip":
+            self._skip = "nonfinite='skip' cleared the gradients: the update left the weights as they were"
             for p in params:
                 p.grad = None  # the optimizer leaves a parameter without a gradient as it is, state too
 
@@ -316,15 +351,18 @@ class Monitor:
         if self._probe is not None:
             rows += self._probe.rows(self.step_number)
             histograms += self._probe.histograms(self.step_number)
+        if self._probe is not None and self.scaler is not None:
+            rows = _unscaled(rows, self.scaler)
         if self._side is not None:
-            rows += self._side.rows(self.step_number)
+            rows += self._side.rows(self.step_number, updated=not self._skip)
             histograms += self._side.histograms(self.step_number)
             self._spare = self._side.spare() if self.sampled(self.step_number + 1) else []
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
             lr = None if self._lr is None else float(self._lr)
-            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr))
+            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr,
+                                        skipped=bool(self._skip), note=self._skip))
             if self._flag is not None:
                 rows.append(_flag_row(self._flag))
             telemetry = Telemetry(self.step_number, rows, histograms)
@@ -332,7 +370,7 @@ class Monitor:
                 self.last = telemetry
             for w in self.writers:
                 w.write(telemetry)
-        self._loss, self._flag = None, None
+        self._loss, self._flag, self._skip, self._checked_now = None, None, "", False
         self.step_number += 1
         self._begin()
 
@@ -344,6 +382,51 @@ class Monitor:
     def __repr__(self) -> str:
         return (f"Monitor(step_number={self.step_number}, layers={len(self.selected)}, every={self.schedule.every}, "
                 f"flagged={self.flagged})")
+
+
+class _ScalerHook:
+    """``scaler.update`` replaced on the instance, so that the monitor sees each update before it
+    happens; :meth:`remove` puts back what was there (a handle, as the optimizer's hooks have)."""
+
+    def __init__(self, scaler: Any, before: Callable[[], None]) -> None:
+        self.scaler = scaler
+        self._had = "update" in vars(scaler)
+        self._was = vars(scaler).get("update")
+        original = scaler.update
+
+        def update(*args: Any, **kwargs: Any) -> Any:
+            before()
+            return original(*args, **kwargs)
+
+        # own hook: GradScaler has no hooks; a step it skips calls no optimizer hook either
+        scaler.update = update
+
+    def remove(self) -> None:
+        if self._had:
+            self.scaler.update = self._was
+        else:
+            vars(self.scaler).pop("update", None)
+
+
+def _scaler_skipped(scaler: Any, optimizer: Any) -> bool:
+    """Whether ``scaler.step(optimizer)`` found Inf or NaN gradients (and so did not step)."""
+    if not scaler.is_enabled():
+        return False
+    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})  # torch.amp's own record
+    found = state.get("found_inf_per_device", {})
+    return bool(found) and sum(float(v.item()) for v in found.values()) > 0
+
+
+def _unscaled(rows: list[TelemetryRow], scaler: Any) -> list[TelemetryRow]:
+    """The output gradients as the loss would give them unscaled: the backward pass ran on the
+    loss times the scaler's scale (the scale of this step: ``update()`` has not changed it yet)."""
+    if not scaler.is_enabled():
+        return rows
+    scale = float(scaler.get_scale())
+    if scale in (0.0, 1.0) or not math.isfinite(scale):
+        return rows
+    return [dataclasses.replace(r, **{k: getattr(r, k) / scale for k in ("mean", "std", "min", "max", "rms")
+                                      if getattr(r, k) is not None}) if r.what == "grad_output" else r for r in rows]
 
 
 def _flag_row(event: NonFinite) -> TelemetryRow:
@@ -397,7 +480,7 @@ def _check_optimizer(optimizer: Any, root: nn.Module) -> None:
 @checked
 def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, steps: Steps = None, log: Log = None,
             optimizer: Any = None, stats: str | Iterable[str] = "all", histograms: Bins | None = None,
-            nonfinite: str = "raise", replay: Callable[[], Any] | None = None) -> Monitor:
+            nonfinite: str = "raise", replay: Callable[[], Any] | None = None, scaler: Any = None) -> Monitor:
     """Watch a training run: per-layer telemetry on sampled steps, a NaN/Inf sentinel on every step.
 
     A step is one ``optimizer.step()`` (through its step hooks), or one :meth:`Monitor.step` call
@@ -434,6 +517,11 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
         replay: a function that recomputes the step under way's loss from its batch (a lambda over
             the loop's variables, ``lambda: loss_fn(model(x), y)``), called only on a non-finite
             step, to name the module; ``Monitor.replay`` may also be set per step.
+        scaler: the ``torch.amp.GradScaler`` of the loop (needs ``optimizer``): a step it skips
+            (Inf or NaN gradients: ``optimizer.step()`` not called) is still a step, ended at
+            ``scaler.update()``, marked ``skipped`` and named by the sentinel without raising (the
+            scaler's own handling of an overflow); the output gradients' statistics are divided by
+            the scale, as the scaler unscales the parameters' gradients.
 
     Example:
         >>> import torch, hookscope
@@ -460,8 +548,12 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
         raise HookscopeError("nonfinite='skip' needs optimizer=: without one the monitor cannot keep an update from happening")
     if replay is not None and not callable(replay):
         raise HookscopeError(f"replay= must be a function of no arguments that returns the step's loss; got {type(replay).__name__}")
+    if scaler is not None and (optimizer is None or not all(callable(getattr(scaler, n, None))
+                                                            for n in ("update", "get_scale", "is_enabled"))):
+        raise HookscopeError("scaler= takes the loop's torch.amp.GradScaler, with optimizer= (the scaler steps it)"
+                             if optimizer is None else f"scaler={type(scaler).__name__} is not a torch.amp.GradScaler")
     chosen = _stats(stats)
     bins = check_bins(histograms)
     selected = _leaves(model, selectors)
     return Monitor(model, selected, schedule=schedule, log=_writers(log), optimizer=optimizer, stats=chosen,
-                   bins=bins, nonfinite=nonfinite, replay=replay)
+                   bins=bins, nonfinite=nonfinite, replay=replay, scaler=scaler)

@@ -150,9 +150,10 @@ class ParamSide:
                      for _, _, p in self._owned]
             return [float(v) for v in torch.stack(moved).cpu().tolist()]
 
-    def rows(self, step: int) -> list[TelemetryRow]:
-        """One ``param`` row per parameter (see :class:`TelemetryRow`)."""
-        deltas = self._moved()
+    def rows(self, step: int, *, updated: bool = True) -> list[TelemetryRow]:
+        """One ``param`` row per parameter (see :class:`TelemetryRow`); without ``updated`` (the
+        update did not run) no update is measured: ``update_norm`` and ``update_ratio`` are ``None``."""
+        deltas = self._moved() if updated else [None] * len(self._owned)
         out = []
         for (layer, name, p), norm, grad, n, delta in zip(self._owned, self._norms, self._grads, self._counts, deltas):
             row = TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, update_norm=delta,
