@@ -11,13 +11,9 @@ of the monitor's.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import math
-import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Union
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,15 +21,15 @@ from torch import nn
 from ...errors import HookscopeError, NonFiniteStepError, checked, did_you_mean
 from ...selection import Selector, unwrap
 from .._recorder import select
-from .._rows import gather
 from ._distributed import writes_here
 from ._histogram import Bins, check_bins
 from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
+from ._scaler import ScalerHook, scaler_skipped, unscaled
 from ._schedule import Schedule, Steps
 from ._sentinel import NonFinite, RandomState, culprit_of, replay_step
 from ._telemetry import Telemetry, TelemetryRow
-from ._writers import CSVWriter, JSONLinesWriter, Writer, checked_folder
+from ._writers import Log, Writer, writers_of
 
 __all__ = ["NONFINITE", "STATS", "Monitor", "monitor"]
 
@@ -42,7 +38,6 @@ STATS = ("input", "output", "grad_output", "params", "update", "dead")
 gradients at their outputs; their parameters (norms and the gradients' statistics); the update
 ratio (a copy of the parameters on sampled steps; implies ``params``); the dead units of outputs."""
 NONFINITE = ("raise", "skip", "log")
-Log = Union[str, "os.PathLike[str]", Writer, Sequence[Union[str, "os.PathLike[str]", Writer]], None]
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
@@ -131,7 +126,7 @@ class Monitor:
                 self._handles = [self.optimizer.register_step_pre_hook(self._pre_hook),
                                  self.optimizer.register_step_post_hook(self._post_hook)]
             if self.scaler is not None:
-                self._handles.append(_ScalerHook(self.scaler, self._scaler_update))
+                self._handles.append(ScalerHook(self.scaler, self._scaler_update))
             self._begin()
         except BaseException:
             self.close()
@@ -210,7 +205,7 @@ class Monitor:
     def _scaler_update(self) -> None:
         """Just before ``scaler.update()``: a step whose ``optimizer.step()`` the scaler did not call."""
         stepped, self._stepped = self._stepped, False
-        if self._state == "open" and not stepped and _scaler_skipped(self.scaler, self.optimizer):
+        if self._state == "open" and not stepped and scaler_skipped(self.scaler, self.optimizer):
             self.skip("GradScaler found Inf or NaN gradients and did not run optimizer.step()")
             self._finish()
 
@@ -352,7 +347,7 @@ class Monitor:
             rows += self._probe.rows(self.step_number)
             histograms += self._probe.histograms(self.step_number)
         if self._probe is not None and self.scaler is not None:
-            rows = _unscaled(rows, self.scaler)
+            rows = unscaled(rows, self.scaler)
         if self._side is not None:
             rows += self._side.rows(self.step_number, updated=not self._skip)
             histograms += self._side.histograms(self.step_number)
@@ -384,84 +379,11 @@ class Monitor:
                 f"flagged={self.flagged})")
 
 
-class _ScalerHook:
-    """``scaler.update`` replaced on the instance, so that the monitor sees each update before it
-    happens; :meth:`remove` puts back what was there (a handle, as the optimizer's hooks have)."""
-
-    def __init__(self, scaler: Any, before: Callable[[], None]) -> None:
-        self.scaler = scaler
-        self._had = "update" in vars(scaler)
-        self._was = vars(scaler).get("update")
-        original = scaler.update
-
-        def update(*args: Any, **kwargs: Any) -> Any:
-            before()
-            return original(*args, **kwargs)
-
-        # own hook: GradScaler has no hooks; a step it skips calls no optimizer hook either
-        scaler.update = update
-
-    def remove(self) -> None:
-        if self._had:
-            self.scaler.update = self._was
-        else:
-            vars(self.scaler).pop("update", None)
-
-
-def _scaler_skipped(scaler: Any, optimizer: Any) -> bool:
-    """Whether ``scaler.step(optimizer)`` found Inf or NaN gradients (and so did not step)."""
-    if not scaler.is_enabled():
-        return False
-    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})  # torch.amp's own record
-    found = state.get("found_inf_per_device", {})
-    return bool(found) and sum(float(v.item()) for v in found.values()) > 0
-
-
-def _unscaled(rows: list[TelemetryRow], scaler: Any) -> list[TelemetryRow]:
-    """The output gradients as the loss would give them unscaled: the backward pass ran on the
-    loss times the scaler's scale (the scale of this step: ``update()`` has not changed it yet)."""
-    if not scaler.is_enabled():
-        return rows
-    scale = float(scaler.get_scale())
-    if scale in (0.0, 1.0) or not math.isfinite(scale):
-        return rows
-    return [dataclasses.replace(r, **{k: getattr(r, k) / scale for k in ("mean", "std", "min", "max", "rms")
-                                      if getattr(r, k) is not None}) if r.what == "grad_output" else r for r in rows]
-
-
 def _flag_row(event: NonFinite) -> TelemetryRow:
     r = event.row
     return TelemetryRow(event.step, event.module, "nonfinite", "" if r is None else f"{r.phase} {r.which} {r.path}",
                         numel=None if r is None else r.numel, nan=None if r is None else r.nan,
                         inf=None if r is None else r.inf, note=event.describe())
-
-
-def _given(writer: Writer) -> Writer:
-    return writer
-
-
-def _writers(log: Log) -> list[Callable[[], Writer]]:
-    """``log=`` checked now (a folder that is a file is refused before the run); the writers are
-    made as the block begins."""
-    if log is None:
-        return []
-    items = list(log) if isinstance(log, (list, tuple)) else [log]
-    makers: list[Callable[[], Writer]] = []
-    for item in items:
-        if isinstance(item, Writer):
-            makers.append(functools.partial(_given, item))
-        elif isinstance(item, (str, os.PathLike)):
-            folder = checked_folder(item, "log")
-            for name in ("monitor.jsonl", "monitor.csv"):
-                if writes_here() and (folder / name).is_file() and (folder / name).stat().st_size:  # rank 0's log
-                    raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
-                                         f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
-            makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
-                       functools.partial(CSVWriter, folder / "monitor.csv")]
-        else:
-            raise HookscopeError(f"log= takes a folder or writers (hookscope.TensorBoardWriter(...), ...); "
-                                 f"got {type(item).__name__}")
-    return makers
 
 
 def _check_optimizer(optimizer: Any, root: nn.Module) -> None:
@@ -555,5 +477,5 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
     chosen = _stats(stats)
     bins = check_bins(histograms)
     selected = _leaves(model, selectors)
-    return Monitor(model, selected, schedule=schedule, log=_writers(log), optimizer=optimizer, stats=chosen,
+    return Monitor(model, selected, schedule=schedule, log=writers_of(log), optimizer=optimizer, stats=chosen,
                    bins=bins, nonfinite=nonfinite, replay=replay, scaler=scaler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -75,14 +76,13 @@ def _amin(x: torch.Tensor, axis: int) -> torch.Tensor:
     return _over_all_but(x, axis, torch.amin)
 
 
-def _over_all_but(x: torch.Tensor, axis: int, reduce: Any) -> torch.Tensor:
+def _over_all_but(x: torch.Tensor, axis: int, reduce: Callable[..., torch.Tensor]) -> torch.Tensor:
     """``reduce`` over every dimension of ``x`` but ``axis``; a contiguous N x C x ... tensor as
     N*C rows, reduced along each row first (its memory order: as fast as a ``sum``)."""
     if axis == 1 and x.is_contiguous():
         rows = reduce(x.view(x.shape[0] * x.shape[1], -1), dim=1)
         return reduce(rows.view(x.shape[0], x.shape[1]), dim=0)
-    result: torch.Tensor = reduce(x, dim=tuple(d for d in range(x.dim()) if d != axis))
-    return result
+    return reduce(x, dim=tuple(d for d in range(x.dim()) if d != axis))
 
 
 class Probe:
