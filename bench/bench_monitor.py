@@ -12,6 +12,8 @@ the plain loop's in the same round.
 - ``monitor every=100``: every statistic on one step in a hundred (the amortised cost);
 - ``monitor every step``: every statistic (inputs, outputs, output gradients, parameters, update
   ratios, dead fractions) on every step;
+- ``monitor every step, stats=["output", "params", "update"]``: a cheaper choice, every step: the
+  outputs (no inputs, no output gradients, no dead fractions) and the parameter side;
 - ``sentinel only``: no step sampled, only the per-step non-finite check;
 - ``wandb.watch(log="all", log_freq=1)``: W&B's hooks on parameters and gradients, in offline mode,
   each step committed with ``run.log`` (skipped when wandb is not installed).
@@ -31,6 +33,8 @@ import os
 import platform
 import sys
 import tempfile
+import statistics
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, Callable
@@ -42,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _rounds import cpu_model, ratios  # noqa: E402
 
 import hookscope  # noqa: E402
+from hookscope._native import describe  # noqa: E402
 
 
 def _model(quick: bool) -> nn.Module:
@@ -65,8 +70,14 @@ class Loop:
         self.stack = contextlib.ExitStack()
         self.mon = self.stack.enter_context(open_(self.model, self.opt)) if open_ is not None else None
         self.wandb_run: Any = None
+        self.cpu: list[float] = []  # the process's CPU seconds of each call (the machine is shared)
 
     def steps(self, n: int) -> None:
+        start = time.process_time()
+        self._steps(n)
+        self.cpu.append(time.process_time() - start)
+
+    def _steps(self, n: int) -> None:
         for _ in range(n):
             self.opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(self.model(self.x), self.y)
@@ -105,11 +116,14 @@ def speed(args: argparse.Namespace) -> None:
             m, every=every, optimizer=o, log=os.path.join(folder, "every"))),
         "monitor every step": Loop(base, batch, lambda m, o: hookscope.monitor(
             m, every=1, optimizer=o, log=os.path.join(folder, "all"))),
+        'monitor every step, stats=["output", "params", "update"]': Loop(base, batch, lambda m, o: hookscope.monitor(
+            m, every=1, optimizer=o, stats=["output", "params", "update"], log=os.path.join(folder, "some"))),
         "sentinel only": Loop(base, batch, lambda m, o: hookscope.monitor(m, every=None, steps=[], optimizer=o)),
     }
     watched = Loop(base, batch, None)
     if _wandb(watched, folder):
         loops['wandb.watch(log="all", log_freq=1)'] = watched
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     try:
         times, ratio = ratios({k: (lambda loop=loop: loop.steps(args.steps)) for k, loop in loops.items()},
                               args.rounds, base="plain")
@@ -118,11 +132,15 @@ def speed(args: argparse.Namespace) -> None:
             loop.stack.close()
     what = "small conv net" if args.quick else "resnet18"
     print(f"{what}, batch 32 x 3 x {size} x {size}, {args.steps} steps a round, {args.rounds} rounds; "
-          f"torch {torch.__version__}, {cpu_model()}, {os.cpu_count()} cores, {platform.system()}")
-    print("| configuration | ms per step (median) | ratio to plain |")
-    print("|---|---|---|")
+          f"torch {torch.__version__}, {cpu_model()}, {os.cpu_count()} cores, {platform.system()}; "
+          f"{describe()}; load average {load} at the start, {' '.join(f'{v:.2f}' for v in os.getloadavg())} at the end")
+    # CPU time beside the wall clock: on a loaded machine the wall clock counts the waits for a core
+    cpu = {k: statistics.median(loop.cpu[1:]) for k, loop in loops.items()}  # the first call is the warm-up
+    print("| configuration | ms per step (median) | ratio to plain | CPU ms per step | CPU ratio |")
+    print("|---|---|---|---|---|")
     for k in loops:
-        print(f"| {k} | {1000 * times[k] / args.steps:.1f} | {ratio[k]:.3f}x |")
+        print(f"| {k} | {1000 * times[k] / args.steps:.1f} | {ratio[k]:.3f}x | {1000 * cpu[k] / args.steps:.1f} "
+              f"| {cpu[k] / cpu['plain']:.3f}x |")
 
 
 def _rss() -> int:

@@ -451,3 +451,35 @@ def test_a_loss_of_many_numbers_is_refused_in_one_line():
     with hookscope.monitor(net) as mon, pytest.raises(hookscope.HookscopeError, match=r"loss.mean\(\)") as e:
         mon.note(loss=torch.ones(3))
     assert "\n" not in str(e.value) and no_hooks(net)
+
+
+def _alive_by_mask(t: torch.Tensor) -> torch.Tensor:
+    """The definition: a unit is alive if some value of it is not 0 (channels of 4-D/5-D, else the last dim)."""
+    axis = 1 if t.dim() in (4, 5) else t.dim() - 1
+    return t.movedim(axis, 0).reshape(t.shape[axis], -1).ne(0).any(dim=1)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "2-D", "5-D", "sliced", "1-D"])
+@pytest.mark.parametrize("told", [False, True])
+def test_alive_units_equal_the_mask_of_nonzeros_whatever_the_layout_and_the_statistics_told(layout, told):
+    from hookscope.analysis._reduce import tensor_stats
+    from hookscope.analysis.monitor._probe import alive_units
+
+    torch.manual_seed(3)
+    shape = {"2-D": (5, 7), "5-D": (2, 4, 3, 2, 2), "1-D": (9,)}.get(layout, (3, 6, 4, 5))
+    for kind in ("relu", "mixed", "zeros", "nonzero"):
+        t = torch.randn(shape)
+        t = {"relu": t.relu(), "mixed": t * (t.abs() > 0.8), "zeros": t * 0, "nonzero": t.abs() + 1}[kind]
+        if t.dim() > 1:
+            t.select(1 if t.dim() in (4, 5) else t.dim() - 1, 0).zero_()  # one unit dead everywhere
+            if kind == "mixed":
+                t.select(1 if t.dim() in (4, 5) else t.dim() - 1, 1).mul_(0).add_(-0.0)  # -0.0 is 0 too
+        if layout == "channels_last":
+            t = t.contiguous(memory_format=torch.channels_last)
+        if layout == "sliced":
+            t = torch.cat([t, t], dim=3)[..., ::2]
+        stats = tensor_stats(t) if told else None
+        assert torch.equal(alive_units(t, stats), _alive_by_mask(t)), (kind, layout)
+    nan = torch.zeros(shape)
+    nan.view(-1)[-1] = float("nan")  # a NaN is not 0: its unit is alive
+    assert torch.equal(alive_units(nan, tensor_stats(nan) if told else None), _alive_by_mask(nan))

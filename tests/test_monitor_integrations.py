@@ -217,10 +217,11 @@ class Rows(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-def _train(model: nn.Module, callback: Any, tmp_path: Any, *, steps: int, accumulate: int = 1) -> Any:
+def _train(model: nn.Module, callback: Any, tmp_path: Any, *, steps: int, accumulate: int = 1,
+           clip: float = 0.0) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=steps, learning_rate=0.1, optim="sgd",
-        lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0, gradient_accumulation_steps=accumulate,
+        lr_scheduler_type="constant", max_grad_norm=clip, weight_decay=0.0, gradient_accumulation_steps=accumulate,
         logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[callback])
     trainer.train()
@@ -385,3 +386,56 @@ def test_a_failed_run_is_ended_by_close(tmp_path):
     assert callback.monitor is None and hook_count(model) == 0
     with hookscope.monitor(model, every=1):  # the model is free for another monitor
         pass
+
+
+# --- clipping: both frameworks read the gradient the optimizer uses ---------------------------------
+_LOUD = 1e4  # the loss multiplied: a planted gradient far above the clipping threshold of 1.0
+
+
+class LoudModule(Module):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return super().training_step(batch, batch_idx) * _LOUD
+
+
+class LoudRegressor(Regressor):
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": super().forward(x, labels)["loss"] * _LOUD}
+
+
+def _unclipped_norm() -> float:
+    """The first step's gradient norm by hand, before any clipping: far above 1."""
+    net = _net()
+    x, y = _batches(1)[0]
+    (nn.functional.mse_loss(net(x), y) * _LOUD).backward()
+    return math.sqrt(sum(float(p.grad.norm()) ** 2 for p in net.parameters()))
+
+
+def _check_clipped(seen: list[hookscope.Telemetry]) -> None:
+    assert _unclipped_norm() > 100 and len(seen) == 3
+    for t in seen:
+        params = [r for r in t.rows if r.what == "param"]
+        total = math.sqrt(sum(r.grad_norm ** 2 for r in params))
+        assert total == pytest.approx(1.0, rel=1e-4), t.step  # clipped to 1.0: the gradient the optimizer used
+        for r in params:  # plain SGD, lr 0.1: the update is 0.1 times the gradient read
+            assert r.update_norm == pytest.approx(0.1 * r.grad_norm, rel=1e-4), (t.step, r.layer, r.path)
+
+
+def test_lightning_reads_the_gradients_after_clipping(tmp_path):
+    kept = Kept()
+    callback = hookscope.LightningMonitor(every=1, log=kept)
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=False)
+    module = LoudModule(_net())
+    L.Trainer(max_steps=3, gradient_clip_val=1.0, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+              enable_model_summary=False, accelerator="cpu", devices=1, limit_val_batches=0,
+              default_root_dir=str(tmp_path), callbacks=[callback]).fit(module, loader)
+    _check_clipped(kept.seen)
+    assert hook_count(module) == 0 and not module.trainer.optimizers[0]._optimizer_step_pre_hooks
+
+
+def test_trainer_reads_the_gradients_after_clipping(tmp_path):
+    kept = Kept()
+    model = LoudRegressor()
+    _train(model, hookscope.TrainerMonitor(every=1, log=kept), tmp_path, steps=3, clip=1.0)
+    _check_clipped(kept.seen)
+    assert hook_count(model) == 0

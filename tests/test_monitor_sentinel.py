@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import hookscope
+from hookscope.analysis.monitor import scalars
 from hookscope.errors import NonFiniteStepError
 
 from helpers import no_hooks
@@ -354,3 +355,72 @@ def test_a_loss_that_overflows_from_finite_outputs_is_named_as_the_loss():
             opt.step()
     assert e.value.step == 1 and e.value.row.which == "loss" and mon.nonfinite.module == ""
     assert no_hooks(net)
+
+
+class _Kept(hookscope.Writer):
+    def __init__(self) -> None:
+        self.seen: list[hookscope.Telemetry] = []
+
+    def write(self, telemetry: hookscope.Telemetry) -> None:
+        self.seen.append(telemetry)
+
+
+def test_a_step_the_grad_scaler_skips_is_a_step_marked_skipped_named_and_not_raised():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    x, y = torch.randn(6, 4), torch.randn(6, 1)
+    kept, grads, moved = _Kept(), {}, {}
+    with hookscope.monitor(net, every=1, optimizer=opt, scaler=scaler, log=kept) as mon:  # nonfinite="raise"
+        for step in range(4):
+            opt.zero_grad()
+            out = net(x * 1e38 if step == 2 else x)  # step 2: an overflow, as AMP meets them
+            scale = scaler.get_scale()
+            out.register_hook(lambda g, step=step, scale=scale: grads.__setitem__(step, g / scale))
+            loss = nn.functional.mse_loss(out, y)
+            before = [p.detach().clone() for p in net.parameters()]
+            scaler.scale(loss).backward()
+            mon.note(loss=loss)
+            scaler.step(opt)
+            scaler.update()
+            moved[step] = [(p.detach() - b).norm().item() / b.norm().item() for p, b in zip(net.parameters(), before)]
+    assert [t.step for t in kept.seen] == [0, 1, 2, 3] and mon.step_number == 4
+    assert moved[2] == [0.0] * 4 and scaler.get_scale() < 2.0 ** 4  # the scaler did skip step 2, and backed off
+    steps = [t.rows[0] for t in kept.seen]
+    assert [r.skipped for r in steps] == [False, False, True, False]
+    assert "GradScaler" in steps[2].note and kept.seen[2].scalar("skipped") == 1.0
+    skipped = [r for r in kept.seen[2].rows if r.what == "param"]
+    assert len(skipped) == 4 and all(r.update_ratio is None and r.update_norm is None for r in skipped)
+    assert "update_ratio/0" not in scalars(kept.seen[2]) and "grad_norm/0" in scalars(kept.seen[2])
+    assert mon.flagged == 1 and mon.nonfinite.step == 2 and "gradients" in mon.nonfinite.found
+    assert any(r.what == "nonfinite" for r in kept.seen[2].rows)
+    for step in (0, 1, 3):  # stepped: the update ratio is the one measured by hand, the output gradient unscaled
+        ratios = [r.update_ratio for r in kept.seen[step].rows if r.what == "param"]
+        assert ratios == pytest.approx(moved[step], rel=1e-4)
+        row = next(r for r in kept.seen[step].rows if r.layer == "2" and r.what == "grad_output")
+        g = grads[step].double()
+        assert (row.mean, row.std, row.min, row.max) == pytest.approx(
+            (g.mean().item(), g.std(correction=0).item(), g.min().item(), g.max().item()), rel=1e-5)
+    assert no_hooks(net) and "update" not in vars(scaler)
+
+
+def test_a_step_the_sentinel_raised_on_is_written_as_skipped():
+    net = _net("forward")
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    kept = _Kept()
+    with pytest.raises(hookscope.NonFiniteError):
+        with hookscope.monitor(net, every=1, optimizer=opt, log=kept) as mon:
+            _train(net, opt, mon, "forward")
+    last = kept.seen[-1]
+    assert last.step == AT and last.rows[0].skipped and "raised" in last.rows[0].note
+    assert all(r.update_ratio is None for r in last.rows if r.what == "param")
+    assert not any(t.rows[0].skipped for t in kept.seen[:-1])
+
+
+def test_scaler_needs_the_optimizer_and_a_grad_scaler():
+    net = nn.Linear(2, 1)
+    with pytest.raises(hookscope.HookscopeError, match="optimizer="):
+        hookscope.monitor(net, scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(hookscope.HookscopeError, match="not a torch.amp.GradScaler"):
+        hookscope.monitor(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), scaler=object())

@@ -94,6 +94,10 @@ class _Memo:
         """Whether ``t``'s elements were reduced at their current version (it was an output)."""
         return self._seen.get(plain(t)) is not None
 
+    def seen(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The statistics of ``t``'s elements at their current version, if they were reduced."""
+        return self._seen.get(plain(t))
+
     def finite(self, t: torch.Tensor) -> bool:
         """Whether :meth:`check` found ``t``'s elements finite at their current version."""
         return self._finite.get(plain(t)) is not None
@@ -269,9 +273,10 @@ class Recorder:
                  sink: Callable[[Pending], None], root: nn.Module | None = None,
                  params: Sequence[tuple[str, str, nn.Parameter]] = (), received: bool = False,
                  on_context: Callable[[str, int, str, Context], None] | None = None,
-                 on_pass: Callable[[], None] | None = None) -> None:
+                 on_pass: Callable[[], None] | None = None,
+                 on_output: Callable[[str, Any], None] | None = None) -> None:
         self.selected, self.keep, self.sink = selected, keep, sink
-        self.on_pass = on_pass
+        self.on_pass, self.on_output = on_pass, on_output
         self.received = received and "output" in keep  # the outputs' statistics say what was checked
         self.on_context = on_context
         # read in every hook: plain attributes, not set lookups
@@ -544,8 +549,18 @@ class Recorder:
                 told = True
             self._emit(name, call, "forward", "received", path, t)
 
+    def stats_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The statistics already taken of ``t``'s elements at their current version (an output or
+        input recorded), or ``None``: no pass is made."""
+        return self._memo.seen(t)
+
     def _outputs(self, name: str, call: int, output: Any) -> None:
-        """The events of one call's outputs, and the hooks on their gradients."""
+        """The events of one call's outputs, the hooks on their gradients, then :attr:`on_output`."""
+        self._output_events(name, call, output)
+        if self.on_output is not None and self.enabled:
+            self.on_output(name, output)
+
+    def _output_events(self, name: str, call: int, output: Any) -> None:
         if not (self.outputs or self.grad_outputs):
             return
         grads = self.grad_outputs and self.enabled and torch.is_grad_enabled()

@@ -68,8 +68,18 @@ class Driven:
             self.close()
             raise
         if self.on_nonfinite == "skip" and mon.flagged > flagged:
+            mon.skip("nonfinite='skip' cleared the gradients: the update left the weights as they were")
             for p in params():
                 p.grad = None
+
+    def skipped(self, loss: torch.Tensor | float | None, reason: str) -> None:
+        """A step whose update did not run, told after the fact (the optimizer was never stepped):
+        checked by the sentinel without raising, marked ``skipped``, and ended."""
+        mon = self.monitor
+        if mon is None:
+            return
+        mon.skip(reason)
+        self.after(loss)
 
     def after(self, loss: torch.Tensor | float | None = None) -> None:
         """Just after the update: the step's rows written, the next step begun."""

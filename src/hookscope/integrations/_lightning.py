@@ -2,9 +2,13 @@
 
 Lightning's automatic optimization calls ``optimizer.step(closure)``, and the closure runs
 ``training_step`` and the backward pass inside the step: the optimizer's own step pre-hook fires
-before the forward pass, on the gradients of the step before. So the step's moments are Lightning's
-callbacks instead: ``on_before_optimizer_step`` (after the backward pass, before the update) and
-``on_train_batch_end`` of the batch whose optimizer stepped.
+before the forward pass, on the gradients of the step before; and Lightning clips the gradients
+after ``on_before_optimizer_step``, inside the closure. So ``on_before_optimizer_step`` only notes
+that the step is under way, and the gradients are read by that pre-hook once the closure has
+returned (after clipping, just before the update; under 16-bit AMP, where Lightning runs the closure
+first and then ``scaler.step``, as the pre-hook fires); the step ends at ``on_train_batch_end`` of
+the batch whose optimizer stepped. A step noted but never stepped (the scaler found Inf or NaN
+gradients) is ended there as ``skipped``.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ class LightningMonitor:
 
     Its steps are the optimizer steps, numbered as ``trainer.global_step`` (a resumed run goes on
     from its step); with ``accumulate_grad_batches=k`` one step holds ``k`` batches (their calls
-    merged in each row) and its loss is the mean of theirs. The gradients are read as
-    ``on_before_optimizer_step`` sees them: after the backward pass, before clipping. A non-finite
+    merged in each row) and its loss is the mean of theirs. The gradients are read as the optimizer
+    uses them: after clipping (``gradient_clip_val``), just before the update, as
+    :class:`~hookscope.TrainerMonitor` reads them. A non-finite
     step is named with its module by replaying the batch (``training_step(batch, batch_idx)`` of
     the step's last batch); under manual optimization, where ``training_step`` steps the optimizer
     itself, there is no replay and the module is named on sampled steps. With several optimizers
@@ -97,15 +102,42 @@ class LightningMonitor:
         self._loss: torch.Tensor | None = None
         self._checked: torch.Tensor | None = None
         self._optimizer: Any = None
+        self._pending: tuple[float | None, Any] | None = None  # the step noted, its gradients not yet read
+        self._hook: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the class is made at run time: pickled by the name of the one users see, and made again
-        return (_restore, (self.__dict__.copy(),))
+        return (_restore, ({**self.__dict__, "_hook": None, "_pending": None},))
 
     def close(self) -> None:
         """End the monitor now (its hooks removed, its writers closed); the callback does this as
         training ends. Idempotent."""
+        self._unhook()
         self._driven.close()
+
+    def _unhook(self) -> None:
+        hook, self._hook, self._pending = self._hook, None, None
+        if hook is not None:
+            hook.remove()
+
+    def _pre_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        closure = kwargs.get("closure")
+        if closure is None:  # 16-bit AMP: the closure and the clipping already ran
+            self._read()
+            return None
+
+        def run() -> Any:
+            result = closure()
+            self._read()  # the closure ran the backward pass, on_before_optimizer_step and the clipping
+            return result
+
+        return args, {**kwargs, "closure": run}
+
+    def _read(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            lr, groups = pending
+            self._driven.before(self._checked, lr, lambda: [p for g in groups for p in g["params"]])
 
     @property
     def monitor(self) -> Any:
@@ -122,6 +154,10 @@ class LightningMonitor:
         self._driven.open(pl_module, int(trainer.global_step))
         self._optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._stepped, self._loss, self._checked = False, None, None
+        self._unhook()
+        if self._optimizer is not None:
+            # own hook: the moment after Lightning's clipping and before the update (see the module's docstring)
+            self._hook = self._optimizer.register_step_pre_hook(self._pre_step)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         mon = self._driven.monitor
@@ -142,8 +178,7 @@ class LightningMonitor:
         groups = getattr(optimizer, "param_groups", None) or []
         lr = groups[0].get("lr") if groups else None
         self._stepped = True
-        self._driven.before(self._checked, None if lr is None else float(lr),
-                            lambda: [p for g in groups for p in g["params"]])
+        self._pending = (None if lr is None else float(lr), groups)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         # the batch's loss as Lightning gives it, divided by accumulate_grad_batches: their sum is the step's mean
@@ -152,17 +187,22 @@ class LightningMonitor:
             self._loss = loss.detach() if self._loss is None else self._loss + loss.detach()
         if self._stepped:
             self._stepped = False
-            self._driven.after(self._loss)
+            if self._pending is not None:  # noted, never stepped: GradScaler found Inf or NaN gradients
+                self._pending = None
+                self._driven.skipped(self._loss, "the optimizer's step did not run (GradScaler found Inf or NaN "
+                                                 "gradients)")
+            else:
+                self._driven.after(self._loss)
             self._loss = self._checked = None
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._driven.close()
+        self.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._driven.close()
+        self.close()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._driven.close()
+        self.close()
 
 
 def _restore(state: dict[str, Any]) -> LightningMonitor:

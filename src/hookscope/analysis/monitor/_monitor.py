@@ -11,11 +11,9 @@ of the monitor's.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Union
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,15 +21,15 @@ from torch import nn
 from ...errors import HookscopeError, NonFiniteStepError, checked, did_you_mean
 from ...selection import Selector, unwrap
 from .._recorder import select
-from .._rows import gather
 from ._distributed import writes_here
 from ._histogram import Bins, check_bins
 from ._params import Owned, ParamSide, all_finite, stored
 from ._probe import Probe
+from ._scaler import ScalerHook, scaler_skipped, unscaled
 from ._schedule import Schedule, Steps
 from ._sentinel import NonFinite, RandomState, culprit_of, replay_step
 from ._telemetry import Telemetry, TelemetryRow
-from ._writers import CSVWriter, JSONLinesWriter, Writer, checked_folder
+from ._writers import Log, Writer, writers_of
 
 __all__ = ["NONFINITE", "STATS", "Monitor", "monitor"]
 
@@ -40,7 +38,6 @@ STATS = ("input", "output", "grad_output", "params", "update", "dead")
 gradients at their outputs; their parameters (norms and the gradients' statistics); the update
 ratio (a copy of the parameters on sampled steps; implies ``params``); the dead units of outputs."""
 NONFINITE = ("raise", "skip", "log")
-Log = Union[str, "os.PathLike[str]", Writer, Sequence[Union[str, "os.PathLike[str]", Writer]], None]
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
@@ -82,7 +79,8 @@ class Monitor:
 
     def __init__(self, model: nn.Module, selected: list[tuple[str, nn.Module]], *, schedule: Schedule,
                  log: list[Callable[[], Writer]], optimizer: Any, stats: frozenset[str],
-                 bins: int | torch.Tensor | None, nonfinite: str, replay: Callable[[], Any] | None) -> None:
+                 bins: int | torch.Tensor | None, nonfinite: str, replay: Callable[[], Any] | None,
+                 scaler: Any = None) -> None:
         self.model, self.root = model, unwrap(model)[0]
         self.selected, self.schedule, self.optimizer = selected, schedule, optimizer
         self.stats, self.bins, self.on_nonfinite, self.replay = stats, bins, nonfinite, replay
@@ -97,10 +95,15 @@ class Monitor:
         self._names = {id(p): n for n, p in self.root.named_parameters()}
         self._probe: Probe | None = None
         self._side: ParamSide | None = None
+        self._spare: list[torch.Tensor] = []  # the update's copies, kept while the next step is sampled too
         self._loss: torch.Tensor | float | None = None
         self._lr: float | torch.Tensor | None = None
         self._rng: RandomState | None = None
         self._flag: NonFinite | None = None
+        self._skip: str = ""  # why the update of the step under way does not run ("": it runs)
+        self._checked_now = False  # whether the sentinel has checked the step under way
+        self.scaler = scaler
+        self._stepped = False  # whether the optimizer stepped since the scaler's last update()
         self._handles: list[Any] = []
         self._paused = 0
         self._state = "new"
@@ -122,6 +125,8 @@ class Monitor:
                 # own hook: the optimizer's step hooks are what a step is (no module hook stays between steps)
                 self._handles = [self.optimizer.register_step_pre_hook(self._pre_hook),
                                  self.optimizer.register_step_post_hook(self._post_hook)]
+            if self.scaler is not None:
+                self._handles.append(ScalerHook(self.scaler, self._scaler_update))
             self._begin()
         except BaseException:
             self.close()
@@ -134,6 +139,7 @@ class Monitor:
     def close(self) -> None:
         """Remove every hook and close the writers (the block does this on exit). Idempotent."""
         self._end_probe()
+        self._spare = []
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -184,6 +190,25 @@ class Monitor:
             raise HookscopeError(f"this monitor counts the optimizer's steps; drop mon.{call} "
                                  "(mon.note(loss=...) before optimizer.step() gives it the loss)")
 
+    def skip(self, reason: str) -> None:
+        """Mark the step under way as one whose update does not run (its ``step`` row says
+        ``skipped`` with ``reason``, its parameters' rows measure no update); if the sentinel has not
+        checked the step yet, it does now, naming a non-finite step without raising (no update is
+        left to keep from happening). End the step as usual after (``after_update()``, ``step()``).
+        With ``scaler=`` the monitor does this itself for the steps the scaler skips."""
+        if self._state != "open":
+            raise HookscopeError("mon.skip() outside the monitor's block; call it inside `with hookscope.monitor(...) as mon:`")
+        self._skip = reason or "the update did not run"
+        if not self._checked_now:
+            self._check(act=False)
+
+    def _scaler_update(self) -> None:
+        """Just before ``scaler.update()``: a step whose ``optimizer.step()`` the scaler did not call."""
+        stepped, self._stepped = self._stepped, False
+        if self._state == "open" and not stepped and scaler_skipped(self.scaler, self.optimizer):
+            self.skip("GradScaler found Inf or NaN gradients and did not run optimizer.step()")
+            self._finish()
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Inside, the model's passes are not the step's: a validation pass run between two steps
@@ -212,7 +237,9 @@ class Monitor:
                             bins=self.bins)
         self._probe.attach()
         self._probe.pause(self._paused > 0)
-        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins) if self._owned else None
+        self._side = ParamSide(self._owned, update="update" in self.stats, bins=self.bins,
+                               buffers=self._spare) if self._owned else None
+        self._spare = []
         if self._side is not None and self.optimizer is None:
             self._side.snapshot()  # no optimizer: the update happens somewhere in the step
 
@@ -245,6 +272,7 @@ class Monitor:
         return run
 
     def _post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepped = True
         if self._state == "open":
             self._finish()
 
@@ -253,8 +281,10 @@ class Monitor:
             return [p for group in self.optimizer.param_groups for p in group["params"]]
         return [p for p in self.root.parameters() if p.requires_grad]
 
-    def _check(self, snapshot: bool = False) -> None:
-        """Just before the update: the sentinel, and the parameters' side of a sampled step."""
+    def _check(self, snapshot: bool = False, act: bool = True) -> None:
+        """Just before the update: the sentinel, and the parameters' side of a sampled step; without
+        ``act`` (the update does not run) a non-finite step is named, not raised or skipped."""
+        self._checked_now = True
         if self.optimizer is not None:
             lr = self.optimizer.param_groups[0].get("lr")
             self._lr = lr if lr is not None else self._lr  # read as a number only on the steps written
@@ -262,23 +292,31 @@ class Monitor:
         grads = [p.grad for p in params if p.grad is not None]
         loss = self._loss if isinstance(self._loss, torch.Tensor) else (
             torch.tensor(self._loss) if self._loss is not None else None)
-        finite = all_finite(grads, loss)
         if self._side is not None:
-            if self.optimizer is not None or snapshot:  # the weights as the update finds them
+            if (self.optimizer is not None or snapshot) and act:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
+        if self._side is not None and self._side.covers(params):
+            # a sampled step has just counted every gradient's NaN and Inf: no second pass over them
+            finite = self._side.grads_finite() and all_finite([], loss)
+        else:
+            finite = all_finite(grads, loss)
         if not finite:
-            self._flagged(params, loss)
+            self._flagged(params, loss, act)
 
-    def _flagged(self, params: list[torch.Tensor], loss: torch.Tensor | None) -> None:
+    def _flagged(self, params: list[torch.Tensor], loss: torch.Tensor | None, act: bool = True) -> None:
         event = self._name(params, loss)
         self._flag, self.last_nonfinite, self.flagged = event, event, self.flagged + 1
         self.nonfinite = self.nonfinite or event
+        if not act:
+            return
         if self.on_nonfinite == "raise":
+            self._skip = "the sentinel raised before the update"
             self._finish()  # the update never runs; a loop that catches the error goes on with the next step
             raise NonFiniteStepError(event.describe() + "; nonfinite='skip' skips such steps, 'log' goes on",
                                      event.row, [], step=event.step)
         if self.on_nonfinite == "skip":
+            self._skip = "nonfinite='skip' cleared the gradients: the update left the weights as they were"
             for p in params:
                 p.grad = None  # the optimizer leaves a parameter without a gradient as it is, state too
 
@@ -308,14 +346,18 @@ class Monitor:
         if self._probe is not None:
             rows += self._probe.rows(self.step_number)
             histograms += self._probe.histograms(self.step_number)
+        if self._probe is not None and self.scaler is not None:
+            rows = unscaled(rows, self.scaler)
         if self._side is not None:
-            rows += self._side.rows(self.step_number)
+            rows += self._side.rows(self.step_number, updated=not self._skip)
             histograms += self._side.histograms(self.step_number)
+            self._spare = self._side.spare() if self.sampled(self.step_number + 1) else []
         self._end_probe()
         if sampled or self._flag is not None:
             loss = self._loss
             lr = None if self._lr is None else float(self._lr)
-            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr))
+            rows.insert(0, TelemetryRow(self.step_number, "", "step", "", loss=None if loss is None else float(loss), lr=lr,
+                                        skipped=bool(self._skip), note=self._skip))
             if self._flag is not None:
                 rows.append(_flag_row(self._flag))
             telemetry = Telemetry(self.step_number, rows, histograms)
@@ -323,7 +365,7 @@ class Monitor:
                 self.last = telemetry
             for w in self.writers:
                 w.write(telemetry)
-        self._loss, self._flag = None, None
+        self._loss, self._flag, self._skip, self._checked_now = None, None, "", False
         self.step_number += 1
         self._begin()
 
@@ -344,34 +386,6 @@ def _flag_row(event: NonFinite) -> TelemetryRow:
                         inf=None if r is None else r.inf, note=event.describe())
 
 
-def _given(writer: Writer) -> Writer:
-    return writer
-
-
-def _writers(log: Log) -> list[Callable[[], Writer]]:
-    """``log=`` checked now (a folder that is a file is refused before the run); the writers are
-    made as the block begins."""
-    if log is None:
-        return []
-    items = list(log) if isinstance(log, (list, tuple)) else [log]
-    makers: list[Callable[[], Writer]] = []
-    for item in items:
-        if isinstance(item, Writer):
-            makers.append(functools.partial(_given, item))
-        elif isinstance(item, (str, os.PathLike)):
-            folder = checked_folder(item, "log")
-            for name in ("monitor.jsonl", "monitor.csv"):
-                if writes_here() and (folder / name).is_file() and (folder / name).stat().st_size:  # rank 0's log
-                    raise HookscopeError(f"{str(folder / name)!r} already holds a log; log to a new folder, or pass "
-                                         f"log=[hookscope.JSONLinesWriter(path, append=True), ...] to add to it")
-            makers += [functools.partial(JSONLinesWriter, folder / "monitor.jsonl"),
-                       functools.partial(CSVWriter, folder / "monitor.csv")]
-        else:
-            raise HookscopeError(f"log= takes a folder or writers (hookscope.TensorBoardWriter(...), ...); "
-                                 f"got {type(item).__name__}")
-    return makers
-
-
 def _check_optimizer(optimizer: Any, root: nn.Module) -> None:
     if optimizer is None:
         return
@@ -388,7 +402,7 @@ def _check_optimizer(optimizer: Any, root: nn.Module) -> None:
 @checked
 def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, steps: Steps = None, log: Log = None,
             optimizer: Any = None, stats: str | Iterable[str] = "all", histograms: Bins | None = None,
-            nonfinite: str = "raise", replay: Callable[[], Any] | None = None) -> Monitor:
+            nonfinite: str = "raise", replay: Callable[[], Any] | None = None, scaler: Any = None) -> Monitor:
     """Watch a training run: per-layer telemetry on sampled steps, a NaN/Inf sentinel on every step.
 
     A step is one ``optimizer.step()`` (through its step hooks), or one :meth:`Monitor.step` call
@@ -425,6 +439,11 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
         replay: a function that recomputes the step under way's loss from its batch (a lambda over
             the loop's variables, ``lambda: loss_fn(model(x), y)``), called only on a non-finite
             step, to name the module; ``Monitor.replay`` may also be set per step.
+        scaler: the ``torch.amp.GradScaler`` of the loop (needs ``optimizer``): a step it skips
+            (Inf or NaN gradients: ``optimizer.step()`` not called) is still a step, ended at
+            ``scaler.update()``, marked ``skipped`` and named by the sentinel without raising (the
+            scaler's own handling of an overflow); the output gradients' statistics are divided by
+            the scale, as the scaler unscales the parameters' gradients.
 
     Example:
         >>> import torch, hookscope
@@ -451,8 +470,12 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
         raise HookscopeError("nonfinite='skip' needs optimizer=: without one the monitor cannot keep an update from happening")
     if replay is not None and not callable(replay):
         raise HookscopeError(f"replay= must be a function of no arguments that returns the step's loss; got {type(replay).__name__}")
+    if scaler is not None and (optimizer is None or not all(callable(getattr(scaler, n, None))
+                                                            for n in ("update", "get_scale", "is_enabled"))):
+        raise HookscopeError("scaler= takes the loop's torch.amp.GradScaler, with optimizer= (the scaler steps it)"
+                             if optimizer is None else f"scaler={type(scaler).__name__} is not a torch.amp.GradScaler")
     chosen = _stats(stats)
     bins = check_bins(histograms)
     selected = _leaves(model, selectors)
-    return Monitor(model, selected, schedule=schedule, log=_writers(log), optimizer=optimizer, stats=chosen,
-                   bins=bins, nonfinite=nonfinite, replay=replay)
+    return Monitor(model, selected, schedule=schedule, log=writers_of(log), optimizer=optimizer, stats=chosen,
+                   bins=bins, nonfinite=nonfinite, replay=replay, scaler=scaler)

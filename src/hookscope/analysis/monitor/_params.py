@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .._reduce import STATS, tensor_stats
 from ._distributed import whole
@@ -57,10 +58,19 @@ def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool
 
 
 class ParamSide:
-    """The parameters of the selected layers on one sampled step: :meth:`before` reads them and
-    their gradients just before the update, :meth:`rows` after it."""
+    """The parameters of the selected layers on one sampled step: :meth:`snapshot` copies them
+    before the update, :meth:`before` reads them and their gradients just before it, :meth:`rows`
+    after it.
 
-    def __init__(self, owned: list[Owned], *, update: bool, bins: int | torch.Tensor | None = None) -> None:
+    Plain tensors (not FSDP2's ``DTensor``) take ``foreach`` kernels: one ``_foreach_copy_`` into
+    buffers that are reused from step to step (:meth:`spare`: a fresh allocation of every
+    parameter's size page-faults each time), one ``_foreach_norm`` for the norms, and for the
+    update one ``_foreach_sub_`` in those buffers (``w_before - w_after``, whose norm is that of
+    ``w_after - w_before``) and one ``_foreach_norm``: no tensor of a parameter's size is allocated.
+    """
+
+    def __init__(self, owned: list[Owned], *, update: bool, bins: int | torch.Tensor | None = None,
+                 buffers: Sequence[torch.Tensor] = ()) -> None:
         self._owned = owned
         self._update = update
         self._bins = bins
@@ -69,12 +79,28 @@ class ParamSide:
         self._grads: list[list[float] | None] = []
         self._counts: list[int] = []
         self._saved: dict[int, torch.Tensor] = {}
+        self._unique = list({id(p): p for _, _, p in owned}.values())  # a shared parameter once
+        self._plain = all(not isinstance(p, DTensor) and p.layout == torch.strided for p in self._unique)
+        self._buffers = list(buffers)
+
+    def spare(self) -> list[torch.Tensor]:
+        """The copies' buffers, for the next sampled step's :class:`ParamSide` to reuse."""
+        return list(self._saved.values()) if self._plain else []
 
     def snapshot(self) -> None:
         """Keep a copy of each parameter as it is now: the update is measured from it."""
-        if self._update:
-            with torch.no_grad():
-                self._saved = {id(p): p.detach().clone() for _, _, p in self._owned}  # a shared parameter once
+        if not self._update:
+            return
+        with torch.no_grad():
+            if not self._plain:
+                self._saved = {id(p): p.detach().clone() for p in self._unique}
+                return
+            params = [p.detach() for p in self._unique]
+            bufs = self._buffers if _fits(self._buffers, params) else [torch.empty_like(p) for p in params]
+            self._buffers = []
+            if params:
+                torch._foreach_copy_(bufs, params)
+            self._saved = {id(p): b for p, b in zip(self._unique, bufs)}
 
     def before(self) -> None:
         """Norms of the parameters (of their copies, where :meth:`snapshot` took them) and statistics
@@ -82,11 +108,10 @@ class ParamSide:
         with torch.no_grad():
             # without an optimizer the update already happened: the norm is the copy's, from the step's start
             params = [whole(self._saved.get(id(p), p).detach()) for _, _, p in self._owned]
-            norms = [torch.linalg.vector_norm(p).double() for p in params]
             values = [stored(whole(p.grad)) if p.grad is not None else None for _, _, p in self._owned]
             self._counts = [p.numel() if v is None else v.numel() for (_, _, p), v in zip(self._owned, values)]
             stats = [tensor_stats(v) if v is not None else None for v in values]
-            self._norms = [float(v) for v in torch.stack(norms).cpu().tolist()] if norms else []
+            self._norms = _norms(params, fused=self._plain)
             found = [s for s in stats if s is not None]
             host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
             self._grads = [next(host) if s is not None else None for s in stats]
@@ -97,25 +122,58 @@ class ParamSide:
                                                ("grad_param", None if p.grad is None else stored(whole(p.grad))))
                                  if t is not None]
 
+    def covers(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether every one of ``params`` is among this side's (then :meth:`grads_finite` answers
+        the sentinel without another pass over the gradients)."""
+        mine = {id(p) for p in self._unique}
+        return all(id(p) in mine for p in params)
+
+    def grads_finite(self) -> bool:
+        """Whether the gradients :meth:`before` read hold no NaN and no Inf (their counts)."""
+        return all(g[6] == 0 and g[7] == 0 for g in self._grads if g is not None)
+
     def histograms(self, step: int) -> list[Histogram]:
         """Each parameter's histogram and its gradient's, as :meth:`before` found them."""
         return [dataclasses.replace(h, step=step) for h in self._counted]
 
-    def rows(self, step: int) -> list[TelemetryRow]:
-        """One ``param`` row per parameter (see :class:`TelemetryRow`)."""
-        deltas: list[float | None] = [None] * len(self._owned)
-        if self._update and self._saved:
-            with torch.no_grad():
-                moved = [torch.linalg.vector_norm(whole(p.detach()) - whole(self._saved[id(p)])).double()
-                         for _, _, p in self._owned]
-                deltas = [float(v) for v in torch.stack(moved).cpu().tolist()]
+    def _moved(self) -> list[float | None]:
+        """``||w_after - w_before||`` of each owned parameter (``None`` without a copy)."""
+        if not (self._update and self._saved):
+            return [None] * len(self._owned)
+        with torch.no_grad():
+            if self._plain:
+                bufs = [self._saved[id(p)] for p in self._unique]
+                torch._foreach_sub_(bufs, [p.detach() for p in self._unique])  # the copies now hold -update
+                found = dict(zip((id(p) for p in self._unique), _norms(bufs, fused=True)))
+                return [found[id(p)] for _, _, p in self._owned]
+            moved = [torch.linalg.vector_norm(whole(p.detach()) - whole(self._saved[id(p)])).double()
+                     for _, _, p in self._owned]
+            return [float(v) for v in torch.stack(moved).cpu().tolist()]
+
+    def rows(self, step: int, *, updated: bool = True) -> list[TelemetryRow]:
+        """One ``param`` row per parameter (see :class:`TelemetryRow`); without ``updated`` (the
+        update did not run) no update is measured: ``update_norm`` and ``update_ratio`` are ``None``."""
+        deltas = self._moved() if updated else [None] * len(self._owned)
         out = []
         for (layer, name, p), norm, grad, n, delta in zip(self._owned, self._norms, self._grads, self._counts, deltas):
             row = TelemetryRow(step, layer, "param", name, numel=p.numel(), norm=norm, update_norm=delta,
                                update_ratio=None if delta is None else ratio(delta, norm))
             out.append(dataclasses.replace(row, **_grad_fields(n, grad)))  # a sparse gradient: its stored values
-        self._saved = {}
         return out
+
+
+def _fits(buffers: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
+    return len(buffers) == len(params) and all(
+        b.shape == p.shape and b.dtype == p.dtype and b.device == p.device and b.stride() == p.stride()
+        for b, p in zip(buffers, params))
+
+
+def _norms(tensors: Sequence[torch.Tensor], *, fused: bool) -> list[float]:
+    """The L2 norm of each tensor, read back at once: one ``_foreach_norm`` where ``fused``."""
+    if not tensors:
+        return []
+    norms = torch._foreach_norm(list(tensors)) if fused else [torch.linalg.vector_norm(t) for t in tensors]
+    return [float(v) for v in torch.stack(list(norms)).double().cpu().tolist()]
 
 
 def _grad_fields(n: int, grad: list[float] | None) -> dict[str, Any]:

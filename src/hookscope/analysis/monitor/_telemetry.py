@@ -31,7 +31,11 @@ class TelemetryRow:
     - ``"param"``: one parameter of ``layer`` (``path`` its name, such as ``weight``): ``norm`` is
       ``||w||`` before the update, ``grad_norm`` ``||w.grad||``, ``update_ratio``
       ``||w_after - w_before|| / ||w_before||``; ``mean`` ... ``inf`` describe its ``.grad``.
-    - ``"step"``: the step itself (``layer`` is ``""``): ``loss`` and ``lr`` where known.
+    - ``"step"``: the step itself (``layer`` is ``""``): ``loss`` and ``lr`` where known;
+      ``skipped`` is ``True`` on a step whose update did not run (``torch.amp.GradScaler`` found
+      Inf or NaN gradients and did not call ``optimizer.step()``; the sentinel raised, or cleared
+      the gradients under ``nonfinite="skip"``), ``note`` then says why, and its ``param`` rows
+      have no ``update_norm`` or ``update_ratio`` (``None``: no update was measured, not a zero one).
     - ``"nonfinite"``: the step's sentinel found a NaN or an Inf; ``layer`` names the module where
       it appeared (``""`` if unknown) and ``note`` says it in words.
 
@@ -59,6 +63,7 @@ class TelemetryRow:
     update_ratio: float | None = None
     loss: float | None = None
     lr: float | None = None
+    skipped: bool | None = None
     note: str = ""
 
 
@@ -211,8 +216,9 @@ def scalars(t: Telemetry) -> dict[str, float]:
     mean, std, min, max, rms, zeros, nan, inf; a layer's tensors after its first of a kind add their
     path: ``output_mean/lstm/output[1][0]``), ``dead/<layer>``, and per layer over its parameters
     ``param_norm/<layer>``, ``grad_norm/<layer>``, ``update_ratio/<layer>`` (norms of all its
-    parameters together), ``grad_nan/<layer>``, ``grad_inf/<layer>``; ``loss``, ``lr`` and
-    ``nonfinite`` (1 on a step where the sentinel found a NaN or an Inf).
+    parameters together), ``grad_nan/<layer>``, ``grad_inf/<layer>``; ``loss``, ``lr``,
+    ``nonfinite`` (1 on a step where the sentinel found a NaN or an Inf) and ``skipped`` (1 on a
+    step whose update did not run).
 
     Example:
         >>> t = Telemetry(0, [TelemetryRow(0, "fc", "param", "weight", norm=3.0, grad_norm=4.0, update_norm=0.3, update_ratio=0.1)], [])
@@ -225,6 +231,8 @@ def scalars(t: Telemetry) -> dict[str, float]:
     for r in t.rows:
         if r.what == "step":
             out.update({k: v for k in ("loss", "lr") if (v := getattr(r, k)) is not None})
+            if r.skipped:
+                out["skipped"] = 1.0
         elif r.what == "nonfinite":
             out["nonfinite"] = 1.0
         elif r.what == "param":
