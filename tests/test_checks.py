@@ -410,3 +410,35 @@ def test_the_randomisation_picture_shows_the_maps_and_the_curves(demo):
         plot_randomisation(res, sample=5)
     curves = metrics.road(net, data.images, torch.rand(3, 64, 64), target=0, percentiles=[50])
     assert plot_road(curves).axes[0].get_ylabel() == "change of the prob" and "<img" in curves._repr_html_()
+
+
+def test_randomising_a_layer_whose_weight_is_tied_to_another_says_so():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    torch.manual_seed(0)
+    net = Tied()
+    seen = []
+
+    def explain(m, x):
+        seen.append(m.a.weight.detach().clone())
+        return torch.func.vmap(torch.func.grad(lambda v: m(v)[0]))(x)
+
+    res = metrics.parameter_randomisation(net, torch.rand(8, 4), explain, mode="independent")
+    assert res.layers == ("c", "b", "a")
+    assert not torch.equal(seen[0], seen[2])  # randomising 'b' alone rewrote a's weight: the tie is real
+    tied = [n for n in res.notes if "tied weights" in n]
+    assert tied == ["randomising 'b' also rewrites 'a.weight', the same parameter as 'b.weight' (tied weights), "
+                    "so that step does not randomise its layer alone",
+                    "randomising 'a' also rewrites 'b.weight', the same parameter as 'a.weight' (tied weights), "
+                    "so that step does not randomise its layer alone"]
+    plain = metrics.parameter_randomisation(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)),
+                                            torch.rand(8, 4), explain=lambda m, x: m[0].weight.sum() * x)
+    assert not [n for n in plain.notes if "tied" in n]
+    assert no_hooks(net)
