@@ -442,3 +442,25 @@ def test_randomising_a_layer_whose_weight_is_tied_to_another_says_so():
                                             torch.rand(8, 4), explain=lambda m, x: m[0].weight.sum() * x)
     assert not [n for n in plain.notes if "tied" in n]
     assert no_hooks(net)
+
+
+def test_road_refuses_infinite_maps_that_upsampling_or_the_channel_sum_would_turn_into_nan(demo):
+    net, data = demo
+    x = data.images
+    small = torch.rand(3, 16, 16)
+    small[1, 1, 1] = float("inf")  # beside the border, a bilinear weight of 0 times inf: NaN, ranked silently
+    both = torch.rand(3, 3, 64, 64)
+    both[2, 0, 5, 5], both[2, 1, 5, 5] = float("inf"), -float("inf")
+    for maps, reduce, image in ((small, "abs_sum", 1), (both, "sum", 2)):
+        with pytest.raises(hookscope.HookscopeError) as e:
+            metrics.road(net, x, maps, reduce=reduce, percentiles=[50])
+        assert str(e.value).startswith(f"road: maps hold infinite values (image {image})") and "\n" not in str(e.value)
+    full = torch.rand(3, 64, 64)
+    full[0, 3, 3] = float("inf")  # at the images' size an infinite value still has a rank: the most relevant
+    res = metrics.road(net, x, full, percentiles=[50], noise=0)
+    assert torch.isfinite(res.most).all()
+    lowres = metrics.road(net, x, small.clamp(max=1), percentiles=[50], noise=0)  # upsampled, as documented
+    import torch.nn.functional as F
+    up = F.interpolate(small.clamp(max=1)[:, None], size=(64, 64), mode="bilinear", align_corners=False)[:, 0]
+    assert torch.equal(lowres.most, metrics.road(net, x, up, percentiles=[50], noise=0).most)
+    assert no_hooks(net)
