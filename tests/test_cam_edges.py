@@ -64,3 +64,23 @@ def test_channels_last_float64_bfloat16_and_dataparallel_give_the_float32_maps(m
         got = cam(wrapped, x, method=method, target=[1, 2], **SEED.get(method, {}), **kw).maps
     assert torch.equal(got, want)
     assert no_hooks(net) and no_hooks(wide) and no_hooks(low)
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c, self.h = nn.Conv2d(3, 3, 3, padding=1), nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.h(self.c(torch.relu(self.c(x))).mean((2, 3)))
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_a_layer_called_twice_is_refused_in_one_line_also_by_fullgrad(method):
+    torch.manual_seed(0)
+    net = Twice().eval()
+    with pytest.raises(Exception) as e:
+        cam(net, torch.randn(2, 3, 6, 6), layers=None if method == "fullgrad" else "c", method=method,
+            **SEED.get(method, {}))
+    assert "'c' ran 2 times" in str(e.value) and "\n" not in str(e.value)
+    assert no_hooks(net)
