@@ -224,3 +224,24 @@ def test_signals_are_drawn_as_curves_and_volumes_as_slices_and_the_wrong_kind_is
             call()
         assert str(e.value).startswith(message) and "\n" not in str(e.value)
     assert r3._repr_html_().count("<img") == 1  # a notebook shows the slices under the table
+
+
+def test_plot_cams_hands_signals_to_curves_and_volumes_to_slices():
+    pytest.importorskip("matplotlib")
+    from hookscope.viz import plot_cams
+
+    net1, x1 = net_of(1), torch.randn(*SHAPES[1])
+    r1 = cam(net1, x1, layers="3", target=1)
+    fig = plot_cams(x1[1], [r1], index=1)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["signal", "gradcam"]
+    assert fig.axes[1].images[0].get_array().shape == (1, 17)
+    net3, x3 = net_of(3), torch.randn(*SHAPES[3])
+    r3 = cam(net3, x3, layers="3", target=1)
+    fig = plot_cams(x3[0], [r3, r3])
+    assert len(fig.axes) == 2 * 6 and fig.axes[0].get_title() == "gradcam, class 1\nd=0"
+    for results, message in (([r1, r3], "the gradcam result holds maps of 3 dimensions"),
+                             ([r3, r1], "the gradcam result holds maps of 1 dimensions")):
+        with pytest.raises(HookscopeError) as e:
+            plot_cams(x1[0], results)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert no_hooks(net1) and no_hooks(net3)

@@ -410,3 +410,57 @@ def test_the_randomisation_picture_shows_the_maps_and_the_curves(demo):
         plot_randomisation(res, sample=5)
     curves = metrics.road(net, data.images, torch.rand(3, 64, 64), target=0, percentiles=[50])
     assert plot_road(curves).axes[0].get_ylabel() == "change of the prob" and "<img" in curves._repr_html_()
+
+
+def test_randomising_a_layer_whose_weight_is_tied_to_another_says_so():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+    torch.manual_seed(0)
+    net = Tied()
+    seen = []
+
+    def explain(m, x):
+        seen.append(m.a.weight.detach().clone())
+        return torch.func.vmap(torch.func.grad(lambda v: m(v)[0]))(x)
+
+    res = metrics.parameter_randomisation(net, torch.rand(8, 4), explain, mode="independent")
+    assert res.layers == ("c", "b", "a")
+    assert not torch.equal(seen[0], seen[2])  # randomising 'b' alone rewrote a's weight: the tie is real
+    tied = [n for n in res.notes if "tied weights" in n]
+    assert tied == ["randomising 'b' also rewrites 'a.weight', the same parameter as 'b.weight' (tied weights), "
+                    "so that step does not randomise its layer alone",
+                    "randomising 'a' also rewrites 'b.weight', the same parameter as 'a.weight' (tied weights), "
+                    "so that step does not randomise its layer alone"]
+    plain = metrics.parameter_randomisation(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)),
+                                            torch.rand(8, 4), explain=lambda m, x: m[0].weight.sum() * x)
+    assert not [n for n in plain.notes if "tied" in n]
+    assert no_hooks(net)
+
+
+def test_road_refuses_infinite_maps_that_upsampling_or_the_channel_sum_would_turn_into_nan(demo):
+    net, data = demo
+    x = data.images
+    small = torch.rand(3, 16, 16)
+    small[1, 1, 1] = float("inf")  # beside the border, a bilinear weight of 0 times inf: NaN, ranked silently
+    both = torch.rand(3, 3, 64, 64)
+    both[2, 0, 5, 5], both[2, 1, 5, 5] = float("inf"), -float("inf")
+    for maps, reduce, image in ((small, "abs_sum", 1), (both, "sum", 2)):
+        with pytest.raises(hookscope.HookscopeError) as e:
+            metrics.road(net, x, maps, reduce=reduce, percentiles=[50])
+        assert str(e.value).startswith(f"road: maps hold infinite values (image {image})") and "\n" not in str(e.value)
+    full = torch.rand(3, 64, 64)
+    full[0, 3, 3] = float("inf")  # at the images' size an infinite value still has a rank: the most relevant
+    res = metrics.road(net, x, full, percentiles=[50], noise=0)
+    assert torch.isfinite(res.most).all()
+    lowres = metrics.road(net, x, small.clamp(max=1), percentiles=[50], noise=0)  # upsampled, as documented
+    import torch.nn.functional as F
+    up = F.interpolate(small.clamp(max=1)[:, None], size=(64, 64), mode="bilinear", align_corners=False)[:, 0]
+    assert torch.equal(lowres.most, metrics.road(net, x, up, percentiles=[50], noise=0).most)
+    assert no_hooks(net)

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 __all__ = ["plot_cam_curves", "plot_cam_slices"]
 
 
+def _figure(width: float, height: float) -> Figure:
+    """:func:`hookscope.viz.plots.figure`'s canvas, made here: plots hands 1-D and 3-D results to this module,
+    which therefore must not import plots back."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise HookscopeError("drawing plots needs matplotlib, from the viz extra: pip install 'hookscope[viz]'") from None
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _checked(results: Sequence[Any], index: int, ndim: int, what: str) -> list[Any]:
     results = list(results)
     if not results:
@@ -57,12 +70,11 @@ def plot_cam_curves(signal: torch.Tensor | None, results: Sequence[Any], *, inde
         results: :class:`~hookscope.analysis.cam.CamMaps` of the same batch of signals (maps ``B x L``).
         index: which signal of the batch to draw.
     """
-    from .plots import figure
 
     results = _checked(results, index, 2, "signals")
     L = results[0].maps.shape[1]
     rows = len(results) + (signal is not None)
-    fig = figure(7.0, 1.1 + 0.9 * rows)
+    fig = _figure(7.0, 1.1 + 0.9 * rows)
     axes = fig.subplots(rows, 1, squeeze=False, sharex=True)[:, 0]
     if signal is not None:
         s = signal.detach().float().cpu().reshape(-1, signal.shape[-1])
@@ -105,7 +117,6 @@ def plot_cam_slices(volume: torch.Tensor | None, results: Sequence[Any], *, inde
         ['gradcam, class 1\\nd=0', 'd=4']
     """
     from .overlay import overlay
-    from .plots import figure
 
     results = _checked(results, index, 4, "volumes")
     D = results[0].maps.shape[1]
@@ -118,7 +129,7 @@ def plot_cam_slices(volume: torch.Tensor | None, results: Sequence[Any], *, inde
         v = volume.detach().float().cpu()
         v = v.mean(0) if v.ndim == 4 else v
         grey = (v - v.min()) / (v.max() - v.min()).clamp(min=1e-12)
-    fig = figure(1.6 * len(depths) + 0.2, 1.8 * len(results) + 0.2)
+    fig = _figure(1.6 * len(depths) + 0.2, 1.8 * len(results) + 0.2)
     axes = fig.subplots(len(results), len(depths), squeeze=False)
     for row, r in zip(axes, results):
         for j, (ax, d) in enumerate(zip(row, depths)):

@@ -215,6 +215,9 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamMaps], *, index: int =
     ``alpha``), titled with the method, the class it explains (and its name from ``class_names``)
     and that class's logit (the model's output for it, before softmax; ``score`` for a target function).
 
+    Signals' results (maps ``B x L``) go to :func:`hookscope.viz.plot_cam_curves`, volumes' (``B x D x H x W``) to
+    :func:`hookscope.viz.plot_cam_slices`, with ``picture`` the signal or the volume.
+
     Args:
         picture: the input image, 3 x H x W in [0, 1] (undo any normalisation first).
         results: :class:`~hookscope.analysis.cam.CamMaps` objects of the same input batch.
@@ -236,8 +239,16 @@ def plot_cams(picture: torch.Tensor, results: Sequence[CamMaps], *, index: int =
     if not results:
         raise HookscopeError("plot_cams needs at least one CamMaps; pass [hookscope.cam(model, x, method=m) "
                              "for m in methods]")
+    ndim = results[0].maps.ndim
+    if ndim in (2, 4):  # signals (B x L) and volumes (B x D x H x W) have pictures of their own
+        from .cam_signals import plot_cam_curves, plot_cam_slices
+
+        return (plot_cam_curves if ndim == 2 else plot_cam_slices)(picture, results, index=index)
     image = as_image(picture)
     for r in results:
+        if r.maps.ndim != 3:
+            raise HookscopeError(f"the {r.method} result holds maps of {r.maps.ndim - 1} dimensions, not the 2 of "
+                                 "images; draw each kind of input in its own plot_cams call")
         if not -r.maps.shape[0] <= index < r.maps.shape[0]:
             raise HookscopeError(f"index={index} is out of range: the {r.method} result holds "
                                  f"{r.maps.shape[0]} map(s); pass 0 to {r.maps.shape[0] - 1}")

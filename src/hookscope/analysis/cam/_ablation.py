@@ -68,7 +68,7 @@ def ablation_weights(score_of: Scorer, module: nn.Module, out: torch.Tensor,
             for i in range(0, len(ks), batch_size):
                 chunk = ks[i:i + batch_size]
                 n = len(chunk)
-                ablated = out[b:b + 1].expand(n, *out.shape[1:]).clone().view(n, -1)
+                ablated = out[b:b + 1].expand(n, *out.shape[1:]).clone(memory_format=torch.contiguous_format).view(n, -1)
                 for j, k in enumerate(chunk):
                     ablated[j, pos[k]] = 0
                 got = _scores(score_of, module, ablated.view(n, *out.shape[1:]), inputs[b:b + 1], b)

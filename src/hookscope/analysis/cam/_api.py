@@ -97,7 +97,7 @@ def cam(
     ``"fullgrad"``        Srinivas & Fleuret 2019: ``psi(x * dS/dx)`` plus, for every convolution with a bias
                           and every batch norm, ``psi(b * dS/dA)`` upsampled (``align_corners=True``) and
                           summed over channels; ``psi`` is ``|.|`` min-max per sample over the whole layer.
-                          Takes no ``layers=``.
+                          Takes no ``layers=``; a layer called twice is refused.
     ====================  ==============================================================================
 
     Signals (``B x C x L``) and volumes (``B x C x D x H x W``) work as images do: their layers are
@@ -240,6 +240,11 @@ def _explain(model: nn.Module, inner: nn.Module, inputs: torch.Tensor, kw: dict[
     p, chosen, forwards, why = hooked_pass(model, inner, fresh, kw, chosen, method, chosen is not None and
                                            reshape is None and rank == 2, size)
     if method == "fullgrad":  # every biased layer that made one map of the input's rank
+        twice = next((n for n, _ in chosen if len(p.kept[n]) > 1), None)
+        if twice is not None:  # each call adds its bias once more: dropping the layer would lose those terms
+            raise HookscopeError(f"fullgrad sums the bias gradient of every layer call, and {twice!r} ran "
+                                 f"{len(p.kept[twice])} times in the forward pass; use another method for a "
+                                 "model that reuses a convolution or batch norm")
         chosen = [(n, m) for n, m in chosen if len(p.kept[n]) == 1 and p.kept[n][0] is not None
                   and cast(torch.Tensor, p.kept[n][0]).ndim == rank + 2]
     acts = activations(p, chosen, leaf)

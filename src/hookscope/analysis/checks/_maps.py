@@ -61,5 +61,9 @@ def image_maps(maps: Any, inputs: torch.Tensor, reduce: str, what: str) -> torch
         maps = _REDUCE[reduce](maps)
     if maps.shape[1:] != (h, w):
         maps = F.interpolate(maps[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+    if bool(maps.isnan().any()):  # an infinite value summed with its opposite, or weighted by 0 when upsampled
+        i = int(maps.isnan().flatten(1).any(1).nonzero()[0, 0])
+        raise HookscopeError(f"{what}: maps hold infinite values (image {i}), which reducing over channels or "
+                             "upsampling turns into NaN; clip them first, e.g. maps.clamp(-1e30, 1e30)")
     fitted: torch.Tensor = maps
     return fitted

@@ -77,6 +77,26 @@ def _compare(original: torch.Tensor, maps: list[torch.Tensor]) -> tuple[torch.Te
     return rho, rho_abs, torch.stack([ssim(base, pictures(m)) for m in maps])  # type: ignore[arg-type]
 
 
+def tied_notes(model: nn.Module, units: list[tuple[str, list[str]]]) -> list[str]:
+    """One line per step whose reset also rewrites a parameter another module holds (tied weights)."""
+    holders: dict[int, list[str]] = {}
+    for n, m in named_modules(model):
+        for pn, prm in m.named_parameters(recurse=False):
+            holders.setdefault(id(prm), []).append(f"{n}.{pn}" if n else pn)
+    notes = []
+    for layer, names in units:
+        mine = [f"{n}.{pn}" if n else pn for n in names for pn, _ in
+                model.get_submodule(n).named_parameters(recurse=False)]
+        for q in mine:
+            prm = model.get_parameter(q)
+            others = [o for o in holders[id(prm)] if (o.rsplit(".", 1)[0] if "." in o else "") not in names]
+            if others:
+                notes.append(f"randomising {layer!r} also rewrites {others[0]!r}, the same parameter as {q!r} "
+                             "(tied weights), so that step does not randomise its layer alone")
+                break
+    return notes
+
+
 def _notes(original: torch.Tensor, maps: list[torch.Tensor], layers: list[str], rho: torch.Tensor) -> tuple[str, ...]:
     notes = []
     if all(torch.equal(original, m) for m in maps):
@@ -112,7 +132,8 @@ def parameter_randomisation(
 
     A layer is randomised by its own ``reset_parameters()`` (the initialisation the layer was built
     with; a batch norm's running statistics are reset too), drawn from ``seed``, the same layer
-    getting the same random weights in both modes. Everything runs on a deep copy of the model, in
+    getting the same random weights in both modes. A parameter shared by two layers (tied weights) is
+    randomised with either: ``res.notes`` names each step that changes a layer it does not name. Everything runs on a deep copy of the model, in
     eval mode: the model handed in is never changed (it costs one copy of its memory).
 
     Args:
@@ -165,4 +186,5 @@ def parameter_randomisation(
     found = _compare(original, maps)
     return Randomisation(mode=mode, layers=tuple(n for n, _ in units), spearman=found[0], spearman_abs=found[1],
                          ssim=found[2] if len(found) > 2 else None, original=original, maps=torch.stack(maps),
-                         skipped=tuple(skipped), notes=_notes(original, maps, [n for n, _ in units], found[0]))
+                         skipped=tuple(skipped),
+                         notes=tuple(tied_notes(model, units)) + _notes(original, maps, [n for n, _ in units], found[0]))
