@@ -256,3 +256,29 @@ def test_lstsq_without_damping_on_rank_deficient_inputs_stays_finite_and_fits():
     assert all(math.isfinite(p.abs().max().item()) for p in small.parameters())
     assert r.rows[0].error_after == pytest.approx(best, rel=1e-4, abs=1e-9)
     assert max(p.abs().max().item() for p in small.parameters()) < 1e3
+
+
+@pytest.mark.parametrize("method", ["lstsq", "bias"])
+def test_the_refit_leaves_the_padding_out(method):
+    """A padded batch with its attention mask refits as the same sequences unpadded, one batch each."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, pad_token_id=0, mlp_bias=True)
+    dense = transformers.LlamaForCausalLM(cfg).eval()
+    small_cfg = copy.deepcopy(cfg)
+    small_cfg.intermediate_size = 20
+    small = transformers.LlamaForCausalLM(small_cfg).eval()
+    sd = dense.state_dict()
+    with torch.no_grad():
+        for k, v in small.state_dict().items():
+            w = sd[k]
+            v.copy_(w[:, :20] if k.endswith("down_proj.weight") else w[:20] if v.shape != w.shape else w)
+    a, b = torch.randint(1, 32, (1, 10)), torch.randint(1, 32, (1, 6))
+    padded = torch.cat([a, torch.cat([b, torch.zeros(1, 4, dtype=torch.long)], 1)])
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
+    one, two = copy.deepcopy(small), copy.deepcopy(small)
+    hookscope.recover(one, dense, {"input_ids": padded, "attention_mask": mask}, method=method,
+                      held_out=[a, b])
+    hookscope.recover(two, dense, [a, b], method=method)
+    for (n, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)

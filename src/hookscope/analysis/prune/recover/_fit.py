@@ -79,11 +79,21 @@ def _gather(model: nn.Module, dense: nn.Module, pairs: list[Pair], batch: Any) -
     def keep(name: str) -> Any:
         return lambda m, a, out: outputs.__setitem__(name, out.detach())
 
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
     def fold(p: Pair) -> Any:
         def hook(m: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, p.pruned.in_features).double()
             x = torch.cat([x, torch.ones_like(x[:, :1])], 1)
             y = outputs[p.name].reshape(-1, p.pruned.out_features).to(x.device).double()
+            if mask is not None:  # the pad positions are not text: out of the sums
+                if tuple(args[0].shape[:-1]) != tuple(mask.shape):
+                    raise HookscopeError(f"layer {p.name!r}'s inputs {tuple(args[0].shape)} do not follow the tokens "
+                                         f"of the attention_mask {tuple(mask.shape)}; pass unpadded batches without "
+                                         "attention_mask")
+                real = mask.reshape(-1).to(x.device) != 0
+                x, y = x[real], y[real]
             p.xtx = x.t() @ x if p.xtx is None else p.xtx + x.t() @ x
             p.xty = x.t() @ y if p.xty is None else p.xty + x.t() @ y
             p.yy += float((y * y).sum())
