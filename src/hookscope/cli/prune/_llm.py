@@ -107,14 +107,19 @@ def _ids(args: argparse.Namespace, model: nn.Module) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point() or t.numel() == 0:
         raise HookscopeError(f"--data {path} holds no token ids [sequences, tokens] (integers); give such a tensor, "
                              "or text")
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-    vocab = getattr(text_config, "vocab_size", None)
+    vocab = getattr(_text_config(model), "vocab_size", None)
     if isinstance(vocab, int) and (int(t.min()) < 0 or int(t.max()) >= vocab):
         bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
         raise HookscopeError(f"--data {path} holds token id {bad}, outside the model's vocabulary of {vocab} "
                              f"(0 to {vocab - 1}); give ids of this model's tokenizer")
     return t.long()
+
+
+def _text_config(model: nn.Module) -> Any:
+    """The model's config (a multimodal one's text part), or None."""
+    config: Any = getattr(model, "config", None)
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
 
 
 def _looks_like_a_path(text: str) -> bool:
@@ -150,9 +155,7 @@ def _prune(args: argparse.Namespace, model: nn.Module, ids: torch.Tensor) -> lis
     from ...analysis.prune import layer_importance, prune, remove_layers
 
     done: list[Any] = []
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-    count = getattr(text_config, "num_hidden_layers", None)
+    count = getattr(_text_config(model), "num_hidden_layers", None)
     if args.layers_remove is not None and isinstance(count, int) and args.layers_remove >= count:
         raise HookscopeError(f"--layers-remove {args.layers_remove} would leave no block: the model has {count}; "
                              f"give at most {count - 1}")  # said before the pruning runs
