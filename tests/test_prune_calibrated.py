@@ -259,3 +259,49 @@ def test_prune_refuses_mixed_words_in_one_line(kwargs, text):
     with pytest.raises(hookscope.HookscopeError, match=text.replace("(", r"\(").replace(")", r"\)")) as e:
         hookscope.prune(model, **kwargs)
     assert "\n" not in str(e.value) and hook_count(model) == 0 and hookscope.sparsity(model).zeros == 0
+
+
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_padded_tokens_are_not_counted_in_the_input_statistics(method):
+    """A padded batch with its attention mask prunes exactly as the same sequences unpadded, one batch each:
+    the pad positions (attention_mask 0) add nothing to ||X_j|| nor to H."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, pad_token_id=0)
+    base = transformers.LlamaForCausalLM(cfg).eval()
+    a, b = torch.randint(1, 64, (1, 8)), torch.randint(1, 64, (1, 5))
+    padded = torch.cat([a, torch.cat([b, torch.zeros(1, 3, dtype=torch.long)], 1)])
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
+    one, two = copy.deepcopy(base), copy.deepcopy(base)
+    hookscope.prune(one, method=method, data={"input_ids": padded, "attention_mask": mask}, sparsity=0.5)
+    hookscope.prune(two, method=method, data=[a, b], sparsity=0.5)
+    masks = {n: t for n, t in two.named_buffers() if n.endswith("weight_mask")}
+    assert len(masks) == 14
+    for n, t in one.named_buffers():
+        if n.endswith("weight_mask"):
+            assert torch.equal(t, masks[n]), n
+    for (n, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_the_input_statistics_skip_the_tokens_masked_out():
+    from hookscope.analysis.prune.calibrated import InputStats
+
+    s = InputStats("norms", 2, torch.device("cpu"), torch.float64)
+    s.tokens = torch.tensor([[1, 0], [1, 1]])
+    s.add(torch.tensor([[[1.0, 2.0], [100.0, 100.0]], [[3.0, 0.0], [0.0, 1.0]]], dtype=torch.float64))
+    torch.testing.assert_close(s.value, torch.tensor([(1 + 9) / 2, (4 + 1) / 2], dtype=torch.float64))
+    assert s.nsamples == 2
+    h = InputStats("hessian", 2, torch.device("cpu"), torch.float64)
+    h.tokens = torch.tensor([[0, 1]])
+    h.add(torch.tensor([[[5.0, 5.0], [1.0, 2.0]]], dtype=torch.float64))
+    torch.testing.assert_close(h.value, torch.tensor([[2.0, 4.0], [4.0, 8.0]], dtype=torch.float64))
+
+
+def test_a_layer_whose_inputs_are_not_the_padded_tokens_is_refused():
+    from hookscope.analysis.prune.calibrated import InputStats
+
+    s = InputStats("norms", 2, torch.device("cpu"), torch.float64)
+    s.tokens = torch.tensor([[1, 0]])
+    with pytest.raises(hookscope.HookscopeError, match="attention_mask"):
+        s.add(torch.ones(3, 2, dtype=torch.float64))

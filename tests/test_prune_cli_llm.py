@@ -101,6 +101,10 @@ def test_layers_removed_and_recovered_from_a_token_file(capsys, folder, tmp_path
     (["--layers-remove", "3"], "--layers-remove 3 would leave no block: the model has 3"),
     (["--recover"], "add --method wanda/sparsegpt or --layers-remove N"),
     (["--sparsity", "0.5"], "--sparsity and --n-m need --method wanda or sparsegpt"),
+    (["--method", "wanda", "--n-m", "4:4"], "--n-m 4:4 is not N:M; give two counts 0 < N < M such as 2:4"),
+    (["--method", "sparsegpt", "--n-m", "0:4"], "--n-m 0:4 is not N:M"),
+    (["--method", "wanda", "--sparsity", "0.5", "--layers-remove", "7"],
+     "--layers-remove 7 would leave no block: the model has 3; give at most 2"),
 ])
 def test_mistakes_are_one_line(capsys, folder, argv, message):
     code, _, err = _run(capsys, "hf:causal-lm", "--config", folder, *argv, "--data", TEXT, "--seqlen", "16")
@@ -118,3 +122,22 @@ def test_a_text_shorter_than_one_sequence_or_no_data_is_one_line(capsys, folder,
     code, _, err = _run(capsys, "hf:causal-lm", "--config", folder, "--method", "wanda", "--sparsity", "0.5",
                         "--data", str(tmp_path / "floats.pt"))
     assert code == 2 and len(err) == 1 and "holds no token ids" in err[0], err
+
+
+@pytest.mark.parametrize("name", ["calib.txt", "data/calib.txt", "ids.pt"])
+def test_a_data_file_that_does_not_exist_is_refused_not_read_as_text(capsys, folder, tmp_path, monkeypatch, name):
+    """A mistyped file name is one word: calibrating on its own tokens would be silently wrong."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(capsys, "hf:causal-lm", "--config", folder, "--method", "wanda", "--sparsity", "0.5",
+                          "--data", name, "--seqlen", "2")
+    assert code == 2 and len(err) == 1 and f"--data {name}: no such file" in err[0], err
+    assert out == ""
+
+
+def test_token_ids_outside_the_vocabulary_are_one_line(capsys, folder, tmp_path):
+    path = tmp_path / "ids.pt"
+    torch.save(torch.tensor([[1, 2, 3, 99], [1, 2, 3, 4]]), path)
+    code, _, err = _run(capsys, "hf:causal-lm", "--config", folder, "--method", "wanda", "--sparsity", "0.5",
+                        "--data", str(path))
+    assert code == 2 and len(err) == 1, err
+    assert "holds token id 99, outside the model's vocabulary of 16 (0 to 15)" in err[0], err[0]

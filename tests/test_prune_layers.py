@@ -185,3 +185,81 @@ def test_bad_scoring_is_one_line(kwargs, text):
     with pytest.raises(hookscope.HookscopeError, match=text) as e:
         hookscope.layer_importance(model, **args)
     assert "\n" not in str(e.value) and hook_count(model) == 0
+
+
+def test_block_influence_leaves_the_padding_out():
+    """A padded batch with its attention mask scores each block as the same sequences unpadded, one batch each."""
+    model = _build("llama")
+    a, b = _ids(1, (1, 9)), _ids(2, (1, 5))
+    padded = torch.cat([a, torch.cat([b, torch.full((1, 4), 1)], 1)])
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
+    one = hookscope.layer_importance(model, {"input_ids": padded, "attention_mask": mask})
+    two = hookscope.layer_importance(model, [a, b])
+    for r, s in zip(one.rows, two.rows):
+        assert r.score == pytest.approx(s.score, rel=1e-9, abs=1e-12)
+    assert hook_count(model) == 0
+
+
+def _gemma2(n: int) -> transformers.PretrainedConfig:
+    return transformers.Gemma2Config(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=n,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=3,
+                                     layer_types=["sliding_attention", "full_attention", "full_attention",
+                                                  "sliding_attention"][:n], pad_token_id=1)
+
+
+def _gemma3(n: int) -> transformers.PretrainedConfig:
+    return transformers.Gemma3TextConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=n,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=3,
+                                         sliding_window_pattern=2, pad_token_id=1)
+
+
+MORE = {
+    "gemma2": (_gemma2, transformers.Gemma2ForCausalLM),
+    "gemma3": (_gemma3, transformers.Gemma3ForCausalLM),
+    "mistral": (lambda n: transformers.MistralConfig(vocab_size=40, hidden_size=16, intermediate_size=24,
+                                                     num_hidden_layers=n, num_attention_heads=2, num_key_value_heads=1,
+                                                     sliding_window=3, pad_token_id=1), transformers.MistralForCausalLM),
+    "phi3": (lambda n: transformers.Phi3Config(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=n,
+                                               num_attention_heads=2, pad_token_id=1, bos_token_id=0, eos_token_id=1,
+                                               sliding_window=3), transformers.Phi3ForCausalLM),
+    "neox": (lambda n: transformers.GPTNeoXConfig(vocab_size=40, hidden_size=16, intermediate_size=24,
+                                                  num_hidden_layers=n, num_attention_heads=2),
+             transformers.GPTNeoXForCausalLM),
+    "falcon-alibi": (lambda n: transformers.FalconConfig(vocab_size=40, hidden_size=16, num_hidden_layers=n,
+                                                         num_attention_heads=2, alibi=True),
+                     transformers.FalconForCausalLM),
+    "llama-tied": (lambda n: transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24,
+                                                      num_hidden_layers=n, num_attention_heads=2, num_key_value_heads=1,
+                                                      tie_word_embeddings=True, pad_token_id=1),
+                   transformers.LlamaForCausalLM),
+}
+
+
+@pytest.mark.parametrize("blocks", [[0], [3], [2, 0]])
+@pytest.mark.parametrize("name", list(MORE))
+def test_removal_on_sliding_window_alibi_and_tied_families_is_the_smaller_model(name, blocks, tmp_path):
+    """Gemma2's and Gemma3's per-layer layer_types (sliding or full) follow their blocks: the model after removal
+    is the family built with the trimmed config and given the kept weights, its cached generation is its uncached
+    one, and it reloads to the same logits."""
+    make, cls = MORE[name]
+    torch.manual_seed(0)
+    cfg = make(4)
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    types = list(getattr(model.config, "layer_types", None) or [])
+    kept = [i for i in range(4) if i not in blocks]
+    hookscope.remove_layers(model, blocks)
+    assert model.config.num_hidden_layers == len(kept)
+    assert list(getattr(model.config, "layer_types", None) or []) == ([types[i] for i in kept] if types else [])
+    fresh = cls(model.config).eval()
+    fresh.load_state_dict(model.state_dict())
+    ids = _ids(3, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, fresh(ids).logits, rtol=0, atol=0)
+    assert torch.equal(_generate(model, ids, True), _generate(model, ids, False))
+    model.save_pretrained(tmp_path)
+    again = cls.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, rtol=0, atol=0)
+    if name == "llama-tied":
+        assert model.lm_head.weight is model.model.embed_tokens.weight

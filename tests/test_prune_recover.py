@@ -217,3 +217,68 @@ def test_nothing_to_refit_or_the_same_model_is_refused():
         d = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2, bias=False))
         s = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2, bias=False))
         hookscope.recover(s, d, torch.randn(8, 4), method="bias")
+
+
+@pytest.mark.parametrize("method", ["lstsq", "bias", "distill"])
+def test_a_dense_model_that_fails_on_the_data_is_one_line_and_the_model_untouched(method):
+    dense, small, x = _pair()
+    before = {k: v.clone() for k, v in small.state_dict().items()}
+    with pytest.raises(hookscope.HookscopeError, match="the dense or the pruned model fails on the data") as e:
+        hookscope.recover(small, dense.float(), x, method=method, steps=2)
+    assert "\n" not in str(e.value)
+    assert all(torch.equal(before[k], v) for k, v in small.state_dict().items())
+    assert hook_count(small) == 0 and hook_count(dense) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+@pytest.mark.parametrize("method", ["lstsq", "distill"])
+def test_the_dense_model_may_sit_on_another_device(method):
+    dense, small, x = _pair()
+    here = copy.deepcopy(small)
+    want = hookscope.recover(here, dense, x, method=method, steps=2)
+    got = hookscope.recover(small.cuda(), dense, x, method=method, steps=2)
+    assert got.recovered == pytest.approx(want.recovered, rel=1e-6)
+    for (n, p), (_, q) in zip(small.named_parameters(), here.named_parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-6, atol=1e-9, msg=n)
+
+
+def test_lstsq_without_damping_on_rank_deficient_inputs_stays_finite_and_fits():
+    """Inputs on a 2-dimensional subspace (the Gram matrix singular), damping 0: the refit is finite and as
+    good as the pseudo-inverse's least-squares fit."""
+    dense, small, _ = _pair()
+    x = torch.randn(200, 2, dtype=torch.float64) @ torch.randn(2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        h = torch.relu(small[0](x))
+        h = torch.cat([h, torch.ones_like(h[:, :1])], 1)
+        y = dense(x)
+        best = float(((y - h @ torch.linalg.pinv(h) @ y) ** 2).sum() / (y ** 2).sum())
+    r = hookscope.recover(small, dense, x, damping=0.0)
+    assert all(math.isfinite(p.abs().max().item()) for p in small.parameters())
+    assert r.rows[0].error_after == pytest.approx(best, rel=1e-4, abs=1e-9)
+    assert max(p.abs().max().item() for p in small.parameters()) < 1e3
+
+
+@pytest.mark.parametrize("method", ["lstsq", "bias"])
+def test_the_refit_leaves_the_padding_out(method):
+    """A padded batch with its attention mask refits as the same sequences unpadded, one batch each."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, pad_token_id=0, mlp_bias=True)
+    dense = transformers.LlamaForCausalLM(cfg).eval()
+    small_cfg = copy.deepcopy(cfg)
+    small_cfg.intermediate_size = 20
+    small = transformers.LlamaForCausalLM(small_cfg).eval()
+    sd = dense.state_dict()
+    with torch.no_grad():
+        for k, v in small.state_dict().items():
+            w = sd[k]
+            v.copy_(w[:, :20] if k.endswith("down_proj.weight") else w[:20] if v.shape != w.shape else w)
+    a, b = torch.randint(1, 32, (1, 10)), torch.randint(1, 32, (1, 6))
+    padded = torch.cat([a, torch.cat([b, torch.zeros(1, 4, dtype=torch.long)], 1)])
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
+    one, two = copy.deepcopy(small), copy.deepcopy(small)
+    hookscope.recover(one, dense, {"input_ids": padded, "attention_mask": mask}, method=method,
+                      held_out=[a, b])
+    hookscope.recover(two, dense, [a, b], method=method)
+    for (n, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)

@@ -51,8 +51,9 @@ def _n_m(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
     parts = text.split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise HookscopeError(f"--n-m {text} is not N:M; give two counts such as 2:4")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or not 0 < int(parts[0]) < int(parts[1]):
+        raise HookscopeError(f"--n-m {text} is not N:M; give two counts 0 < N < M such as 2:4 (2 of every 4 "
+                             "consecutive inputs pruned)")
     return int(parts[0]), int(parts[1])
 
 
@@ -83,8 +84,8 @@ def _check(args: argparse.Namespace) -> None:
         raise HookscopeError(f"--out {args.out} exists; give a new folder (or an existing folder with --overwrite)")
 
 
-def _ids(args: argparse.Namespace) -> torch.Tensor:
-    """``--data`` as token ids ``[sequences, tokens]``."""
+def _ids(args: argparse.Namespace, model: nn.Module) -> torch.Tensor:
+    """``--data`` as token ids ``[sequences, tokens]``, each in the model's vocabulary."""
     path = args.data
     if os.path.isfile(path) and path.endswith((".pt", ".pth")):
         t = torch.load(path, weights_only=True)
@@ -92,6 +93,9 @@ def _ids(args: argparse.Namespace) -> torch.Tensor:
         import numpy as np
         t = torch.from_numpy(np.load(path, allow_pickle=False))
     else:
+        if not os.path.isfile(path) and _looks_like_a_path(path):
+            raise HookscopeError(f"--data {path}: no such file; give an existing text file or tensor file of token "
+                                 "ids (.pt, .npy), or the calibration text itself")
         with open(path, encoding="utf-8") if os.path.isfile(path) else _Text(path) as f:
             text = f.read()
         ids = hf_tokenizer(args.config)(text, return_tensors="pt")["input_ids"][0]
@@ -103,7 +107,27 @@ def _ids(args: argparse.Namespace) -> torch.Tensor:
     if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.is_floating_point() or t.numel() == 0:
         raise HookscopeError(f"--data {path} holds no token ids [sequences, tokens] (integers); give such a tensor, "
                              "or text")
+    vocab = getattr(_text_config(model), "vocab_size", None)
+    if isinstance(vocab, int) and (int(t.min()) < 0 or int(t.max()) >= vocab):
+        bad = int(t.min()) if int(t.min()) < 0 else int(t.max())
+        raise HookscopeError(f"--data {path} holds token id {bad}, outside the model's vocabulary of {vocab} "
+                             f"(0 to {vocab - 1}); give ids of this model's tokenizer")
     return t.long()
+
+
+def _text_config(model: nn.Module) -> Any:
+    """The model's config (a multimodal one's text part), or None."""
+    config: Any = getattr(model, "config", None)
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def _looks_like_a_path(text: str) -> bool:
+    """One word with a folder separator or a file suffix: a file name mistyped, not calibration text."""
+    if not text or any(c.isspace() for c in text):
+        return False
+    return os.sep in text or "/" in text or os.path.splitext(text)[1].lower() in (
+        ".txt", ".pt", ".pth", ".npy", ".json", ".jsonl", ".md", ".csv", ".text")
 
 
 class _Text:
@@ -131,6 +155,10 @@ def _prune(args: argparse.Namespace, model: nn.Module, ids: torch.Tensor) -> lis
     from ...analysis.prune import layer_importance, prune, remove_layers
 
     done: list[Any] = []
+    count = getattr(_text_config(model), "num_hidden_layers", None)
+    if args.layers_remove is not None and isinstance(count, int) and args.layers_remove >= count:
+        raise HookscopeError(f"--layers-remove {args.layers_remove} would leave no block: the model has {count}; "
+                             f"give at most {count - 1}")  # said before the pruning runs
     if args.method is not None:
         try:
             done.append(prune(model, method=args.method, data=ids, sparsity=args.sparsity, n_m=_n_m(args.n_m)))
@@ -151,7 +179,7 @@ def run_llm(args: argparse.Namespace) -> int:
 
     _check(args)
     model = model_from(args)
-    ids = _ids(args)
+    ids = _ids(args, model)
     dense = copy.deepcopy(model)
     done = _prune(args, model, ids)
     recovery = recover(model, dense, ids, method="distill") if args.recover else None

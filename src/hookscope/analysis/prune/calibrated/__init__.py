@@ -9,5 +9,6 @@ module, ``cli``, ``viz``.
 from ._api import calibration_batches, device_of, prune_calibrated
 from ._route import prune
 from ._stack import Stack, find_stack
+from ._stats import InputStats
 
-__all__ = ["prune_calibrated", "prune", "calibration_batches", "device_of", "Stack", "find_stack"]
+__all__ = ["prune_calibrated", "prune", "calibration_batches", "device_of", "Stack", "find_stack", "InputStats"]

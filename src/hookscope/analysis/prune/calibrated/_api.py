@@ -150,16 +150,29 @@ def device_of(device: object, model: nn.Module) -> torch.device:
         raise HookscopeError(f"device={device!r} is not a device; pass 'cpu', 'cuda', 'cuda:1'...") from None
 
 
-def _measure(block: nn.Module, calls: list[Call], layers: list[tuple[str, str, nn.Module]], statistic: str,
-             device: torch.device, kind: str) -> list[InputStats]:
-    """Each layer's input statistic over the block's calls (the block as it is, dense)."""
+def token_masks(batches: list[Any], device: torch.device) -> list[torch.Tensor | None]:
+    """Each batch's ``attention_mask`` (``[batch, seq]``, on ``device``) where it has one: its pad positions."""
+    out: list[torch.Tensor | None] = []
+    for b in batches:
+        t = b.get("attention_mask") if isinstance(b, Mapping) else None
+        out.append(t.to(device) if isinstance(t, torch.Tensor) and t.dim() == 2 and not bool(t.all()) else None)
+    return out
+
+
+def _measure(block: nn.Module, calls: list[Call], tokens: list[torch.Tensor | None],
+             layers: list[tuple[str, str, nn.Module]], statistic: str, device: torch.device,
+             kind: str) -> list[InputStats]:
+    """Each layer's input statistic over the block's calls (the block as it is, dense), pad tokens left out."""
     stats = [InputStats(statistic, matrix_of(m).shape[1], device,
                         torch.promote_types(matrix_of(m).dtype, torch.float32)) for _, _, m in layers]
     with HookGroup() as hooks:
         for s, (_, _, m) in zip(stats, layers):
             # own hook: the statistic is gathered over every calibration call, then read once
             hooks.add(m.register_forward_hook(s))
-        run_block(block, calls, kind)
+        for call, t in zip(calls, tokens):
+            for s in stats:
+                s.tokens = t
+            run_block(block, [call], kind)
     return stats
 
 
@@ -190,10 +203,11 @@ def _params(layers: list[tuple[str, str, nn.Module]], pending: list[_Pending]) -
 def _calibrate(model: nn.Module, stack: Stack, plan: list[list[tuple[str, str, nn.Module]]], batches: list[Any],
                method: str, settings: Settings, device: torch.device) -> list[_Pending]:
     calls = first_calls(model, stack, batches, device)
+    tokens = token_masks(batches, device)
     pending: list[_Pending] = []
     for i, ((q, block), layers) in enumerate(zip(stack.blocks, plan)):
         try:
-            done = _block(block, layers, calls, method, settings, device, stack.kind)
+            done = _block(block, layers, calls, tokens, method, settings, device, stack.kind)
             if i + 1 < len(stack.blocks) and stack.kind != "whole":
                 calls = run_block(block, calls, stack.kind, _params(layers, done) if layers else None)
         except HookscopeError:
@@ -207,12 +221,13 @@ def _calibrate(model: nn.Module, stack: Stack, plan: list[list[tuple[str, str, n
     return pending
 
 
-def _block(block: nn.Module, layers: list[tuple[str, str, nn.Module]], calls: list[Call], method: str,
-           settings: Settings, device: torch.device, kind: str) -> list[_Pending]:
+def _block(block: nn.Module, layers: list[tuple[str, str, nn.Module]], calls: list[Call],
+           tokens: list[torch.Tensor | None], method: str, settings: Settings, device: torch.device,
+           kind: str) -> list[_Pending]:
     """The block's layers measured on its calls and solved; one block's statistics held at a time."""
     if not layers:
         return []
-    stats = _measure(block, calls, layers, SOLVERS[method].statistic, device, kind)
+    stats = _measure(block, calls, tokens, layers, SOLVERS[method].statistic, device, kind)
     return _solve(layers, stats, method, settings)
 
 
@@ -233,7 +248,8 @@ def prune_calibrated(model: nn.Module, data: Any, *, method: str = "wanda", spar
         model: the model, on ``device``, left in its training mode.
         data: the calibration inputs: a tensor (token ids ``[nsamples, seqlen]`` for a language model),
             a dict of keyword inputs, or a list or DataLoader of those (batches, run one at a time; an
-            ``(inputs, labels)`` batch gives its inputs).
+            ``(inputs, labels)`` batch gives its inputs). A batch's pad positions (its ``attention_mask``
+            0) are left out of the statistics.
         method: ``"wanda"`` (score ``|W_ij| * ||X_j||_2``, the weights kept as they are) or ``"sparsegpt"``
             (the optimal-brain-surgeon mask and weight update, written into ``weight_orig``).
         sparsity: a fraction in [0, 1): the lowest-scored share of each row (Wanda) or of each block of

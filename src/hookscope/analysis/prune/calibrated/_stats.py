@@ -2,7 +2,8 @@
 device the calibration runs on and never read back to the host inside a hook.
 
 Both statistics are running means over ``nsamples``, counted as the references count them: the
-leading dim of an input of 3 or more dims (the sequences of a batch), 1 for a 2-dim input. Must not
+leading dim of an input of 3 or more dims (the sequences of a batch), 1 for a 2-dim input. The pad
+positions of a batch (its ``attention_mask`` 0) are left out of the sums: they are not text. Must not
 import: any other analysis module.
 """
 
@@ -12,6 +13,8 @@ import math
 
 import torch
 from torch import nn
+
+from ....errors import HookscopeError
 
 __all__ = ["InputStats", "matrix_of", "is_conv1d"]
 
@@ -43,11 +46,23 @@ class InputStats:
         self.statistic, self.nsamples, self.dtype, self.device = statistic, 0, dtype, device
         shape = (width, width) if statistic == "hessian" else (width,)
         self.value = torch.zeros(shape, device=device, dtype=dtype)
+        self.tokens: torch.Tensor | None = None  # the current batch's attention mask [batch, seq]; None: all count
+
+    def _real(self, inp: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (the input's rows) with the pad positions' rows zeroed."""
+        t = self.tokens
+        if t is None:
+            return x
+        if tuple(inp.shape[:-1]) != tuple(t.shape) and not (inp.dim() == 2 and inp.shape[0] == t.numel()):
+            raise HookscopeError(f"a layer's input of shape {tuple(inp.shape)} does not follow the tokens of the "
+                                 f"attention_mask {tuple(t.shape)}, so its pad positions cannot be left out; pass "
+                                 "unpadded batches (a list of token-id tensors, one length each) without attention_mask")
+        return x * (t.reshape(-1, 1) != 0).to(x.dtype)
 
     def add(self, inp: torch.Tensor) -> None:
         """Fold one call's input in: the reference's order of operations (scale, count, add)."""
         count = inp.shape[0] if inp.dim() >= 3 else 1
-        x = inp.detach().reshape(-1, inp.shape[-1]).to(self.device, self.dtype)
+        x = self._real(inp, inp.detach().reshape(-1, inp.shape[-1]).to(self.device, self.dtype))
         self.value *= self.nsamples / (self.nsamples + count)
         self.nsamples += count
         if self.statistic == "hessian":

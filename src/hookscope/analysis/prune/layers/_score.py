@@ -1,7 +1,8 @@
 """``layer_importance``: how much each block of a stack changes what flows through it, measured on data.
 
 Two scores: ``"influence"`` (ShortGPT's block influence, Men et al. 2024: one minus the cosine of a
-block's input and output hidden state, averaged over every calibration token; a block that barely turns
+block's input and output hidden state, averaged over every calibration token but
+the pad positions an ``attention_mask`` marks; a block that barely turns
 the stream scores near 0) and ``"perplexity"`` (the language model's perplexity on the data with the
 block skipped, its output replaced by its input, minus the dense perplexity). Must not import: any
 other analysis module.
@@ -133,10 +134,22 @@ def lm_loss(model: nn.Module, batches: list[Any]) -> float:
     return total / max(count, 1)
 
 
+def _real_tokens(mask: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
+    """The batch's ``attention_mask`` as 0/1 over the tokens of a hidden state of ``shape[:-1]``."""
+    if mask is None:
+        return None
+    if tuple(shape) != tuple(mask.shape):
+        raise HookscopeError(f"a block's hidden state {tuple(shape)} does not follow the tokens of the attention_mask "
+                             f"{tuple(mask.shape)}, so its pad positions cannot be left out; pass unpadded batches "
+                             "(a list of token-id tensors, one length each) without attention_mask")
+    return (mask != 0).to(torch.float64)
+
+
 def _influence(model: nn.Module, blocks: list[tuple[str, nn.Module]], batches: list[Any]) -> list[float]:
     sums = [torch.zeros((), dtype=torch.float64) for _ in blocks]
     counts = [0 for _ in blocks]
     seen: dict[int, torch.Tensor] = {}
+    tokens: list[torch.Tensor | None] = [None]  # the running batch's attention mask: its pad positions
 
     def pre(k: int) -> Any:
         def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -147,8 +160,10 @@ def _influence(model: nn.Module, blocks: list[tuple[str, nn.Module]], batches: l
         def hook(m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
             x, y = seen.pop(k), _first(out)
             cos = nn.functional.cosine_similarity(x.double().flatten(0, -2), y.double().flatten(0, -2), dim=-1)
-            sums[k] = sums[k] + (1 - cos).sum().cpu()
-            counts[k] += cos.numel()
+            keep = _real_tokens(tokens[0], x.shape[:-1])
+            keep = torch.ones_like(cos) if keep is None else keep.flatten().to(cos)
+            sums[k] = sums[k] + ((1 - cos) * keep).sum().cpu()
+            counts[k] += int(keep.sum())
         return hook
 
     with HookGroup() as hooks:
@@ -157,6 +172,8 @@ def _influence(model: nn.Module, blocks: list[tuple[str, nn.Module]], batches: l
             hooks.add(block.register_forward_pre_hook(pre(k), with_kwargs=True))
             hooks.add(block.register_forward_hook(post(k), with_kwargs=True))
         for batch in batches:
+            mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+            tokens[0] = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
             _run(model, batch)
     return [float(s) / max(c, 1) for s, c in zip(sums, counts)]
 
@@ -195,7 +212,7 @@ def layer_importance(model: nn.Module, data: Any, *, method: str = "influence",
         model: the model, left as it is (the scoring hooks are removed as it ends).
         data: token ids ``[batch, seqlen]``, a dict of keyword inputs, or a list or DataLoader of those.
         method: ``"influence"``: ``1 - cos(x_in, x_out)`` of each block's hidden state, averaged over
-            every token (ShortGPT's block influence; pass sequences without padding); ``"perplexity"``:
+            every token but the padding an ``attention_mask`` marks (ShortGPT's block influence); ``"perplexity"``:
             the perplexity with the block skipped minus the dense perplexity (language models).
         device: where the inputs go (default: the model's first parameter's).
 

@@ -26,7 +26,7 @@ from ....selection import Layers
 from ..calibrated import calibration_batches, device_of
 from ..layers import lm_loss
 from ._distill import distill
-from ._fit import fit_pairs
+from ._fit import batch_for, fit_pairs
 
 __all__ = ["RecoveryRow", "Recovery", "recover", "RECOVERY"]
 
@@ -122,7 +122,8 @@ def _metric(model: nn.Module, dense: nn.Module, batches: list[Any], lm: bool) ->
         return math.exp(lm_loss(model, batches))
     total, count = 0.0, 0
     for b in batches:
-        d, m = _output(_call(dense, b)).double(), _output(_call(model, b)).double()
+        m = _output(_call(model, b)).double()
+        d = _output(_call(dense, batch_for(dense, b))).to(m.device).double()
         total += float(((d - m) ** 2).sum())
         count += d.numel()
     return total / max(count, 1)
@@ -157,7 +158,8 @@ def recover(model: nn.Module, dense: nn.Module, data: Any, *, method: str = "lst
     Args:
         model: the pruned model (compacted by :func:`compact`, with blocks removed by
             :func:`remove_layers`, or masked).
-        dense: the model before pruning (left as it is).
+        dense: the model before pruning (left as it is; it may sit on another device, the inputs go
+            to it there).
         data: calibration inputs: token ids ``[batch, seqlen]``, a dict of keyword inputs, or a list or
             DataLoader of those.
         method: ``"lstsq"``: every linear layer whose inputs were pruned (fewer ``in_features`` than the
@@ -192,7 +194,15 @@ def recover(model: nn.Module, dense: nn.Module, data: Any, *, method: str = "lst
     batches = _moved(calibration_batches(data), device_of(device, model))
     measured = batches if held_out is None else _moved(calibration_batches(held_out), device_of(device, model))
     lm = _is_lm(measured)
-    before, pruned = _metric(dense, dense, measured, lm), _metric(model, dense, measured, lm)
+    try:
+        before = _metric(dense, dense, [batch_for(dense, b) for b in measured], lm)
+        pruned = _metric(model, dense, measured, lm)
+    except HookscopeError:
+        raise
+    except Exception as e:  # the models on the user's data, before anything is changed: one line
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise HookscopeError(f"the dense or the pruned model fails on the data ({type(e).__name__}: {text}); pass "
+                             "data both take, and a dense model of the pruned one's dtype") from e
     rows: list[RecoveryRow] = []
     losses: list[float] = []
     if method == "distill":

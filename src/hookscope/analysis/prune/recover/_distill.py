@@ -16,6 +16,7 @@ from torch import nn
 from ....core.hooks import HookGroup
 from ....errors import HookscopeError
 from ....selection import Layers, layers as resolve
+from ._fit import batch_for
 
 __all__ = ["distill"]
 
@@ -67,8 +68,9 @@ def distill(model: nn.Module, dense: nn.Module, batches: list[Any], *, steps: in
         for step in range(steps):
             batch = batches[step % len(batches)]
             with torch.no_grad():
-                want, want_hidden = _tapped(dense, names, batch, False)
+                want, want_hidden = _tapped(dense, names, batch_for(dense, batch), False)
             got, got_hidden = _tapped(model, names, batch, True)
+            want, want_hidden = want.to(got.device), [w.to(g.device) for w, g in zip(want_hidden, got_hidden)]
             v = got.shape[-1]
             loss = nn.functional.kl_div(torch.log_softmax(got.reshape(-1, v).float(), -1),
                                         torch.log_softmax(want.reshape(-1, v).float(), -1),

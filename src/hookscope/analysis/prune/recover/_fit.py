@@ -23,7 +23,7 @@ from ....core.hooks import HookGroup
 from ....errors import HookscopeError
 from ....selection import named_modules
 
-__all__ = ["Pair", "pairs_of", "fit_pairs"]
+__all__ = ["Pair", "pairs_of", "fit_pairs", "batch_for"]
 
 
 @dataclass
@@ -55,6 +55,17 @@ def pairs_of(model: nn.Module, dense: nn.Module) -> list[Pair]:
     return out
 
 
+def batch_for(model: nn.Module, batch: Any) -> Any:
+    """``batch`` on the device of ``model``'s first parameter: the dense model may sit elsewhere (the host)."""
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        return batch
+
+    def to(v: Any) -> Any:
+        return v.to(first.device) if isinstance(v, torch.Tensor) else v
+    return {k: to(v) for k, v in batch.items()} if isinstance(batch, Mapping) else to(batch)
+
+
 def _run(model: nn.Module, batch: Any) -> None:
     extra = {"use_cache": False} if hasattr(model, "config") else {}
     with torch.no_grad():
@@ -68,11 +79,21 @@ def _gather(model: nn.Module, dense: nn.Module, pairs: list[Pair], batch: Any) -
     def keep(name: str) -> Any:
         return lambda m, a, out: outputs.__setitem__(name, out.detach())
 
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
     def fold(p: Pair) -> Any:
         def hook(m: nn.Module, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, p.pruned.in_features).double()
             x = torch.cat([x, torch.ones_like(x[:, :1])], 1)
-            y = outputs[p.name].reshape(-1, p.pruned.out_features).double()
+            y = outputs[p.name].reshape(-1, p.pruned.out_features).to(x.device).double()
+            if mask is not None:  # the pad positions are not text: out of the sums
+                if tuple(args[0].shape[:-1]) != tuple(mask.shape):
+                    raise HookscopeError(f"layer {p.name!r}'s inputs {tuple(args[0].shape)} do not follow the tokens "
+                                         f"of the attention_mask {tuple(mask.shape)}; pass unpadded batches without "
+                                         "attention_mask")
+                real = mask.reshape(-1).to(x.device) != 0
+                x, y = x[real], y[real]
             p.xtx = x.t() @ x if p.xtx is None else p.xtx + x.t() @ x
             p.xty = x.t() @ y if p.xty is None else p.xty + x.t() @ y
             p.yy += float((y * y).sum())
@@ -83,7 +104,7 @@ def _gather(model: nn.Module, dense: nn.Module, pairs: list[Pair], batch: Any) -
         for p in pairs:
             # own hook: the dense layer's output on this batch, the target of the refit
             hooks.add(p.dense.register_forward_hook(keep(p.name)))
-        _run(dense, batch)
+        _run(dense, batch_for(dense, batch))
     with HookGroup() as hooks:
         for p in pairs:
             # own hook: the pruned layer's inputs folded into the sums, against the dense outputs
