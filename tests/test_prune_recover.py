@@ -282,3 +282,25 @@ def test_the_refit_leaves_the_padding_out(method):
     hookscope.recover(two, dense, [a, b], method=method)
     for (n, p), (_, q) in zip(one.named_parameters(), two.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_distillation_leaves_the_padding_out():
+    """Two padded batches that differ only in what sits at their pad positions distil alike: the pads
+    are not text, so neither the KL term nor a layer's squared error reads them."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, pad_token_id=0)
+    dense = transformers.LlamaForCausalLM(cfg).eval()
+    small = copy.deepcopy(dense)
+    with torch.no_grad():
+        small.model.layers[1].mlp.down_proj.weight.mul_(0.5)
+    a, b = torch.randint(1, 32, (1, 10)), torch.randint(1, 32, (1, 6))
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4])
+    pads = [torch.cat([a, torch.cat([b, torch.full((1, 4), fill, dtype=torch.long)], 1)]) for fill in (0, 7)]
+    models = [copy.deepcopy(small), copy.deepcopy(small)]
+    for model, ids in zip(models, pads):
+        hookscope.recover(model, dense, {"input_ids": ids, "attention_mask": mask}, method="distill", steps=3,
+                          layers=["model.norm"], held_out=[a, b])
+    for (n, p), (_, q) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=n)
+    assert hook_count(models[0]) == 0 and hook_count(dense) == 0

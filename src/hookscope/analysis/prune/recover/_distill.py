@@ -52,6 +52,33 @@ def _tapped(model: nn.Module, names: list[str], batch: Any, grad: bool) -> tuple
     return logits, [seen[q] for q in names]
 
 
+def _real(batch: Any, tokens: tuple[int, ...]) -> torch.Tensor | None:
+    """The positions an ``attention_mask`` marks as text, flattened; ``None``: every position counts."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tokens:
+        return None
+    return mask.reshape(-1) != 0
+
+
+def _loss(got: torch.Tensor, want: torch.Tensor, hidden: list[tuple[torch.Tensor, torch.Tensor]],
+          real: torch.Tensor | None) -> torch.Tensor:
+    """The KL divergence per token (summed over the vocabulary) and each layer's squared error, both
+    averaged over the real tokens only: pad positions are not text and pull nothing."""
+    v = got.shape[-1]
+    got_f, want_f = got.reshape(-1, v).float(), want.reshape(-1, v).float()
+    keep = real.to(got.device) if real is not None else None
+    if keep is not None:
+        got_f, want_f = got_f[keep], want_f[keep]
+    loss = nn.functional.kl_div(torch.log_softmax(got_f, -1), torch.log_softmax(want_f, -1), log_target=True,
+                                reduction="batchmean")
+    for g, w in hidden:
+        g2, w2 = g.float().reshape(-1, g.shape[-1]), w.float().reshape(-1, w.shape[-1])
+        if keep is not None and g2.shape[0] == keep.shape[0]:
+            g2, w2 = g2[keep], w2[keep]
+        loss = loss + nn.functional.mse_loss(g2, w2)
+    return loss
+
+
 def distill(model: nn.Module, dense: nn.Module, batches: list[Any], *, steps: int, lr: float,
             layers: Layers | None) -> list[float]:
     """``steps`` Adam steps (cycling through ``batches``) of ``model`` towards ``dense``; the loss of each."""
@@ -71,12 +98,7 @@ def distill(model: nn.Module, dense: nn.Module, batches: list[Any], *, steps: in
                 want, want_hidden = _tapped(dense, names, batch_for(dense, batch), False)
             got, got_hidden = _tapped(model, names, batch, True)
             want, want_hidden = want.to(got.device), [w.to(g.device) for w, g in zip(want_hidden, got_hidden)]
-            v = got.shape[-1]
-            loss = nn.functional.kl_div(torch.log_softmax(got.reshape(-1, v).float(), -1),
-                                        torch.log_softmax(want.reshape(-1, v).float(), -1),
-                                        log_target=True, reduction="batchmean")
-            for g, w in zip(got_hidden, want_hidden):
-                loss = loss + nn.functional.mse_loss(g.float(), w.float())
+            loss = _loss(got, want, list(zip(got_hidden, want_hidden)), _real(batch, tuple(got.shape[:-1])))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
