@@ -133,7 +133,7 @@ def build_report(
     against_name: str | None = None,
     progress: bool | None = None,
     run: str | os.PathLike[str] | Run | None = None,
-    circuits: Sequence[CircuitResult] = (),
+    circuits: Sequence[CircuitResult] | CircuitResult = (),
 ) -> Path:
     """Write a self-contained report folder (``index.html``, ``img/``, ``report.json``) about ``model``.
 
@@ -179,7 +179,7 @@ def build_report(
             :class:`~hookscope.LogitLens` and :class:`~hookscope.LogitAttribution`, drawn in that order
             in one section, as :mod:`hookscope.viz.circuits` draws it, with a table of its largest cells
             (the lens: each stream at the last position) and its full table; ``report.json`` holds each
-            one's ``to_dict()``.
+            one's ``to_dict()``. One result alone is taken as a list of one.
 
     Example:
         >>> import tempfile, pathlib, shutil

@@ -24,7 +24,7 @@ CircuitResult = Union[Patching, LogitLens, LogitAttribution]
 TOP = 5  # the largest cells or terms listed under each picture
 
 
-def check_circuits(circuits: Sequence[Any]) -> list[CircuitResult]:
+def check_circuits(circuits: Sequence[Any] | CircuitResult) -> list[CircuitResult]:
     """The results as a list; anything else fails before any work, naming what it is.
 
     Example:
