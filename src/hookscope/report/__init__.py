@@ -8,8 +8,8 @@ Pillow).
 
 One module per part: ``build`` runs the sections and writes the folder (``folder``: all at once or not
 at all); ``subject`` holds the model, inputs and where they came from; the sections are ``checks``
-(predictions, trace, NaN/Inf check, gradient flow), ``summary``, ``structure``, ``features``, ``cams``
-and ``diffs``; ``html``, ``widgets`` and ``assets`` make the page; ``progress`` draws the bar.
+(predictions, trace, NaN/Inf check, gradient flow), ``summary``, ``structure``, ``features``, ``cams``,
+``diffs``, ``runs`` and ``circuits`` (results of the circuit analyses, given ready); ``html``, ``widgets`` and ``assets`` make the page; ``progress`` draws the bar.
 """
 
 from .build import build_report

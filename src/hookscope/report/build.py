@@ -24,6 +24,7 @@ from ..selection import layers as select
 from .attribution import DEFAULT_ATTRIBUTIONS, attribution_section
 from .cams import DEFAULT_METHODS, cam_section
 from .checks import debug_sections, predictions
+from .circuits import CircuitResult, check_circuits, circuit_section
 from .diffs import diff_section
 from .features import feature_section, spatial_layers
 from .folder import MARKER, staged_folder
@@ -73,7 +74,8 @@ def _check_choices(model: nn.Module, layers: Sequence[str] | None, methods: Sequ
 
 
 def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], attributions: Sequence[str],
-              against: tuple[nn.Module, str] | None, run: Run | None) -> list[Section]:
+              against: tuple[nn.Module, str] | None, run: Run | None,
+              circuits: Sequence[CircuitResult] = ()) -> list[Section]:
     """Every section in page order; each long step tells the progress bar."""
     s.progress.start("predictions")
     found = [predictions(s)]
@@ -81,7 +83,7 @@ def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], 
     found += [summary_section(s), structure_section(s)]
     chosen = list(layers) if layers is not None else spatial_layers(s.summary())
     s.progress.add(len(chosen) + 2 * len(methods) + bool(methods) + 2 * len(attributions) + bool(attributions)
-                   + (against is not None))
+                   + (against is not None) + bool(circuits))
     if against is not None:
         s.progress.start(f"comparison with {against[1]}")
         found.append(diff_section(s, *against))
@@ -92,7 +94,11 @@ def _sections(s: Subject, layers: Sequence[str] | None, methods: Sequence[str], 
         found.append(attribution_section(s, attributions))
     s.progress.start("trace, NaN/Inf check and gradient flow")
     found += debug_sections(s)
-    return found + ([run_section(s, run)] if run is not None else [])
+    found += [run_section(s, run)] if run is not None else []
+    if circuits:
+        s.progress.start("circuit pictures")
+        found.append(circuit_section(s, circuits))
+    return found
 
 
 def _write(s: Subject, title: str, subtitle: str, sections: list[Section], source: str | None) -> None:
@@ -127,6 +133,7 @@ def build_report(
     against_name: str | None = None,
     progress: bool | None = None,
     run: str | os.PathLike[str] | Run | None = None,
+    circuits: Sequence[CircuitResult] | CircuitResult = (),
 ) -> Path:
     """Write a self-contained report folder (``index.html``, ``img/``, ``report.json``) about ``model``.
 
@@ -134,7 +141,8 @@ def build_report(
     comparison with ``against`` when given, feature maps of ``layers`` (default: up to four top-level
     layers with spatial outputs), CAMs by each of ``methods`` with deletion / insertion AUC (and the
     pointing game where ``masks`` are given), input attribution by each of ``attributions`` with the
-    same scores, trace, the NaN/Inf check and gradient flow, and the training run ``run`` when given.
+    same scores, trace, the NaN/Inf check and gradient flow, the training run ``run`` when given, and
+    the ``circuits`` results when given.
     Feature maps
     and CAMs are drawn for each input (up to 8), a tab each; the page works offline and, without
     JavaScript, shows every view one under another. The folder appears only when complete; an
@@ -165,6 +173,13 @@ def build_report(
         run: a training run a monitor logged (its folder, ``hookscope.monitor(..., log=FOLDER)``, or the
             :class:`~hookscope.Run` :func:`~hookscope.read_run` gives), drawn as its own section: the loss
             and each layer's gradient norm, update ratio and dead fraction per sampled step.
+        circuits: results of the circuit analyses, computed beforehand (of a language model, say, while
+            ``model`` is the one the rest of the page is about): each :class:`~hookscope.Patching`
+            (:func:`~hookscope.activation_patching`, :func:`~hookscope.attribution_patching`),
+            :class:`~hookscope.LogitLens` and :class:`~hookscope.LogitAttribution`, drawn in that order
+            in one section, as :mod:`hookscope.viz.circuits` draws it, with a table of its largest cells
+            (the lens: each stream at the last position) and its full table; ``report.json`` holds each
+            one's ``to_dict()``. One result alone is taken as a list of one.
 
     Example:
         >>> import tempfile, pathlib, shutil
@@ -181,6 +196,7 @@ def build_report(
     _check(inputs, pictures, masks, against)
     _check_choices(model, layers, methods, attributions)
     logged = run if isinstance(run, Run) or run is None else read_run(run)  # a bad folder fails before any work
+    given = check_circuits(circuits)
     title = title or f"hookscope report: {type(model).__name__}"
     subtitle = f"input {shape_text(tuple(inputs.shape))}" + (f"; {note}" if note else "")
     origin = weights_origin(model)
@@ -196,7 +212,7 @@ def build_report(
             s = Subject(model, x, folder, pictures, masks, class_names, baselines, random_weights,
                         generated_inputs, bar)
             with restored(model), kept_grads(model), other:
-                sections = _sections(s, layers, methods, attributions, pair, logged)
+                sections = _sections(s, layers, methods, attributions, pair, logged, given)
             _write(s, title, subtitle, sections, source)
     except BaseException:
         bar.close(done=False)  # ends the bar's line, so that the error is said on a line of its own
