@@ -230,7 +230,7 @@ def test_a_dense_model_that_fails_on_the_data_is_one_line_and_the_model_untouche
     assert hook_count(small) == 0 and hook_count(dense) == 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to put the dense model on another device than the pruned one")
 @pytest.mark.parametrize("method", ["lstsq", "distill"])
 def test_the_dense_model_may_sit_on_another_device(method):
     dense, small, x = _pair()

@@ -22,6 +22,7 @@ from ...selection import Selector, check_hookable, exact_ops, unwrap
 from ...selection import layers as select
 from .._targets import Target, batch_coupled, pinned, scores_of
 from ._engine import Job, Pass, leaf, opened, probe
+from ._features import baseline_like
 from ._methods import (COPIES, INPUTS_ONLY, LAYER_METHODS, PERTURBATION, REPORTED, TABLE, Settings, readers,
                        settings_of)
 from ._composites import assign
@@ -250,7 +251,7 @@ def _settings(chosen: AttributionMethod, x: torch.Tensor) -> Settings:
     points = (rule_points(chosen.rule, chosen.steps) if isinstance(chosen, IntegratedGradients) else ([], []))
     if chosen.name in PERTURBATION:  # its baseline is of what it perturbs (the inputs or a layer's output)
         return Settings(x[:0], [], [], 0, 0.0, 0, method=chosen)
-    return Settings(_baseline(getattr(chosen, "baseline", None), x), points[0], points[1],
+    return Settings(baseline_like(getattr(chosen, "baseline", None), x), points[0], points[1],
                     getattr(chosen, "samples", 0), getattr(chosen, "noise", 0.0), getattr(chosen, "seed", 0),
                     getattr(chosen, "composite", None), getattr(chosen, "canonize", True), getattr(chosen, "bounds", None))
 
@@ -382,36 +383,6 @@ def _check_independent(model: nn.Module, inputs: torch.Tensor, batch_size: int, 
         raise HookscopeError(f"{coupled} normalises with each batch's own statistics even in eval mode, so a row's "
                              "score would depend on the other rows of its batch; pass one input"
                              + (" with batch_size=1" if copies else ""))
-
-
-def _baseline(baseline: torch.Tensor | float | None, x: torch.Tensor) -> torch.Tensor:
-    """The baseline as a tensor of the inputs' shape, dtype and device."""
-    if not x.is_floating_point() and _fractional(baseline):  # the cast to ids would round it silently
-        shown = f"{baseline!r}" if not isinstance(baseline, torch.Tensor) else "(a tensor with fractions)"
-        raise HookscopeError(f"baseline={shown} holds values that are not token ids: inputs of dtype {x.dtype} "
-                             "start the path at whole ids; pass an int, e.g. the pad token's id")
-    if baseline is None or isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
-        b = torch.full_like(x, 0 if baseline is None else baseline)
-    elif isinstance(baseline, torch.Tensor):
-        b = baseline.detach().to(device=x.device, dtype=x.dtype)
-        b = b.unsqueeze(0) if tuple(b.shape) == tuple(x.shape[1:]) else b
-        if b.ndim != x.ndim or b.shape[0] not in (1, x.shape[0]) or tuple(b.shape[1:]) != tuple(x.shape[1:]):
-            raise HookscopeError(f"baseline of shape {shape_text(tuple(baseline.shape))} does not fit inputs of "
-                                 f"{shape_text(tuple(x.shape))}; pass one of {shape_text(tuple(x.shape))} or "
-                                 f"{shape_text(tuple(x.shape[1:]))} (the same for every sample), or a number")
-        b = b.expand_as(x).clone()
-    else:
-        raise HookscopeError(f"baseline= is a {type(baseline).__name__}; pass None (zeros), a number or a tensor")
-    if b.is_floating_point() and not bool(b.isfinite().all()):
-        raise HookscopeError("the baseline is not finite (nan or inf), so every map would be nan; pass finite "
-                             "values, e.g. baseline=0.0")
-    return b
-
-
-def _fractional(baseline: Any) -> bool:
-    if isinstance(baseline, torch.Tensor):
-        return baseline.is_floating_point() and not bool((baseline == baseline.round()).all())
-    return isinstance(baseline, float) and not baseline.is_integer()
 
 
 def _chunk(saved: int, x: torch.Tensor, batch_size: int, memory: int | None) -> int:
