@@ -36,7 +36,7 @@ from .errors import HookscopeError, checked, checked_init
 from .selection import At, unwrap
 
 __all__ = ["TokenPositions", "TokenIndex", "tokens", "StepRow", "StepRecord", "StepRecords", "Frame",
-           "frame_of"]
+           "frame_of", "FollowedPositions", "Taken"]
 
 _KINDS = ("prompt", "generated", "step", "position")
 
@@ -261,7 +261,11 @@ def _finished_rows(frame: Frame, ended: dict[int, int], loop: Mapping[str, Any] 
 
 
 @dataclass
-class _Entry:
+class Taken:
+    """What one call of a selected module took at token positions: the ``sequence`` of the block, the
+    decoding ``step`` of the forward, and for each row of the tensor taken its batch ``rows[i]`` and its
+    absolute ``positions[i]``."""
+
     sequence: int
     step: int
     rows: list[int]
@@ -277,7 +281,7 @@ class FollowedPositions(TokenPositions):
     def __init__(self, kind: str, values: tuple[int, ...] = ()) -> None:
         super().__init__(kind, values)
         self.frame: Frame | None = None
-        self.log: dict[str, list[_Entry]] = {}
+        self.log: dict[str, list[Taken]] = {}
         self._ids: torch.Tensor | None = None
         self._running = False
         self._cache: dict[bool, tuple[Frame, tuple[tuple[torch.Tensor, torch.Tensor], list[int], list[int]]]] = {}
@@ -349,17 +353,23 @@ class FollowedPositions(TokenPositions):
         return found
 
     def take(self, output: object, name: str) -> torch.Tensor:
+        return self.take_keyed(output, name)[0]
+
+    def take_keyed(self, output: object, name: str) -> tuple[torch.Tensor, Taken]:
+        """The selected positions of ``output``'s main tensor that this forward computes for the first time
+        (``[n, ...]``, one row per position), and which step, rows and positions they are."""
         main, _ = self.main(output, name)
         where, rows, positions = self._index(main, name, fresh_only=True)
         assert self.frame is not None
-        self.log.setdefault(name, []).append(_Entry(self.frame.sequence, self.frame.step, rows, positions))
-        return main[where]
+        taken = Taken(self.frame.sequence, self.frame.step, rows, positions)
+        self.log.setdefault(name, []).append(taken)
+        return main[where], taken
 
     def put(self, output: object, change: Callable[[torch.Tensor], object], name: str) -> object:
         main, _ = self.main(output, name)
         where, rows, positions = self._index(main, name, fresh_only=False)
         assert self.frame is not None
-        self.log.setdefault(name, []).append(_Entry(self.frame.sequence, self.frame.step, rows, positions))
+        self.log.setdefault(name, []).append(Taken(self.frame.sequence, self.frame.step, rows, positions))
         if not rows:
             return output
         old = main[where]

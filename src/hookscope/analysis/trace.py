@@ -1,7 +1,9 @@
 """Per-layer statistics of inputs, outputs and gradients, in execution order (``hookscope.trace``).
 
 Built on the statistics engine (``_recorder.py`` for the hooks, ``_rows.py`` for the rows and their
-text), as ``watch`` is; this module holds the result, :class:`Trace`, and its builder.
+text), as ``watch`` is; this module holds the result, :class:`Trace`, and its builder. With ``at=`` token
+positions (``hookscope.tokens``) the rows are those of each selected position, once, keyed by decoding
+step and absolute position (:class:`StepStatRow`), read through the generation module's positions.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
@@ -19,15 +22,19 @@ import torch  # noqa: F401 - the examples use it
 from torch import nn
 
 from .._native import describe
-from ..core.result import Result, jsonable
-from ..core.text import shape_text
-from ..errors import HookscopeError, checked
-from ..selection import Selector, unwrap
 from ..capture import parse_keep
+from ..core.result import Result, jsonable
+from ..core.text import num, shape_text
+from ..core.text import table as text_table
+from ..errors import HookscopeError, checked
+from ..generation import FollowedPositions, TokenPositions
+from ..selection import At, Selector, as_at, unwrap
 from ._recorder import RecorderSession, param_targets, select
-from ._rows import ByModule, Pending, StatRow, gather, render
+from ._rows import ByModule, Pending, StatRow, event, gather, render
 
-__all__ = ["GATHER_EVERY", "StatRow", "Trace", "trace"]
+__all__ = ["GATHER_EVERY", "StatRow", "StepStatRow", "Trace", "trace"]
+
+_STAT_FIELDS = tuple(f.name for f in dataclasses.fields(StatRow))
 
 GATHER_EVERY = 4096
 """A streaming trace (``on_row=`` or ``last=``) gathers its events into rows as each forward pass
@@ -44,6 +51,43 @@ def cpu_statistics() -> str:
         True
     """
     return describe()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStatRow(StatRow):
+    """A :class:`StatRow` of one token position of a language model (``trace(at=tokens...)``): the
+    statistics of the selected module's output at batch ``row``, absolute ``position`` (the row's own
+    tokens counted from 0, left padding excluded), computed by the forward of decoding ``step`` (0: the
+    forward over the prompt) of ``sequence`` (one per ``generate()`` call in the block). Each position
+    is one row, whether generation used the KV cache or not.
+    """
+
+    sequence: int
+    step: int
+    row: int
+    position: int
+
+
+_STEP_HEAD = ["#", "module", "seq", "step", "row", "position", "shape", "dtype", "mean", "std", "min", "max",
+              "|max|", "zeros", "nan", "inf"]
+
+
+def _number(v: float) -> str:
+    return "nan" if math.isnan(v) else num(v)  # as every trace table writes a NaN statistic
+
+
+def _step_text(rows: Sequence[StatRow], max_rows: int | None) -> str:
+    """The rows of token positions as text: the sequence, step, row and position where the plain table
+    has the call and the path."""
+    shown = rows if max_rows is None else rows[:max_rows]
+    cells = [[str(r.index), r.module or "(root)", str(getattr(r, "sequence", "")), str(getattr(r, "step", "")),
+              str(getattr(r, "row", "")), str(getattr(r, "position", "")), shape_text(r.shape), r.dtype,
+              *map(_number, (r.mean, r.std, r.min, r.max, r.absmax)), f"{r.zero_frac:.1%}", str(r.nan), str(r.inf)]
+             for r in shown]
+    lines = text_table(_STEP_HEAD, cells, left={1, 7})
+    if len(shown) < len(rows):
+        lines.append(f"... {len(rows) - len(shown)} more rows (to_csv() or to_json() has them all)")
+    return "\n".join(lines)
 
 
 class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran, not ByModule's
@@ -72,16 +116,49 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
     def __init__(self, selected: list[tuple[str, nn.Module]], *, keep: frozenset[str],
                  root: nn.Module | None = None, params: Sequence[tuple[str, str, nn.Parameter]] = (),
                  model: nn.Module | None = None, on_row: Callable[[StatRow], object] | None = None,
-                 last: int | None = None) -> None:
+                 last: int | None = None, at: TokenPositions | None = None) -> None:
         self._pending: list[Pending] = []
+        self._keys: list[tuple[int, int, int, int]] = []  # with at=: each waiting event's sequence, step, row, position
+        self._at, self._root = at, root
+        self._followed: FollowedPositions | None = None  # the positions bound to the model while the block is open
+        self._calls: dict[str, int] = {}
         self._rows: MutableSequence[StatRow] = [] if last is None else deque(maxlen=last)
         self._made = 0  # rows made since the start (or the last clear()): the next row's index
         self._on_row = on_row
         self._lock = threading.RLock()  # on_row may read the trace
         self._cpu_stats = cpu_statistics()
         streaming = on_row is not None or last is not None
-        super().__init__(selected, keep=keep, sink=self._take if streaming else self._pending.append, root=root,
+        super().__init__(selected, keep=frozenset() if at is not None else keep,  # at=: the positions' rows alone
+                         sink=self._take if streaming else self._pending.append, root=root,
                          params=params, model=model, on_pass=self._gather if streaming else None)
+        if at is not None:
+            self._rec.on_output = self._positions
+
+    def __enter__(self) -> Trace:
+        super().__enter__()
+        if self._at is not None:
+            try:  # resolved at each forward from the model's own inputs, its hooks removed with the trace's
+                self._followed = self._at.follow(self._root if self._root is not None else nn.Module(), self._rec.group)
+            except BaseException:
+                self.remove()
+                raise
+        return self
+
+    def _positions(self, name: str, output: Any) -> None:
+        """One event per selected position this call of ``name`` computes for the first time."""
+        followed = self._followed
+        if followed is None:
+            return
+        taken, where = followed.take_keyed(output, name)
+        path = followed.main(output, name)[1]
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        events = [event(name, taken[k], call=call, path=path) for k in range(len(where.rows))]
+        with self._lock:
+            self._pending.extend(events)
+            self._keys.extend((where.sequence, where.step, b, p) for b, p in zip(where.rows, where.positions))
+            if (self._on_row is not None or isinstance(self._rows, deque)) and len(self._pending) >= GATHER_EVERY:
+                self._gather()
 
     def _take(self, event: Pending) -> None:
         with self._lock:
@@ -95,7 +172,10 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             if not self._pending:
                 return
             pending, self._pending[:] = list(self._pending), []
+            keys, self._keys[:] = list(self._keys), []
             rows = gather(pending, start=self._made)
+            if keys:
+                rows = [StepStatRow(*(getattr(r, f) for f in _STAT_FIELDS), *key) for r, key in zip(rows, keys)]
             self._made += len(rows)
             if self._on_row is None:
                 self._rows.extend(rows)
@@ -114,6 +194,9 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         finally:
             if self._on_row is not None:
                 self._gather()  # on_row has every row by the end of the block, the failing pass's too
+            self._root = None  # nothing of the model outlives the block
+        if exc is None and self._followed is not None:
+            self._followed.check()  # a step or position that no forward reached
 
     @property
     def rows(self) -> list[StatRow]:
@@ -163,6 +246,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             if self._on_row is not None:
                 self._gather()
             self._pending.clear()
+            self._keys.clear()
             self._rows.clear()
             self._made = 0
 
@@ -213,7 +297,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
         """
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        names = [f.name for f in dataclasses.fields(StatRow)]
+        names = [f.name for f in dataclasses.fields(StepStatRow if self._at is not None else StatRow)]
         writer.writerow(names)
         for r in self.rows:
             d = dataclasses.asdict(r)
@@ -237,6 +321,8 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             --------------------------------------------------------------------------------------------
             0  0          0  output  output      2  float32     1    1    0    2      2  50.0%    0    0
         """
+        if self._at is not None:
+            return _step_text(self.rows, max_rows)
         return render(self.rows, max_rows=max_rows)
 
     def __repr__(self) -> str:
@@ -246,7 +332,7 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
 @checked
 def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "io",
           param_grads: bool = False, on_row: Callable[[StatRow], object] | None = None,
-          last: int | None = None) -> Trace:
+          last: int | None = None, at: At | Any = None) -> Trace:
     """Statistics of what every selected module receives and produces, forward and backward.
 
     For each call, in execution order, one :class:`StatRow` per tensor (nested outputs included):
@@ -281,6 +367,15 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
             gathers at each forward pass instead of once, so that a trace around a loop of many
             steps holds at most ``last`` rows and one pass's events. Rows keep their number
             (``index``) from the start of the block.
+        at: token positions of a language model (``hookscope.tokens.generated``, ``tokens.prompt``,
+            ``tokens.step(k)``, ``tokens.position(p)``), for a trace around ``generate()``: one
+            :class:`StepStatRow` per selected position of each selected module's output (its main
+            tensor), keyed by ``sequence``, ``step``, ``row`` and absolute ``position``, each position
+            once, at the step whose forward first computes it, so that the rows are the same whether
+            generation used the KV cache or not. Works with ``keep="output"``; refused where the
+            positions cannot be followed (beam search, assisted decoding, a static cache, an
+            encoder-decoder model, a forward from another thread), and a step or position no forward
+            reached is refused when the block ends.
 
     Raises:
         ForwardError: a forward pass in the block raised an exception inside a selected module,
@@ -306,13 +401,37 @@ def trace(model: nn.Module, *selectors: Selector, keep: str | Iterable[str] = "i
         ...         _ = net(torch.full((1, 2), float(step)))
         >>> len(means), [r.index for r in t.rows]
         (100, [98, 99])
+        >>> import transformers
+        >>> lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20)).eval()
+        >>> with hookscope.trace(lm, "transformer.h.0", keep="output", at=hookscope.tokens.generated) as t:
+        ...     _ = lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+        >>> [(r.step, r.position, r.shape) for r in t.rows]
+        [(0, 2, (8,)), (1, 3, (8,)), (2, 4, (8,))]
     """
     if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last < 0):
         raise HookscopeError(f"last={last!r} must be a whole number of rows, 0 or more (None keeps every row)")
     if on_row is not None and not callable(on_row):
         raise HookscopeError(f"on_row={on_row!r} must be a function taking each row (a StatRow), or None")
     fields = parse_keep(keep)
+    positions = _token_positions(at, fields, param_grads)
     selected = select(model, selectors)
     inner, _ = unwrap(model)
     params = param_targets(inner, selected, every=not selectors) if param_grads else []
-    return Trace(selected, keep=fields, root=inner, params=params, model=model, on_row=on_row, last=last)
+    return Trace(selected, keep=fields, root=inner, params=params, model=model, on_row=on_row, last=last,
+                 at=positions)
+
+
+def _token_positions(at: Any, fields: frozenset[str], param_grads: bool) -> TokenPositions | None:
+    """``at=`` checked: token positions, with the outputs alone kept."""
+    positions = as_at(at)
+    if positions is None:
+        return None
+    if not isinstance(positions, TokenPositions):
+        raise HookscopeError(f"trace(at={positions!r}) takes token positions (hookscope.tokens.generated, "
+                             "tokens.prompt, tokens.step(k), tokens.position(p)); for a fixed slice, capture with "
+                             "at= and reduce the records")
+    if fields != {"output"} or param_grads:
+        got = sorted(fields) + (["param_grads"] if param_grads else [])
+        raise HookscopeError(f"trace(at={positions!r}) reads positions of each output's main tensor, so it works "
+                             f"with keep='output' alone (got {got}); pass keep='output'")
+    return positions
