@@ -452,3 +452,107 @@ def test_a_layer_that_never_runs_and_shares_nothing_is_told_where_names_are_list
     assert "embed" in hookscope.names(lm)
     assert hookscope.attribute_tokens(lm, torch.tensor([[1, 2]]), layers="embed", target=0).rows[0].scores.shape == (2,)
     assert no_hooks(lm)
+
+
+# --- a continuation given (or written) and explained by each token's log-probability ---------------------
+class _Words:
+    """The least of a tokenizer captum's LLMGradientAttribution reads: ids written as 't5 t7 ...'."""
+
+    def encode(self, text, return_tensors=None, add_special_tokens=True):
+        return torch.tensor([[int(w[1:]) for w in text.split(" ")]])
+
+    def decode(self, ids):
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        return " ".join(f"t{i}" for i in ([ids] if isinstance(ids, int) else ids))
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"t{i}" for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
+
+    def __call__(self, text, **kw):
+        ids, offsets, at = [], [], 0
+        for w in text.split(" "):
+            ids.append(int(w[1:]))
+            offsets.append((at, at + len(w)))
+            at += len(w) + 1
+        return {"input_ids": ids, "offset_mapping": offsets}
+
+
+def _captum_llm(lm, layer_method, prompt, written, **kw):
+    words = _Words()
+    llm = captum_attr.LLMGradientAttribution(layer_method(lm, lm.transformer.wte), words)
+    return llm.attribute(captum_attr.TextTokenInput(words.decode(prompt), words), target=written, **kw)
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_a_continuation_equals_captums_llm_gradient_attribution(gpt2, sample):
+    torch.manual_seed(3)
+    out = gpt2.generate(IDS[:1], max_new_tokens=3, do_sample=sample, top_k=0, pad_token_id=0)
+    ig = hookscope.attribute_tokens(gpt2, IDS[:1], continuation=out, steps=16, baseline=0, rule="gausslegendre")
+    theirs = _captum_llm(gpt2, captum_attr.LayerIntegratedGradients, IDS[0], out[0, 4:], n_steps=16)
+    assert ig.matrix().shape == (4, 3) and torch.allclose(ig.matrix(), theirs.token_attr.T, atol=1e-6)
+    assert torch.allclose(ig.totals(), theirs.seq_attr, atol=1e-6)
+    xg = hookscope.attribute_tokens(gpt2, IDS[:1], continuation=out, method="input_x_gradient")
+    theirs = _captum_llm(gpt2, captum_attr.LayerGradientXActivation, IDS[0], out[0, 4:])
+    assert torch.allclose(xg.matrix(), theirs.token_attr.T, atol=1e-6) and no_hooks(gpt2)
+    assert [r.target for r in xg.rows] == out[0, 4:].tolist() and xg.tokens == out.tolist()
+
+
+def test_each_column_is_input_x_gradient_of_that_tokens_log_probability_by_autograd(gpt2):
+    out = gpt2.generate(IDS, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    res = hookscope.attribute_tokens(gpt2, IDS, continuation=out, method="input_x_gradient")
+    for r in res.rows:
+        emb = gpt2.transformer.wte(out[r.sample:r.sample + 1, : 4 + r.step]).detach().requires_grad_()
+        logp = torch.log_softmax(gpt2(inputs_embeds=emb).logits[0, -1], -1)[out[r.sample, 4 + r.step]]
+        (g,) = torch.autograd.grad(logp, emb)
+        assert r.logit == pytest.approx(float(logp.detach()), abs=1e-5)
+        assert torch.allclose(r.scores, (emb * g).sum(-1)[0].detach(), atol=1e-6)
+        assert torch.allclose(res.matrix(r.sample)[:, r.step], (emb * g).sum(-1)[0, :4].detach(), atol=1e-6)
+    assert [(r.sample, r.step, r.position) for r in res.rows][:3] == [(0, 0, 3), (0, 1, 4), (0, 2, 5)]
+
+
+def test_integrated_gradients_of_a_continuation_add_up_to_its_log_probability_change(gpt2):
+    out = gpt2.generate(IDS[:1], max_new_tokens=2, do_sample=False, pad_token_id=0)
+    res = hookscope.attribute_tokens(gpt2, IDS[:1], continuation=out, steps=64, rule="gausslegendre")
+    with torch.no_grad():
+        emb = gpt2.transformer.wte(out)
+        zeroed = emb.clone()
+        zeroed[:, :4] = 0  # the prompt at the baseline, the tokens written held as they are
+        change = [float(torch.log_softmax(gpt2(inputs_embeds=e).logits[0, 3 + k], -1)[out[0, 4 + k]])
+                  for e in (emb, zeroed) for k in range(2)]
+    for k, r in enumerate(res.rows):
+        assert float(r.scores.sum()) + r.delta == pytest.approx(change[k] - change[2 + k], abs=1e-5)
+        assert abs(r.delta) < 1e-3 and (r.scores[4:] == 0).all()  # the tokens written are not moved
+    assert torch.allclose(res.totals(), res.matrix().sum(1))
+
+
+def test_a_number_of_tokens_writes_greedily_what_generate_writes(gpt2):
+    out = gpt2.generate(IDS, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    given = hookscope.attribute_tokens(gpt2, IDS, continuation=out, method="gradient")
+    written = hookscope.attribute_tokens(gpt2, IDS, continuation=3, method="gradient")
+    assert written.tokens == given.tokens and all(torch.equal(a.scores, b.scores) for a, b in zip(given.rows, written.rows))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_left_pads_of_a_continuation_score_zero_and_change_nothing(gpt2, llama, family):
+    lm = gpt2 if family == "gpt2" else llama
+    ids, mask = torch.tensor([[0, 0, 5, 7], [3, 4, 2, 8]]), torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    out = lm.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    res = hookscope.attribute_tokens(lm, ids, continuation=out, method="input_x_gradient", kwargs={"attention_mask": mask})
+    alone = hookscope.attribute_tokens(lm, ids[:1, 2:], continuation=out[:1, 2:], method="input_x_gradient")
+    assert (res.matrix(0)[:2] == 0).all() and torch.allclose(res.matrix(0)[2:], alone.matrix(), atol=1e-5)
+    assert [r.logit for r in res.rows if r.sample == 0] == pytest.approx([r.logit for r in alone.rows], abs=1e-5)
+    assert no_hooks(lm)
+
+
+@pytest.mark.parametrize(("call", "said"), [
+    (dict(continuation=torch.tensor([[5, 7, 9, 12, 3]])), "continuation= does not start with the prompt; pass the "
+                                                          "output of model.generate(inputs, ...)"),
+    (dict(continuation=IDS[:1]), "continuation= holds no token after the prompt"),
+    (dict(continuation=2, target=3), "continuation= explains the tokens written after the prompt, so it takes no"),
+    (dict(continuation=0), "continuation=0 must be the output of generate() or a number of tokens to write"),
+    (dict(continuation=torch.ones(1, 6)), "continuation= is 1x6; pass the token ids generate() returns"),
+])
+def test_a_bad_continuation_is_refused_in_one_line(gpt2, call, said):
+    with pytest.raises(hookscope.HookscopeError) as caught:
+        hookscope.attribute_tokens(gpt2, IDS[:1], method="gradient", **call)
+    assert str(caught.value).startswith(said) and "\n" not in str(caught.value) and no_hooks(gpt2)

@@ -12,6 +12,7 @@ layer by default. The scores of a token are its attribution summed over the hidd
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from ._api import attribute, chosen_method
 from ._engine import sharing
 from ._settings import AttributionMethod, IntegratedGradients
 from ._tokens_result import TokenAttributions, TokenRow
-from ._writing import DECODER, extended, running, seq2seq, with_decoder, write
+from ._writing import DECODER, ends, extended, running, seq2seq, with_decoder, write
 
 __all__ = ["TOKEN_METHODS", "attribute_tokens", "check_tokenizer", "text_of"]
 
@@ -60,6 +61,7 @@ def attribute_tokens(
     *,
     target: Any = None,
     generate: int = 0,
+    continuation: torch.Tensor | int | None = None,
     method: str | AttributionMethod = "integrated_gradients",
     steps: int | None = None,
     rule: str | None = None,
@@ -85,6 +87,17 @@ def attribute_tokens(
     then each new token is explained over all the tokens before it: row ``k`` equals
     ``attribute_tokens`` on the prompt and the first ``k`` new tokens with ``target`` the ``k``-th.
 
+    With ``continuation=`` (the output of ``model.generate(inputs, ...)``, greedy or sampled, or a number
+    ``N`` of tokens for hookscope to write greedily first) each token of the continuation is explained
+    by its log-probability, as captum's ``LLMGradientAttribution`` explains a target continuation: the
+    prompt and the continuation go through the model teacher-forced, one row of the batch per token
+    explained (the rows batched together), and row ``k`` holds the scores of the prompt and of the
+    ``k`` tokens written before it; :meth:`TokenAttributions.matrix` gives prompt tokens x tokens written
+    and :meth:`TokenAttributions.totals` each prompt token's score for the whole continuation (the
+    matrix's rows summed, the change of the continuation's log-probability for integrated gradients).
+    Left padding is read from ``kwargs["attention_mask"]``: pads score 0 and, with positions numbered
+    as ``generate()`` numbers them, change nothing of the other tokens' scores.
+
     An encoder-decoder model (T5, BART) takes ``inputs`` as the encoder's tokens and is attributed
     at the encoder's embedding; the token explained is the decoder's next one after
     ``decoder_input_ids`` in ``kwargs`` (its start token by default), and with ``generate`` row ``k``
@@ -100,6 +113,9 @@ def attribute_tokens(
             :class:`hookscope.targets.Token` (another position), or a function of the output giving one
             score per sequence. Not with ``generate``.
         generate: how many tokens to write and explain one by one (0: explain the next token only).
+        continuation: the prompt and its continuation (``B x (T + N)``, starting with ``inputs``, as
+            ``generate()`` returns it), or how many tokens to write greedily; each written token's
+            log-probability is explained. Not with ``target`` or ``generate``; a decoder-only model.
         method: ``"integrated_gradients"``, ``"input_x_gradient"``, ``"saliency"`` or ``"gradient"``,
             or its settings object (:class:`~hookscope.IntegratedGradients`, ...); a setting the method
             does not read is refused in one line, as :func:`hookscope.attribute` refuses it.
@@ -141,7 +157,9 @@ def attribute_tokens(
     start = chosen.baseline if isinstance(chosen, IntegratedGradients) else None
     plan = _Plan(model, _site(model, layers), chosen, _check_baseline(start))
     kw = with_decoder(model, kw, ids)
-    if n == 0:
+    if continuation is not None:
+        rows, forwards, tokens = _explain_written(plan, ids, kw, _written(model, ids, kw, continuation, target, n))
+    elif n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
         tokens = ids.tolist()
     else:
@@ -322,6 +340,117 @@ def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
     rows.sort(key=lambda r: (r.sample, r.step))
     head = [full[b, :length].tolist() if decoder is None else ids[b].tolist() for b in range(ids.shape[0])]
     return rows, forwards, [head[b] + full[b, length: length + counts[b]].tolist() for b in range(ids.shape[0])]
+
+
+def _written(model: nn.Module, ids: torch.Tensor, kw: dict[str, Any], continuation: Any, target: Any,
+             generate: int) -> tuple[torch.Tensor, list[int]]:
+    """The prompt with its continuation (``B x (T + N)``), and how many tokens of each row to explain (up to
+    its first end token)."""
+    if target is not None or generate:
+        raise HookscopeError("continuation= explains the tokens written after the prompt, so it takes no target= "
+                             "and no generate=; pass one of them")
+    if seq2seq(model):
+        raise HookscopeError(f"continuation= reads a decoder-only model's prompt and continuation as one sequence; "
+                             f"{type(unwrap(model)[0]).__name__} is an encoder-decoder: pass generate=N")
+    if isinstance(continuation, int) and not isinstance(continuation, bool):
+        if continuation < 1:
+            raise HookscopeError(f"continuation={continuation} must be the output of generate() or a number of "
+                                 "tokens to write, 1 or more")
+        return write(model, ids, continuation, kw)
+    full = continuation.unsqueeze(0) if isinstance(continuation, torch.Tensor) and continuation.ndim == 1 \
+        else continuation
+    if not isinstance(full, torch.Tensor) or full.ndim != 2 or full.is_floating_point() or full.shape[0] != ids.shape[0]:
+        got = shape_text(tuple(full.shape)) if isinstance(full, torch.Tensor) else type(full).__name__
+        raise HookscopeError(f"continuation= is {got}; pass the token ids generate() returns for the {ids.shape[0]} "
+                             "prompt(s), B x (T + N), or a number of tokens to write")
+    T = ids.shape[1]
+    if full.shape[1] <= T or not torch.equal(full[:, :T].to(ids.device).long(), ids):
+        why = "holds no token after the prompt" if full.shape[1] <= T else "does not start with the prompt"
+        raise HookscopeError(f"continuation= {why}; pass the output of model.generate(inputs, ...), which begins "
+                             "with inputs and goes on with the tokens written")
+    stops = ends(unwrap(model)[0])
+    counts = [next((i + 1 for i, t in enumerate(row) if t in stops), len(row)) for row in full[:, T:].tolist()]
+    return full.to(ids.device).long(), counts
+
+
+class _LogProb:
+    """The log-probability of ``ids[b]`` at ``positions[b]`` of row ``b``: one token written per row, teacher-forced."""
+
+    def __init__(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.ids, self.positions = ids, positions
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+        if logits is None or logits.ndim != 3:
+            raise HookscopeError("continuation= needs B x T x vocab logits from the model; pass a language model")
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        picked = logits[rows, self.positions.to(logits.device)]
+        return torch.log_softmax(picked, -1).gather(1, self.ids.to(logits.device)[:, None])[:, 0]
+
+    def take(self, rows: torch.Tensor) -> _LogProb:
+        return _LogProb(self.ids[rows.cpu()], self.positions[rows.cpu()])
+
+
+def _explain_written(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
+                     written: tuple[torch.Tensor, list[int]]) -> tuple[list[TokenRow], int, list[list[int]]]:
+    """Each token written explained by its log-probability, all of them in one batch over the whole sequence."""
+    (full, counts), (B, T) = written, ids.shape
+    whole = extended(kw, torch.arange(B, device=ids.device), B, full.shape[1] - T)
+    mask = whole.get("attention_mask")
+    padded = isinstance(mask, torch.Tensor) and mask.ndim == 2 and bool((mask == 0).any())
+    if padded and "position_ids" not in whole and _takes(plan.model, "position_ids"):
+        whole["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+    pairs = [(b, k) for b in range(B) for k in range(counts[b])]
+    pick = torch.tensor([b for b, _ in pairs], device=ids.device)
+    given, given_kw = full[pick], extended(whole, pick, B, 0)
+    target = _LogProb(torch.stack([full[b, T + k].cpu() for b, k in pairs]), torch.tensor([T - 1 + k for _, k in pairs]))
+    out, at = _probe(plan, given, given_kw)
+    start, used = _prompt_start(plan, given, given_kw, at, (pick, T))
+    method = dataclasses.replace(plan.method, baseline=start) if isinstance(plan.method, IntegratedGradients) \
+        else plan.method
+    res = attribute(_Through(plan.model, plan.site), at, method=method, target=target, kwargs={**given_kw, _IDS: given})
+    scores = (res.maps.flatten(2).sum(-1) if res.maps.ndim > 2 else res.maps).detach()
+    if padded:
+        scores = torch.where(given_kw["attention_mask"].to(scores.device).bool(), scores, torch.zeros_like(scores))
+    rows = [TokenRow(b, k, T - 1 + k, int(target.ids[i]), None, float(res.scores[i]),
+                     None if res.delta is None else float(res.delta[i]), scores[i, : T + k].cpu())
+            for i, (b, k) in enumerate(pairs)]
+    return rows, res.forwards + 1 + used, [full[b, : T + counts[b]].tolist() for b in range(B)]
+
+
+def _prompt_start(plan: _Plan, given: torch.Tensor, kw: dict[str, Any], at: torch.Tensor,
+                  where: tuple[torch.Tensor, int]) -> tuple[torch.Tensor | None, int]:
+    """Integrated gradients' start for a continuation: the prompt's columns at the baseline, the tokens written
+    held as they are (as captum's ``LLMGradientAttribution`` holds them), and the forward passes that took."""
+    (pick, T), b = where, plan.baseline
+    if not isinstance(plan.method, IntegratedGradients):
+        return None, 0
+    start, used = at.clone(), 0
+    if b is None:
+        start[:, :T] = 0
+    elif isinstance(b, torch.Tensor) and b.is_floating_point():
+        b = b.detach().to(device=at.device, dtype=at.dtype)
+        b = b.unsqueeze(0) if b.ndim == at.ndim - 1 else b
+        if tuple(b.shape[1:]) != (T, *at.shape[2:]) or b.shape[0] not in (1, int(pick.max()) + 1):
+            raise HookscopeError(f"a float baseline with continuation= is the prompt's layer output, "
+                                 f"{shape_text((T, *at.shape[2:]))} or B x that; got {shape_text(tuple(b.shape))}")
+        start[:, :T] = b if b.shape[0] == 1 else b[pick.to(b.device)]
+    else:
+        base = _check_ids(b).to(given.device) if isinstance(b, torch.Tensor) else torch.full((1, T), b)
+        if base.shape[1] != T or base.shape[0] not in (1, int(pick.max()) + 1):
+            raise HookscopeError(f"baseline ids of shape {shape_text(tuple(base.shape))} do not fit a prompt of {T} "
+                                 "tokens; pass T ids, B x T, or one token id")
+        ids = given.clone()
+        ids[:, :T] = base.to(given.device) if base.shape[0] == 1 else base.to(given.device)[pick]
+        start, used = _probe(plan, ids, kw)[1], 1
+    return start, used
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(unwrap(model)[0].forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _Through(nn.Module):

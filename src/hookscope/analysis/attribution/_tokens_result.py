@@ -10,6 +10,7 @@ import torch
 
 from ...core.result import Result
 from ...core.text import num, table
+from ...errors import HookscopeError
 
 __all__ = ["TokenAttributions", "TokenRow"]
 
@@ -88,6 +89,35 @@ class TokenAttributions(Result):
         for i, r in enumerate(self.rows):
             out[i, : len(r.scores)] = r.scores.float()
         return out
+
+    def matrix(self, sample: int = 0) -> torch.Tensor:
+        """``prompt tokens x tokens written`` for one sample: column ``k`` holds the prompt's scores for the
+        ``k``-th token written (with ``continuation=``, for its log-probability); pads hold 0.
+
+        Example:
+            >>> import torch
+            >>> rows = [TokenRow(0, k, 1 + k, 3, None, -1.0, None, torch.tensor([0.5, 0.25, 1.0][: 2 + k])) for k in (0, 1)]
+            >>> TokenAttributions(rows, [[1, 2, 3, 3]], None, 2, "gradient", "embed").matrix()
+            tensor([[0.5000, 0.5000],
+                    [0.2500, 0.2500]])
+        """
+        rows = [r for r in self.rows if r.sample == sample]
+        if not rows:
+            held = sorted({r.sample for r in self.rows})
+            raise HookscopeError(f"no token of sample {sample} was explained; the rows hold samples {held}")
+        return torch.stack([r.scores[: self.prompt].float() for r in rows], 1)
+
+    def totals(self, sample: int = 0) -> torch.Tensor:
+        """Each prompt token's score for the whole continuation of one sample: :meth:`matrix` summed over the
+        tokens written (with ``continuation=``, for the continuation's log-probability).
+
+        Example:
+            >>> import torch
+            >>> rows = [TokenRow(0, k, 1 + k, 3, None, -1.0, None, torch.tensor([0.5, 0.25, 1.0][: 2 + k])) for k in (0, 1)]
+            >>> TokenAttributions(rows, [[1, 2, 3, 3]], None, 2, "gradient", "embed").totals()
+            tensor([1.0000, 0.5000])
+        """
+        return self.matrix(sample).sum(1)
 
     def token_text(self, sample: int, index: int) -> str:
         """Token ``index`` of ``sample`` as text, or ``#id`` without a tokenizer.
