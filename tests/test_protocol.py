@@ -42,7 +42,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
               "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
-              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "Steering", "TokenPositions", "LensRow", "DlaRow", "PatchRow"}
+              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "StepStatRow", "Steering", "TokenPositions", "LensRow", "DlaRow", "PatchRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -52,7 +52,8 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "ReferenceComparison", "Sparsity", "ChannelPruning", "ChannelGroups", "ChannelImportance", "ModelComparison", "Store",
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
-                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions"]
+                "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions",
+                "Trace: at= token positions", "TokenAttributions: a continuation"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -156,7 +157,11 @@ def _generation() -> dict[str, object]:
     lm = _gpt2()
     with hookscope.capture(lm, "transformer.h.0", at=hookscope.tokens.generated) as rec:
         lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
-    return {"StepRecords": hookscope.tokens.records(rec),
+    with hookscope.trace(lm, "transformer.h.0", keep="output", at=hookscope.tokens.generated) as t:
+        out = lm.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    return {"StepRecords": hookscope.tokens.records(rec), "Trace: at= token positions": t,
+            "TokenAttributions: a continuation": hookscope.attribute_tokens(lm, torch.tensor([[1, 2, 3]]),
+                                                                            continuation=out, method="gradient"),
             "Direction": hookscope.direction(lm, torch.tensor([[1, 2]]), torch.tensor([[3, 4]]), layers="transformer.h.0")}
 
 

@@ -83,7 +83,7 @@ from .analysis.prune import (
     LayerImportance, LayerRemoval, Recovery, layer_importance, recover, remove_layers, to_semi_structured,
 )
 from .analysis.prune import remove as remove_masks
-from .analysis.trace import StatRow, Trace, trace
+from .analysis.trace import StatRow, StepStatRow, Trace, trace
 from .analysis.steering import Direction, Steering, bake, direction, steer
 from .analysis.summary import Summary, summary
 from .analysis.step_memory import MemoryRow, MemoryTotals, StepMemory, step_memory
@@ -127,7 +127,7 @@ __all__ = [
     # know and debug a model
     "summary", "Summary",
     "step_memory", "StepMemory", "MemoryRow", "MemoryTotals",
-    "trace", "Trace", "StatRow",
+    "trace", "Trace", "StatRow", "StepStatRow",
     "watch", "Watch",
     "gradient_flow", "GradientFlow",
     "diff", "Diff", "DiffRow", "Unmatched", "settings", "Settings",
