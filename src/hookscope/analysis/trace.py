@@ -175,7 +175,8 @@ class Trace(RecorderSession, ByModule, Result):  # the session's operations_ran,
             keys, self._keys[:] = list(self._keys), []
             rows = gather(pending, start=self._made)
             if keys:
-                rows = [StepStatRow(*(getattr(r, f) for f in _STAT_FIELDS), *key) for r, key in zip(rows, keys)]
+                rows = [StepStatRow(**{f: getattr(r, f) for f in _STAT_FIELDS}, sequence=key[0], step=key[1],
+                                    row=key[2], position=key[3]) for r, key in zip(rows, keys)]
             self._made += len(rows)
             if self._on_row is None:
                 self._rows.extend(rows)

@@ -17,7 +17,8 @@ LIME, a linear model fitted to the scores; ``_features``: feature masks, superpi
 
 Language models: ``_tokens`` (:func:`attribute_tokens`: per-token scores at the token embedding, for
 the next token and each token of a continuation), ``_writing`` (the continuation: the model's greedy
-``generate()``, where each sequence ends, an encoder-decoder model's decoder) and ``_tokens_result``
+``generate()``, where each sequence ends, an encoder-decoder model's decoder; a continuation given as
+``generate()``'s output, each token's log-probability as the target) and ``_tokens_result``
 (``TokenAttributions``); ``_segments`` (:func:`attribute_segments`: words, sentences or named pieces of
 a prompt scored by ablation or Shapley values for each token of a continuation).
 """

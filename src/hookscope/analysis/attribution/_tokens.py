@@ -34,7 +34,7 @@ from ._api import attribute, chosen_method
 from ._engine import sharing
 from ._settings import AttributionMethod, IntegratedGradients
 from ._tokens_result import TokenAttributions, TokenRow
-from ._writing import DECODER, ends, extended, running, seq2seq, with_decoder, write
+from ._writing import DECODER, LogProb, extended, running, seq2seq, with_decoder, write, written
 
 __all__ = ["TOKEN_METHODS", "attribute_tokens", "check_tokenizer", "text_of"]
 
@@ -158,7 +158,7 @@ def attribute_tokens(
     plan = _Plan(model, _site(model, layers), chosen, _check_baseline(start))
     kw = with_decoder(model, kw, ids)
     if continuation is not None:
-        rows, forwards, tokens = _explain_written(plan, ids, kw, _written(model, ids, kw, continuation, target, n))
+        rows, forwards, tokens = _explain_written(plan, ids, kw, written(model, ids, kw, continuation, target, n))
     elif n == 0:
         rows, forwards = _explain(plan, ids, kw, target, list(range(ids.shape[0])), 0)
         tokens = ids.tolist()
@@ -342,55 +342,6 @@ def _explain_continuation(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
     return rows, forwards, [head[b] + full[b, length: length + counts[b]].tolist() for b in range(ids.shape[0])]
 
 
-def _written(model: nn.Module, ids: torch.Tensor, kw: dict[str, Any], continuation: Any, target: Any,
-             generate: int) -> tuple[torch.Tensor, list[int]]:
-    """The prompt with its continuation (``B x (T + N)``), and how many tokens of each row to explain (up to
-    its first end token)."""
-    if target is not None or generate:
-        raise HookscopeError("continuation= explains the tokens written after the prompt, so it takes no target= "
-                             "and no generate=; pass one of them")
-    if seq2seq(model):
-        raise HookscopeError(f"continuation= reads a decoder-only model's prompt and continuation as one sequence; "
-                             f"{type(unwrap(model)[0]).__name__} is an encoder-decoder: pass generate=N")
-    if isinstance(continuation, int) and not isinstance(continuation, bool):
-        if continuation < 1:
-            raise HookscopeError(f"continuation={continuation} must be the output of generate() or a number of "
-                                 "tokens to write, 1 or more")
-        return write(model, ids, continuation, kw)
-    full = continuation.unsqueeze(0) if isinstance(continuation, torch.Tensor) and continuation.ndim == 1 \
-        else continuation
-    if not isinstance(full, torch.Tensor) or full.ndim != 2 or full.is_floating_point() or full.shape[0] != ids.shape[0]:
-        got = shape_text(tuple(full.shape)) if isinstance(full, torch.Tensor) else type(full).__name__
-        raise HookscopeError(f"continuation= is {got}; pass the token ids generate() returns for the {ids.shape[0]} "
-                             "prompt(s), B x (T + N), or a number of tokens to write")
-    T = ids.shape[1]
-    if full.shape[1] <= T or not torch.equal(full[:, :T].to(ids.device).long(), ids):
-        why = "holds no token after the prompt" if full.shape[1] <= T else "does not start with the prompt"
-        raise HookscopeError(f"continuation= {why}; pass the output of model.generate(inputs, ...), which begins "
-                             "with inputs and goes on with the tokens written")
-    stops = ends(unwrap(model)[0])
-    counts = [next((i + 1 for i, t in enumerate(row) if t in stops), len(row)) for row in full[:, T:].tolist()]
-    return full.to(ids.device).long(), counts
-
-
-class _LogProb:
-    """The log-probability of ``ids[b]`` at ``positions[b]`` of row ``b``: one token written per row, teacher-forced."""
-
-    def __init__(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
-        self.ids, self.positions = ids, positions
-
-    def __call__(self, out: Any) -> torch.Tensor:
-        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
-        if logits is None or logits.ndim != 3:
-            raise HookscopeError("continuation= needs B x T x vocab logits from the model; pass a language model")
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        picked = logits[rows, self.positions.to(logits.device)]
-        return torch.log_softmax(picked, -1).gather(1, self.ids.to(logits.device)[:, None])[:, 0]
-
-    def take(self, rows: torch.Tensor) -> _LogProb:
-        return _LogProb(self.ids[rows.cpu()], self.positions[rows.cpu()])
-
-
 def _explain_written(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
                      written: tuple[torch.Tensor, list[int]]) -> tuple[list[TokenRow], int, list[list[int]]]:
     """Each token written explained by its log-probability, all of them in one batch over the whole sequence."""
@@ -398,12 +349,12 @@ def _explain_written(plan: _Plan, ids: torch.Tensor, kw: dict[str, Any],
     whole = extended(kw, torch.arange(B, device=ids.device), B, full.shape[1] - T)
     mask = whole.get("attention_mask")
     padded = isinstance(mask, torch.Tensor) and mask.ndim == 2 and bool((mask == 0).any())
-    if padded and "position_ids" not in whole and _takes(plan.model, "position_ids"):
+    if padded and isinstance(mask, torch.Tensor) and "position_ids" not in whole and _takes(plan.model, "position_ids"):
         whole["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
     pairs = [(b, k) for b in range(B) for k in range(counts[b])]
     pick = torch.tensor([b for b, _ in pairs], device=ids.device)
     given, given_kw = full[pick], extended(whole, pick, B, 0)
-    target = _LogProb(torch.stack([full[b, T + k].cpu() for b, k in pairs]), torch.tensor([T - 1 + k for _, k in pairs]))
+    target = LogProb(torch.stack([full[b, T + k].cpu() for b, k in pairs]), torch.tensor([T - 1 + k for _, k in pairs]))
     out, at = _probe(plan, given, given_kw)
     start, used = _prompt_start(plan, given, given_kw, at, (pick, T))
     method = dataclasses.replace(plan.method, baseline=start) if isinstance(plan.method, IntegratedGradients) \

@@ -1,7 +1,9 @@
 """The tokens :func:`hookscope.attribute_tokens` explains with ``generate=``: the model writes them (its
 own ``generate()``, sampling off, or a greedy loop over the last position's logits), each sequence
 ending after any end-of-sequence id its config or generation config names; for an encoder-decoder
-model the decoder writes, from its start token."""
+model the decoder writes, from its start token. With ``continuation=``: ``generate()``'s output checked
+against the prompt (or tokens written greedily), and each token's target, its log-probability at the
+position before it, teacher-forced."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import torch
 from torch import nn
 
 from ...core.state import restored
+from ...core.text import shape_text
 from ...errors import HookscopeError
 from ...selection import unwrap
 from .._targets import call_model, logits_of
 
-__all__ = ["DECODER", "ends", "extended", "running", "seq2seq", "with_decoder", "write"]
+__all__ = ["DECODER", "LogProb", "ends", "extended", "running", "seq2seq", "with_decoder", "write", "written"]
 
 DECODER = "decoder_input_ids"  # an encoder-decoder model's keyword for the decoder's tokens
 
@@ -142,3 +145,52 @@ def _greedy(model: nn.Module, ids: torch.Tensor, n: int, kw: dict[str, Any]) -> 
                                  "pass a language model")
         full = torch.cat([full, logits[:, -1].argmax(-1, keepdim=True).to(full.device)], dim=1)
     return full
+
+
+def written(model: nn.Module, ids: torch.Tensor, kw: dict[str, Any], continuation: Any, target: Any,
+             generate: int) -> tuple[torch.Tensor, list[int]]:
+    """The prompt with its continuation (``B x (T + N)``), and how many tokens of each row to explain (up to
+    its first end token)."""
+    if target is not None or generate:
+        raise HookscopeError("continuation= explains the tokens written after the prompt, so it takes no target= "
+                             "and no generate=; pass one of them")
+    if seq2seq(model):
+        raise HookscopeError(f"continuation= reads a decoder-only model's prompt and continuation as one sequence; "
+                             f"{type(unwrap(model)[0]).__name__} is an encoder-decoder: pass generate=N")
+    if isinstance(continuation, int) and not isinstance(continuation, bool):
+        if continuation < 1:
+            raise HookscopeError(f"continuation={continuation} must be the output of generate() or a number of "
+                                 "tokens to write, 1 or more")
+        return write(model, ids, continuation, kw)
+    full = continuation.unsqueeze(0) if isinstance(continuation, torch.Tensor) and continuation.ndim == 1 \
+        else continuation
+    if not isinstance(full, torch.Tensor) or full.ndim != 2 or full.is_floating_point() or full.shape[0] != ids.shape[0]:
+        got = shape_text(tuple(full.shape)) if isinstance(full, torch.Tensor) else type(full).__name__
+        raise HookscopeError(f"continuation= is {got}; pass the token ids generate() returns for the {ids.shape[0]} "
+                             "prompt(s), B x (T + N), or a number of tokens to write")
+    T = ids.shape[1]
+    if full.shape[1] <= T or not torch.equal(full[:, :T].to(ids.device).long(), ids):
+        why = "holds no token after the prompt" if full.shape[1] <= T else "does not start with the prompt"
+        raise HookscopeError(f"continuation= {why}; pass the output of model.generate(inputs, ...), which begins "
+                             "with inputs and goes on with the tokens written")
+    stops = ends(unwrap(model)[0])
+    counts = [next((i + 1 for i, t in enumerate(row) if t in stops), len(row)) for row in full[:, T:].tolist()]
+    return full.to(ids.device).long(), counts
+
+
+class LogProb:
+    """The log-probability of ``ids[b]`` at ``positions[b]`` of row ``b``: one token written per row, teacher-forced."""
+
+    def __init__(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.ids, self.positions = ids, positions
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        logits = out if isinstance(out, torch.Tensor) else logits_of(out)
+        if logits is None or logits.ndim != 3:
+            raise HookscopeError("continuation= needs B x T x vocab logits from the model; pass a language model")
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        picked = logits[rows, self.positions.to(logits.device)]
+        return torch.log_softmax(picked, -1).gather(1, self.ids.to(logits.device)[:, None])[:, 0]
+
+    def take(self, rows: torch.Tensor) -> LogProb:
+        return LogProb(self.ids[rows.cpu()], self.positions[rows.cpu()])
