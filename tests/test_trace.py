@@ -1020,7 +1020,7 @@ def test_notes_are_empty_without_cpu_rows():
 
 
 # --- at= token positions during generate() ------------------------------------------------------------
-def _lm(family):
+def _tiny_lm(family):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if family == "gpt2":
@@ -1035,20 +1035,20 @@ GEN_IDS = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 3]])  # row 0 left-padded: its o
 GEN_MASK = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
 
 
-def _generate(lm, use_cache, sample=False, new=5, **kw):
+def _generate_tokens(lm, use_cache, sample=False, new=5, **kw):
     torch.manual_seed(1)
     return lm.generate(GEN_IDS, attention_mask=GEN_MASK, max_new_tokens=new, do_sample=sample, use_cache=use_cache,
                        pad_token_id=0, top_k=0, **kw)
 
 
-def _traced(lm, name, at, use_cache, sample=False, **kw):
+def _traced_generation(lm, name, at, use_cache, sample=False, **kw):
     with trace(lm, name, keep="output", at=at, **kw) as t:
-        out = _generate(lm, use_cache, sample)
+        out = _generate_tokens(lm, use_cache, sample)
     assert no_hooks(lm)
     return t, out
 
 
-def _expected(lm, name, out, row, position):
+def _expected_at(lm, name, out, row, position):
     """The statistics of the no-cache forward over the whole final sequence at (row, absolute position), by hand."""
     mask = torch.cat([GEN_MASK, torch.ones(2, out.shape[1] - 4, dtype=GEN_MASK.dtype)], 1)
     found = {}
@@ -1067,25 +1067,25 @@ def _expected(lm, name, out, row, position):
     return [float(x.mean()), float(x.std(unbiased=False)), float(x.min()), float(x.max()), float(x.abs().max())]
 
 
-def _stats(r):
+def _position_stats(r):
     return [r.mean, r.std, r.min, r.max, r.absmax]
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
 def test_trace_at_generated_positions_equals_the_full_forward_with_and_without_cache(family, sample):
-    lm, name = _lm(family)
-    (cached, out), (plain, out2) = (_traced(lm, name, hookscope_tokens().generated, uc, sample) for uc in (True, False))
+    lm, name = _tiny_lm(family)
+    (cached, out), (plain, out2) = (_traced_generation(lm, name, hookscope_tokens().generated, uc, sample) for uc in (True, False))
     assert torch.equal(out, out2)
     keys = [(r.sequence, r.step, r.row, r.position) for r in cached.rows]
     # one row per step and sequence row: the prompt's last position, then every token fed back
     assert keys == [(0, k, b, p0 + k) for k in range(5) for b, p0 in ((0, 1), (1, 3))]
     assert [(r.sequence, r.step, r.row, r.position) for r in plain.rows] == keys  # no position twice without the cache
     for a, b in zip(cached.rows, plain.rows):
-        want = _expected(lm, name, out, a.row, a.position)
+        want = _expected_at(lm, name, out, a.row, a.position)
         assert a.shape == (16,) and a.which == "output" and a.call == a.step
-        assert max(abs(x - y) for x, y in zip(_stats(a), want)) < 1e-5
-        assert max(abs(x - y) for x, y in zip(_stats(b), want)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(_position_stats(a), want)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(_position_stats(b), want)) < 1e-5
     assert no_hooks(lm)
 
 
@@ -1093,16 +1093,16 @@ def test_trace_at_generated_positions_equals_the_full_forward_with_and_without_c
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no_cache"])
 def test_trace_at_a_step_and_a_position_keeps_those_positions_once(family, use_cache):
     tokens = hookscope_tokens()
-    lm, name = _lm(family)
-    t, out = _traced(lm, name, tokens.step([0, 3]), use_cache)
+    lm, name = _tiny_lm(family)
+    t, out = _traced_generation(lm, name, tokens.step([0, 3]), use_cache)
     assert [(r.step, r.row, r.position) for r in t.rows] == [(0, 0, 1), (0, 1, 3), (3, 0, 4), (3, 1, 6)]
     for r in t.rows:
-        assert max(abs(x - y) for x, y in zip(_stats(r), _expected(lm, name, out, r.row, r.position))) < 1e-5
-    t, out = _traced(lm, name, tokens.position(4), use_cache)
+        assert max(abs(x - y) for x, y in zip(_position_stats(r), _expected_at(lm, name, out, r.row, r.position))) < 1e-5
+    t, out = _traced_generation(lm, name, tokens.position(4), use_cache)
     # position 4 is the first token fed back in row 1 (a prompt of 4), the fourth in row 0 (a prompt of 2)
     assert [(r.step, r.row, r.position) for r in t.rows] == [(1, 1, 4), (3, 0, 4)]
     for r in t.rows:
-        assert max(abs(x - y) for x, y in zip(_stats(r), _expected(lm, name, out, r.row, r.position))) < 1e-5
+        assert max(abs(x - y) for x, y in zip(_position_stats(r), _expected_at(lm, name, out, r.row, r.position))) < 1e-5
 
 
 def hookscope_tokens():
@@ -1112,18 +1112,18 @@ def hookscope_tokens():
 
 
 def test_trace_at_the_prompt_without_cache_keeps_each_prompt_token_once_at_step_0():
-    lm, name = _lm("gpt2")
-    t, out = _traced(lm, name, hookscope_tokens().prompt, False)  # the prompt is computed again at every step
+    lm, name = _tiny_lm("gpt2")
+    t, out = _traced_generation(lm, name, hookscope_tokens().prompt, False)  # the prompt is computed again at every step
     assert [(r.step, r.row, r.position) for r in t.rows] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (0, 1, 2),
                                                              (0, 1, 3)]
     for r in t.rows:
-        assert max(abs(x - y) for x, y in zip(_stats(r), _expected(lm, name, out, r.row, r.position))) < 1e-5
+        assert max(abs(x - y) for x, y in zip(_position_stats(r), _expected_at(lm, name, out, r.row, r.position))) < 1e-5
 
 
 def test_trace_at_positions_streams_and_speaks_the_protocol():
-    lm, name = _lm("gpt2")
+    lm, name = _tiny_lm("gpt2")
     seen = []
-    t, _ = _traced(lm, name, hookscope_tokens().generated, True, on_row=seen.append, last=3)
+    t, _ = _traced_generation(lm, name, hookscope_tokens().generated, True, on_row=seen.append, last=3)
     assert len(seen) == 10 and [r.index for r in t.rows] == [7, 8, 9]
     assert [(r.step, r.position) for r in seen if r.row == 1] == [(k, 3 + k) for k in range(5)]
     head = t.table().splitlines()[0].split()
@@ -1134,7 +1134,7 @@ def test_trace_at_positions_streams_and_speaks_the_protocol():
 
 
 def test_trace_at_positions_leaves_nothing_hooked_when_generate_raises():
-    lm, name = _lm("gpt2")
+    lm, name = _tiny_lm("gpt2")
 
     def boom(ids, scores, **kw):
         if ids.shape[1] > 6:
@@ -1143,7 +1143,7 @@ def test_trace_at_positions_leaves_nothing_hooked_when_generate_raises():
 
     with pytest.raises(RuntimeError, match="boom"):
         with trace(lm, name, keep="output", at=hookscope_tokens().generated) as t:
-            _generate(lm, True, stopping_criteria=[boom])
+            _generate_tokens(lm, True, stopping_criteria=[boom])
     assert no_hooks(lm) and [r.step for r in t.rows if r.row == 0] == [0, 1, 2]
 
 
@@ -1157,7 +1157,7 @@ def test_trace_at_positions_leaves_nothing_hooked_when_generate_raises():
 def test_trace_at_positions_refuses_what_it_cannot_follow_in_one_line(how, said):
     import hookscope
 
-    lm, name = _lm("gpt2")
+    lm, name = _tiny_lm("gpt2")
     tokens, kind = hookscope.tokens, how["at"]
     with pytest.raises(HookscopeError) as caught:
         if kind == "keep io":
@@ -1166,6 +1166,6 @@ def test_trace_at_positions_refuses_what_it_cannot_follow_in_one_line(how, said)
             trace(lm, name, keep="output", at=hookscope.at[:, -1])
         else:
             with trace(lm, name, keep="output", at=tokens.step(9) if kind == "step 9" else tokens.generated):
-                _generate(lm, True, **({"num_beams": 2} if kind == "beams" else {}))
+                _generate_tokens(lm, True, **({"num_beams": 2} if kind == "beams" else {}))
     assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
     assert no_hooks(lm)
