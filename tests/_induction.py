@@ -1,10 +1,13 @@
 """A two-layer attention-only GPT-2 trained on sequences with a repeated stretch of random tokens to
 do induction: a previous-token head in block 0 (head 0) and an induction head in block 1 (head 0)
 that reads it, planted in the starting weights (from scratch, induction takes thousands of steps,
-too many for a test) among six small random heads, then trained with every weight free. The MLPs'
+too many for a test) among six small random heads, then trained briefly with every weight free. The MLPs'
 weights are zero and frozen (their output is exactly 0), so the model is one the component names
-know. It is trained once per test session on plain tensors (the same arithmetic as GPT-2's blocks,
-on one CPU thread) and its weights loaded into a ``GPT2LMHeadModel``, checked to give the same logits.
+know. It is trained once per test session on plain float64 tensors (the same arithmetic as GPT-2's blocks;
+in float32 the rounding of one CPU's kernels against another's grows over the steps into a different
+model) and its weights loaded into a ``GPT2LMHeadModel``, checked to give the same logits. Other
+training seeds give models on which these tests pass too, except the noising sweep of one seed in six,
+whose induction head also reads the corrupted position itself.
 Which heads matter is what the tests establish by ablation, not what was planted."""
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-VOCAB, LENGTH, WIDTH, HEADS, STEPS = 12, 12, 64, 4, 100
+VOCAB, LENGTH, WIDTH, HEADS, STEPS = 12, 12, 64, 4, 20
 PREVIOUS, INDUCTION = 2, 1  # the heads planted: block 0 head 2, block 1 head 1
 
 
@@ -81,7 +84,7 @@ def _parameters() -> dict[str, torch.Tensor]:
     v[:VOCAB, :VOCAB] = torch.eye(VOCAB)
     p["1.proj_w"][INDUCTION * d_head:INDUCTION * d_head + VOCAB, :VOCAB] = 2 * torch.eye(VOCAB)
     p["lnf_w"], p["lnf_b"] = torch.ones(WIDTH), torch.zeros(WIDTH)
-    return {k: v.requires_grad_(True) for k, v in p.items()}
+    return {k: v.double().requires_grad_(True) for k, v in p.items()}  # trained in float64: the same on any CPU
 
 
 def _head(p: dict[str, torch.Tensor], block: int, head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -114,7 +117,7 @@ def _forward(p: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
 
 def _train(steps: int) -> dict[str, torch.Tensor]:
     p = _parameters()
-    opt = torch.optim.Adam(p.values(), lr=5e-3)
+    opt = torch.optim.Adam(p.values(), lr=2e-3)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
         ids, mask = batch(32, g)
@@ -157,8 +160,8 @@ def trained(steps: int = STEPS) -> Induction:
     model = _gpt2(p)
     ids, _ = batch(4, torch.Generator().manual_seed(2))
     with torch.no_grad():
-        assert torch.allclose(model(ids).logits, _forward(p, ids), atol=1e-4), "the GPT-2 does not compute as trained"
-    clean = torch.tensor([11, 1, 2, 3, 4, 5, 1, 2, 3, 4])  # the last 4's earlier copy is followed by 5
+        assert torch.allclose(model(ids).logits, _forward(p, ids).float(), atol=1e-4), "the GPT-2 does not compute as trained"
+    clean = torch.tensor([11, 1, 2, 3, 4, 5, 6, 7, 8, 4])  # the last 4's earlier copy is followed by 5
     corrupted = clean.clone()
     corrupted[4] = 9  # no earlier 4: nothing to follow
     with torch.no_grad():

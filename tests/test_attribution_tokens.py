@@ -363,7 +363,8 @@ def test_an_encoder_decoder_model_scores_the_encoder_tokens_of_each_token_writte
         decoder = written[r.sample: r.sample + 1, : 1 + r.step]
         assert r.target == int(written[r.sample, 1 + r.step]) and r.position == r.step  # read at the decoder's last
         want = _t5_by_hand(t5, T5_IDS[r.sample: r.sample + 1], decoder, r.target)
-        assert r.scores.shape == (5,) and torch.allclose(r.scores, want, atol=1e-5)
+        # logits near 100 (initializer_factor=5): float32 rounding, batched or alone, is ~1e-5 of them
+        assert r.scores.shape == (5,) and torch.allclose(r.scores, want, atol=1e-4)
     assert no_hooks(t5)
 
 
@@ -377,12 +378,12 @@ def test_an_encoder_decoder_model_explains_its_first_token_and_integrated_gradie
     assert [r.target for r in res.rows] == chosen.tolist() and res.tokens == T5_IDS.tolist()
     for b, r in enumerate(res.rows):
         change = float(logits[b, chosen[b]] - zero[b, chosen[b]])
-        assert r.logit == pytest.approx(float(logits[b, chosen[b]]), abs=1e-5)
+        assert r.logit == pytest.approx(float(logits[b, chosen[b]]), rel=1e-6)  # ~95, in float32
         assert float(r.scores.sum()) + r.delta == pytest.approx(change, rel=1e-4)  # RMSNorm at zeros: delta is large
     given = hookscope.attribute_tokens(t5, T5_IDS[:1], target=7, method="input_x_gradient",
                                        kwargs={"decoder_input_ids": torch.tensor([[0, 5, 6]])})
     want = _t5_by_hand(t5, T5_IDS[:1], torch.tensor([[0, 5, 6]]), 7)
-    assert given.rows[0].position == 2 and torch.allclose(given.rows[0].scores, want, atol=1e-5)
+    assert given.rows[0].position == 2 and torch.allclose(given.rows[0].scores, want, atol=1e-4)
     assert no_hooks(t5)
 
 

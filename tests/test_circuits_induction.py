@@ -109,8 +109,13 @@ def test_the_logit_lens_sees_the_answer_only_after_the_induction_head(ind):
 def test_attribution_patching_ranks_the_two_heads_first(ind, ablation, steps, direction):
     kw = dict(answer=ind.answer, wrong=ind.wrong, component="attn.z", direction=direction)
     est = attribution_patching(ind.model, ind.clean, ind.corrupted, steps=steps, **kw)
-    assert _top_heads(est) == _heads(ablation)
     real = activation_patching(ind.model, ind.clean, ind.corrupted, **kw)
-    if steps:
-        assert real.correlation(est) > 0.95  # integrated along the path: close to the real sweep
+    prev, induction = sorted(_heads(ablation))
+    if steps:  # integrated along the path: close to the real sweep
+        assert _top_heads(est) == _heads(ablation) and real.correlation(est) > 0.9
+    else:
+        # one gradient: the induction head comes first, but the previous-token head, whose effect goes
+        # through block 1's saturated softmax (gradient ~0 at either end), is all but missed
+        assert _top_heads(est, 1) == {induction}
+        assert abs(float(est.effects[prev])) < 0.25 * abs(float(real.effects[prev]))
     assert no_hooks(ind.model)

@@ -66,11 +66,14 @@ def test_without_the_built_kernel_the_statistics_fall_back() -> None:
         import torch, hookscope, hookscope._native as n
         n._EXTENSIONS = ("_native_stats_never_built",)
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        with torch.no_grad():
+            net[0].weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, -1, 0, 0], [0, 0, 2, 0], [0, 0, 0, 3]]))
+            net[0].bias.zero_()
         with hookscope.trace(net) as t:
             net(torch.ones(2, 4))
-        print(n.stats_kernel() is None, len(t.rows), t.rows[-1].min, t.notes[0])
+        print(n.stats_kernel() is None, len(t.rows), t.rows[-1].min, t.rows[-1].max, t.notes[0])
     """)
-    assert out.startswith("True 4 0.0 CPU statistics: torch operations (the C kernel was not built when "
+    assert out.startswith("True 4 0.0 3.0 CPU statistics: torch operations (the C kernel was not built when "
                           "hookscope was installed: reinstall it where a C compiler is found")
 
 
