@@ -229,6 +229,22 @@ def test_a_half_precision_gradient_whose_norm_overflows_is_not_flagged():
     assert mon.flagged == 0 and mon.step_number == 1
 
 
+@pytest.mark.parametrize("name, grads, finite", [
+    ("float32 values whose sum overflows", [torch.full((4,), 3e38), torch.full((2,), 3e38)], True),
+    ("+inf and -inf that would cancel", [torch.tensor([float("inf"), 1.0]), torch.tensor([float("-inf")])], False),
+    ("a NaN in a complex gradient's imaginary part", [torch.tensor([1 + 0j, complex(0.0, float("nan"))])], False),
+    ("a NaN among half-precision gradients", [torch.ones(8, dtype=torch.bfloat16), torch.tensor([1.0, float("nan")]).half()], False),
+    ("half precision summing past 65504", [torch.full((1000,), 600.0, dtype=torch.float16)], True),
+    ("float64 beside float32", [torch.ones(3, dtype=torch.float64), torch.full((2,), 1e300, dtype=torch.float64)], True),
+    ("one Inf among a million", [torch.zeros(1_000_000).index_fill_(0, torch.tensor([777_777]), float("inf"))], False),
+])
+def test_the_sentinel_check_is_exact_where_a_sum_could_mislead(name, grads, finite):
+    from hookscope.analysis.monitor._params import all_finite
+
+    assert all_finite(grads, None) is finite, name
+    assert all_finite(grads, torch.tensor(float("nan"))) is False
+
+
 def test_a_replay_that_raises_is_said_and_the_step_still_flagged():
     net = nn.Sequential(nn.Linear(2, 1))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

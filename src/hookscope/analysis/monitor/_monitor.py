@@ -415,7 +415,7 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
     (``hookscope.core.hook_count(model) == 0``).
 
     On every step the sentinel checks the gradients (and the loss given to :meth:`Monitor.note`)
-    with one fused norm and one host synchronisation; on a non-finite step it names the step and,
+    with one sum per gradient and one host synchronisation; on a non-finite step it names the step and,
     with ``replay``, the first module where the NaN or Inf appeared (forward or backward), from a
     replay of that step before any weight changes.
 

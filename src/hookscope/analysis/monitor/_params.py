@@ -36,25 +36,39 @@ def stored(g: torch.Tensor) -> torch.Tensor:
 
 
 def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool:
-    """Whether every gradient and the loss are finite: one fused norm over the gradients
-    (``torch.nn.utils.get_total_norm``, ``foreach`` kernels), one ``isfinite``, one host
-    synchronisation. A norm that overflows although every value is finite (float16 gradients
-    past 65504) is told apart by an exact check, taken only then.
+    """Whether every gradient and the loss are finite: one sum per gradient (a sum is finite exactly
+    when every value is, unless it overflows), one ``isfinite`` over them, one host synchronisation;
+    half the cost of a norm (``torch.nn.utils.get_total_norm``), which squares every value. FSDP2's
+    sharded gradients take that norm, gathered once. A sum that overflows although every value is
+    finite is told apart by an exact check, taken only then.
 
     Example:
         >>> all_finite([torch.ones(3), torch.zeros(2)], torch.tensor(1.0)), all_finite([torch.ones(1)], torch.tensor(float("nan")))
         (True, False)
     """
     grads = [stored(g) for g in grads]
-    parts = [whole(torch.nn.utils.get_total_norm(grads)).float()] if grads else []
+    parts = _sums(grads)
     if loss is not None:
         parts.append(loss.detach().float().sum().to(parts[0].device if parts else loss.device))
     if not parts:
         return True
-    if bool(torch.isfinite(torch.stack(parts).sum())):
+    if bool(torch.isfinite(torch.stack([p.to(parts[0].device) for p in parts]).sum())):
         return True
     exact = [whole(g) for g in grads] + ([loss.detach()] if loss is not None else [])
     return all(bool(torch.isfinite(t).all()) for t in exact)
+
+
+def _sums(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One number per device whose gradients it sums: finite when all of them are (or overflowed)."""
+    if any(isinstance(g, DTensor) for g in grads):
+        return [whole(torch.nn.utils.get_total_norm(grads)).float()] if grads else []
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for g in grads:
+        g = torch.view_as_real(g) if g.is_complex() else g  # a NaN in the imaginary part counts too
+        total = g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()
+        by_device.setdefault(g.device, []).append(total)
+    return [torch.stack(sums).sum().float() if len(sums) > 1 else sums[0].float()
+            for sums in by_device.values()]
 
 
 class ParamSide:
