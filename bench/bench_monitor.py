@@ -14,6 +14,7 @@ step's (with a 95% interval), and the amortised ratio, its total time over the p
 ``every=N`` costs, sampled steps included). ``--per-round`` times ``--steps`` steps a turn instead
 (``_rounds.ratios``: the median over rounds of the ratio within a round), as earlier runs did.
 - ``monitor every=100``: every statistic on one step in a hundred (the amortised cost);
+- ``monitor every=100, nonfinite="off"``: the same with no sentinel (no step reads its gradients);
 - ``monitor every step``: every statistic (inputs, outputs, output gradients, parameters, update
   ratios, dead fractions) on every step;
 - ``monitor every step, stats=["output", "params", "update"]``: a cheaper choice, every step: the
@@ -124,6 +125,8 @@ def speed(args: argparse.Namespace) -> None:
         "plain": Loop(base, batch, None),
         f"monitor every={every}": Loop(base, batch, lambda m, o: hookscope.monitor(
             m, every=every, optimizer=o, log=os.path.join(folder, "every"))),
+        f"monitor every={every}, nonfinite='off' (no sentinel)": Loop(base, batch, lambda m, o: hookscope.monitor(
+            m, every=every, optimizer=o, nonfinite="off", log=os.path.join(folder, "off"))),
         "monitor every step": Loop(base, batch, lambda m, o: hookscope.monitor(
             m, every=1, optimizer=o, log=os.path.join(folder, "all"))),
         'monitor every step, stats=["output", "params", "update"]': Loop(base, batch, lambda m, o: hookscope.monitor(

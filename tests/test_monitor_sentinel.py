@@ -245,6 +245,37 @@ def test_the_sentinel_check_is_exact_where_a_sum_could_mislead(name, grads, fini
     assert all_finite(grads, torch.tensor(float("nan"))) is False
 
 
+def test_nonfinite_off_reads_no_gradient_between_sampled_steps_and_flags_nothing(monkeypatch):
+    from hookscope.analysis.monitor import _monitor
+
+    reads = []
+    real = _monitor.all_finite
+    monkeypatch.setattr(_monitor, "all_finite", lambda grads, loss: reads.append(len(grads)) or real(grads, loss))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    fresh = copy.deepcopy(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    with hookscope.monitor(net, every=4, optimizer=opt, nonfinite="off") as mon:
+        for step in range(6):
+            opt.zero_grad()
+            x = torch.tensor([[float("nan"), 1.0]]) if step in (3, 4) else torch.ones(1, 2)
+            loss = net(x).sum()
+            loss.backward()
+            mon.note(loss=loss)
+            opt.step()  # step 3 (not sampled) and step 4 (sampled): NaN everywhere, and no error
+    assert reads == [] and mon.flagged == 0 and mon.nonfinite is None and mon.step_number == 6
+    assert mon.last.step == 4
+    grads = [r for r in mon.last.rows if r.what == "param" and r.path == "weight"]
+    assert len(grads) == 2 and all(r.nan > 0 for r in grads)  # the sampled step's rows still count them
+    opt = torch.optim.SGD(fresh.parameters(), lr=0.0)
+    with hookscope.monitor(fresh, every=4, optimizer=opt) as mon:  # the default reads every step
+        for _ in range(3):
+            opt.zero_grad()
+            fresh(torch.ones(1, 2)).sum().backward()
+            opt.step()
+    assert reads == [0, 4, 4]  # step 0, sampled, counted the 4 gradients' NaN itself: only its loss is read
+
+
 def test_a_replay_that_raises_is_said_and_the_step_still_flagged():
     net = nn.Sequential(nn.Linear(2, 1))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -34,7 +34,7 @@ class Driven:
     def __init__(self, selectors: tuple[Selector, ...], *, every: int | None, steps: Any, log: Any,
                  stats: str | Iterable[str], histograms: Any, nonfinite: str) -> None:
         if nonfinite not in NONFINITE:
-            raise HookscopeError(f"nonfinite={nonfinite!r}: choose 'raise', 'skip' or 'log'."
+            raise HookscopeError(f"nonfinite={nonfinite!r}: choose 'raise', 'skip', 'log' or 'off'."
                                  f"{did_you_mean(str(nonfinite), NONFINITE)}")
         self.selectors, self.on_nonfinite = selectors, nonfinite
         # the monitor's own settings, checked now (a bad every= or log= fails before training starts)

@@ -37,7 +37,7 @@ STATS = ("input", "output", "grad_output", "params", "update", "dead")
 """What ``stats=`` may choose (``"all"``: every one): the selected layers' inputs, outputs and the
 gradients at their outputs; their parameters (norms and the gradients' statistics); the update
 ratio (a copy of the parameters on sampled steps; implies ``params``); the dead units of outputs."""
-NONFINITE = ("raise", "skip", "log")
+NONFINITE = ("raise", "skip", "log", "off")
 
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
@@ -296,6 +296,8 @@ class Monitor:
             if (self.optimizer is not None or snapshot) and act:  # the weights as the update finds them
                 self._side.snapshot()
             self._side.before()
+        if self.on_nonfinite == "off":
+            return  # no sentinel: the sampled steps' rows still count NaN and Inf
         if self._side is not None and self._side.covers(params):
             # a sampled step has just counted every gradient's NaN and Inf: no second pass over them
             finite = self._side.grads_finite() and all_finite([], loss)
@@ -435,7 +437,9 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
             NaN, +Inf, -Inf (and values beyond fixed edges) are counted apart, never dropped.
         nonfinite: on a non-finite step, ``"raise"`` a :class:`~hookscope.NonFiniteError` naming the
             step and module, ``"skip"`` the update (gradients cleared before the optimizer runs:
-            weights and optimizer state untouched; needs ``optimizer``), or ``"log"`` and go on.
+            weights and optimizer state untouched; needs ``optimizer``), ``"log"`` and go on, or
+            ``"off"``: no sentinel (no per-step read of the gradients; sampled steps' rows still
+            count NaN and Inf, but nothing is flagged).
         replay: a function that recomputes the step under way's loss from its batch (a lambda over
             the loop's variables, ``lambda: loss_fn(model(x), y)``), called only on a non-finite
             step, to name the module; ``Monitor.replay`` may also be set per step.
@@ -463,7 +467,7 @@ def monitor(model: nn.Module, *selectors: Selector, every: int | None = 100, ste
     """
     schedule = Schedule(every, steps)
     if nonfinite not in NONFINITE:
-        raise HookscopeError(f"nonfinite={nonfinite!r}: choose 'raise', 'skip' or 'log'.{did_you_mean(str(nonfinite), NONFINITE)}")
+        raise HookscopeError(f"nonfinite={nonfinite!r}: choose 'raise', 'skip', 'log' or 'off'.{did_you_mean(str(nonfinite), NONFINITE)}")
     root = unwrap(model)[0]
     _check_optimizer(optimizer, root)
     if nonfinite == "skip" and optimizer is None:
