@@ -172,3 +172,21 @@ def test_a_run_killed_part_way_leaves_logs_readable_up_to_its_last_sampled_step(
     with open(folder / "monitor.csv", newline="") as f:
         table = list(csv.reader(f))
     assert len(table) == 1 + len(lines) and all(len(row) == len(FIELDS) for row in table)
+
+
+def test_non_finite_values_are_written_as_text_in_json_lines_and_csv(tmp_path):
+    from hookscope.analysis.monitor import TelemetryRow
+    from hookscope.analysis.monitor._telemetry import Telemetry
+
+    rows = [TelemetryRow(5, "fc", "param", "weight", mean=float("nan"), max=float("inf"), min=float("-inf"), std=0.25),
+            TelemetryRow(5, "", "step", "", loss=1.5)]
+    jl, cs = hookscope.JSONLinesWriter(tmp_path / "m.jsonl"), hookscope.CSVWriter(tmp_path / "m.csv")
+    for w in (jl, cs):
+        w.write(Telemetry(5, rows, []))
+        w.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert (lines[0]["mean"], lines[0]["max"], lines[0]["min"], lines[0]["std"]) == ("nan", "inf", "-inf", 0.25)
+    assert lines[1]["loss"] == 1.5 and lines[1]["mean"] is None
+    table = list(csv.DictReader(open(tmp_path / "m.csv")))
+    assert (table[0]["mean"], table[0]["max"], table[0]["min"], table[0]["std"]) == ("nan", "inf", "-inf", "0.25")
+    assert table[1]["loss"] == "1.5" and table[1]["mean"] == ""
