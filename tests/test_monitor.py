@@ -483,3 +483,48 @@ def test_alive_units_equal_the_mask_of_nonzeros_whatever_the_layout_and_the_stat
     nan = torch.zeros(shape)
     nan.view(-1)[-1] = float("nan")  # a NaN is not 0: its unit is alive
     assert torch.equal(alive_units(nan, tensor_stats(nan) if told else None), _alive_by_mask(nan))
+
+
+class _Odd(nn.Module):
+    """Parameters of every layout the parameter side meets: float64, a transposed (non-contiguous)
+    one, a channels-last convolution weight, one shared by two layers, and one left untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.wide = nn.Linear(4, 4).double()
+        self.turned = nn.Linear(4, 4)
+        self.turned.weight = nn.Parameter(torch.randn(4, 4).t())  # a transposed view: not contiguous
+        self.tied = nn.Linear(4, 4)
+        self.again = nn.Linear(4, 4)
+        self.again.weight = self.tied.weight
+        self.frozen = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.to(memory_format=torch.channels_last)).mean((2, 3))
+        h = self.wide(h.double()).float()
+        return self.again(self.tied(self.turned(h))).sum() + 0 * self.frozen.bias.sum()
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_norms_and_update_ratios_of_every_parameter_layout_equal_the_hand_computed_ones(monkeypatch, native):
+    monkeypatch.setenv("HOOKSCOPE_NATIVE", native)  # the C kernel's one-pass copy and difference, and torch's
+    torch.manual_seed(0)
+    net = _Odd()
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    x = torch.randn(2, 3, 6, 6)
+    with hookscope.monitor(net, every=1, optimizer=opt, stats=["params", "update"]) as mon:
+        for _ in range(3):
+            opt.zero_grad()
+            net(x).backward()
+            before = {n: p.detach().clone().double() for n, p in net.named_parameters()}
+            opt.step()
+            rows = {(r.layer, r.path): r for r in mon.last.rows if r.what == "param"}
+            for (layer, path), r in rows.items():
+                name = f"{layer}.{path}" if f"{layer}.{path}" in before else f"tied.{path}"
+                w0, w1 = before[name], dict(net.named_parameters())[name].detach().double()
+                assert r.norm == pytest.approx(w0.norm().item(), rel=1e-6)
+                assert r.update_norm == pytest.approx((w1 - w0).norm().item(), rel=1e-5, abs=1e-7)
+                assert r.update_ratio == pytest.approx(((w1 - w0).norm() / w0.norm()).item(), rel=1e-5, abs=1e-7)
+    assert rows[("again", "weight")].update_norm == rows[("tied", "weight")].update_norm > 0
+    assert rows[("frozen", "weight")].update_norm == 0.0 and rows[("turned", "weight")].update_norm > 0

@@ -26,7 +26,7 @@ import torch
 __all__ = ["Kernel", "describe", "stats_kernel"]
 
 _EXTENSIONS = ("_native_stats_avx2", "_native_stats")  # the wider vectors first, where the CPU has them
-_ABI = 1  # hs_abi() of the _native_stats.c this module calls
+_ABI = 2  # hs_abi() of the _native_stats.c this module calls
 _lock = threading.Lock()
 _loaded: list[Kernel | None] = []  # empty until the first attempt; then the kernel or None
 _why: list[str] = []  # why there is no kernel, once the attempt failed
@@ -47,6 +47,10 @@ class Kernel:
         self._guided.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                  ctypes.c_int]
         self._guided.restype = None
+        self._squares = lib.hs_squares
+        self._squares.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                  ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        self._squares.restype = ctypes.c_int
         self.parallel = _share_openmp(lib)
 
     def stats(self, v: torch.Tensor) -> tuple[float, float, float, float, int]:
@@ -109,6 +113,27 @@ class Kernel:
         self._guided(grad.data_ptr(), out.data_ptr(), res.data_ptr(), out.element_size() == 8, out.numel(),
                      self._threads(out.numel()))
         return res
+
+    def squares(self, v: torch.Tensor, *, minus: torch.Tensor | None = None, into: torch.Tensor | None = None) -> float | None:
+        """The sum of squares of ``v`` (of ``v - minus``, each difference in float64) in float64, in
+        one pass, copying ``v`` into ``into`` on the way. ``None`` unless every tensor given is a
+        dense CPU float32 or float64 tensor of ``v``'s dtype, shape and strides.
+
+        Example:
+            >>> k = stats_kernel()
+            >>> copy = torch.zeros(2)
+            >>> k is None or (k.squares(torch.tensor([3.0, 4.0]), into=copy), copy.tolist()) == (25.0, [3.0, 4.0])
+            True
+            >>> k is None or k.squares(torch.tensor([3.0, 4.0]), minus=torch.tensor([2.0, 2.0])) == 5.0
+            True
+        """
+        if not all(_dense_pair(v, t) for t in (minus, into) if t is not None) or not _dense_pair(v, v):
+            return None
+        out = (ctypes.c_double * 8)()
+        if self._squares(v.data_ptr(), None if minus is None else minus.data_ptr(), None if into is None else into.data_ptr(),
+                         v.element_size() == 8, v.numel(), self._threads(v.numel()), out):
+            raise MemoryError("hookscope's statistics kernel could not allocate its partial sums")
+        return out[1]
 
     def _threads(self, n: int) -> int:
         """torch's number of threads for more than one chunk (64 Ki elements) if the kernel shares
@@ -262,6 +287,11 @@ def _answers_right(kernel: Kernel) -> bool:
         if kernel.stats(v) != (total, squares, -7.25, 4.0, 82) or kernel.centred(v, 1.0) != centred:
             return False
         if kernel.stats_relu(v) != ((total, squares, -7.25, 4.0, 82), relu):
+            return False
+        copy, shifted = torch.zeros_like(v), v.roll(1)
+        if kernel.squares(v, into=copy) != squares or not torch.equal(copy, v):
+            return False
+        if kernel.squares(v, minus=shifted) != sum((a - b) ** 2 for a, b in zip(values, shifted.tolist())):
             return False
         g = kernel.guided(v, v.roll(1))
         if g is None or not torch.equal(g, torch.ops.aten.threshold_backward(v, v.roll(1), 0).clamp_(min=0)):

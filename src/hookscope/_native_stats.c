@@ -213,8 +213,24 @@ void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
 /* The version of the functions' arguments and results, which hookscope._native checks before calling
  * any of them: an installed library left over from an older source is never called. Raise it with
  * any change of an hs_* signature or of what it returns (and _ABI in _native.py with it). */
-#define HS_ABI 1
+#define HS_ABI 2
 int hs_abi(void) { return HS_ABI; }
+
+/* The sum of squares of src in float64, copying it into dst on the way (dst NULL: no copy); with b,
+ * the sum of squares of src - b instead, each difference taken in float64 (so exact for float32). */
+static void chunk_squares(const void *src, const void *b, void *dst, int wide, int64_t n, part_t *out) {
+    double q[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        double x = wide ? ((const double *)src)[i] : ((const float *)src)[i];
+        if (dst != NULL) {
+            if (wide) ((double *)dst)[i] = ((const double *)src)[i];
+            else ((float *)dst)[i] = ((const float *)src)[i];
+        }
+        if (b != NULL) x -= wide ? ((const double *)b)[i] : ((const float *)b)[i];
+        q[i & 3] += x * x;
+    }
+    *out = (part_t){0, (q[0] + q[1]) + (q[2] + q[3]), 0, 0, 0, 0, 0, 0};
+}
 
 typedef struct {
     const char *p;
@@ -222,6 +238,9 @@ typedef struct {
     double mean;
     int64_t n, chunks, next;  /* next: the next chunk to take, shared by the threads */
     part_t *parts;
+    const char *b;  /* squares: the array subtracted (or NULL) */
+    char *dst;      /* squares: where the array is copied (or NULL) */
+    int squares;
 } job_t;
 
 static void work(void *arg) {
@@ -232,7 +251,9 @@ static void work(void *arg) {
         if (c >= j->chunks) break;
         int64_t start = c * CHUNK, len = start + CHUNK < j->n ? CHUNK : j->n - start;
         const void *at = j->p + start * size;
-        if (j->centred) chunk_centred(at, j->wide, len, j->mean, j->parts + c);
+        if (j->squares) chunk_squares(at, j->b ? j->b + start * size : NULL, j->dst ? j->dst + start * size : NULL,
+                                      j->wide, len, j->parts + c);
+        else if (j->centred) chunk_centred(at, j->wide, len, j->mean, j->parts + c);
         else if (j->wide) chunk_f64(at, len, j->parts + c);
         else chunk_f32(at, len, j->relu, j->parts + c);
     }
@@ -271,12 +292,19 @@ static int reduce(job_t *job, int threads, double *out) {
 /* With relu, out[5..7] are what ReLU's output would give as out[0], out[1] and (with out[4]) the
  * zeros: bit for bit, for finite data. */
 int hs_stats(const void *p, int wide, int64_t n, int threads, int relu, double *out) {
-    job_t job = {p, wide, 0, relu, 0.0, n, 0, 0, NULL};
+    job_t job = {p, wide, 0, relu, 0.0, n, 0, 0, NULL, NULL, NULL, 0};
     return reduce(&job, threads, out);
 }
 
 int hs_centred(const void *p, int wide, int64_t n, double mean, int threads, double *out) {
-    job_t job = {p, wide, 1, 0, mean, n, 0, 0, NULL};
+    job_t job = {p, wide, 1, 0, mean, n, 0, 0, NULL, NULL, NULL, 0};
+    return reduce(&job, threads, out);
+}
+
+/* out[1] = the sum of squares of src (copied into dst on the way, unless dst is NULL); with b (not
+ * NULL), of src - b: the training monitor's parameter norms and update norms, one pass each. */
+int hs_squares(const void *src, const void *b, void *dst, int wide, int64_t n, int threads, double *out) {
+    job_t job = {src, wide, 0, 0, 0.0, n, 0, 0, NULL, b, dst, 1};
     return reduce(&job, threads, out);
 }
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..._native import Kernel, stats_kernel
 from .._reduce import STATS, tensor_stats
 from ._distributed import whole
 from ._histogram import histogram
@@ -76,11 +77,14 @@ class ParamSide:
     before the update, :meth:`before` reads them and their gradients just before it, :meth:`rows`
     after it.
 
-    Plain tensors (not FSDP2's ``DTensor``) take ``foreach`` kernels: one ``_foreach_copy_`` into
-    buffers that are reused from step to step (:meth:`spare`: a fresh allocation of every
-    parameter's size page-faults each time), one ``_foreach_norm`` for the norms, and for the
-    update one ``_foreach_sub_`` in those buffers (``w_before - w_after``, whose norm is that of
-    ``w_after - w_before``) and one ``_foreach_norm``: no tensor of a parameter's size is allocated.
+    Plain tensors (not FSDP2's ``DTensor``) are copied into buffers that are reused from step to
+    step (:meth:`spare`: a fresh allocation of every parameter's size page-faults each time). Dense
+    float32/float64 CPU parameters take the C kernel: one pass copies a parameter and sums its
+    squares (its norm), one pass over the parameter and its copy sums the squared differences (the
+    update's norm, in float64): three reads and one write of the parameters' memory in all. Other
+    plain tensors take ``foreach`` kernels: one ``_foreach_copy_``, one ``_foreach_norm``, and for
+    the update one ``_foreach_sub_`` in the buffers (``w_before - w_after``) and one
+    ``_foreach_norm``. No tensor of a parameter's size is allocated either way.
     """
 
     def __init__(self, owned: list[Owned], *, update: bool, bins: int | torch.Tensor | None = None,
@@ -96,6 +100,8 @@ class ParamSide:
         self._unique = list({id(p): p for _, _, p in owned}.values())  # a shared parameter once
         self._plain = all(not isinstance(p, DTensor) and p.layout == torch.strided for p in self._unique)
         self._buffers = list(buffers)
+        self._kernel: Kernel | None = stats_kernel() if self._plain else None
+        self._squares: dict[int, float] = {}  # the kernel's sum of squares of each copy, as it copied it
 
     def spare(self) -> list[torch.Tensor]:
         """The copies' buffers, for the next sampled step's :class:`ParamSide` to reuse."""
@@ -112,8 +118,16 @@ class ParamSide:
             params = [p.detach() for p in self._unique]
             bufs = self._buffers if _fits(self._buffers, params) else [torch.empty_like(p) for p in params]
             self._buffers = []
-            if params:
-                torch._foreach_copy_(bufs, params)
+            self._squares = {}
+            rest = []
+            for param, p, b in zip(self._unique, params, bufs):
+                squares = self._kernel.squares(p, into=b) if self._kernel is not None else None
+                if squares is None:
+                    rest.append((b, p))
+                else:
+                    self._squares[id(param)] = squares
+            if rest:
+                torch._foreach_copy_([b for b, _ in rest], [p for _, p in rest])
             self._saved = {id(p): b for p, b in zip(self._unique, bufs)}
 
     def before(self) -> None:
@@ -125,7 +139,7 @@ class ParamSide:
             values = [stored(whole(p.grad)) if p.grad is not None else None for _, _, p in self._owned]
             self._counts = [p.numel() if v is None else v.numel() for (_, _, p), v in zip(self._owned, values)]
             stats = [tensor_stats(v) if v is not None else None for v in values]
-            self._norms = _norms(params, fused=self._plain)
+            self._norms = self._norms_of(params)
             found = [s for s in stats if s is not None]
             host = iter(torch.stack([s.to(torch.float64).cpu() for s in found]).tolist() if found else [])
             self._grads = [next(host) if s is not None else None for s in stats]
@@ -135,6 +149,14 @@ class ParamSide:
                                  for of, t in (("param", whole(self._saved.get(id(p), p))),
                                                ("grad_param", None if p.grad is None else stored(whole(p.grad))))
                                  if t is not None]
+
+    def _norms_of(self, params: list[torch.Tensor]) -> list[float]:
+        """Each owned parameter's norm (its copy's, where one was taken): from the squares the
+        kernel summed as it copied, the rest read now."""
+        known = [self._squares.get(id(p)) for _, _, p in self._owned] if self._squares else [None] * len(params)
+        missing = [t for t, k in zip(params, known) if k is None]
+        found = iter(_norms(missing, fused=self._plain))
+        return [math.sqrt(k) if k is not None else next(found) for k in known]
 
     def covers(self, params: Sequence[torch.Tensor]) -> bool:
         """Whether every one of ``params`` is among this side's (then :meth:`grads_finite` answers
@@ -155,6 +177,11 @@ class ParamSide:
         if not (self._update and self._saved):
             return [None] * len(self._owned)
         with torch.no_grad():
+            if self._plain and self._kernel is not None:
+                squares = [self._kernel.squares(p.detach(), minus=self._saved[id(p)]) for p in self._unique]
+                if all(q is not None for q in squares):
+                    found = {id(p): math.sqrt(q) for p, q in zip(self._unique, squares) if q is not None}
+                    return [found[id(p)] for _, _, p in self._owned]
             if self._plain:
                 bufs = [self._saved[id(p)] for p in self._unique]
                 torch._foreach_sub_(bufs, [p.detach() for p in self._unique])  # the copies now hold -update
