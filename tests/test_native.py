@@ -230,3 +230,30 @@ def test_guided_on_no_elements_is_an_empty_answer(dtype: torch.dtype) -> None:
     for shape in ((0,), (0, 3, 8, 8), (2, 0)):
         got = KERNEL.guided(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
         assert got is not None and got.shape == shape and got.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 511, 512, 513, 65535, 65536, 65537, 300_001])
+def test_squares_copy_and_difference_at_every_block_and_chunk_edge(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    v, w = torch.randn(n, generator=g, dtype=dtype) * 3, torch.randn(n, generator=g, dtype=dtype)
+    into = torch.full_like(v, float("nan"))
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    assert KERNEL.squares(v, into=into) == pytest.approx(float((v.double() ** 2).sum()), rel=tol, abs=1e-30)
+    assert torch.equal(into, v)  # copied bit for bit, tails included
+    assert KERNEL.squares(v, minus=w) == pytest.approx(float(((v - w).double() ** 2).sum()), rel=tol, abs=1e-30)
+    torch.set_num_threads(1)
+    try:
+        alone = KERNEL.squares(v, minus=w)
+    finally:
+        torch.set_num_threads(2)
+    assert alone == KERNEL.squares(v, minus=w)  # the same bits on one thread or two
+
+
+def test_squares_refuses_what_it_cannot_read_in_step():
+    v = torch.randn(4, 4)
+    assert KERNEL.squares(v.t()) is None and KERNEL.squares(v, minus=v.double()) is None
+    assert KERNEL.squares(v, into=torch.empty(16)) is None and KERNEL.squares(v.half()) is None
+    nan = torch.tensor([1.0, float("nan")])
+    assert math.isnan(KERNEL.squares(nan))
+    assert math.isinf(KERNEL.squares(torch.full((64,), 3e38)))  # past float32's range, as torch's norm gives

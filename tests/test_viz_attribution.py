@@ -128,6 +128,12 @@ def test_a_strip_of_a_real_continuation(tmp_path):
     fig = plot_token_attribution(res, sample=1)
     assert fig.axes[0].get_images()[0].get_array().shape == (2, 4, 4)
     assert _png(fig, tmp_path / "s.png").shape[1] == round(fig.get_figwidth() * fig.dpi)
+    # a continuation given, explained by each token's log-probability: the same strip, row by token written
+    given = hookscope.attribute_tokens(lm, torch.tensor([[1, 2, 3]]), continuation=torch.tensor([[1, 2, 3, 4, 0]]),
+                                       method="input_x_gradient", tokenizer=list("vwxyz"))
+    fig = plot_token_attribution(given)
+    assert fig.axes[0].get_images()[0].get_array().shape == (2, 4, 4)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["-> 'z'", "-> 'v'"]
 
 
 @pytest.mark.parametrize(("draw", "said"), [

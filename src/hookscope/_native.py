@@ -115,8 +115,9 @@ class Kernel:
         return res
 
     def squares(self, v: torch.Tensor, *, minus: torch.Tensor | None = None, into: torch.Tensor | None = None) -> float | None:
-        """The sum of squares of ``v`` (of ``v - minus``, each difference in float64) in float64, in
-        one pass, copying ``v`` into ``into`` on the way. ``None`` unless every tensor given is a
+        """The sum of squares of ``v`` (of ``v - minus``, each difference in ``v``'s precision, as
+        torch's ``sub`` rounds it), summed as :meth:`stats` sums squares, in one pass, copying ``v``
+        into ``into`` on the way. ``None`` unless every tensor given is a
         dense CPU float32 or float64 tensor of ``v``'s dtype, shape and strides.
 
         Example:

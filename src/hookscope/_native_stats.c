@@ -216,20 +216,64 @@ void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
 #define HS_ABI 2
 int hs_abi(void) { return HS_ABI; }
 
-/* The sum of squares of src in float64, copying it into dst on the way (dst NULL: no copy); with b,
- * the sum of squares of src - b instead, each difference taken in float64 (so exact for float32). */
-static void chunk_squares(const void *src, const void *b, void *dst, int wide, int64_t n, part_t *out) {
-    double q[4] = {0, 0, 0, 0};
-    for (int64_t i = 0; i < n; i++) {
-        double x = wide ? ((const double *)src)[i] : ((const float *)src)[i];
-        if (dst != NULL) {
-            if (wide) ((double *)dst)[i] = ((const double *)src)[i];
-            else ((float *)dst)[i] = ((const float *)src)[i];
+/* The sum of squares of a float32 src (of src - b with b), copying src into dst on the way (dst
+ * NULL: no copy), as chunk_f32 sums squares: in U vector lanes over blocks of BLOCK elements, each
+ * block's lanes added in float64. b and dst are tested once per block, not per element. */
+static void squares_f32(const float *src, const float *b, float *dst, int64_t n, part_t *out) {
+    double lq[U * WF] = {0};
+    int64_t i = 0, whole = n - n % (U * WF);
+    while (i < whole) {
+        int64_t end = i + BLOCK < whole ? i + BLOCK : whole;
+        vf q[U];
+        for (int u = 0; u < U; u++) q[u] = (vf){0};
+        if (dst != NULL) memcpy(dst + i, src + i, (size_t)(end - i) * sizeof *src);
+        for (; i < end; i += U * WF) {
+            for (int u = 0; u < U; u++) {
+                vf v, w = {0};
+                memcpy(&v, src + i + u * WF, sizeof v);
+                if (b != NULL) memcpy(&w, b + i + u * WF, sizeof w);
+                v -= w;
+                q[u] += v * v;
+            }
         }
-        if (b != NULL) x -= wide ? ((const double *)b)[i] : ((const float *)b)[i];
-        q[i & 3] += x * x;
+        for (int u = 0; u < U; u++) {
+            for (int k = 0; k < WF; k++) lq[u * WF + k] += q[u][k];
+        }
     }
-    *out = (part_t){0, (q[0] + q[1]) + (q[2] + q[3]), 0, 0, 0, 0, 0, 0};
+    double sq = 0;
+    for (int k = 0; k < U * WF; k++) sq += lq[k];
+    for (; i < n; i++) {
+        if (dst != NULL) dst[i] = src[i];
+        double v = (double)src[i] - (b != NULL ? (double)b[i] : 0.0);
+        sq += v * v;
+    }
+    *out = (part_t){0, sq, 0, 0, 0, 0, 0, 0};
+}
+
+/* The same for float64, in float64 lanes. */
+static void squares_f64(const double *src, const double *b, double *dst, int64_t n, part_t *out) {
+    vd q[U];
+    for (int u = 0; u < U; u++) q[u] = (vd){0};
+    int64_t i = 0, whole = n - n % (U * WD);
+    if (dst != NULL) memcpy(dst, src, (size_t)n * sizeof *src);
+    for (; i < whole; i += U * WD) {
+        for (int u = 0; u < U; u++) {
+            vd v, w = {0};
+            memcpy(&v, src + i + u * WD, sizeof v);
+            if (b != NULL) memcpy(&w, b + i + u * WD, sizeof w);
+            v -= w;
+            q[u] += v * v;
+        }
+    }
+    double sq = 0;
+    for (int u = 0; u < U; u++) {
+        for (int k = 0; k < WD; k++) sq += q[u][k];
+    }
+    for (; i < n; i++) {
+        double v = src[i] - (b != NULL ? b[i] : 0.0);
+        sq += v * v;
+    }
+    *out = (part_t){0, sq, 0, 0, 0, 0, 0, 0};
 }
 
 typedef struct {
@@ -251,8 +295,12 @@ static void work(void *arg) {
         if (c >= j->chunks) break;
         int64_t start = c * CHUNK, len = start + CHUNK < j->n ? CHUNK : j->n - start;
         const void *at = j->p + start * size;
-        if (j->squares) chunk_squares(at, j->b ? j->b + start * size : NULL, j->dst ? j->dst + start * size : NULL,
-                                      j->wide, len, j->parts + c);
+        if (j->squares && j->wide)
+            squares_f64(at, j->b ? (const double *)(j->b + start * size) : NULL,
+                        j->dst ? (double *)(j->dst + start * size) : NULL, len, j->parts + c);
+        else if (j->squares)
+            squares_f32(at, j->b ? (const float *)(j->b + start * size) : NULL,
+                        j->dst ? (float *)(j->dst + start * size) : NULL, len, j->parts + c);
         else if (j->centred) chunk_centred(at, j->wide, len, j->mean, j->parts + c);
         else if (j->wide) chunk_f64(at, len, j->parts + c);
         else chunk_f32(at, len, j->relu, j->parts + c);
@@ -302,7 +350,8 @@ int hs_centred(const void *p, int wide, int64_t n, double mean, int threads, dou
 }
 
 /* out[1] = the sum of squares of src (copied into dst on the way, unless dst is NULL); with b (not
- * NULL), of src - b: the training monitor's parameter norms and update norms, one pass each. */
+ * NULL), of src - b (differences in the data's precision, as torch's sub would round them): the
+ * training monitor's parameter norms and update norms, one pass each. */
 int hs_squares(const void *src, const void *b, void *dst, int wide, int64_t n, int threads, double *out) {
     job_t job = {src, wide, 0, 0, 0.0, n, 0, 0, NULL, b, dst, 1};
     return reduce(&job, threads, out);

@@ -81,7 +81,7 @@ class ParamSide:
     step (:meth:`spare`: a fresh allocation of every parameter's size page-faults each time). Dense
     float32/float64 CPU parameters take the C kernel: one pass copies a parameter and sums its
     squares (its norm), one pass over the parameter and its copy sums the squared differences (the
-    update's norm, in float64): three reads and one write of the parameters' memory in all. Other
+    update's norm): three reads and one write of the parameters' memory in all. Other
     plain tensors take ``foreach`` kernels: one ``_foreach_copy_``, one ``_foreach_norm``, and for
     the update one ``_foreach_sub_`` in the buffers (``w_before - w_after``) and one
     ``_foreach_norm``. No tensor of a parameter's size is allocated either way.
