@@ -471,3 +471,14 @@ def test_scaler_needs_the_optimizer_and_a_grad_scaler():
         hookscope.monitor(net, scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(hookscope.HookscopeError, match="not a torch.amp.GradScaler"):
         hookscope.monitor(net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), scaler=object())
+
+
+def test_the_sentinel_sums_on_the_cpu_and_takes_one_fused_norm_on_another_device(monkeypatch):
+    from hookscope.analysis.monitor import _params
+
+    norms = []
+    real = torch.nn.utils.get_total_norm
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", lambda grads: norms.append(len(grads)) or real(grads))
+    parts = _params._sums([torch.ones(3), torch.ones(2, device="meta"), torch.ones(4, device="meta"), torch.ones(1)])
+    assert [p.device.type for p in parts] == ["cpu", "meta"] and norms == [2]  # both meta gradients in one norm
+    assert float(parts[0]) == 4.0

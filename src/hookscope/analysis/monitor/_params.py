@@ -37,11 +37,12 @@ def stored(g: torch.Tensor) -> torch.Tensor:
 
 
 def all_finite(grads: Sequence[torch.Tensor], loss: torch.Tensor | None) -> bool:
-    """Whether every gradient and the loss are finite: one sum per gradient (a sum is finite exactly
-    when every value is, unless it overflows), one ``isfinite`` over them, one host synchronisation;
-    half the cost of a norm (``torch.nn.utils.get_total_norm``), which squares every value. FSDP2's
-    sharded gradients take that norm, gathered once. A sum that overflows although every value is
-    finite is told apart by an exact check, taken only then.
+    """Whether every gradient and the loss are finite: on the CPU one sum per gradient (a sum is
+    finite exactly when every value is, unless it overflows; half the cost of a norm there), on an
+    accelerator one fused norm (``torch.nn.utils.get_total_norm``, ``foreach`` kernels), then one
+    ``isfinite`` and one host synchronisation. FSDP2's sharded gradients take that norm, gathered
+    once. A total that overflows although every value is finite is told apart by an exact check,
+    taken only then.
 
     Example:
         >>> all_finite([torch.ones(3), torch.zeros(2)], torch.tensor(1.0)), all_finite([torch.ones(1)], torch.tensor(float("nan")))
@@ -65,11 +66,19 @@ def _sums(grads: list[torch.Tensor]) -> list[torch.Tensor]:
         return [whole(torch.nn.utils.get_total_norm(grads)).float()] if grads else []
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for g in grads:
+        by_device.setdefault(g.device, []).append(g)
+    return [_cpu_sum(on) if device.type == "cpu" else torch.nn.utils.get_total_norm(on).float()
+            for device, on in by_device.items()]
+
+
+def _cpu_sum(grads: list[torch.Tensor]) -> torch.Tensor:
+    """On the CPU a sum per gradient (half a norm's cost there); an accelerator's fused norm reads
+    every gradient in a few kernels where one sum each would launch one kernel per gradient."""
+    sums = []
+    for g in grads:
         g = torch.view_as_real(g) if g.is_complex() else g  # a NaN in the imaginary part counts too
-        total = g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum()
-        by_device.setdefault(g.device, []).append(total)
-    return [torch.stack(sums).sum().float() if len(sums) > 1 else sums[0].float()
-            for sums in by_device.values()]
+        sums.append(g.sum(dtype=torch.float32) if g.dtype in (torch.float16, torch.bfloat16) else g.sum())
+    return (torch.stack(sums).sum() if len(sums) > 1 else sums[0]).float()
 
 
 class ParamSide:
