@@ -588,9 +588,10 @@ def test_gradients_of_the_residual_add_of_resnet34() -> None:
         out = layer(out)
     logits = net.fc(torch.flatten(net.avgpool(out), 1))
     g_sum, g_branch = torch.autograd.grad(logits.sum(), (summed, branch))
-    assert torch.allclose(rec["layer1.0::add"].grad_output, g_sum, atol=1e-6)
-    assert torch.allclose(rec["layer1.0::add"].grad_input, g_sum, atol=1e-6)
-    assert torch.allclose(rec["layer1.0.bn2"].grad_output, g_branch, atol=1e-6)
+    # 30 convolutions' backward in float32, summed in an order the thread pool picks: equal to ~1e-6 of ~2
+    assert torch.allclose(rec["layer1.0::add"].grad_output, g_sum, atol=1e-5)
+    assert torch.allclose(rec["layer1.0::add"].grad_input, g_sum, atol=1e-5)
+    assert torch.allclose(rec["layer1.0.bn2"].grad_output, g_branch, atol=1e-5)
     assert hookscope.core.hook_count(net) == 0
 
 
