@@ -42,7 +42,7 @@ LOOKUP_TYPES = {n for n, o in RESULT_TYPES.items() if hasattr(o, "__getitem__")}
 HANDED_OUT = {"CamRow", "DiffRow", "StatRow", "CurveRow", "CallRecord", "GradRecord", "LayerRecord", "Unmatched",
               "Edit", "FeatureRow", "ComparisonRow", "LayerArray", "OperationRow", "TokenRow", "HeadRow",
               "WidthRow", "MlpRow", "MemoryRow", "MemoryTotals", "Component", "Monitor", "TelemetryRow", "Writer",
-              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "StepStatRow", "Steering", "TokenPositions", "LensRow", "DlaRow", "PatchRow"}
+              "RoadRow", "RandomisationRow", "StepRecord", "StepRow", "StepStatRow", "Steering", "TokenPositions", "LensRow", "DlaRow", "PatchRow", "TunedRow"}
 CALLED = {n for n, o in PUBLIC.items() if callable(o) and n not in RESULT_TYPES and n not in HANDED_OUT
           and not (inspect.isclass(o) and issubclass(o, BaseException))}
 
@@ -53,7 +53,7 @@ RESULT_CASES = ["Capture", "Recording: a module called twice", "Recording: keep=
                 "Operations", "AttentionPatterns", "Attributions", "TokenAttributions", "HeadPruning",
                 "WidthPruning", "StepMemory", "Components", "Telemetry", "Run", "LayerImportance", "LayerRemoval",
                 "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions",
-                "Trace: at= token positions", "TokenAttributions: a continuation"]
+                "TunedLens", "Trace: at= token positions", "TokenAttributions: a continuation"]
 LOOKUPS = [  # case, a name it holds, a name it does not
     ("Capture", "fc", "fcc"),
     ("Recording: a module called twice", "fc", "fcc"),
@@ -79,6 +79,7 @@ LOOKUPS = [  # case, a name it holds, a name it does not
     ("Recovery", "2", "3"),
     ("Randomisation", "fc", "fcc"),
     ("LogitLens", "blocks.0.resid_post", "blocks.0.resid_mid"),
+    ("TunedLens", "blocks.0.resid_post", "blocks.0.resid_mid"),
     ("LogitAttribution", "blocks.0.head.0", "blocks.0.head.9"),
     ("Patching", "blocks.0", "blocks.1"),
 ]
@@ -168,7 +169,8 @@ def _generation() -> dict[str, object]:
 def _circuits() -> dict[str, object]:
     lm, ids = _gpt2(), torch.tensor([1, 2, 3])
     return {"LogitLens": hookscope.logit_lens(lm, ids), "LogitAttribution": hookscope.logit_attribution(lm, ids, answer=1),
-            "Patching": hookscope.activation_patching(lm, ids, torch.tensor([1, 4, 3]), answer=1, wrong=2)}
+            "Patching": hookscope.activation_patching(lm, ids, torch.tensor([1, 4, 3]), answer=1, wrong=2),
+            "TunedLens": hookscope.tune_lens(lm, torch.tensor([[1, 2, 3], [3, 2, 1]]), steps=2)}
 
 
 def _telemetry(net: nn.Module, x: torch.Tensor) -> object:
@@ -375,6 +377,8 @@ def _calls(net: nn.Module) -> dict[str, Callable[..., object]]:
         "steer": lambda **kw: hookscope.steer(net, "fc", direction=torch.ones(10), **kw),
         "bake": lambda **kw: hookscope.bake(hookscope.steer(net, "fc", direction=torch.ones(10)), x, **kw),
         "logit_lens": lambda **kw: hookscope.logit_lens(_gpt2(), torch.tensor([1, 2]), **kw),
+        "tune_lens": lambda **kw: hookscope.tune_lens(_gpt2(), torch.tensor([[1, 2]]), steps=1, **kw),
+        "load_lens": lambda **kw: hookscope.load_lens("/nonexistent/lens", **kw),
         "logit_attribution": lambda **kw: hookscope.logit_attribution(_gpt2(), torch.tensor([1, 2]), answer=1, **kw),
         "activation_patching": lambda **kw: hookscope.activation_patching(_gpt2(), torch.tensor([1, 2]),
                                                                           torch.tensor([1, 3]), answer=1, **kw),
@@ -486,7 +490,7 @@ RESULT_NAMES = {"Capture", "Recording", "TensorGrads", "Summary", "Trace", "Watc
                 "FeatureMaps", "ReferenceComparison", "CamMaps", "Sparsity", "ChannelImportance", "ChannelGroups",
                 "ChannelPruning", "ModelComparison", "Store", "Curve", "Operations", "AttentionPatterns",
                 "Attributions", "TokenAttributions", "HeadPruning", "WidthPruning", "StepMemory", "Components", "Telemetry", "Run",
-                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions"}
+                "LayerImportance", "LayerRemoval", "Recovery", "RoadCurves", "Randomisation", "StepRecords", "Direction", "LogitLens", "LogitAttribution", "Patching", "SegmentAttributions", "TunedLens"}
 
 
 def test_result_classes_are_named_for_what_they_hold() -> None:

@@ -37,8 +37,8 @@ from .analysis.attribution import (
 from .analysis.attribution import FeatureAblation, FeaturePermutation, KernelShap, Lime, Occlusion, ShapleyValueSampling
 from .analysis.attention import AttentionPatterns, attention, attention_probabilities
 from .analysis.circuits import (
-    DlaRow, LensRow, LogitAttribution, LogitLens, PatchRow, Patching, activation_patching, attribution_patching,
-    logit_attribution, logit_lens,
+    DlaRow, LensRow, LogitAttribution, LogitLens, PatchRow, Patching, TunedLens, TunedRow, activation_patching,
+    attribution_patching, load_lens, logit_attribution, logit_lens, tune_lens,
 )
 from .analysis.cam import CamMaps, CamRow, cam, channels_first, channels_last, tokens_to_grid
 from .analysis.features import (
@@ -144,8 +144,8 @@ __all__ = [
     "VarGrad", "GuidedBackprop", "Deconvnet", "GuidedGradCam", "LRP",
     "Occlusion", "FeatureAblation", "FeaturePermutation", "ShapleyValueSampling", "KernelShap", "Lime",
     "attribute_tokens", "TokenAttributions", "TokenRow", "attribute_segments", "SegmentAttributions",
-    # which component wrote the answer: the logit lens, direct logit attribution, patching sweeps
-    "logit_lens", "LogitLens", "LensRow", "logit_attribution", "LogitAttribution", "DlaRow",
+    # which component wrote the answer: the logit lens (plain or tuned), direct logit attribution, patching sweeps
+    "logit_lens", "LogitLens", "LensRow", "tune_lens", "TunedLens", "TunedRow", "load_lens", "logit_attribution", "LogitAttribution", "DlaRow",
     "activation_patching", "attribution_patching", "Patching", "PatchRow",
     # prune
     "prune", "prune_calibrated", "sparsity", "Sparsity", "remove_masks",

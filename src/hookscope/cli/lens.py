@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..analysis.circuits import logit_lens
+from ..analysis.circuits import load_lens, logit_lens
 from ..errors import HookscopeError
 from ._common import add_examples, add_plot_argument, check_plot, save_plot
 from ._load import add_model_arguments, load_model, model_session
@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> None:
                         "prediction at each position)")
     p.add_argument("--position", metavar="P", type=int, default=-1, help="the position the table shows "
                    "(default -1: the last)")
+    p.add_argument("--tuned", metavar="DIR", default=None,
+                   help="read the streams through a tuned lens saved in DIR (TunedLens.save, tuned for this "
+                        "model by hookscope.tune_lens) instead of the plain logit lens")
     p.add_argument("--top", metavar="K", type=int, default=5, help="the most likely tokens each row keeps "
                    "(JSON; default 5)")
     add_plot_argument(p, "the followed token's probability, layer by position")
@@ -75,13 +78,14 @@ def run(args: argparse.Namespace) -> int:
         check_plot(args.plot)
         if args.top < 1:
             raise HookscopeError(f"--top {args.top} must be 1 or more")
+        tuned = load_lens(args.tuned) if args.tuned is not None else None
         model = load_model(args.model, seed=args.seed, weights=args.weights)
         given = model_input(args, model)
         if given.x.dim() != 2 or given.x.shape[0] != 1:
             raise HookscopeError(f"the lens reads one sequence; the input holds {given.x.shape[0]}: give one with "
                                  "--input-ids or --text")
         lens = logit_lens(model, given.x, token=token_of(args.token, tokenizer_of(args), "--token"), top=args.top,
-                          kwargs={k: v for k, v in given.kwargs.items() if k != "attention_mask"})
+                          tuned=tuned, kwargs={k: v for k, v in given.kwargs.items() if k != "attention_mask"})
         length = given.x.shape[1]
         if not -length <= args.position < length:
             raise HookscopeError(f"--position {args.position} is outside the {length} positions of the input")

@@ -62,7 +62,7 @@ def _lens(r: LogitLens) -> tuple[str, list[str], list[list[str]], str]:
             for x in r.rows if x.position == last]
     caption = (f"probability of the token followed at each stream (down) and position (across); the table: "
                f"position {last}")
-    return "Logit lens", ["stream", "top token", "p(top)", "rank of the token", "p(token)", "KL"], rows, caption
+    return r.kind.capitalize(), ["stream", "top token", "p(top)", "rank of the token", "p(token)", "KL"], rows, caption
 
 
 def _attribution(r: LogitAttribution) -> tuple[str, list[str], list[list[str]], str]:

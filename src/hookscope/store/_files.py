@@ -37,8 +37,9 @@ __all__ = ["SCHEMA_VERSION", "KINDS", "CRC_KEY", "ShardInfo", "ShardRead", "shar
 SCHEMA_VERSION: int = 1
 """The version of the store layout and manifest this hookscope writes and reads."""
 
-KINDS = ("samples", "recording")
-"""The kinds of store hookscope writes (open_store reads "samples", hookscope.load reads "recording")."""
+KINDS = ("samples", "recording", "tuned_lens")
+"""The kinds of store hookscope writes (open_store reads "samples", hookscope.load reads "recording",
+hookscope.load_lens reads "tuned_lens")."""
 
 SHARD = re.compile(r"^(\d{6,})\.safetensors$")
 SHARD_TMP = re.compile(r"^\.\d{6,}\.safetensors\.tmp-\d+$")  # write_file's tmp name of a shard

@@ -86,7 +86,7 @@ def plot_logit_lens(lens: LogitLens, *, labels: Sequence[str] | None = None) -> 
     ax.set_xticks(range(len(cols)), cols, rotation=90 if max(map(len, cols), default=0) > 3 else 0)
     ax.set_yticks(range(len(lens.streams)), lens.streams)
     ax.set_xlabel("position")
-    ax.set_title("logit lens: probability of the token followed", fontsize=9)
+    ax.set_title(f"{lens.kind}: probability of the token followed", fontsize=9)
     fig.colorbar(image, ax=ax, label="probability")
     fig.tight_layout()
     return fig

@@ -18,6 +18,7 @@ from ...core.result import Result, missing
 from ...core.text import table
 from ...errors import HookscopeError, checked
 from ._model import decoder, read, token_ids
+from ._tuned import TunedLens, lens_streams
 
 __all__ = ["LensRow", "LogitLens", "logit_lens"]
 
@@ -42,11 +43,12 @@ class LogitLens(Result):
     """The logit lens of one sequence: ``streams`` (``blocks.0.resid_pre`` then each block's
     ``resid_post``), ``logits`` ``[stream, pos, vocab]`` (the last stream's are the model's logits),
     ``probs`` of the chosen tokens, ``ranks`` and ``kl`` as ``[stream, pos]`` tensors, and ``rows``, one
-    :class:`LensRow` per stream and position. ``lens[stream]`` is that stream's rows."""
+    :class:`LensRow` per stream and position; ``kind`` is ``"logit lens"``, or ``"tuned lens"`` when read
+    through a :class:`TunedLens`. ``lens[stream]`` is that stream's rows."""
 
     def __init__(self, model: str, streams: list[str], logits: torch.Tensor, final: torch.Tensor,
-                 tokens: torch.Tensor, top: int) -> None:
-        self.model, self.streams, self.logits, self.tokens = model, streams, logits, tokens
+                 tokens: torch.Tensor, top: int, kind: str = "logit lens") -> None:
+        self.model, self.streams, self.logits, self.tokens, self.kind = model, streams, logits, tokens, kind
         logp = torch.log_softmax(logits.double(), -1)
         final_logp = torch.log_softmax(final.double(), -1)
         self.kl = (final_logp.exp() * (final_logp - logp)).sum(-1).float()
@@ -72,18 +74,18 @@ class LogitLens(Result):
         pos = range(self.logits.shape[1])[position]
         body = [[r.stream, str(r.top[0]), f"{r.top_probs[0]:.3f}", str(r.token), str(r.rank), f"{r.prob:.3f}",
                  f"{r.kl:.3f}"] for r in self.rows if r.position == pos]
-        title = f"logit lens of {self.model} at position {pos}"
+        title = f"{self.kind} of {self.model} at position {pos}"
         return "\n".join([title, *table(["stream", "top", "p(top)", "token", "rank", "p(token)", "KL"], body,
                                         left={0})])
 
     def to_dict(self) -> dict[str, Any]:
-        """``{model, streams, rows}``."""
-        return {"model": self.model, "streams": self.streams, "rows": self.rows}
+        """``{model, kind, streams, rows}``: ``kind`` is ``"logit lens"`` or ``"tuned lens"``."""
+        return {"model": self.model, "kind": self.kind, "streams": self.streams, "rows": self.rows}
 
 
 @checked
 def logit_lens(model: nn.Module, inputs: torch.Tensor, *, token: int | torch.Tensor | None = None, top: int = 5,
-               kwargs: Mapping[str, Any] | None = None) -> LogitLens:
+               tuned: TunedLens | None = None, kwargs: Mapping[str, Any] | None = None) -> LogitLens:
     """Read every layer's residual stream as the model's last: through its final norm, the norm's
     scale recomputed for each stream, and its unembedding (and Gemma2's final soft cap), at every
     position. The embeddings (``blocks.0.resid_pre``, Gemma's scaled embedding included) come first;
@@ -95,6 +97,8 @@ def logit_lens(model: nn.Module, inputs: torch.Tensor, *, token: int | torch.Ten
         token: the token whose rank and probability are followed: one id, or one per position
             (default: the model's final prediction at each position).
         top: how many of the most likely tokens each row keeps.
+        tuned: a :class:`TunedLens` tuned for this model (:func:`hookscope.tune_lens`): each stream but
+            the last read through its translator first (the tuned lens).
         kwargs: the model's keyword inputs.
 
     Example:
@@ -108,14 +112,21 @@ def logit_lens(model: nn.Module, inputs: torch.Tensor, *, token: int | torch.Ten
     """
     if top < 1:
         raise HookscopeError(f"top={top} must be 1 or more")
+    if tuned is not None and not isinstance(tuned, TunedLens):
+        raise HookscopeError(f"tuned= is a {type(tuned).__name__}; give a TunedLens (hookscope.tune_lens or "
+                             "hookscope.load_lens)")
     d = decoder(model, "logit_lens")
+    if tuned is not None:
+        tuned.check(d)
     ids = token_ids(inputs)
-    streams = ["blocks.0.resid_pre", *[f"blocks.{i}.resid_post" for i in range(d.blocks)]]
+    streams = lens_streams(d)
     got, final = read(d, ids, streams, kwargs=kwargs)
     with torch.no_grad():
-        logits = torch.cat([d.unembed(got[s]) for s in streams]).float()
+        read_as = tuned.translate if tuned is not None else (lambda _, h: h)
+        logits = torch.cat([d.unembed(read_as(s, got[s])) for s in streams]).float()
     tokens = _tokens(token, final, ids.shape[1])
-    return LogitLens(type(model).__name__, streams, logits, final[0].float(), tokens.to(logits.device), top)
+    return LogitLens(type(model).__name__, streams, logits, final[0].float(), tokens.to(logits.device), top,
+                     "tuned lens" if tuned is not None else "logit lens")
 
 
 def _tokens(token: int | torch.Tensor | None, final: torch.Tensor, length: int) -> torch.Tensor:
