@@ -1,6 +1,6 @@
 """The tuned lens (hookscope.tune_lens, TunedLens, load_lens, logit_lens(tuned=)): at the identity it is the
 logit lens; trained, it equals the tuned-lens reference's training (its TunedLens module, its recipe)
-on GPT-2 and LLaMA configurations; on a model whose last block adds a known vector, it finds that
+on GPT-2, LLaMA and GPT-NeoX configurations (the families the reference knows); on a model whose last block adds a known vector, it finds that
 vector; saved and loaded it reads the same; a lens for another model is refused."""
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ def _llama(seed: int = 0) -> torch.nn.Module:
                                       num_key_value_heads=2, vocab_size=60, initializer_range=0.2, bos_token_id=0,
                                       eos_token_id=0, pad_token_id=0)
     return transformers.LlamaForCausalLM(config).eval()
+
+
+def _neox(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = transformers.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                        vocab_size=60, initializer_range=0.2, bos_token_id=0, eos_token_id=0)
+    return transformers.GPTNeoXForCausalLM(config).eval()
 
 
 def _data(vocab: int, n: int = 32, seed: int = 0) -> torch.Tensor:
@@ -67,7 +74,7 @@ def _reference(lm: torch.nn.Module, batches: list[torch.Tensor], steps: int) -> 
     return lens
 
 
-@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("make", [_gpt2, _llama, _neox], ids=["gpt2", "llama", "neox"])
 def test_training_equals_the_tuned_lens_reference(make) -> None:
     lm = make(1)
     vocab = lm.config.vocab_size
