@@ -216,17 +216,41 @@ void hs_use_openmp(void *fn) { gomp_parallel = (gomp_parallel_t)fn; }
 #define HS_ABI 2
 int hs_abi(void) { return HS_ABI; }
 
+/* A vector stored at dst: past the cache where dst is aligned (a streaming store: the copy is read
+ * back only after the optimizer's step, and the line is not read from memory first), as it is. */
+#if defined(__AVX__) && HS_VBYTES == 32
+#define STORE_F(dst, v, aligned) \
+    do { if (aligned) _mm256_stream_ps((dst), (__m256)(v)); else memcpy((dst), &(v), sizeof(v)); } while (0)
+#define FENCE(aligned) do { if (aligned) _mm_sfence(); } while (0)
+#else
+#define STORE_F(dst, v, aligned) memcpy((dst), &(v), sizeof(v))
+#define FENCE(aligned) do { (void)(aligned); } while (0)
+#endif
+
 /* The sum of squares of a float32 src (of src - b with b), copying src into dst on the way (dst
  * NULL: no copy), as chunk_f32 sums squares: in U vector lanes over blocks of BLOCK elements, each
- * block's lanes added in float64. b and dst are tested once per block, not per element. */
+ * block's lanes added in float64. The copy is stored from the vectors the squares are summed from
+ * (one read of src); b and dst are tested once per block, not per element. */
 static void squares_f32(const float *src, const float *b, float *dst, int64_t n, part_t *out) {
     double lq[U * WF] = {0};
     int64_t i = 0, whole = n - n % (U * WF);
+    int aligned = dst != NULL && (uintptr_t)dst % HS_VBYTES == 0;
     while (i < whole) {
         int64_t end = i + BLOCK < whole ? i + BLOCK : whole;
         vf q[U];
         for (int u = 0; u < U; u++) q[u] = (vf){0};
-        if (dst != NULL) memcpy(dst + i, src + i, (size_t)(end - i) * sizeof *src);
+        if (dst != NULL) {
+            for (; i < end; i += U * WF) {
+                for (int u = 0; u < U; u++) {
+                    vf v, w = {0};
+                    memcpy(&v, src + i + u * WF, sizeof v);
+                    STORE_F(dst + i + u * WF, v, aligned);
+                    if (b != NULL) memcpy(&w, b + i + u * WF, sizeof w);
+                    v -= w;
+                    q[u] += v * v;
+                }
+            }
+        }
         for (; i < end; i += U * WF) {
             for (int u = 0; u < U; u++) {
                 vf v, w = {0};
@@ -247,6 +271,7 @@ static void squares_f32(const float *src, const float *b, float *dst, int64_t n,
         double v = (double)src[i] - (b != NULL ? (double)b[i] : 0.0);
         sq += v * v;
     }
+    FENCE(aligned);  /* the streamed stores seen by whoever reads dst next */
     *out = (part_t){0, sq, 0, 0, 0, 0, 0, 0};
 }
 
