@@ -6,12 +6,12 @@ Run from the repository root:
     .venv/bin/python docs/make_pictures.py gallery    # only some: gallery, trap, debugging, cam, features,
                                                       # lrp, transformers, extraction, results, capture,
                                                       # operations, attribution, pruning, command-line,
-                                                      # inputs, monitor
+                                                      # inputs, monitor, circuits
 
 Needs the viz extra (matplotlib), for the transformers and operations pictures the hf extra, and for
 the inputs picture the timm extra. The models are the bundled demo model, hookscope.zoo's TinyResNet,
-torchvision's resnet18 with random weights and a tiny GPT-2 and Llama built from configs: nothing is
-downloaded (torchvision's and timm's transforms are code, not files). The results page's picture is
+torchvision's resnet18 with random weights, a tiny GPT-2 and Llama built from configs and the induction
+model the tests train (a few seconds): nothing is downloaded (torchvision's and timm's transforms are code, not files). The results page's picture is
 a screenshot of a result's notebook HTML taken by headless Chromium; without Chromium that one is
 skipped.
 
@@ -550,12 +550,38 @@ def monitor_pictures() -> None:
         raise SystemExit(f"hookscope runs --example exited with {code}")
 
 
+def circuits_pictures() -> None:
+    """The induction model the tests train (``tests/_induction.py``: a previous-token head in block 0 and an
+    induction head in block 1): the head sweep, the residual sweep by position, the attribution patching
+    estimate, the logit lens and the tuned lens of its clean prompt."""
+    from hookscope.viz.circuits import plot_logit_lens, plot_patching
+
+    sys.path.insert(0, str(DOCS.parent / "tests"))
+    import _induction
+
+    ind = _induction.trained()
+    kw = {"answer": ind.answer, "wrong": ind.wrong}
+    labels = [str(int(t)) for t in ind.clean]
+    heads = hookscope.activation_patching(ind.model, ind.clean, ind.corrupted, component="attn.z", **kw)
+    save(plot_patching(heads), "circuits_heads")
+    stream = hookscope.activation_patching(ind.model, ind.clean, ind.corrupted, **kw)
+    save(plot_patching(stream, labels=labels), "circuits_positions")
+    estimate = hookscope.attribution_patching(ind.model, ind.clean, ind.corrupted, component="attn.z", steps=8, **kw)
+    save(plot_patching(estimate), "circuits_eap_ig")
+    save(plot_logit_lens(hookscope.logit_lens(ind.model, ind.clean, token=ind.answer), labels=labels),
+         "circuits_lens")
+    data = [_induction.batch(32, torch.Generator().manual_seed(s))[0] for s in range(8)]
+    tuned = hookscope.tune_lens(ind.model, data, steps=100)
+    save(plot_logit_lens(hookscope.logit_lens(ind.model, ind.clean, token=ind.answer, tuned=tuned), labels=labels),
+         "circuits_tuned_lens")
+
+
 PICTURES: dict[str, Callable[[], None]] = {
     "gallery": gallery, "trap": trap, "debugging": debugging, "cam": cam, "features": features, "lrp": lrp,
     "transformers": transformers_pictures, "extraction": extraction, "results": results,
     "capture": capture_pictures, "operations": operations_pictures, "attribution": attribution_pictures,
     "pruning": pruning_pictures, "command-line": command_line_pictures, "inputs": inputs_pictures,
-    "monitor": monitor_pictures,
+    "monitor": monitor_pictures, "circuits": circuits_pictures,
 }
 
 if __name__ == "__main__":
