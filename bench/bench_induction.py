@@ -11,10 +11,16 @@ trained from random weights on one of three kinds of sequences of random tokens,
 Kinds of sequences: ``stretch`` (a stretch of ``period`` tokens repeated right after itself, at a
 random offset: the tests' kind), ``periodic`` (from a random offset on, one stretch repeated to the
 end), ``gapped`` (a stretch copied later, random tokens between). ``--bos`` starts every sequence with
-a token of its own.
+a token of its own. ``--skip F`` replaces a fraction F of each training batch by sequences in which every
+token is a fixed permutation of the one two places before (``skip``: a task a previous-token head solves
+alone, to give that head a use of its own before induction pays); the readings stay on the repetitions.
+``--on-repeats`` reads the prefix-matching score only at the positions the repetition decides (the
+brief's definition) rather than at every position with an earlier copy of its token.
 
     nice -n 10 python bench/bench_induction.py --steps 2500
     nice -n 10 python bench/bench_induction.py --kind gapped --vocab 64 --length 16 --period 2 4 --seeds 0 1 2
+    taskset -c 0 nice -n 10 python bench/bench_induction.py --kind gapped --length 32 --period 6 12 --width 32 \
+        --init 0.2 --lr 3e-3 --skip 0.25 --on-repeats --steps 5000 --dtype float64 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -47,6 +53,27 @@ def sequences(kind: str, n: int, g: torch.Generator, vocab: int, length: int, pe
         o2 = o + t if kind == "stretch" else o + t + (torch.rand(n, 1, generator=g) * (room - o + 1)).floor().long()
         src, mask = torch.where((j >= o2) & (j < o2 + t), j - o2 + o, j), (j >= o2) & (j < o2 + t - 1)
     return ids.gather(1, src), mask
+
+
+def skip_bigrams(n: int, g: torch.Generator, vocab: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences in which each token is a fixed permutation of the token two places before (the
+    first two random), and the mask of every position whose next token that decides."""
+    pi = torch.randperm(vocab, generator=torch.Generator().manual_seed(123))
+    ids = torch.randint(0, vocab, (n, length), generator=g)
+    for t in range(2, length):
+        ids[:, t] = pi[ids[:, t - 2]]
+    mask = torch.zeros(n, length, dtype=torch.bool)
+    mask[:, 1:-1] = True
+    return ids, mask
+
+
+def training_batch(a: argparse.Namespace, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of ``a.kind``'s sequences, its first ``a.skip`` fraction replaced by skip bigrams."""
+    ids, mask = sequences(a.kind, a.batch, g, a.vocab, a.length, tuple(a.period), a.bos)
+    m = int(a.batch * a.skip)
+    if m:
+        ids[:m], mask[:m] = skip_bigrams(m, g, a.vocab, a.length)
+    return ids, mask
 
 
 def repeated_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -88,12 +115,13 @@ def forward(p: dict[str, torch.Tensor], ids: torch.Tensor, heads: int, zero: tup
 def train(a: argparse.Namespace, seed: int) -> tuple[dict[str, torch.Tensor], float]:
     """The trained weights and the milliseconds per step."""
     p = parameters(a.vocab, a.length, a.width, torch.Generator().manual_seed(seed), a.init)
+    p = {k: v.detach().to(getattr(torch, a.dtype)).requires_grad_(True) for k, v in p.items()}
     opt = torch.optim.AdamW(p.values(), lr=a.lr, betas=(0.9, 0.99), weight_decay=a.weight_decay)
     warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / a.warmup))
     g = torch.Generator().manual_seed(seed + 1)
     start = time.perf_counter()
     for _ in range(a.steps):
-        ids, mask = sequences(a.kind, a.batch, g, a.vocab, a.length, tuple(a.period), a.bos)
+        ids, mask = training_batch(a, g)
         loss = repeated_loss(forward(p, ids, a.heads), ids, mask)
         opt.zero_grad()
         loss.backward()
@@ -115,7 +143,7 @@ def read(p: dict[str, torch.Tensor], a: argparse.Namespace) -> Readings:
         after = torch.zeros(ids.shape[0], t, t, dtype=torch.bool)
         after[:, :, 1:] = ids[:, :, None] == ids[:, None, :-1]  # key j follows an earlier copy of query's token
         after &= torch.ones(t, t, dtype=torch.bool).tril(-1)
-        has = after.any(-1)
+        has = mask if a.on_repeats else after.any(-1)
         prev = [float(pats[0][:, h].diagonal(-1, -2, -1).mean()) for h in range(a.heads)]
         match = [float((pats[1][:, h] * after).sum(-1)[has].mean()) for h in range(a.heads)]
         rise = [[float(repeated_loss(forward(p, ids, a.heads, (b, h)), ids, mask)) - base for h in range(a.heads)]
@@ -140,6 +168,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--skip", type=float, default=0.0, help="fraction of each batch of skip bigrams")
+    ap.add_argument("--on-repeats", action="store_true", help="prefix-matching read at the repeated positions only")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     a = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{platform.machine()}, torch {torch.__version__}, 1 thread, load {os.getloadavg()}, {vars(a)}")
