@@ -2,8 +2,8 @@
 exactly 0) trained in the tests from random weights until it does induction: about 600 AdamW steps on
 sequences of distinct random tokens in which one stretch of 3 to 11 of them is repeated right after itself,
 the loss on the tokens the repetition decides. Rotary positions matter: with learned absolute positions a
-model of this size finds other circuits first (a duplicate-token head handing block 1 the copy's
-position, or heads at fixed offsets; bench/bench_induction.py and bench/RESULTS.md), while rotating queries
+model of this size finds circuits of other shapes first (heads at fixed offsets, or neither signature;
+bench/bench_induction.py and bench/RESULTS.md), while rotating queries
 and keys puts "the token before" one step away for every position, and a previous-token head forms in
 block 0 within 200 steps, read by every head of block 1 as an induction head. Trained in float64 (the same
 model on any CPU), then kept in float32. Which heads play which part is what the tests establish by
