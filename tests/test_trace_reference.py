@@ -345,15 +345,18 @@ def test_freed_and_reallocated(engine: str, keep: str) -> None:
     torch.manual_seed(0)
     model = Realloc().eval()
     inputs = [torch.randn(8, 256) * (k + 1) for k in range(3)]
-    ptrs, handles = _addresses(model)
-    try:
-        with hookscope.trace(model, keep=keep) as t, torch.no_grad():
-            for x in inputs:
-                model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    assert len(set(ptrs)) < len(ptrs), "no address was reused: the case tests nothing"
+    for _ in range(10):  # whether malloc hands a freed block back depends on the heap's state: tried again
+        ptrs, handles = _addresses(model)
+        try:
+            with hookscope.trace(model, keep=keep) as t, torch.no_grad():
+                for x in inputs:
+                    model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        if len(set(ptrs)) < len(ptrs):
+            break
+    assert len(set(ptrs)) < len(ptrs), "no address was reused in ten tries: the case tests nothing"
     with ReferenceTrace(model, keep=keep) as ref, torch.no_grad():
         for x in inputs:
             model(x)
