@@ -170,6 +170,22 @@ def test_bad_settings_are_refused(settings) -> None:
         hookscope.tune_lens(_gpt2(), _data(50), **settings)
 
 
+def test_a_non_finite_divergence_stops_the_training_in_one_line() -> None:
+    lm = _gpt2()
+
+    def poison(module, args, out):  # block 0 writes NaN on batches of three rows: the data's, no check's
+        nan = float("nan") if args[0].shape[0] == 3 else 1.0
+        return out * nan if isinstance(out, torch.Tensor) else (out[0] * nan, *out[1:])
+
+    handle = lm.transformer.h[0].register_forward_hook(poison)
+    try:
+        with pytest.raises(HookscopeError, match="KL divergence through blocks.0.resid_pre's translator is nan") as e:
+            hookscope.tune_lens(lm, _data(50, 3), steps=2)
+    finally:
+        handle.remove()
+    assert "\n" not in str(e.value)
+
+
 def test_load_refuses_what_is_no_lens(tmp_path) -> None:
     with pytest.raises(HookscopeError, match="no manifest.json"):
         hookscope.load_lens(tmp_path)

@@ -214,9 +214,14 @@ def _kls(d: Decoder, streams: list[str], ids: torch.Tensor, kwargs: Mapping[str,
         with torch.set_grad_enabled(train):
             logp = d.unembed(translated(got[s], w, b)).float().log_softmax(-1)
             kl = (p * (target - logp)).sum(-1).mean()
+        value = float(kl.detach())
+        if not math.isfinite(value):
+            raise HookscopeError(f"the KL divergence through {s}'s translator is {value} on a batch of shape "
+                                 f"{list(ids.shape)}: the model's logits or that stream hold NaN or Inf there; "
+                                 "check the model on that batch (hookscope.watch names where it appears)")
         if train:
             w.grad, b.grad = torch.autograd.grad(kl, (w, b))
-        out.append(float(kl.detach()))
+        out.append(value)
     return out
 
 
