@@ -250,6 +250,27 @@ def test_squares_copy_and_difference_at_every_block_and_chunk_edge(dtype, n):
     assert alone == KERNEL.squares(v, minus=w)  # the same bits on one thread or two
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("offset", [0, 1, 3, 4, 7, 8])
+def test_squares_copies_into_memory_at_any_alignment(dtype, offset):
+    """The copy is stored past the cache where the destination is aligned, as plain stores where it is
+    not: every offset of the source and the destination (and the difference read beside the copy)
+    gives the same copy, bit for bit, and the same sums."""
+    n = 70_001  # several chunks, each ending off a vector's edge
+    g = torch.Generator().manual_seed(offset)
+    src = torch.randn(n + 8, generator=g, dtype=dtype)[offset:offset + n]
+    base = torch.randn(n + 8, generator=g, dtype=dtype)[8 - offset:8 - offset + n]
+    into = torch.full((n + 8,), float("nan"), dtype=dtype)[(offset * 3) % 8:(offset * 3) % 8 + n]
+    want = KERNEL.squares(src.clone())
+    assert KERNEL.squares(src, into=into) == want and torch.equal(into, src)
+    into.fill_(float("nan"))
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    got = KERNEL.squares(src, minus=base, into=into)
+    assert torch.equal(into, src)  # the copy is of the source, not of the difference
+    assert got == KERNEL.squares(src.clone(), minus=base.clone())
+    assert got == pytest.approx(float(((src - base).double() ** 2).sum()), rel=tol)
+
+
 def test_squares_refuses_what_it_cannot_read_in_step():
     v = torch.randn(4, 4)
     assert KERNEL.squares(v.t()) is None and KERNEL.squares(v, minus=v.double()) is None
